@@ -1,0 +1,117 @@
+"""The typed section of a site inventory (what operators write in mctl.yml).
+
+Pydantic checks types and unknown keys; cross-field rules (tray counts, overlaps,
+references) live in validate.py so each can say exactly what is wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SSHSettings(Strict):
+    user: str = "root"
+    port: int = Field(22, ge=1, le=65535)
+    identity_file: str | None = None
+    known_hosts: str = "known_hosts"
+    connect_timeout: float = Field(10.0, gt=0)
+    command_timeout: float = Field(60.0, gt=0)
+    concurrency: int = Field(64, ge=1, le=4096)
+
+
+class NMXSettings(Strict):
+    url: str
+    credentials_file: str
+    verify_tls: bool | str = True
+
+
+class HeadNode(Strict):
+    name: str
+    address: str
+    vars: dict[str, Any] = Field(default_factory=dict)
+
+
+class TrayGroup(Strict):
+    nodes: str
+    addresses: str
+    bmc: str | None = None
+    image: str | None = None
+    # Per-group Ansible variables; a value that is a bracketed range string such as
+    # "[16801-16818]" is expanded per tray like the address list.
+    vars: dict[str, Any] = Field(default_factory=dict)
+
+
+class RackShape(Strict):
+    """A rack that is deliberately not fully populated states it here."""
+
+    compute_trays: int = Field(ge=0)
+    switch_trays: int = Field(ge=0)
+
+
+class PartitionSpec(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    trays: str
+
+
+class RackSpec(Strict):
+    model: Literal["nvl72"] = "nvl72"
+    shape: RackShape | None = None
+    nvlink_domain: str | None = Field(None, pattern=r"^[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$")
+    nmx: NMXSettings | None = None
+    head: HeadNode | None = None
+    compute: TrayGroup
+    switches: TrayGroup | None = None
+    partitions: list[PartitionSpec] = Field(default_factory=list)
+
+
+class SlurmSettings(Strict):
+    partition_name: str = "gpu"
+    imex_channel_count: int = Field(2048, ge=1)
+    health_check_interval: int = Field(300, ge=0)
+    conf_dir: str = "/etc/slurm"
+    extra: dict[str, str] = Field(default_factory=dict)
+
+
+class K8sSettings(Strict):
+    kubeconfig: str | None = None
+    namespace: str = "gpu-operator"
+
+
+class SchedulerSpec(Strict):
+    type: Literal["slurm", "k8s"]
+    cluster_name: str = "mctl"
+    controller: str | None = None
+    slurm: SlurmSettings = Field(default_factory=SlurmSettings)
+    k8s: K8sSettings = Field(default_factory=K8sSettings)
+
+
+class BreakerSpec(Strict):
+    max_drained_share: float = Field(0.25, gt=0, le=1)
+    window: str = Field("1h", pattern=r"^[0-9]+[smhd]$")
+
+
+class HealthSpec(Strict):
+    interval: float = Field(60, gt=0)
+    drain_xids: list[int] = Field(default_factory=lambda: [46, 48, 64, 74, 79, 95, 119, 120, 136, 140,
+                                                            144, 145, 146, 147, 148, 149, 150, 155, 158])
+    resume_after_healthy_sweeps: int = Field(3, ge=1)
+    unreachable_sweeps_before_drain: int = Field(3, ge=1)
+    max_gpu_temp_c: float = 90
+    breaker: BreakerSpec = Field(default_factory=BreakerSpec)
+
+
+class SiteSpec(Strict):
+    plugin: Literal["mctl"] = "mctl"
+    site: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    images_dir: str | None = None
+    ssh: SSHSettings = Field(default_factory=SSHSettings)
+    racks: dict[str, RackSpec]
+    scheduler: SchedulerSpec | None = None
+    health: HealthSpec = Field(default_factory=HealthSpec)
+    vars: dict[str, Any] = Field(default_factory=dict)
