@@ -1,0 +1,3 @@
+from mctl.cli.main import run
+
+run()

@@ -1,0 +1,87 @@
+"""mctl inventory validate|show"""
+
+from __future__ import annotations
+
+import typer
+
+from mctl.cli import render
+from mctl.cli.context import options, want_json
+from mctl.cli.options import JsonOpt
+from mctl.errors import EXIT_USAGE, UsageError
+
+app = typer.Typer(help="Check and show the site inventory.", no_args_is_help=True)
+
+
+@app.command()
+def validate(json_: JsonOpt = False) -> None:
+    """Validate the inventory: syntax, keys, types, node sets, tray counts, partitions, images.
+
+    Example: mctl -i inventories/example-gb200 inventory validate
+    """
+    from mctl.inventory import validate_inventory
+
+    opts = options()
+    if not opts.inventory:
+        opts.site()  # raises the standard "no inventory" error
+    site, problems = validate_inventory(opts.inventory)
+    if want_json(json_):
+        render.print_json({"inventory": opts.inventory, "valid": not problems,
+                           "problems": [p.to_dict() for p in problems]})
+    else:
+        con = render.console()
+        for p in problems:
+            con.print(f"[red]✗[/] {p.render()}", markup=True, highlight=False) if render.interactive() \
+                else con.print(f"error: {p.render()}", markup=False, highlight=False)
+            if p.hint:
+                con.print(f"    hint: {p.hint}", markup=False, highlight=False)
+        if not problems and site is not None:
+            trays = sum(len(r.compute) for r in site.racks.values())
+            con.print(f"ok: site {site.name}: {len(site.racks)} racks, {trays} compute trays, "
+                      f"{sum(len(r.partitions) for r in site.racks.values())} partitions", markup=False, highlight=False)
+    if problems:
+        raise typer.Exit(EXIT_USAGE)
+
+
+@app.command()
+def show(rack: str = typer.Argument(None, help="Only this rack."), json_: JsonOpt = False) -> None:
+    """Show racks, trays, addresses and partitions as mctl understands them.
+
+    Example: mctl -i inventories/example-gb200 inventory show rack-a --json
+    """
+    from rich.table import Table
+
+
+    site = options().site()
+    racks = list(site.racks.values())
+    if rack:
+        if rack not in site.racks:
+            raise UsageError(f"unknown rack {rack!r}", hint=f"known racks: {', '.join(site.racks)}")
+        racks = [site.racks[rack]]
+    if want_json(json_):
+        render.print_json({"site": site.name, "inventory": str(site.file), "racks": [
+            {"name": r.name, "model": r.model, "nvlink_domain": r.nvlink_domain,
+             "compute_trays": r.compute_trays, "switch_trays": r.switch_trays,
+             "nmx": r.nmx.url if r.nmx else None,
+             "hosts": [{"name": h.name, "role": h.role, "address": h.address, "bmc": h.bmc,
+                        "image": h.image, "partition": (r.partition_of(h.name).name if r.partition_of(h.name) else None),
+                        "vars": h.vars} for h in r.hosts],
+             "partitions": [{"name": p.name, "trays": p.nodeset} for p in r.partitions]} for r in racks],
+            "scheduler": site.scheduler.model_dump() if site.scheduler else None})
+        return
+    con = render.console()
+    con.print(f"site {site.name} ({site.file})", markup=False, highlight=False)
+    for r in racks:
+        table = Table(title=f"rack {r.name} ({r.model}, NVLink domain {r.nvlink_domain or 'not declared'})",
+                      title_justify="left")
+        for col in ("host", "role", "address", "bmc", "image", "partition"):
+            table.add_column(col)
+        for h in r.hosts:
+            part = r.partition_of(h.name)
+            table.add_row(h.name, h.role, h.address, h.bmc or "-", h.image or "-", part.name if part else "-")
+        con.print(table)
+        if r.partitions:
+            con.print("partitions: " + "; ".join(f"{p.name}={p.nodeset}" for p in r.partitions),
+                      markup=False, highlight=False)
+        else:
+            con.print("partitions: none declared (whole rack in the default partition)", markup=False, highlight=False)
+

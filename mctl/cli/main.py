@@ -1,0 +1,123 @@
+"""Root command, global options and the one error boundary.
+
+Noun modules are imported here but keep their heavy imports (asyncssh,
+ansible-runner, pydantic) inside command bodies, so `mctl --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from mctl import __version__
+from mctl.cli import render
+from mctl.cli.context import DEFAULT_STATE_DIR, Options, set_options
+from mctl.errors import EXIT_USAGE, MctlError
+
+try:  # typer >= 0.22 carries its own copy of click
+    from typer._click import exceptions as _cx
+except ImportError:  # pragma: no cover - older typer on click
+    from click import exceptions as _cx
+
+# (command name, module); each module exposes `app` (a Typer) or `command` (a function).
+NOUNS: tuple[tuple[str, str], ...] = (
+    ("inventory", "mctl.cli.inventory"),
+)
+
+app = typer.Typer(
+    name="mctl",
+    help="Manage NVIDIA GB200/GB300 NVL72 racks: inventory, provisioning, NVLink partitions, "
+         "IMEX, schedulers and self-healing health checks.\n\n"
+         "Example: mctl -i inventories/example-gb200 inventory show",
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    add_completion=True,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"mctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    inventory: Annotated[Optional[str], typer.Option("--inventory", "-i", envvar="MCTL_INVENTORY",
+                                                     help="Inventory directory or mctl.yml file.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+    verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="More detail; repeat for more.")] = 0,
+    state_dir: Annotated[Optional[Path], typer.Option("--state-dir", envvar="MCTL_STATE_DIR",
+                                                      help=f"State directory (default {DEFAULT_STATE_DIR}).")] = None,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    opts = Options(inventory=inventory, json=json_out, verbose=verbose)
+    if state_dir is not None:
+        opts.state_dir = state_dir
+    set_options(opts)
+
+
+def _register() -> None:
+    for name, module_name in NOUNS:
+        module = importlib.import_module(module_name)
+        if hasattr(module, "app"):
+            app.add_typer(module.app, name=name)
+        else:
+            app.command(name=name, **getattr(module, "COMMAND_SETTINGS", {}))(module.command)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point: run the app inside the error boundary."""
+    render.reset()
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        result = app(args=args, prog_name="mctl", standalone_mode=False)
+        return int(result or 0)
+    except MctlError as exc:
+        render.error(exc.message, exc.hint)
+        return exc.exit_code
+    except typer.Exit as exc:
+        return exc.exit_code
+    except getattr(_cx, "NoArgsIsHelpError", ()) as exc:
+        sys.stdout.write(exc.format_message() + "\n")
+        return 0
+    except _cx.ClickException as exc:
+        # Usage errors: unknown option, missing argument, bad value.
+        render.error(exc.format_message(), _usage_hint(exc))
+        return EXIT_USAGE
+    except typer.Abort:
+        sys.stderr.write("mctl: interrupted\n")
+        return 130
+    except KeyboardInterrupt:
+        sys.stderr.write("mctl: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        # Output piped into head/less that closed early.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _usage_hint(exc: Exception) -> str:
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None:
+        return f"see '{ctx.command_path} --help'"
+    return "see 'mctl --help'"
+
+
+def run() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,91 @@
+"""The only place that writes to the terminal.
+
+Rich on a TTY; plain text (no colour, no live widgets) when stdout is not a
+terminal or NO_COLOR is set; JSON when --json is given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from rich.console import Console
+
+_console: Console | None = None
+_err: Console | None = None
+
+
+def _plain() -> bool:
+    return "NO_COLOR" in os.environ or not sys.stdout.isatty()
+
+
+def console() -> Console:
+    global _console
+    if _console is None:
+        plain = _plain()
+        _console = Console(no_color=plain, highlight=False, soft_wrap=False,
+                           force_terminal=None if not plain else False,
+                           width=int(os.environ.get("COLUMNS", "0")) or (None if not plain else 200))
+    return _console
+
+
+def err_console() -> Console:
+    global _err
+    if _err is None:
+        plain = "NO_COLOR" in os.environ or not sys.stderr.isatty()
+        _err = Console(stderr=True, no_color=plain, highlight=False,
+                       force_terminal=None if not plain else False, width=None if not plain else 200)
+    return _err
+
+
+def reset() -> None:
+    """Forget cached consoles (tests swap stdout between invocations)."""
+    global _console, _err
+    _console = None
+    _err = None
+
+
+def interactive() -> bool:
+    return not _plain()
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=_default) + "\n")
+    sys.stdout.flush()
+
+
+def _default(obj: Any) -> Any:
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump(mode="json")
+    if hasattr(obj, "__dataclass_fields__"):
+        from dataclasses import asdict
+        return asdict(obj)
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    return str(obj)
+
+
+def error(message: str, hint: str | None = None) -> None:
+    con = err_console()
+    con.print(f"[bold red]mctl: error:[/] {message}", markup=True, highlight=False) if not _plain_err() \
+        else sys.stderr.write(f"mctl: error: {message}\n")
+    if hint:
+        if _plain_err():
+            sys.stderr.write(f"  hint: {hint}\n")
+        else:
+            con.print(f"  [dim]hint:[/] {hint}", markup=True, highlight=False)
+
+
+def warn(message: str) -> None:
+    if _plain_err():
+        sys.stderr.write(f"mctl: warning: {message}\n")
+    else:
+        err_console().print(f"[yellow]mctl: warning:[/] {message}", markup=True, highlight=False)
+
+
+def _plain_err() -> bool:
+    return "NO_COLOR" in os.environ or not sys.stderr.isatty()
