@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         # Usage errors: unknown option, missing argument, bad value.
         render.error(exc.format_message(), _usage_hint(exc))
         return EXIT_USAGE
+    except SystemExit as exc:  # completion helpers exit directly
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
     except typer.Abort:
         sys.stderr.write("mctl: interrupted\n")
         return 130

@@ -25,7 +25,7 @@ def console() -> Console:
     global _console
     if _console is None:
         plain = _plain()
-        _console = Console(no_color=plain, highlight=False, soft_wrap=False,
+        _console = Console(no_color=plain, highlight=False, soft_wrap=plain,
                            force_terminal=None if not plain else False,
                            width=int(os.environ.get("COLUMNS", "0")) or (None if not plain else 200))
     return _console

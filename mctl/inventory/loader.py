@@ -203,11 +203,11 @@ def _build_site(spec: SiteSpec, file: Path, doc: Located) -> tuple[Site | None, 
         for host, hpath in [(h, rpath + ("compute",)) for h in compute] + [(h, rpath + ("switches",)) for h in switches] \
                 + ([(head, rpath + ("head",))] if head else []):
             if host.name in seen_names:
-                problems.append(Problem(doc.file, doc.line_of(hpath), dotted(hpath),
+                problems.append(Problem(doc.file, doc.line_of(hpath + ("nodes",)), dotted(hpath),
                                         f"duplicate host name {host.name} (also in {seen_names[host.name]})"))
             seen_names.setdefault(host.name, dotted(hpath))
             if host.address in seen_addrs:
-                problems.append(Problem(doc.file, doc.line_of(hpath), dotted(hpath),
+                problems.append(Problem(doc.file, doc.line_of(hpath + ("addresses",)), dotted(hpath),
                                         f"duplicate address {host.address} ({host.name}; also used by {seen_addrs[host.address]})"))
             seen_addrs.setdefault(host.address, host.name)
             if host.bmc:

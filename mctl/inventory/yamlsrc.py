@@ -52,8 +52,13 @@ def load_yaml(text: str, file: str) -> Located:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
+        context = getattr(exc, "context_mark", None)
         line = mark.line + 1 if mark is not None else None
         reason = getattr(exc, "problem", None) or str(exc)
+        if context is not None and mark is not None and context.line != mark.line:
+            # An unclosed construct is detected later than it starts; point at the start.
+            reason = f"{reason} (at line {line}, {getattr(exc, 'context', '') or 'in a construct'} started here)"
+            line = context.line + 1
         return Located(None, file, problems=[Problem(file, line, "", f"YAML syntax error: {reason}",
                                                      "check indentation and quoting near this line")])
     doc = Located(None, file)

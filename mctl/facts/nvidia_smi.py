@@ -1,0 +1,371 @@
+"""Parsers for nvidia-smi output: `-q -x`, `--query-gpu ... --format=csv`, `nvlink --status`, `-L`.
+
+Real output first: the XML reader follows the element tree of a real GB200 capture
+(tests/fixtures/gb200-nvidia-smi-q-x.xml). Anything the driver reports as N/A,
+Not Supported or an error placeholder becomes None; anything that is not what
+nvidia-smi prints raises FactsParseError so the caller can record a finding.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import xml.etree.ElementTree as ET
+from typing import Iterable, Sequence
+
+from mctl.facts import DriverUnavailable, FactsParseError
+from mctl.model.gpu import (
+    EccCounts,
+    FabricHealth,
+    Gpu,
+    GpuFabric,
+    GpuNvLinks,
+    GpuReport,
+    NvLink,
+    PlatformInfo,
+    RemappedRows,
+    cluster_uuid_or_none,
+)
+
+DRIVER_FAILURE = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver"
+NO_DEVICES = "No devices were found"
+
+# What the driver prints in place of a value it cannot give; all of them mean "no value".
+_PLACEHOLDERS = frozenset({
+    "", "n/a", "not supported", "unknown error", "unknown", "insufficient permissions",
+    "requested functionality has been deprecated", "gpu is lost", "gpu requires reset",
+    "not found", "no data",
+})
+_NUMBER = re.compile(r"^(?P<num>[-+]?\d+(?:\.\d+)?)(?:\s*(?P<unit>[A-Za-z%/]+(?:/s)?))?$")
+_TRUE = frozenset({"true", "yes", "enabled", "active"})
+_FALSE = frozenset({"false", "no", "disabled", "not active"})
+_FIELD_ERROR = re.compile(r'Field "(?P<field>[^"]*)" is not a valid field to query\.')
+
+
+def _check_driver(text: str, what: str) -> None:
+    if DRIVER_FAILURE in text:
+        raise DriverUnavailable(f"{what}: nvidia-smi could not communicate with the NVIDIA driver",
+                                hint="check that the nvidia kernel module is loaded (lsmod | grep nvidia) "
+                                     "and matches the installed driver")
+
+
+def _placeholder(value: str) -> bool:
+    return value.strip().strip("[]").strip().lower() in _PLACEHOLDERS
+
+
+# --- -q -x -----------------------------------------------------------------------------------
+
+class _Reader:
+    """Typed lookups under one element, naming the GPU and path in every error."""
+
+    def __init__(self, elem: ET.Element, where: str):
+        self.elem = elem
+        self.where = where
+
+    def text(self, path: str) -> str | None:
+        node = self.elem.find(path)
+        if node is None or node.text is None:
+            return None
+        value = " ".join(node.text.split())
+        return None if _placeholder(value) else value
+
+    def number(self, path: str) -> float | None:
+        value = self.text(path)
+        if value is None:
+            return None
+        match = _NUMBER.match(value)
+        if not match:
+            raise FactsParseError(f"{self.where}: <{path}> is {value!r}, expected a number",
+                                  hint="the nvidia-smi output looks garbled; rerun the collection")
+        return float(match["num"])
+
+    def integer(self, path: str) -> int | None:
+        value = self.number(path)
+        if value is None:
+            return None
+        if value != int(value):
+            raise FactsParseError(f"{self.where}: <{path}> is {value!r}, expected a whole number")
+        return int(value)
+
+    def flag(self, path: str) -> bool | None:
+        value = self.text(path)
+        if value is None:
+            return None
+        low = value.lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise FactsParseError(f"{self.where}: <{path}> is {value!r}, expected True/False or Yes/No")
+
+    def sum_of(self, path: str, keep) -> int | None:
+        """Sum the integer children of `path` whose tag passes `keep`; None if none has a value."""
+        node = self.elem.find(path)
+        if node is None:
+            return None
+        sub = _Reader(node, self.where)
+        values = [sub.integer(child.tag) for child in node if keep(child.tag)]
+        present = [v for v in values if v is not None]
+        return sum(present) if present else None
+
+
+def _is_uncorrectable(tag: str) -> bool:
+    return "uncorrectable" in tag
+
+
+def _is_correctable(tag: str) -> bool:
+    return tag.endswith("correctable") and "uncorrectable" not in tag
+
+
+def _ecc(r: _Reader) -> EccCounts:
+    def total(scope: str, keep, legacy: str) -> int | None:
+        # Drivers before the SRAM/DRAM split report <single_bit>/<double_bit> with a <total>.
+        value = r.sum_of(f"ecc_errors/{scope}", keep)
+        return value if value is not None else r.integer(f"ecc_errors/{scope}/{legacy}/total")
+
+    return EccCounts(
+        volatile_uncorrectable=total("volatile", _is_uncorrectable, "double_bit"),
+        aggregate_uncorrectable=total("aggregate", _is_uncorrectable, "double_bit"),
+        volatile_correctable=total("volatile", _is_correctable, "single_bit"),
+        aggregate_correctable=total("aggregate", _is_correctable, "single_bit"),
+        volatile_dram_uncorrectable=r.integer("ecc_errors/volatile/dram_uncorrectable"),
+        aggregate_dram_uncorrectable=r.integer("ecc_errors/aggregate/dram_uncorrectable"),
+    )
+
+
+def _fabric(r: _Reader) -> GpuFabric:
+    if r.elem.find("fabric") is None:
+        return GpuFabric()
+    return GpuFabric(
+        state=r.text("fabric/state"),
+        status=r.text("fabric/status"),
+        clique_id=r.integer("fabric/cliqueId"),
+        cluster_uuid=cluster_uuid_or_none(r.text("fabric/clusterUuid")),
+        health=FabricHealth(
+            bandwidth=r.text("fabric/health/bandwidth"),
+            route_recovery_in_progress=r.flag("fabric/health/route_recovery_in_progress"),
+            route_unhealthy=r.flag("fabric/health/route_unhealthy"),
+            access_timeout_recovery=r.flag("fabric/health/access_timeout_recovery"),
+            summary=r.text("fabric/health/summary"),
+            incorrect_configuration=r.text("fabric/health/incorrect_configuration"),
+        ),
+    )
+
+
+def _gpu(elem: ET.Element, index: int) -> Gpu:
+    bus_id = (elem.get("id") or "").strip() or None
+    r = _Reader(elem, f"GPU {bus_id or index}")
+    bus_id = bus_id or r.text("pci/pci_bus_id")
+    uuid = r.text("uuid")
+    if not bus_id or not uuid:
+        missing = "PCI bus id" if not bus_id else "UUID"
+        raise FactsParseError(f"GPU {index}: no {missing} in the nvidia-smi XML (partial output)",
+                              hint="rerun `nvidia-smi -q -x` on the tray")
+    return Gpu(
+        index=index,
+        uuid=uuid,
+        pci_bus_id=bus_id,
+        serial=r.text("serial"),
+        product_name=r.text("product_name"),
+        module_id=r.integer("platformInfo/module_id"),
+        minor_number=r.integer("minor_number"),
+        platform=PlatformInfo(
+            chassis_serial_number=r.text("platformInfo/chassis_serial_number"),
+            slot_number=r.integer("platformInfo/slot_number"),
+            tray_index=r.integer("platformInfo/tray_index"),
+            host_id=r.integer("platformInfo/host_id"),
+            peer_type=r.text("platformInfo/peer_type"),
+            gpu_fabric_guid=r.text("platformInfo/gpu_fabric_guid"),
+        ),
+        fabric=_fabric(r),
+        ecc=_ecc(r),
+        remapped_rows=RemappedRows(
+            correctable=r.integer("remapped_rows/remapped_row_corr"),
+            uncorrectable=r.integer("remapped_rows/remapped_row_unc"),
+            pending=r.flag("remapped_rows/remapped_row_pending"),
+            failure=r.flag("remapped_rows/remapped_row_failure"),
+        ),
+        temperature_c=r.number("temperature/gpu_temp"),
+        power_draw_w=_first(r.number, "gpu_power_readings/average_power_draw",
+                            "gpu_power_readings/instant_power_draw", "power_readings/power_draw"),
+        power_limit_w=_first(r.number, "gpu_power_readings/current_power_limit", "power_readings/power_limit"),
+        memory_total_mib=r.integer("fb_memory_usage/total"),
+        gpu_recovery_action=r.text("gpu_recovery_action"),
+    )
+
+
+def _first(get, *paths: str):
+    for path in paths:
+        value = get(path)
+        if value is not None:
+            return value
+    return None
+
+
+def parse_xml(text: str) -> GpuReport:
+    """Read `nvidia-smi -q -x`. GPUs keep the order nvidia-smi printed them in (NVML index)."""
+    _check_driver(text, "nvidia-smi -q -x")
+    if "<!ENTITY" in text:
+        raise FactsParseError("nvidia-smi XML declares entities, which nvidia-smi never does; refusing to read it")
+    if not text.strip():
+        raise FactsParseError("nvidia-smi -q -x printed nothing", hint="check that nvidia-smi exists on the tray")
+    try:
+        root = ET.fromstring(text.strip().encode("utf-8"))
+    except ET.ParseError as exc:
+        raise FactsParseError(f"nvidia-smi XML is not well-formed ({exc}); output garbled or truncated",
+                              hint="rerun `nvidia-smi -q -x` on the tray") from None
+    if root.tag != "nvidia_smi_log":
+        raise FactsParseError(f"nvidia-smi XML has root <{root.tag}>, expected <nvidia_smi_log>")
+    top = _Reader(root, "nvidia_smi_log")
+    if root.find("driver_version") is None or root.find("attached_gpus") is None:
+        raise FactsParseError("nvidia-smi XML lacks <driver_version> or <attached_gpus> (partial output)")
+    gpus = tuple(_gpu(elem, i) for i, elem in enumerate(root.findall("gpu")))
+    attached = top.integer("attached_gpus")
+    if attached is not None and len(gpus) > attached:
+        raise FactsParseError(f"nvidia-smi XML lists {len(gpus)} GPUs but attached_gpus is {attached}")
+    return GpuReport(
+        driver_version=top.text("driver_version"),
+        cuda_version=top.text("cuda_version"),
+        attached_gpus=attached,
+        gpus=gpus,
+        timestamp=top.text("timestamp"),
+    )
+
+
+# --- --query-gpu CSV --------------------------------------------------------------------------
+
+_HEADER_UNIT = re.compile(r"^(?P<name>.*?)\s*\[(?P<unit>[^\]]+)\]$")
+
+
+def _csv_rows(text: str) -> list[list[str]]:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return [[cell.strip() for cell in row] for row in csv.reader(lines, skipinitialspace=True)]
+
+
+def _csv_value(cell: str) -> str | None:
+    if _placeholder(cell):
+        return None
+    match = _NUMBER.match(cell)
+    if match and match["unit"]:
+        return match["num"]
+    return cell
+
+
+def parse_query_csv(text: str, fields: Sequence[str], *, header: bool | None = None) -> list[dict[str, str | None]]:
+    """Read `nvidia-smi --query-gpu=<fields> --format=csv[,noheader][,nounits]`, one dict per GPU.
+
+    Values are strings with units removed ("242.67 W" -> "242.67"); placeholders such as
+    "[N/A]" are None. `header=None` detects the header line from the field names.
+    """
+    fields = list(fields)
+    if not fields:
+        raise FactsParseError("no query fields given")
+    _check_driver(text, "nvidia-smi --query-gpu")
+    bad = _FIELD_ERROR.search(text)
+    if bad:
+        raise FactsParseError(f'nvidia-smi rejected query field "{bad["field"]}"',
+                              hint="this driver does not know the field; check `nvidia-smi --help-query-gpu`")
+    if text.strip() == NO_DEVICES:
+        return []
+    if not text.strip():
+        raise FactsParseError("nvidia-smi --query-gpu printed nothing", hint="rerun the query on the tray")
+    rows = _csv_rows(text)
+    if header is None:
+        names = [(_HEADER_UNIT.match(c)["name"] if _HEADER_UNIT.match(c) else c).lower() for c in rows[0]]
+        header = names == [f.lower() for f in fields]
+    if header:
+        if len(rows[0]) != len(fields):
+            raise FactsParseError(f"CSV header has {len(rows[0])} columns, expected {len(fields)}")
+        rows = rows[1:]
+    out = []
+    for n, row in enumerate(rows, start=1):
+        if len(row) != len(fields):
+            raise FactsParseError(f"CSV row {n} has {len(row)} values, expected {len(fields)} "
+                                  f"({', '.join(fields)}); output garbled or truncated")
+        out.append({name: _csv_value(cell) for name, cell in zip(fields, row)})
+    return out
+
+
+# --- nvlink --status --------------------------------------------------------------------------
+
+_NVLINK_GPU = re.compile(r"^GPU (?P<index>\d+): (?P<name>.*?)(?: \(UUID: (?P<uuid>[^)]+)\))?$")
+_NVLINK_LINK = re.compile(r"^Link (?P<link>\d+): (?P<value>.+)$")
+_SPEED = re.compile(r"^(?P<num>\d+(?:\.\d+)?) ?GB/s$")
+
+
+def parse_nvlink_status(text: str) -> tuple[GpuNvLinks, ...]:
+    """Read `nvidia-smi nvlink --status`: per GPU, each link's speed in GB/s or None when inactive."""
+    _check_driver(text, "nvidia-smi nvlink --status")
+    if not text.strip():
+        raise FactsParseError("nvidia-smi nvlink --status printed nothing", hint="rerun it on the tray")
+    gpus: list[GpuNvLinks] = []
+    current: dict | None = None
+
+    def close() -> None:
+        if current is not None:
+            gpus.append(GpuNvLinks(current["index"], current["name"], current["uuid"], tuple(current["links"])))
+
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line:
+            continue
+        gpu = _NVLINK_GPU.match(line)
+        if gpu:
+            close()
+            current = {"index": int(gpu["index"]), "name": gpu["name"] or None, "uuid": gpu["uuid"], "links": []}
+            continue
+        link = _NVLINK_LINK.match(line)
+        if link and current is not None:
+            value = link["value"].strip()
+            if value.lower() in ("<inactive>", "inactive"):
+                speed = None
+            else:
+                match = _SPEED.match(value)
+                if not match:
+                    raise FactsParseError(f"nvlink --status line {lineno}: unexpected link value {value!r}")
+                speed = float(match["num"])
+            current["links"].append(NvLink(int(link["link"]), speed))
+            continue
+        raise FactsParseError(f"nvlink --status line {lineno}: unexpected text {line[:80]!r}",
+                              hint="output garbled or truncated; rerun `nvidia-smi nvlink --status`")
+    close()
+    return tuple(gpus)
+
+
+# --- -L ---------------------------------------------------------------------------------------
+
+_LIST_LINE = re.compile(r"^GPU (?P<index>\d+): (?P<name>.*?) \(UUID: (?P<uuid>[^)]+)\)$")
+
+
+def parse_list(text: str) -> tuple[tuple[int, str, str], ...]:
+    """Read `nvidia-smi -L` as (index, name, uuid) per GPU; MIG lines under a GPU are skipped."""
+    _check_driver(text, "nvidia-smi -L")
+    if text.strip() == NO_DEVICES:
+        return ()
+    out = []
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip() or raw.startswith((" ", "\t")):
+            continue
+        match = _LIST_LINE.match(raw.strip())
+        if not match:
+            raise FactsParseError(f"nvidia-smi -L line {lineno}: unexpected text {raw.strip()[:80]!r}")
+        out.append((int(match["index"]), match["name"], match["uuid"]))
+    if not out:
+        raise FactsParseError("nvidia-smi -L printed no GPUs", hint="rerun `nvidia-smi -L` on the tray")
+    return tuple(out)
+
+
+def parse_number(value: str | None) -> float | None:
+    """A CSV value from parse_query_csv as a number; None stays None."""
+    if value is None:
+        return None
+    match = _NUMBER.match(value.strip())
+    if not match:
+        raise FactsParseError(f"expected a number, got {value!r}")
+    return float(match["num"])
+
+
+__all__: Iterable[str] = [
+    "parse_xml", "parse_query_csv", "parse_nvlink_status", "parse_list", "parse_number",
+    "FactsParseError", "DriverUnavailable", "DRIVER_FAILURE",
+]

@@ -1,0 +1,243 @@
+"""GPU facts as one compute tray reports them (nvidia-smi / NVML).
+
+Values stay per GPU on purpose: a tray whose GPUs disagree on NVLink domain or
+partition is a finding, so nothing here collapses them into one tray value.
+Fields a driver reports as "N/A" are None.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+
+FABRIC_NOT_SUPPORTED = "Not Supported"
+FABRIC_NOT_STARTED = "Not Started"
+FABRIC_IN_PROGRESS = "In Progress"
+FABRIC_COMPLETED = "Completed"
+FABRIC_STATES = (FABRIC_NOT_SUPPORTED, FABRIC_NOT_STARTED, FABRIC_IN_PROGRESS, FABRIC_COMPLETED)
+FABRIC_SUCCESS = "Success"
+
+NVLINKS_PER_GPU = 18
+NVLINK_SPEED_GBPS = 53.125
+
+
+def cluster_uuid_or_none(value: str | None) -> str | None:
+    """An all-zero cluster UUID means 'no NVLink domain', never a domain of its own."""
+    if value is None:
+        return None
+    text = value.strip().lower()
+    if not text or text == ZERO_UUID:
+        return None
+    return text
+
+
+_PCI_RE = re.compile(r"^(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<dev>[0-9a-fA-F]{1,2})(?:\.(?P<fn>[0-7]))?$")
+
+
+def pci_key(text: str) -> tuple[int, int, int]:
+    """(domain, bus, device) of a PCI address, so nvidia-smi's `00000008:01:00.0`
+    and the kernel log's `0008:01:00` compare equal."""
+    match = _PCI_RE.match(text.strip())
+    if not match:
+        raise ValueError(f"not a PCI address: {text!r}")
+    return (int(match["domain"] or "0", 16), int(match["bus"], 16), int(match["dev"], 16))
+
+
+@dataclass(frozen=True)
+class PlatformInfo:
+    """Where the GPU sits in the rack, as the GB200 board reports it."""
+
+    chassis_serial_number: str | None = None
+    slot_number: int | None = None
+    tray_index: int | None = None
+    host_id: int | None = None
+    peer_type: str | None = None
+    gpu_fabric_guid: str | None = None
+
+
+@dataclass(frozen=True)
+class FabricHealth:
+    bandwidth: str | None = None                      # "Full" | "Degraded" | None
+    route_recovery_in_progress: bool | None = None
+    route_unhealthy: bool | None = None
+    access_timeout_recovery: bool | None = None
+    summary: str | None = None                        # newer drivers: Healthy | Unhealthy | Limited Capacity
+    incorrect_configuration: str | None = None        # newer drivers: "None" when fine
+
+    @property
+    def degraded_bandwidth(self) -> bool | None:
+        if self.bandwidth is None:
+            return None
+        return self.bandwidth.strip().lower() != "full"
+
+    def problems(self) -> tuple[str, ...]:
+        """Operator words for every flag that is set; empty when the fabric is healthy."""
+        out = []
+        if self.degraded_bandwidth:
+            out.append("bandwidth degraded")
+        if self.route_recovery_in_progress:
+            out.append("route recovery in progress")
+        if self.route_unhealthy:
+            out.append("route unhealthy")
+        if self.access_timeout_recovery:
+            out.append("access timeout recovery")
+        if self.incorrect_configuration and self.incorrect_configuration.lower() not in ("none", "n/a"):
+            out.append(f"incorrect configuration: {self.incorrect_configuration}")
+        if self.summary and self.summary.lower() not in ("healthy", "n/a"):
+            out.append(f"summary {self.summary}")
+        return tuple(out)
+
+
+@dataclass(frozen=True)
+class GpuFabric:
+    state: str | None = None
+    status: str | None = None
+    clique_id: int | None = None
+    cluster_uuid: str | None = None                   # None: no NVLink domain (absent, N/A or all-zero)
+    health: FabricHealth = field(default_factory=FabricHealth)
+
+    @property
+    def attached(self) -> bool:
+        """NVIDIA's device-plugin rule: Completed, Success and a non-zero cluster UUID."""
+        return (self.state == FABRIC_COMPLETED and self.status == FABRIC_SUCCESS
+                and cluster_uuid_or_none(self.cluster_uuid) is not None)
+
+
+@dataclass(frozen=True)
+class EccCounts:
+    """Totals over DRAM and SRAM, volatile (since driver load) and aggregate (lifetime)."""
+
+    volatile_uncorrectable: int | None = None
+    aggregate_uncorrectable: int | None = None
+    volatile_correctable: int | None = None
+    aggregate_correctable: int | None = None
+    volatile_dram_uncorrectable: int | None = None
+    aggregate_dram_uncorrectable: int | None = None
+
+
+@dataclass(frozen=True)
+class RemappedRows:
+    correctable: int | None = None
+    uncorrectable: int | None = None
+    pending: bool | None = None
+    failure: bool | None = None
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int                                        # NVML enumeration order on the tray
+    uuid: str
+    pci_bus_id: str
+    serial: str | None = None
+    product_name: str | None = None
+    module_id: int | None = None
+    minor_number: int | None = None
+    platform: PlatformInfo = field(default_factory=PlatformInfo)
+    fabric: GpuFabric = field(default_factory=GpuFabric)
+    ecc: EccCounts = field(default_factory=EccCounts)
+    remapped_rows: RemappedRows = field(default_factory=RemappedRows)
+    temperature_c: float | None = None
+    power_draw_w: float | None = None
+    power_limit_w: float | None = None
+    memory_total_mib: int | None = None
+    gpu_recovery_action: str | None = None
+
+    @property
+    def fabric_attached(self) -> bool:
+        return self.fabric.attached
+
+    @property
+    def clique_label(self) -> str | None:
+        """`<clusterUUID>.<cliqueID>` as GPU Feature Discovery, the DRA driver and
+        Topograph spell it; None unless the GPU is fabric-attached."""
+        if not self.fabric.attached or self.fabric.clique_id is None:
+            return None
+        return f"{self.fabric.cluster_uuid}.{self.fabric.clique_id}"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["fabric"]["health"]["degraded_bandwidth"] = self.fabric.health.degraded_bandwidth
+        data["fabric_attached"] = self.fabric_attached
+        data["clique_label"] = self.clique_label
+        return data
+
+
+@dataclass(frozen=True)
+class GpuReport:
+    """One tray's `nvidia-smi -q -x`. attached_gpus is what the driver counts; it can
+    exceed len(gpus) when a GPU is known to the driver but cannot be read."""
+
+    driver_version: str | None
+    cuda_version: str | None
+    attached_gpus: int | None
+    gpus: tuple[Gpu, ...]
+    timestamp: str | None = None
+
+    def gpu(self, index: int) -> Gpu | None:
+        return next((g for g in self.gpus if g.index == index), None)
+
+    @property
+    def cluster_uuids(self) -> tuple[str, ...]:
+        """Distinct non-zero cluster UUIDs, sorted; more than one is a finding."""
+        return tuple(sorted({g.fabric.cluster_uuid for g in self.gpus if g.fabric.cluster_uuid}))
+
+    @property
+    def clique_ids(self) -> tuple[int, ...]:
+        return tuple(sorted({g.fabric.clique_id for g in self.gpus if g.fabric.clique_id is not None}))
+
+    @property
+    def clique_labels(self) -> tuple[str, ...]:
+        return tuple(sorted({g.clique_label for g in self.gpus if g.clique_label}))
+
+    @property
+    def clique_label(self) -> str | None:
+        """The tray's label only when every GPU is fabric-attached and all agree, as
+        GPU Feature Discovery does; a disagreement yields None, never a guess."""
+        if not self.gpus or not all(g.fabric_attached for g in self.gpus):
+            return None
+        labels = self.clique_labels
+        return labels[0] if len(labels) == 1 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "timestamp": self.timestamp,
+            "driver_version": self.driver_version,
+            "cuda_version": self.cuda_version,
+            "attached_gpus": self.attached_gpus,
+            "gpus": [g.to_dict() for g in self.gpus],
+            "cluster_uuids": list(self.cluster_uuids),
+            "clique_ids": list(self.clique_ids),
+            "clique_label": self.clique_label,
+        }
+
+
+@dataclass(frozen=True)
+class NvLink:
+    link: int
+    speed_gbps: float | None                          # None: the link is inactive
+
+    @property
+    def active(self) -> bool:
+        return self.speed_gbps is not None and self.speed_gbps > 0
+
+
+@dataclass(frozen=True)
+class GpuNvLinks:
+    """`nvidia-smi nvlink --status` for one GPU."""
+
+    index: int
+    name: str | None
+    uuid: str | None
+    links: tuple[NvLink, ...]
+
+    @property
+    def inactive_links(self) -> tuple[int, ...]:
+        return tuple(l.link for l in self.links if not l.active)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "name": self.name, "uuid": self.uuid,
+                "links": [{"link": l.link, "speed_gbps": l.speed_gbps, "active": l.active} for l in self.links],
+                "inactive_links": list(self.inactive_links)}
