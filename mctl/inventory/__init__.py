@@ -1,3 +1,18 @@
-from mctl.inventory.loader import find_inventory_file, load_site, validate_inventory
+"""Site inventory: load, validate, and expose to Ansible.
+
+Imports are lazy so that mctl.model.site can use the schema types without a cycle.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["find_inventory_file", "load_site", "validate_inventory"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from mctl.inventory import loader
+
+        return getattr(loader, name)
+    raise AttributeError(name)

@@ -63,6 +63,10 @@ def host_vars(site: Site, host: Host) -> dict[str, Any]:
 def site_view(site: Site) -> AnsibleView:
     view = AnsibleView()
     view.all_vars = {"mctl_site": site.name, **site.vars}
+    if site.images_dir:
+        view.all_vars["mctl_images_dir"] = str(site.images_dir)
+    if site.scheduler:
+        view.all_vars["mctl_scheduler"] = site.scheduler.type
     sched = site.scheduler
     for role_group in ("compute", "switches", "head"):
         view.groups.append((role_group, None))

@@ -1,0 +1,127 @@
+"""mctl provision TARGET: run the site playbook on trays through ansible-runner."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from mctl.cli import render
+from mctl.cli.context import options, want_json
+from mctl.cli.options import DryRunOpt, JsonOpt
+from mctl.errors import EXIT_PARTIAL
+
+COMMAND_SETTINGS = {"help": "Provision trays with the site playbook (ansible-runner)."}
+
+
+def command(
+    target: Annotated[str, typer.Argument(help="Node set, rack name or @group.")],
+    image: Annotated[Optional[str], typer.Option("--image", help="Use this image instead of the inventory's.")] = None,
+    tags: Annotated[Optional[str], typer.Option("--tags", help="Only these roles: base,nvidia,imex,slurm,k8s.")] = None,
+    limit: Annotated[Optional[str], typer.Option("--limit", help="Further restrict to this node set.")] = None,
+    check: Annotated[bool, typer.Option("--check", help="Ansible check mode: report, change nothing.")] = False,
+    diff: Annotated[bool, typer.Option("--diff", help="Show file differences.")] = False,
+    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Only the hosts that failed last time.")] = False,
+    dry_run: DryRunOpt = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Provision trays with the site playbook through ansible-runner.
+
+    Every run keeps its folder (command, events, stdout, recap) under the state directory.
+    Exit 3 when some hosts failed.
+
+    Example: mctl -i inventories/lab provision lab-r1 --tags base,nvidia
+    """
+    from mctl.provision.service import plan_provision, provision
+
+    opts = options()
+    site = opts.site()
+    plan = plan_provision(site, opts.state_dir, target, image=image,
+                          tags=[t.strip() for t in tags.split(",") if t.strip()] if tags else None,
+                          limit=limit, check=check, diff=diff, retry_failed=retry_failed)
+    as_json = want_json(json_)
+    if dry_run:
+        if as_json:
+            render.print_json({"dry_run": True, "plan": plan.to_dict()})
+        else:
+            _print_plan(plan)
+        return
+    progress = _Progress(plan.hosts, live=render.interactive() and not as_json)
+    with progress:
+        result = provision(plan, opts.state_dir, on_event=progress.event)
+    if as_json:
+        render.print_json(result.to_dict())
+    else:
+        _print_recap(result)
+    if result.status == "canceled":
+        render.error(f"interrupted; the run folder {result.run_dir} holds everything up to the interruption",
+                     "re-run the same command, or add --retry-failed to run only the hosts that failed")
+        raise typer.Exit(130)
+    if result.failed_hosts or result.status != "successful":
+        raise typer.Exit(EXIT_PARTIAL)
+
+
+def _print_plan(plan) -> None:
+    from mctl.model.site import fold
+
+    con = render.console()
+    con.print(f"plan: run playbook {plan.playbook} on {len(plan.hosts)} hosts: {fold(plan.hosts)}", markup=False)
+    con.print(f"  tags: {','.join(plan.tags) if plan.tags else 'all'}"
+              f"{'  (check mode)' if plan.check else ''}{'  (diff)' if plan.diff else ''}", markup=False)
+    by_image: dict[str, list[str]] = {}
+    for host, img in plan.images.items():
+        by_image.setdefault(img or "-", []).append(host)
+    for img, hosts in by_image.items():
+        con.print(f"  image {img}: {fold(hosts)}", markup=False)
+    con.print("nothing changed (--dry-run)", markup=False)
+
+
+def _print_recap(result) -> None:
+    from rich.table import Table
+
+    con = render.console()
+    table = Table(title=f"provision {result.run_id}: {result.status} in {result.ended - result.started:.1f}s",
+                  title_justify="left")
+    for col in ("host", "ok", "changed", "failed", "unreachable", "skipped", "status"):
+        table.add_column(col, justify="right" if col not in ("host", "status") else "left")
+    for name in sorted(result.hosts):
+        r = result.hosts[name]
+        table.add_row(name, str(r.ok), str(r.changed), str(r.failed), str(r.unreachable), str(r.skipped), r.status)
+    con.print(table)
+    for name in result.failed_hosts:
+        r = result.hosts[name]
+        con.print(f"{name}: {r.status} at task '{r.failed_task}': {r.message}", markup=False, highlight=False)
+    con.print(f"run folder: {result.run_dir}", markup=False, highlight=False)
+
+
+class _Progress:
+    """Live per-host progress on a terminal; failures as plain lines otherwise."""
+
+    def __init__(self, hosts: list[str], live: bool):
+        self.hosts = hosts
+        self.live = live
+        self._progress = None
+        self._tasks: dict[str, int] = {}
+
+    def __enter__(self):
+        if self.live:
+            from rich.progress import Progress, SpinnerColumn, TextColumn
+
+            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), console=render.console(),
+                                      transient=True)
+            self._progress.__enter__()
+            for h in self.hosts:
+                self._tasks[h] = self._progress.add_task(f"{h}: waiting")
+        return self
+
+    def __exit__(self, *exc):
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+        return False
+
+    def event(self, ev) -> None:
+        if self._progress is not None and ev.host in self._tasks:
+            self._progress.update(self._tasks[ev.host], description=f"{ev.host}: {ev.kind:<9} {ev.task}")
+        elif ev.kind in ("failed", "unreachable"):
+            render.err_console().print(f"{ev.host}: {ev.kind} at '{ev.task}': {ev.message}", markup=False,
+                                       highlight=False)

@@ -1,0 +1,250 @@
+"""Run playbooks through ansible-runner, one inspectable folder per run.
+
+Each run gets `<state>/provision/runs/<id>/` (ansible-runner's private data dir):
+`request.json` (what was asked), ansible-runner's `artifacts/<id>/` (exact
+command, stdout, one JSON file per event, status, rc) and `recap.json` (per-host
+result and, for failed hosts, the failing task and message). The inventory given
+to Ansible is the site's own mctl.yml, read through mctl's inventory plugin, so
+Ansible and mctl cannot disagree about hosts.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from mctl.errors import EnvironmentProblem, UsageError
+from mctl.state import ensure_dir, read_json, write_json
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+PLAYBOOKS_DIR = Path(os.environ.get("MCTL_PLAYBOOKS") or PACKAGE_DIR.parent / "playbooks")
+
+
+@dataclass
+class PlaybookRequest:
+    playbook: str                      # name under playbooks/ or a path
+    inventory: str                     # the site's mctl.yml
+    limit: list[str] | None = None     # host names
+    tags: list[str] | None = None
+    skip_tags: list[str] | None = None
+    check: bool = False
+    diff: bool = False
+    extravars: dict[str, Any] = field(default_factory=dict)
+    forks: int = 50
+
+
+@dataclass
+class HostRecap:
+    host: str
+    ok: int = 0
+    changed: int = 0
+    failed: int = 0
+    unreachable: int = 0
+    skipped: int = 0
+    failed_task: str | None = None
+    message: str | None = None
+
+    @property
+    def status(self) -> str:
+        if self.unreachable:
+            return "unreachable"
+        if self.failed:
+            return "failed"
+        return "changed" if self.changed else "ok"
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    run_dir: str
+    status: str                        # successful | failed | timeout | canceled
+    rc: int | None
+    started: float
+    ended: float
+    hosts: dict[str, HostRecap]
+    check: bool = False
+
+    @property
+    def failed_hosts(self) -> list[str]:
+        return sorted(h for h, r in self.hosts.items() if r.status in ("failed", "unreachable"))
+
+    @property
+    def changed_total(self) -> int:
+        return sum(r.changed for r in self.hosts.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["failed_hosts"] = self.failed_hosts
+        d["duration_s"] = round(self.ended - self.started, 2)
+        for name, recap in self.hosts.items():
+            d["hosts"][name]["status"] = recap.status
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunResult":
+        hosts = {h: HostRecap(**{k: v for k, v in r.items() if k != "status"}) for h, r in data["hosts"].items()}
+        return cls(data["run_id"], data["run_dir"], data["status"], data["rc"], data["started"], data["ended"],
+                   hosts, data.get("check", False))
+
+
+@dataclass
+class HostEvent:
+    """A per-host event from the stream, for live progress."""
+
+    host: str
+    kind: str          # ok | changed | failed | unreachable | skipped | task
+    task: str
+    message: str | None = None
+
+
+def playbook_path(name: str) -> Path:
+    p = Path(name)
+    if not p.is_absolute() and not p.exists():
+        p = PLAYBOOKS_DIR / (name if name.endswith((".yml", ".yaml")) else f"{name}.yml")
+    if not p.is_file():
+        known = sorted(x.stem for x in PLAYBOOKS_DIR.glob("*.yml"))
+        raise UsageError(f"unknown playbook {name!r}", hint=f"playbooks in {PLAYBOOKS_DIR}: {', '.join(known)}")
+    return p.resolve()
+
+
+def ansible_env() -> dict[str, str]:
+    """Environment that makes Ansible read mctl inventories and find the roles."""
+    bindir = str(Path(sys.executable).parent)
+    control_dir = Path("/tmp") / f"mctl-ssh-{os.getuid()}"
+    control_dir.mkdir(mode=0o700, exist_ok=True)
+    return {
+        "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+        "ANSIBLE_INVENTORY_PLUGINS": str(PACKAGE_DIR / "ansible" / "inventory_plugins"),
+        "ANSIBLE_INVENTORY_ENABLED": "mctl,host_list,yaml,ini",
+        "ANSIBLE_ROLES_PATH": str(PLAYBOOKS_DIR / "roles"),
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
+        "ANSIBLE_PIPELINING": "True",
+        "ANSIBLE_SSH_CONTROL_PATH_DIR": str(control_dir),
+        "ANSIBLE_SSH_ARGS": "-o ControlMaster=auto -o ControlPersist=120s",
+        "ANSIBLE_RETRY_FILES_ENABLED": "False",
+        "ANSIBLE_PYTHON_INTERPRETER": "auto_silent",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_DEPRECATION_WARNINGS": "False",
+    }
+
+
+def check_ansible() -> None:
+    bindir = Path(sys.executable).parent
+    if not (bindir / "ansible-playbook").exists() and not shutil.which("ansible-playbook"):
+        raise EnvironmentProblem("ansible-playbook is not installed",
+                                 hint="install mctl with its dependencies (./scripts/install), which brings ansible-core")
+    try:
+        import ansible_runner  # noqa: F401
+    except ImportError as exc:
+        raise EnvironmentProblem(f"ansible-runner cannot be imported: {exc}",
+                                 hint="reinstall mctl's dependencies: ./scripts/install") from None
+
+
+def new_run_dir(state_dir: Path, kind: str = "provision") -> tuple[str, Path]:
+    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+    run_dir = ensure_dir(Path(state_dir) / kind / "runs" / run_id)
+    return run_id, run_dir
+
+
+def run_playbook(req: PlaybookRequest, state_dir: Path, *, kind: str = "provision",
+                 on_event: Callable[[HostEvent], None] | None = None) -> RunResult:
+    """Run *req* and return the per-host recap. Ctrl-C cancels the run cleanly."""
+    check_ansible()
+    import ansible_runner
+
+    playbook = playbook_path(req.playbook)
+    run_id, run_dir = new_run_dir(state_dir, kind)
+    write_json(run_dir / "request.json", {**asdict(req), "playbook": str(playbook)})
+    hosts: dict[str, HostRecap] = {}
+    cancel = threading.Event()
+
+    def handle(event: dict[str, Any]) -> bool:
+        _absorb(event, hosts, on_event)
+        return True
+
+    cmdline = []
+    if req.check:
+        cmdline.append("--check")
+    if req.diff:
+        cmdline.append("--diff")
+    previous = signal.getsignal(signal.SIGINT)
+    in_main = threading.current_thread() is threading.main_thread()
+    if in_main:
+        signal.signal(signal.SIGINT, lambda *_: cancel.set())
+    started = time.time()
+    try:
+        runner = ansible_runner.run(
+            private_data_dir=str(run_dir), ident=run_id, playbook=str(playbook), inventory=str(req.inventory),
+            limit=",".join(req.limit) if req.limit else None, tags=",".join(req.tags) if req.tags else None,
+            skip_tags=",".join(req.skip_tags) if req.skip_tags else None, extravars=req.extravars or None,
+            cmdline=" ".join(cmdline) or None, forks=req.forks, envvars=ansible_env(), quiet=True,
+            event_handler=handle, cancel_callback=cancel.is_set, project_dir=str(PLAYBOOKS_DIR),
+        )
+    finally:
+        if in_main:
+            signal.signal(signal.SIGINT, previous)
+    status = "canceled" if cancel.is_set() else runner.status
+    result = RunResult(run_id, str(run_dir), status, runner.rc, started, time.time(), hosts, req.check)
+    write_json(run_dir / "recap.json", result.to_dict())
+    write_json(Path(state_dir) / kind / "last.json", {"run_id": run_id, "run_dir": str(run_dir)})
+    return result
+
+
+def last_run(state_dir: Path, kind: str = "provision") -> RunResult | None:
+    pointer = Path(state_dir) / kind / "last.json"
+    if not pointer.is_file():
+        return None
+    recap = Path(read_json(pointer)["run_dir"]) / "recap.json"
+    if not recap.is_file():
+        return None
+    return RunResult.from_dict(read_json(recap))
+
+
+def _absorb(event: dict[str, Any], hosts: dict[str, HostRecap], on_event: Callable[[HostEvent], None] | None) -> None:
+    kind = event.get("event", "")
+    data = event.get("event_data") or {}
+    host = data.get("host")
+    task = data.get("task") or ""
+    if kind == "playbook_on_stats":
+        for key, attr in (("ok", "ok"), ("changed", "changed"), ("failures", "failed"),
+                          ("dark", "unreachable"), ("skipped", "skipped")):
+            for h, n in (data.get(key) or {}).items():
+                setattr(hosts.setdefault(h, HostRecap(h)), attr, n)
+        return
+    if not host:
+        return
+    recap = hosts.setdefault(host, HostRecap(host))
+    res = data.get("res") or {}
+    if kind == "runner_on_failed" and not data.get("ignore_errors"):
+        recap.failed_task = recap.failed_task or task
+        recap.message = recap.message or _message(res)
+        _emit(on_event, HostEvent(host, "failed", task, _message(res)))
+    elif kind == "runner_on_unreachable":
+        recap.failed_task = recap.failed_task or task
+        recap.message = recap.message or _message(res)
+        _emit(on_event, HostEvent(host, "unreachable", task, _message(res)))
+    elif kind == "runner_on_ok":
+        _emit(on_event, HostEvent(host, "changed" if res.get("changed") else "ok", task))
+    elif kind == "runner_on_skipped":
+        _emit(on_event, HostEvent(host, "skipped", task))
+
+
+def _message(res: dict[str, Any]) -> str:
+    msg = res.get("msg") or res.get("stderr") or res.get("module_stderr") or ""
+    if isinstance(msg, list):
+        msg = "; ".join(map(str, msg))
+    msg = str(msg).strip()
+    return msg.splitlines()[0][:300] if msg else "failed (no message)"
+
+
+def _emit(cb: Callable[[HostEvent], None] | None, ev: HostEvent) -> None:
+    if cb is not None:
+        cb(ev)

@@ -1,0 +1,70 @@
+"""Provisioning as a service function: resolve targets, plan, run, summarise."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from mctl.errors import UsageError
+from mctl.model.site import Site
+from mctl.provision.runner import HostEvent, PlaybookRequest, RunResult, last_run, playbook_path, run_playbook
+
+KNOWN_TAGS = ("base", "nvidia", "imex", "slurm", "k8s")
+
+
+@dataclass
+class ProvisionPlan:
+    playbook: str
+    inventory: str
+    hosts: list[str]
+    tags: list[str] | None
+    image: str | None
+    images: dict[str, str | None] = field(default_factory=dict)
+    check: bool = False
+    diff: bool = False
+
+    def request(self) -> PlaybookRequest:
+        extravars = {"mctl_image": self.image} if self.image else {}
+        return PlaybookRequest(playbook=self.playbook, inventory=self.inventory, limit=self.hosts,
+                               tags=self.tags, check=self.check, diff=self.diff, extravars=extravars,
+                               forks=max(5, min(100, len(self.hosts))))
+
+    def to_dict(self) -> dict:
+        return {"playbook": self.playbook, "inventory": self.inventory, "hosts": self.hosts, "tags": self.tags,
+                "image_override": self.image, "images": self.images, "check": self.check, "diff": self.diff}
+
+
+def plan_provision(site: Site, state_dir: Path, target: str, *, image: str | None = None,
+                   tags: list[str] | None = None, limit: str | None = None, check: bool = False,
+                   diff: bool = False, retry_failed: bool = False, playbook: str = "site") -> ProvisionPlan:
+    from mctl.images import ImageCatalog
+    from mctl.transport.targets import resolve_hosts
+
+    hosts = [h for h in resolve_hosts(site, target) if h.role in ("compute", "head")]
+    if limit:
+        allowed = {h.name for h in resolve_hosts(site, limit)}
+        hosts = [h for h in hosts if h.name in allowed]
+    if tags:
+        unknown = [t for t in tags if t not in KNOWN_TAGS]
+        if unknown:
+            raise UsageError(f"unknown tag {', '.join(unknown)}", hint=f"known tags: {', '.join(KNOWN_TAGS)}")
+    if image:
+        ImageCatalog(site.images_dir).get(image)   # raises with the known images
+    if retry_failed:
+        last = last_run(state_dir)
+        if last is None:
+            raise UsageError("no earlier provisioning run to retry", hint="run 'mctl provision TARGET' first")
+        failed = set(last.failed_hosts)
+        if not failed:
+            raise UsageError(f"the last run ({last.run_id}) had no failed hosts", hint="nothing to retry")
+        hosts = [h for h in hosts if h.name in failed]
+    if not hosts:
+        raise UsageError(f"{target!r} names no compute trays or head nodes to provision")
+    playbook_path(playbook)
+    return ProvisionPlan(playbook=playbook, inventory=str(site.file), hosts=[h.name for h in hosts], tags=tags,
+                         image=image, images={h.name: image or h.image for h in hosts}, check=check, diff=diff)
+
+
+def provision(plan: ProvisionPlan, state_dir: Path, on_event: Callable[[HostEvent], None] | None = None) -> RunResult:
+    return run_playbook(plan.request(), state_dir, on_event=on_event)
