@@ -1,0 +1,348 @@
+"""SSH fan-out over asyncssh: one connection per host, kept open and reused.
+
+A pool outlives single commands: the health watch keeps one open for days, an
+inventory run sends all its probes down the connections it opened once. Every
+call returns a HostResult per host (never raises for a host's trouble), so one
+dead tray cannot hide the answers of the other 71.
+
+Policies, fixed here so every caller gets them:
+- strict host keys from the inventory's known_hosts (never trust on first use);
+  a refused key is reported with the fingerprint that was presented;
+- bounded concurrency (Site.ssh.concurrency) over connects and commands;
+- connect timeout and command timeout per host;
+- retries (tenacity) only while connecting, and only for transient network
+  errors; a command is never re-run, because it may not be idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
+
+from mctl.errors import UsageError
+from mctl.transport.known_hosts import HostKey, KnownHosts
+from mctl.transport.results import HostKeyProblem, HostResult, HostStatus
+from mctl.transport.targets import SSHTarget
+
+if TYPE_CHECKING:
+    import asyncssh
+
+    from mctl.model.site import Site
+
+# AES-GCM first: hardware-accelerated in OpenSSL, so a fan-out spends less CPU per byte.
+CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com",
+           "aes128-ctr", "aes256-ctr")
+
+
+@dataclass(frozen=True)
+class SSHConfig:
+    """Everything the pool needs, resolved from the Site (paths absolute)."""
+
+    known_hosts: Path
+    user: str = "root"
+    port: int = 22
+    identity_file: Path | None = None
+    connect_timeout: float = 10.0
+    command_timeout: float = 60.0
+    concurrency: int = 64
+    connect_attempts: int = 3
+    retry_wait: float = 0.2                # first back-off; doubles up to 2 s
+    keepalive_interval: float = 30.0
+
+    @classmethod
+    def from_site(cls, site: "Site", **overrides) -> "SSHConfig":
+        s = site.ssh
+        cfg = cls(known_hosts=site.known_hosts, user=s.user, port=s.port, identity_file=site.identity_file,
+                  connect_timeout=float(s.connect_timeout), command_timeout=float(s.command_timeout),
+                  concurrency=int(s.concurrency))
+        return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+
+
+class _ConnectFailed(Exception):
+    def __init__(self, status: HostStatus, error: str, *, attempts: int, host_key: HostKeyProblem | None = None):
+        super().__init__(error)
+        self.status = status
+        self.error = error
+        self.attempts = attempts
+        self.host_key = host_key
+
+
+def _transient(exc: BaseException) -> bool:
+    """Worth another connect attempt: the network or sshd hiccuped, nothing was refused on purpose."""
+    import asyncssh
+
+    if isinstance(exc, (asyncssh.HostKeyNotVerifiable, asyncssh.PermissionDenied)):
+        return False
+    if isinstance(exc, asyncio.TimeoutError):
+        return False  # a hung host would multiply the wait; report it instead
+    return isinstance(exc, (OSError, asyncssh.ConnectionLost, asyncssh.DisconnectError))
+
+
+def _describe_os_error(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno:
+        return os.strerror(exc.errno)  # asyncio's text embeds the address; this groups across hosts
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+class SSHPool:
+    """Open connections keyed by host name; async-first, see run_sync() for the CLI."""
+
+    def __init__(self, config: SSHConfig):
+        self.config = config
+        self.known_hosts = KnownHosts.load(config.known_hosts)
+        self._conns: dict[str, "asyncssh.SSHClientConnection"] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._sem: asyncio.Semaphore | None = None
+        self._options: "asyncssh.SSHClientConnectionOptions | None" = None
+
+    @classmethod
+    def from_site(cls, site: "Site", **overrides) -> "SSHPool":
+        return cls(SSHConfig.from_site(site, **overrides))
+
+    async def __aenter__(self) -> "SSHPool":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    # --- connection handling ----------------------------------------------------------------
+
+    def _base_options(self) -> "asyncssh.SSHClientConnectionOptions":
+        if self._options is None:
+            import asyncssh
+
+            keys = None
+            agent: object = ()
+            if self.config.identity_file is not None:
+                try:
+                    keys = [asyncssh.read_private_key(str(self.config.identity_file))]
+                except (OSError, asyncssh.KeyImportError) as exc:
+                    raise UsageError(f"cannot load SSH identity {self.config.identity_file}: "
+                                     f"{getattr(exc, 'strerror', None) or exc}",
+                                     hint="set ssh.identity_file in the inventory to a readable private key") from None
+                agent = None
+            try:
+                known = self.known_hosts.as_asyncssh()
+            except (ValueError, asyncssh.KeyImportError) as exc:
+                raise UsageError(f"cannot read known_hosts {self.config.known_hosts}: {exc}",
+                                 hint="fix or remove the bad line, then run 'mctl ssh trust'") from None
+            extra = {} if agent == () else {"agent_path": agent}
+            self._options = asyncssh.SSHClientConnectionOptions(
+                config=[], known_hosts=known, client_keys=keys, compression_algs=None,
+                encryption_algs=list(CIPHERS), keepalive_interval=self.config.keepalive_interval,
+                keepalive_count_max=3, login_timeout=self.config.connect_timeout, **extra)
+        return self._options
+
+    def reload_known_hosts(self) -> None:
+        """Pick up keys recorded by `mctl ssh trust` since the pool was opened (new connections only)."""
+        self.known_hosts = KnownHosts.load(self.config.known_hosts)
+        self._options = None
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self.config.concurrency)
+        return self._sem
+
+    async def _connect_once(self, target: SSHTarget) -> "asyncssh.SSHClientConnection":
+        import asyncssh
+
+        client = _client_class()()
+        try:
+            async with asyncio.timeout(self.config.connect_timeout):
+                return await asyncssh.connect(target.address, target.port, options=self._base_options(),
+                                              username=target.user, client_factory=lambda: client)
+        except asyncssh.HostKeyNotVerifiable:
+            raise _HostKeyRefused(client.refused_key) from None
+
+    async def _connection(self, target: SSHTarget) -> tuple["asyncssh.SSHClientConnection", int, bool]:
+        """(connection, connect attempts used, reused?) or _ConnectFailed."""
+        import asyncssh
+        from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+        lock = self._locks.setdefault(target.name, asyncio.Lock())
+        async with lock:
+            conn = self._conns.get(target.name)
+            if conn is not None and not conn.is_closed():
+                return conn, 0, True
+            self._conns.pop(target.name, None)
+            attempts = 0
+            try:
+                async for attempt in AsyncRetrying(
+                        stop=stop_after_attempt(max(1, self.config.connect_attempts)),
+                        wait=wait_exponential(multiplier=self.config.retry_wait, max=2.0),
+                        retry=retry_if_exception(_transient), reraise=True):
+                    with attempt:
+                        attempts += 1
+                        conn = await self._connect_once(target)
+            except _HostKeyRefused as exc:
+                raise _ConnectFailed(HostStatus.HOST_KEY_MISMATCH, self._host_key_text(target, exc.presented),
+                                     attempts=attempts, host_key=self._host_key_problem(target, exc.presented)) from None
+            except asyncio.TimeoutError:
+                raise _ConnectFailed(HostStatus.TIMEOUT, f"no SSH answer within {self.config.connect_timeout:g}s",
+                                     attempts=attempts) from None
+            except asyncssh.PermissionDenied:
+                raise _ConnectFailed(HostStatus.UNREACHABLE,
+                                     f"authentication failed for user {target.user} (publickey)",
+                                     attempts=attempts) from None
+            except (OSError, asyncssh.Error) as exc:
+                reason = getattr(exc, "reason", None) or _describe_os_error(exc)
+                raise _ConnectFailed(HostStatus.UNREACHABLE, reason, attempts=attempts) from None
+            self._conns[target.name] = conn
+            return conn, attempts, False
+
+    def _host_key_problem(self, target: SSHTarget, presented: HostKey | None) -> HostKeyProblem:
+        recorded = tuple(k.describe() for k in self.known_hosts.keys_for(target.name, target.address, target.port))
+        return HostKeyProblem(presented.describe() if presented else None, recorded, str(self.config.known_hosts))
+
+    def _host_key_text(self, target: SSHTarget, presented: HostKey | None) -> str:
+        recorded = self.known_hosts.keys_for(target.name, target.address, target.port)
+        shown = presented.describe() if presented else "an unreadable key"
+        if not recorded:
+            return (f"host key not trusted: {target.name} presented {shown}, which is not in "
+                    f"{self.config.known_hosts}; if that is the right key run 'mctl ssh trust {target.name}'")
+        was = ", ".join(k.describe() for k in recorded)
+        return (f"HOST KEY CHANGED, refusing {target.name}: it presented {shown} but {self.config.known_hosts} "
+                f"records {was}. Someone may be intercepting the connection, or the tray was reinstalled; "
+                f"verify out of band, then run 'mctl ssh trust {target.name} --replace'")
+
+    async def close(self) -> None:
+        conns, self._conns = list(self._conns.values()), {}
+        for conn in conns:
+            conn.close()
+        for conn in conns:
+            try:
+                await conn.wait_closed()
+            except Exception:  # noqa: BLE001 - closing a dead connection must not fail a report
+                pass
+
+    # --- commands ---------------------------------------------------------------------------
+
+    async def run_one(self, target: SSHTarget, command: str, *, timeout: float | None = None) -> HostResult:
+        async with self._semaphore():
+            return await self._run_one(target, command, self.config.command_timeout if timeout is None else timeout)
+
+    async def _run_one(self, target: SSHTarget, command: str, timeout: float) -> HostResult:
+        import asyncssh
+
+        start = time.monotonic()
+        attempts_total = 0
+        for _ in range(2):  # a second go only when a reused connection turned out dead
+            try:
+                conn, attempts, reused = await self._connection(target)
+            except _ConnectFailed as exc:
+                return HostResult(target.name, target.address, exc.status, error=exc.error, phase="connect",
+                                  elapsed=time.monotonic() - start, host_key=exc.host_key,
+                                  attempts=attempts_total + exc.attempts)
+            attempts_total += attempts
+            try:
+                proc = await conn.create_process(command, encoding="utf-8", errors="replace",
+                                                 stdin=asyncssh.DEVNULL)
+            except (asyncssh.ChannelOpenError, asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError) as exc:
+                self._conns.pop(target.name, None)
+                if reused:
+                    continue  # the command never started: reconnecting is a connect retry
+                return HostResult(target.name, target.address, HostStatus.UNREACHABLE, phase="connect",
+                                  error=f"could not open a session: {getattr(exc, 'reason', None) or exc}",
+                                  elapsed=time.monotonic() - start, attempts=attempts_total)
+            return await self._finish(target, proc, timeout, start, attempts_total)
+        return HostResult(target.name, target.address, HostStatus.UNREACHABLE, phase="connect",
+                          error="connection lost", elapsed=time.monotonic() - start, attempts=attempts_total)
+
+    async def _finish(self, target: SSHTarget, proc, timeout: float, start: float, attempts: int) -> HostResult:
+        import asyncssh
+
+        try:
+            async with asyncio.timeout(timeout):
+                stdout, stderr = await proc.communicate()
+        except asyncio.TimeoutError:
+            stdout, stderr = proc.collect_output()
+            proc.close()
+            return HostResult(target.name, target.address, HostStatus.TIMEOUT, stdout=stdout or "",
+                              stderr=stderr or "", phase="command",
+                              error=f"command did not finish within {timeout:g}s",
+                              elapsed=time.monotonic() - start, attempts=attempts)
+        except (asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError) as exc:
+            self._conns.pop(target.name, None)
+            return HostResult(target.name, target.address, HostStatus.UNREACHABLE, phase="command",
+                              error=f"connection lost while the command ran: {getattr(exc, 'reason', None) or exc}",
+                              elapsed=time.monotonic() - start, attempts=attempts)
+        code = proc.exit_status
+        signal = proc.exit_signal
+        if code == 0:
+            status, error = HostStatus.OK, None
+        elif code is None or code < 0:
+            status = HostStatus.FAILED
+            error = f"killed by signal {signal[0]}" if signal else "exited without a status"
+        else:
+            status, error = HostStatus.FAILED, None
+        return HostResult(target.name, target.address, status, exit_code=code if code is not None and code >= 0 else None,
+                          stdout=stdout or "", stderr=stderr or "", error=error, phase="command" if error else None,
+                          elapsed=time.monotonic() - start, attempts=attempts)
+
+    async def run(self, targets: Sequence[SSHTarget], command: str | Callable[[SSHTarget], str], *,
+                  timeout: float | None = None,
+                  on_result: Callable[[HostResult], None] | None = None) -> list[HostResult]:
+        """Run *command* (or a per-target command) on every target; results in target order."""
+
+        async def one(t: SSHTarget) -> HostResult:
+            result = await self.run_one(t, command(t) if callable(command) else command, timeout=timeout)
+            if on_result is not None:
+                on_result(result)
+            return result
+
+        return list(await asyncio.gather(*(one(t) for t in targets)))
+
+
+class _HostKeyRefused(Exception):
+    def __init__(self, key: "asyncssh.SSHKey | None"):
+        super().__init__("host key refused")
+        self.presented = HostKey.from_openssh(key.export_public_key("openssh").decode()) if key is not None else None
+
+
+_CLIENT_CLASS = None
+
+
+def _client_class():
+    """An asyncssh client that remembers the host key it refused (built once, on first use)."""
+    global _CLIENT_CLASS
+    if _CLIENT_CLASS is None:
+        import asyncssh
+
+        class _Client(asyncssh.SSHClient):
+            def __init__(self) -> None:
+                self.refused_key = None
+
+            # asyncssh asks only about keys known_hosts does not vouch for: note it, refuse it.
+            def validate_host_public_key(self, host, addr, port, key):
+                self.refused_key = key
+                return False
+
+        _CLIENT_CLASS = _Client
+    return _CLIENT_CLASS
+
+
+def run_sync(config: SSHConfig, targets: Sequence[SSHTarget], command: str | Callable[[SSHTarget], str], *,
+             timeout: float | None = None, on_result: Callable[[HostResult], None] | None = None) -> list[HostResult]:
+    """One fan-out from synchronous code (the CLI): open a pool, run, close."""
+
+    async def main() -> list[HostResult]:
+        async with SSHPool(config) as pool:
+            return await pool.run(targets, command, timeout=timeout, on_result=on_result)
+
+    return asyncio.run(main())
+
+
+def run_in_pool(config: SSHConfig, work: Callable[[SSHPool], Awaitable]):
+    """Run an async function that uses one pool for several fan-outs, from sync code."""
+
+    async def main():
+        async with SSHPool(config) as pool:
+            return await work(pool)
+
+    return asyncio.run(main())
