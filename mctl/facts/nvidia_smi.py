@@ -69,6 +69,14 @@ class _Reader:
         value = " ".join(node.text.split())
         return None if _placeholder(value) else value
 
+    def status(self, path: str) -> str | None:
+        """An NVML return code as nvidia-smi spells it ("Success", "Unknown Error"): only N/A is no value."""
+        node = self.elem.find(path)
+        if node is None or node.text is None:
+            return None
+        value = " ".join(node.text.split())
+        return None if value.strip("[]").lower() in ("", "n/a") else value
+
     def number(self, path: str) -> float | None:
         value = self.text(path)
         if value is None:
@@ -138,7 +146,7 @@ def _fabric(r: _Reader) -> GpuFabric:
         return GpuFabric()
     return GpuFabric(
         state=r.text("fabric/state"),
-        status=r.text("fabric/status"),
+        status=r.status("fabric/status"),
         clique_id=r.integer("fabric/cliqueId"),
         cluster_uuid=cluster_uuid_or_none(r.text("fabric/clusterUuid")),
         health=FabricHealth(
@@ -243,7 +251,9 @@ def _csv_rows(text: str) -> list[list[str]]:
 
 
 def _csv_value(cell: str) -> str | None:
-    if _placeholder(cell):
+    # CSV brackets its placeholders ("[N/A]", "[Unknown Error]"); a bare "Unknown Error" is a value,
+    # e.g. a fabric status.
+    if not cell or cell == "N/A" or (cell.startswith("[") and cell.endswith("]")):
         return None
     match = _NUMBER.match(cell)
     if match and match["unit"]:
