@@ -26,7 +26,7 @@ How faults.json shows (what a real driver would print for the same condition):
                            ("Unable to determine the device handle ..." on stderr, left out of
                            every listing while attached_gpus still counts it); codes whose
                            resolution is a GPU reset set GPU Recovery Action "Reset".
-  hang true                the call blocks, as nvidia-smi does against a wedged driver.
+  unreachable, hang        not nvidia-smi's to show: the lab applies them to the tray's sshd.
 A missing gpus.json is a tray without a working driver: the real failure message, exit 9.
 """
 
@@ -784,9 +784,6 @@ def main(argv=None, env=None, stdout=None, stderr=None, now=None):
     except DriverMissing:
         stdout.write(DRIVER_FAILURE_TEXT + "\n\n")
         return EXIT_DRIVER
-    if faults.get("hang"):
-        while True:            # a wedged driver: the call never returns
-            time.sleep(3600)
     rack = Rack(state, faults)
     selected = rack.select(args.ident)
     if selected is None or (args.ident is None and not rack.gpus):
