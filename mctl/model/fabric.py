@@ -1,0 +1,365 @@
+"""NVLink partitions and IMEX domains as mctl reasons about them (pure, no I/O).
+
+Two vocabularies meet here. NMX-Manager speaks in GPU IDs, locations and
+PartitionIDs; operators and the inventory speak in trays. A `FabricGpu` carries
+both, so the planner can compare what the inventory wants with what NMX-M holds
+without guessing, and a plan prints in the operator's words.
+
+The NMX-M objects are read leniently (`from_nmx`): the field names follow the
+documented API and the real compute-node sample; missing optional fields become
+None instead of failing, because NetQ/NMX-M releases add and drop fields.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Literal
+
+from ClusterShell.NodeSet import NodeSet
+
+DEFAULT_PARTITION_ID = 32766
+DEFAULT_PARTITION_NAME = "Default Partition"
+MIN_PARTITION_ID = 1
+MAX_PARTITION_ID = 32765          # user partitions; 32766 is the default one
+
+MemberKind = Literal["ID_BASED", "LOCATION_BASED"]
+MEMBER_KINDS: tuple[str, ...] = ("ID_BASED", "LOCATION_BASED")
+PARTITION_HEALTH = ("HEALTHY", "DEGRADED", "DEGRADED_BANDWIDTH", "UNHEALTHY", "NEW", "UNKNOWN")
+OPERATION_TERMINAL = ("completed", "failed", "cancelled")
+OPERATION_STATES = ("pending", "in-progress") + OPERATION_TERMINAL
+
+Granularity = Literal["tray", "gpu"]
+
+
+def _int(value: Any) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------- NMX-M objects
+
+@dataclass(frozen=True, order=True)
+class GpuLocation:
+    """Where a GPU sits: what a LOCATION_BASED partition member names."""
+
+    domain_uuid: str
+    chassis_id: int
+    slot_id: int
+    host_id: int
+    device_id: int
+
+    def key(self) -> tuple[str, int, int, int, int]:
+        return (self.domain_uuid.lower(), self.chassis_id, self.slot_id, self.host_id, self.device_id)
+
+    def to_nmx(self) -> dict[str, Any]:
+        return {"DomainUUID": self.domain_uuid, "ChassisID": self.chassis_id, "SlotID": self.slot_id,
+                "HostID": self.host_id, "DeviceID": self.device_id}
+
+    @classmethod
+    def from_nmx(cls, data: dict[str, Any]) -> "GpuLocation":
+        return cls(str(data.get("DomainUUID", "")), _int(data.get("ChassisID")) or 0, _int(data.get("SlotID")) or 0,
+                   _int(data.get("HostID")) or 0, _int(data.get("DeviceID")) or 0)
+
+
+@dataclass(frozen=True)
+class NmxComputeNode:
+    """One compute tray as NMX-M lists it under /compute-nodes."""
+
+    id: str
+    name: str
+    domain_uuid: str
+    gpu_ids: tuple[str, ...]
+    health: str
+    chassis_id: int | None
+    chassis_serial: str | None
+    host_id: int | None
+    slot_id: int | None
+    tray_index: int | None
+
+    @classmethod
+    def from_nmx(cls, data: dict[str, Any]) -> "NmxComputeNode":
+        loc = data.get("LocationInfo") or {}
+        return cls(id=str(data.get("ID", "")), name=str(data.get("Name", "")),
+                   domain_uuid=str(data.get("DomainUUID", "")),
+                   gpu_ids=tuple(str(g) for g in data.get("GpuIDList") or ()),
+                   health=str(data.get("Health", "UNKNOWN")),
+                   chassis_id=_int(loc.get("ChassisID")), chassis_serial=loc.get("ChassisSerialNumber"),
+                   host_id=_int(loc.get("HostID")), slot_id=_int(loc.get("SlotID")),
+                   tray_index=_int(loc.get("TrayIndex")))
+
+
+@dataclass(frozen=True)
+class NmxGpu:
+    """One GPU as NMX-M lists it under /gpus (it carries its PartitionID)."""
+
+    id: str
+    device_id: int | None
+    domain_uuid: str | None
+    partition_id: int | None
+    health: str
+    device_uid: str | None = None
+
+    @classmethod
+    def from_nmx(cls, data: dict[str, Any]) -> "NmxGpu":
+        loc = data.get("LocationInfo") or {}
+        device = data.get("DeviceID", loc.get("DeviceID"))
+        uid = data.get("DeviceUID")
+        return cls(id=str(data.get("ID", "")), device_id=_int(device),
+                   domain_uuid=data.get("DomainUUID"), partition_id=_int(data.get("PartitionID")),
+                   health=str(data.get("Health", "UNKNOWN")), device_uid=None if uid is None else str(uid))
+
+
+@dataclass(frozen=True)
+class NmxPartition:
+    """A partition as NMX-M holds it; `id` addresses it in URLs, `partition_id` is the fabric's number."""
+
+    id: str
+    partition_id: int
+    name: str
+    type: str
+    health: str
+    members: tuple[str | GpuLocation, ...]
+
+    @property
+    def is_default(self) -> bool:
+        return self.partition_id == DEFAULT_PARTITION_ID or self.name == DEFAULT_PARTITION_NAME
+
+    @classmethod
+    def from_nmx(cls, data: dict[str, Any]) -> "NmxPartition":
+        members: list[str | GpuLocation] = []
+        for m in data.get("Members") or ():
+            members.append(GpuLocation.from_nmx(m) if isinstance(m, dict) else str(m))
+        kind = str(data.get("Type") or ("LOCATION_BASED" if members and isinstance(members[0], GpuLocation)
+                                         else "ID_BASED"))
+        pid = _int(data.get("PartitionID"))
+        return cls(id=str(data.get("ID", "") or (pid if pid is not None else "")),
+                   partition_id=pid if pid is not None else 0, name=str(data.get("Name", "")),
+                   type=kind, health=str(data.get("Health", "UNKNOWN")), members=tuple(members))
+
+
+@dataclass(frozen=True)
+class NmxOperation:
+    """An asynchronous NMX-M operation (create, update or delete of a partition)."""
+
+    id: str
+    status: str
+    error: str | None = None
+    location: str | None = None             # the Location header of the 202, when NMX-M gave one
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in OPERATION_TERMINAL
+
+    @classmethod
+    def from_nmx(cls, data: dict[str, Any]) -> "NmxOperation":
+        status = str(data.get("Status") or data.get("status") or "").lower().replace("_", "-")
+        err = data.get("Error") or data.get("error") or data.get("Message") or None
+        return cls(id=str(data.get("ID") or data.get("operationId") or data.get("id") or ""), status=status,
+                   error=None if err in (None, "") else str(err))
+
+
+# ------------------------------------------------------- partitions, tray view
+
+@dataclass(frozen=True, order=True)
+class FabricGpu:
+    """A GPU known both by its tray (inventory) and by its NMX-M identity."""
+
+    tray: str
+    device_id: int
+    gpu_id: str = field(compare=False)
+    location: GpuLocation = field(compare=False)
+
+    def member(self, kind: str) -> str | dict[str, Any]:
+        return self.location.to_nmx() if kind == "LOCATION_BASED" else self.gpu_id
+
+
+@dataclass(frozen=True)
+class DesiredPartition:
+    """A partition the operator wants: whole trays (the default) or, explicitly, single GPUs."""
+
+    name: str
+    rack: str
+    trays: tuple[str, ...] = ()
+    gpus: tuple[tuple[str, int], ...] | None = None     # (tray, device) pairs; None = whole trays
+
+    @property
+    def granularity(self) -> Granularity:
+        return "tray" if self.gpus is None else "gpu"
+
+    def members(self, gpus_per_tray: int) -> frozenset[tuple[str, int]]:
+        if self.gpus is not None:
+            return frozenset(self.gpus)
+        return frozenset((t, d) for t in self.trays for d in range(gpus_per_tray))
+
+    def touched_trays(self) -> tuple[str, ...]:
+        if self.gpus is None:
+            return self.trays
+        return tuple(dict.fromkeys(t for t, _ in self.gpus))
+
+
+def describe_members(gpus: Iterable[tuple[str, int]] | Iterable[FabricGpu], gpus_per_tray: int) -> str:
+    """Fold members into operator words: whole trays as a node set, partial trays as tray:[devices]."""
+    by_tray: dict[str, set[int]] = {}
+    for g in gpus:
+        tray, dev = (g.tray, g.device_id) if isinstance(g, FabricGpu) else g
+        by_tray.setdefault(tray, set()).add(dev)
+    whole = [t for t, devs in by_tray.items() if len(devs) >= gpus_per_tray]
+    parts = [str(NodeSet.fromlist(whole))] if whole else []
+    for tray in sorted(set(by_tray) - set(whole), key=_natural):
+        devs = sorted(by_tray[tray])
+        parts.append(f"{tray}:[{','.join(str(d) for d in devs)}]")
+    return " ".join(parts) if parts else "-"
+
+
+def _natural(name: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+ChangeAction = Literal["create", "update", "delete"]
+
+
+@dataclass(frozen=True)
+class PartitionChange:
+    """One NMX-M call of a plan, with the members before and after in tray terms."""
+
+    action: ChangeAction
+    name: str
+    kind: str
+    members: tuple[FabricGpu, ...]          # after the change (empty for delete)
+    before: tuple[FabricGpu, ...]           # before the change (empty for create)
+    reason: str
+    nmx_id: str | None = None               # URL id of an existing partition
+    partition_id: int | None = None
+
+    def payload_members(self) -> list[str | dict[str, Any]]:
+        return [g.member(self.kind) for g in sorted(self.members)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"action": self.action, "name": self.name, "type": self.kind, "reason": self.reason,
+                "id": self.nmx_id, "partition_id": self.partition_id,
+                "trays": sorted({g.tray for g in self.members}, key=_natural),
+                "gpus": len(self.members), "before_trays": sorted({g.tray for g in self.before}, key=_natural),
+                "members": self.payload_members()}
+
+
+@dataclass(frozen=True)
+class PartitionPlan:
+    """The concrete NMX-M changes that make a rack's partitions match the desired ones, in a safe order."""
+
+    rack: str
+    endpoint: str | None
+    changes: tuple[PartitionChange, ...]
+    unchanged: tuple[str, ...] = ()
+    unmanaged: tuple[str, ...] = ()         # on NMX-M, not in the inventory, left alone
+    released: tuple[FabricGpu, ...] = ()    # GPUs that end in the default partition
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.changes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rack": self.rack, "endpoint": self.endpoint, "changes": [c.to_dict() for c in self.changes],
+                "unchanged": list(self.unchanged), "unmanaged": list(self.unmanaged),
+                "released_trays": sorted({g.tray for g in self.released}, key=_natural),
+                "warnings": list(self.warnings)}
+
+
+# ---------------------------------------------------------------------- IMEX
+
+# Connectivity letters of `nvidia-imex-ctl -N` and the words of its JSON form.
+LINK_WORDS: dict[str, str] = {
+    "C": "CONNECTED", "N": "NEVER_CONNECTED", "R": "RECOVERING", "D": "DISCONNECTED",
+    "A": "AUTHENTICATING", "I": "INVALID", "!V!": "VERSION_MISMATCH", "!M!": "NODE_MAP_MISMATCH",
+}
+LINK_LETTERS: dict[str, str] = {word: letter for letter, word in LINK_WORDS.items()}
+# DCGM's enum of `nvidia-imex-ctl -q` answers, in order (value = position).
+DAEMON_STATES: tuple[str, ...] = ("INITIALIZING", "STARTING_AUTH_SERVER", "WAITING_FOR_PEERS", "WAITING_FOR_RECOVERY",
+                                  "INIT_GPU", "READY", "SHUTTING_DOWN", "UNAVAILABLE")
+DOMAIN_STATES: tuple[str, ...] = ("UP", "DEGRADED", "DOWN")
+
+
+@dataclass(frozen=True)
+class ImexMember:
+    tray: str
+    address: str
+
+
+@dataclass(frozen=True)
+class ImexDomain:
+    """The trays that form one IMEX domain; it always sits inside one NVLink partition."""
+
+    name: str
+    rack: str
+    members: tuple[ImexMember, ...]         # sorted by tray name: identical order on every tray
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        return tuple(m.address for m in self.members)
+
+    @property
+    def trays(self) -> tuple[str, ...]:
+        return tuple(m.tray for m in self.members)
+
+
+@dataclass(frozen=True)
+class ImexNodeStatus:
+    index: int
+    address: str
+    state: str
+    version: str | None = None
+    hostname: str | None = None
+    links: tuple[str, ...] = ()             # connectivity letter towards node j, by index
+
+
+@dataclass(frozen=True)
+class ImexDomainStatus:
+    """One daemon's view of its whole domain (`nvidia-imex-ctl -N`)."""
+
+    state: str
+    nodes: tuple[ImexNodeStatus, ...]
+    timestamp: str | None = None
+
+    def link(self, src: int, dst: int) -> str | None:
+        for node in self.nodes:
+            if node.index == src:
+                return node.links[dst] if dst < len(node.links) else None
+        return None
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        return tuple(n.address for n in sorted(self.nodes, key=lambda n: n.index))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "timestamp": self.timestamp,
+                "nodes": [{"index": n.index, "address": n.address, "hostname": n.hostname, "state": n.state,
+                           "version": n.version, "links": list(n.links)} for n in self.nodes]}
+
+
+@dataclass(frozen=True)
+class ImexReason:
+    """Why a domain is not UP, pinned to a tray where one is to blame."""
+
+    message: str
+    tray: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tray": self.tray, "message": self.message}
+
+
+@dataclass(frozen=True)
+class ImexDomainHealth:
+    domain: ImexDomain
+    state: str                              # UP | DEGRADED | DOWN | UNKNOWN
+    reasons: tuple[ImexReason, ...] = ()
+    per_tray: tuple[tuple[str, str], ...] = ()   # (tray, daemon state as -q says)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"domain": self.domain.name, "rack": self.domain.rack, "state": self.state,
+                "trays": list(self.domain.trays), "addresses": list(self.domain.addresses),
+                "daemons": dict(self.per_tray), "reasons": [r.to_dict() for r in self.reasons]}
