@@ -27,6 +27,7 @@ except ImportError:  # pragma: no cover - older typer on click
 # (command name, module); each module exposes `app` (a Typer) or `command` (a function).
 NOUNS: tuple[tuple[str, str], ...] = (
     ("inventory", "mctl.cli.inventory"),
+    ("lab", "mctl.cli.lab"),
     ("provision", "mctl.cli.provision"),
     ("image", "mctl.cli.image"),
 )

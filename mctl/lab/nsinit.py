@@ -1,0 +1,100 @@
+"""First process of a lab host, run by `unshare` inside the host's new namespaces.
+
+Runs as PID 1 of the new PID namespace with a private copy of the machine's
+mounts, so everything it mounts (the overlay root, a fresh /proc, /sys, a
+minimal /dev, tmpfs /run and /tmp) exists only for this host and disappears
+with it. It then chroots into the overlay and execs the host's own init
+(/usr/lib/mctl-lab/init, hostinit.py). Executed by path with `python3 -I -S`,
+so it uses the standard library only.
+
+Usage: python3 -I -S nsinit.py HOST_JSON
+"""
+
+import ctypes
+import json
+import os
+import socket
+import sys
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+
+# name -> (major, minor): the character devices every Linux userland expects
+DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9), "tty": (5, 0)}
+LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
+         "stderr": "/proc/self/fd/2", "ptmx": "pts/ptmx"}
+
+
+def mount(source, target, fstype, flags=0, data=None):
+    rc = _libc.mount(source.encode() if source else None, target.encode(),
+                     fstype.encode() if fstype else None, flags, data.encode() if data else None)
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {fstype or source} on {target}: {os.strerror(err)}")
+
+
+def write_atomic(path, text):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def setup(spec):
+    root = spec["root"]
+    # Nothing mounted from here on may leak back to the machine's namespace.
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    socket.sethostname(spec["hostname"])
+    mount("overlay", root, "overlay", 0,
+          f"lowerdir={spec['lower']},upperdir={spec['upper']},workdir={spec['work']}")
+    mount("proc", os.path.join(root, "proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    # The kernel is the machine's: a tray's `sysctl -w` must not change the host.
+    for sub in ("sys", "sysrq-trigger"):
+        path = os.path.join(root, "proc", sub)
+        if not os.path.exists(path):
+            continue
+        mount(path, path, None, MS_BIND)
+        mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+    mount("sysfs", os.path.join(root, "sys"), "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    dev = os.path.join(root, "dev")
+    mount("tmpfs", dev, "tmpfs", MS_NOSUID, "mode=755,size=64k")
+    old = os.umask(0)
+    try:
+        for name, (major, minor) in DEVICES.items():
+            os.mknod(os.path.join(dev, name), 0o20666, os.makedev(major, minor))
+        for name, target in LINKS.items():
+            os.symlink(target, os.path.join(dev, name))
+        for name, mode in (("pts", 0o755), ("shm", 0o1777)):
+            os.mkdir(os.path.join(dev, name), mode)
+    finally:
+        os.umask(old)
+    mount("devpts", os.path.join(dev, "pts"), "devpts", MS_NOSUID | MS_NOEXEC,
+          "newinstance,ptmxmode=0666,mode=0620,gid=5")
+    mount("tmpfs", os.path.join(dev, "shm"), "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m")
+    mount("tmpfs", os.path.join(root, "run"), "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=32m")
+    mount("tmpfs", os.path.join(root, "tmp"), "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=256m")
+    os.chroot(root)
+    os.chdir("/")
+
+
+def main(argv):
+    with open(argv[1]) as fh:
+        spec = json.load(fh)
+    # /proc is still the machine's here, so /proc/self names this process as the
+    # machine sees it: that is the pid `lab down` and `lab status` need.
+    write_atomic(spec["pidfile"], os.readlink("/proc/self") + "\n")
+    setup(spec)
+    init = spec["init"]
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root"}
+    os.execve(init[0], init, env)
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv)
+    except OSError as exc:
+        sys.stderr.write(f"mctl-lab nsinit: {exc}\n")
+        sys.exit(1)
