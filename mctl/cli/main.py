@@ -30,6 +30,9 @@ NOUNS: tuple[tuple[str, str], ...] = (
     ("lab", "mctl.cli.lab"),
     ("provision", "mctl.cli.provision"),
     ("image", "mctl.cli.image"),
+    ("exec", "mctl.cli.exec_"),
+    ("ssh", "mctl.cli.ssh"),
+    ("rack", "mctl.cli.rack"),
 )
 
 app = typer.Typer(

@@ -1,0 +1,139 @@
+"""mctl rack inventory: what is really in a rack, over SSH."""
+
+from __future__ import annotations
+
+from typing import Annotated, List, Optional
+
+import typer
+
+from mctl.cli import render
+from mctl.cli.context import options, want_json
+from mctl.cli.options import JsonOpt
+from mctl.errors import EXIT_FINDINGS, EXIT_PARTIAL, PartialFailure
+
+app = typer.Typer(help="Racks: inventory what is really there.", no_args_is_help=True)
+
+
+@app.command()
+def inventory(
+    racks: Annotated[Optional[List[str]], typer.Argument(help="Rack names (see 'mctl inventory show').",
+                                                         show_default=False)] = None,
+    all_racks: Annotated[bool, typer.Option("--all", help="Every rack of the inventory.")] = False,
+    diff: Annotated[bool, typer.Option("--diff", help="Show what changed since the last snapshot.")] = False,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", "-t", min=1.0,
+                                                     help="Seconds each tray may take (default: ssh.command_timeout).")
+                       ] = None,
+    no_save: Annotated[bool, typer.Option("--no-save", help="Do not store this run as a snapshot.")] = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Collect every compute tray's facts over SSH and check them against the rack's shape.
+
+    One SSH round trip per tray gathers nvidia-smi -q -x, OS release, kernel, IMEX and slurmd
+    service state, the IMEX config checksum and XID lines. The rack must show its compute trays
+    with 4 GPUs each, one NVLink domain (cluster UUID) not shared with another rack, the 4 GPUs
+    of a tray in one clique, and fabric Completed/Success. Each run is saved under
+    <state>/snapshots/inventory/RACK/; --diff compares with the previous one (a changed GPU
+    serial is a hardware swap, a changed clique a partition change).
+
+    Exit 0 ok, 1 critical findings, 2 bad input, 3 some trays unreachable or hung.
+
+    Example: mctl -i inventories/lab rack inventory lab-r1 --diff
+    """
+    from mctl.rackinv.service import run_inventory, select_racks
+
+    opts = options()
+    site = opts.site()
+    chosen = select_racks(site, racks or [], all_racks)
+    report = run_inventory(site, chosen, state_dir=opts.state_dir, timeout=timeout, save=not no_save, diff=diff)
+    if want_json(json_):
+        render.print_json(report.to_dict())
+    else:
+        _print_report(report, diff)
+    code = report.exit_code
+    if code == EXIT_PARTIAL:
+        from mctl.model.site import fold
+
+        dark = [t for r in report.racks for t in r.unreached]
+        kinds: dict[str, list[str]] = {}
+        for t in dark:
+            kinds.setdefault(t.reach, []).append(t.host)
+        raise PartialFailure(f"{len(dark)} tray{'s' if len(dark) > 1 else ''} not inventoried: "
+                             + "; ".join(f"{k} {fold(v)}" for k, v in kinds.items()),
+                             hint="every other tray was inventoried; see the findings above")
+    if code == EXIT_FINDINGS:
+        raise typer.Exit(EXIT_FINDINGS)
+
+
+def _fabric_cell(t) -> str:
+    states = sorted({f"{g.fabric.state}/{g.fabric.status}" if g.fabric.status != "Success" or g.fabric.state != "Completed"
+                     else "Completed" for g in t.gpus.gpus})
+    return ",".join(states) if states else "-"
+
+
+def _findings_cell(findings) -> str:
+    crit = sum(f.severity.value == "critical" for f in findings)
+    wrn = sum(f.severity.value == "warn" for f in findings)
+    parts = ([f"{crit} critical"] if crit else []) + ([f"{wrn} warn"] if wrn else [])
+    return ", ".join(parts) if parts else "ok"
+
+
+def _print_report(report, show_diff: bool) -> None:
+    from rich.table import Table
+
+    con = render.console()
+    for r in report.racks:
+        rack = r.rack
+        domain = rack.nvlink_domain or "not declared"
+        table = Table(title=f"rack {rack.name}: {rack.model}, {rack.compute_trays} compute trays x "
+                            f"{rack.gpus_per_tray} GPUs, NVLink domain {domain}", title_justify="left")
+        for col in ("tray", "address", "GPUs", "driver", "cluster", "clique", "fabric", "findings"):
+            table.add_column(col)
+        by_host: dict[str, list] = {}
+        for f in r.findings:
+            by_host.setdefault(f.host, []).append(f)
+        for t in r.trays:
+            mine = by_host.get(t.host, [])
+            if not t.reached:
+                table.add_row(t.host, t.address, "-", "-", "-", "-", "-", t.reach)
+                continue
+            if t.gpus is None:
+                table.add_row(t.host, t.address, "?", "-", "-", "-", "-", _findings_cell(mine))
+                continue
+            g = t.gpus
+            table.add_row(t.host, t.address, f"{len(g.gpus)}/{rack.gpus_per_tray}", g.driver_version or "-",
+                          ",".join(u.split("-")[0] for u in g.cluster_uuids) or "none",
+                          ",".join(str(c) for c in g.clique_ids) or "-", _fabric_cell(t), _findings_cell(mine))
+        con.print(table)
+        if r.changes is not None or show_diff:
+            _print_changes(con, r)
+    findings = [f for f in report.findings if f.severity.value != "ok" or f.action]
+    if findings:
+        con.print("findings:", markup=False, highlight=False)
+        for f in findings:
+            con.print(f"  {f.severity.value.upper():8} {f.host or '-'}  {f.check}: {f.message}",
+                      markup=False, highlight=False)
+            if f.action:
+                con.print(f"           action: {f.action}", markup=False, highlight=False)
+    trays = sum(len(r.trays) for r in report.racks)
+    dark = sum(len(r.unreached) for r in report.racks)
+    crit = sum(f.severity.value == "critical" for f in report.findings)
+    wrn = sum(f.severity.value == "warn" for f in report.findings)
+    saved = [str(r.snapshot_path) for r in report.racks if r.snapshot_path]
+    con.print(f"{trays} trays, {trays - dark} inventoried, {dark} not reached; {crit} critical, {wrn} warn "
+              f"({report.elapsed:.1f}s)" + (f"; snapshot {', '.join(saved)}" if saved else ""),
+              markup=False, highlight=False)
+
+
+def _print_changes(con, r) -> None:
+    if r.previous_path is None:
+        con.print(f"diff: no earlier snapshot of rack {r.rack.name}; this run is the baseline",
+                  markup=False, highlight=False)
+        return
+    since = r.previous_taken_at.strftime("%Y-%m-%d %H:%M:%S UTC") if r.previous_taken_at else str(r.previous_path)
+    if not r.changes:
+        con.print(f"diff since {since}: no changes", markup=False, highlight=False)
+        return
+    con.print(f"diff since {since}: {len(r.changes)} change{'s' if len(r.changes) > 1 else ''}",
+              markup=False, highlight=False)
+    for c in r.changes:
+        con.print(f"  {c.host}  {c.kind}: {c.message}", markup=False, highlight=False)

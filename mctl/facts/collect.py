@@ -1,0 +1,215 @@
+"""Collect a compute tray's facts over SSH in one round trip.
+
+One POSIX sh script per tray runs every probe and frames each output between
+marker lines carrying a per-run nonce, so a tray costs one SSH command however
+many facts there are, and no file content can fake a section boundary. The
+framing is split apart and handed to the pure parsers; a missing, truncated or
+unreadable section becomes a problem on that tray, never an exception.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from mctl.facts import DriverUnavailable, FactsParseError
+from mctl.model.inventory_snapshot import TrayFacts
+
+if TYPE_CHECKING:
+    from mctl.transport import HostResult, SSHPool, SSHTarget
+
+XID_TAIL = 200          # newest XID lines kept per tray
+SMI_MARGIN = 3.0        # nvidia-smi's own timeout stays this far inside the SSH command timeout
+
+# Sections in the order the script prints them.
+SECTIONS = ("hostname", "os-release", "kernel", "nvidia-smi", "nvidia-smi-stderr", "services", "imex-config", "xid")
+
+_SCRIPT = r"""
+M='::mctl-@NONCE@::'
+sec() { n=$1; shift; printf '%sbegin %s\n' "$M" "$n"; "$@"; rc=$?; printf '\n%send %s rc=%d\n' "$M" "$n" "$rc"; }
+smi() {
+  command -v nvidia-smi >/dev/null 2>&1 || { echo 'nvidia-smi: command not found' >"$E"; return 127; }
+  if command -v timeout >/dev/null 2>&1; then timeout -k 2 @SMI_TIMEOUT@ nvidia-smi -q -x 2>"$E"
+  else nvidia-smi -q -x 2>"$E"; fi
+}
+svc() {
+  if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+    echo source=systemd
+    systemctl show -p Id,LoadState,ActiveState,SubState,UnitFileState,MainPID nvidia-imex.service slurmd.service
+    return 0
+  fi
+  echo source=process-table
+  for u in nvidia-imex slurmd; do
+    f=
+    for d in /etc/systemd/system /run/systemd/system /usr/local/lib/systemd/system /usr/lib/systemd/system /lib/systemd/system; do
+      if [ -e "$d/$u.service" ]; then f="$d/$u.service"; break; fi
+    done
+    en=no
+    for w in /etc/systemd/system/*.wants/"$u".service; do [ -e "$w" ] && en=yes; done
+    echo "unit=$u.service file=$f enabled=$en"
+  done
+  grep -Hx -e nvidia-imex -e slurmd /proc/[0-9]*/comm 2>/dev/null
+  return 0
+}
+imexsum() {
+  [ -d /etc/nvidia-imex ] || { echo absent; return 0; }
+  set -- /etc/nvidia-imex/*.cfg
+  [ -e "$1" ] || return 0
+  sha256sum "$@"
+}
+xid() {
+  if [ -r /var/log/kern.log ]; then echo source=/var/log/kern.log; grep -h 'NVRM: Xid' /var/log/kern.log | tail -n @XID_TAIL@
+  else echo source=dmesg; dmesg 2>/dev/null | grep 'NVRM: Xid' | tail -n @XID_TAIL@; fi
+  return 0
+}
+E=$(mktemp 2>/dev/null || echo /tmp/mctl-smi-err.$$)
+trap 'rm -f "$E"' EXIT
+sec hostname uname -n
+sec os-release cat /etc/os-release
+sec kernel uname -r
+sec nvidia-smi smi
+sec nvidia-smi-stderr cat "$E"
+sec services svc
+sec imex-config imexsum
+sec xid xid
+"""
+
+
+def facts_script(nonce: str, *, smi_timeout: float) -> str:
+    """The command sent to a tray: the probe script under /bin/sh whatever the login shell is."""
+    body = (_SCRIPT.replace("@NONCE@", nonce).replace("@SMI_TIMEOUT@", f"{max(1.0, smi_timeout):g}")
+            .replace("@XID_TAIL@", str(XID_TAIL)))
+    return "exec /bin/sh -c " + shlex.quote(body)
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str
+    text: str
+    rc: int | None          # None: the end marker never came (output cut off)
+
+    @property
+    def complete(self) -> bool:
+        return self.rc is not None
+
+
+def split_sections(output: str, nonce: str) -> dict[str, Section]:
+    """Cut the script's output at its marker lines. Text outside sections is ignored."""
+    begin = f"::mctl-{nonce}::begin "
+    end = f"::mctl-{nonce}::end "
+    found: dict[str, Section] = {}
+    name: str | None = None
+    lines: list[str] = []
+    for line in output.split("\n"):
+        if line.startswith(begin):
+            if name is not None:
+                found[name] = Section(name, "\n".join(lines), None)
+            name, lines = line[len(begin):].strip(), []
+        elif line.startswith(end) and name is not None:
+            rest = line[len(end):].split()
+            rc = None
+            if len(rest) == 2 and rest[0] == name and rest[1].startswith("rc="):
+                try:
+                    rc = int(rest[1][3:])
+                except ValueError:
+                    rc = None
+            text = "\n".join(lines)
+            # sec() prints one newline before the end marker; drop it to restore the exact output
+            found[name] = Section(name, text[:-1] if text.endswith("\n") else text, rc if rc is not None else -1)
+            name, lines = None, []
+        elif name is not None:
+            lines.append(line)
+    if name is not None:
+        found[name] = Section(name, "\n".join(lines), None)
+    return found
+
+
+def _gpu_facts(sections: dict[str, Section], smi_timeout: float):
+    """(GpuReport | None, error text | None)."""
+    from mctl.facts.nvidia_smi import parse_xml
+
+    smi = sections.get("nvidia-smi")
+    stderr = sections.get("nvidia-smi-stderr")
+    err_text = stderr.text.strip() if stderr and stderr.text.strip() else ""
+    if smi is None:
+        return None, "nvidia-smi output missing from the probe (output cut off)"
+    if not smi.complete:
+        return None, "nvidia-smi output cut off before it ended"
+    if smi.rc == 127:
+        return None, "nvidia-smi is not installed (command not found)"
+    if smi.rc in (124, 137):
+        return None, f"nvidia-smi hung: no answer within {smi_timeout:g}s (driver wedged?)"
+    try:
+        report = parse_xml(smi.text)
+    except DriverUnavailable as exc:
+        return None, exc.message
+    except FactsParseError as exc:
+        detail = f" (exit {smi.rc}{': ' + err_text.splitlines()[-1] if err_text else ''})" if smi.rc else ""
+        return None, f"nvidia-smi output unreadable: {exc.message}{detail}"
+    return report, None
+
+
+def tray_facts(result: "HostResult", nonce: str, *, smi_timeout: float) -> TrayFacts:
+    """A tray's SSH result -> its facts. Never raises for bad output: problems are recorded."""
+    from mctl.facts.kernel_log import parse_xid_events
+    from mctl.facts.os_release import parse_kernel_release, parse_os_release
+    from mctl.facts.services import IMEX_UNIT, SLURMD_UNIT, parse_imex_config_sums, parse_service_probe
+
+    base = dict(host=result.host, address=result.address, elapsed=result.elapsed)
+    if result.status.value in ("unreachable", "timeout", "host-key-mismatch"):
+        return TrayFacts(reach=result.status.value, error=result.error,
+                         host_key=result.host_key.to_dict() if result.host_key else None, **base)
+    sections = split_sections(result.stdout, nonce)
+    if not sections:
+        why = result.summary() if not result.ok else "the probe printed no sections"
+        return TrayFacts(reach="ok", gpu_error="no facts: " + why,
+                         problems=(f"probe output unreadable ({why})",), **base)
+    problems: list[str] = []
+
+    def parsed(name: str, parse):
+        sec = sections.get(name)
+        if sec is None or not sec.complete:
+            problems.append(f"{name}: output {'missing' if sec is None else 'cut off'}")
+            return None
+        try:
+            return parse(sec)
+        except FactsParseError as exc:
+            problems.append(f"{name}: {exc.message}")
+            return None
+
+    hostname = parsed("hostname", lambda s: s.text.strip() or None)
+    os_rel = parsed("os-release", lambda s: parse_os_release(s.text))
+    kernel = parsed("kernel", lambda s: parse_kernel_release(s.text))
+    services = parsed("services", lambda s: parse_service_probe(s.text)) or {}
+    imex_cfg = parsed("imex-config", lambda s: parse_imex_config_sums(s.text))
+    xid_sec = sections.get("xid")
+    xids: tuple = ()
+    xid_source = None
+    if xid_sec is not None and xid_sec.complete:
+        first, _, rest = xid_sec.text.partition("\n")
+        xid_source = first.removeprefix("source=") if first.startswith("source=") else None
+        xids = tuple(parse_xid_events(rest if xid_source else xid_sec.text))
+    else:
+        problems.append("xid: output " + ("missing" if xid_sec is None else "cut off"))
+    gpus, gpu_error = _gpu_facts(sections, smi_timeout)
+    return TrayFacts(reach="ok", hostname=hostname, os=os_rel, kernel=kernel, gpus=gpus, gpu_error=gpu_error,
+                     imex=services.get(IMEX_UNIT), imex_config=imex_cfg, slurmd=services.get(SLURMD_UNIT),
+                     xids=xids, xid_source=xid_source, problems=tuple(problems), **base)
+
+
+async def collect_facts(pool: "SSHPool", targets: Sequence["SSHTarget"], *,
+                        timeout: float | None = None) -> list[TrayFacts]:
+    """Facts of every target, in target order, over the pool's (reused) connections."""
+    command_timeout = pool.config.command_timeout if timeout is None else timeout
+    smi_timeout = max(1.0, command_timeout - SMI_MARGIN)
+    nonce = secrets.token_hex(8)
+    script = facts_script(nonce, smi_timeout=smi_timeout)
+    results = await pool.run(targets, script, timeout=command_timeout)
+    return [tray_facts(r, nonce, smi_timeout=smi_timeout) for r in results]
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

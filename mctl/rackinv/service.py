@@ -1,0 +1,168 @@
+"""The rack inventory service: discover (SSH facts), decide (shape rules), remember (snapshots).
+
+The CLI calls run_inventory() and only renders the report it gets back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from mctl.errors import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, UsageError
+from mctl.model.findings import Finding, Severity, sort_findings, worst
+from mctl.model.inventory_snapshot import SNAPSHOT_SCHEMA, Change, TrayFacts, diff_snapshots
+
+if TYPE_CHECKING:
+    from mctl.model.site import Rack, Site
+
+SNAPSHOT_KIND = "inventory"
+
+
+@dataclass
+class RackReport:
+    rack: "Rack"
+    trays: list[TrayFacts]
+    findings: list[Finding]
+    taken_at: datetime
+    snapshot: dict
+    snapshot_path: Path | None = None
+    previous_path: Path | None = None
+    previous_taken_at: datetime | None = None
+    changes: list[Change] | None = None          # None: no diff asked for, or nothing to compare with
+
+    @property
+    def unreached(self) -> list[TrayFacts]:
+        return [t for t in self.trays if not t.reached]
+
+    def to_dict(self) -> dict:
+        out = dict(self.snapshot)
+        out["snapshot_path"] = str(self.snapshot_path) if self.snapshot_path else None
+        if self.changes is not None or self.previous_path is not None:
+            out["diff"] = {"since": self.previous_taken_at.isoformat() if self.previous_taken_at else None,
+                           "previous_snapshot": str(self.previous_path) if self.previous_path else None,
+                           "changes": [c.to_dict() for c in (self.changes or [])]}
+        return out
+
+
+@dataclass
+class InventoryReport:
+    site: str
+    racks: list[RackReport]
+    elapsed: float
+    cross_rack: list[Finding] = field(default_factory=list)
+
+    @property
+    def findings(self) -> list[Finding]:
+        return sort_findings([f for r in self.racks for f in r.findings] + self.cross_rack)
+
+    @property
+    def exit_code(self) -> int:
+        """3 when some tray gave no answer, else 1 on a critical finding, else 0."""
+        if any(r.unreached for r in self.racks):
+            return EXIT_PARTIAL
+        if worst(self.findings) is Severity.CRITICAL:
+            return EXIT_FINDINGS
+        return EXIT_OK
+
+    def to_dict(self) -> dict:
+        findings = self.findings
+        return {"site": self.site, "elapsed": round(self.elapsed, 3), "exit_code": self.exit_code,
+                "summary": {"racks": len(self.racks), "trays": sum(len(r.trays) for r in self.racks),
+                            "unreached": sum(len(r.unreached) for r in self.racks),
+                            "critical": sum(f.severity is Severity.CRITICAL for f in findings),
+                            "warn": sum(f.severity is Severity.WARN for f in findings)},
+                "racks": [r.to_dict() for r in self.racks],
+                "findings": [f.to_dict() for f in findings]}
+
+
+def select_racks(site: "Site", names: Sequence[str], all_racks: bool) -> list["Rack"]:
+    if all_racks and names:
+        raise UsageError("give rack names or --all, not both")
+    if all_racks:
+        return list(site.racks.values())
+    if not names:
+        raise UsageError("no rack given", hint=f"name a rack or pass --all; known racks: {', '.join(site.racks)}")
+    unknown = [n for n in names if n not in site.racks]
+    if unknown:
+        raise UsageError(f"unknown rack{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}",
+                         hint=f"known racks: {', '.join(site.racks) or 'none'}")
+    return [site.racks[n] for n in dict.fromkeys(names)]
+
+
+def _snapshot(site: "Site", rack: "Rack", trays: list[TrayFacts], findings: list[Finding],
+              taken_at: datetime) -> dict:
+    return {
+        "schema": SNAPSHOT_SCHEMA, "kind": "rack-inventory", "site": site.name, "rack": rack.name,
+        "taken_at": taken_at.isoformat(timespec="seconds"),
+        "expected": {"model": rack.model, "compute_trays": rack.compute_trays, "gpus_per_tray": rack.gpus_per_tray,
+                     "nvlink_domain": rack.nvlink_domain},
+        "trays": [t.to_dict() for t in trays],
+        "findings": [f.to_dict() for f in sort_findings(findings)],
+    }
+
+
+def _known_domains(site: "Site", state_dir: Path, racks: Sequence["Rack"]) -> dict[str, str]:
+    """Cluster UUIDs other racks are known by: declared in the inventory or seen in their last snapshot."""
+    from mctl.state import latest_snapshot
+
+    wanted = {r.name for r in racks}
+    out: dict[str, str] = {}
+    for other in site.racks.values():
+        if other.name in wanted:
+            continue
+        if other.nvlink_domain:
+            out.setdefault(other.nvlink_domain, other.name)
+        snap = latest_snapshot(state_dir, SNAPSHOT_KIND, other.name)
+        for tray in (snap.data.get("trays", []) if snap and isinstance(snap.data, dict) else []):
+            for u in ((tray.get("nvidia_smi") or {}).get("cluster_uuids") or []):
+                out.setdefault(u, other.name)
+    return out
+
+
+def run_inventory(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, timeout: float | None = None,
+                  save: bool = True, diff: bool = False) -> InventoryReport:
+    from mctl.facts.collect import collect_facts
+    from mctl.facts.validate import rack_domains, validate_rack
+    from mctl.state import ensure_dir, latest_snapshot, save_snapshot
+    from mctl.transport import SSHConfig, SSHPool, targets_for
+
+    if save:
+        ensure_dir(Path(state_dir) / "snapshots" / SNAPSHOT_KIND)   # fail before touching any host
+    start = time.monotonic()
+    per_rack_targets = [(rack, targets_for(site, rack.compute)) for rack in racks]
+    all_targets = [t for _, ts in per_rack_targets for t in ts]
+
+    async def gather() -> list[TrayFacts]:
+        async with SSHPool(SSHConfig.from_site(site)) as pool:
+            return await collect_facts(pool, all_targets, timeout=timeout)
+
+    facts = asyncio.run(gather())
+    taken_at = datetime.now(timezone.utc)
+    by_host = {f.host: f for f in facts}
+    known = _known_domains(site, Path(state_dir), racks)
+    this_run = {r.name: rack_domains(by_host[t.name] for t in ts) for r, ts in per_rack_targets}
+    reports = []
+    for rack, targets in per_rack_targets:
+        trays = [by_host[t.name] for t in targets]
+        others = dict(known)
+        for other_name, domains in this_run.items():
+            if other_name != rack.name:
+                for u in domains:
+                    others.setdefault(u, other_name)
+        findings = sort_findings(validate_rack(rack, trays, other_domains=others))
+        snapshot = _snapshot(site, rack, trays, findings, taken_at)
+        previous = latest_snapshot(state_dir, SNAPSHOT_KIND, rack.name) if diff else None
+        report = RackReport(rack, trays, findings, taken_at, snapshot)
+        if previous is not None:
+            report.previous_path, report.previous_taken_at = previous.path, previous.taken_at
+            report.changes = diff_snapshots(previous.data, snapshot)
+        elif diff:
+            report.changes = None
+        if save:
+            report.snapshot_path = save_snapshot(state_dir, SNAPSHOT_KIND, rack.name, snapshot, taken_at=taken_at)
+        reports.append(report)
+    return InventoryReport(site.name, reports, time.monotonic() - start)
