@@ -28,7 +28,8 @@ NODES_CONFIG_FILE = f"{CONFIG_DIR}/nodes_config.cfg"
 QUORUM_MODES = ("NONE", "RECOVERY", "FULL")
 _VAR_TYPES: dict[str, type] = {"server_port": int, "cmd_port": int, "cmd_enabled": bool, "log_level": int,
                                "log_file": str, "daemonize": bool, "wait_for_quorum": str,
-                               "disconnected_grace_time": int, "node_config_file": str, "bind_tray_address": bool}
+                               "disconnected_grace_time": int, "node_config_file": str, "bind_tray_address": bool,
+                               "restart_command": str}
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class ImexSettings:
     disconnected_grace_time: int | None = None
     node_config_file: str = NODES_CONFIG_FILE
     bind_tray_address: bool = True
+    restart_command: str = "systemctl restart nvidia-imex"   # how `mctl imex apply` restarts the daemon
     tls: ImexTLS | None = None
 
     @classmethod

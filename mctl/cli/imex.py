@@ -1,0 +1,223 @@
+"""mctl imex render|status|apply: IMEX domains that follow the NVLink partitions."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+from mctl.cli import render
+from mctl.cli.context import options, want_json
+from mctl.cli.options import DryRunOpt, JsonOpt
+from mctl.errors import EXIT_FINDINGS, PartialFailure, UsageError
+
+if TYPE_CHECKING:
+    from mctl.model.site import Rack, Site
+
+app = typer.Typer(help="IMEX domains derived from the NVLink partitions: render, check, apply.\n\n"
+                       "Example: mctl -i inventories/lab imex status lab-r1",
+                  no_args_is_help=True)
+
+
+def _say(text: str) -> None:
+    render.console().print(text, markup=False, highlight=False)
+
+
+def _racks(site: "Site", rack: str | None) -> list["Rack"]:
+    if rack is None:
+        return list(site.racks.values())
+    if rack not in site.racks:
+        raise UsageError(f"unknown rack {rack!r}", hint=f"known racks: {', '.join(site.racks)}")
+    return [site.racks[rack]]
+
+
+def _settings(site: "Site"):
+    from mctl.fabric.imex import ImexSettings
+    return ImexSettings.from_vars((site.vars or {}).get("imex"))
+
+
+@app.command("render")
+def render_(rack: Annotated[str, typer.Argument(help="Rack name.", show_default=False)],
+            tray: Annotated[Optional[str], typer.Option("--tray", help="Only this tray's files.")] = None,
+            scope: Annotated[str, typer.Option("--scope", help="'partition': static domains, one per partition; "
+                                               "'job': Slurm prolog/epilog that scope IMEX to each exclusive job.")]
+            = "partition",
+            out: Annotated[Optional[Path], typer.Option("--out", help="Write files under this folder "
+                                                        "(<out>/<tray>/etc/nvidia-imex/... or <out>/prolog.d/...) "
+                                                        "instead of printing them.")] = None,
+            json_: JsonOpt = False) -> None:
+    """Render IMEX files: nodes_config.cfg and config.cfg per tray, or the per-job prolog/epilog.
+
+    nodes_config.cfg lists the addresses of the partition's trays sorted by tray name, the same
+    on every tray; config.cfg binds the daemon to the tray's address. Settings come from the
+    inventory's vars.imex (server_port, cmd_port, log_level, wait_for_quorum, tls, ...).
+
+    Example: mctl -i inventories/lab imex render lab-r1 --tray lab-r1-tray01
+    """
+    from mctl.fabric.imex import domains_summary, imex_domains, render_rack
+    from mctl.fabric.imex_job import render_epilog, render_prolog
+    from mctl.state.files import atomic_write
+
+    site = options().site()
+    r = _racks(site, rack)[0]
+    if scope not in ("partition", "job"):
+        raise UsageError(f"unknown scope {scope!r}", hint="use --scope partition or --scope job")
+    if scope == "job":
+        scripts = {"prolog.d/90-mctl-imex.sh": render_prolog(), "epilog.d/90-mctl-imex.sh": render_epilog()}
+        if out is not None:
+            for rel, text in scripts.items():
+                atomic_write(out / rel, text, mode=0o755)
+        if want_json(json_):
+            render.print_json({"rack": rack, "scope": "job", "files": scripts,
+                               "written_to": str(out) if out else None})
+        elif out is not None:
+            _say(f"wrote {', '.join(str(out / rel) for rel in scripts)}")
+        else:
+            for rel, text in scripts.items():
+                _say(f"==> {rel} <==")
+                _say(text.rstrip("\n"))
+        return
+    trays = render_rack(r, _settings(site))
+    if tray is not None:
+        trays = tuple(t for t in trays if t.tray == tray)
+        if not trays:
+            raise UsageError(f"{tray} is not a compute tray of rack {rack}",
+                             hint=f"trays: {', '.join(h.name for h in r.compute[:3])}, ...")
+    if out is not None:
+        for t in trays:
+            for path, text in t.files:
+                atomic_write(out / t.tray / path.lstrip("/"), text, mode=0o644)
+    if want_json(json_):
+        render.print_json({"rack": rack, "scope": "partition", "domains": domains_summary(imex_domains(r)),
+                           "trays": [{"tray": t.tray, "address": t.address, "domain": t.domain,
+                                      "files": dict(t.files)} for t in trays],
+                           "written_to": str(out) if out else None})
+        return
+    if out is not None:
+        _say(f"wrote files for {len(trays)} trays under {out}")
+        return
+    for t in trays:
+        for path, text in t.files:
+            _say(f"==> {t.tray}:{path} (IMEX domain {t.domain}) <==")
+            _say(text.rstrip("\n"))
+
+
+@app.command()
+def status(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", show_default=False)] = None,
+           json_: JsonOpt = False) -> None:
+    """Check every IMEX domain over SSH: node lists as rendered, daemons READY, every link connected.
+
+    Exit 0 when every domain is UP, 1 when one is DEGRADED or DOWN (the reasons name trays),
+    3 when trays could not be reached.
+
+    Example: mctl -i inventories/lab imex status lab-r1
+    """
+    from mctl.fabric.imex import assess_rack
+    from mctl.fabric.imex_remote import collect
+
+    site = options().site()
+    settings = _settings(site)
+    racks = _racks(site, rack)
+    healths = []
+    unreachable: list[str] = []
+    for r in racks:
+        reports, _ = collect(site, r.compute, settings)
+        unreachable += [t for t, rep in reports.items() if not rep.reachable]
+        healths += list(assess_rack(r, reports))
+    if want_json(json_):
+        render.print_json({"domains": [h.to_dict() for h in healths]})
+    else:
+        from rich.table import Table
+
+        table = Table(title_justify="left")
+        for col in ("rack", "domain", "state", "trays", "reasons"):
+            table.add_column(col)
+        from mctl.model.site import fold
+        for h in healths:
+            table.add_row(h.domain.rack, h.domain.name, h.state, fold(h.domain.trays),
+                          "\n".join(r.message for r in h.reasons) or "-")
+        render.console().print(table)
+    if unreachable:
+        from mctl.model.site import fold
+        raise PartialFailure(f"{len(unreachable)} trays could not be reached: {fold(unreachable)}",
+                             hint="see 'mctl exec TRAYS -- true' for the SSH error of each")
+    if any(h.state != "UP" for h in healths):
+        raise typer.Exit(EXIT_FINDINGS)
+
+
+@app.command()
+def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", show_default=False)] = None,
+          restart: Annotated[bool, typer.Option("--restart", help="Restart the daemon on every tray, also where "
+                                                "the files are already right.")] = False,
+          wait: Annotated[float, typer.Option("--wait", min=0, help="Seconds to wait for every domain to be UP "
+                                              "afterwards (0: do not wait).")] = 0,
+          dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
+    """Push each tray's rendered config.cfg and nodes_config.cfg where they differ, and restart its daemon.
+
+    Trays whose files already match are left alone (unless --restart), so a second run changes
+    nothing. The restart command is vars.imex.restart_command (default: systemctl restart
+    nvidia-imex). Exit 3 when some trays could not be updated.
+
+    Example: mctl -i inventories/lab imex apply lab-r1 --dry-run
+    """
+    from mctl.fabric.imex import assess_rack, expected_files, trays_needing
+    from mctl.fabric.imex_remote import collect, push
+    from mctl.model.site import fold
+
+    site = options().site()
+    settings = _settings(site)
+    racks = _racks(site, rack)
+    quiet = want_json(json_)
+    out: list[dict] = []
+    failed: list[str] = []
+    for r in racks:
+        expected = expected_files(r, settings)
+        reports, held = collect(site, r.compute, settings)
+        unreachable = [t for t, rep in reports.items() if not rep.reachable]
+        plan = trays_needing(expected, {t: held.get(t, {}) for t in expected if t not in unreachable})
+        targets = [h for h in r.compute if h.name not in unreachable and (h.name in plan or restart)]
+        entry = {"rack": r.name, "changes": {t: files for t, files in plan.items()},
+                 "restart": [h.name for h in targets], "unreachable": unreachable, "applied": False}
+        if not quiet:
+            if plan:
+                for t, files in plan.items():
+                    _say(f"{r.name}: {'would write' if dry_run else 'writing'} {', '.join(files)} on {t}")
+            else:
+                _say(f"{r.name}: IMEX files on every reachable tray match the partitions")
+            if targets:
+                _say(f"{r.name}: {'would restart' if dry_run else 'restarting'} IMEX on {fold([h.name for h in targets])}")
+            if unreachable:
+                render.warn(f"{r.name}: cannot reach {fold(unreachable)}")
+        failed += unreachable
+        if not dry_run and targets:
+            results = push(site, targets, {t: expected[t] for t in expected if t in plan}, settings.restart_command)
+            bad = [x for x in results if not x.ok]
+            failed += [x.host for x in bad]
+            entry["failed"] = {x.host: x.summary() for x in bad}
+            entry["applied"] = True
+            for x in bad:
+                render.warn(f"{x.host}: {x.summary()}")
+        out.append(entry)
+    healths = []
+    if wait and not dry_run:
+        deadline = time.monotonic() + wait
+        while True:
+            healths = []
+            for r in racks:
+                reports, _ = collect(site, r.compute, settings)
+                healths += list(assess_rack(r, reports))
+            if all(h.state == "UP" for h in healths) or time.monotonic() >= deadline:
+                break
+            time.sleep(min(2.0, max(0.1, deadline - time.monotonic())))
+        if not quiet:
+            for h in healths:
+                _say(f"{h.domain.rack}/{h.domain.name}: {h.state}"
+                     + (f" ({'; '.join(r.message for r in h.reasons)})" if h.reasons else ""))
+    if quiet:
+        render.print_json({"dry_run": dry_run, "racks": out, "domains": [h.to_dict() for h in healths]})
+    if failed:
+        raise PartialFailure(f"IMEX was not applied on {len(set(failed))} trays: {fold(sorted(set(failed)))}")
+    if healths and any(h.state != "UP" for h in healths):
+        raise typer.Exit(EXIT_FINDINGS)

@@ -1,0 +1,494 @@
+"""mctl partition list|show|templates|create|delete|apply: NVLink partitions through NMX-Manager."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, List, Optional
+
+import typer
+
+from mctl.cli import render
+from mctl.cli.context import options, want_json
+from mctl.cli.options import DryRunOpt, JsonOpt
+from mctl.errors import MctlError, PartialFailure, UsageError
+
+if TYPE_CHECKING:
+    from mctl.model.fabric import PartitionPlan
+    from mctl.model.site import Rack, Site
+
+app = typer.Typer(help="NVLink partitions: desired in the inventory, applied through NMX-Manager.\n\n"
+                       "Example: mctl -i inventories/lab partition create lab-r1 --template 2x9",
+                  no_args_is_help=True)
+
+RackArg = Annotated[str, typer.Argument(help="Rack name.", show_default=False)]
+ByLocationOpt = Annotated[bool, typer.Option("--by-location", help="Create partitions with location members "
+                                             "(domain, chassis, slot, host, device) instead of GPU IDs.")]
+
+
+def _rack(site: "Site", name: str) -> "Rack":
+    if name not in site.racks:
+        raise UsageError(f"unknown rack {name!r}", hint=f"known racks: {', '.join(site.racks)}")
+    return site.racks[name]
+
+
+def _say(text: str) -> None:
+    render.console().print(text, markup=False, highlight=False)
+
+
+def _kind(by_location: bool) -> str:
+    return "LOCATION_BASED" if by_location else "ID_BASED"
+
+
+# ------------------------------------------------------------------ reports
+
+@app.command("list")
+def list_(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", show_default=False)] = None,
+          offline: Annotated[bool, typer.Option("--offline", help="Show the inventory only; do not ask NMX-M.")]
+          = False,
+          json_: JsonOpt = False) -> None:
+    """List partitions: what the inventory wants next to what NMX-M holds.
+
+    States: in-sync, differs, missing (in the inventory, not on NMX-M), unmanaged (on NMX-M,
+    not in the inventory), default (NMX-M's Default Partition, ID 32766), declared (--offline
+    or no NMX-M endpoint). Exit 3 when an NMX-M could not be asked.
+
+    Example: mctl -i inventories/lab partition list lab-r1
+    """
+    from mctl.fabric.nmx import NMXClient
+    from mctl.fabric.partitions import PartitionRow, desired_from_rack, partition_rows
+    from mctl.fabric.reconcile import discover
+
+    site = options().site()
+    racks = [_rack(site, rack)] if rack else list(site.racks.values())
+    rows: list[PartitionRow] = []
+    errors: dict[str, str] = {}
+    endpoints: dict[str, str | None] = {}
+    for r in racks:
+        desired = desired_from_rack(r)
+        endpoints[r.name] = r.nmx.url if r.nmx else None
+        if offline or r.nmx is None:
+            rows += [_declared(row) for row in partition_rows(r, desired, None, None)]
+            continue
+        try:
+            state = discover(NMXClient.for_rack(site, r), r)
+            rows += partition_rows(r, desired, state.fabric, state.partitions)
+        except MctlError as exc:
+            errors[r.name] = exc.message
+            rows += [_declared(row) for row in partition_rows(r, desired, None, None)]
+    if want_json(json_):
+        render.print_json({"racks": [{"rack": r.name, "nmx": endpoints[r.name], "error": errors.get(r.name),
+                                      "partitions": [row.to_dict() for row in rows if row.rack == r.name]}
+                                     for r in racks]})
+    else:
+        from rich.table import Table
+
+        table = Table(title_justify="left")
+        for col in ("rack", "partition", "state", "id", "health", "gpus", "trays (NMX-M)", "trays (inventory)"):
+            table.add_column(col)
+        for row in rows:
+            table.add_row(row.rack, row.name, row.state, str(row.partition_id or "-"), row.health or "-",
+                          str(row.gpus), row.trays if row.state not in ("declared", "missing") else "-",
+                          row.desired or "-")
+        render.console().print(table)
+        for name, msg in errors.items():
+            render.warn(f"rack {name}: {msg}")
+    if errors:
+        raise PartialFailure(f"NMX-M could not be asked for {len(errors)} of {len(racks)} racks "
+                             f"({', '.join(errors)})", hint="the inventory's partitions are shown as 'declared'")
+
+
+def _declared(row):
+    from dataclasses import replace
+    return replace(row, state="declared")
+
+
+@app.command()
+def show(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition name.", show_default=False)],
+         json_: JsonOpt = False) -> None:
+    """Show one partition: the inventory's trays and, from NMX-M, its ID, health and members per tray.
+
+    Example: mctl -i inventories/lab partition show lab-r1 p0 --json
+    """
+    from mctl.fabric.nmx import NMXClient
+    from mctl.fabric.reconcile import discover
+    from mctl.model.fabric import describe_members
+
+    site = options().site()
+    r = _rack(site, rack)
+    declared = next((p for p in r.partitions if p.name == name), None)
+    found = None
+    state = None
+    if r.nmx is not None:
+        state = discover(NMXClient.for_rack(site, r), r)
+        found = next((p for p in state.partitions if p.name == name), None)
+    if declared is None and found is None:
+        known = sorted({p.name for p in r.partitions} | ({p.name for p in state.partitions} if state else set()))
+        raise UsageError(f"rack {rack} has no partition {name!r}",
+                         hint=f"partitions: {', '.join(known) if known else 'none'}")
+    members: list[dict] = []
+    if found is not None and state is not None:
+        have, foreign = state.fabric.resolve(found)
+        for g in sorted(have):
+            members.append({"tray": g.tray, "gpu": g.device_id, "gpu_id": g.gpu_id, "location": g.location.to_nmx()})
+        members += [{"tray": None, "gpu": None, "gpu_id": f, "location": None} for f in foreign]
+    data = {"rack": rack, "name": name, "nmx": r.nmx.url if r.nmx else None,
+            "inventory_trays": list(declared.trays) if declared else None,
+            "partition_id": found.partition_id if found else None, "id": found.id if found else None,
+            "type": found.type if found else None, "health": found.health if found else None,
+            "members": members}
+    if want_json(json_):
+        render.print_json(data)
+        return
+    _say(f"partition {name} of rack {rack}")
+    _say(f"  inventory: {declared.nodeset if declared else 'not declared'}")
+    if r.nmx is None:
+        _say("  NMX-M: no endpoint configured for this rack")
+        return
+    if found is None:
+        _say(f"  NMX-M ({r.nmx.url}): not present (run 'mctl partition apply {rack}')")
+        return
+    _say(f"  NMX-M: PartitionID {found.partition_id}, id {found.id}, {found.type}, health {found.health}")
+    by_tray: dict[str, list[dict]] = {}
+    for m in members:
+        by_tray.setdefault(m["tray"] or "(not this rack)", []).append(m)
+    for tray, ms in by_tray.items():
+        gpus = ", ".join(f"{m['gpu']}={m['gpu_id']}" if m["gpu"] is not None else m["gpu_id"] for m in ms)
+        _say(f"    {tray}: {gpus}")
+    _say(f"  members: {describe_members([(m['tray'], m['gpu']) for m in members if m['tray']], r.gpus_per_tray)}")
+
+
+@app.command()
+def templates(rack: Annotated[Optional[str], typer.Argument(help="Show what each template makes of this rack.",
+                                                            show_default=False)] = None,
+              json_: JsonOpt = False) -> None:
+    """List partition templates (all, 2x9, 3x6, 6x3, 18x1) and what they make of a rack.
+
+    A template names equal partitions of an 18-tray rack; on a partly populated rack it divides
+    the trays the rack has, and does not fit when they do not divide.
+
+    Example: mctl -i inventories/lab partition templates lab-r1
+    """
+    from mctl.fabric.partitions import TEMPLATES, template_table
+
+    if rack:
+        r = _rack(options().site(), rack)
+        rows = template_table(r)
+        title = f"templates for rack {rack} ({len(r.compute)} compute trays)"
+    else:
+        rows = [{"template": t, "partitions": c, "trays_each": 18 // c, "fits": True,
+                 "result": f"{c} partition{'s' if c > 1 else ''} of {18 // c} tray{'s' if 18 // c > 1 else ''} "
+                           "(full NVL72 rack)"} for t, c in TEMPLATES.items()]
+        title = "templates (for a full 18-tray rack; give RACK for a partly populated one)"
+    if want_json(json_):
+        render.print_json({"rack": rack, "templates": rows})
+        return
+    _say(title)
+    for row in rows:
+        _say(f"  {row['template']:<5} {row['result']}")
+
+
+# ------------------------------------------------------------------ changes
+
+def _plan_for(site: "Site", r: "Rack", desired, *, prune: bool, kind: str):
+    from mctl.fabric.nmx import NMXClient
+    from mctl.fabric.reconcile import plan_rack
+
+    client = NMXClient.for_rack(site, r)
+    plan, _ = plan_rack(client, r, desired, prune=prune, kind=kind)
+    return client, plan
+
+
+def _print_plan(plan: "PartitionPlan", gpus_per_tray: int, *, dry_run: bool) -> None:
+    from mctl.fabric.partitions import describe_change
+
+    head = f"rack {plan.rack} (NMX-M {plan.endpoint})"
+    if plan.empty:
+        _say(f"{head}: partitions match the inventory; nothing to change")
+    else:
+        verb = "would make" if dry_run else "makes"
+        _say(f"{head}: {verb} {len(plan.changes)} change{'s' if len(plan.changes) > 1 else ''}")
+        for i, change in enumerate(plan.changes, start=1):
+            _say(f"  {i}. {describe_change(change, gpus_per_tray)}")
+    if plan.unchanged:
+        _say(f"  unchanged: {', '.join(plan.unchanged)}")
+    if plan.unmanaged:
+        _say(f"  left alone (on NMX-M, not in the inventory; --prune deletes them): {', '.join(plan.unmanaged)}")
+    if plan.released:
+        from mctl.model.fabric import describe_members
+        _say(f"  back to the default partition: {describe_members(plan.released, gpus_per_tray)}")
+    for w in plan.warnings:
+        render.warn(w)
+
+
+def _apply(client, plan: "PartitionPlan", r: "Rack") -> None:
+    from mctl.fabric.partitions import describe_change
+    from mctl.fabric.reconcile import apply_plan
+
+    quiet = options().json
+
+    def step(number: int, change) -> None:
+        if not quiet:
+            _say(f"  [{number}/{len(plan.changes)}] {describe_change(change, r.gpus_per_tray)} ...")
+
+    apply_plan(client, plan, r.gpus_per_tray, on_step=step)
+
+
+def _locked(r: "Rack", purpose: str):
+    from mctl.state.lock import rack_lock
+    return rack_lock(options().state_dir, r.name, purpose=purpose)
+
+
+@app.command()
+def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (default: every rack with an "
+                                                              "NMX-M endpoint).", show_default=False)] = None,
+          prune: Annotated[bool, typer.Option("--prune", help="Also delete NMX-M partitions the inventory does "
+                                                              "not declare.")] = False,
+          by_location: ByLocationOpt = False, dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
+    """Make NMX-M's partitions match the inventory: create, update members, delete, in a safe order.
+
+    A partition's name is its identity; identical partitions are left alone, so a second run
+    changes nothing. Partitions on NMX-M that the inventory does not declare are left alone
+    unless they hold trays a declared partition needs (then they are deleted) or --prune is given.
+
+    Example: mctl -i inventories/lab partition apply lab-r1 --dry-run
+    """
+    from mctl.fabric.partitions import desired_from_rack, validate_desired
+
+    site = options().site()
+    racks = [_rack(site, rack)] if rack else [r for r in site.racks.values() if r.nmx is not None]
+    if rack and racks[0].nmx is None:
+        raise UsageError(f"rack {rack} has no NMX-Manager endpoint",
+                         hint=f"add racks.{rack}.nmx with url and credentials_file to the inventory")
+    if not racks:
+        raise UsageError("no rack has an NMX-Manager endpoint", hint="add racks.<rack>.nmx to the inventory")
+    out = []
+    failures: list[str] = []
+    for r in racks:
+        desired = desired_from_rack(r)
+        validate_desired(r, desired, site=site)
+        try:
+            if dry_run:
+                _, plan = _plan_for(site, r, desired, prune=prune, kind=_kind(by_location))
+                if not want_json(json_):
+                    _print_plan(plan, r.gpus_per_tray, dry_run=True)
+                out.append({"rack": r.name, "plan": plan.to_dict(), "applied": False})
+                continue
+            with _locked(r, "partition apply"):
+                client, plan = _plan_for(site, r, desired, prune=prune, kind=_kind(by_location))
+                if not want_json(json_):
+                    _print_plan(plan, r.gpus_per_tray, dry_run=False)
+                _apply(client, plan, r)
+            out.append({"rack": r.name, "plan": plan.to_dict(), "applied": True})
+        except MctlError as exc:
+            if len(racks) == 1:
+                raise
+            failures.append(f"{r.name}: {exc.message}")
+            out.append({"rack": r.name, "error": exc.message, "applied": False})
+            render.warn(f"rack {r.name}: {exc.message}")
+    if want_json(json_):
+        render.print_json({"dry_run": dry_run, "racks": out})
+    if failures:
+        raise PartialFailure(f"{len(failures)} of {len(racks)} racks failed: {'; '.join(failures)}")
+
+
+@app.command()
+def create(rack: RackArg,
+           name: Annotated[Optional[str], typer.Argument(help="Partition name (with --trays or --gpus).",
+                                                        show_default=False)] = None,
+           template: Annotated[Optional[str], typer.Option("--template", "-t", help="all, 2x9, 3x6, 6x3 or 18x1: "
+                                                           "replace the rack's partitions with equal ones.")] = None,
+           trays: Annotated[Optional[str], typer.Option("--trays", help="Trays of the new partition (node set).")]
+           = None,
+           gpus: Annotated[Optional[List[str]], typer.Option("--gpus", help="TRAYS:GPUS members, e.g. "
+                                                            "lab-r1-tray01:0-1 (needs --gpu-granularity).")] = None,
+           gpu_granularity: Annotated[bool, typer.Option("--gpu-granularity", help="Allow a partition that "
+                                                         "splits a tray (IMEX and Slurm cannot follow it).")] = False,
+           no_apply: Annotated[bool, typer.Option("--no-apply", help="Only record in the inventory.")] = False,
+           by_location: ByLocationOpt = False, dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
+    """Create partitions: record them in the inventory (mctl.yml, previous copy in mctl.yml.bak), then apply.
+
+    --template replaces all of the rack's partitions; NAME --trays adds one. --gpus with
+    --gpu-granularity creates a partition of single GPUs on NMX-M directly: the inventory holds
+    whole trays only, so it is not recorded (and 'partition apply --prune' would remove it).
+
+    Example: mctl -i inventories/lab partition create lab-r1 --template 2x9
+    """
+    from mctl.fabric.partitions import (desired_from_rack, parse_gpu_members, parse_trays, template_partitions,
+                                        validate_desired)
+    from mctl.fabric.record import edit_partitions, write_edit
+    from mctl.model.fabric import DesiredPartition
+    from mctl.model.site import Partition
+
+    site = options().site()
+    r = _rack(site, rack)
+    given = [x for x in (template, trays, gpus) if x]
+    if len(given) != 1:
+        raise UsageError("give exactly one of --template, --trays or --gpus",
+                         hint=f"e.g. 'mctl partition create {rack} --template 2x9' or "
+                              f"'mctl partition create {rack} p0 --trays {r.compute[0].name if r.compute else 'TRAYS'}'")
+    if template and name:
+        raise UsageError("a template names its partitions itself; drop NAME", hint="names: all, or p0, p1, ...")
+    if (trays or gpus) and not name:
+        raise UsageError("NAME is required with --trays or --gpus")
+    tray_list: tuple[str, ...] = parse_trays(r, trays) if trays else ()
+    if gpus:
+        members = parse_gpu_members(r, gpus)
+        per_tray: dict[str, int] = {}
+        for tray, _ in members:
+            per_tray[tray] = per_tray.get(tray, 0) + 1
+        if all(n == r.gpus_per_tray for n in per_tray.values()):
+            tray_list = tuple(per_tray)         # whole trays after all: an ordinary, recorded partition
+        elif not gpu_granularity:
+            validate_desired(r, [DesiredPartition(name or "", r.name, (), members)], site=site)
+        else:
+            return _create_gpu_partition(site, r, name or "", gpus, no_apply, by_location, dry_run, json_)
+
+    if template:
+        partitions = list(template_partitions(r, template))
+    else:
+        if any(p.name == name for p in r.partitions):
+            raise UsageError(f"rack {rack} already has a partition {name!r}",
+                             hint=f"delete it first ('mctl partition delete {rack} {name}') or pick another name")
+        partitions = list(r.partitions) + [Partition(name or "", r.name, tray_list)]
+    desired = [DesiredPartition(p.name, r.name, tuple(p.trays)) for p in partitions]
+    warnings = validate_desired(r, desired, site=site)
+    edit = edit_partitions(site, r.name, partitions)
+    apply_it = not no_apply and r.nmx is not None
+    result: dict = {"rack": rack, "inventory": str(edit.path), "inventory_changed": edit.changed,
+                    "partitions": [{"name": p.name, "trays": str(p.nodeset)} for p in partitions],
+                    "plan": None, "applied": False, "dry_run": dry_run}
+    quiet = want_json(json_)
+    for w in warnings:
+        render.warn(w)
+    if not quiet:
+        before = "; ".join(f"{p.name}={p.nodeset}" for p in r.partitions) or "none (default partition)"
+        after = "; ".join(f"{p.name}={p.nodeset}" for p in partitions)
+        _say(f"rack {rack} partitions in {edit.path}: {before} -> {after}" if edit.changed
+             else f"rack {rack}: the inventory already declares {after}")
+    if r.nmx is None and not no_apply and not quiet:
+        render.warn(f"rack {rack} has no NMX-Manager endpoint: recorded in the inventory only")
+    if dry_run:
+        if apply_it:
+            try:
+                _, plan = _plan_for(site, r, desired, prune=False, kind=_kind(by_location))
+            except MctlError as exc:
+                if quiet:
+                    render.print_json({**result, "error": exc.message})
+                raise
+            result["plan"] = plan.to_dict()
+            if not quiet:
+                _print_plan(plan, r.gpus_per_tray, dry_run=True)
+        if quiet:
+            render.print_json(result)
+        return
+    with _locked(r, "partition create"):
+        write_edit(edit)
+        if apply_it:
+            try:
+                client, plan = _plan_for(site, r, desired, prune=False, kind=_kind(by_location))
+                result["plan"] = plan.to_dict()
+                if not quiet:
+                    _print_plan(plan, r.gpus_per_tray, dry_run=False)
+                _apply(client, plan, r)
+                result["applied"] = True
+            except MctlError as exc:
+                exc.hint = ((exc.hint + "; ") if exc.hint else "") + \
+                    f"the inventory is updated; run 'mctl partition apply {rack}' once fixed"
+                if quiet:
+                    render.print_json({**result, "error": exc.message})
+                raise
+    if quiet:
+        render.print_json(result)
+    elif result["applied"]:
+        _say(f"rack {rack}: partitions applied on NMX-M")
+
+
+def _create_gpu_partition(site, r, name, gpus, no_apply, by_location, dry_run, json_) -> None:
+    from mctl.fabric.partitions import parse_gpu_members, validate_desired
+    from mctl.model.fabric import DesiredPartition
+
+    if no_apply:
+        raise UsageError("a GPU-granularity partition cannot be recorded in the inventory (it holds whole trays)",
+                         hint="drop --no-apply to create it on NMX-M, or partition whole trays with --trays")
+    if r.nmx is None:
+        raise UsageError(f"rack {r.name} has no NMX-Manager endpoint",
+                         hint=f"add racks.{r.name}.nmx with url and credentials_file to the inventory")
+    members = parse_gpu_members(r, gpus)
+    new = DesiredPartition(name, r.name, (), members)
+    declared = [DesiredPartition(p.name, r.name, tuple(p.trays)) for p in r.partitions]
+    if any(d.name == name for d in declared):
+        raise UsageError(f"rack {r.name} already declares a partition {name!r}")
+    warnings = validate_desired(r, declared + [new], site=site, allow_gpu_granularity=True)
+    for w in warnings:
+        render.warn(w)
+    render.warn(f"partition {name!r} is created on NMX-M only: it is not recorded in the inventory, and IMEX domains "
+                "and Slurm blocks are derived from whole trays")
+    from mctl.fabric.nmx import NMXClient
+    from mctl.fabric.partitions import plan_partitions
+    from mctl.fabric.reconcile import discover
+
+    client = NMXClient.for_rack(site, r)
+    state = discover(client, r)
+    plan = plan_partitions(r, [new], state.fabric, state.partitions, kind=_kind(by_location), endpoint=client.url)
+    quiet = want_json(json_)
+    if not quiet:
+        _print_plan(plan, r.gpus_per_tray, dry_run=dry_run)
+    if not dry_run:
+        with _locked(r, "partition create"):
+            _apply(client, plan, r)
+    if quiet:
+        render.print_json({"rack": r.name, "name": name, "plan": plan.to_dict(), "applied": not dry_run,
+                           "recorded": False, "dry_run": dry_run})
+
+
+@app.command()
+def delete(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition name.", show_default=False)],
+           no_apply: Annotated[bool, typer.Option("--no-apply", help="Only remove it from the inventory.")] = False,
+           dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
+    """Delete a partition: remove it from the inventory and from NMX-M; its GPUs return to the default partition.
+
+    Example: mctl -i inventories/lab partition delete lab-r1 p1 --dry-run
+    """
+    from mctl.fabric.nmx import NMXClient
+    from mctl.fabric.record import edit_partitions, write_edit
+    from mctl.fabric.reconcile import discover
+    from mctl.model.fabric import PartitionChange, PartitionPlan
+
+    site = options().site()
+    r = _rack(site, rack)
+    declared = any(p.name == name for p in r.partitions)
+    edit = edit_partitions(site, r.name, [p for p in r.partitions if p.name != name]) if declared else None
+    client = None
+    plan = None
+    if not no_apply and r.nmx is not None:
+        client = NMXClient.for_rack(site, r)
+        state = discover(client, r)
+        found = next((p for p in state.partitions if p.name == name and not p.is_default), None)
+        if found is not None:
+            have, _ = state.fabric.resolve(found)
+            plan = PartitionPlan(r.name, client.url, (PartitionChange("delete", found.name, found.type, (),
+                                                                      tuple(sorted(have)), "deleted by the operator",
+                                                                      nmx_id=found.id,
+                                                                      partition_id=found.partition_id),),
+                                 released=tuple(sorted(have)))
+    if edit is None and plan is None:
+        raise UsageError(f"rack {rack} has no partition {name!r}" + ("" if r.nmx is None or no_apply
+                                                                     else " in the inventory or on NMX-M"),
+                         hint=f"see 'mctl partition list {rack}'")
+    quiet = want_json(json_)
+    if not quiet:
+        if edit is not None:
+            _say(f"rack {rack}: {'would remove' if dry_run else 'removing'} partition {name} from {edit.path}")
+        if plan is not None:
+            _print_plan(plan, r.gpus_per_tray, dry_run=dry_run)
+        elif not no_apply and r.nmx is not None:
+            _say(f"rack {rack}: NMX-M holds no partition {name!r}")
+    if not dry_run:
+        with _locked(r, "partition delete"):
+            if edit is not None:
+                write_edit(edit)
+            if plan is not None and client is not None:
+                _apply(client, plan, r)
+    if quiet:
+        render.print_json({"rack": rack, "name": name, "inventory_changed": edit is not None,
+                           "plan": plan.to_dict() if plan else None, "applied": plan is not None and not dry_run,
+                           "dry_run": dry_run})
