@@ -33,6 +33,8 @@ NOUNS: tuple[tuple[str, str], ...] = (
     ("exec", "mctl.cli.exec_"),
     ("ssh", "mctl.cli.ssh"),
     ("rack", "mctl.cli.rack"),
+    ("partition", "mctl.cli.partition"),
+    ("imex", "mctl.cli.imex"),
 )
 
 app = typer.Typer(
