@@ -116,9 +116,8 @@ def split_sections(output: str, nonce: str) -> dict[str, Section]:
                     rc = int(rest[1][3:])
                 except ValueError:
                     rc = None
-            text = "\n".join(lines)
-            # sec() prints one newline before the end marker; drop it to restore the exact output
-            found[name] = Section(name, text[:-1] if text.endswith("\n") else text, rc if rc is not None else -1)
+            # sec() puts a newline before the end marker, so the lines between rejoin to the exact output
+            found[name] = Section(name, "\n".join(lines), rc if rc is not None else -1)
             name, lines = None, []
         elif name is not None:
             lines.append(line)

@@ -2,8 +2,10 @@
 
 Every host ends in exactly one status so a caller never has to read an
 exception to learn whether a tray answered: ok, failed (the command ran and
-exited non-zero), unreachable (no SSH session), timeout (connect or command
-took too long: a hung host) or host-key-mismatch (refused for security).
+exited non-zero), unreachable (no SSH session: refused, no route, or no SSH
+answer within the connect timeout), timeout (the session opened but the
+command did not finish in time: a hung host) or host-key-mismatch (refused
+for security).
 """
 
 from __future__ import annotations

@@ -184,7 +184,8 @@ class SSHPool:
                 raise _ConnectFailed(HostStatus.HOST_KEY_MISMATCH, self._host_key_text(target, exc.presented),
                                      attempts=attempts, host_key=self._host_key_problem(target, exc.presented)) from None
             except asyncio.TimeoutError:
-                raise _ConnectFailed(HostStatus.TIMEOUT, f"no SSH answer within {self.config.connect_timeout:g}s",
+                # No banner in time: from outside, a dead host and a stopped sshd look the same.
+                raise _ConnectFailed(HostStatus.UNREACHABLE, f"no SSH answer within {self.config.connect_timeout:g}s",
                                      attempts=attempts) from None
             except asyncssh.PermissionDenied:
                 raise _ConnectFailed(HostStatus.UNREACHABLE,

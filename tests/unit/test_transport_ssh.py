@@ -207,7 +207,7 @@ def test_refused_connection_is_unreachable_after_connect_retries(tmp_path, clien
     assert r.attempts == 3 and "refused" in r.error.lower()
 
 
-def test_silent_listener_is_a_connect_timeout_without_retries(tmp_path, client_key):
+def test_silent_listener_is_unreachable_after_connect_timeout_without_retries(tmp_path, client_key):
     # Accepts TCP but never speaks SSH: what a hung sshd looks like.
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -219,7 +219,8 @@ def test_silent_listener_is_a_connect_timeout_without_retries(tmp_path, client_k
         took = time.monotonic() - start
     finally:
         sock.close()
-    assert r.status is HostStatus.TIMEOUT and r.phase == "connect" and r.attempts == 1
+    assert r.status is HostStatus.UNREACHABLE and r.phase == "connect" and r.attempts == 1
+    assert r.error == "no SSH answer within 0.6s"
     assert took < 2.5
 
 
