@@ -579,11 +579,26 @@ def _set_hang(files: LabFiles, host: LabHost, on: bool) -> None:
         except FileNotFoundError:
             pass
     init, members = _host_members(files, host)
+    where = (host.address, 22)
+    before = procs.listening_sockets().get(where)
+    frozen = False
     for p in members:
         if p.ppid == init.pid and p.comm == "sshd":
-            _signal(p.pid, signal.SIGHUP)       # sshd re-reads its configuration
+            _signal(p.pid, signal.SIGHUP)       # sshd re-execs itself and re-reads its configuration
+            frozen = p.state == "T"             # --unreachable: it reloads once continued
         if not on and hosts.HANG_IN_HOST in p.cmdline:
             _signal(p.pid, signal.SIGKILL)
+    if frozen:
+        return
+    # The re-exec closes the listening socket and opens a new one; return once the new one is there.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        now = procs.listening_sockets().get(where)
+        if now is not None and now != before:
+            return
+        time.sleep(0.02)
+    raise EnvironmentProblem(f"sshd on {host.name} did not come back after reloading its configuration",
+                             hint=f"see /var/log/mctl-lab/sshd.log on the host ({files.host(host.name).dir})")
 
 
 # --- ssh ----------------------------------------------------------------------------------------

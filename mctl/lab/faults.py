@@ -63,7 +63,8 @@ class FaultRequest:
 
     def is_empty(self) -> bool:
         return not (self.clear or self.unreachable or self.hang) and all(
-            v is None for v in (self.xid, self.fabric, self.gpu_missing, self.nvlink_down, self.ecc_uncorrectable))
+            v is None for v in (self.xid, self.gpu, self.fabric, self.gpu_missing, self.nvlink_down,
+                                self.ecc_uncorrectable))
 
 
 def _gpu_index(value: int, what: str) -> int:

@@ -136,6 +136,9 @@ def shutdown(services):
 
 def main():
     os.makedirs(RUN_DIR, exist_ok=True)
+    # The canary that Ansible's service facts and deb-systemd-helper look for: units on this
+    # host are driven through `systemctl` (the image's docker-systemctl-replacement).
+    os.makedirs("/run/systemd/system", exist_ok=True)
     _write(os.path.join(RUN_DIR, "init.pid"), f"{os.getpid()}\n")
     signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
     services = {s.name: s for s in load()}

@@ -84,7 +84,7 @@ def manifest(spec: ImageSpec) -> dict:
     return json.loads((spec.cache_dir / MANIFEST).read_text())
 
 
-def host_mirror() -> str | None:
+def host_mirror(etc: Path = Path("/etc")) -> str | None:
     """The Debian mirror this machine's apt already uses, so no mirror is hard-coded.
 
     MCTL_DEBIAN_MIRROR wins; else the first non-security Debian source; else
@@ -94,7 +94,7 @@ def host_mirror() -> str | None:
     if env:
         return env
     uris: list[str] = []
-    paths = [Path("/etc/apt/sources.list")] + sorted(Path("/etc/apt/sources.list.d").glob("*"))
+    paths = [etc / "apt/sources.list"] + sorted((etc / "apt/sources.list.d").glob("*"))
     for p in paths:
         try:
             text = p.read_text()

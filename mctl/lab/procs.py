@@ -68,21 +68,26 @@ def in_namespace(procs: dict[int, Proc], init: Proc) -> list[Proc]:
     return sorted((p for p in procs.values() if p.pidns == init.pidns), key=lambda p: (p.pid != init.pid, p.pid))
 
 
-def listening_tcp() -> set[tuple[str, int]]:
-    """(address, port) of every IPv4 TCP socket in LISTEN state on this machine."""
-    out: set[tuple[str, int]] = set()
+def listening_sockets() -> dict[tuple[str, int], int]:
+    """(address, port) -> socket inode of every IPv4 TCP socket in LISTEN state on this machine."""
+    out: dict[tuple[str, int], int] = {}
     try:
         lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
     except OSError:
         return out
     for line in lines:
         parts = line.split()
-        if len(parts) < 4 or parts[3] != "0A":
+        if len(parts) < 10 or parts[3] != "0A":
             continue
         hexaddr, hexport = parts[1].split(":")
         addr = socket.inet_ntoa(struct.pack("<I", int(hexaddr, 16)))
-        out.add((addr, int(hexport, 16)))
+        out[(addr, int(hexport, 16))] = int(parts[9])
     return out
+
+
+def listening_tcp() -> set[tuple[str, int]]:
+    """(address, port) of every IPv4 TCP socket in LISTEN state on this machine."""
+    return set(listening_sockets())
 
 
 def mounts_mentioning(path: str) -> list[str]:
