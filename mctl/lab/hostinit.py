@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/python3 -IS
 """PID 1 inside a lab host (installed as /usr/lib/mctl-lab/init; stdlib only).
 
 A real host's init starts sshd and keeps it running, and adopts and reaps every
@@ -7,6 +7,11 @@ that and no more, so 72 trays stay small: it starts the services listed in
 /var/lib/mctl-lab/services.json, restarts one that exits (with back-off),
 re-reads the list on SIGHUP, and on SIGTERM stops everything in the host's PID
 namespace and exits, which ends the namespace and its mounts.
+
+Started through its #! line, so the kernel names the process `init` (as
+/proc/1/comm on a real host reads): tools that identify the service manager
+by PID 1's name then fall through to the systemd canary below, as they do in
+containers that run the systemctl replacement.
 """
 
 import json

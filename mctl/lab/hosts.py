@@ -148,7 +148,7 @@ def spawn(paths: HostPaths, lower: Path) -> None:
         d.mkdir(parents=True, exist_ok=True)
     spec = {"hostname": paths.name, "lower": str(lower), "upper": str(paths.upper), "work": str(paths.work),
             "root": str(paths.root), "pidfile": str(paths.pidfile),
-            "init": ["/usr/bin/python3", "-I", "-S", INIT_IN_HOST]}
+            "init": [INIT_IN_HOST]}
     paths.spec.write_text(json.dumps(spec, indent=2) + "\n")
     try:
         paths.pidfile.unlink()
