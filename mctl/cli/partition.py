@@ -53,7 +53,7 @@ def list_(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", 
 
     Example: mctl -i inventories/lab partition list lab-r1
     """
-    from mctl.fabric.nmx import NMXClient
+    from mctl.fabric.nmx import NMXClient, NMXError
     from mctl.fabric.partitions import PartitionRow, desired_from_rack, partition_rows
     from mctl.fabric.reconcile import discover
 
@@ -68,10 +68,11 @@ def list_(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", 
         if offline or r.nmx is None:
             rows += [_declared(row) for row in partition_rows(r, desired, None, None)]
             continue
+        client = NMXClient.for_rack(site, r)        # bad credentials file or URL: a usage error, raised
         try:
-            state = discover(NMXClient.for_rack(site, r), r)
+            state = discover(client, r)
             rows += partition_rows(r, desired, state.fabric, state.partitions)
-        except MctlError as exc:
+        except NMXError as exc:
             errors[r.name] = exc.message
             rows += [_declared(row) for row in partition_rows(r, desired, None, None)]
     if want_json(json_):

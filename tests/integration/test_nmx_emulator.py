@@ -1,0 +1,340 @@
+"""The NMX-M emulator over real HTTP on 127.77.251.x, driven by mctl's client and CLI.
+
+No lab and no root needed: the emulator is a plain HTTP server on a loopback
+address, and the trays' gpus.json files are temporary files written per the lab
+contract. Operation delays are a few tens of milliseconds so the suite stays fast.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from mctl.errors import UsageError
+from mctl.fabric.nmx import (NMXClient, NMXConflict, NMXCredentials, NMXNotFound, NMXOperationFailed,
+                             NMXUnavailable, RetryPolicy)
+from mctl.lab.nmx_emulator import Config, NMXEmulator
+from tests.unit.cli_helpers import run_cli
+
+DOMAIN = "5b0c7f0e-6d7a-5d8e-9b51-3f3c1d2e4a10"
+ADDRESS = "127.77.251.1"
+FAST = RetryPolicy(attempts=4, backoff_s=0.01, max_backoff_s=0.05, timeout_s=5, operation_deadline_s=10,
+                   poll_s=0.02, max_poll_s=0.1)
+SAMPLE_KEYS = set(json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "nmx-m-compute-nodes.json")
+                             .read_text())[0])
+
+
+def tray_file(path: Path, name: str, index: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "schema": 1, "hostname": name, "driver_version": "570.148.08", "chassis_serial": "1821000000001",
+        "tray_index": index, "slot_number": index + 1, "host_id": 1, "cluster_uuid": DOMAIN, "clique_id": 32766,
+        "fabric_state": "Completed", "fabric_status": "Success",
+        "gpus": [{"index": i, "uuid": f"GPU-{index}-{i}"} for i in range(4)]}, indent=2))
+
+
+def make_config(tmp: Path, **overrides) -> dict:
+    trays = []
+    for i in range(4):
+        name = f"lab-r1-tray{i + 1:02d}"
+        path = tmp / "trays" / name / "var/lib/mctl-lab/gpus.json"
+        tray_file(path, name, i)
+        trays.append({"name": name, "tray_index": i, "slot_id": i + 1, "host_id": 1, "gpus_json": str(path)})
+    cfg = {"listen": ADDRESS, "port": 0, "username": "admin", "password": "lab-secret", "domain_uuid": DOMAIN,
+           "chassis_serial": "1821000000001", "state_file": str(tmp / "nmx-state.json"), "operation_delay_s": 0.05,
+           "fabric_delay_s": 0.05, "resync_s": 0.2, "trays": trays}
+    cfg.update(overrides)
+    return cfg
+
+
+def gpus_json(tmp: Path, tray: int) -> dict:
+    return json.loads((tmp / "trays" / f"lab-r1-tray{tray:02d}" / "var/lib/mctl-lab/gpus.json").read_text())
+
+
+@pytest.fixture()
+def emu(tmp_path):
+    emulator = NMXEmulator(Config.from_dict(make_config(tmp_path))).start()
+    try:
+        yield emulator
+    finally:
+        emulator.stop()
+
+
+def client_for(emulator: NMXEmulator, policy: RetryPolicy = FAST, password: str = "lab-secret") -> NMXClient:
+    return NMXClient(emulator.url, NMXCredentials("admin", password), policy=policy)
+
+
+def raw(emulator: NMXEmulator, method: str, path: str, body=None, auth=True):
+    req = urllib.request.Request(f"http://{ADDRESS}:{emulator.address[1]}{path}", method=method,
+                                 data=None if body is None else json.dumps(body).encode())
+    if auth:
+        req.add_header("Authorization", "Basic " + base64.b64encode(b"admin:lab-secret").decode())
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, dict(resp.headers), json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), json.loads(exc.read() or b"null")
+
+
+def test_inventory_endpoints_and_auth(emu):
+    client = client_for(emu)
+    nodes = client.inventory("compute-nodes")
+    assert len(nodes) == 4 and set(nodes[0]) == SAMPLE_KEYS
+    assert nodes[2]["LocationInfo"] == {"ChassisID": 1, "ChassisSerialNumber": "1821000000001", "HostID": 1,
+                                        "SlotID": 3, "TrayIndex": 2}
+    assert client.count("gpus") == 16 and client.count("switch-nodes") == 9 and client.count("chassis") == 1
+    assert {g.partition_id for g in client.gpus()} == {32766}
+    parts = client.partitions()
+    assert [(p.partition_id, p.name, len(p.members)) for p in parts] == [(32766, "Default Partition", 16)]
+    status, headers, body = raw(emu, "GET", "/nmx/v1/partitions", auth=False)
+    assert status == 401 and headers["WWW-Authenticate"].startswith("Basic")
+    assert raw(emu, "GET", "/nmx/v1/nothing")[0] == 404
+    assert raw(emu, "GET", "/nmx/v1/gpus?slotID=2&chassisSerialNumber=1821000000001")[2][0]["Name"] == \
+        "lab-r1-tray02/GPU0"
+    from mctl.fabric.nmx import NMXAuthError
+    with pytest.raises(NMXAuthError, match="refused the credentials"):
+        client_for(emu, password="wrong").partitions()
+
+
+def test_partition_lifecycle_moves_cliques_through_in_progress(emu, tmp_path):
+    client = client_for(emu)
+    nodes = {n.name: n for n in client.compute_nodes()}
+    members = list(nodes["lab-r1-tray01"].gpu_ids + nodes["lab-r1-tray02"].gpu_ids)
+    seen_states: set[str] = set()
+    seen_fabric: set[str] = set()
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen_fabric.add(gpus_json(tmp_path, 1)["fabric_state"])
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        status, headers, body = raw(emu, "POST", "/nmx/v1/partitions", {"Name": "p0", "Members": members})
+        assert status == 202 and headers["Location"] == f"/nmx/v1/operations/{body['operationId']}"
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            op = raw(emu, "GET", headers["Location"])[2]
+            seen_states.add(op["Status"])
+            if op["Status"] == "completed":
+                break
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        watcher.join()
+    assert seen_states >= {"pending", "in-progress", "completed"}
+    assert "In Progress" in seen_fabric
+    p0 = client.partition_named("p0")
+    assert p0 is not None and p0.partition_id == 1 and p0.health == "HEALTHY" and p0.type == "ID_BASED"
+    one, three = gpus_json(tmp_path, 1), gpus_json(tmp_path, 3)
+    assert one["clique_id"] == 1 and one["fabric_state"] == "Completed" and {g["clique_id"] for g in one["gpus"]} == {1}
+    assert three["clique_id"] == 32766 and one["hostname"] == "lab-r1-tray01" and one["gpus"][0]["uuid"] == "GPU-0-0"
+    default = next(p for p in client.partitions() if p.is_default)
+    assert len(default.members) == 8
+    assert {g.partition_id for g in client.gpus() if g.id in members} == {1}
+
+    client.replace_members(p0.id, list(nodes["lab-r1-tray01"].gpu_ids), name="p0")
+    assert gpus_json(tmp_path, 2)["clique_id"] == 32766 and gpus_json(tmp_path, 1)["clique_id"] == 1
+    p1 = client.create_partition("p1", list(nodes["lab-r1-tray02"].gpu_ids))
+    assert p1.partition_id == 2 and gpus_json(tmp_path, 2)["clique_id"] == 2
+    client.delete_partition(p0.id)
+    p2 = client.create_partition("p2", list(nodes["lab-r1-tray03"].gpu_ids))
+    assert p2.partition_id == 1                      # the lowest free ID in 1..32765
+    assert gpus_json(tmp_path, 1)["clique_id"] == 32766
+
+
+def test_conflicts_and_bad_requests(emu):
+    client = client_for(emu)
+    nodes = client.compute_nodes()
+    a = client.create_partition("a", list(nodes[0].gpu_ids))
+    with pytest.raises(NMXConflict, match="already in partition 'a'"):
+        client.create_partition("b", [nodes[0].gpu_ids[0], nodes[1].gpu_ids[0]])
+    with pytest.raises(NMXConflict, match="mix GPU IDs and locations"):
+        client.create_partition("c", [nodes[2].gpu_ids[0], {"DomainUUID": DOMAIN, "ChassisID": 1, "SlotID": 3,
+                                                             "HostID": 1, "DeviceID": 1}])
+    with pytest.raises(NMXConflict, match="names are unique"):
+        client.create_partition("a", list(nodes[3].gpu_ids))
+    loc = [{"DomainUUID": DOMAIN, "ChassisID": 1, "SlotID": 2, "HostID": 1, "DeviceID": d} for d in range(4)]
+    b = client.create_partition("b", loc)
+    assert b.type == "LOCATION_BASED" and client.partition(b.id).members[3].device_id == 3
+    with pytest.raises(NMXConflict, match="cannot change type"):
+        client.replace_members(b.id, list(nodes[1].gpu_ids))
+    assert raw(emu, "POST", "/nmx/v1/partitions", {"Name": "x", "Members": ["nope"]})[0] == 400
+    assert raw(emu, "PUT", f"/nmx/v1/partitions/{a.id}", {"Name": "renamed", "Members": [nodes[0].gpu_ids[0]]})[0] \
+        == 400
+    assert raw(emu, "DELETE", "/nmx/v1/partitions/32766")[0] == 400
+    with pytest.raises(NMXNotFound):
+        client.partition("0123456789abcdef01234567")
+    with pytest.raises(NMXNotFound):
+        client.delete_partition("0123456789abcdef01234567")
+    assert client.partition(a.partition_id).name == "a"          # numeric PartitionID works too
+
+
+def test_retries_faults_and_deadlines(emu):
+    client = client_for(emu)
+    assert raw(emu, "POST", "/_lab/faults", {"fail_next": 2, "status": 503})[2]["fail_next"] == 2
+    assert client.count("gpus") == 16                              # two 503s, then success
+    raw(emu, "POST", "/_lab/faults", {"fail_next": 10, "status": 500})
+    with pytest.raises(NMXUnavailable) as exc:
+        client.partitions()
+    assert "failed 4 times, last with HTTP 500" in exc.value.message and exc.value.exit_code == 3
+    assert "lab-secret" not in exc.value.message
+    raw(emu, "POST", "/_lab/faults", {"fail_next": 0, "delay_s": 0.4})
+    slow = client_for(emu, RetryPolicy(attempts=2, backoff_s=0.01, timeout_s=0.1))
+    with pytest.raises(NMXUnavailable, match="unavailable"):
+        slow.count("gpus")
+    with pytest.raises(NMXUnavailable, match="may or may not have been accepted"):
+        slow.create_partition("late", list(client.compute_nodes()[0].gpu_ids))
+    raw(emu, "POST", "/_lab/faults", {"delay_s": 0})
+    time.sleep(0.5)                                                # the slow POST still went through
+    assert client.partition_named("late") is not None
+    emu.state.cfg.operation_delay_s = 1.0
+    impatient = client_for(emu, RetryPolicy(operation_deadline_s=0.2, poll_s=0.05))
+    with pytest.raises(NMXOperationFailed, match="still pending"):
+        impatient.create_partition("slowop", list(client.compute_nodes()[1].gpu_ids))
+
+
+def test_unreachable_endpoint():
+    client = NMXClient("http://127.77.251.9:9", NMXCredentials("a", "b"), policy=FAST)
+    with pytest.raises(NMXUnavailable, match="Connection refused"):
+        client.partitions()
+
+
+def test_restart_keeps_partitions_and_resyncs_trays(tmp_path):
+    cfg_path = tmp_path / "nmx.json"
+    cfg_path.write_text(json.dumps(make_config(tmp_path, port=0)))
+
+    def start() -> tuple[subprocess.Popen, str]:
+        proc = subprocess.Popen([sys.executable, "-m", "mctl.lab.nmx_emulator", "--config", str(cfg_path),
+                                 "--log-file", str(tmp_path / "nmx.log")], stdout=subprocess.PIPE, text=True)
+        line = proc.stdout.readline()
+        assert line.startswith("nmx-emulator: listening on http://127.77.251.1:"), line
+        return proc, line.split()[-1]
+
+    proc, url = start()
+    try:
+        client = NMXClient(url, NMXCredentials("admin", "lab-secret"), policy=FAST)
+        created = client.create_partition("keep", list(client.compute_nodes()[3].gpu_ids))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    path = tmp_path / "trays" / "lab-r1-tray04" / "var/lib/mctl-lab/gpus.json"
+    tray_file(path, "lab-r1-tray04", 3)                            # the lab rewrote the tray (clique 32766)
+    proc, url = start()
+    try:
+        client = NMXClient(url, NMXCredentials("admin", "lab-secret"), policy=FAST)
+        again = client.partition_named("keep")
+        assert again is not None and again.partition_id == created.partition_id and again.id == created.id
+        assert json.loads(path.read_text())["clique_id"] == created.partition_id
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+    assert "POST /nmx/v1/partitions 202" in (tmp_path / "nmx.log").read_text()
+    assert "lab-secret" not in (tmp_path / "nmx.log").read_text()
+
+
+# ------------------------------------------------------------------------ CLI
+
+INVENTORY = """\
+# lab-like inventory for the NMX-M emulator tests
+plugin: mctl
+site: nmxtest
+ssh:
+  known_hosts: known_hosts
+racks:
+  lab-r1:
+    model: nvl72
+    shape: {{compute_trays: 4, switch_trays: 0}}
+    nvlink_domain: {domain}
+    nmx:
+      url: {url}
+      credentials_file: nmx.cred   # username:password, chmod 600
+    compute:
+      nodes: lab-r1-tray[01-04]
+      addresses: 127.77.251.[11-14]
+"""
+
+
+def cliques(tmp: Path) -> list[int]:
+    return [gpus_json(tmp, t)["clique_id"] for t in range(1, 5)]
+
+
+def test_cli_create_apply_list_delete(emu, tmp_path, capsys):
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    (inv / "mctl.yml").write_text(INVENTORY.format(domain=DOMAIN, url=emu.url.rsplit("/nmx", 1)[0]))
+    cred = inv / "nmx.cred"
+    cred.write_text("admin:lab-secret\n")
+    cred.chmod(0o644)
+    base = ["-i", str(inv), "--state-dir", str(tmp_path / "state")]
+
+    result = run_cli(capsys, *base, "partition", "list", "lab-r1")
+    assert result.code == 2 and "chmod 600" in result.err
+    cred.chmod(0o600)
+
+    dry = run_cli(capsys, *base, "partition", "create", "lab-r1", "--template", "2x9", "--dry-run", "--json")
+    assert dry.code == 0, dry.err
+    data = json.loads(dry.out)
+    assert [(c["action"], c["name"], c["trays"]) for c in data["plan"]["changes"]] == [
+        ("create", "p0", ["lab-r1-tray01", "lab-r1-tray02"]), ("create", "p1", ["lab-r1-tray03", "lab-r1-tray04"])]
+    assert "partitions" not in (inv / "mctl.yml").read_text() and cliques(tmp_path) == [32766] * 4
+
+    made = run_cli(capsys, *base, "partition", "create", "lab-r1", "--template", "2x9")
+    assert made.code == 0, made.err
+    assert "create p0: lab-r1-tray[01-02] (8 GPUs, ID_BASED)" in made.out
+    text = (inv / "mctl.yml").read_text()
+    assert "      - name: p1\n        trays: lab-r1-tray[03-04]\n" in text and text.startswith("# lab-like")
+    assert (inv / "mctl.yml.bak").read_text() == INVENTORY.format(domain=DOMAIN, url=emu.url.rsplit("/nmx", 1)[0])
+    first = cliques(tmp_path)
+    assert first[0] == first[1] != first[2] == first[3] and 32766 not in first
+
+    again = run_cli(capsys, *base, "partition", "apply", "lab-r1", "--json")
+    assert again.code == 0 and json.loads(again.out)["racks"][0]["plan"]["changes"] == []
+
+    listed = json.loads(run_cli(capsys, *base, "partition", "list", "lab-r1", "--json").out)
+    states = {p["name"]: (p["state"], p["trays"]) for p in listed["racks"][0]["partitions"]}
+    assert states == {"p0": ("in-sync", "lab-r1-tray[01-02]"), "p1": ("in-sync", "lab-r1-tray[03-04]"),
+                      "Default Partition": ("default", "-")}
+
+    shown = json.loads(run_cli(capsys, *base, "partition", "show", "lab-r1", "p1", "--json").out)
+    assert shown["partition_id"] == first[2] and [m["tray"] for m in shown["members"]].count("lab-r1-tray04") == 4
+
+    whole = run_cli(capsys, *base, "partition", "create", "lab-r1", "--template", "all")
+    assert whole.code == 0, whole.err
+    assert len(set(cliques(tmp_path))) == 1 and cliques(tmp_path)[0] != 32766
+
+    half = run_cli(capsys, *base, "partition", "create", "lab-r1", "half", "--gpus", "lab-r1-tray01:0-1")
+    assert half.code == 2 and "smaller than one tray" in half.err
+
+    gone = run_cli(capsys, *base, "partition", "delete", "lab-r1", "all")
+    assert gone.code == 0, gone.err
+    assert cliques(tmp_path) == [32766] * 4 and "partitions: []" in (inv / "mctl.yml").read_text()
+
+    split = run_cli(capsys, *base, "partition", "create", "lab-r1", "half", "--gpus", "lab-r1-tray01:0-1",
+                    "--gpu-granularity")
+    assert split.code == 0, split.err
+    assert "not recorded in the inventory" in split.err
+    tray1 = gpus_json(tmp_path, 1)
+    assert [g["clique_id"] for g in tray1["gpus"]][2:] == [32766, 32766] and tray1["gpus"][0]["clique_id"] != 32766
+    kept = json.loads(run_cli(capsys, *base, "partition", "apply", "lab-r1", "--json").out)
+    assert kept["racks"][0]["plan"]["unmanaged"] == ["half"] and kept["racks"][0]["plan"]["changes"] == []
+    pruned = run_cli(capsys, *base, "partition", "apply", "lab-r1", "--prune")
+    assert pruned.code == 0 and "delete half" in pruned.out and cliques(tmp_path) == [32766] * 4
+
+    emu.stop()
+    down = run_cli(capsys, *base, "partition", "list", "lab-r1")
+    assert down.code == 3 and "unavailable" in down.err
+    assert os.environ.get("MCTL_INVENTORY") is None or True
