@@ -1,10 +1,14 @@
 """Collect a compute tray's facts over SSH in one round trip.
 
-One POSIX sh script per tray runs every probe and frames each output between
-marker lines carrying a per-run nonce, so a tray costs one SSH command however
-many facts there are, and no file content can fake a section boundary. The
-framing is split apart and handed to the pure parsers; a missing, truncated or
-unreadable section becomes a problem on that tray, never an exception.
+One POSIX sh script per tray runs every probe and frames each output (stdout
+and stderr alike) between marker lines carrying a per-run nonce, so a tray
+costs one SSH command however many facts there are, and no file content can
+fake a section boundary. The framing is split apart and handed to the pure
+parsers; a missing, truncated or unreadable section becomes a problem on that
+tray, never an exception.
+
+The script forks as little as it can (shell builtins read /proc), because on a
+rack every extra process is paid once per tray.
 """
 
 from __future__ import annotations
@@ -25,18 +29,25 @@ XID_TAIL = 200          # newest XID lines kept per tray
 SMI_MARGIN = 3.0        # nvidia-smi's own timeout stays this far inside the SSH command timeout
 
 # Sections in the order the script prints them.
-SECTIONS = ("hostname", "os-release", "kernel", "nvidia-smi", "nvidia-smi-stderr", "services", "imex-config", "xid")
+SECTIONS = ("hostname", "os-release", "kernel", "nvidia-smi", "services", "imex-config", "xid")
 
 _SCRIPT = r"""
 M='::mctl-@NONCE@::'
-sec() { n=$1; shift; printf '%sbegin %s\n' "$M" "$n"; "$@"; rc=$?; printf '\n%send %s rc=%d\n' "$M" "$n" "$rc"; }
+sec() {
+  n=$1; shift
+  printf '%sbegin %s\n' "$M" "$n"; printf '%sbegin %s\n' "$M" "$n" >&2
+  "$@"; rc=$?
+  printf '\n%send %s rc=%d\n' "$M" "$n" "$rc"; printf '\n%send %s rc=%d\n' "$M" "$n" "$rc" >&2
+}
+line() { IFS= read -r v < "$1" && printf '%s\n' "$v"; }
 smi() {
-  command -v nvidia-smi >/dev/null 2>&1 || { echo 'nvidia-smi: command not found' >"$E"; return 127; }
-  if command -v timeout >/dev/null 2>&1; then timeout -k 2 @SMI_TIMEOUT@ nvidia-smi -q -x 2>"$E"
-  else nvidia-smi -q -x 2>"$E"; fi
+  command -v nvidia-smi >/dev/null 2>&1 || { echo 'nvidia-smi: command not found' >&2; return 127; }
+  if command -v timeout >/dev/null 2>&1; then timeout -k 2 @SMI_TIMEOUT@ nvidia-smi -q -x
+  else nvidia-smi -q -x; fi
 }
 svc() {
-  if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+  pid1=; IFS= read -r pid1 < /proc/1/comm 2>/dev/null
+  if [ "$pid1" = systemd ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
     echo source=systemd
     systemctl show -p Id,LoadState,ActiveState,SubState,UnitFileState,MainPID nvidia-imex.service slurmd.service
     return 0
@@ -65,13 +76,10 @@ xid() {
   else echo source=dmesg; dmesg 2>/dev/null | grep 'NVRM: Xid' | tail -n @XID_TAIL@; fi
   return 0
 }
-E=$(mktemp 2>/dev/null || echo /tmp/mctl-smi-err.$$)
-trap 'rm -f "$E"' EXIT
-sec hostname uname -n
+sec hostname line /proc/sys/kernel/hostname
 sec os-release cat /etc/os-release
-sec kernel uname -r
+sec kernel line /proc/sys/kernel/osrelease
 sec nvidia-smi smi
-sec nvidia-smi-stderr cat "$E"
 sec services svc
 sec imex-config imexsum
 sec xid xid
@@ -126,29 +134,29 @@ def split_sections(output: str, nonce: str) -> dict[str, Section]:
     return found
 
 
-def _gpu_facts(sections: dict[str, Section], smi_timeout: float):
-    """(GpuReport | None, error text | None)."""
+def _gpu_facts(sections: dict[str, Section], errors: dict[str, Section], smi_timeout: float):
+    """(GpuReport | None, error text | None, nvidia-smi's stderr lines)."""
     from mctl.facts.nvidia_smi import parse_xml
 
     smi = sections.get("nvidia-smi")
-    stderr = sections.get("nvidia-smi-stderr")
-    err_text = stderr.text.strip() if stderr and stderr.text.strip() else ""
+    err = errors.get("nvidia-smi")
+    messages = tuple(l.strip() for l in (err.text if err else "").splitlines() if l.strip())
     if smi is None:
-        return None, "nvidia-smi output missing from the probe (output cut off)"
+        return None, "nvidia-smi output missing from the probe (output cut off)", messages
     if not smi.complete:
-        return None, "nvidia-smi output cut off before it ended"
+        return None, "nvidia-smi output cut off before it ended", messages
     if smi.rc == 127:
-        return None, "nvidia-smi is not installed (command not found)"
+        return None, "nvidia-smi is not installed (command not found)", messages
     if smi.rc in (124, 137):
-        return None, f"nvidia-smi hung: no answer within {smi_timeout:g}s (driver wedged?)"
+        return None, f"nvidia-smi hung: no answer within {smi_timeout:g}s (driver wedged?)", messages
     try:
         report = parse_xml(smi.text)
     except DriverUnavailable as exc:
-        return None, exc.message
+        return None, exc.message, messages
     except FactsParseError as exc:
-        detail = f" (exit {smi.rc}{': ' + err_text.splitlines()[-1] if err_text else ''})" if smi.rc else ""
-        return None, f"nvidia-smi output unreadable: {exc.message}{detail}"
-    return report, None
+        detail = f" (exit {smi.rc}{': ' + messages[-1] if messages else ''})" if smi.rc else ""
+        return None, f"nvidia-smi output unreadable: {exc.message}{detail}", messages
+    return report, None, messages
 
 
 def tray_facts(result: "HostResult", nonce: str, *, smi_timeout: float) -> TrayFacts:
@@ -193,8 +201,9 @@ def tray_facts(result: "HostResult", nonce: str, *, smi_timeout: float) -> TrayF
         xids = tuple(parse_xid_events(rest if xid_source else xid_sec.text))
     else:
         problems.append("xid: output " + ("missing" if xid_sec is None else "cut off"))
-    gpus, gpu_error = _gpu_facts(sections, smi_timeout)
+    gpus, gpu_error, gpu_messages = _gpu_facts(sections, split_sections(result.stderr, nonce), smi_timeout)
     return TrayFacts(reach="ok", hostname=hostname, os=os_rel, kernel=kernel, gpus=gpus, gpu_error=gpu_error,
+                     gpu_messages=gpu_messages,
                      imex=services.get(IMEX_UNIT), imex_config=imex_cfg, slurmd=services.get(SLURMD_UNIT),
                      xids=xids, xid_source=xid_source, problems=tuple(problems), **base)
 

@@ -1,11 +1,12 @@
 """IMEX and slurmd service state, and the IMEX config checksum, from a tray's probe output.
 
-On a host booted with systemd the probe prints `systemctl show -p ...` blocks
-(KEY=value lines, one block per unit, blank line between). On a host without a
-systemd PID 1 (containers, a systemctl shim) there is no service manager to ask,
-so the probe prints raw evidence instead: the unit file it found, whether a
-`.wants/` link enables it, and which processes run by that name. Both become the
-same ServiceState, with `source` saying which kind of evidence it rests on.
+When systemd is PID 1 the probe prints `systemctl show -p ...` blocks (KEY=value
+lines, one block per unit, blank line between). Without a systemd PID 1
+(containers; hosts where a systemctl stand-in replays unit files) there is no
+service manager whose word counts, so the probe prints raw evidence instead:
+the unit file it found, whether a `.wants/` link enables it, and which
+processes run under the unit's program name. Both become the same
+ServiceState, with `source` saying which kind of evidence it rests on.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ def _tray_findings(rack: "Rack", t: "TrayFacts") -> list[Finding]:
         indexes = sorted(g.index for g in report.gpus)
         out.append(critical(t.host, "gpu.count", f"{have} GPUs visible, expected {want}"
                             + (f" (driver counts {report.attached_gpus})" if report.attached_gpus not in (None, have)
-                               else ""),
+                               else "") + (f"; nvidia-smi: {t.gpu_messages[0]}" if t.gpu_messages else ""),
                             "a GPU fell off the bus or failed: drain the tray, check XIDs (79) and reseat/replace",
                             visible=have, expected=want, indexes=indexes))
     elif report.attached_gpus is not None and report.attached_gpus != have:

@@ -31,6 +31,7 @@ class TrayFacts:
     kernel: str | None = None
     gpus: "GpuReport | None" = None
     gpu_error: str | None = None                 # nvidia-smi missing, hung, garbled, driver down
+    gpu_messages: tuple[str, ...] = ()           # what nvidia-smi printed on stderr (lost GPUs, ...)
     imex: "ServiceState | None" = None
     imex_config: "ImexConfig | None" = None
     slurmd: "ServiceState | None" = None
@@ -53,6 +54,7 @@ class TrayFacts:
             "host": self.host, "address": self.address, "reach": self.reach, "error": self.error,
             "hostname": self.hostname, "os": self.os.to_dict() if self.os else None, "kernel": self.kernel,
             "nvidia_smi": self.gpus.to_dict() if self.gpus else None, "gpu_error": self.gpu_error,
+            "gpu_messages": list(self.gpu_messages),
             "gpu_count": self.gpu_count,
             "imex": {"service": self.imex.to_dict() if self.imex else None,
                      "config": self.imex_config.to_dict() if self.imex_config else None},

@@ -89,9 +89,11 @@ def test_probe_when_nvidia_smi_hangs(tmp_path):
 
 
 def test_probe_when_nvidia_smi_prints_half_the_xml(tmp_path):
-    result = run_probe(tmp_path, f"head -c 20000 '{REAL_XML}'\n")
+    result = run_probe(tmp_path, f"head -c 20000 '{REAL_XML}'\necho 'Unable to determine the device handle' >&2\nexit 15\n")
     facts = tray_facts(result, NONCE, smi_timeout=10)
     assert facts.gpus is None and facts.gpu_error.startswith("nvidia-smi output unreadable")
+    assert facts.gpu_error.endswith("(exit 15: Unable to determine the device handle)")
+    assert facts.gpu_messages == ("Unable to determine the device handle",)
 
 
 def test_probe_when_driver_is_gone(tmp_path):
@@ -110,10 +112,14 @@ def test_probe_without_nvidia_smi(tmp_path):
 
 # --- lab captures --------------------------------------------------------------------------------
 
+def lab_capture(name: str, host: str) -> HostResult:
+    probe = FIXTURES / "probe"
+    return ok((probe / f"lab-tray-{name}.txt").read_text(), (probe / f"lab-tray-{name}.stderr.txt").read_text(), host)
+
+
 def test_lab_probe_healthy_tray():
-    facts = tray_facts(ok((FIXTURES / "probe" / "lab-tray-healthy.txt").read_text(), host="lab-r1-tray01"),
-                       NONCE, smi_timeout=20)
-    assert facts.problems == () and facts.hostname == "lab-r1-tray01"
+    facts = tray_facts(lab_capture("healthy", "lab-r1-tray01"), NONCE, smi_timeout=20)
+    assert facts.problems == () and facts.hostname == "lab-r1-tray01" and facts.gpu_messages == ()
     assert (facts.os.id, facts.os.version_id) == ("debian", "13")
     assert facts.gpu_count == 4 and len(facts.gpus.cluster_uuids) == 1 and facts.gpus.clique_ids == (32766,)
     assert all(g.fabric_attached for g in facts.gpus.gpus)
@@ -121,9 +127,10 @@ def test_lab_probe_healthy_tray():
 
 
 def test_lab_probe_faulted_tray():
-    facts = tray_facts(ok((FIXTURES / "probe" / "lab-tray-faulted.txt").read_text(), host="lab-r1-tray04"),
-                       NONCE, smi_timeout=20)
+    facts = tray_facts(lab_capture("faulted", "lab-r1-tray04"), NONCE, smi_timeout=20)
     assert facts.gpu_count == 2 and facts.gpus.attached_gpus == 3
+    # the GPU that fell off the bus is named on nvidia-smi's stderr, which comes back framed too
+    assert facts.gpu_messages == ("Unable to determine the device handle for GPU0: 0000:29:00.0: Unknown Error",)
     assert {g.fabric.state for g in facts.gpus.gpus} == {"In Progress"}
     assert facts.gpus.cluster_uuids == ()                  # N/A: no NVLink domain while in progress
     assert [x.code for x in facts.xids] == [79] and facts.xid_source == "/var/log/kern.log"
