@@ -35,7 +35,7 @@ def command(
     """
     from mctl.transport import SSHConfig, group_by_output, resolve_hosts, run_sync, targets_for
 
-    words = [w for w in (cmd or [])]
+    words = list(cmd or [])
     if not words or not " ".join(words).strip():
         raise UsageError("no command given", hint="put the command after '--': mctl exec lab-r1 -- uname -r")
     site = options().site()
@@ -59,10 +59,13 @@ def command(
         for r in bad:
             per_status.setdefault(r.status.value, []).append(r.host)
         detail = "; ".join(f"{status}: {fold(names)}" for status, names in per_status.items())
+        hints = []
+        if "host-key-mismatch" in per_status:
+            hints.append(f"host keys: verify them, then 'mctl ssh trust {fold(per_status['host-key-mismatch'])}'")
+        if "unreachable" in per_status or "timeout" in per_status:
+            hints.append("unreachable/timeout: check power, network and sshd of those hosts")
         raise PartialFailure(f"{len(bad)} of {len(results)} hosts did not succeed ({detail})",
-                             hint="host-key-mismatch: see 'mctl ssh trust --help'; unreachable/timeout: "
-                                  "check the tray's power and network" if any(
-                                      not r.status.reached for r in bad) else None)
+                             hint="; ".join(hints) or None)
 
 
 def _print_groups(groups) -> None:
