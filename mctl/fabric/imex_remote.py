@@ -117,7 +117,8 @@ def push_command(files: Mapping[str, str], restart: str | None) -> str:
                   "chmod 644 \"$t\"",
                   f"mv -f \"$t\" {q}"]
     if restart:
-        lines.append(restart)
+        # The restart command runs without errexit: its own exit status is the result.
+        lines += ["set +e", restart]
     return "\n".join(lines) + "\n"
 
 

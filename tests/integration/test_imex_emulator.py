@@ -212,26 +212,20 @@ def test_daemonize_returns_once_listening(make_domain):
     d = make_domain(1)
     cfg = d.config(0)
     cfg.write_text(cfg.read_text().replace("DAEMONIZE=0", "DAEMONIZE=1"))
-    started = subprocess.run([PYTHON, str(EMULATORS / "imex_daemon.py"), "-c", str(cfg)], timeout=15, cwd=d.tmp,
-                             env={"PATH": os.environ["PATH"]})
+    pid_file = d.tmp / "run" / "nvidia-imex.pid"
+    started = subprocess.run([PYTHON, str(EMULATORS / "imex_daemon.py"), "-c", str(cfg), "--pid-file", str(pid_file)],
+                             timeout=15, cwd=d.tmp, env={"PATH": os.environ["PATH"]})
     assert started.returncode == 0
-    pid = None
+    pid = int(pid_file.read_text())
     try:
         assert d.ctl(0, "-q").stdout == "READY\n"
-        for proc in Path("/proc").iterdir():
-            if proc.name.isdigit():
-                try:
-                    if str(cfg).encode() in (proc / "cmdline").read_bytes():
-                        pid = int(proc.name)
-                except OSError:
-                    continue
-        assert pid is not None
+        assert str(cfg).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
     finally:
-        if pid is not None:
-            os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
-                time.sleep(0.05)
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and pid_file.exists():
+            time.sleep(0.05)
+    assert not pid_file.exists()
 
 
 def test_mctl_status_logic_reads_the_emulated_domain(make_domain):
@@ -266,3 +260,62 @@ def test_mctl_status_logic_reads_the_emulated_domain(make_domain):
     assert any(m.startswith("node map mismatch on tray tray02: nodes_config.cfg differs from the partition "
                             "(missing 127.77.250.3)") for m in messages), messages
     assert any("node map mismatch between tray" in m for m in messages), messages
+
+
+# ------------------------------------------------------------------ the lab
+
+RESTART = ("pid=$(cat /run/nvidia-imex/nvidia-imex.pid 2>/dev/null); "
+           "if [ -n \"$pid\" ]; then kill \"$pid\" 2>/dev/null; "
+           "for i in $(seq 50); do kill -0 \"$pid\" 2>/dev/null || break; sleep 0.1; done; fi; "
+           "nvidia-imex -c /etc/nvidia-imex/config.cfg")
+
+
+@pytest.mark.lab
+def test_imex_apply_and_status_on_the_lab(lab, tmp_path):
+    """mctl imex apply/status over real SSH to lab trays running the emulators (installed here if the lab lacks them)."""
+    import base64
+
+    import yaml
+
+    for tray in lab.trays:
+        if lab.run(tray, "command -v nvidia-imex-ctl", check=False).returncode != 0:
+            for src, dest in (("imex_daemon.py", "/usr/bin/nvidia-imex"), ("imex_ctl.py", "/usr/bin/nvidia-imex-ctl")):
+                data = base64.b64encode((EMULATORS / src).read_bytes()).decode()
+                lab.run(tray, f"echo {data} | base64 -d > {dest} && chmod 755 {dest}")
+    doc = yaml.safe_load(lab.inventory.read_text())
+    half = len(lab.trays) // 2
+    doc["racks"][lab.rack]["partitions"] = [
+        {"name": "p0", "trays": ",".join(lab.trays[:half])}, {"name": "p1", "trays": ",".join(lab.trays[half:])}]
+    doc.setdefault("vars", {})["imex"] = {"restart_command": RESTART}
+    inv = tmp_path / "mctl.yml"
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    try:
+        plan = lab.mctl("-i", str(inv), "imex", "apply", lab.rack, "--dry-run")
+        assert plan.returncode == 0, plan.stderr
+        applied = lab.mctl("-i", str(inv), "imex", "apply", lab.rack, "--wait", "30", "--json")
+        assert applied.returncode == 0, applied.stderr + applied.stdout
+        domains = {d["domain"]: d for d in json.loads(applied.stdout)["domains"]}
+        assert {n: d["state"] for n, d in domains.items()} == {"p0": "UP", "p1": "UP"}
+        nodes = lab.run(lab.trays[0], "cat /etc/nvidia-imex/nodes_config.cfg").stdout.split()
+        assert nodes == [lab.addresses[t] for t in lab.trays[:half]]
+
+        again = lab.mctl("-i", str(inv), "imex", "apply", lab.rack, "--json")
+        assert again.returncode == 0 and json.loads(again.stdout)["racks"][0]["changes"] == {}
+
+        victim = lab.trays[1] if half > 1 else lab.trays[0]
+        lab.run(victim, f"echo {lab.addresses[victim]} > /etc/nvidia-imex/nodes_config.cfg && "
+                        "kill -USR1 $(cat /run/nvidia-imex/nvidia-imex.pid)")
+        time.sleep(2)
+        status = lab.mctl("-i", str(inv), "imex", "status", lab.rack, "--json")
+        assert status.returncode == 1, status.stderr
+        p0 = next(d for d in json.loads(status.stdout)["domains"] if d["domain"] == "p0")
+        assert p0["state"] != "UP"
+        assert any(r["tray"] == victim and r["message"].startswith(f"node map mismatch on tray {victim}")
+                   for r in p0["reasons"]), p0
+        fixed = lab.mctl("-i", str(inv), "imex", "apply", lab.rack, "--wait", "30")
+        assert fixed.returncode == 0, fixed.stderr + fixed.stdout
+        assert lab.mctl("-i", str(inv), "imex", "status", lab.rack).returncode == 0
+    finally:
+        for tray in lab.trays:
+            lab.run(tray, "pid=$(cat /run/nvidia-imex/nvidia-imex.pid 2>/dev/null) && kill \"$pid\"; true",
+                    check=False)

@@ -338,3 +338,57 @@ def test_cli_create_apply_list_delete(emu, tmp_path, capsys):
     down = run_cli(capsys, *base, "partition", "list", "lab-r1")
     assert down.code == 3 and "unavailable" in down.err
     assert os.environ.get("MCTL_INVENTORY") is None or True
+
+
+# ------------------------------------------------------------------ the lab
+
+@pytest.mark.lab
+def test_partitions_reach_the_trays_nvidia_smi(lab, tmp_path, capsys):
+    """Contract check on a real lab: partition create -> NMX-M emulator -> tray gpus.json -> tray nvidia-smi."""
+    import yaml
+
+    from mctl.lab.hosts import host_path
+
+    doc = yaml.safe_load(lab.inventory.read_text())
+    rack = doc["racks"][lab.rack]
+    emulator = None
+    if "nmx" not in rack:                        # the lab does not run one itself yet: start one for its rack
+        trays = []
+        for i, name in enumerate(lab.trays):
+            path = host_path(lab.dir, name, "/var/lib/mctl-lab/gpus.json")
+            state = json.loads(path.read_text())
+            trays.append({"name": name, "tray_index": state["tray_index"], "slot_id": state["slot_number"],
+                          "host_id": state["host_id"], "gpus_json": str(path)})
+        emulator = NMXEmulator(Config.from_dict({
+            "listen": "127.77.251.2", "port": 0, "username": "admin", "password": "lab-secret",
+            "domain_uuid": rack["nvlink_domain"], "chassis_serial": state["chassis_serial"],
+            "state_file": str(tmp_path / "nmx-state.json"), "operation_delay_s": 0.05, "fabric_delay_s": 0.05,
+            "trays": trays})).start()
+        cred = tmp_path / "nmx.cred"
+        cred.write_text("admin:lab-secret\n")
+        cred.chmod(0o600)
+        rack["nmx"] = {"url": emulator.url, "credentials_file": str(cred)}
+    rack.pop("partitions", None)
+    inv = tmp_path / "mctl.yml"
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    base = ["-i", str(inv), "--state-dir", str(tmp_path / "state")]
+
+    def cliques(tray: str) -> set[str]:
+        out = lab.run(tray, "nvidia-smi --query-gpu=fabric.cliqueId --format=csv,noheader").stdout
+        return set(out.split())
+
+    try:
+        made = run_cli(capsys, *base, "partition", "create", lab.rack, "--template", "2x9")
+        assert made.code == 0, made.err
+        ids = {p["name"]: p["partition_id"] for p in json.loads(
+            run_cli(capsys, *base, "partition", "list", lab.rack, "--json").out)["racks"][0]["partitions"]}
+        half = len(lab.trays) // 2
+        assert cliques(lab.trays[0]) == {str(ids["p0"])}
+        assert cliques(lab.trays[-1]) == {str(ids["p1"])} and half >= 1
+        assert run_cli(capsys, *base, "partition", "delete", lab.rack, "p0").code == 0
+        assert cliques(lab.trays[0]) == {"32766"}
+    finally:
+        run_cli(capsys, *base, "partition", "apply", lab.rack, "--prune")
+        if emulator is not None:
+            emulator.stop()
+    assert cliques(lab.trays[-1]) == {"32766"}

@@ -198,6 +198,10 @@ def test_push_command_writes_atomically(tmp_path):
     assert target.read_text() == "10.0.0.1\n10.0.0.2\n" and (tmp_path / "q'uote.cfg").read_text() == "A=1\n"
     assert (tmp_path / "restarted").exists() and oct(target.stat().st_mode & 0o777) == "0o644"
     assert sorted(p.name for p in target.parent.iterdir()) == ["nodes_config.cfg"]
+    # The restart command is not under errexit: its last status decides (a missing pid file is fine).
+    script = push_command({str(target): "x\n"}, f"pid=$(cat {tmp_path}/absent.pid 2>/dev/null); echo started")
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout == "started\n"
 
 
 # ------------------------------------------------------------ job scope

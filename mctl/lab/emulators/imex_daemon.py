@@ -28,7 +28,10 @@ The version is the tray's driver version from /var/lib/mctl-lab/gpus.json
 GPU-less node with version 570.172. Signals: SIGUSR1 re-reads the node list,
 SIGHUP re-reads config.cfg and the node list, SIGTERM/SIGINT stop it.
 
-Usage: nvidia-imex [-c CONFIG] [-p SERVER_PORT]
+Usage: nvidia-imex [-c CONFIG] [-p SERVER_PORT] [--foreground] [--pid-file FILE]
+(--foreground and --pid-file are the emulator's own: a supervisor runs it in the
+foreground; a daemonized one records its pid, /run/nvidia-imex/nvidia-imex.pid by
+default, so a restart command can stop it.)
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import threading
 import time
 
 DEFAULT_CONFIG = "/etc/nvidia-imex/config.cfg"
+DEFAULT_PID_FILE = "/run/nvidia-imex/nvidia-imex.pid"
 DEFAULT_VERSION = "570.172"
 STATUS_INTERVAL_S = 0.5
 PEER_TIMEOUT_S = 3.0
@@ -480,6 +484,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nvidia-imex", description="IMEX daemon (mctl lab emulator).")
     parser.add_argument("-c", "--config", default=DEFAULT_CONFIG, help=f"config file (default {DEFAULT_CONFIG})")
     parser.add_argument("-p", "--port", type=int, help="override SERVER_PORT")
+    parser.add_argument("--foreground", action="store_true",
+                        help="(emulator) stay in the foreground whatever DAEMONIZE says, for a supervisor")
+    parser.add_argument("--pid-file", default=DEFAULT_PID_FILE,
+                        help=f"(emulator) where a daemonized process records its pid (default {DEFAULT_PID_FILE})")
     args = parser.parse_args(argv)
     daemon = Daemon(args.config, args.port)
     try:
@@ -487,7 +495,15 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         sys.stderr.write(f"{exc}\n")
         return 1
-    notify = _daemonize() if daemon.cfg.get("DAEMONIZE", "1") != "0" else None
+    detach = daemon.cfg.get("DAEMONIZE", "1") != "0" and not args.foreground
+    notify = _daemonize() if detach else None
+    if detach:
+        try:
+            os.makedirs(os.path.dirname(args.pid_file) or ".", exist_ok=True)
+            with open(args.pid_file, "w") as fh:
+                fh.write(f"{os.getpid()}\n")
+        except OSError as exc:
+            sys.stderr.write(f"nvidia-imex: cannot write {args.pid_file}: {exc.strerror}\n")
     daemon.open_log()
     daemon.log("INFO", f"IMEX version {daemon.version} is running with the following configuration options")
     for key in ("LOG_LEVEL", "LOG_FILE_NAME", "BIND_INTERFACE_IP", "SERVER_PORT", "IMEX_NODE_CONFIG_FILE",
@@ -515,6 +531,11 @@ def main(argv: list[str] | None = None) -> int:
             what = requests.pop(0)
             if what == "stop":
                 daemon.shutdown()
+                if detach:
+                    try:
+                        os.unlink(args.pid_file)
+                    except OSError:
+                        pass
                 return 0
             daemon.reload(full=(what == "full"))
         time.sleep(0.1)
