@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
 
@@ -54,12 +54,14 @@ class SSHConfig:
     keepalive_interval: float = 30.0
 
     @classmethod
-    def from_site(cls, site: "Site", **overrides) -> "SSHConfig":
+    def from_site(cls, site: "Site", *, concurrency: int | None = None, connect_timeout: float | None = None,
+                  command_timeout: float | None = None) -> "SSHConfig":
+        """The inventory's ssh settings; a non-None argument overrides its setting (CLI flags)."""
         s = site.ssh
-        cfg = cls(known_hosts=site.known_hosts, user=s.user, port=s.port, identity_file=site.identity_file,
-                  connect_timeout=float(s.connect_timeout), command_timeout=float(s.command_timeout),
-                  concurrency=int(s.concurrency))
-        return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+        return cls(known_hosts=site.known_hosts, user=s.user, port=s.port, identity_file=site.identity_file,
+                   connect_timeout=float(connect_timeout if connect_timeout is not None else s.connect_timeout),
+                   command_timeout=float(command_timeout if command_timeout is not None else s.command_timeout),
+                   concurrency=int(concurrency if concurrency is not None else s.concurrency))
 
 
 class _ConnectFailed(Exception):
@@ -102,8 +104,8 @@ class SSHPool:
         self._options: "asyncssh.SSHClientConnectionOptions | None" = None
 
     @classmethod
-    def from_site(cls, site: "Site", **overrides) -> "SSHPool":
-        return cls(SSHConfig.from_site(site, **overrides))
+    def from_site(cls, site: "Site") -> "SSHPool":
+        return cls(SSHConfig.from_site(site))
 
     async def __aenter__(self) -> "SSHPool":
         return self
