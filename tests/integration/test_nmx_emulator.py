@@ -388,6 +388,7 @@ def test_partitions_reach_the_trays_nvidia_smi(lab, tmp_path, capsys):
         assert run_cli(capsys, *base, "partition", "delete", lab.rack, "p0").code == 0
         assert cliques(lab.trays[0]) == {"32766"}
     finally:
+        run_cli(capsys, *base, "partition", "delete", lab.rack, "p1")     # the lab is shared: leave no partition
         run_cli(capsys, *base, "partition", "apply", lab.rack, "--prune")
         if emulator is not None:
             emulator.stop()
