@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import secrets
 import shlex
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
@@ -27,9 +26,6 @@ if TYPE_CHECKING:
 
 XID_TAIL = 200          # newest XID lines kept per tray
 SMI_MARGIN = 3.0        # nvidia-smi's own timeout stays this far inside the SSH command timeout
-
-# Sections in the order the script prints them.
-SECTIONS = ("hostname", "os-release", "kernel", "nvidia-smi", "services", "imex-config", "xid")
 
 _SCRIPT = r"""
 M='::mctl-@NONCE@::'
@@ -217,7 +213,3 @@ async def collect_facts(pool: "SSHPool", targets: Sequence["SSHTarget"], *,
     script = facts_script(nonce, smi_timeout=smi_timeout)
     results = await pool.run(targets, script, timeout=command_timeout)
     return [tray_facts(r, nonce, smi_timeout=smi_timeout) for r in results]
-
-
-def now_iso() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

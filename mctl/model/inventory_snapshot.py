@@ -156,6 +156,7 @@ _TRAY_KEYS = (
     ("os", "os", "OS {before} -> {after}"),
     ("kernel", "kernel", "kernel {before} -> {after}"),
 )
+_GPU_KEYS = frozenset({"clique", "cluster", "fabric", "driver"})
 
 
 def _finding_key(f: dict) -> tuple:
@@ -190,19 +191,15 @@ def diff_snapshots(old: dict, new: dict) -> list[Change]:
             changes.append(Change(host, "gpu-facts", "GPU facts " + ("lost: " + str(b.get("gpu_error"))
                                                                      if b.get("nvidia_smi") is None else "readable again"),
                                   a.get("gpu_error"), b.get("gpu_error")))
-        if a.get("nvidia_smi") is not None and b.get("nvidia_smi") is not None:
+        both_gpu_facts = a.get("nvidia_smi") is not None and b.get("nvidia_smi") is not None
+        if both_gpu_facts:
             changes.extend(_gpu_changes(host, a, b))
-            for key, kind, text in _TRAY_KEYS:
-                va, vb = _tray_value(a, key), _tray_value(b, key)
-                if va != vb:
-                    changes.append(Change(host, kind, text.format(before=_fmt(va), after=_fmt(vb)), va, vb))
-        else:
-            for key, kind, text in _TRAY_KEYS[3:]:
-                if key == "driver":
-                    continue
-                va, vb = _tray_value(a, key), _tray_value(b, key)
-                if va != vb:
-                    changes.append(Change(host, kind, text.format(before=_fmt(va), after=_fmt(vb)), va, vb))
+        for key, kind, text in _TRAY_KEYS:
+            if key in _GPU_KEYS and not both_gpu_facts:
+                continue  # unreadable GPU facts are reported once above, not as every GPU value changing
+            va, vb = _tray_value(a, key), _tray_value(b, key)
+            if va != vb:
+                changes.append(Change(host, kind, text.format(before=_fmt(va), after=_fmt(vb)), va, vb))
     changes.extend(_finding_changes(old.get("findings", []), new.get("findings", [])))
     return changes
 
