@@ -68,3 +68,10 @@ def test_tray_going_dark_is_one_reach_change_plus_its_finding():
 def test_trays_added_or_removed_from_inventory():
     changes = diff_snapshots(snap([tray()]), snap([tray(), tray("t02")]))
     assert kinds(changes) == [("t02", "tray")] and "added" in changes[0].message
+
+
+def test_gpu_facts_lost_is_one_change_not_one_per_gpu():
+    broken = TrayFacts("t01", "10.0.0.1", "ok", gpu_error="nvidia-smi hung: no answer within 57s")
+    changes = diff_snapshots(snap([tray()]), snap([broken]))
+    assert kinds(changes) == [("t01", "gpu-facts")]
+    assert changes[0].message == "GPU facts lost: nvidia-smi hung: no answer within 57s"
