@@ -39,6 +39,7 @@ class PlaybookRequest:
     diff: bool = False
     extravars: dict[str, Any] = field(default_factory=dict)
     forks: int = 50
+    connect_timeout: float = 10
 
 
 @dataclass
@@ -115,7 +116,7 @@ def playbook_path(name: str) -> Path:
     return p.resolve()
 
 
-def ansible_env() -> dict[str, str]:
+def ansible_env(connect_timeout: float = 10) -> dict[str, str]:
     """Environment that makes Ansible read mctl inventories and find the roles."""
     bindir = str(Path(sys.executable).parent)
     control_dir = Path("/tmp") / f"mctl-ssh-{os.getuid()}"
@@ -128,11 +129,13 @@ def ansible_env() -> dict[str, str]:
         "ANSIBLE_HOST_KEY_CHECKING": "True",
         "ANSIBLE_PIPELINING": "True",
         "ANSIBLE_SSH_CONTROL_PATH_DIR": str(control_dir),
-        "ANSIBLE_SSH_ARGS": "-o ControlMaster=auto -o ControlPersist=120s",
+        # ServerAlive: a tray that stops answering mid-run must not hang the run on a shared master.
+        "ANSIBLE_SSH_ARGS": "-o ControlMaster=auto -o ControlPersist=120s -o ServerAliveInterval=5 -o ServerAliveCountMax=2",
         "ANSIBLE_RETRY_FILES_ENABLED": "False",
         "ANSIBLE_PYTHON_INTERPRETER": "auto_silent",
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_DEPRECATION_WARNINGS": "False",
+        "ANSIBLE_TIMEOUT": str(max(1, int(connect_timeout))),
     }
 
 
@@ -185,7 +188,7 @@ def run_playbook(req: PlaybookRequest, state_dir: Path, *, kind: str = "provisio
             private_data_dir=str(run_dir), ident=run_id, playbook=str(playbook), inventory=str(req.inventory),
             limit=",".join(req.limit) if req.limit else None, tags=",".join(req.tags) if req.tags else None,
             skip_tags=",".join(req.skip_tags) if req.skip_tags else None, extravars=req.extravars or None,
-            cmdline=" ".join(cmdline) or None, forks=req.forks, envvars=ansible_env(), quiet=True,
+            cmdline=" ".join(cmdline) or None, forks=req.forks, envvars=ansible_env(req.connect_timeout), quiet=True,
             event_handler=handle, cancel_callback=cancel.is_set, project_dir=str(PLAYBOOKS_DIR),
         )
     finally:

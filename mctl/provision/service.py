@@ -23,12 +23,13 @@ class ProvisionPlan:
     images: dict[str, str | None] = field(default_factory=dict)
     check: bool = False
     diff: bool = False
+    connect_timeout: float = 10
 
     def request(self) -> PlaybookRequest:
         extravars = {"mctl_image": self.image} if self.image else {}
         return PlaybookRequest(playbook=self.playbook, inventory=self.inventory, limit=self.hosts,
                                tags=self.tags, check=self.check, diff=self.diff, extravars=extravars,
-                               forks=max(5, min(100, len(self.hosts))))
+                               forks=max(5, min(100, len(self.hosts))), connect_timeout=self.connect_timeout)
 
     def to_dict(self) -> dict:
         return {"playbook": self.playbook, "inventory": self.inventory, "hosts": self.hosts, "tags": self.tags,
@@ -63,7 +64,8 @@ def plan_provision(site: Site, state_dir: Path, target: str, *, image: str | Non
         raise UsageError(f"{target!r} names no compute trays or head nodes to provision")
     playbook_path(playbook)
     return ProvisionPlan(playbook=playbook, inventory=str(site.file), hosts=[h.name for h in hosts], tags=tags,
-                         image=image, images={h.name: image or h.image for h in hosts}, check=check, diff=diff)
+                         image=image, images={h.name: image or h.image for h in hosts}, check=check, diff=diff,
+                         connect_timeout=site.ssh.connect_timeout)
 
 
 def provision(plan: ProvisionPlan, state_dir: Path, on_event: Callable[[HostEvent], None] | None = None) -> RunResult:
