@@ -1,0 +1,163 @@
+"""mctl deploy slurm|k8s: put a scheduler on the racks, derived from the inventory and its partitions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from mctl.cli import render
+from mctl.cli.context import options, want_json
+from mctl.cli.options import DryRunOpt, JsonOpt
+from mctl.errors import EXIT_PARTIAL
+
+app = typer.Typer(help="Deploy the site's scheduler: Slurm (daemons, blocks from NVLink partitions) or Kubernetes.\n\n"
+                       "Example: mctl -i inventories/lab deploy slurm --dry-run",
+                  no_args_is_help=True)
+
+
+@app.command("slurm")
+def slurm(
+    topology_only: Annotated[bool, typer.Option("--topology-only",
+                                                help="Only topology.conf (after a partition change), then "
+                                                     "'scontrol reconfigure'.")] = False,
+    no_verify: Annotated[bool, typer.Option("--no-verify", help="Do not wait for the trays to register.")] = False,
+    dry_run: DryRunOpt = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Deploy Slurm: slurm.conf, gres.conf, cgroup.conf and topology.conf, the MUNGE key, the daemons.
+
+    Node lines come from 'slurmd -C' on every tray, GPUs from the rack model, one
+    topology block per NVLink partition (a rack without partitions is one block).
+    Then the controller must show every tray registered and the blocks equal to the
+    partitions. --dry-run shows the rendered files and their diff against the hosts.
+    Exit 2 for bad input (nothing changed), 3 when hosts failed or did not register.
+
+    Example: mctl -i inventories/lab deploy slurm --dry-run
+    """
+    from mctl.sched.slurm import apply, dry_run as diff_hosts, plan_slurm
+
+    opts = options()
+    site = opts.site()
+    as_json = want_json(json_)
+    plan = plan_slurm(site, opts.state_dir, topology_only=topology_only)
+    if not as_json:
+        _print_plan(plan)
+    if dry_run:
+        diff = diff_hosts(plan)
+        if as_json:
+            render.print_json({"dry_run": True, "plan": plan.to_dict(), "diff": diff.to_dict()})
+        else:
+            _print_diff(plan, diff)
+        return
+    events = _Events(live=render.interactive() and not as_json)
+    result = apply(plan, on_event=events, verify=not no_verify)
+    if as_json:
+        render.print_json(result.to_dict())
+    else:
+        _print_result(result)
+    if result.run.status == "canceled":
+        raise typer.Exit(130)
+    if result.run.failed_hosts or result.run.status != "successful" or (
+            result.verification is not None and not result.verification.ok):
+        raise typer.Exit(EXIT_PARTIAL)
+
+
+def _print_plan(plan) -> None:
+    from mctl.model.site import fold
+
+    con = render.console()
+    cfg = plan.config
+    con.print(f"Slurm {cfg.version} on {cfg.controller.name} (slurmctld); {len(cfg.nodes)} trays {fold(cfg.nodes)}",
+              markup=False, highlight=False)
+    sizes = f", BlockSizes={','.join(map(str, cfg.block_sizes))}" if cfg.block_sizes else ""
+    con.print(f"topology/{cfg.plugin}: {len(cfg.blocks)} block(s){sizes}"
+              f"{'; switch/nvidia_imex' if cfg.imex else ''}", markup=False, highlight=False)
+    for b in cfg.blocks:
+        why = {"partition": f"NVLink partition {b.partition}", "rack": "whole rack (no partitions)",
+               "unpartitioned": "trays in no partition (fabric default partition)"}[b.kind]
+        con.print(f"  {b.name:<24} {b.nodeset:<32} {b.size:>3} trays  {why}", markup=False, highlight=False)
+    for w in cfg.warnings:
+        render.warn(w)
+
+
+def _print_diff(plan, diff) -> None:
+    from mctl.model.site import fold
+
+    con = render.console()
+    for f in diff.files:
+        where = f"{fold(f.hosts)} ({len(f.hosts)})"
+        if f.status == "same":
+            con.print(f"{f.path}: unchanged on {where}", markup=False, highlight=False)
+        elif f.status == "unreachable":
+            con.print(f"{f.path}: unknown on {where}: unreachable", markup=False, highlight=False)
+        else:
+            con.print(f"{f.path}: {'new' if f.status == 'new' else 'changes'} on {where}", markup=False,
+                      highlight=False)
+            con.print(f.diff.rstrip("\n"), markup=False, highlight=False)
+    key = diff.munge
+    if key.get("would-create"):
+        con.print(f"MUNGE key: a new site key would be made ({plan.key_path}) and installed on "
+                  f"{fold(key['would-create'])}", markup=False, highlight=False)
+    for state, text in (("missing", "would be installed on"), ("differs", "differs, would be replaced on"),
+                        ("same", "already in place on")):
+        if key.get(state):
+            con.print(f"MUNGE key {text} {fold(key[state])}", markup=False, highlight=False)
+    con.print(f"{diff.changes} change(s); nothing changed (--dry-run)", markup=False, highlight=False)
+
+
+def _print_result(result) -> None:
+    from mctl.model.site import fold
+
+    con = render.console()
+    run = result.run
+    changed = sorted(h for h, r in run.hosts.items() if r.changed)
+    con.print(f"playbook {run.run_id}: {run.status} in {run.ended - run.started:.1f}s; "
+              f"changed {fold(changed) if changed else 'nothing'}", markup=False, highlight=False)
+    if result.key_created:
+        con.print(f"MUNGE key made for the site: {result.plan.key_path} (0600)", markup=False, highlight=False)
+    for name in run.failed_hosts:
+        r = run.hosts[name]
+        con.print(f"{name}: {r.status} at task '{r.failed_task}': {r.message}", markup=False, highlight=False)
+    v = result.verification
+    if v is not None:
+        if v.ok:
+            drained = f" ({len(v.drained)} drained: {fold(v.drained)})" if v.drained else ""
+            con.print(f"verified in {v.seconds:.0f}s: all {len(v.nodes)} trays registered{drained}; "
+                      f"{v.topology_plugin} blocks match the partitions ({len(v.blocks_found)})",
+                      markup=False, highlight=False)
+        else:
+            for p in v.problems():
+                render.error(p)
+    con.print(f"run folder: {run.run_dir}", markup=False, highlight=False)
+
+
+class _Events:
+    """Failures as they happen; on a terminal, the task each host is on."""
+
+    def __init__(self, live: bool):
+        self.live = live
+
+    def __call__(self, ev) -> None:
+        if ev.kind in ("failed", "unreachable"):
+            render.err_console().print(f"{ev.host}: {ev.kind} at '{ev.task}': {ev.message}", markup=False,
+                                       highlight=False)
+
+
+@app.command("k8s")
+def k8s(
+    render_dir: Annotated[Optional[Path], typer.Option("--render", metavar="DIR",
+                                                       help="Write the manifests and Helm values to DIR; "
+                                                            "touch no cluster.")] = None,
+    dry_run: DryRunOpt = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Kubernetes for GB200: GPU Operator and DRA driver values, labels, ComputeDomains, KAI topology.
+
+    Example: mctl -i inventories/example-gb200 deploy k8s --render out/k8s
+    """
+    from mctl.sched.k8s.deploy import run_k8s
+
+    opts = options()
+    run_k8s(opts.site(), render_dir=render_dir, dry_run=dry_run, as_json=want_json(json_))

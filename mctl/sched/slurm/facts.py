@@ -1,0 +1,129 @@
+"""Parsers for what Slurm prints (pure): `slurmd -C`, `scontrol show node -o`, `scontrol show topology`.
+
+The hardware of a tray comes from `slurmd -C` on the tray itself, so the node
+lines of slurm.conf say exactly what slurmd will report when it registers (a
+mismatch would leave the node INVALID). Memory is rounded down to whole GiB so
+trays of one model share a line and a kernel update that costs a few MiB does
+not invalidate the fleet.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+_KEY = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/]*)=")
+MEMORY_STEP_MIB = 1024
+
+
+def key_values(line: str) -> dict[str, str]:
+    """Slurm's `Key=value Key2=value with spaces` form; a value runs until the next Key=."""
+    out: dict[str, str] = {}
+    matches = list(_KEY.finditer(line))
+    for i, m in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+        out[m.group(1)] = line[m.end():end].strip()
+    return out
+
+
+@dataclass(frozen=True)
+class NodeHardware:
+    """What `slurmd -C` reports, in slurm.conf's terms."""
+
+    cpus: int
+    sockets: int
+    cores_per_socket: int
+    threads_per_core: int
+    real_memory: int              # MiB, rounded down to MEMORY_STEP_MIB
+
+    def to_dict(self) -> dict:
+        return {"cpus": self.cpus, "sockets": self.sockets, "cores_per_socket": self.cores_per_socket,
+                "threads_per_core": self.threads_per_core, "real_memory": self.real_memory}
+
+
+def parse_slurmd_c(text: str) -> tuple[str, NodeHardware]:
+    """(node name, hardware) from `slurmd -C`; ValueError with the reason when it is not that output."""
+    line = next((ln for ln in text.splitlines() if ln.startswith("NodeName=")), None)
+    if line is None:
+        raise ValueError("no NodeName= line in the output of slurmd -C")
+    kv = key_values(line)
+    try:
+        cpus = int(kv["CPUs"])
+        boards = int(kv.get("Boards", "1"))
+        sockets = int(kv.get("SocketsPerBoard", kv.get("Sockets", "1"))) * boards
+        cores = int(kv["CoresPerSocket"])
+        threads = int(kv["ThreadsPerCore"])
+        memory = int(kv["RealMemory"])
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"slurmd -C output lacks a usable {exc}") from None
+    rounded = (memory // MEMORY_STEP_MIB) * MEMORY_STEP_MIB if memory >= MEMORY_STEP_MIB else memory
+    return kv["NodeName"], NodeHardware(cpus, sockets, cores, threads, rounded)
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """One node of `scontrol show node -o`."""
+
+    name: str
+    state: str                     # e.g. IDLE, IDLE+DRAIN, DOWN*+NOT_RESPONDING
+    reason: str | None = None
+    gres: str | None = None
+    address: str | None = None
+    port: int | None = None
+    fields: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def flags(self) -> set[str]:
+        return {f.rstrip("*~#!%$@^-") for f in self.state.upper().split("+")}
+
+    @property
+    def registered(self) -> bool:
+        """slurmd has registered with a configuration the controller accepts."""
+        bad = {"UNKNOWN", "NOT_RESPONDING", "INVALID_REG", "INVALID", "FUTURE", "CLOUD", "POWERED_DOWN"}
+        if self.flags & bad or self.state.endswith("*"):
+            return False
+        return not ("DOWN" in self.flags and (self.reason or "").lower().startswith("not responding"))
+
+    @property
+    def drained(self) -> bool:
+        return bool(self.flags & {"DRAIN", "DRAINED", "DRAINING"})
+
+
+def parse_show_nodes(text: str) -> list[NodeState]:
+    out = []
+    for line in text.splitlines():
+        if not line.startswith("NodeName="):
+            continue
+        kv = key_values(line)
+        port = kv.get("Port")
+        out.append(NodeState(kv["NodeName"], kv.get("State", "UNKNOWN"),
+                             kv.get("Reason") or None, kv.get("Gres") or None, kv.get("NodeAddr") or None,
+                             int(port) if port and port.isdigit() else None, kv))
+    return out
+
+
+@dataclass(frozen=True)
+class TopologyEntry:
+    """A block (BlockName=) or tree switch (SwitchName=) as `scontrol show topology` lists it."""
+
+    name: str
+    kind: str                      # block | aggregated | switch
+    nodes: str | None
+    size: int | None = None
+    switches: str | None = None
+
+
+def parse_show_topology(text: str) -> list[TopologyEntry]:
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        kv = key_values(line)
+        size = int(kv["BlockSize"]) if kv.get("BlockSize", "").isdigit() else None
+        if line.startswith("BlockName="):
+            out.append(TopologyEntry(kv["BlockName"], "block", kv.get("Nodes"), size))
+        elif line.startswith("AggregatedBlock="):
+            out.append(TopologyEntry(kv["AggregatedBlock"], "aggregated", kv.get("Nodes"), size))
+        elif line.startswith("SwitchName="):
+            out.append(TopologyEntry(kv["SwitchName"], "switch", kv.get("Nodes") or None, None,
+                                     kv.get("Switches") or None))
+    return out
