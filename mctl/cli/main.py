@@ -35,6 +35,7 @@ NOUNS: tuple[tuple[str, str], ...] = (
     ("rack", "mctl.cli.rack"),
     ("partition", "mctl.cli.partition"),
     ("imex", "mctl.cli.imex"),
+    ("deploy", "mctl.cli.deploy"),
 )
 
 app = typer.Typer(

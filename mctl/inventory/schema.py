@@ -76,6 +76,26 @@ class SlurmSettings(Strict):
     health_check_interval: int = Field(300, ge=0)
     conf_dir: str = "/etc/slurm"
     extra: dict[str, str] = Field(default_factory=dict)
+    # Everything below is optional; the defaults are right for a real GB200 site
+    # (systemd, cgroup v2, NVIDIA driver loaded). See docs/scheduler.md.
+    topology: Literal["auto", "block", "tree"] = "auto"      # auto: block when Slurm supports it
+    imex_dev_major: int | None = Field(None, ge=0)           # else the plugin reads /proc/devices
+    slurmctld_port: int = Field(6817, ge=1, le=65535)
+    slurmd_port: int = Field(6818, ge=1, le=65535)           # a tray's `slurmd_port` var overrides it
+    communication_parameters: str | None = None
+    cgroup_plugin: str = "autodetect"                        # "disabled" where there is no cgroup fs
+    proctrack_type: str = "proctrack/cgroup"
+    task_plugin: str = "task/cgroup,task/affinity"
+    jobacct_gather_type: str = "jobacct_gather/cgroup"
+    # expect: the NVIDIA driver made /dev/nvidia*; create: make the nodes (major 195) like nvidia-modprobe
+    gpu_device_nodes: Literal["expect", "create"] = "expect"
+    node_check_installed: bool = False                       # render HealthCheckProgram once it is there
+    node_check_program: str = "/usr/local/sbin/mctl-node-check"
+    health_check_node_state: str = "ANY"
+    state_save_location: str = "/var/spool/slurmctld"
+    slurmd_spool_dir: str = "/var/spool/slurmd"
+    log_dir: str = "/var/log/slurm"
+    verify_timeout: float = Field(120, gt=0)                 # seconds for every tray to register
 
 
 class K8sSettings(Strict):

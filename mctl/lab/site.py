@@ -17,6 +17,28 @@ IMAGE_NAME = "lab-debian13"
 REPO_IMAGES = Path(__file__).resolve().parents[2] / "images"
 
 
+# What lab hosts lack compared with a real tray, said as ordinary Slurm settings (docs/scheduler.md):
+# no cgroup filesystem, no NVIDIA driver to make /dev/nvidia*, one network stack shared by every host
+# (slurmctld binds the head's address only, so labs on other --net blocks can run their own).
+LAB_SLURM = {
+    "cgroup_plugin": "disabled",
+    "proctrack_type": "proctrack/linuxproc",
+    "task_plugin": "task/none",
+    "jobacct_gather_type": "jobacct_gather/linux",
+    "gpu_device_nodes": "create",
+    "communication_parameters": "NoCtldInAddrAny",
+    "verify_timeout": 60,
+}
+SLURMD_PORT_BASE = 9000
+SLURMD_PORTS_PER_NET = 90       # 5 racks of 18 trays; a larger lab overlaps the next --net's ports
+
+
+def slurmd_ports(layout: LabLayout, rack_index: int) -> str | int:
+    """Per-tray slurmd ports, unique across labs on one machine (they bind 0.0.0.0), as a node-ordered range."""
+    first = SLURMD_PORT_BASE + layout.net * SLURMD_PORTS_PER_NET + (rack_index - 1) * layout.trays
+    return f"[{first}-{first + layout.trays - 1}]" if layout.trays > 1 else first
+
+
 def inventory(layout: LabLayout, *, identity_file: Path, known_hosts: Path, images_dir: Path = REPO_IMAGES,
               rack_extra: dict[str, dict] | None = None) -> str:
     racks: dict[str, dict] = {}
@@ -32,6 +54,8 @@ def inventory(layout: LabLayout, *, identity_file: Path, known_hosts: Path, imag
                 "nodes": f"{rack}-tray[01-{layout.trays:02d}]" if layout.trays > 1 else trays[0].name,
                 "addresses": (f"127.{layout.net}.{r}.[1-{layout.trays}]" if layout.trays > 1 else trays[0].address),
                 "image": IMAGE_NAME,
+                # Every lab host shares the machine's network stack, so each slurmd needs its own port.
+                "vars": {"slurmd_port": slurmd_ports(layout, r)},
             },
         }
         spec.update((rack_extra or {}).get(rack, {}))
@@ -43,7 +67,8 @@ def inventory(layout: LabLayout, *, identity_file: Path, known_hosts: Path, imag
         "ssh": {"user": "root", "port": 22, "identity_file": str(identity_file), "known_hosts": str(known_hosts),
                 "connect_timeout": 5, "command_timeout": 60},
         "racks": racks,
-        "scheduler": {"type": "slurm", "cluster_name": layout.name, "controller": f"{layout.rack_names()[0]}-head"},
+        "scheduler": {"type": "slurm", "cluster_name": layout.name, "controller": f"{layout.rack_names()[0]}-head",
+                      "slurm": LAB_SLURM},
     }
     header = ("# mctl site inventory of the virtual lab, written by `mctl lab up` (removed by `mctl lab down`).\n"
               "# Use it like any site: mctl -i <this folder> inventory show\n")
