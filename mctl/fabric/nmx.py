@@ -17,6 +17,7 @@ that dropped the prefix), else `/nmx/v1`.
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import socket
 import ssl
@@ -205,6 +206,8 @@ class NMXClient:
                                      f"{self.policy.timeout_s:g} s; the change may or may not have been accepted",
                                      hint="run 'mctl partition list' to see NMX-M's state, then apply again") from None
             raise _Transient(f"{getattr(reason, 'strerror', None) or reason}") from None
+        except http.client.HTTPException as exc:       # a reply cut short or garbled on the wire
+            raise _Transient(f"{exc.__class__.__name__}: {exc}") from None
         except (ConnectionError, socket.timeout, TimeoutError) as exc:
             if method != "GET" and isinstance(exc, (socket.timeout, TimeoutError)):
                 raise NMXUnavailable(f"NMX-M at {self.url} did not answer {method} {_path(url)} in "
