@@ -221,14 +221,13 @@ def _print_plan(plan: "PartitionPlan", gpus_per_tray: int, *, dry_run: bool) -> 
 
 
 def _apply(client, plan: "PartitionPlan", r: "Rack") -> None:
-    from mctl.fabric.partitions import describe_change
     from mctl.fabric.reconcile import apply_plan
 
     quiet = options().json
 
     def step(number: int, change) -> None:
         if not quiet:
-            _say(f"  [{number}/{len(plan.changes)}] {describe_change(change, r.gpus_per_tray)} ...")
+            _say(f"  [{number}/{len(plan.changes)}] {change.action} {change.name} ...")
 
     apply_plan(client, plan, r.gpus_per_tray, on_step=step)
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from mctl.errors import MctlError, PartialFailure, UsageError
+from mctl.errors import PartialFailure, UsageError
 from mctl.model.fabric import NmxComputeNode, NmxGpu, NmxOperation, NmxPartition
 
 if TYPE_CHECKING:

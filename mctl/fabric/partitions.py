@@ -315,7 +315,8 @@ def plan_partitions(rack: "Rack", desired: Sequence[DesiredPartition], fabric: F
         takers = sorted({d for d, gs in want.items() if gs & have})
         if takers:
             deletes.append(_change("delete", p, p.type, (), have,
-                                   f"not in the inventory; holds GPUs that {', '.join(takers)} need"))
+                                   f"not in the inventory; holds GPUs that {', '.join(map(repr, takers))} "
+                                   f"need{'s' if len(takers) == 1 else ''}"))
         elif prune:
             deletes.append(_change("delete", p, p.type, (), have, "not in the inventory (--prune)"))
         else:

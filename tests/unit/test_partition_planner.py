@@ -276,7 +276,7 @@ def test_undeclared_partitions_are_left_alone_unless_in_the_way_or_pruned():
     want = [DesiredPartition("p", "r1", ("r1-tray01", "r1-tray02"))]
     plan = plan_partitions(rack, want, fabric, nmx.partitions())
     assert [(c.action, c.name) for c in plan.changes] == [("delete", "x"), ("create", "p")]
-    assert "holds GPUs that p need" in plan.changes[0].reason and plan.unmanaged == ("y",)
+    assert "holds GPUs that 'p' needs" in plan.changes[0].reason and plan.unmanaged == ("y",)
     pruned = plan_partitions(rack, want, fabric, nmx.partitions(), prune=True)
     assert [(c.action, c.name) for c in pruned.changes] == [("delete", "x"), ("delete", "y"), ("create", "p")]
 
