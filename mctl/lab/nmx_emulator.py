@@ -491,6 +491,9 @@ class NMXState:
         if tray.gpus_json is None:
             return False
         with self.file_lock:
+            with self.lock:
+                if only_if_stale and tray.name in self.transition:
+                    return False            # the worker owns this tray until its operation completes
             try:
                 data = json.loads(tray.gpus_json.read_text())
             except FileNotFoundError:
