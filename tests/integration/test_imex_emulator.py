@@ -228,6 +228,24 @@ def test_daemonize_returns_once_listening(make_domain):
     assert not pid_file.exists()
 
 
+def test_sighup_rereads_the_config_and_rebinds(make_domain):
+    d = make_domain(1)
+    d.start(0)
+    d.wait_state(0, "UP")
+    cfg = d.config(0)
+    new_port = free_port(d.addresses[0])
+    cfg.write_text(cfg.read_text().replace(f"IMEX_CMD_PORT={d.cmd_port}", f"IMEX_CMD_PORT={new_port}"))
+    d.signal(0, signal.SIGHUP)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and d.ctl(0, "-q").stdout != "READY\n":
+        time.sleep(0.1)
+    assert d.ctl(0, "-q").stdout == "READY\n"
+    old = subprocess.run([PYTHON, str(EMULATORS / "imex_ctl.py"), "-i", d.addresses[0], str(d.cmd_port), "-q"],
+                         capture_output=True, text=True, timeout=15)
+    assert old.returncode == 1
+    assert "IMEX_CMD_PORT = " in (d.tmp / "tray01" / "nvidia-imex.log").read_text()
+
+
 def test_mctl_status_logic_reads_the_emulated_domain(make_domain):
     """The SSH probe's script, run locally per tray against the emulators, feeds assess_domain."""
     d = make_domain(3)

@@ -30,8 +30,8 @@ SIGHUP re-reads config.cfg and the node list, SIGTERM/SIGINT stop it.
 
 Usage: nvidia-imex [-c CONFIG] [-p SERVER_PORT] [--foreground] [--pid-file FILE]
 (--foreground and --pid-file are the emulator's own: a supervisor runs it in the
-foreground; a daemonized one records its pid, /run/nvidia-imex/nvidia-imex.pid by
-default, so a restart command can stop it.)
+foreground; a daemonized one records its pid, /run/nvidia-imex/nvidia-imex.pid
+unless --pid-file says otherwise, so a restart command can stop or signal it.)
 """
 
 from __future__ import annotations
@@ -486,8 +486,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-p", "--port", type=int, help="override SERVER_PORT")
     parser.add_argument("--foreground", action="store_true",
                         help="(emulator) stay in the foreground whatever DAEMONIZE says, for a supervisor")
-    parser.add_argument("--pid-file", default=DEFAULT_PID_FILE,
-                        help=f"(emulator) where a daemonized process records its pid (default {DEFAULT_PID_FILE})")
+    parser.add_argument("--pid-file", help=f"(emulator) record the pid here (daemonized: {DEFAULT_PID_FILE} "
+                                           "unless given)")
     args = parser.parse_args(argv)
     daemon = Daemon(args.config, args.port)
     try:
@@ -497,13 +497,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     detach = daemon.cfg.get("DAEMONIZE", "1") != "0" and not args.foreground
     notify = _daemonize() if detach else None
-    if detach:
+    pid_file = args.pid_file or (DEFAULT_PID_FILE if detach else None)
+    if pid_file:
         try:
-            os.makedirs(os.path.dirname(args.pid_file) or ".", exist_ok=True)
-            with open(args.pid_file, "w") as fh:
+            os.makedirs(os.path.dirname(pid_file) or ".", exist_ok=True)
+            with open(pid_file, "w") as fh:
                 fh.write(f"{os.getpid()}\n")
         except OSError as exc:
-            sys.stderr.write(f"nvidia-imex: cannot write {args.pid_file}: {exc.strerror}\n")
+            sys.stderr.write(f"nvidia-imex: cannot write {pid_file}: {exc.strerror}\n")
     daemon.open_log()
     daemon.log("INFO", f"IMEX version {daemon.version} is running with the following configuration options")
     for key in ("LOG_LEVEL", "LOG_FILE_NAME", "BIND_INTERFACE_IP", "SERVER_PORT", "IMEX_NODE_CONFIG_FILE",
@@ -531,9 +532,9 @@ def main(argv: list[str] | None = None) -> int:
             what = requests.pop(0)
             if what == "stop":
                 daemon.shutdown()
-                if detach:
+                if pid_file:
                     try:
-                        os.unlink(args.pid_file)
+                        os.unlink(pid_file)
                     except OSError:
                         pass
                 return 0
