@@ -101,32 +101,42 @@ class Section:
 
 
 def split_sections(output: str, nonce: str) -> dict[str, Section]:
-    """Cut the script's output at its marker lines. Text outside sections is ignored."""
+    """Cut the script's output at its marker lines. Text outside sections is ignored.
+
+    Works with str.find over the whole text rather than line by line: a tray's
+    output is ~50 kB and a rack's is a megabyte, so this is the parser's hot loop.
+    """
     begin = f"::mctl-{nonce}::begin "
     end = f"::mctl-{nonce}::end "
     found: dict[str, Section] = {}
-    name: str | None = None
-    lines: list[str] = []
-    for line in output.split("\n"):
-        if line.startswith(begin):
-            if name is not None:
-                found[name] = Section(name, "\n".join(lines), None)
-            name, lines = line[len(begin):].strip(), []
-        elif line.startswith(end) and name is not None:
-            rest = line[len(end):].split()
-            rc = None
-            if len(rest) == 2 and rest[0] == name and rest[1].startswith("rc="):
-                try:
-                    rc = int(rest[1][3:])
-                except ValueError:
-                    rc = None
-            # sec() puts a newline before the end marker, so the lines between rejoin to the exact output
-            found[name] = Section(name, "\n".join(lines), rc if rc is not None else -1)
-            name, lines = None, []
-        elif name is not None:
-            lines.append(line)
-    if name is not None:
-        found[name] = Section(name, "\n".join(lines), None)
+
+    def next_begin(pos: int) -> int:
+        if pos == 0 and output.startswith(begin):
+            return 0
+        at = output.find("\n" + begin, max(pos - 1, 0))
+        return -1 if at < 0 else at + 1
+
+    b = next_begin(0)
+    while b >= 0:
+        eol = output.find("\n", b)
+        if eol < 0:
+            name = output[b + len(begin):].strip()
+            found[name] = Section(name, "", None)
+            break
+        name = output[b + len(begin):eol].strip()
+        body = eol + 1
+        after = next_begin(body)
+        stop = output.find("\n" + end + name + " ", body - 1)
+        if stop < 0 or (after >= 0 and stop > after):
+            found[name] = Section(name, output[body:(after - 1) if after >= 0 else len(output)], None)
+            b = after
+            continue
+        line_end = output.find("\n", stop + 1)
+        marker = output[stop + 1 + len(end) + len(name):line_end if line_end >= 0 else len(output)].strip()
+        rc = int(marker[3:]) if marker.startswith("rc=") and marker[3:].lstrip("-").isdigit() else -1
+        # sec() puts a newline before the end marker, so the text up to it is the exact output
+        found[name] = Section(name, output[body:stop] if stop >= body else "", rc)
+        b = next_begin(line_end + 1) if line_end >= 0 else -1
     return found
 
 

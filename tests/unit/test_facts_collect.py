@@ -52,6 +52,18 @@ def test_sections_restore_exact_output():
     assert secs["c"].text == "" and secs["c"].rc == 127
 
 
+def test_framing_round_trips_any_body():
+    import random
+
+    rng = random.Random(4)
+    pieces = ["", "\n", "x", "line\n", "::mctl-0000000000000000::end a rc=0\n", "begin ", "\n\n", "<gpu>", "rc=1"]
+    for _ in range(300):
+        bodies = {f"s{i}": "".join(rng.choice(pieces) for _ in range(rng.randint(0, 6))) for i in range(4)}
+        out = "noise before\n" + "".join(_frame(k, v, i) for i, (k, v) in enumerate(bodies.items()))
+        secs = split_sections(out, NONCE)
+        assert {k: (v.text, v.rc) for k, v in secs.items()} == {k: (v, i) for i, (k, v) in enumerate(bodies.items())}
+
+
 def test_cut_off_section_is_incomplete():
     out = _frame("a", "x") + f"::mctl-{NONCE}::begin nvidia-smi\n<nvidia_smi_log>\n<gpu"
     secs = split_sections(out, NONCE)
