@@ -1,0 +1,148 @@
+"""mctl deploy slurm on the lab: real slurmctld/slurmd/munged, real jobs, blocks from partitions.
+
+One deploy per session (module fixture), then assertions against the running
+cluster. The site is the lab's own inventory with two NVLink partitions added
+(p0 = trays 1-2, p1 = trays 3-4), the way an operator records them.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+PARTITIONS = [{"name": "p0", "trays": "lab-r1-tray[01-02]"}, {"name": "p1", "trays": "lab-r1-tray[03-04]"}]
+
+
+def _write_site(lab, folder: Path, partitions: list[dict]) -> Path:
+    doc = yaml.safe_load(lab.inventory.read_text())
+    doc["racks"][lab.rack]["partitions"] = partitions
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return folder
+
+
+def _deploy(lab, site: Path, *args: str):
+    proc = lab.mctl("-i", str(site), "--json", "deploy", "slurm", *args, timeout=900)
+    try:
+        data = json.loads(proc.stdout)
+    except ValueError:
+        data = None
+    return proc, data
+
+
+@pytest.fixture(scope="module")
+def slurm(lab, tmp_path_factory):
+    if len(lab.trays) < 4:
+        pytest.skip("needs a lab with 4 trays (MCTL_TEST_TRAYS)")
+    site = _write_site(lab, tmp_path_factory.mktemp("slurm-site"), PARTITIONS)
+    proc, dry = _deploy(lab, site, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    proc, data = _deploy(lab, site)
+    assert proc.returncode == 0, f"deploy failed ({proc.returncode}): {proc.stderr}\n{proc.stdout[-3000:]}"
+    return {"site": site, "dry": dry, "first": data}
+
+
+def srun(lab, args: str, check: bool = True):
+    return lab.run(lab.head, f"srun --immediate=30 {args}", timeout=90, check=check)
+
+
+def test_dry_run_showed_new_files_and_key(slurm):
+    dry = slurm["dry"]
+    assert dry["dry_run"] is True
+    statuses = {(f["file"], f["status"]) for f in dry["diff"]["files"]}
+    for name in ("slurm.conf", "gres.conf", "cgroup.conf", "topology.conf"):
+        assert (name, "new") in statuses
+    assert dry["diff"]["munge_key"]["would-create"] == "lab-r1-head,lab-r1-tray[01-04]"
+    assert dry["plan"]["version"].startswith("24.")
+
+
+def test_every_tray_registered_and_blocks_match(lab, slurm):
+    v = slurm["first"]["verification"]
+    assert v["ok"] and v["unregistered"] == [] and v["blocks_match"]
+    assert v["blocks_found"] == {"lab-r1-p0": "lab-r1-tray[01-02]", "lab-r1-p1": "lab-r1-tray[03-04]"}
+    out = lab.run(lab.head, "sinfo -h -N -o '%N %T'").stdout.split("\n")
+    states = dict(line.split() for line in out if line.strip())
+    assert sorted(states) == lab.trays and set(states.values()) == {"idle"}
+    topo = lab.run(lab.head, "scontrol show topology").stdout
+    assert "BlockName=lab-r1-p0 BlockIndex=0 Nodes=lab-r1-tray[01-02] BlockSize=2" in topo
+    node = lab.run(lab.head, "scontrol show node lab-r1-tray03").stdout
+    assert "Gres=gpu:4" in node and "Port=" in node
+
+
+def test_munge_key_is_the_sites_and_private(lab, slurm):
+    key = lab.state_dir / "slurm" / "lab" / "munge.key"
+    assert oct(key.stat().st_mode & 0o777) == "0o600"
+    digest = hashlib.sha256(key.read_bytes()).hexdigest()
+    for host in (lab.head, lab.trays[0]):
+        out = lab.run(host, "stat -c '%U %a' /etc/munge/munge.key; sha256sum < /etc/munge/munge.key").stdout.split()
+        assert out[:2] == ["munge", "400"] and out[2] == digest
+    run_dir = Path(slurm["first"]["run"]["run_dir"])
+    everything = "".join(p.read_text(errors="replace") for p in run_dir.rglob("*") if p.is_file())
+    secret = key.read_bytes()[:48]
+    assert secret.hex() not in everything.lower() and base64.b64encode(secret).decode() not in everything
+
+
+def test_two_node_job_stays_in_one_block(lab, slurm):
+    hosts = sorted(set(srun(lab, "-N2 hostname").stdout.split()))
+    assert len(hosts) == 2
+    assert hosts in (["lab-r1-tray01", "lab-r1-tray02"], ["lab-r1-tray03", "lab-r1-tray04"])
+
+
+def test_segments_follow_blocks(lab, slurm):
+    hosts = srun(lab, "-N4 --segment=2 hostname").stdout.split()
+    assert sorted(hosts) == lab.trays
+    # a segment larger than the base block (2 trays) cannot sit inside one block
+    bad = srun(lab, "-N3 --segment=3 hostname", check=False)
+    assert bad.returncode != 0 and "topology" in bad.stderr.lower()
+
+
+def test_drained_tray_is_not_used(lab, slurm):
+    lab.run(lab.head, "scontrol update NodeName=lab-r1-tray01 State=DRAIN Reason='mctl-test: drained'")
+    try:
+        for _ in range(3):
+            hosts = sorted(set(srun(lab, "-N2 hostname").stdout.split()))
+            # p0 has one usable tray left, so a 2-tray job can only go to p1
+            assert hosts == ["lab-r1-tray03", "lab-r1-tray04"]
+    finally:
+        lab.run(lab.head, "scontrol update NodeName=lab-r1-tray01 State=RESUME")
+
+
+def test_redeploy_changes_nothing(lab, slurm):
+    proc, dry = _deploy(lab, slurm["site"], "--dry-run")
+    assert proc.returncode == 0 and dry["diff"]["changes"] == 0
+    proc, data = _deploy(lab, slurm["site"])
+    assert proc.returncode == 0, proc.stderr
+    assert {h: r["changed"] for h, r in data["run"]["hosts"].items()} == {h: 0 for h in lab.hosts}
+    assert data["verification"]["ok"]
+
+
+def test_unreachable_tray_refuses_before_changing_anything(lab, slurm):
+    from mctl.lab import control
+    from mctl.lab.faults import FaultRequest
+
+    control.fault(lab.dir, "lab-r1-tray04", FaultRequest(unreachable=True))
+    try:
+        proc, _ = _deploy(lab, slurm["site"])
+    finally:
+        lab.clear_faults("lab-r1-tray04")
+    assert proc.returncode == 3
+    assert "lab-r1-tray04" in proc.stderr and "nothing was deployed" in proc.stderr
+
+
+def test_topology_only_after_partition_change(lab, slurm, tmp_path):
+    site = _write_site(lab, tmp_path / "site", [{"name": "all", "trays": "lab-r1-tray[01-04]"}])
+    proc, data = _deploy(lab, site, "--topology-only")
+    assert proc.returncode == 0, proc.stderr
+    assert data["verification"]["blocks_found"] == {"lab-r1-all": "lab-r1-tray[01-04]"}
+    changed = {h: r["changed"] for h, r in data["run"]["hosts"].items()}
+    assert all(changed.values())                   # topology.conf everywhere (plus the reconfigure on the head)
+    for host in (lab.head, lab.trays[-1]):
+        assert "BlockName=lab-r1-all Nodes=lab-r1-tray[01-04]" in lab.run(host, "cat /etc/slurm/topology.conf").stdout
+    assert "BlockName=lab-r1-all" in lab.run(lab.head, "scontrol show topology").stdout
+    # a 3-tray job now fits in one block
+    assert len(set(srun(lab, "-N3 --segment=3 hostname").stdout.split())) == 3

@@ -1,0 +1,138 @@
+"""mctl deploy slurm: refusals before anything changes, the MUNGE key, --dry-run diffs, verification."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mctl.inventory import load_site
+from mctl.sched.slurm import deploy, munge, parse_slurmd_c, parse_version, render
+from mctl.sched.slurm.remote import HostFiles, judge, parse_fetch
+from tests.unit.cli_helpers import run_cli
+
+REPO = Path(__file__).resolve().parents[2]
+CAPTURED = REPO / "tests" / "fixtures" / "golden" / "slurm" / "captured"
+
+
+def inventory(tmp_path: Path, scheduler: dict | None, partitions=None) -> Path:
+    doc = {"plugin": "mctl", "site": "t", "ssh": {"known_hosts": "kh"},
+           "racks": {"lab-r1": {"shape": {"compute_trays": 4, "switch_trays": 0},
+                                "head": {"name": "lab-r1-head", "address": "127.83.1.100"},
+                                "compute": {"nodes": "lab-r1-tray[01-04]", "addresses": "127.83.1.[1-4]"}}}}
+    if partitions:
+        doc["racks"]["lab-r1"]["partitions"] = partitions
+    if scheduler is not None:
+        doc["scheduler"] = scheduler
+    (tmp_path / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return tmp_path
+
+
+def lab_config(tmp_path: Path):
+    site = load_site(inventory(tmp_path, {"type": "slurm", "controller": "lab-r1-head"},
+                               [{"name": "p0", "trays": "lab-r1-tray[01-03]"}, {"name": "p1", "trays": "lab-r1-tray04"}]))
+    hw = parse_slurmd_c((CAPTURED / "slurmd-C.txt").read_text())[1]
+    return site, render(site, parse_version("slurm 24.11.5"), {t.name: hw for t in site.compute_trays()})
+
+
+def test_scheduler_must_match_the_command(tmp_path, capsys):
+    inv = inventory(tmp_path, {"type": "k8s"})
+    result = run_cli(capsys, "-i", str(inv), "--state-dir", str(tmp_path / "state"), "deploy", "slurm")
+    assert result.code == 2
+    assert "the inventory's scheduler is k8s, not slurm" in result.err
+    assert "mctl deploy k8s" in result.err
+    assert not (tmp_path / "state").exists()          # refused before anything was written
+
+
+def test_no_scheduler_section(tmp_path, capsys):
+    inv = inventory(tmp_path, None)
+    result = run_cli(capsys, "-i", str(inv), "deploy", "slurm", "--dry-run")
+    assert result.code == 2 and "no scheduler section" in result.err and "Traceback" not in result.err
+
+
+def test_munge_key_made_once_and_private(tmp_path):
+    path = munge.key_path(tmp_path, "site")
+    assert munge.digest(path) is None
+    assert munge.ensure_key(path) is True
+    first = path.read_bytes()
+    assert len(first) == munge.KEY_BYTES
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    path.chmod(0o644)
+    assert munge.ensure_key(path) is False           # kept, never regenerated
+    assert path.read_bytes() == first and stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_fetch_output_parsing():
+    text = "slurm.conf\tQQo=\ngres.conf\t-\ntopology.conf\t\nmunge.key\tabc123\n"
+    got = parse_fetch("h", text, ["slurm.conf", "gres.conf", "topology.conf"])
+    assert got.files == {"slurm.conf": "A\n", "gres.conf": None, "topology.conf": ""}
+    assert got.munge_digest == "abc123"
+
+
+def test_dry_run_groups_hosts_and_diffs(tmp_path, monkeypatch):
+    site, cfg = lab_config(tmp_path)
+    plan = deploy.SlurmPlan(site, tmp_path / "state", cfg, [cfg.controller] + site.compute_trays())
+    munge.ensure_key(plan.key_path)
+    key = munge.digest(plan.key_path)
+    old_topo = cfg.files["topology.conf"].replace("lab-r1-tray[01-03]", "lab-r1-tray[01-02]")
+
+    def fake_fetch(_site, hosts, conf_dir, names):
+        assert conf_dir == "/etc/slurm"
+        out = []
+        for h in hosts:
+            files = dict(cfg.files)
+            if h.name == "lab-r1-tray04":
+                files["topology.conf"] = old_topo
+                files["gres.conf"] = None
+            out.append(HostFiles(h.name, files, key if h.name != "lab-r1-tray02" else "0" * 64))
+        return out
+
+    monkeypatch.setattr("mctl.sched.slurm.remote.fetch_current", fake_fetch)
+    d = deploy.dry_run(plan)
+    by = {(f.name, f.status): f for f in d.files}
+    assert by[("slurm.conf", "same")].hosts == ["lab-r1-head", "lab-r1-tray01", "lab-r1-tray02", "lab-r1-tray03",
+                                                "lab-r1-tray04"]
+    topo = by[("topology.conf", "changed")]
+    assert topo.hosts == ["lab-r1-tray04"]
+    assert "-BlockName=lab-r1-p0 Nodes=lab-r1-tray[01-02]" in topo.diff
+    assert "+BlockName=lab-r1-p0 Nodes=lab-r1-tray[01-03]" in topo.diff
+    assert by[("gres.conf", "new")].hosts == ["lab-r1-tray04"]
+    assert d.munge["differs"] == ["lab-r1-tray02"] and len(d.munge["same"]) == 4
+    assert d.changes == 3
+    assert key not in json.dumps(d.to_dict())        # a digest is compared, never shown
+
+
+def test_judge_on_real_output(tmp_path):
+    _site, cfg = lab_config(tmp_path)
+    text = ((CAPTURED / "scontrol-show-node-o.txt").read_text() + "@@mctl-topology\n"
+            + (CAPTURED / "scontrol-show-topology.txt").read_text() + "@@mctl-config\n"
+            + "TopologyPlugin          = topology/block\nSwitchType              = switch/nvidia_imex\n")
+    v = judge(text, cfg, 1.0)
+    assert v.ok and v.blocks_match and v.unregistered == [] and v.drained == ["lab-r1-tray02"]
+    assert v.topology_plugin == "topology/block"
+
+
+def test_judge_reports_unregistered_and_wrong_blocks(tmp_path):
+    _site, cfg = lab_config(tmp_path)
+    nodes = (CAPTURED / "scontrol-show-node-o.txt").read_text().replace(
+        "State=IDLE ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A Partitions=gpu  BootTime="
+        "2026-11-29T19:17:41 SlurmdStartTime=2026-11-29T19:51:15 LastBusyTime=2026-11-29T19:51:15 "
+        "ResumeAfterTime=None CfgTRES=cpu=2,mem=23G,billing=2 AllocTRES= CurrentWatts=0 AveWatts=0 \n",
+        "State=DOWN*+NOT_RESPONDING ThreadsPerCore=1\n", 1)
+    topo = "BlockName=lab-r1-p0 BlockIndex=0 Nodes=lab-r1-tray[01-02] BlockSize=2\n"
+    v = judge(nodes + "@@mctl-topology\n" + topo + "@@mctl-config\nTopologyPlugin = topology/block\n", cfg, 3.0)
+    assert not v.ok and not v.blocks_match
+    assert v.unregistered == ["lab-r1-tray03"]
+    problems = " ".join(v.problems())
+    assert "lab-r1-tray03 DOWN*+NOT_RESPONDING" in problems and "does not match the partitions" in problems
+
+
+def test_plan_to_dict_has_no_secret(tmp_path):
+    site, cfg = lab_config(tmp_path)
+    plan = deploy.SlurmPlan(site, tmp_path, cfg, [cfg.controller] + site.compute_trays())
+    d = plan.to_dict()
+    assert d["munge_key"] == {"path": str(munge.key_path(tmp_path, "t")), "exists": False}
+    assert d["topology_plugin"] == "topology/block" and d["block_sizes"] == [1, 2]

@@ -1,0 +1,172 @@
+"""Slurm renderers against golden files, and the choices they make from version and settings.
+
+Regenerate the golden files after an intended change with:
+    MCTL_REGEN_GOLDEN=1 python -m pytest tests/unit/test_slurm_render.py
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mctl.errors import UsageError
+from mctl.inventory import load_site
+from mctl.sched.slurm import parse_slurmd_c, parse_version, render
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = REPO / "tests" / "fixtures" / "golden" / "slurm"
+REGEN = os.environ.get("MCTL_REGEN_GOLDEN") == "1"
+EXAMPLE = REPO / "inventories" / "example-gb200"
+
+
+def golden(folder: str, files: dict[str, str]) -> None:
+    where = GOLDEN / folder
+    if REGEN:
+        where.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (where / name).write_text(text)
+    assert sorted(files) == sorted(p.name for p in where.iterdir())
+    for name, text in files.items():
+        assert text == (where / name).read_text(), f"{folder}/{name} differs (MCTL_REGEN_GOLDEN=1 to update)"
+
+
+def gb200_hardware(site):
+    _name, hw = parse_slurmd_c((GOLDEN / "gb200-slurmd-C.txt").read_text())
+    return {t.name: hw for t in site.compute_trays()}
+
+
+@pytest.fixture(scope="module")
+def example():
+    return load_site(EXAMPLE)
+
+
+def write_site(tmp_path: Path, doc: dict) -> Path:
+    (tmp_path / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return tmp_path
+
+
+def lab_like(tmp_path: Path, *, slurm: dict | None = None, partitions=None, trays: int = 4, racks: int = 1):
+    doc = {"plugin": "mctl", "site": "lab", "racks": {}, "scheduler": {"type": "slurm", "cluster_name": "Lab",
+                                                                       "controller": "lab-r1-head"}}
+    for r in range(1, racks + 1):
+        rack = {"shape": {"compute_trays": trays, "switch_trays": 0},
+                "head": {"name": f"lab-r{r}-head", "address": f"127.77.{r}.100"},
+                "compute": {"nodes": f"lab-r{r}-tray[01-{trays:02d}]", "addresses": f"127.77.{r}.[1-{trays}]",
+                            "vars": {"slurmd_port": f"[{16000 + r * 100 + 1}-{16000 + r * 100 + trays}]"}}}
+        if partitions and r == 1:
+            rack["partitions"] = partitions
+        doc["racks"][f"lab-r{r}"] = rack
+    if slurm:
+        doc["scheduler"]["slurm"] = slurm
+    return load_site(write_site(tmp_path, doc))
+
+
+LAB_SETTINGS = {"cgroup_plugin": "disabled", "proctrack_type": "proctrack/linuxproc", "task_plugin": "task/none",
+                "jobacct_gather_type": "jobacct_gather/linux", "gpu_device_nodes": "create",
+                "communication_parameters": "NoCtldInAddrAny", "node_check_installed": True}
+
+
+def test_golden_example_block(example):
+    cfg = render(example, parse_version("slurm 24.11.5"), gb200_hardware(example))
+    golden("example-24.11", cfg.files)
+    assert cfg.plugin == "block" and cfg.imex
+    assert [b.name for b in cfg.blocks] == ["rack-a-p0", "rack-a-p1", "rack-b-all"]
+    assert cfg.block_sizes == [9, 18, 36]
+    # the example's blocks differ in size (9, 9, 18): the operator is told what that means
+    assert any("differ in size" in w for w in cfg.warnings)
+
+
+def test_golden_example_tree_fallback(example):
+    cfg = render(example, parse_version("slurm 23.02.7"), gb200_hardware(example))
+    golden("example-23.02", cfg.files)
+    assert cfg.plugin == "tree" and not cfg.imex and cfg.block_sizes == []
+    assert any("falling back to topology/tree" in w for w in cfg.warnings)
+    assert any("no switch/nvidia_imex" in w for w in cfg.warnings)
+    assert "SwitchType" not in cfg.files["slurm.conf"]
+
+
+def test_golden_lab_settings(tmp_path):
+    site = lab_like(tmp_path, slurm=LAB_SETTINGS,
+                    partitions=[{"name": "p0", "trays": "lab-r1-tray[01-02]"},
+                                {"name": "p1", "trays": "lab-r1-tray[03-04]"}])
+    _n, hw = parse_slurmd_c((GOLDEN / "captured" / "slurmd-C.txt").read_text())
+    cfg = render(site, parse_version((GOLDEN / "captured" / "slurmctld-V.txt").read_text()),
+                 {t.name: hw for t in site.compute_trays()})
+    golden("lab-24.11", cfg.files)
+    conf = cfg.files["slurm.conf"]
+    assert "ClusterName=lab\n" in conf                              # Slurm wants it lower case
+    assert "HealthCheckProgram=/usr/local/sbin/mctl-node-check\n" in conf
+    assert "Port=[16101-16104]" in conf and "NodeAddr=127.77.1.[1-4]" in conf
+    assert cfg.files["cgroup.conf"].splitlines()[1] == "CgroupPlugin=disabled"
+
+
+def test_health_check_only_when_installed(example):
+    cfg = render(example, parse_version("slurm 24.11.5"), gb200_hardware(example))
+    assert "HealthCheck" not in cfg.files["slurm.conf"]
+
+
+def test_block_without_block_sizes_on_23_11(example):
+    cfg = render(example, parse_version("slurm 23.11.10"), gb200_hardware(example))
+    assert cfg.plugin == "block" and not cfg.imex
+    assert "BlockSizes" not in cfg.files["topology.conf"]
+    assert "BlockName=rack-a-p0 Nodes=rack-a-tray[01-09]" in cfg.files["topology.conf"]
+    assert any("predates BlockSizes" in w for w in cfg.warnings)
+
+
+def test_explicit_block_on_old_slurm_refuses(tmp_path):
+    site = lab_like(tmp_path, slurm={"topology": "block"})
+    hw = parse_slurmd_c((GOLDEN / "captured" / "slurmd-C.txt").read_text())[1]
+    with pytest.raises(UsageError, match="has no topology/block"):
+        render(site, parse_version("slurm 23.02.1"), {t.name: hw for t in site.compute_trays()})
+
+
+def test_too_old_slurm_refuses(example):
+    with pytest.raises(UsageError, match=r"Slurm 21\.08\.8 on rack-a-head is too old") as exc:
+        render(example, parse_version("slurm 21.08.8"), gb200_hardware(example))
+    assert "nothing was changed" in exc.value.hint
+
+
+def test_disabled_cgroup_with_cgroup_plugins_refuses(tmp_path):
+    site = lab_like(tmp_path, slurm={"cgroup_plugin": "disabled"})
+    hw = parse_slurmd_c((GOLDEN / "captured" / "slurmd-C.txt").read_text())[1]
+    with pytest.raises(UsageError, match="proctrack/cgroup"):
+        render(site, parse_version("slurm 24.11.5"), {t.name: hw for t in site.compute_trays()})
+
+
+def test_missing_facts_refuse(example):
+    hw = gb200_hardware(example)
+    hw.pop("rack-b-tray07")
+    with pytest.raises(UsageError, match="rack-b-tray07"):
+        render(example, parse_version("slurm 24.11.5"), hw)
+
+
+def test_extra_overrides_and_adds(tmp_path):
+    site = lab_like(tmp_path, slurm={"extra": {"selecttypeparameters": "CR_Core", "MailProg": "/bin/true"}})
+    hw = parse_slurmd_c((GOLDEN / "captured" / "slurmd-C.txt").read_text())[1]
+    conf = render(site, parse_version("slurm 24.11.5"), {t.name: hw for t in site.compute_trays()}).files["slurm.conf"]
+    assert "selecttypeparameters=CR_Core\n" in conf and "CR_Core_Memory" not in conf
+    assert conf.count("MailProg=/bin/true") == 1
+
+
+def test_node_lines_split_when_hardware_or_ports_differ(tmp_path):
+    site = lab_like(tmp_path, trays=4)
+    small = parse_slurmd_c("NodeName=x CPUs=2 Boards=1 SocketsPerBoard=1 CoresPerSocket=2 ThreadsPerCore=1 "
+                           "RealMemory=4000")[1]
+    big = parse_slurmd_c("NodeName=x CPUs=4 Boards=1 SocketsPerBoard=1 CoresPerSocket=4 ThreadsPerCore=1 "
+                         "RealMemory=8000")[1]
+    hw = {"lab-r1-tray01": small, "lab-r1-tray02": small, "lab-r1-tray03": big, "lab-r1-tray04": small}
+    lines = [ln for ln in render(site, parse_version("slurm 24.11.5"), hw).files["slurm.conf"].splitlines()
+             if ln.startswith("NodeName=")]
+    assert lines[0].startswith("NodeName=lab-r1-tray[01-02] NodeAddr=127.77.1.[1-2] Port=[16101-16102] CPUs=2 ")
+    assert lines[1].startswith("NodeName=lab-r1-tray03 NodeAddr=127.77.1.3 Port=16103 CPUs=4 ")
+    assert lines[2].startswith("NodeName=lab-r1-tray04 NodeAddr=127.77.1.4 Port=16104 CPUs=2 ")
+    assert "RealMemory=3072" in lines[0]          # rounded down to whole GiB
+
+
+def test_topology_only_renders_topology_alone(example):
+    cfg = render(example, parse_version("slurm 24.11.5"), None, topology_only=True)
+    assert list(cfg.files) == ["topology.conf"]
+    assert cfg.files["topology.conf"] == (GOLDEN / "example-24.11" / "topology.conf").read_text()
