@@ -282,29 +282,28 @@ def test_mctl_status_logic_reads_the_emulated_domain(make_domain):
 
 # ------------------------------------------------------------------ the lab
 
-RESTART = ("pid=$(cat /run/nvidia-imex/nvidia-imex.pid 2>/dev/null); "
-           "if [ -n \"$pid\" ]; then kill \"$pid\" 2>/dev/null; "
-           "for i in $(seq 50); do kill -0 \"$pid\" 2>/dev/null || break; sleep 0.1; done; fi; "
-           "nvidia-imex -c /etc/nvidia-imex/config.cfg")
-
-
 @pytest.mark.lab
 def test_imex_apply_and_status_on_the_lab(lab, tmp_path):
-    """mctl imex apply/status over real SSH to lab trays running the emulators (installed here if the lab lacks them)."""
+    """mctl imex apply/status over real SSH to lab trays; the daemon runs as the nvidia-imex unit under the image's
+    systemctl (emulator, ctl and unit are installed here when the lab does not install them itself)."""
     import base64
 
     import yaml
 
+    from mctl.lab.emulators.imex_daemon import SYSTEMD_UNIT
+
     for tray in lab.trays:
-        if lab.run(tray, "command -v nvidia-imex-ctl", check=False).returncode != 0:
-            for src, dest in (("imex_daemon.py", "/usr/bin/nvidia-imex"), ("imex_ctl.py", "/usr/bin/nvidia-imex-ctl")):
-                data = base64.b64encode((EMULATORS / src).read_bytes()).decode()
-                lab.run(tray, f"echo {data} | base64 -d > {dest} && chmod 755 {dest}")
+        if lab.run(tray, "test -x /usr/bin/nvidia-imex-ctl -a -f /lib/systemd/system/nvidia-imex.service",
+                   check=False).returncode != 0:
+            for data, dest, mode in (((EMULATORS / "imex_daemon.py").read_bytes(), "/usr/bin/nvidia-imex", 755),
+                                     ((EMULATORS / "imex_ctl.py").read_bytes(), "/usr/bin/nvidia-imex-ctl", 755),
+                                     (SYSTEMD_UNIT.encode(), "/lib/systemd/system/nvidia-imex.service", 644)):
+                encoded = base64.b64encode(data).decode()
+                lab.run(tray, f"echo {encoded} | base64 -d > {dest} && chmod {mode} {dest}")
     doc = yaml.safe_load(lab.inventory.read_text())
     half = len(lab.trays) // 2
     doc["racks"][lab.rack]["partitions"] = [
         {"name": "p0", "trays": ",".join(lab.trays[:half])}, {"name": "p1", "trays": ",".join(lab.trays[half:])}]
-    doc.setdefault("vars", {})["imex"] = {"restart_command": RESTART}
     inv = tmp_path / "mctl.yml"
     inv.write_text(yaml.safe_dump(doc, sort_keys=False))
     try:
@@ -335,5 +334,4 @@ def test_imex_apply_and_status_on_the_lab(lab, tmp_path):
         assert lab.mctl("-i", str(inv), "imex", "status", lab.rack).returncode == 0
     finally:
         for tray in lab.trays:
-            lab.run(tray, "pid=$(cat /run/nvidia-imex/nvidia-imex.pid 2>/dev/null) && kill \"$pid\"; true",
-                    check=False)
+            lab.run(tray, "systemctl stop nvidia-imex", check=False)

@@ -46,6 +46,26 @@ import sys
 import threading
 import time
 
+# The unit the lab installs as /lib/systemd/system/nvidia-imex.service, shaped like the packaged one
+# (Type=forking: the daemon returns once it listens; the PID file lets a systemctl without systemd track it).
+SYSTEMD_UNIT = """[Unit]
+Description=NVIDIA IMEX service
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+User=root
+Type=forking
+PIDFile=/run/nvidia-imex/nvidia-imex.pid
+TimeoutStartSec=infinity
+ExecStart=/usr/bin/nvidia-imex -c /etc/nvidia-imex/config.cfg
+ExecReload=/bin/kill -HUP $MAINPID
+Restart=on-failure
+RestartSec=10
+
+[Install]
+WantedBy=multi-user.target
+"""
 DEFAULT_CONFIG = "/etc/nvidia-imex/config.cfg"
 DEFAULT_PID_FILE = "/run/nvidia-imex/nvidia-imex.pid"
 DEFAULT_VERSION = "570.172"
