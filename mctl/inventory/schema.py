@@ -101,6 +101,16 @@ class SlurmSettings(Strict):
 class K8sSettings(Strict):
     kubeconfig: str | None = None
     namespace: str = "gpu-operator"
+    # Optional; see docs/scheduler.md.
+    context: str | None = None                     # kubeconfig context (default: its current-context)
+    dra_namespace: str = "nvidia-dra-driver-gpu"
+    workload_namespace: str = "default"            # ComputeDomains and example workloads
+    operator_manages_driver: bool = False          # False: the trays' image delivers the NVIDIA driver
+    dra_gpu_resources: bool = False                # True: the DRA driver also serves GPUs (not only IMEX channels)
+    helm_repo: str | None = None                   # NVIDIA's Helm repository URL (install.sh asks when unset)
+    gpu_operator_version: str | None = None
+    dra_driver_version: str | None = None
+    example_image: str = "ubuntu:24.04"
 
 
 class SchedulerSpec(Strict):
