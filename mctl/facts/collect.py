@@ -221,5 +221,11 @@ async def collect_facts(pool: "SSHPool", targets: Sequence["SSHTarget"], *,
     smi_timeout = max(1.0, command_timeout - SMI_MARGIN)
     nonce = secrets.token_hex(8)
     script = facts_script(nonce, smi_timeout=smi_timeout)
-    results = await pool.run(targets, script, timeout=command_timeout)
-    return [tray_facts(r, nonce, smi_timeout=smi_timeout) for r in results]
+    facts: dict[str, TrayFacts] = {}
+
+    def parse(result: "HostResult") -> None:
+        # parse each tray as it answers, while slower trays are still running
+        facts[result.host] = tray_facts(result, nonce, smi_timeout=smi_timeout)
+
+    await pool.run(targets, script, timeout=command_timeout, on_result=parse)
+    return [facts[t.name] for t in targets]
