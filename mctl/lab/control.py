@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from ClusterShell.NodeSet import NodeSet
 
@@ -33,6 +34,7 @@ INVENTORY = "mctl.yml"
 KNOWN_HOSTS = "known_hosts"
 KEY = "ssh/id_ed25519"
 MARKER_ENV = "MCTL_LAB_DIR"
+ADDRESS_LOCK = Path(tempfile.gettempdir()) / "mctl-lab-addresses.lock"
 
 
 def _quiet(_msg: str) -> None:
@@ -124,7 +126,9 @@ def lab_processes(lab_dir: Path, table: dict[int, procs.Proc] | None = None) -> 
 # --- up -----------------------------------------------------------------------------------------
 
 def up(lab_dir: Path, *, racks: int = 1, trays: int = 18, name: str = "lab", net: int = DEFAULT_NET,
-       images_dir: Path = REPO_IMAGES, progress: Progress = _quiet, timeout: float = 180.0) -> UpResult:
+       images_dir: Path = REPO_IMAGES, progress: Progress = _quiet, timeout: float = 180.0,
+       rack_services: Sequence[services.RackService] | None = None) -> UpResult:
+    """Start a lab in *lab_dir*. *rack_services* defaults to the registry (services.RACK_SERVICES)."""
     from mctl.state.lock import file_lock
 
     started = time.monotonic()
@@ -132,6 +136,7 @@ def up(lab_dir: Path, *, racks: int = 1, trays: int = 18, name: str = "lab", net
         layout = LabLayout(name, racks, trays, net)
     except ValueError as exc:
         raise UsageError(f"invalid lab shape: {exc}", hint="e.g. mctl lab up --racks 1 --trays 18") from None
+    rack_svcs = list(services.RACK_SERVICES if rack_services is None else rack_services)
     spec = image.load_spec(images_dir / f"{IMAGE_NAME}.yml")
     prereq.require(need_build=not image.is_built(spec))
     files = LabFiles(Path(lab_dir).resolve())
@@ -143,41 +148,47 @@ def up(lab_dir: Path, *, racks: int = 1, trays: int = 18, name: str = "lab", net
                              hint=f"see it with 'mctl lab status --dir {files.dir}', "
                                   f"stop it with 'mctl lab down --dir {files.dir}'")
         _remove_lab_files(files)            # leftovers of a lab whose processes are gone
-        busy = _addresses_in_use(layout)
-        if busy:
-            raise UsageError(f"address {busy[0]} is already in use on this machine (another lab?)",
-                             hint="stop the other lab, or give this one other addresses with --net N "
-                                  f"(127.N.R.T; now {layout.net})")
+        _check_addresses(layout, rack_svcs)
         image_dir = image.build(spec, progress)
         rootfs = image_dir / "rootfs"
-        write_json(files.record, {"name": name, "racks": racks, "trays": trays, "net": net,
-                                  "image": {"name": spec.name, "key": spec.key, "dir": str(image_dir)},
-                                  "created_at": time.time(), "state": "starting", "pid": os.getpid()})
-        try:
-            progress(f"starting {len(layout.hosts())} hosts ({racks} rack(s) x {trays} trays + head)")
-            missing = _start_hosts(files, layout, rootfs)
-            _wait_ready(files, layout, timeout)
-            _start_rack_services(files, layout)
-            record = load_record(files.dir) or {}
-            record["state"] = "up"
-            record["up_seconds"] = round(time.monotonic() - started, 2)
-            write_json(files.record, record)
-        except BaseException:
-            progress("start failed; stopping what was started")
-            _stop_processes(files.dir)
-            raise
+        # Two labs starting at once (an operator's and a test run's) must not both take
+        # an address: checking and binding happen under one machine-wide lock.
+        with file_lock(ADDRESS_LOCK, purpose=f"mctl lab up {files.dir}", timeout=600, label="lab addresses"):
+            _check_addresses(layout, rack_svcs)
+            write_json(files.record, {
+                "name": name, "racks": racks, "trays": trays, "net": net,
+                "image": {"name": spec.name, "key": spec.key, "dir": str(image_dir)},
+                "rack_services": [{"name": s.name, "port": s.port} for s in rack_svcs],
+                "created_at": time.time(), "state": "starting", "pid": os.getpid()})
+            try:
+                progress(f"starting {len(layout.hosts())} hosts ({racks} rack(s) x {trays} trays + head)")
+                missing = _start_hosts(files, layout, rootfs, rack_svcs)
+                _wait_ready(files, layout, timeout)
+                _start_rack_services(files, layout, rack_svcs)
+                record = load_record(files.dir) or {}
+                record["state"] = "up"
+                record["up_seconds"] = round(time.monotonic() - started, 2)
+                write_json(files.record, record)
+            except BaseException:
+                progress("start failed; stopping what was started")
+                _stop_processes(files.dir)
+                raise
     return UpResult(files.dir, files.inventory, layout, time.monotonic() - started, image_dir, missing)
 
 
-def _addresses_in_use(layout: LabLayout) -> list[str]:
+def _check_addresses(layout: LabLayout, rack_svcs: Sequence[services.RackService]) -> None:
     listening = procs.listening_tcp()
     wanted = [(h.address, 22) for h in layout.hosts()]
-    wanted += [(layout.service_address(r), s.port) for r in range(1, layout.racks + 1)
-               for s in services.RACK_SERVICES if s.port]
-    return [f"{a}:{p}" for a, p in wanted if (a, p) in listening or ("0.0.0.0", p) in listening and p != 22]
+    wanted += [(layout.service_address(r), s.port) for r in range(1, layout.racks + 1) for s in rack_svcs if s.port]
+    busy = [f"{a}:{p}" for a, p in wanted if (a, p) in listening or ("0.0.0.0", p) in listening and p != 22]
+    if busy:
+        raise UsageError(f"address {busy[0]} is already in use on this machine (another lab?)",
+                         hint="stop the other lab, or give this one other addresses with --net N "
+                              f"(127.N.R.T; now {layout.net})")
 
 
-def _start_hosts(files: LabFiles, layout: LabLayout, rootfs: Path) -> list[str]:
+def _start_hosts(files: LabFiles, layout: LabLayout, rootfs: Path,
+                 rack_svcs: Sequence[services.RackService]) -> list[str]:
     lab_key = keys.ed25519(f"mctl-lab@{layout.name}")
     atomic_write(files.key, lab_key.private_openssh, mode=0o600)
     atomic_write(files.key.with_suffix(".pub"), lab_key.public_line + "\n")
@@ -196,7 +207,8 @@ def _start_hosts(files: LabFiles, layout: LabLayout, rootfs: Path) -> list[str]:
     # known_hosts before any host starts: the first connection is already verified.
     atomic_write(files.known_hosts, "\n".join(known) + "\n")
     atomic_write(files.inventory, inventory(layout, identity_file=files.key, known_hosts=files.known_hosts,
-                                            images_dir=REPO_IMAGES, rack_extra=_rack_inventory(files, layout)))
+                                            images_dir=REPO_IMAGES,
+                                            rack_extra=_rack_inventory(files, layout, rack_svcs)))
     for h in layout.hosts():
         hosts.spawn(files.host(h.name), rootfs)
     return sorted(missing)
@@ -239,8 +251,11 @@ def _wait_ready(files: LabFiles, layout: LabLayout, timeout: float) -> None:
     pending = set(want)
     next_dead_check = time.monotonic() + 2
     while pending:
-        listening = procs.listening_tcp()
-        pending = {n for n in pending if not all(w in listening for w in want[n])}
+        listening = procs.listening_sockets()
+        maybe = {n for n in pending if all(w in listening for w in want[n])}
+        if maybe:
+            table = procs.scan()
+            pending -= {n for n in maybe if _owns_sockets(files.host(n), table, {listening[w] for w in want[n]})}
         if not pending:
             return
         now = time.monotonic()
@@ -260,6 +275,17 @@ def _wait_ready(files: LabFiles, layout: LabLayout, timeout: float) -> None:
         time.sleep(0.1)
 
 
+def _owns_sockets(paths: hosts.HostPaths, table: dict[int, procs.Proc], inodes: set[int]) -> bool:
+    """Whether the listening sockets are this host's own (and not another lab's on the same address)."""
+    init = hosts.init_proc(paths, table)
+    if init is None:
+        return False
+    held: set[int] = set()
+    for p in procs.in_namespace(table, init):
+        held |= procs.socket_inodes(p.pid)
+    return inodes <= held
+
+
 def _console_hint(files: LabFiles, name: str) -> str:
     try:
         tail = files.host(name).console.read_text().strip().splitlines()[-3:]
@@ -274,24 +300,27 @@ def _rack_context(files: LabFiles, layout: LabLayout, rack: str) -> services.Rac
     return services.RackContext(layout, rack, r, layout.service_address(r), files.dir, files.rack_dir(rack))
 
 
-def _rack_inventory(files: LabFiles, layout: LabLayout) -> dict[str, dict]:
+def _rack_inventory(files: LabFiles, layout: LabLayout,
+                    rack_svcs: Sequence[services.RackService]) -> dict[str, dict]:
     extra: dict[str, dict] = {}
     for rack in layout.rack_names():
         ctx = _rack_context(files, layout, rack)
-        for svc in services.RACK_SERVICES:
+        for svc in rack_svcs:
             if svc.inventory is not None:
                 extra.setdefault(rack, {}).update(svc.inventory(ctx))
     return extra
 
 
-def _start_rack_services(files: LabFiles, layout: LabLayout) -> None:
+def _start_rack_services(files: LabFiles, layout: LabLayout, rack_svcs: Sequence[services.RackService]) -> None:
     import subprocess
 
     wanted: list[tuple[str, int]] = []
     for rack in layout.rack_names():
         ctx = _rack_context(files, layout, rack)
         ctx.log_dir.mkdir(parents=True, exist_ok=True)
-        for svc in services.RACK_SERVICES:
+        for svc in rack_svcs:
+            if svc.prepare is not None:
+                svc.prepare(ctx)
             with open(ctx.log_dir / f"{svc.name}.log", "ab") as log:
                 proc = subprocess.Popen(
                     ["setsid", "-f", "unshare", "--pid", "--fork", "--kill-child", "--",
@@ -414,8 +443,8 @@ def status(lab_dir: Path) -> dict:
     racks = []
     for rack in layout.rack_names():
         ctx = _rack_context(files, layout, rack)
-        for svc in services.RACK_SERVICES:
-            racks.append(_rack_service_status(files, ctx, svc, table, listening))
+        for svc in record.get("rack_services", []):
+            racks.append(_rack_service_status(files, ctx, svc["name"], svc.get("port"), table, listening))
     running = sum(1 for r in rows if r["running"])
     total_rss = sum(p.rss_kb for p in stray)
     return {
@@ -466,14 +495,15 @@ def _host_status(files: LabFiles, layout: LabLayout, h: LabHost, table: dict[int
     return row
 
 
-def _rack_service_status(files: LabFiles, ctx: services.RackContext, svc: services.RackService,
+def _rack_service_status(files: LabFiles, ctx: services.RackContext, name: str, port: int | None,
                          table: dict[int, procs.Proc], listening: set) -> dict:
-    marker = f"MCTL_LAB_SERVICE={ctx.rack}/{svc.name}"
+    marker = f"MCTL_LAB_SERVICE={ctx.rack}/{name}"
     launcher = next((p for p in lab_launchers(files.dir, table) if marker in p.cmdline), None)
-    child = procs.children(table, launcher.pid)[0] if launcher and procs.children(table, launcher.pid) else None
-    return {"rack": ctx.rack, "name": svc.name, "address": ctx.address, "port": svc.port,
-            "pid": child.pid if child else None, "running": child is not None,
-            "listening": (ctx.address, svc.port) in listening if svc.port else None}
+    kids = procs.children(table, launcher.pid) if launcher else []
+    members = procs.in_namespace(table, kids[0]) if kids else []
+    return {"rack": ctx.rack, "name": name, "address": ctx.address, "port": port,
+            "pid": kids[0].pid if kids else None, "running": bool(kids), "processes": len(members),
+            "listening": (ctx.address, port) in listening if port else None}
 
 
 # --- fault --------------------------------------------------------------------------------------

@@ -68,6 +68,23 @@ def in_namespace(procs: dict[int, Proc], init: Proc) -> list[Proc]:
     return sorted((p for p in procs.values() if p.pidns == init.pidns), key=lambda p: (p.pid != init.pid, p.pid))
 
 
+def socket_inodes(pid: int) -> set[int]:
+    """Inodes of the sockets process *pid* holds open."""
+    out: set[int] = set()
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for fd in names:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out.add(int(target[8:-1]))
+    return out
+
+
 def listening_sockets() -> dict[tuple[str, int], int]:
     """(address, port) -> socket inode of every IPv4 TCP socket in LISTEN state on this machine."""
     out: dict[tuple[str, int], int] = {}

@@ -65,6 +65,9 @@ class RackService:
     name: str
     argv: Callable[[RackContext], list[str]]
     port: int | None = None          # TCP port on the rack's service address
+    # Run on the machine before the service starts, once the hosts are up (write a config
+    # naming the trays' files through mctl.lab.hosts.host_path, credentials, ...).
+    prepare: Callable[[RackContext], None] | None = None
     # Keys merged into the rack's entry of the lab inventory (e.g. an NMX-M emulator's
     # `nmx: {url, credentials_file}`), so the lab stays an ordinary site.
     inventory: Callable[[RackContext], dict] | None = None

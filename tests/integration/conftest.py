@@ -34,6 +34,7 @@ because the lab is shared by the session.
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -98,10 +99,12 @@ def _free_net() -> int:
     from mctl.lab.procs import listening_tcp
 
     used = {int(addr.split(".")[1]) for addr, _port in listening_tcp() if addr.startswith("127.")}
-    for net in range(201, 255):
-        if net not in used:
-            return net
-    pytest.skip("no free 127.N.0.0/16 block for a test lab")
+    free = [net for net in range(201, 255) if net not in used]
+    if not free:
+        pytest.skip("no free 127.N.0.0/16 block for a test lab")
+    # Random, so two test sessions starting together rarely pick the same block
+    # (and `lab up` refuses a taken one under its machine-wide address lock).
+    return random.choice(free)
 
 
 def lab_skip_reason() -> str | None:
@@ -124,8 +127,17 @@ def lab(tmp_path_factory) -> LabHandle:
     trays = int(os.environ.get(TRAYS_ENV) or 4)
     state_dir = tmp_path_factory.mktemp("mctl-state")
     lab_dir = state_dir / "lab"
-    net = _free_net()
-    result = control.up(lab_dir, racks=1, trays=trays, net=net, progress=lambda m: sys.stderr.write(f"[lab] {m}\n"))
+    from mctl.errors import UsageError
+
+    for attempt in range(3):
+        net = _free_net()
+        try:
+            result = control.up(lab_dir, racks=1, trays=trays, net=net,
+                                progress=lambda m: sys.stderr.write(f"[lab] {m}\n"))
+            break
+        except UsageError as exc:          # another session took the block meanwhile
+            if "already in use" not in exc.message or attempt == 2:
+                raise
     layout = result.layout
     env = dict(os.environ, MCTL_STATE_DIR=str(state_dir), MCTL_INVENTORY=str(result.dir), NO_COLOR="1")
     handle = LabHandle(

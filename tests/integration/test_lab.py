@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
+import urllib.request
 import uuid
 
 import pytest
@@ -14,6 +16,7 @@ from mctl.facts.nvidia_smi import parse_nvlink_status, parse_xml
 from mctl.inventory import load_site
 from mctl.lab import control, procs
 from mctl.lab.faults import FaultRequest
+from mctl.lab.services import RackService
 from tests.unit.cli_helpers import run_cli
 
 pytestmark = pytest.mark.lab
@@ -215,12 +218,29 @@ def test_unreachable_and_hang_look_like_real_failures(lab):
         lab.clear_faults(tray)
 
 
-def test_teardown_leaves_nothing(tmp_path):
-    """A lab of its own (one tray) so the shared one stays up: down kills even daemons that detached."""
+def test_rack_service_and_teardown_leave_nothing(tmp_path):
+    """A lab of its own (one tray, one rack service) so the shared one stays up.
+
+    The rack service is a real HTTP server on the rack's service address, prepared,
+    added to the inventory and stopped through the registry's hooks; `down` kills
+    everything, even a daemon that detached from its SSH session.
+    """
     from tests.integration.conftest import _free_net
 
+    web = RackService(
+        "web", port=18080,
+        prepare=lambda ctx: (ctx.log_dir / "rack.txt").write_text(ctx.rack),
+        argv=lambda ctx: [sys.executable, "-m", "http.server", "--bind", ctx.address, "--directory",
+                          str(ctx.log_dir), "18080"],
+        inventory=lambda ctx: {"nmx": {"url": f"http://{ctx.address}:18080", "credentials_file": "nmx.cred"}})
     lab_dir = tmp_path / "lab"
-    res = control.up(lab_dir, racks=1, trays=1, net=_free_net())
+    res = control.up(lab_dir, racks=1, trays=1, net=_free_net(), rack_services=[web])
+    url = load_site(res.inventory).racks["lab-r1"].nmx.url
+    assert url == f"http://{res.layout.service_address(1)}:18080"
+    assert urllib.request.urlopen(url + "/rack.txt", timeout=10).read() == b"lab-r1"
+    svc = control.status(res.dir)["rack_services"]
+    assert [(s["name"], s["running"], s["listening"]) for s in svc] == [("web", True, True)]
+
     argv = control.ssh_argv(lab_dir, "lab-r1-tray01", ["setsid -f sleep 1000 </dev/null >/dev/null 2>&1; echo ok"],
                             tty=False)
     assert subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip() == "ok"
@@ -231,6 +251,6 @@ def test_teardown_leaves_nothing(tmp_path):
     assert not lab_dir.exists()
     assert all(procs.read(pid) is None or procs.read(pid).state == "Z" for pid in pids)
     assert procs.mounts_mentioning(str(lab_dir)) == []
-    addresses = {(h.address, 22) for h in res.layout.hosts()}
+    addresses = {(h.address, 22) for h in res.layout.hosts()} | {(res.layout.service_address(1), 18080)}
     assert not addresses & procs.listening_tcp()
     assert control.down(res.dir).stopped == 0          # nothing running: no error
