@@ -148,16 +148,78 @@ class _Events:
 @app.command("k8s")
 def k8s(
     render_dir: Annotated[Optional[Path], typer.Option("--render", metavar="DIR",
-                                                       help="Write the manifests and Helm values to DIR; "
-                                                            "touch no cluster.")] = None,
+                                                       help="Write the manifests, Helm values and install script to "
+                                                            "DIR; touch no cluster.")] = None,
+    kubeconfig: Annotated[Optional[Path], typer.Option("--kubeconfig", metavar="PATH",
+                                                       help="Kubeconfig (default: scheduler.k8s.kubeconfig, "
+                                                            "KUBECONFIG, ~/.kube/config).")] = None,
+    context: Annotated[Optional[str], typer.Option("--context", help="Kubeconfig context to use.")] = None,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """Kubernetes for GB200: GPU Operator and DRA driver values, labels, ComputeDomains, KAI topology.
 
+    With --render DIR everything an operator needs is written (Helm values and an
+    install script, node labels, one ComputeDomain and one example Job per NVLink
+    partition, the KAI Scheduler Topology). Without it the labels, ComputeDomains
+    and Topology are applied through the Kubernetes API, after checks that change
+    nothing when they fail. Exit 2 for bad input or a cluster not ready, 3 when the
+    API cannot be reached or a write failed.
+
     Example: mctl -i inventories/example-gb200 deploy k8s --render out/k8s
     """
-    from mctl.sched.k8s.deploy import run_k8s
+    from mctl.sched.k8s import KubeClient, apply_k8s, plan_k8s, render_k8s
+    from mctl.sched.k8s import kubeconfig as kc
+    from mctl.sched.k8s.manifests import settings_of
+    from mctl.sched.site import check_scheduler
 
     opts = options()
-    run_k8s(opts.site(), render_dir=render_dir, dry_run=dry_run, as_json=want_json(json_))
+    site = opts.site()
+    as_json = want_json(json_)
+    check_scheduler(site, "k8s")
+    bundle = render_k8s(site)
+    if not as_json:
+        for w in bundle.warnings:
+            render.warn(w)
+    if render_dir is not None:
+        written = [] if dry_run else _write_bundle(bundle, render_dir)
+        if as_json:
+            render.print_json({"dry_run": dry_run, "dir": str(render_dir), **bundle.to_dict()})
+            return
+        con = render.console()
+        for rel in sorted(bundle.files):
+            con.print(f"{'would write' if dry_run else 'wrote'} {render_dir / rel}", markup=False, highlight=False)
+        if not dry_run:
+            con.print(f"{len(written)} files; next: see {render_dir / 'README.md'}", markup=False, highlight=False)
+        return
+    settings = settings_of(site)
+    path = kubeconfig or ((site.root / settings.kubeconfig) if settings.kubeconfig else kc.default_path())
+    client = KubeClient(kc.load(path, context or settings.context))
+    plan = plan_k8s(bundle, client)
+    if not dry_run:
+        apply_k8s(plan, client)
+    if as_json:
+        render.print_json({"dry_run": dry_run, **plan.to_dict()})
+        return
+    con = render.console()
+    con.print(f"Kubernetes {plan.server_version} at {plan.server} (context {plan.context})", markup=False,
+              highlight=False)
+    for w in plan.warnings:
+        render.warn(w)
+    verb = {"create": "would create" if dry_run else "created", "update": "would update" if dry_run else "updated",
+            "unchanged": "unchanged", "skip": "skipped"}
+    for c in plan.changes:
+        where = f"{c.namespace}/" if c.namespace else ""
+        con.print(f"  {verb[c.action]:<13} {c.kind} {where}{c.name}{'  ' + c.detail if c.detail else ''}",
+                  markup=False, highlight=False)
+    con.print(f"{len(plan.pending)} change(s){'; nothing changed (--dry-run)' if dry_run else ''}", markup=False,
+              highlight=False)
+
+
+def _write_bundle(bundle, folder: Path) -> list[Path]:
+    from mctl.state import atomic_write
+
+    out = []
+    for rel, text in sorted(bundle.files.items()):
+        out.append(atomic_write(folder / rel, text, mode=0o755 if rel.endswith(".sh") else 0o644))
+    return out

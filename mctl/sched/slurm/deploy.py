@@ -21,20 +21,11 @@ from typing import Callable
 from mctl.errors import UsageError
 from mctl.model.site import Host, Site, fold
 from mctl.sched.slurm import munge
+from mctl.sched.site import check_scheduler
 from mctl.sched.slurm.render import SlurmConfig, controller_of, render, settings_of
 
 PLAYBOOK = "slurm"
 RUN_KIND = "deploy-slurm"
-
-
-def check_scheduler(site: Site, wanted: str) -> None:
-    """The command must match the inventory's scheduler, or nothing is done."""
-    if site.scheduler is None:
-        raise UsageError(f"the inventory has no scheduler section, so there is nothing to deploy for {wanted}",
-                         hint=f"add 'scheduler: {{type: {wanted}, controller: <head node>}}' to {site.file}")
-    if site.scheduler.type != wanted:
-        raise UsageError(f"the inventory's scheduler is {site.scheduler.type}, not {wanted}",
-                         hint=f"run 'mctl deploy {site.scheduler.type}', or change scheduler.type in {site.file}")
 
 
 @dataclass

@@ -1,0 +1,139 @@
+"""A small Kubernetes API client (stdlib HTTP): get, create, merge-patch; typed errors.
+
+mctl needs a handful of calls on a few kinds, so it speaks the REST API
+directly instead of carrying a client library: paths follow the API
+conventions (`/api/v1/...` for the core group, `/apis/<group>/<version>/...`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from mctl.errors import MctlError, EXIT_PARTIAL, UsageError
+from mctl.sched.k8s.kubeconfig import Connection
+
+
+class ClusterUnreachable(MctlError):
+    """The API server did not answer: nothing could be checked or applied."""
+
+    exit_code = EXIT_PARTIAL
+
+
+class ApiError(MctlError):
+    def __init__(self, status: int, message: str, hint: str | None = None):
+        super().__init__(message, hint, exit_code=EXIT_PARTIAL)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Kind:
+    group: str
+    version: str
+    plural: str
+    namespaced: bool
+
+    @property
+    def base(self) -> str:
+        return f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
+
+    def collection(self, namespace: str | None) -> str:
+        return f"{self.base}/namespaces/{namespace}/{self.plural}" if self.namespaced else f"{self.base}/{self.plural}"
+
+    def path(self, name: str, namespace: str | None) -> str:
+        return f"{self.collection(namespace)}/{name}"
+
+
+KINDS: dict[str, Kind] = {
+    "Namespace": Kind("", "v1", "namespaces", False),
+    "Node": Kind("", "v1", "nodes", False),
+    "ComputeDomain": Kind("resource.nvidia.com", "v1beta1", "computedomains", True),
+    "Topology": Kind("kai.scheduler", "v1alpha1", "topologies", False),
+}
+
+
+class KubeClient:
+    def __init__(self, conn: Connection, timeout: float = 10.0):
+        self.conn = conn
+        self.timeout = timeout
+        self._ssl = conn.ssl_context()
+
+    def _request(self, method: str, path: str, body: Any = None,
+                 content_type: str = "application/json") -> tuple[int, Any]:
+        headers = {"Accept": "application/json", "User-Agent": "mctl"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = content_type
+        if self.conn.token:
+            headers["Authorization"] = f"Bearer {self.conn.token}"
+        elif self.conn.basic:
+            raw = f"{self.conn.basic[0]}:{self.conn.basic[1]}".encode()
+            headers["Authorization"] = "Basic " + base64.b64encode(raw).decode()
+        req = urllib.request.Request(self.conn.server + path, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=self._ssl) as resp:
+                return resp.status, _json(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, _json(exc.read())
+        except (urllib.error.URLError, socket.timeout, ConnectionError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ClusterUnreachable(f"cannot reach the Kubernetes API at {self.conn.server} "
+                                     f"(context {self.conn.context}): {reason}; nothing was applied",
+                                     hint="check the kubeconfig's server and that the API server is up") from None
+
+    def _check(self, status: int, body: Any, what: str) -> Any:
+        if status in (401, 403):
+            raise UsageError(f"the Kubernetes API refused {what} ({status}): {_message(body)}",
+                             hint=f"the credentials of context {self.conn.context} lack the rights")
+        if status >= 400:
+            raise ApiError(status, f"{what} failed ({status}): {_message(body)}")
+        return body
+
+    def version(self) -> dict:
+        status, body = self._request("GET", "/version")
+        return self._check(status, body, "GET /version")
+
+    def has_api(self, group: str, version: str, plural: str) -> bool:
+        path = f"/apis/{group}/{version}" if group else f"/api/{version}"
+        status, body = self._request("GET", path)
+        if status == 404:
+            return False
+        body = self._check(status, body, f"GET {path}")
+        return any(r.get("name") == plural for r in (body or {}).get("resources", []))
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict | None:
+        path = KINDS[kind].path(name, namespace)
+        status, body = self._request("GET", path)
+        if status == 404:
+            return None
+        return self._check(status, body, f"GET {path}")
+
+    def create(self, obj: dict) -> dict:
+        meta = obj["metadata"]
+        path = KINDS[obj["kind"]].collection(meta.get("namespace"))
+        status, body = self._request("POST", path, obj)
+        return self._check(status, body, f"create {obj['kind']} {meta['name']}")
+
+    def merge_patch(self, kind: str, name: str, namespace: str | None, patch: dict) -> dict:
+        path = KINDS[kind].path(name, namespace)
+        status, body = self._request("PATCH", path, patch, "application/merge-patch+json")
+        return self._check(status, body, f"patch {kind} {name}")
+
+
+def _json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return {"message": raw[:200].decode("utf-8", "replace")}
+
+
+def _message(body: Any) -> str:
+    if isinstance(body, dict):
+        return str(body.get("message") or body.get("reason") or body)[:300]
+    return str(body)[:300]
