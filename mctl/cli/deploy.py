@@ -51,8 +51,7 @@ def slurm(
         else:
             _print_diff(plan, diff)
         return
-    events = _Events(live=render.interactive() and not as_json)
-    result = apply(plan, on_event=events, verify=not no_verify)
+    result = apply(plan, on_event=_failure_lines, verify=not no_verify)
     if as_json:
         render.print_json(result.to_dict())
     else:
@@ -133,16 +132,11 @@ def _print_result(result) -> None:
     con.print(f"run folder: {run.run_dir}", markup=False, highlight=False)
 
 
-class _Events:
-    """Failures as they happen; on a terminal, the task each host is on."""
-
-    def __init__(self, live: bool):
-        self.live = live
-
-    def __call__(self, ev) -> None:
-        if ev.kind in ("failed", "unreachable"):
-            render.err_console().print(f"{ev.host}: {ev.kind} at '{ev.task}': {ev.message}", markup=False,
-                                       highlight=False)
+def _failure_lines(ev) -> None:
+    """Hosts that fail show up while the playbook still runs on the others."""
+    if ev.kind in ("failed", "unreachable"):
+        render.err_console().print(f"{ev.host}: {ev.kind} at '{ev.task}': {ev.message}", markup=False,
+                                   highlight=False)
 
 
 @app.command("k8s")

@@ -6,7 +6,6 @@ import json
 import stat
 from pathlib import Path
 
-import pytest
 import yaml
 
 from mctl.inventory import load_site
@@ -136,3 +135,21 @@ def test_plan_to_dict_has_no_secret(tmp_path):
     d = plan.to_dict()
     assert d["munge_key"] == {"path": str(munge.key_path(tmp_path, "t")), "exists": False}
     assert d["topology_plugin"] == "topology/block" and d["block_sizes"] == [1, 2]
+
+
+def test_topology_only_needs_a_running_slurm(tmp_path, monkeypatch):
+    site, _cfg = lab_config(tmp_path)
+    from mctl.errors import UsageError
+
+    monkeypatch.setattr("mctl.sched.slurm.remote.controller_state",
+                        lambda _site, _ctrl: (parse_version("slurm 24.11.5"), None))
+    try:
+        deploy.plan_slurm(site, tmp_path / "state", topology_only=True)
+    except UsageError as exc:
+        assert "slurmctld does not answer on lab-r1-head" in exc.message and "full 'mctl deploy slurm'" in exc.hint
+    else:
+        raise AssertionError("topology-only went ahead without a running Slurm")
+    monkeypatch.setattr("mctl.sched.slurm.remote.controller_state",
+                        lambda _site, _ctrl: (parse_version("slurm 24.11.5"), "topology/block"))
+    plan = deploy.plan_slurm(site, tmp_path / "state", topology_only=True)
+    assert list(plan.config.files) == ["topology.conf"] and plan.topology_only

@@ -54,7 +54,7 @@ class SlurmPlan:
 
 def plan_slurm(site: Site, state_dir: Path, *, topology_only: bool = False) -> SlurmPlan:
     """Facts over SSH and the rendered files; raises before anything changes."""
-    from mctl.sched.slurm.remote import controller_version, gather_facts
+    from mctl.sched.slurm.remote import controller_state, gather_facts
 
     check_scheduler(site, "slurm")
     controller = controller_of(site)
@@ -62,7 +62,13 @@ def plan_slurm(site: Site, state_dir: Path, *, topology_only: bool = False) -> S
     if not trays:
         raise UsageError("the inventory has no compute trays to run slurmd on")
     if topology_only:
-        config = render(site, controller_version(site, controller), None, topology_only=True)
+        version, running = controller_state(site, controller)
+        config = render(site, version, None, topology_only=True)
+        if running != f"topology/{config.plugin}":
+            now = f"slurmctld on {controller.name} runs {running}" if running else \
+                f"slurmctld does not answer on {controller.name}"
+            raise UsageError(f"--topology-only needs a running Slurm with topology/{config.plugin}, but {now}",
+                             hint="run a full 'mctl deploy slurm' (it writes slurm.conf too); nothing was changed")
     else:
         facts = gather_facts(site, controller, trays)
         config = render(site, facts.version, facts.hardware)

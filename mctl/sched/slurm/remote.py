@@ -107,17 +107,26 @@ def gather_facts(site: Site, controller: Host, trays: Sequence[Host]) -> SlurmFa
     return facts
 
 
-def controller_version(site: Site, controller: Host) -> SlurmVersion:
+def controller_state(site: Site, controller: Host) -> tuple[SlurmVersion, str | None]:
+    """The controller's Slurm version and the TopologyPlugin slurmctld runs (None when it does not answer)."""
     from mctl.transport import SSHConfig, run_sync
 
-    (result,) = run_sync(SSHConfig.from_site(site), _targets(site, [controller]), CTLD_VERSION)
+    command = f"{CTLD_VERSION}; echo {_CONF_MARK}; scontrol show config 2>/dev/null | grep -E '^TopologyPlugin '"
+    (result,) = run_sync(SSHConfig.from_site(site), _targets(site, [controller]), command)
     _refuse_unreached([result], "reading the Slurm version")
+    version_text, _, conf = result.stdout.partition(_CONF_MARK)
     try:
-        return parse_version(result.stdout)
+        version = parse_version(version_text)
     except ValueError:
         raise EnvironmentProblem(f"cannot read the Slurm version on the controller {controller.name}: "
                                  f"{(result.stdout + result.stderr).strip()[:200]}",
                                  hint="is Slurm installed on the head node?") from None
+    plugin = None
+    for line in conf.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "TopologyPlugin":
+            plugin = value.strip()
+    return version, plugin
 
 
 # --------------------------------------------------------------- files on hosts
