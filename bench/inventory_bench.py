@@ -15,6 +15,7 @@ warm-up round, and medians are reported. Each run's output is checked: pdsh and
 clush must return one complete XML per tray, mctl must inventory every tray.
 
     sudo python3 bench/inventory_bench.py                  # starts an 18-tray lab, 7 rounds
+    sudo python3 bench/inventory_bench.py --racks 2        # 2 x 18 trays, `rack inventory --all`
     sudo python3 bench/inventory_bench.py --inventory /var/lib/mctl/lab --rounds 5
     sudo python3 bench/inventory_bench.py --json
 
@@ -70,7 +71,7 @@ def ssh_options(lab_dir: Path) -> list[str]:
             "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=10"]
 
 
-def start_lab(trays: int, workdir: Path):
+def start_lab(racks: int, trays: int, workdir: Path):
     from mctl.lab import control
     from mctl.lab.procs import listening_tcp
 
@@ -78,7 +79,7 @@ def start_lab(trays: int, workdir: Path):
     net = next((n for n in range(180, 255) if n not in used), None)
     if net is None:
         raise SystemExit("no free 127.N.0.0/16 block for a bench lab")
-    result = control.up(workdir / "lab", racks=1, trays=trays, net=net,
+    result = control.up(workdir / "lab", racks=racks, trays=trays, net=net,
                         progress=lambda m: sys.stderr.write(f"[lab] {m}\n"))
     return result.dir, control
 
@@ -86,7 +87,10 @@ def start_lab(trays: int, workdir: Path):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--inventory", help="an existing lab folder (default: start an 18-tray lab for the run)")
-    ap.add_argument("--rack", default="lab-r1")
+    ap.add_argument("--rack", default="lab-r1", help="the rack to inventory (one-rack runs)")
+    ap.add_argument("--racks", type=int, default=1,
+                    help="racks of the lab started for the run; more than one runs `rack inventory --all`")
+    ap.add_argument("--all", action="store_true", help="every rack of --inventory (`rack inventory --all`)")
     ap.add_argument("--trays", type=int, default=18)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--json", action="store_true")
@@ -102,12 +106,14 @@ def main() -> int:
     lab_dir = Path(args.inventory) if args.inventory else None
     try:
         if lab_dir is None:
-            lab_dir, control = start_lab(args.trays, workdir)
+            lab_dir, control = start_lab(args.racks, args.trays, workdir)
         from mctl.inventory import load_site
 
         site = load_site(lab_dir)
-        rack = site.racks[args.rack]
-        addresses = [h.address for h in rack.compute]
+        every = args.all or (not args.inventory and args.racks > 1)
+        racks = list(site.racks.values()) if every else [site.racks[args.rack]]
+        addresses = [h.address for r in racks for h in r.compute]
+        which = ["--all"] if every else [args.rack]
         from ClusterShell.NodeSet import NodeSet
 
         folded = str(NodeSet.fromlist(addresses))
@@ -118,7 +124,7 @@ def main() -> int:
         commands = {
             "pdsh": (["pdsh", "-R", "ssh", "-f", "64", "-l", "root", "-w", folded, CMD], pdsh_env),
             "clush": (["/usr/bin/clush", "-f", "64", "-l", "root", "-o", " ".join(opts), "-w", folded, CMD], base_env),
-            "mctl": (mctl_argv() + ["-i", str(lab_dir), "--state-dir", str(state), "rack", "inventory", args.rack],
+            "mctl": (mctl_argv() + ["-i", str(lab_dir), "--state-dir", str(state), "rack", "inventory", *which],
                      base_env),
         }
         floor_argv = mctl_argv() + ["--version"]
@@ -126,7 +132,7 @@ def main() -> int:
         def check(tool: str, out: Path, code: int) -> None:
             text = out.read_text(errors="replace")
             if tool == "mctl":
-                want = f"{len(addresses)} trays, {len(addresses)} inventoried"
+                want = f"{len(addresses)} trays, {len(addresses)} inventoried"  # the summary line
                 if code != 0 or want not in text:
                     raise SystemExit(f"mctl run failed (exit {code}):\n{text[-2000:]}")
             elif code != 0 or text.count("</nvidia_smi_log>") != len(addresses):
@@ -160,7 +166,7 @@ def main() -> int:
     cpu_ratio = med["mctl"]["cpu"] / med["clush"]["cpu"]
     floor_cpu = statistics.median(floor)
     result = {
-        "trays": len(addresses), "rounds": args.rounds, "median": med,
+        "racks": len(racks), "trays": len(addresses), "rounds": args.rounds, "median": med,
         "mctl_cli_startup_cpu": floor_cpu,
         "wall_ratio_mctl_over_pdsh": wall_ratio, "cpu_ratio_mctl_over_clush": cpu_ratio,
         "targets": {"wall": wall_ratio <= 1.0, "cpu": cpu_ratio <= 0.3},
@@ -170,7 +176,8 @@ def main() -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"{len(addresses)} trays, {args.rounds} rounds (medians), load {load_before[0]:.1f} -> {load_after[0]:.1f}")
+        print(f"{len(racks)} rack(s), {len(addresses)} trays, {args.rounds} rounds (medians), "
+              f"load {load_before[0]:.1f} -> {load_after[0]:.1f}")
         print(f"{'tool':6} {'wall s':>7} {'cpu s':>7}")
         for t in commands:
             print(f"{t:6} {med[t]['wall']:7.2f} {med[t]['cpu']:7.2f}")
