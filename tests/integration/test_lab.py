@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -133,6 +135,26 @@ def test_lab_status_reads_the_running_system(lab):
         sshd = next(s for s in row["services"] if s["name"] == "sshd")
         assert sshd["listening"] and procs.read(sshd["pid"]).comm == "sshd"
         assert row["processes"][0]["pid"] == row["init_pid"]
+
+
+def test_host_init_restarts_a_service_that_dies(lab):
+    host = lab.head
+    row = next(r for r in control.status(lab.dir)["hosts"] if r["name"] == host)
+    old = next(s for s in row["services"] if s["name"] == "sshd")["pid"]
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    new = None
+    while time.monotonic() < deadline:
+        row = next(r for r in control.status(lab.dir)["hosts"] if r["name"] == host)
+        sshd = next(s for s in row["services"] if s["name"] == "sshd")
+        if sshd["pid"] not in (None, old) and sshd["listening"]:
+            new = sshd["pid"]
+            break
+        time.sleep(0.2)
+    assert new is not None, "sshd was not restarted"
+    assert lab.run(host, "hostname").stdout.strip() == host
+    log = lab.run(host, "cat /var/log/mctl-lab/sshd.log; echo; true").stdout
+    assert "Server listening on" in log
 
 
 def test_bad_input(lab, capsys):
