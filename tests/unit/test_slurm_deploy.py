@@ -108,10 +108,13 @@ def test_judge_on_real_output(tmp_path):
     _site, cfg = lab_config(tmp_path)
     text = ((CAPTURED / "scontrol-show-node-o.txt").read_text() + "@@mctl-topology\n"
             + (CAPTURED / "scontrol-show-topology.txt").read_text() + "@@mctl-config\n"
-            + "TopologyPlugin          = topology/block\nSwitchType              = switch/nvidia_imex\n")
+            + "TopologyPlugin          = topology/block\nSwitchType              = switch/nvidia_imex\n"
+            + "@@mctl-partition\n" + (CAPTURED / "scontrol-show-partition-o.txt").read_text())
     v = judge(text, cfg, 1.0)
     assert v.ok and v.blocks_match and v.unregistered == [] and v.drained == ["lab-r1-tray02"]
     assert v.topology_plugin == "topology/block"
+    down = judge(text.replace("State=UP", "State=DOWN"), cfg, 1.0)
+    assert not down.ok and "partition gpu is DOWN with 4 nodes" in " ".join(down.problems())
 
 
 def test_judge_reports_unregistered_and_wrong_blocks(tmp_path):

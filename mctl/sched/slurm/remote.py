@@ -16,7 +16,8 @@ from ClusterShell.NodeSet import NodeSet
 
 from mctl.errors import EnvironmentProblem, PartialFailure
 from mctl.model.site import Host, Site, fold
-from mctl.sched.slurm.facts import NodeHardware, TopologyEntry, parse_show_nodes, parse_show_topology, parse_slurmd_c
+from mctl.sched.slurm.facts import (NodeHardware, TopologyEntry, key_values, parse_show_nodes, parse_show_topology,
+                                    parse_slurmd_c)
 from mctl.sched.slurm.version import SlurmVersion, parse_version
 
 if TYPE_CHECKING:
@@ -211,8 +212,10 @@ class Verification:
                 "topology_plugin": self.topology_plugin, "problems": self.problems()}
 
 
+_PART_MARK = "@@mctl-partition"
 VERIFY_COMMAND = (f"scontrol show node -o; echo {_TOPO_MARK}; scontrol show topology; echo {_CONF_MARK}; "
-                  "scontrol show config | grep -E '^(TopologyPlugin|SwitchType) '")
+                  f"scontrol show config | grep -E '^(TopologyPlugin|SwitchType) '; echo {_PART_MARK}; "
+                  "scontrol show partition -o")
 
 
 def _found_blocks(entries: list[TopologyEntry], plugin: str) -> dict[str, str]:
@@ -224,7 +227,8 @@ def _found_blocks(entries: list[TopologyEntry], plugin: str) -> dict[str, str]:
 def judge(text: str, config: "SlurmConfig", seconds: float) -> Verification:
     """Compare what the controller reports with what was deployed (pure, so tests can feed real output)."""
     nodes_text, _, rest = text.partition(_TOPO_MARK)
-    topo_text, _, conf_text = rest.partition(_CONF_MARK)
+    topo_text, _, rest = rest.partition(_CONF_MARK)
+    conf_text, _, part_text = rest.partition(_PART_MARK)
     states = {n.name: n for n in parse_show_nodes(nodes_text)}
     nodes = {t: (states[t].state if t in states else "") for t in config.nodes}
     unregistered = [t for t in config.nodes if t not in states or not states[t].registered]
@@ -236,10 +240,18 @@ def judge(text: str, config: "SlurmConfig", seconds: float) -> Verification:
         key, _, value = line.partition("=")
         if key.strip() == "TopologyPlugin":
             plugin = value.strip()
-    ok = not unregistered and expected == found and plugin == f"topology/{config.plugin}"
     error = None
     if plugin is not None and plugin != f"topology/{config.plugin}":
         error = f"slurmctld runs TopologyPlugin={plugin}, not topology/{config.plugin} (restart slurmctld?)"
+    if part_text.strip():
+        parts = {kv.get("PartitionName"): kv for kv in map(key_values, part_text.splitlines())}
+        got = parts.get(config.partition)
+        if got is None:
+            error = error or f"Slurm has no partition {config.partition!r}"
+        elif got.get("State") != "UP" or got.get("TotalNodes") != str(len(config.nodes)):
+            error = error or (f"partition {config.partition} is {got.get('State')} with {got.get('TotalNodes')} "
+                              f"nodes, expected UP with {len(config.nodes)}")
+    ok = not unregistered and expected == found and plugin == f"topology/{config.plugin}" and error is None
     return Verification(ok, seconds, nodes, unregistered, drained, expected, found, plugin, error)
 
 

@@ -42,6 +42,7 @@ class SlurmConfig:
     controller: Host
     nodes: list[str]
     warnings: list[str] = field(default_factory=list)
+    partition: str = "gpu"
 
     def to_dict(self) -> dict:
         return {"version": str(self.version), "topology_plugin": f"topology/{self.plugin}",
@@ -140,7 +141,7 @@ def render(site: Site, version: SlurmVersion, hardware: Mapping[str, NodeHardwar
     files["topology.conf"] = render_topology(blocks, plugin, with_block_sizes=with_sizes,
                                              top_switch=_top_switch(site, blocks))
     return SlurmConfig(files, version, plugin, blocks, block_sizes(blocks) if with_sizes else [], imex, controller,
-                       [t.name for t in trays], warnings)
+                       [t.name for t in trays], warnings, settings.partition_name)
 
 
 def _top_switch(site: Site, blocks: list[Block]) -> str:
