@@ -134,6 +134,10 @@ def status(lab_dir: DirOpt = None, json_: JsonOpt = False) -> None:
     con.print(f"lab {st['name']} in {st['dir']}: {st['hosts_running']}/{st['hosts_total']} hosts running, "
               f"{st['processes']} processes, {st['rss_kib'] / 1024:.0f} MiB resident", markup=False, highlight=False)
     con.print(f"inventory: {st['inventory']}", markup=False, highlight=False)
+    img = st.get("image") or {}
+    pkgs = ", ".join(f"{k} {v}" for k, v in sorted((img.get("packages") or {}).items()))
+    con.print(f"image: {img.get('name')} ({img.get('dir')}){': ' + pkgs if pkgs else ''}", markup=False,
+              highlight=False)
     table = Table(title_justify="left")
     for col in ("host", "kind", "address", "state", "ssh", "procs", "faults"):
         table.add_column(col)

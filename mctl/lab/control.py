@@ -451,7 +451,10 @@ def status(lab_dir: Path) -> dict:
         "dir": str(files.dir), "configured": True, "up": running > 0, "name": record["name"],
         "racks": record["racks"], "trays": record["trays"], "net": layout.net, "state": record.get("state"),
         "inventory": str(files.inventory), "known_hosts": str(files.known_hosts), "identity_file": str(files.key),
-        "image": record.get("image"), "hosts_running": running, "hosts_total": len(rows),
+        "image": dict(record.get("image") or {},
+                      packages=(image.read_manifest(Path((record.get("image") or {}).get("dir", "/nonexistent")))
+                                or {}).get("packages", {})),
+        "hosts_running": running, "hosts_total": len(rows),
         "processes": len(stray), "rss_kib": total_rss, "hosts": rows, "rack_services": racks,
     }
 

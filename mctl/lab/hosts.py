@@ -17,7 +17,6 @@ the old file). :func:`host_path` gives that path; the NMX-M emulator and
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -190,6 +189,3 @@ def host_path(lab_dir: Path, name: str, inner: str) -> Path:
                                  hint="see 'mctl lab status'; 'mctl lab down' then 'mctl lab up' restarts the lab")
     return Path(f"/proc/{init.pid}/root") / inner.lstrip("/")
 
-
-def remove_dir(paths: HostPaths) -> None:
-    shutil.rmtree(paths.dir, ignore_errors=False)

@@ -80,8 +80,12 @@ def is_built(spec: ImageSpec) -> bool:
     return (spec.cache_dir / MANIFEST).is_file()
 
 
-def manifest(spec: ImageSpec) -> dict:
-    return json.loads((spec.cache_dir / MANIFEST).read_text())
+def read_manifest(image_dir: Path) -> dict | None:
+    """What a built image holds (name, key, recorded package versions), or None if absent."""
+    try:
+        return json.loads((Path(image_dir) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def host_mirror(etc: Path = Path("/etc")) -> str | None:
