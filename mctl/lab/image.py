@@ -182,6 +182,7 @@ def build(spec: ImageSpec, progress: Callable[[str], None] = lambda _m: None) ->
         try:
             with open(log_path, "w") as log:
                 _build_into(spec, tmp, log, progress)
+            os.chmod(tmp, 0o755)        # mkdtemp made it private; the image is world-readable
             os.rename(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
