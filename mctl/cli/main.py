@@ -1,7 +1,8 @@
 """Root command, global options and the one error boundary.
 
 Noun modules are imported here but keep their heavy imports (asyncssh,
-ansible-runner, pydantic) inside command bodies, so `mctl --help` stays fast.
+ansible-runner, pydantic) inside command bodies, and only the invoked noun's
+command tree is built, so `mctl --help` stays fast.
 """
 
 from __future__ import annotations
@@ -38,17 +39,11 @@ NOUNS: tuple[tuple[str, str], ...] = (
     ("deploy", "mctl.cli.deploy"),
 )
 
-app = typer.Typer(
-    name="mctl",
-    help="Manage NVIDIA GB200/GB300 NVL72 racks: inventory, provisioning, NVLink partitions, "
-         "IMEX, schedulers and self-healing health checks.\n\n"
-         "Example: mctl -i inventories/example-gb200 inventory show",
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    add_completion=True,
-)
+ROOT_HELP = ("Manage NVIDIA GB200/GB300 NVL72 racks: inventory, provisioning, NVLink partitions, "
+             "IMEX, schedulers and self-healing health checks.\n\n"
+             "Example: mctl -i inventories/example-gb200 inventory show")
+# Root options that take a value, so the invoked noun can be found in argv.
+_VALUE_OPTIONS = {"-i", "--inventory", "--state-dir"}
 
 
 def _version(value: bool) -> None:
@@ -57,7 +52,6 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def root(
     inventory: Annotated[Optional[str], typer.Option("--inventory", "-i", envvar="MCTL_INVENTORY",
                                                      help="Inventory directory or mctl.yml file.")] = None,
@@ -74,16 +68,55 @@ def root(
     set_options(opts)
 
 
-def _register() -> None:
+def invoked_noun(args: list[str]) -> str | None:
+    """The noun this command line runs, or None (help, version, a typo)."""
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        if arg in _VALUE_OPTIONS:
+            skip = True
+            continue
+        if arg.startswith("-"):
+            continue
+        return arg
+    return None
+
+
+def build_app(args: list[str] | None = None) -> typer.Typer:
+    """The root command with every noun.
+
+    Only the noun being run gets its full command tree; the others are
+    registered by name and help text alone, because turning every noun's tree
+    into click commands is most of the start-up time. Shell completion, which
+    walks the whole tree, gets everything.
+    """
+    app = typer.Typer(name="mctl", help=ROOT_HELP,
+                      context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+                      no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                      add_completion=True)
+    app.callback()(root)
+    wanted = None if args is None or "_MCTL_COMPLETE" in os.environ else invoked_noun(args)
+    full = args is None or "_MCTL_COMPLETE" in os.environ
     for name, module_name in NOUNS:
         module = importlib.import_module(module_name)
-        if hasattr(module, "app"):
-            app.add_typer(module.app, name=name)
+        if full or name == wanted:
+            if hasattr(module, "app"):
+                app.add_typer(module.app, name=name)
+            else:
+                app.command(name=name, **getattr(module, "COMMAND_SETTINGS", {}))(module.command)
+        elif hasattr(module, "app"):
+            app.add_typer(typer.Typer(help=module.app.info.help), name=name)
         else:
-            app.command(name=name, **getattr(module, "COMMAND_SETTINGS", {}))(module.command)
+            settings = getattr(module, "COMMAND_SETTINGS", {})
+            app.command(name=name, help=settings.get("help") or (module.command.__doc__ or "").strip().split("\n")[0],
+                        context_settings=settings.get("context_settings"))(_placeholder)
+    return app
 
 
-_register()
+def _placeholder() -> None:  # pragma: no cover - replaced by the real command when invoked
+    raise typer.Exit(EXIT_USAGE)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     render.reset()
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        result = app(args=args, prog_name="mctl", standalone_mode=False)
+        result = build_app(args)(args=args, prog_name="mctl", standalone_mode=False)
         return int(result or 0)
     except MctlError as exc:
         render.error(exc.message, exc.hint)
