@@ -6,6 +6,10 @@ from synchronous code or `async with SSHPool.from_site(site) as pool: await pool
 for a pool that stays open (health watch).
 """
 
+from mctl.transport import oqs
+
+oqs.install()
+
 from mctl.transport.results import HostKeyProblem, HostResult, HostStatus, OutputGroup, group_by_output
 from mctl.transport.ssh import SSHConfig, SSHPool, run_in_pool, run_sync
 from mctl.transport.targets import SSHTarget, resolve_hosts, site_groups, targets_for
