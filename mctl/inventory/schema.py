@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class SSHSettings(Strict):
@@ -124,6 +124,8 @@ class SchedulerSpec(Strict):
 class BreakerSpec(Strict):
     max_drained_share: float = Field(0.25, gt=0, le=1)
     window: str = Field("1h", pattern=r"^[0-9]+[smhd]$")
+    # Optional (docs/health.md): count drains per rack (default) or over the whole site.
+    scope: Literal["rack", "site"] = "rack"
 
 
 class HealthSpec(Strict):
@@ -134,6 +136,28 @@ class HealthSpec(Strict):
     unreachable_sweeps_before_drain: int = Field(3, ge=1)
     max_gpu_temp_c: float = 90
     breaker: BreakerSpec = Field(default_factory=BreakerSpec)
+    # Everything below is optional; see docs/health.md for what each key changes.
+    remediate: bool = True                                   # `mctl health watch` drains unless --no-remediate
+    confirm_sweeps: int = Field(1, ge=1)                     # consecutive critical sweeps before a drain
+    xid_window: str = Field("1h", pattern=r"^[0-9]+[smhd]$")  # older XIDs (or from an earlier boot) stop counting
+    gpu_temp_warn_c: float | None = None                     # default: max_gpu_temp_c - 5
+    max_power_overshoot_pct: float = Field(5, ge=0)          # draw above the enforced limit by more than this warns
+    # Severity per fabric health flag; route_unhealthy is a warning because real GB200 trays on
+    # driver 570 report it True while the fabric is Completed/Success.
+    fabric_flags: dict[Literal["degraded_bandwidth", "route_recovery_in_progress", "route_unhealthy",
+                               "access_timeout_recovery", "incorrect_configuration", "summary_unhealthy",
+                               "summary_limited_capacity"],
+                       Literal["ok", "warn", "critical"]] = Field(default_factory=dict)
+    driver_mismatch: Literal["warn", "critical"] = "warn"
+    imex: Literal["auto", "required", "ignore"] = "auto"    # auto: checked where the tray has an IMEX config
+    disk_paths: list[str] = Field(default_factory=lambda: ["/", "/var", "/tmp"])
+    disk_warn_pct: float = Field(90, gt=0, le=100)
+    disk_critical_pct: float = Field(98, gt=0, le=100)
+    memory_warn_available_pct: float = Field(5, ge=0, le=100)
+    metrics_textfile: str | None = None                      # Prometheus textfile (node_exporter collector)
+    metrics_port: int | None = Field(None, ge=1, le=65535)   # HTTP /metrics on 127.0.0.1
+    k8s_taint: str = Field("mctl.io/unhealthy=true:NoSchedule",
+                           pattern=r"^[A-Za-z0-9./_-]+(=[A-Za-z0-9._-]*)?:(NoSchedule|PreferNoSchedule|NoExecute)$")
 
 
 class SiteSpec(Strict):

@@ -1,0 +1,325 @@
+"""mctl health: check trays, watch them for days, drain the failed ones, resume them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from mctl.cli import render
+from mctl.cli.context import options, want_json
+from mctl.cli.options import DryRunOpt, JsonOpt
+from mctl.errors import EXIT_FINDINGS, UsageError
+
+app = typer.Typer(help="Health checks, the watch that drains failed trays, and mctl's drains.",
+                  no_args_is_help=True)
+breaker_app = typer.Typer(help="The circuit breaker that stops automatic drains.", no_args_is_help=True)
+app.add_typer(breaker_app, name="breaker")
+
+TargetArg = Annotated[Optional[str], typer.Argument(metavar="[NODESET|RACK]",
+                                                    help="Trays or racks (default: every compute tray).",
+                                                    show_default=False)]
+TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", "-t", min=1.0,
+                                                     help="Seconds each tray may take (default: the interval, "
+                                                          "at most ssh.command_timeout).")]
+SEVERITIES = ("warn", "critical")
+
+
+@app.command()
+def check(
+    target: TargetArg = None,
+    fail_on: Annotated[str, typer.Option("--fail-on", help="Exit 1 when a finding is at or above: warn|critical.")
+                       ] = "critical",
+    remediate: Annotated[bool, typer.Option("--remediate", help="Also drain/resume through the scheduler, as one "
+                                                                "sweep of the watch would.")] = False,
+    all_findings: Annotated[bool, typer.Option("--all", help="List passed checks too.")] = False,
+    timeout: TimeoutOpt = None,
+    dry_run: DryRunOpt = False,
+    json_: JsonOpt = False,
+) -> None:
+    """One sweep over the trays: run every check and print the findings.
+
+    Checks: reachability, GPU count, driver against the tray's image, fabric state/status and
+    health flags, NVLink domain and clique against the partition plan, XIDs (the drain set is
+    health.drain_xids), uncorrectable ECC and row remapping, NVLinks (18 per GPU), temperature and
+    power, IMEX daemon and domain, slurmd, disk and memory. With --remediate the policy decides
+    and drains (reason 'mctl: ...') or resumes, as the watch does; with --dry-run it only says
+    what it would do. Exit 0 ok, 1 a finding at or above --fail-on, 2 bad input.
+
+    Example: mctl -i inventories/lab health check lab-r1 --fail-on warn
+    """
+    from mctl.health.service import run_check
+
+    if fail_on not in SEVERITIES:
+        raise UsageError(f"--fail-on {fail_on!r}: expected warn or critical")
+    opts = options()
+    site = opts.site()
+    result = run_check(site, target, opts.state_dir, remediate=remediate,
+                       dry_run=dry_run, timeout=timeout)
+    if want_json(json_):
+        render.print_json(result.to_dict())
+    else:
+        _print_check(result, all_findings)
+    threshold = {"warn": 1, "critical": 2}[fail_on]
+    if any(f.severity.rank >= threshold for f in result.findings):
+        raise typer.Exit(EXIT_FINDINGS)
+
+
+def _print_check(result, all_findings: bool) -> None:
+    from rich.table import Table
+
+    from mctl.health.screen import STYLE
+
+    con = render.console()
+    table = Table(title=f"health sweep #{result.number}: {len(result.verdicts)} trays in {result.elapsed:.2f}s",
+                  title_justify="left")
+    for col in ("tray", "status", "scheduler", "critical", "warn", "first finding"):
+        table.add_column(col, overflow="fold")
+    for v in result.verdicts:
+        status = result.tray_status(v.host)
+        node = (result.nodes or {}).get(v.host)
+        crit = [f for f in v.findings if f.severity.value == "critical"]
+        warns = [f for f in v.findings if f.severity.value == "warn"]
+        first = (crit or warns or [None])[0]
+        sched = "-" if node is None else node.state + (f" ({node.reason})" if node.reason else "")
+        table.add_row(v.host, f"[{STYLE.get(status, '')}]{status}[/]" if render.interactive() else status, sched,
+                      str(len(crit)), str(len(warns)), f"{first.check}: {first.message}" if first else "")
+    con.print(table)
+    shown = [f for f in result.findings if all_findings or f.severity.value != "ok"]
+    if shown:
+        con.print("findings:", markup=False, highlight=False)
+        for f in shown:
+            con.print(f"  {f.severity.value.upper():8} {f.host or '-'}  {f.check}: {f.message}", markup=False,
+                      highlight=False)
+            if f.action and f.severity.value != "ok":
+                con.print(f"           action: {f.action}", markup=False, highlight=False)
+    if result.remediate:
+        verb = "would " if result.dry_run else ""
+        acts = [d for d in result.decisions if d.action in ("drain", "resume", "skip", "queue", "forget")]
+        if not acts:
+            con.print("remediation: nothing to do", markup=False, highlight=False)
+        for d in acts:
+            what = f"{verb}{d.action}" if d.action in ("drain", "resume") else d.action
+            con.print(f"  {what.upper():13} {d.host}  {d.reason or ''}  ({d.why})", markup=False, highlight=False)
+        for e in result.logged:
+            if e.get("action") == "breaker-trip":
+                con.print(f"  BREAKER TRIPPED: {e.get('reason')}", markup=False, highlight=False)
+    counts = {s: sum(1 for f in result.findings if f.severity.value == s) for s in ("critical", "warn")}
+    con.print(f"{counts['critical']} critical, {counts['warn']} warn" +
+              (f"; scheduler: {result.scheduler_error}" if result.scheduler_error else ""),
+              markup=False, highlight=False)
+
+
+@app.command()
+def watch(
+    target: TargetArg = None,
+    interval: Annotated[Optional[float], typer.Option("--interval", min=0.2,
+                                                      help="Seconds between sweeps (default: health.interval).")
+                        ] = None,
+    remediate: Annotated[Optional[bool], typer.Option("--remediate/--no-remediate",
+                                                      help="Drain and resume (default: health.remediate).")] = None,
+    metrics_textfile: Annotated[Optional[Path], typer.Option("--metrics-textfile",
+                                                             help="Write Prometheus metrics here after each sweep "
+                                                                  "(node_exporter textfile collector).")] = None,
+    metrics_port: Annotated[Optional[int], typer.Option("--metrics-port", min=1, max=65535,
+                                                        help="Serve /metrics on 127.0.0.1:PORT.")] = None,
+    sweeps: Annotated[Optional[int], typer.Option("--sweeps", min=1, help="Stop after N sweeps (default: run "
+                                                                          "until Ctrl-C).")] = None,
+    timeout: TimeoutOpt = None,
+    dry_run: DryRunOpt = False,
+) -> None:
+    """Sweep every interval and drain trays that fail, for as long as it runs (tmux).
+
+    Keeps one SSH connection per tray and one to the Slurm controller open (reopened when they
+    drop). A critical tray is drained with a reason starting 'mctl:' (full text in
+    <state>/health/actions.jsonl); an unreachable one only after
+    health.unreachable_sweeps_before_drain misses; a tray mctl drained is resumed after
+    health.resume_after_healthy_sweeps healthy sweeps. Reasons set by others and DOWN nodes are
+    never touched; the circuit breaker stops drains beyond health.breaker.max_drained_share.
+    On a terminal: a live screen; otherwise one log line per sweep and event. Ctrl-C stops it.
+
+    Example: mctl -i inventories/lab health watch lab-r1 --interval 10 --metrics-port 9464
+    """
+    import asyncio
+
+    from mctl.health import store
+    from mctl.health.site_view import resolve_scope, settings_of
+    from mctl.health.watch import WatchView, run_watch
+
+    opts = options()
+    site = opts.site()
+    scope = resolve_scope(site, target)
+    settings = settings_of(site)
+    every = float(interval if interval is not None else settings.interval)
+    acting = settings.remediate if remediate is None else remediate
+    if acting and site.scheduler is None:
+        acting = False
+        render.warn("the inventory names no scheduler: watching without remediation")
+    textfile = metrics_textfile or (Path(site.health.metrics_textfile) if site.health.metrics_textfile else None)
+    port = metrics_port or site.health.metrics_port
+    racks: dict[str, list[str]] = {}
+    for h in scope.hosts:
+        racks.setdefault(h.rack or "-", []).append(h.name)
+    view = WatchView(site=site.name, racks=racks, interval=every, remediate=acting, dry_run=dry_run)
+    server = None
+    if port:
+        from mctl.health.metrics import MetricsServer
+
+        try:
+            server = MetricsServer(port).start()
+        except OSError as exc:
+            raise UsageError(f"cannot serve metrics on 127.0.0.1:{port}: {exc.strerror}",
+                             hint="pick another --metrics-port") from None
+    live = None
+    plain = not render.interactive()
+
+    def on_update(v: WatchView, events, swept: bool) -> None:
+        from mctl.health import metrics, screen
+
+        if v.last is not None and (textfile or server):
+            text = metrics.render(v.last, site=site.name, counters=v.counters, interval=every)
+            if textfile:
+                metrics.write_textfile(textfile, text)
+            if server:
+                server.update(text)
+        if plain:
+            import sys
+
+            for line in screen.event_lines(events):
+                sys.stdout.write(line + "\n")
+            if swept:
+                sys.stdout.write(screen.sweep_line(v) + "\n")
+            sys.stdout.flush()
+        elif live is not None:
+            live.refresh()
+
+    async def main() -> None:
+        await run_watch(site, scope, settings, opts.state_dir, interval=every, remediate=acting, dry_run=dry_run,
+                        view=view, on_update=on_update, timeout=timeout, max_sweeps=sweeps)
+
+    def go() -> None:
+        nonlocal live
+        if plain:
+            asyncio.run(main())
+            return
+        from rich.live import Live
+
+        from mctl.health.screen import WatchScreen
+
+        with Live(WatchScreen(view), console=render.console(), screen=True, auto_refresh=True,
+                  refresh_per_second=2, redirect_stdout=False, redirect_stderr=False) as live:
+            asyncio.run(main())
+
+    try:
+        if acting and not dry_run:
+            with store.watch_lock(opts.state_dir, "mctl health watch"):
+                go()
+        else:
+            go()
+    finally:
+        if server is not None:
+            server.close()
+    if not plain:
+        render.console().print(f"mctl health watch stopped after {view.last.number if view.last else 0} sweeps",
+                               markup=False, highlight=False)
+
+
+@app.command()
+def drains(json_: JsonOpt = False) -> None:
+    """List the trays mctl holds drained (its own record and every 'mctl:' reason in Slurm).
+
+    Example: mctl -i inventories/lab health drains --json
+    """
+    from mctl.health.service import list_drains
+
+    opts = options()
+    report = list_drains(opts.site(), opts.state_dir)
+    if want_json(json_):
+        render.print_json(report.to_dict())
+        return
+    from datetime import datetime
+
+    from rich.table import Table
+
+    con = render.console()
+    table = Table(title=f"{len(report.rows)} tray(s) drained by mctl", title_justify="left")
+    for col in ("tray", "rack", "state", "reason", "since", "healthy sweeps", "owner"):
+        table.add_column(col, overflow="fold")
+    for r in report.rows:
+        since = datetime.fromtimestamp(r.drained_at).strftime("%Y-%m-%d %H:%M:%S") if r.drained_at else "-"
+        table.add_row(r.host, r.rack or "-", r.state or "?", r.reason or "-", since, str(r.healthy_streak), r.owner)
+    con.print(table)
+    if report.breaker.get("tripped"):
+        con.print(f"circuit breaker TRIPPED: {report.breaker.get('reason')} (mctl health breaker reset)",
+                  markup=False, highlight=False)
+    if report.scheduler_error:
+        render.warn(f"scheduler not read: {report.scheduler_error}")
+
+
+@app.command()
+def resume(
+    target: Annotated[str, typer.Argument(metavar="NODESET", help="Trays to resume.")],
+    dry_run: DryRunOpt = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Resume trays mctl drained, by hand (only 'mctl:' reasons; never DOWN nodes or others' drains).
+
+    XIDs logged before the resume no longer count against the tray: resuming says they were dealt
+    with. Every resume goes to the action log.
+
+    Example: mctl -i inventories/lab health resume lab-r1-tray[03-04]
+    """
+    from mctl.health.service import resume_by_hand
+
+    opts = options()
+    rows = resume_by_hand(opts.site(), target, opts.state_dir, dry_run=dry_run)
+    if want_json(json_):
+        render.print_json({"dry_run": dry_run, "trays": [r.to_dict() for r in rows]})
+    else:
+        con = render.console()
+        for r in rows:
+            con.print(f"{r.result.upper():13} {r.host}  {r.reason or ''}  {r.detail}".rstrip(), markup=False,
+                      highlight=False)
+    if any(r.result in ("refused", "failed") for r in rows):
+        raise typer.Exit(EXIT_FINDINGS)
+
+
+@breaker_app.command("status")
+def breaker_status(json_: JsonOpt = False) -> None:
+    """Whether the circuit breaker has stopped automatic drains, and the drains it counts.
+
+    Example: mctl -i inventories/lab health breaker status
+    """
+    from mctl.health.service import breaker_status as status
+
+    opts = options()
+    data = status(opts.state_dir, opts.site())
+    if want_json(json_):
+        render.print_json(data)
+        return
+    state = f"TRIPPED: {data['reason']}" if data["tripped"] else "closed"
+    render.console().print(f"circuit breaker {state}; {data['recent_drains']} automatic drain(s) in the window "
+                           f"({data['scope']} share limit {data['max_drained_share']:.0%} per {data['window_s']:g}s)",
+                           markup=False, highlight=False)
+
+
+@breaker_app.command("reset")
+def breaker_reset(dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
+    """Close the circuit breaker so automatic drains may happen again (the drain count restarts).
+
+    Example: mctl -i inventories/lab health breaker reset
+    """
+    from mctl.health.service import breaker_reset as reset
+
+    opts = options()
+    data = reset(opts.state_dir, dry_run=dry_run)
+    if want_json(json_):
+        render.print_json(data)
+        return
+    if not data["was_tripped"]:
+        text = "circuit breaker was not tripped; drain count cleared" if not dry_run else \
+            "circuit breaker is not tripped; reset would clear the drain count"
+    else:
+        text = ("would reset" if dry_run else "reset") + f" the circuit breaker (was: {data['reason']})"
+    render.console().print(text, markup=False, highlight=False)

@@ -1,0 +1,98 @@
+"""The circuit breaker: mctl stops draining before it empties a rack.
+
+A fault that hits many trays at once (a coolant loop, a switch tray, a bad
+driver push, a bug in a check) must not let automation drain the fleet. Every
+automatic drain is recorded with its time and rack; a drain that would take
+mctl's drains within the window above the configured share of the rack (or of
+the site) trips the breaker instead. Once tripped it stays tripped, across
+restarts (it is part of the persisted state), until an operator runs
+`mctl health breaker reset`. Resumes are never blocked: returning capacity is
+always safe. Pure: the caller persists the state.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class BreakerState:
+    tripped: bool = False
+    tripped_at: float | None = None
+    reason: str | None = None
+    drains: tuple[tuple[float, str, str | None], ...] = ()     # (time, tray, rack) of automatic drains
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tripped": self.tripped, "tripped_at": self.tripped_at, "reason": self.reason,
+                "drains": [{"time": t, "host": h, "rack": r} for t, h, r in self.drains]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> "BreakerState":
+        if not data:
+            return cls()
+        return cls(bool(data.get("tripped")), data.get("tripped_at"), data.get("reason"),
+                   tuple((float(d["time"]), str(d["host"]), d.get("rack")) for d in data.get("drains") or ()))
+
+    def recent(self, now: float, window_s: float) -> tuple[tuple[float, str, str | None], ...]:
+        return tuple(d for d in self.drains if now - d[0] <= window_s)
+
+    def pruned(self, now: float, window_s: float) -> "BreakerState":
+        return replace(self, drains=self.recent(now, window_s))
+
+
+@dataclass(frozen=True)
+class Admission:
+    allowed: bool
+    state: BreakerState
+    why: str = ""
+    tripped_now: bool = False
+
+
+def admit(state: BreakerState, host: str, rack: str | None, sizes: Mapping[str, int], *, max_share: float,
+          window_s: float, scope: str, now: float | None = None) -> Admission:
+    """May mctl drain *host* now? Allowed drains are recorded in the returned state."""
+    now = time.time() if now is None else now
+    if state.tripped:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.tripped_at or now))
+        return Admission(False, state, f"circuit breaker tripped at {since} ({state.reason}); "
+                                       "reset it with 'mctl health breaker reset'")
+    recent = state.recent(now, window_s)
+    if scope == "site":
+        counted = [d for d in recent]
+        size = sum(sizes.values())
+        where = "the site"
+    else:
+        counted = [d for d in recent if d[2] == rack]
+        size = sizes.get(rack or "", 0)
+        where = f"rack {rack}"
+    if size <= 0:
+        return Admission(False, state, f"no tray count known for {where}; not draining")
+    after = len(counted) + 1
+    share = after / size
+    window = _fmt_window(window_s)
+    if share > max_share:
+        reason = (f"draining {host} would make {after} of {size} trays of {where} drained by mctl within {window} "
+                  f"({share:.0%} > {max_share:.0%})")
+        tripped = BreakerState(True, now, reason, recent)
+        return Admission(False, tripped, reason, tripped_now=True)
+    return Admission(True, BreakerState(False, None, None, recent + ((now, host, rack),)),
+                     f"{after} of {size} trays of {where} drained by mctl within {window}")
+
+
+def discard(state: BreakerState, host: str, at: float) -> BreakerState:
+    """Forget a drain that was admitted but did not happen (the scheduler refused it)."""
+    return replace(state, drains=tuple(d for d in state.drains if not (d[1] == host and d[0] == at)))
+
+
+def reset(state: BreakerState) -> BreakerState:
+    """An operator looked and lets automation continue: the count starts afresh."""
+    return BreakerState()
+
+
+def _fmt_window(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"

@@ -1,0 +1,168 @@
+"""What `mctl node check` needs on a tray: a subset of mctl's source tree, its configuration, a wrapper.
+
+Trays carry no pydantic, typer or asyncssh, so the node check is built from
+modules that need only the standard library. This module names them, stages
+them as a directory tree the node_check role copies to
+/usr/local/lib/mctl-node-check/, and renders each tray's
+/etc/mctl/node-check.json from the inventory (expectations, health settings,
+the rack's trays for the breaker).
+
+Two things are not plain copies:
+- package __init__ files that import far more than the node check needs
+  (mctl.sched.slurm pulls in deploy and pydantic) are replaced by a docstring;
+- ClusterShell's node-set modules (pure Python) are copied from the machine
+  running mctl, because mctl.model.fabric imports them at module level.
+
+Run on the operator's machine: `python -m mctl.health.bundle stage --dest DIR
+--inventory mctl.yml` prints the per-tray configs as JSON (the role reads it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mctl.model.site import Site
+
+LIB_DIR = "/usr/local/lib/mctl-node-check"
+WRAPPER = "/usr/local/sbin/mctl-node-check"
+CONFIG = "/etc/mctl/node-check.json"
+
+# Every module the node check imports, eagerly or inside a function (nvml, IMEX and log parsers).
+MODULES = (
+    "mctl", "mctl.errors",
+    "mctl.model", "mctl.model.findings", "mctl.model.gpu", "mctl.model.xid", "mctl.model.fabric",
+    "mctl.model.inventory_snapshot",
+    "mctl.facts", "mctl.facts.collect", "mctl.facts.kernel_log", "mctl.facts.nvidia_smi", "mctl.facts.services",
+    "mctl.facts.imex",
+    "mctl.state", "mctl.state.files", "mctl.state.lock", "mctl.state.snapshots",
+    "mctl.sched", "mctl.sched.slurm", "mctl.sched.slurm.facts",
+    "mctl.health", "mctl.health.settings", "mctl.health.facts", "mctl.health.probe", "mctl.health.policy",
+    "mctl.health.breaker", "mctl.health.store", "mctl.health.slurm_ops", "mctl.health.nvml",
+    "mctl.health.node_check",
+    "mctl.health.checks", "mctl.health.checks._base", "mctl.health.checks.reachability",
+    "mctl.health.checks.gpu_count", "mctl.health.checks.driver", "mctl.health.checks.fabric_state",
+    "mctl.health.checks.fabric_health", "mctl.health.checks.fabric_identity", "mctl.health.checks.xid",
+    "mctl.health.checks.ecc", "mctl.health.checks.nvlink", "mctl.health.checks.thermal",
+    "mctl.health.checks.imex", "mctl.health.checks.slurmd", "mctl.health.checks.resources",
+)
+# Packages whose real __init__ imports what the node check must not need.
+STUB_PACKAGES = {
+    "mctl.sched.slurm": '"""Slurm (node-check subset: only facts.py, the scontrol parsers)."""\n',
+}
+THIRD_PARTY = ("ClusterShell", "ClusterShell.Defaults", "ClusterShell.NodeSet", "ClusterShell.NodeUtils",
+               "ClusterShell.RangeSet")
+# Modules the node check reaches lazily (function-level imports); the bundle test imports them all.
+LAZY = ("mctl.health.nvml", "mctl.facts.imex", "mctl.model.fabric", "mctl.facts.kernel_log",
+        "mctl.facts.nvidia_smi", "mctl.facts.services")
+
+
+def _source(module: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise RuntimeError(f"cannot find module {module}")
+    return Path(spec.origin)
+
+
+def _relative(module: str, path: Path) -> Path:
+    parts = module.split(".")
+    if path.name == "__init__.py":
+        return Path(*parts) / "__init__.py"
+    return Path(*parts[:-1]) / path.name
+
+
+def files() -> list[tuple[Path | None, Path, str | None]]:
+    """(source file or None, path in the bundle, replacement text or None), sorted by bundle path."""
+    out = []
+    for module in MODULES + THIRD_PARTY:
+        src = _source(module)
+        rel = _relative(module, src)
+        stub = STUB_PACKAGES.get(module)
+        out.append((None if stub else src, rel, stub))
+    return sorted(out, key=lambda f: str(f[1]))
+
+
+def stage(dest: Path) -> list[str]:
+    """Write the bundle tree under dest (only files whose content changed), remove stray files."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    wanted = set()
+    for src, rel, text in files():
+        target = dest / rel
+        wanted.add(rel)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        data = text.encode() if text is not None else src.read_bytes()
+        if not target.exists() or target.read_bytes() != data:
+            tmp = target.with_name(f".{target.name}.tmp")
+            tmp.write_bytes(data)
+            tmp.replace(target)
+    for path in sorted(dest.rglob("*"), reverse=True):
+        rel = path.relative_to(dest)
+        if path.is_file() and rel not in wanted:
+            path.unlink()
+        elif path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+    return sorted(str(r) for r in wanted)
+
+
+def wrapper(python: str = "/usr/bin/python3", lib_dir: str = LIB_DIR) -> str:
+    """/usr/local/sbin/mctl-node-check. -I: no PYTHON* variables or user site from slurmd's
+    environment; the system site-packages stay visible, so pynvml is used where it is installed."""
+    code = (f"import sys; sys.path.insert(0, {lib_dir!r}); "
+            "from mctl.health.node_check import main; sys.exit(main())")
+    return ("#!/bin/sh\n"
+            "# mctl node check: mctl's health checks on this tray; drains it in Slurm with an mctl: reason.\n"
+            "# Installed by mctl's node_check role (playbooks/roles/node_check); Slurm runs it as HealthCheckProgram.\n"
+            f"exec {python} -I -c '{code}' \"$@\"\n")
+
+
+def node_configs(site: "Site", state_dir: str = "/var/lib/mctl-node-check") -> dict[str, dict[str, Any]]:
+    """Each compute tray's /etc/mctl/node-check.json, from the inventory."""
+    from mctl.health.node_check import NodeCheckConfig
+    from mctl.health.site_view import expectations, settings_of
+
+    settings = settings_of(site)
+    trays = site.compute_trays()
+    expect = expectations(site, trays)
+    scheduler = site.scheduler.type if site.scheduler else None
+    out = {}
+    for h in trays:
+        rack = site.racks[h.rack] if h.rack else None
+        out[h.name] = NodeCheckConfig(node=h.name, expect=expect[h.name], settings=settings,
+                                      rack_nodes=tuple(t.name for t in rack.compute) if rack else (),
+                                      state_dir=state_dir, drain=scheduler == "slurm", scheduler=scheduler).to_dict()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mctl.health.bundle",
+                                     description="Stage mctl's node check for the node_check role. "
+                                                 "Example: python -m mctl.health.bundle stage --dest /tmp/nc "
+                                                 "--inventory inventories/lab/mctl.yml")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    st = sub.add_parser("stage", help="write the module tree and print the per-tray configs (JSON)")
+    st.add_argument("--dest", required=True)
+    st.add_argument("--inventory", required=True)
+    args = parser.parse_args(argv)
+    from mctl.errors import MctlError
+    from mctl.inventory import load_site
+
+    try:
+        site = load_site(args.inventory)
+    except MctlError as exc:
+        sys.stderr.write(f"mctl: error: {exc.message}\n")
+        return 2
+    written = stage(Path(args.dest) / "lib")
+    json.dump({"lib": str(Path(args.dest) / "lib"), "files": written, "wrapper": wrapper(),
+               "configs": node_configs(site)}, sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""Uncorrectable ECC errors, remapped-row failures and the driver's GPU recovery action."""
+
+from __future__ import annotations
+
+from mctl.health.checks._base import finding, gpu_list, ok
+from mctl.model.findings import Finding, Severity
+
+ECC = "gpu.ecc"
+ROWS = "gpu.remapped-rows"
+RECOVERY = "gpu.recovery"
+
+
+def check(facts, expect, settings) -> list[Finding]:
+    if facts.gpus is None or not facts.gpus.gpus:
+        return []
+    host = facts.host
+    out: list[Finding] = []
+    volatile = [(g.index, g.ecc.volatile_uncorrectable) for g in facts.gpus.gpus if g.ecc.volatile_uncorrectable]
+    lifetime = [(g.index, g.ecc.aggregate_uncorrectable) for g in facts.gpus.gpus
+                if g.ecc.aggregate_uncorrectable and not g.ecc.volatile_uncorrectable]
+    if volatile:
+        out.append(finding(Severity.CRITICAL, host, ECC, "uncorrectable ECC errors since the driver loaded: "
+                           + ", ".join(f"gpu{i} {n}" for i, n in volatile),
+                           "drain, reset the GPU (or reboot) so pending row remaps apply; replace it if errors return",
+                           short=f"ecc uncorrectable {gpu_list(i for i, _ in volatile)}",
+                           gpus={str(i): n for i, n in volatile}))
+    if lifetime:
+        out.append(finding(Severity.WARN, host, ECC, "uncorrectable ECC errors in the GPU's lifetime (none since "
+                           "the driver loaded): " + ", ".join(f"gpu{i} {n}" for i, n in lifetime),
+                           "keep an eye on it; a GPU that keeps collecting them should be replaced"))
+    failed = [g.index for g in facts.gpus.gpus if g.remapped_rows.failure]
+    pending = [g.index for g in facts.gpus.gpus if g.remapped_rows.pending and not g.remapped_rows.failure]
+    if failed:
+        out.append(finding(Severity.CRITICAL, host, ROWS, f"row remapping failed on {gpu_list(failed)}",
+                           "the GPU ran out of spare rows: drain and replace it (RMA)",
+                           short=f"row remap failure {gpu_list(failed)}"))
+    if pending:
+        out.append(finding(Severity.WARN, host, ROWS, f"row remap pending on {gpu_list(pending)}",
+                           "reset the GPU when it is idle so the remap takes effect"))
+    reset = [(g.index, g.gpu_recovery_action) for g in facts.gpus.gpus
+             if g.gpu_recovery_action and g.gpu_recovery_action.strip().lower() not in ("none", "n/a")]
+    if reset:
+        action = reset[0][1]
+        out.append(finding(Severity.CRITICAL, host, RECOVERY,
+                           "driver asks for recovery: " + ", ".join(f"gpu{i} {a}" for i, a in reset),
+                           f"drain, then {action.lower()} the GPU (nvidia-smi -r) or reboot the tray",
+                           short=f"{gpu_list(i for i, _ in reset)} needs {action.lower()}"))
+    if not out:
+        out.append(ok(host, ECC, "no uncorrectable ECC errors, no remap pending, no recovery action"))
+    return out

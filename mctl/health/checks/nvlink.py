@@ -1,0 +1,35 @@
+"""NVLinks up: every GB200/GB300 GPU has 18, and any inactive one is critical
+(NVIDIA Health Validation: drain, reset the GPU, reboot, then service)."""
+
+from __future__ import annotations
+
+from mctl.health.checks._base import finding, ok
+from mctl.model.findings import Finding, Severity
+from mctl.model.gpu import NVLINKS_PER_GPU
+
+CHECK = "nvlink.links"
+
+
+def check(facts, expect, settings) -> list[Finding]:
+    if facts.gpus is None:
+        return []
+    if facts.nvlinks is None:
+        if facts.nvlink_error:
+            return [finding(Severity.WARN, facts.host, CHECK, facts.nvlink_error,
+                            "rerun 'nvidia-smi nvlink --status' on the tray")]
+        return []
+    down: list[str] = []
+    short_links: list[str] = []
+    for gpu in facts.nvlinks:
+        down += [f"gpu{gpu.index} link{link}" for link in gpu.inactive_links]
+        if len(gpu.links) != NVLINKS_PER_GPU:
+            short_links.append(f"gpu{gpu.index} shows {len(gpu.links)} links")
+    if down or short_links:
+        text = ", ".join(down + short_links)
+        short = f"nvlink {down[0]} down" if len(down) == 1 else f"nvlink {len(down)} links down" if down \
+            else "nvlink count"
+        return [finding(Severity.CRITICAL, facts.host, CHECK, f"NVLinks not up: {text}",
+                        "drain, reset the GPU; if the link stays down, reboot, then service the tray or cable",
+                        short=short, inactive=down)]
+    total = sum(len(g.links) for g in facts.nvlinks)
+    return [ok(facts.host, CHECK, f"{total} NVLinks active ({len(facts.nvlinks)} GPUs x {NVLINKS_PER_GPU})")]

@@ -1,0 +1,242 @@
+"""One health sweep over a site, and (optionally) the remediation that follows it.
+
+A sweep sends the probe to every tray and asks the scheduler for its node
+states at the same time (one round trip per tray and one to the controller),
+runs the check catalogue, then, when remediating, lets the policy decide and
+the scheduler adapter act. `mctl health check` runs one sweep with a fresh
+connection pool; `mctl health watch` keeps one Engine (and its pool) for days.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mctl.health import checks, policy, store
+from mctl.health.breaker import BreakerState
+from mctl.health.facts import TrayHealthFacts
+from mctl.health.policy import Decision, NodeView, TrayVerdict
+from mctl.health.probe import parse_probe, probe_script, ssh_command, unreached
+from mctl.health.settings import HealthSettings
+from mctl.health.site_view import Scope, expectations, partition_plan, rack_sizes
+from mctl.health.slurm_ops import SchedulerUnreachable
+from mctl.model.findings import Finding, Severity, sort_findings, worst
+
+if TYPE_CHECKING:
+    from mctl.model.site import Site
+    from mctl.transport import SSHPool
+
+SMI_MARGIN = 3.0
+
+
+@dataclass
+class SweepResult:
+    number: int
+    started: float
+    elapsed: float
+    facts: dict[str, TrayHealthFacts]
+    findings: list[Finding]
+    verdicts: list[TrayVerdict]
+    nodes: dict[str, NodeView] | None
+    scheduler: str | None                       # slurm | None
+    scheduler_error: str | None = None
+    remediate: bool = False
+    dry_run: bool = False
+    decisions: list[Decision] = field(default_factory=list)
+    logged: list[dict[str, Any]] = field(default_factory=list)   # action-log entries of this sweep
+    breaker: BreakerState = field(default_factory=BreakerState)
+    records: dict[str, policy.TrayRecord] = field(default_factory=dict)
+
+    def worst(self) -> Severity:
+        return worst(self.findings)
+
+    def tray_status(self, host: str) -> str:
+        """healthy, warn, critical, unreachable, drained (by mctl), held (drained by someone else)."""
+        rec = self.records.get(host)
+        node = (self.nodes or {}).get(host)
+        if rec is not None and rec.drained and not self.dry_run:
+            return "drained"
+        if node is not None and node.drained:
+            return "held"
+        v = next((v for v in self.verdicts if v.host == host), None)
+        if v is None:
+            return "unknown"
+        return {"ok": "healthy"}.get(v.status, v.status)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sweep": self.number, "started": self.started, "elapsed": round(self.elapsed, 3),
+            "worst": self.worst().value, "scheduler": self.scheduler, "scheduler_error": self.scheduler_error,
+            "remediate": self.remediate, "dry_run": self.dry_run,
+            "trays": [{"host": v.host, "rack": v.rack, "reach": v.reach, "worst": v.worst.value,
+                       "status": self.tray_status(v.host),
+                       "scheduler_state": (self.nodes or {}).get(v.host).state if (self.nodes or {}).get(v.host)
+                       else None,
+                       "scheduler_reason": (self.nodes or {}).get(v.host).reason if (self.nodes or {}).get(v.host)
+                       else None,
+                       "elapsed": round(self.facts[v.host].elapsed, 3) if v.host in self.facts else None}
+                      for v in self.verdicts],
+            "findings": [f.to_dict() for f in self.findings],
+            "decisions": [d.to_dict() for d in self.decisions],
+            "actions": self.logged,
+            "breaker": self.breaker.to_dict(),
+        }
+
+
+class Engine:
+    def __init__(self, site: "Site", scope: Scope, settings: HealthSettings, state_dir: Path, pool: "SSHPool", *,
+                 remediate: bool = False, dry_run: bool = False, timeout: float | None = None,
+                 who: str | None = None):
+        from mctl.health.scheduler import adapter_for
+        from mctl.transport import targets_for
+
+        self.site = site
+        self.scope = scope
+        self.settings = settings
+        self.state_dir = Path(state_dir)
+        self.pool = pool
+        self.remediate = remediate
+        self.dry_run = dry_run
+        self.timeout = float(timeout if timeout is not None else min(pool.config.command_timeout,
+                                                                     max(10.0, settings.interval)))
+        self.who = who or store.actor()
+        self.targets = targets_for(site, list(scope.hosts))
+        self.expect = expectations(site, list(scope.hosts))
+        self.plans = {name: partition_plan(rack) for name, rack in site.racks.items()}
+        self.sizes = rack_sizes(site)
+        self.scheduler = adapter_for(site, pool)
+        self.sweeps = 0
+        # --dry-run keeps its records in memory only, so it never writes the state directory.
+        self._dry_state: store.HealthState | None = None
+
+    # --- discover + check ------------------------------------------------------------------------
+
+    async def _read_scheduler(self):
+        if self.scheduler is None:
+            return None, None, None
+        try:
+            views, states = await self.scheduler.read()
+            return views, states, None
+        except SchedulerUnreachable as exc:
+            return None, None, str(exc)
+
+    async def _probe(self) -> list[TrayHealthFacts]:
+        nonce = secrets.token_hex(8)
+        smi_timeout = max(1.0, self.timeout - SMI_MARGIN)
+        paths = self.settings.disk_paths
+        command = ssh_command(probe_script(nonce, smi_timeout=smi_timeout, disk_paths=paths))
+        results = await self.pool.run(self.targets, command, timeout=self.timeout)
+        out = []
+        for r in results:
+            if r.status.value in ("unreachable", "timeout", "host-key-mismatch"):
+                out.append(unreached(r.host, r.address, r.status.value, r.error, r.elapsed))
+            else:
+                out.append(parse_probe(r.host, r.stdout, r.stderr, nonce, address=r.address, smi_timeout=smi_timeout,
+                                       disk_paths=paths, elapsed=r.elapsed))
+        return out
+
+    def _load_state(self) -> store.HealthState:
+        if self.dry_run and self._dry_state is not None:
+            return self._dry_state
+        return store.load_state(self.state_dir)
+
+    async def sweep(self) -> SweepResult:
+        self.sweeps += 1
+        started = time.time()
+        t0 = time.monotonic()
+        (facts_list, (views, states, sched_error)) = await asyncio.gather(self._probe(), self._read_scheduler())
+        state = self._load_state()
+        facts: dict[str, TrayHealthFacts] = {}
+        for f in facts_list:
+            rec = state.records.get(f.host)
+            f = f.without_xids_before(rec.xid_ack if rec else None)
+            facts[f.host] = f.with_slurm_node((states or {}).get(f.host))
+        findings: list[Finding] = []
+        verdicts: list[TrayVerdict] = []
+        per_host: dict[str, list[Finding]] = {}
+        for h in self.scope.hosts:
+            fs = checks.run_tray(facts[h.name], self.expect[h.name], self.settings)
+            per_host[h.name] = fs
+        for rack in self.scope.racks:
+            trays = [facts[h.name] for h in self.scope.hosts if h.rack == rack]
+            for f in checks.run_rack(rack, trays, self.plans.get(rack, {})):
+                per_host.setdefault(f.host, []).append(f)
+        for h in self.scope.hosts:
+            fs = per_host.get(h.name, [])
+            verdicts.append(TrayVerdict(h.name, h.rack, facts[h.name].reach, worst(fs), tuple(fs)))
+        for fs in per_host.values():
+            findings.extend(fs)
+        if sched_error:
+            findings.append(Finding(Severity.WARN, self.scheduler.target.name if self.scheduler else None,
+                                    "scheduler.reachable", sched_error,
+                                    "drains and resumes are queued until the scheduler answers"))
+        result = SweepResult(self.sweeps, started, 0.0, facts, sort_findings(findings), verdicts, views,
+                             self.scheduler.kind if self.scheduler else None, sched_error,
+                             remediate=self.remediate, dry_run=self.dry_run, breaker=state.breaker,
+                             records=dict(state.records))
+        if self.remediate:
+            await self._remediate(result)
+        result.elapsed = time.monotonic() - t0
+        return result
+
+    # --- decide + act -----------------------------------------------------------------------------
+
+    async def _remediate(self, result: SweepResult) -> None:
+        if self.scheduler is None:
+            result.decisions = []
+            return
+        if self.dry_run:
+            state = self._load_state()
+            outcome = policy.decide(state.records, result.verdicts, result.nodes, self.settings, state.breaker,
+                                    self.sizes, now=time.time())
+            self._dry_state = store.HealthState(self.site.name, outcome.records, outcome.breaker)
+            result.decisions = outcome.decisions
+            result.records = outcome.records
+            result.breaker = outcome.breaker
+            return
+        with store.state_lock(self.state_dir):
+            state = store.load_state(self.state_dir)
+            tripped_before = state.breaker.tripped
+            now = time.time()
+            outcome = policy.decide(state.records, result.verdicts, result.nodes, self.settings, state.breaker,
+                                    self.sizes, now=now)
+            entries: list[dict[str, Any]] = []
+            actions = outcome.actions
+            if actions:
+                applied = await self.scheduler.apply(actions)
+                by_host = {v.host: v for v in result.verdicts}
+                for r in applied:
+                    d = r.decision
+                    policy.settle(outcome, d, r.ok, r.error, unreachable=r.unreachable)
+                    if r.not_ours and d.action == policy.RESUME:
+                        rec = outcome.records[d.host]
+                        outcome.records[d.host] = replace(rec, drained=False, reason=None, full_reason=None,
+                                                          drained_at=None)
+                    v = by_host.get(d.host)
+                    entries.append(store.action_entry(
+                        d.action if not (r.unreachable and not r.ok) else policy.QUEUE, d.host, d.reason,
+                        who=self.who, full=d.full, at=d.at,
+                        result="ok" if r.ok else ("refused: " if r.refused else "failed: ") + (r.error or ""),
+                        why=d.why, rack=d.rack, scheduler=self.scheduler.where,
+                        findings=[f.to_dict() for f in v.findings if f.severity is not Severity.OK] if v and
+                        d.action == policy.DRAIN else None))
+            for n in outcome.notes:
+                entries.append(store.action_entry(n.action, n.host, n.reason, who=self.who, full=n.full, at=n.at,
+                                                  result="noted", why=n.why, rack=n.rack))
+            if outcome.breaker.tripped and not tripped_before:
+                entries.append(store.action_entry("breaker-trip", None, outcome.breaker.reason, who=self.who,
+                                                  at=outcome.breaker.tripped_at, result="tripped",
+                                                  scope=self.settings.breaker_scope))
+            state.records = outcome.records
+            state.breaker = outcome.breaker
+            state.site = self.site.name
+            store.append_actions(self.state_dir, entries)
+            store.save_state(self.state_dir, state)
+        result.decisions = outcome.decisions
+        result.logged = entries
+        result.records = dict(outcome.records)
+        result.breaker = outcome.breaker

@@ -1,0 +1,289 @@
+"""The health probe: one shell script per tray and sweep, and its output read back into facts.
+
+Standard library only: the watch sends the script over SSH, `mctl node check`
+runs the very same script on the tray with /bin/sh, so both read a tray through
+one parser. Sections are framed with a per-run nonce (mctl.facts.collect's
+framing), every command that can hang runs under `timeout`, and builtins read
+/proc so a sweep forks as little as it can on every tray.
+"""
+
+from __future__ import annotations
+
+import shlex
+from datetime import datetime
+from typing import Sequence
+
+from mctl.facts import DriverUnavailable, FactsParseError
+from mctl.facts.collect import XID_TAIL, Section, split_sections
+from mctl.health.facts import Clock, DiskUsage, ImexObservation, Memory, TrayHealthFacts, observe_xid
+
+IMEX_CONFIG = "/etc/nvidia-imex/config.cfg"
+RC_ABSENT = 200           # a section whose subject is not set up on this tray
+RC_NOT_INSTALLED = 127
+
+_SCRIPT = r"""
+M='::mctl-@NONCE@::'
+sec() {
+  n=$1; shift
+  printf '%sbegin %s\n' "$M" "$n"; printf '%sbegin %s\n' "$M" "$n" >&2
+  "$@"; rc=$?
+  printf '\n%send %s rc=%d\n' "$M" "$n" "$rc"; printf '\n%send %s rc=%d\n' "$M" "$n" "$rc" >&2
+}
+T=; command -v timeout >/dev/null 2>&1 && T="timeout -k 2"
+to() { if [ -n "$T" ]; then $T "$@"; else shift; "$@"; fi; }
+clock() { date '+%s %Y-%m-%dT%H:%M:%S'; IFS=' ' read -r up _ < /proc/uptime && echo "$up"; }
+line() { IFS= read -r v < "$1" && printf '%s\n' "$v"; }
+smi() {
+  command -v nvidia-smi >/dev/null 2>&1 || { echo 'nvidia-smi: command not found' >&2; return 127; }
+  to @SMI_TIMEOUT@ nvidia-smi "$@"
+}
+svc() {
+  pid1=; IFS= read -r pid1 < /proc/1/comm 2>/dev/null
+  if [ "$pid1" = systemd ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+    echo source=systemd
+    systemctl show -p Id,LoadState,ActiveState,SubState,UnitFileState,MainPID nvidia-imex.service slurmd.service
+    return 0
+  fi
+  echo source=process-table
+  for u in nvidia-imex slurmd; do
+    f=
+    for d in /etc/systemd/system /run/systemd/system /usr/local/lib/systemd/system /usr/lib/systemd/system /lib/systemd/system; do
+      if [ -e "$d/$u.service" ]; then f="$d/$u.service"; break; fi
+    done
+    en=no
+    for w in /etc/systemd/system/*.wants/"$u".service; do [ -e "$w" ] && en=yes; done
+    echo "unit=$u.service file=$f enabled=$en"
+  done
+  grep -Hx -e nvidia-imex -e slurmd /proc/[0-9]*/comm 2>/dev/null
+  return 0
+}
+imex() {
+  [ -r @IMEX_CONFIG@ ] || return @RC_ABSENT@
+  command -v nvidia-imex-ctl >/dev/null 2>&1 || return 127
+  to 5 nvidia-imex-ctl -c @IMEX_CONFIG@ "$@"
+}
+xid() {
+  if [ -r /var/log/kern.log ]; then echo source=/var/log/kern.log; grep -h 'NVRM: Xid' /var/log/kern.log | tail -n @XID_TAIL@
+  else echo source=dmesg; dmesg 2>/dev/null | grep 'NVRM: Xid' | tail -n @XID_TAIL@; fi
+  return 0
+}
+mem() { while IFS=': ' read -r k v _; do case $k in MemTotal|MemAvailable) echo "$k $v";; esac; done < /proc/meminfo; }
+sec clock clock
+sec hostname line /proc/sys/kernel/hostname
+@GPU_SECTIONS@
+sec services svc
+sec imex-query imex -q
+sec imex-domain imex -N -j
+sec xid xid
+sec disk df -P -k @DISK_PATHS@
+sec memory mem
+"""
+
+_GPU_SECTIONS = "sec nvidia-smi smi -q -x\nsec nvlink smi nvlink --status"
+
+
+def probe_script(nonce: str, *, smi_timeout: float, disk_paths: Sequence[str] = ("/",), gpus: bool = True) -> str:
+    """The script body. gpus=False leaves nvidia-smi out (the node check read NVML instead)."""
+    paths = " ".join(shlex.quote(p) for p in disk_paths) or "/"
+    return (_SCRIPT.replace("@NONCE@", nonce).replace("@SMI_TIMEOUT@", f"{max(1.0, smi_timeout):g}")
+            .replace("@XID_TAIL@", str(XID_TAIL)).replace("@IMEX_CONFIG@", IMEX_CONFIG)
+            .replace("@RC_ABSENT@", str(RC_ABSENT)).replace("@DISK_PATHS@", paths)
+            .replace("@GPU_SECTIONS@", _GPU_SECTIONS if gpus else ""))
+
+
+def ssh_command(body: str) -> str:
+    """The command sent to a tray: the script under /bin/sh whatever the login shell is."""
+    return "exec /bin/sh -c " + shlex.quote(body)
+
+
+# --- parsing (pure) ------------------------------------------------------------------------------
+
+def parse_clock(text: str) -> Clock:
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    try:
+        epoch_s, local_s = lines[0].split()
+        return Clock(float(epoch_s), datetime.fromisoformat(local_s), float(lines[1]))
+    except (IndexError, ValueError):
+        raise FactsParseError(f"clock: unreadable {text[:60]!r}") from None
+
+
+def parse_df(text: str) -> tuple[DiskUsage, ...]:
+    """`df -P -k PATH...`: one line per path given, in order (a header first)."""
+    out = []
+    for line in text.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) < 6:
+            continue
+        try:
+            size, used, avail = int(parts[1]), int(parts[2]), int(parts[3])
+        except ValueError:
+            raise FactsParseError(f"df: unreadable line {line[:80]!r}") from None
+        out.append(DiskUsage(path="", mount=" ".join(parts[5:]), size_kib=size, used_kib=used, avail_kib=avail))
+    return tuple(out)
+
+
+def parse_meminfo(text: str) -> Memory:
+    values = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[1].isdigit():
+            values[parts[0]] = int(parts[1])
+    if "MemTotal" not in values or "MemAvailable" not in values:
+        raise FactsParseError("memory: MemTotal or MemAvailable missing from /proc/meminfo")
+    return Memory(values["MemTotal"], values["MemAvailable"])
+
+
+def imex_observation(query: Section | None, domain: Section | None) -> ImexObservation | None:
+    """IMEX facts from the two imex sections; None when the probe did not ask."""
+    from mctl.facts.imex import parse_domain_json, parse_query
+
+    if query is None or not query.complete:
+        return None
+    if query.rc == RC_ABSENT:
+        return ImexObservation(configured=False)
+    if query.rc == RC_NOT_INSTALLED:
+        return ImexObservation(configured=True, error="nvidia-imex-ctl is not installed")
+    errors: list[str] = []
+    daemon = None
+    if query.rc in (124, 137):
+        errors.append("nvidia-imex-ctl -q did not answer within 5s")
+    elif query.rc != 0:
+        said = (query.text.strip().splitlines() or [f"exit {query.rc}"])[-1]
+        errors.append(f"nvidia-imex-ctl -q: {said[:160]}")
+    else:
+        try:
+            daemon = parse_query(query.text)
+        except FactsParseError as exc:
+            errors.append(exc.message)
+    state = None
+    problems: list[str] = []
+    if domain is not None and domain.complete and domain.rc == 0:
+        try:
+            status = parse_domain_json(domain.text)
+        except FactsParseError as exc:
+            errors.append(exc.message)
+        else:
+            state = status.state
+            problems = _link_problems(status)
+    elif daemon == "READY" and domain is not None and domain.complete:
+        errors.append(f"nvidia-imex-ctl -N -j failed (exit {domain.rc})")
+    return ImexObservation(True, daemon, state, tuple(problems), "; ".join(errors) or None)
+
+
+def _link_problems(status) -> list[str]:
+    from mctl.model.fabric import LINK_WORDS
+
+    names = {n.index: (n.hostname or n.address) for n in status.nodes}
+    out = []
+    for node in status.nodes:
+        if node.state != "READY":
+            out.append(f"node {names[node.index]} is {node.state}")
+    seen = set()
+    for node in status.nodes:
+        for j, letter in enumerate(node.links):
+            if letter == "C" or j == node.index or j not in names or letter == "I":
+                continue
+            pair = tuple(sorted((node.index, j))) + (letter,)
+            if pair in seen:
+                continue
+            seen.add(pair)
+            out.append(f"{names[node.index]} to {names[j]}: {LINK_WORDS.get(letter, letter).lower().replace('_', ' ')}")
+    return out
+
+
+def parse_probe(host: str, stdout: str, stderr: str, nonce: str, *, address: str | None = None,
+                smi_timeout: float = 30.0, disk_paths: Sequence[str] = ("/",), elapsed: float = 0.0,
+                gpu_facts: tuple | None = None) -> TrayHealthFacts:
+    """A tray's probe output -> facts. Never raises for bad output: problems are recorded.
+
+    gpu_facts: (GpuReport | None, error | None, messages, nvlinks | None, nvlink_error | None, source)
+    when the caller read the GPUs another way (NVML); the nvidia-smi sections are then absent.
+    """
+    from mctl.facts.kernel_log import parse_xid_events
+    from mctl.facts.nvidia_smi import parse_nvlink_status, parse_xml
+    from mctl.facts.services import IMEX_UNIT, SLURMD_UNIT, parse_service_probe
+
+    sections = split_sections(stdout, nonce)
+    errors = split_sections(stderr, nonce)
+    if not sections:
+        return TrayHealthFacts(host=host, address=address, gpu_error="no facts: the probe printed no sections",
+                               problems=("probe output unreadable",), elapsed=elapsed)
+    problems: list[str] = []
+
+    def parsed(name: str, parse):
+        sec = sections.get(name)
+        if sec is None or not sec.complete:
+            problems.append(f"{name}: output {'missing' if sec is None else 'cut off'}")
+            return None
+        try:
+            return parse(sec)
+        except FactsParseError as exc:
+            problems.append(f"{name}: {exc.message}")
+            return None
+
+    clock = parsed("clock", lambda s: parse_clock(s.text))
+    hostname = parsed("hostname", lambda s: s.text.strip() or None)
+    services = parsed("services", lambda s: parse_service_probe(s.text)) or {}
+    memory = parsed("memory", lambda s: parse_meminfo(s.text))
+    disks = parsed("disk", lambda s: parse_df(s.text)) or ()
+    if disks:
+        # df prints one line per path it could read, in order; a path it could not stat is left out.
+        named = list(disk_paths) if len(disks) == len(disk_paths) else [d.mount for d in disks]
+        disks = tuple(DiskUsage(p, d.mount, d.size_kib, d.used_kib, d.avail_kib) for p, d in zip(named, disks))
+    xid_sec = sections.get("xid")
+    xids: tuple = ()
+    xid_source = None
+    if xid_sec is not None and xid_sec.complete:
+        first, _, rest = xid_sec.text.partition("\n")
+        xid_source = first.removeprefix("source=") if first.startswith("source=") else None
+        xids = tuple(observe_xid(e, clock) for e in parse_xid_events(rest if xid_source else xid_sec.text))
+    else:
+        problems.append("xid: output " + ("missing" if xid_sec is None else "cut off"))
+    imex = imex_observation(sections.get("imex-query"), sections.get("imex-domain"))
+
+    if gpu_facts is not None:
+        gpus, gpu_error, gpu_messages, nvlinks, nvlink_error, source = gpu_facts
+    else:
+        source = "nvidia-smi"
+        gpus, gpu_error, gpu_messages = _smi_section(sections.get("nvidia-smi"), errors.get("nvidia-smi"),
+                                                     smi_timeout, parse_xml)
+        nvlinks, nvlink_error = None, None
+        nvl = sections.get("nvlink")
+        if gpus is not None:
+            if nvl is None or not nvl.complete:
+                nvlink_error = "nvlink --status output " + ("missing" if nvl is None else "cut off")
+            elif nvl.rc in (124, 137):
+                nvlink_error = f"nvidia-smi nvlink --status hung (no answer within {smi_timeout:g}s)"
+            else:
+                try:
+                    nvlinks = parse_nvlink_status(nvl.text)
+                except FactsParseError as exc:
+                    nvlink_error = f"nvlink --status unreadable: {exc.message}"
+    return TrayHealthFacts(host=host, address=address, hostname=hostname, clock=clock, gpus=gpus, gpu_error=gpu_error,
+                           gpu_messages=tuple(gpu_messages), gpu_source=source, nvlinks=nvlinks,
+                           nvlink_error=nvlink_error, xids=xids, xid_source=xid_source, imex=imex,
+                           slurmd=services.get(SLURMD_UNIT), disks=disks, memory=memory, problems=tuple(problems),
+                           elapsed=elapsed)
+
+
+def _smi_section(smi: Section | None, err: Section | None, smi_timeout: float, parse_xml):
+    messages = tuple(l.strip() for l in (err.text if err else "").splitlines() if l.strip())
+    if smi is None:
+        return None, "nvidia-smi output missing from the probe (output cut off)", messages
+    if not smi.complete:
+        return None, "nvidia-smi output cut off before it ended", messages
+    if smi.rc == 127:
+        return None, "nvidia-smi is not installed (command not found)", messages
+    if smi.rc in (124, 137):
+        return None, f"nvidia-smi hung: no answer within {smi_timeout:g}s (driver wedged?)", messages
+    try:
+        return parse_xml(smi.text), None, messages
+    except DriverUnavailable as exc:
+        return None, exc.message, messages
+    except FactsParseError as exc:
+        detail = f" (exit {smi.rc}{': ' + messages[-1] if messages else ''})" if smi.rc else ""
+        return None, f"nvidia-smi output unreadable: {exc.message}{detail}", messages
+
+
+def unreached(host: str, address: str | None, reach: str, error: str | None, elapsed: float = 0.0) -> TrayHealthFacts:
+    return TrayHealthFacts(host=host, address=address, reach=reach, error=error, elapsed=elapsed)

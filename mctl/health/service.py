@@ -1,0 +1,225 @@
+"""Health as service functions the CLI calls: one sweep, mctl's drains, resume by hand, the breaker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mctl.errors import EnvironmentProblem, PartialFailure, UsageError
+from mctl.health import store
+from mctl.health.breaker import reset as breaker_reset_state
+from mctl.health.policy import RESUME, Decision, is_mctl_reason
+from mctl.health.site_view import resolve_scope, settings_of
+from mctl.health.slurm_ops import SchedulerUnreachable
+
+if TYPE_CHECKING:
+    from mctl.health.engine import SweepResult
+    from mctl.model.site import Site
+
+
+def run_check(site: "Site", expr: str | None, state_dir: Path, *, remediate: bool = False, dry_run: bool = False,
+              timeout: float | None = None) -> "SweepResult":
+    """One sweep; with remediate, one round of the policy too (under the watch lock unless dry-run)."""
+    from mctl.health.engine import Engine
+    from mctl.transport import SSHConfig, SSHPool
+
+    scope = resolve_scope(site, expr)
+    settings = settings_of(site)
+    if remediate and site.scheduler is None:
+        raise UsageError("--remediate needs a scheduler to drain through; the inventory names none",
+                         hint="add a scheduler: section to mctl.yml")
+
+    async def main() -> "SweepResult":
+        async with SSHPool(SSHConfig.from_site(site)) as pool:
+            engine = Engine(site, scope, settings, state_dir, pool, remediate=remediate, dry_run=dry_run,
+                            timeout=timeout)
+            return await engine.sweep()
+
+    if remediate and not dry_run:
+        with store.watch_lock(state_dir, "mctl health check --remediate"):
+            return asyncio.run(main())
+    return asyncio.run(main())
+
+
+# --- mctl's drains ---------------------------------------------------------------------------------
+
+@dataclass
+class DrainRow:
+    host: str
+    rack: str | None
+    state: str | None
+    reason: str | None
+    owner: str                      # this-mctl | mctl (node check or another watch) | record-only
+    drained_at: float | None = None
+    full_reason: str | None = None
+    healthy_streak: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "rack": self.rack, "state": self.state, "reason": self.reason,
+                "owner": self.owner, "drained_at": self.drained_at, "full_reason": self.full_reason,
+                "healthy_streak": self.healthy_streak}
+
+
+@dataclass
+class DrainReport:
+    rows: list[DrainRow]
+    scheduler_error: str | None = None
+    breaker: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"drains": [r.to_dict() for r in self.rows], "scheduler_error": self.scheduler_error,
+                "breaker": self.breaker}
+
+
+def _read_nodes(site: "Site"):
+    from mctl.health.scheduler import slurm_adapter
+    from mctl.transport import SSHConfig, SSHPool
+
+    if site.scheduler is None or site.scheduler.type != "slurm":
+        raise UsageError("mctl's drains live in Slurm; this site's scheduler is "
+                         f"{site.scheduler.type if site.scheduler else 'not set'}",
+                         hint="Kubernetes remediation is not implemented yet (docs/health.md)")
+
+    async def main():
+        async with SSHPool(SSHConfig.from_site(site)) as pool:
+            return await slurm_adapter(site, pool).read()
+
+    return asyncio.run(main())
+
+
+def list_drains(site: "Site", state_dir: Path) -> DrainReport:
+    state = store.load_state(state_dir)
+    racks = {h.name: h.rack for h in site.compute_trays()}
+    try:
+        views, _ = _read_nodes(site)
+        error = None
+    except SchedulerUnreachable as exc:
+        views, error = None, str(exc)
+    rows: list[DrainRow] = []
+    seen = set()
+    for host, rec in sorted(state.records.items()):
+        if rec.drained:
+            node = (views or {}).get(host)
+            rows.append(DrainRow(host, rec.rack, node.state if node else None, node.reason if node else rec.reason,
+                                 "this-mctl" if views is None or (node and node.mctl_drain) else "record-only",
+                                 rec.drained_at, rec.full_reason, rec.healthy_streak))
+            seen.add(host)
+    for host, node in sorted((views or {}).items()):
+        if host not in seen and node.mctl_drain:
+            rows.append(DrainRow(host, racks.get(host), node.state, node.reason, "mctl (node check or another watch)"))
+    return DrainReport(rows, error, state.breaker.to_dict())
+
+
+# --- resume by hand --------------------------------------------------------------------------------
+
+@dataclass
+class ResumeRow:
+    host: str
+    result: str                     # resumed | would-resume | skipped | refused | failed
+    detail: str
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "result": self.result, "detail": self.detail, "reason": self.reason}
+
+
+def resume_by_hand(site: "Site", expr: str, state_dir: Path, *, dry_run: bool = False) -> list[ResumeRow]:
+    """Resume trays mctl drained (any `mctl:` reason); refuses others' drains and down nodes.
+
+    Also records the time: XIDs logged before it no longer count, since an operator dealt with them.
+    """
+    from mctl.health.scheduler import slurm_adapter
+    from mctl.transport import SSHConfig, SSHPool
+
+    scope = resolve_scope(site, expr)
+    try:
+        views, _ = _read_nodes(site)
+    except SchedulerUnreachable as exc:
+        raise EnvironmentProblem(f"cannot resume: {exc}", hint="try again once slurmctld answers") from None
+    rows: list[ResumeRow] = []
+    todo: list[Decision] = []
+    now = time.time()
+    for host in scope.names:
+        node = views.get(host)
+        if node is None:
+            rows.append(ResumeRow(host, "refused", "not a Slurm node"))
+        elif node.down:
+            rows.append(ResumeRow(host, "refused", f"node is {node.state}; mctl never touches down nodes", node.reason))
+        elif not node.drained:
+            rows.append(ResumeRow(host, "skipped", f"not drained ({node.state})"))
+        elif not is_mctl_reason(node.reason):
+            rows.append(ResumeRow(host, "refused", f"drained by someone else: {node.reason!r}; "
+                                                   "use scontrol if that is what you mean", node.reason))
+        else:
+            todo.append(Decision(host, RESUME, "resumed by hand", reason=node.reason,
+                                 rack=(site.host(host).rack if site.host(host) else None), at=now))
+    if dry_run or not todo:
+        rows += [ResumeRow(d.host, "would-resume", "dry run" if dry_run else "", d.reason) for d in todo]
+        return _ordered(rows, scope.names)
+
+    async def main():
+        async with SSHPool(SSHConfig.from_site(site)) as pool:
+            return await slurm_adapter(site, pool).apply(todo)
+
+    who = store.actor()
+    with store.state_lock(state_dir):
+        results = asyncio.run(main())
+        state = store.load_state(state_dir)
+        entries = []
+        for r in results:
+            d = r.decision
+            if r.ok:
+                rec = state.records.get(d.host)
+                if rec is not None:
+                    state.records[d.host] = replace(rec, drained=False, reason=None, full_reason=None,
+                                                    drained_at=None, xid_ack=now, note=None, bad_streak=0)
+                else:
+                    from mctl.health.policy import TrayRecord
+
+                    state.records[d.host] = TrayRecord(d.host, d.rack, xid_ack=now)
+                rows.append(ResumeRow(d.host, "resumed", "", d.reason))
+            else:
+                rows.append(ResumeRow(d.host, "refused" if r.refused else "failed", r.error or "", d.reason))
+            entries.append(store.action_entry("resume", d.host, d.reason, who=who, at=d.at, manual=True,
+                                              result="ok" if r.ok else f"failed: {r.error}"))
+        store.append_actions(state_dir, entries)
+        store.save_state(state_dir, state)
+    failed = [r for r in rows if r.result == "failed"]
+    if failed and len(failed) < len(rows):
+        raise PartialFailure(f"{len(failed)} of {len(rows)} trays not resumed: "
+                             + "; ".join(f"{r.host}: {r.detail}" for r in failed[:4]),
+                             hint="see 'mctl health drains'")
+    return _ordered(rows, scope.names)
+
+
+def _ordered(rows: list[ResumeRow], names: list[str]) -> list[ResumeRow]:
+    order = {n: i for i, n in enumerate(names)}
+    return sorted(rows, key=lambda r: order.get(r.host, 0))
+
+
+# --- breaker ----------------------------------------------------------------------------------------
+
+def breaker_status(state_dir: Path, site: "Site") -> dict[str, Any]:
+    state = store.load_state(state_dir)
+    settings = settings_of(site)
+    now = time.time()
+    recent = state.breaker.recent(now, settings.breaker_window_s)
+    return {**state.breaker.to_dict(), "recent_drains": len(recent), "max_drained_share": settings.breaker_max_share,
+            "window_s": settings.breaker_window_s, "scope": settings.breaker_scope}
+
+
+def breaker_reset(state_dir: Path, *, dry_run: bool = False) -> dict[str, Any]:
+    with store.state_lock(state_dir):
+        state = store.load_state(state_dir)
+        before = state.breaker
+        if dry_run:
+            return {"was_tripped": before.tripped, "reason": before.reason, "dry_run": True}
+        state.breaker = breaker_reset_state(before)
+        store.append_actions(state_dir, [store.action_entry("breaker-reset", None, before.reason, who=store.actor(),
+                                                            result="ok", was_tripped=before.tripped,
+                                                            cleared_drains=len(before.drains))])
+        store.save_state(state_dir, state)
+    return {"was_tripped": before.tripped, "reason": before.reason, "dry_run": False}
