@@ -37,6 +37,8 @@ NOUNS: tuple[tuple[str, str], ...] = (
     ("partition", "mctl.cli.partition"),
     ("imex", "mctl.cli.imex"),
     ("deploy", "mctl.cli.deploy"),
+    ("health", "mctl.cli.health"),
+    ("node", "mctl.cli.node"),
 )
 
 ROOT_HELP = ("Manage NVIDIA GB200/GB300 NVL72 racks: inventory, provisioning, NVLink partitions, "
