@@ -2,8 +2,8 @@
 
 Trays carry no pydantic, typer or asyncssh, so the node check is built from
 modules that need only the standard library. This module names them, stages
-them as a directory tree the node_check role copies to
-/usr/local/lib/mctl-node-check/, and renders each tray's
+them as one reproducible tar the node_check role copies and unpacks into
+/usr/local/lib/mctl-node-check/ (one file transfer per tray, not fifty), and renders each tray's
 /etc/mctl/node-check.json from the inventory (expectations, health settings,
 the rack's trays for the breaker).
 
@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import io
 import json
 import sys
+import tarfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 LIB_DIR = "/usr/local/lib/mctl-node-check"
 WRAPPER = "/usr/local/sbin/mctl-node-check"
 CONFIG = "/etc/mctl/node-check.json"
+TARBALL = "mctl-node-check.tar"
 
 # Every module the node check imports, eagerly or inside a function (nvml, IMEX and log parsers).
 MODULES = (
@@ -87,33 +90,43 @@ def files() -> list[tuple[Path | None, Path, str | None]]:
     return sorted(out, key=lambda f: str(f[1]))
 
 
-def stage(dest: Path) -> list[str]:
-    """Write the bundle tree under dest (only files whose content changed), remove stray files."""
+def tarball() -> bytes:
+    """The bundle as one uncompressed tar with fixed owners, modes and times: the same source
+    gives the same bytes, so Ansible's copy reports no change on a re-run."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        dirs: set[Path] = set()
+        for src, rel, text in files():
+            for parent in reversed(rel.parents[:-1]):
+                if parent not in dirs:
+                    dirs.add(parent)
+                    info = tarfile.TarInfo(str(parent))
+                    info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 0
+                    tar.addfile(info)
+            data = text.encode() if text is not None else src.read_bytes()
+            info = tarfile.TarInfo(str(rel))
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def stage(dest: Path) -> Path:
+    """Write DEST/mctl-node-check.tar (only when its content changed) and return its path."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    wanted = set()
-    for src, rel, text in files():
-        target = dest / rel
-        wanted.add(rel)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        data = text.encode() if text is not None else src.read_bytes()
-        if not target.exists() or target.read_bytes() != data:
-            tmp = target.with_name(f".{target.name}.tmp")
-            tmp.write_bytes(data)
-            tmp.replace(target)
-    for path in sorted(dest.rglob("*"), reverse=True):
-        rel = path.relative_to(dest)
-        if path.is_file() and rel not in wanted:
-            path.unlink()
-        elif path.is_dir() and not any(path.iterdir()):
-            path.rmdir()
-    return sorted(str(r) for r in wanted)
+    target = dest / TARBALL
+    data = tarball()
+    if not target.exists() or target.read_bytes() != data:
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_bytes(data)
+        tmp.replace(target)
+    return target
 
 
 def wrapper(python: str = "/usr/bin/python3", lib_dir: str = LIB_DIR) -> str:
     """/usr/local/sbin/mctl-node-check. -I: no PYTHON* variables or user site from slurmd's
     environment; the system site-packages stay visible, so pynvml is used where it is installed."""
-    code = (f"import sys; sys.path.insert(0, {lib_dir!r}); "
+    code = (f"import sys; sys.path.insert(0, {json.dumps(lib_dir)}); "
             "from mctl.health.node_check import main; sys.exit(main())")
     return ("#!/bin/sh\n"
             "# mctl node check: mctl's health checks on this tray; drains it in Slurm with an mctl: reason.\n"
@@ -157,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     except MctlError as exc:
         sys.stderr.write(f"mctl: error: {exc.message}\n")
         return 2
-    written = stage(Path(args.dest) / "lib")
-    json.dump({"lib": str(Path(args.dest) / "lib"), "files": written, "wrapper": wrapper(),
+    path = stage(Path(args.dest))
+    json.dump({"tarball": str(path), "files": [str(rel) for _, rel, _ in files()], "wrapper": wrapper(),
                "configs": node_configs(site)}, sys.stdout, indent=1)
     sys.stdout.write("\n")
     return 0
