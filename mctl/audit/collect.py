@@ -1,0 +1,385 @@
+"""Gather the actual state an audit compares with the inventory, read-only, in one pass.
+
+One SSH connection per host carries everything: the audit probe (OS release,
+kernel, slurmd version, the IMEX files) and the health sweep's probe run side
+by side on it, the controller answers one command for the whole of Slurm
+(nodes, topology, config, partitions, topology.conf, its clock), and NMX-M is
+asked over HTTP at the same time. Nothing here writes anywhere, takes a lock
+or drains: an audit may run beside `mctl health watch` and any mutating
+command. The host-key comparison costs nothing extra: the pool connects with
+strict checking against the inventory's known_hosts, so a refused key comes
+back with the fingerprint the host presented.
+
+Parsing is pure (parse_tray, parse_controller) and tested on captured output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import shlex
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from mctl.errors import MctlError
+from mctl.facts import FactsParseError
+from mctl.facts.collect import Section, split_sections
+
+if TYPE_CHECKING:
+    from mctl.facts.os_release import OsRelease
+    from mctl.fabric.reconcile import FabricState
+    from mctl.health.engine import SweepResult
+    from mctl.model.site import Host, Rack, Site
+    from mctl.sched.slurm.facts import NodeState, TopologyEntry
+    from mctl.transport import HostResult, SSHPool, SSHTarget
+    from mctl.transport.results import HostKeyProblem
+
+RC_ABSENT = 200          # the file is not there (as opposed to unreadable)
+SCONTROL_TIMEOUT = 20    # seconds; slurmctld that does not answer makes scontrol wait its MessageTimeout
+
+_FRAME = r"""
+M='::mctl-@NONCE@::'
+sec() {
+  n=$1; shift
+  printf '%sbegin %s\n' "$M" "$n"; printf '%sbegin %s\n' "$M" "$n" >&2
+  "$@"; rc=$?
+  printf '\n%send %s rc=%d\n' "$M" "$n" "$rc"; printf '\n%send %s rc=%d\n' "$M" "$n" "$rc" >&2
+}
+line() { IFS= read -r v < "$1" && printf '%s\n' "$v"; }
+file() { [ -e "$1" ] || return @RC_ABSENT@; cat "$1"; }
+T=; command -v timeout >/dev/null 2>&1 && T="timeout -k 2"
+to() { if [ -n "$T" ]; then $T "$@"; else shift; "$@"; fi; }
+"""
+
+_TRAY = r"""
+slurmdv() { command -v slurmd >/dev/null 2>&1 || return 127; to 10 slurmd -V; }
+sec os-release cat /etc/os-release
+sec kernel line /proc/sys/kernel/osrelease
+sec slurmd slurmdv
+"""
+
+_CONTROLLER = r"""
+sc() { command -v scontrol >/dev/null 2>&1 || { echo 'scontrol: command not found' >&2; return 127; }; to @TO@ scontrol "$@"; }
+conf() { sc show config | grep -E '^(TopologyPlugin|SwitchType|SLURM_VERSION) '; }
+sec clock date '+%s %Y-%m-%dT%H:%M:%S'
+sec nodes sc show node -o
+sec topology sc show topology
+sec config conf
+sec partitions sc show partition -o
+sec topology-conf file @TOPOLOGY_CONF@
+"""
+
+
+def _script(body: str, nonce: str) -> str:
+    text = (_FRAME + body).replace("@NONCE@", nonce).replace("@RC_ABSENT@", str(RC_ABSENT))
+    return "exec /bin/sh -c " + shlex.quote(text)
+
+
+def tray_command(nonce: str, files: Sequence[str]) -> str:
+    """The audit probe of a compute tray: versions, and each of *files* (the IMEX files) as it is."""
+    extra = "".join(f"sec file{i} file {shlex.quote(p)}\n" for i, p in enumerate(files))
+    return _script(_TRAY + extra, nonce)
+
+
+def controller_command(nonce: str, conf_dir: str) -> str:
+    body = (_CONTROLLER.replace("@TO@", str(SCONTROL_TIMEOUT))
+            .replace("@TOPOLOGY_CONF@", shlex.quote(conf_dir.rstrip("/") + "/topology.conf")))
+    return _script(body, nonce)
+
+
+# --------------------------------------------------------------------------- trays
+
+@dataclass(frozen=True)
+class TrayState:
+    """What one compute tray holds now (or why it could not be read)."""
+
+    host: str
+    address: str
+    reach: str                                     # a HostStatus value
+    error: str | None = None
+    host_key: "HostKeyProblem | None" = None
+    os: "OsRelease | None" = None
+    kernel: str | None = None
+    slurmd_version: str | None = None
+    slurmd_error: str | None = None                # not installed, or unreadable
+    files: dict[str, str | None] = field(default_factory=dict)   # path -> text (None: absent)
+    file_errors: dict[str, str] = field(default_factory=dict)    # path -> why it could not be read
+    problems: tuple[str, ...] = ()
+
+    @property
+    def reached(self) -> bool:
+        return self.reach in ("ok", "failed")
+
+
+def _last_line(text: str, fallback: str) -> str:
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    return lines[-1] if lines else fallback
+
+
+def parse_tray(result: "HostResult", nonce: str, files: Sequence[str]) -> TrayState:
+    """A tray's probe result -> its state. Never raises: what cannot be read is recorded."""
+    from mctl.facts.os_release import parse_kernel_release, parse_os_release
+    from mctl.sched.slurm.version import parse_version
+
+    base: dict[str, Any] = dict(host=result.host, address=result.address, host_key=result.host_key)
+    if not result.status.reached:
+        return TrayState(reach=result.status.value, error=result.error or result.summary(), **base)
+    out = split_sections(result.stdout, nonce)
+    err = split_sections(result.stderr, nonce)
+    if not out:
+        return TrayState(reach=result.status.value, error=f"the audit probe printed nothing ({result.summary()})",
+                         problems=("probe output unreadable",), **base)
+    problems: list[str] = []
+
+    def complete(name: str) -> Section | None:
+        sec = out.get(name)
+        if sec is None or not sec.complete:
+            problems.append(f"{name}: output {'missing' if sec is None else 'cut off'}")
+            return None
+        return sec
+
+    os_rel = kernel = None
+    sec = complete("os-release")
+    if sec is not None:
+        try:
+            os_rel = parse_os_release(sec.text)
+        except FactsParseError as exc:
+            problems.append(f"os-release: {exc.message}")
+    sec = complete("kernel")
+    if sec is not None:
+        try:
+            kernel = parse_kernel_release(sec.text)
+        except FactsParseError as exc:
+            problems.append(f"kernel: {exc.message}")
+    slurmd_version = slurmd_error = None
+    sec = complete("slurmd")
+    if sec is not None:
+        if sec.rc == 127:
+            slurmd_error = "slurmd is not installed"
+        else:
+            try:
+                slurmd_version = str(parse_version(sec.text))
+            except ValueError:
+                said = err.get("slurmd")
+                slurmd_error = "slurmd -V: " + _last_line((said.text if said else "") or sec.text,
+                                                           f"exit {sec.rc}")
+    held: dict[str, str | None] = {}
+    file_errors: dict[str, str] = {}
+    for i, path in enumerate(files):
+        sec = complete(f"file{i}")
+        if sec is None:
+            file_errors[path] = "probe output missing or cut off"
+        elif sec.rc == RC_ABSENT:
+            held[path] = None
+        elif sec.rc != 0:
+            said = err.get(f"file{i}")
+            file_errors[path] = _last_line(said.text if said else "", f"cat exited {sec.rc}")
+        else:
+            held[path] = sec.text
+    return TrayState(reach=result.status.value, os=os_rel, kernel=kernel, slurmd_version=slurmd_version,
+                     slurmd_error=slurmd_error, files=held, file_errors=file_errors, problems=tuple(problems),
+                     **base)
+
+
+# --------------------------------------------------------------------------- controller
+
+@dataclass(frozen=True)
+class ControllerState:
+    """Slurm as the controller sees it. `error` set: none of it could be read."""
+
+    host: str
+    reach: str
+    error: str | None = None
+    host_key: "HostKeyProblem | None" = None
+    now_local: datetime | None = None              # the controller's wall clock (Slurm stamps are local time)
+    nodes: "tuple[NodeState, ...]" = ()
+    topology: "tuple[TopologyEntry, ...] | None" = None
+    topology_error: str | None = None
+    config: dict[str, str] = field(default_factory=dict)
+    partitions: dict[str, dict[str, str]] | None = None
+    topology_conf: str | None = None                # None: absent or unreadable
+    topology_conf_error: str | None = None
+
+    @property
+    def reached(self) -> bool:
+        return self.reach in ("ok", "failed")
+
+
+def parse_controller(result: "HostResult", nonce: str) -> ControllerState:
+    """The controller's answer -> Slurm's view. slurmctld not answering is `error`, not an exception."""
+    from mctl.sched.slurm.facts import key_values, parse_show_nodes, parse_show_topology
+
+    base: dict[str, Any] = dict(host=result.host, host_key=result.host_key)
+    if not result.status.reached:
+        return ControllerState(reach=result.status.value, error=f"{result.host}: {result.summary()}", **base)
+    out = split_sections(result.stdout, nonce)
+    err = split_sections(result.stderr, nonce)
+
+    def said(name: str, fallback: str) -> str:
+        e = err.get(name)
+        o = out.get(name)
+        return _last_line((e.text if e else "") or (o.text if o else ""), fallback)
+
+    nodes_sec = out.get("nodes")
+    if nodes_sec is None or not nodes_sec.complete:
+        return ControllerState(reach=result.status.value, error=f"scontrol on {result.host}: output cut off", **base)
+    if nodes_sec.rc != 0:
+        why = "timed out" if nodes_sec.rc in (124, 137) else said("nodes", f"exit {nodes_sec.rc}")
+        return ControllerState(reach=result.status.value, error=f"scontrol show node on {result.host}: {why}",
+                               **base)
+    now = None
+    clock = out.get("clock")
+    if clock is not None and clock.complete:
+        try:
+            now = datetime.fromisoformat(clock.text.split()[1])
+        except (IndexError, ValueError):
+            now = None
+    topo_sec = out.get("topology")
+    topology = None
+    topology_error = None
+    if topo_sec is not None and topo_sec.complete and topo_sec.rc == 0:
+        topology = tuple(parse_show_topology(topo_sec.text))
+    else:
+        topology_error = "scontrol show topology: " + (said("topology", "no answer") if topo_sec else "missing")
+    config: dict[str, str] = {}
+    conf_sec = out.get("config")
+    for line in (conf_sec.text if conf_sec else "").splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            config[key.strip()] = value.strip()
+    part_sec = out.get("partitions")
+    partitions = None
+    if part_sec is not None and part_sec.complete and part_sec.rc == 0:
+        partitions = {}
+        for line in part_sec.text.splitlines():
+            if line.startswith("PartitionName="):
+                kv = key_values(line)
+                partitions[kv["PartitionName"]] = kv
+    conf = out.get("topology-conf")
+    topology_conf = conf_error = None
+    if conf is None or not conf.complete:
+        conf_error = "output missing or cut off"
+    elif conf.rc == 0:
+        topology_conf = conf.text
+    elif conf.rc != RC_ABSENT:
+        conf_error = said("topology-conf", f"cat exited {conf.rc}")
+    return ControllerState(reach=result.status.value, now_local=now,
+                           nodes=tuple(parse_show_nodes(nodes_sec.text)), topology=topology,
+                           topology_error=topology_error, config=config, partitions=partitions,
+                           topology_conf=topology_conf, topology_conf_error=conf_error, **base)
+
+
+# --------------------------------------------------------------------------- NMX-M
+
+@dataclass(frozen=True)
+class FabricView:
+    rack: str
+    state: "FabricState | None" = None
+    error: str | None = None
+
+
+def discover_fabric(site: "Site", rack: "Rack") -> FabricView:
+    """NMX-M's partitions and compute nodes for *rack* (GET requests only)."""
+    from mctl.fabric.nmx import NMXClient
+    from mctl.fabric.reconcile import discover
+
+    try:
+        return FabricView(rack.name, discover(NMXClient.for_rack(site, rack), rack))
+    except MctlError as exc:
+        return FabricView(rack.name, error=exc.message)
+
+
+# --------------------------------------------------------------------------- all of it
+
+@dataclass
+class Actual:
+    trays: dict[str, TrayState]
+    controller: ControllerState | None
+    fabric: dict[str, FabricView]
+    health: "SweepResult | None" = None
+    health_error: str | None = None
+    elapsed: float = 0.0
+
+    def gpu_versions(self, host: str) -> tuple[str | None, str | None, str | None]:
+        """(driver, CUDA, why unknown) from the health sweep's nvidia-smi on that tray."""
+        if self.health is None:
+            return None, None, self.health_error or "no health sweep"
+        facts = self.health.facts.get(host)
+        if facts is None or facts.gpus is None:
+            return None, None, (facts.gpu_error if facts is not None else None) or "nvidia-smi gave no answer"
+        return facts.gpus.driver_version, facts.gpus.cuda_version, None
+
+
+async def _health_sweep(site: "Site", hosts: Sequence["Host"], state_dir: Path, pool: "SSHPool",
+                        timeout: float) -> "SweepResult":
+    """One sweep of the health catalogue without remediation: no drain, no lock, no state written."""
+    from mctl.health.engine import Engine
+    from mctl.health.site_view import Scope, settings_of
+
+    engine = Engine(site, Scope(tuple(hosts)), settings_of(site), state_dir, pool, remediate=False, dry_run=False,
+                    timeout=timeout)
+    return await engine.sweep()
+
+
+def gather(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, files: Sequence[str],
+           controller: "Host | None", conf_dir: str, timeout: float | None = None, health: bool = True) -> Actual:
+    """Everything an audit compares, from every tray of *racks*, the controller and NMX-M, concurrently."""
+    import time
+
+    from mctl.transport import SSHConfig, SSHPool, targets_for
+
+    start = time.monotonic()
+    config = SSHConfig.from_site(site)
+    command_timeout = float(timeout if timeout is not None else config.command_timeout)
+    trays = [h for r in racks for h in r.compute]
+    targets: list["SSHTarget"] = targets_for(site, trays)
+    nonce = secrets.token_hex(8)
+    probe = tray_command(nonce, files)
+
+    async def main() -> Actual:
+        async with SSHPool(config) as pool:
+            jobs: list[Any] = [pool.run(targets, probe, timeout=command_timeout)]
+            if controller is not None:
+                (ctl_target,) = targets_for(site, [controller])
+                jobs.append(pool.run_one(ctl_target, controller_command(nonce, conf_dir),
+                                         timeout=min(command_timeout, SCONTROL_TIMEOUT * 5 + 10)))
+            fabric_racks = [r for r in racks if r.nmx is not None]
+            jobs += [asyncio.to_thread(discover_fabric, site, r) for r in fabric_racks]
+            health_job = _health_sweep(site, trays, state_dir, pool, command_timeout) if health and trays else None
+            if health_job is not None:
+                jobs.append(health_job)
+            answers = await asyncio.gather(*jobs, return_exceptions=True)
+        tray_results = _unwrap(answers[0])
+        states = {r.host: parse_tray(r, nonce, files) for r in tray_results}
+        i = 1
+        ctl_state = None
+        if controller is not None:
+            ctl_state = parse_controller(_unwrap(answers[i]), nonce)
+            i += 1
+        fabric = {}
+        for r in fabric_racks:
+            fabric[r.name] = _unwrap(answers[i])
+            i += 1
+        sweep = sweep_error = None
+        if health_job is not None:
+            got = answers[i]
+            if isinstance(got, MctlError):
+                sweep_error = got.message
+            else:
+                sweep = _unwrap(got)
+        elif health and not trays:
+            sweep_error = "no compute trays to check"
+        return Actual(states, ctl_state, fabric, sweep, sweep_error)
+
+    actual = asyncio.run(main())
+    actual.elapsed = time.monotonic() - start
+    return actual
+
+
+def _unwrap(value: Any) -> Any:
+    """gather(return_exceptions=True) keeps one failing job from cancelling the others; re-raise real bugs."""
+    if isinstance(value, BaseException):
+        raise value
+    return value

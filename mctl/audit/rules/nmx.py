@@ -1,0 +1,74 @@
+"""NMX-M's partitions against the inventory's, and their health.
+
+The same comparison `mctl partition list` shows (mctl.fabric.partitions.
+partition_rows): a declared partition NMX-M lacks or holds with other trays is
+drift, one NMX-M holds that the inventory does not declare is left by hand,
+and a partition NMX-M calls DEGRADED or UNHEALTHY is trouble whatever its
+members.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mctl.model.findings import Finding, Severity
+
+if TYPE_CHECKING:
+    from mctl.fabric.reconcile import FabricState
+    from mctl.model.site import Rack
+
+FAMILY = "nmx"
+PARTITION = "nmx.partition"
+HEALTH = "nmx.partition_health"
+NODES = "nmx.compute_nodes"
+
+_HEALTH = {"HEALTHY": Severity.OK, "DEGRADED": Severity.WARN, "UNHEALTHY": Severity.CRITICAL}
+
+
+def check_rack(rack: "Rack", state: "FabricState") -> list[Finding]:
+    from mctl.fabric.partitions import desired_from_rack, partition_rows
+
+    apply = f"run 'mctl partition apply {rack.name}'"
+    out: list[Finding] = []
+    for row in partition_rows(rack, desired_from_rack(rack), state.fabric, state.partitions):
+        details = {"subject": row.name, "partition_id": row.partition_id, "trays": row.trays,
+                   "desired": row.desired}
+        where = f"partition {row.name}" + (f" (PartitionID {row.partition_id})" if row.partition_id else "")
+        if row.state == "in-sync":
+            out.append(Finding(Severity.OK, rack.name, PARTITION, f"{where} holds {row.trays} as declared", None,
+                               details))
+        elif row.state == "differs":
+            out.append(Finding(Severity.CRITICAL, rack.name, PARTITION,
+                               f"{where} holds {row.trays} on NMX-M, the inventory declares {row.desired}", apply,
+                               details))
+        elif row.state == "missing":
+            out.append(Finding(Severity.CRITICAL, rack.name, PARTITION,
+                               f"partition {row.name} ({row.desired}) is declared but NMX-M does not have it", apply,
+                               details))
+        elif row.state == "unmanaged":
+            out.append(Finding(Severity.WARN, rack.name, PARTITION,
+                               f"NMX-M holds {where} ({row.trays}) that the inventory does not declare",
+                               f"declare it in mctl.yml, or remove it with 'mctl partition apply {rack.name} "
+                               "--prune'", details))
+        elif row.state == "default":
+            out.append(Finding(Severity.OK, rack.name, PARTITION, f"default partition holds {row.trays or 'nothing'}",
+                               None, details))
+        if row.health is not None and row.state != "missing":
+            level = _HEALTH.get(row.health.upper(), Severity.WARN)
+            text = f"{where} is {row.health} on NMX-M"
+            out.append(Finding(level, rack.name, HEALTH, text if level is not Severity.OK else f"{where} is healthy",
+                               None if level is Severity.OK else
+                               f"see 'mctl partition show {rack.name} {row.name}' and the NVLink switch trays' state",
+                               {"subject": row.name}))
+    fabric = state.fabric
+    if fabric.missing:
+        from mctl.model.site import fold
+
+        out.append(Finding(Severity.WARN, rack.name, NODES,
+                           f"NMX-M lists no compute node for {fold(fabric.missing)} (trays matched "
+                           f"{fabric.matched_by})", "check the trays are cabled and discovered by NMX-M, or set their "
+                           "nmx_name / tray_index host vars", {"subject": "trays", "missing": list(fabric.missing)}))
+    else:
+        out.append(Finding(Severity.OK, rack.name, NODES, f"NMX-M lists every tray ({fabric.matched_by})", None,
+                           {"subject": "trays"}))
+    return out

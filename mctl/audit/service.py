@@ -1,0 +1,272 @@
+"""`mctl audit`: desired state (inventory, images, partition plan) against actual state, plus health.
+
+Order of work: everything that can refuse for bad input does so before any
+host is contacted (image definitions, IMEX settings, the Slurm controller, the
+history database); then one concurrent gather (collect.py); then the pure
+rules; then the run is recorded in the history. What could not be checked (an
+unreachable tray, slurmctld or NMX-M not answering) is a gap: the report says
+what was checked anyway and the exit code is 3.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from mctl.audit.model import AuditReport, Entry, Gap, Skip, tag
+from mctl.audit.rules import drains, hostkeys, imex, nmx, slurm, versions
+from mctl.errors import UsageError
+from mctl.model.findings import Finding, Severity
+
+if TYPE_CHECKING:
+    from mctl.audit.collect import Actual
+    from mctl.model.image import SoftwareImage
+    from mctl.model.site import Host, Rack, Site
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    fail_on: str = "critical"
+    drain_age_s: float = drains.DEFAULT_MAX_AGE
+    timeout: float | None = None          # per host command; default ssh.command_timeout
+    health: bool = True                   # run the health check catalogue too
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fail_on": self.fail_on, "drain_age_s": self.drain_age_s, "timeout": self.timeout,
+                "health": self.health}
+
+
+def select_racks(site: "Site", names: Sequence[str], all_racks: bool) -> list["Rack"]:
+    """RACK names, or --all; neither means every rack (what cron wants)."""
+    if all_racks and names:
+        raise UsageError("give rack names or --all, not both")
+    if not names:
+        return list(site.racks.values())
+    unknown = [n for n in names if n not in site.racks]
+    if unknown:
+        raise UsageError(f"unknown rack{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}",
+                         hint=f"known racks: {', '.join(site.racks) or 'none'}")
+    return [site.racks[n] for n in dict.fromkeys(names)]
+
+
+@dataclass
+class Plan:
+    """What the audit compares against, resolved (and refused if wrong) before any host is asked."""
+
+    racks: list["Rack"]
+    images: dict[str, "SoftwareImage"]            # tray -> its image
+    imex_settings: Any | None                     # ImexSettings, None when IMEX is not the site's business
+    imex_files: tuple[str, ...]
+    controller: "Host | None"
+    conf_dir: str
+    skipped: list[Skip]
+
+
+def plan_audit(site: "Site", racks: Sequence["Rack"]) -> Plan:
+    from mctl.fabric.imex import CONFIG_FILE, ImexSettings
+    from mctl.images.catalog import ImageCatalog
+
+    skipped: list[Skip] = []
+    trays = [h for r in racks for h in r.compute]
+    images: dict[str, "SoftwareImage"] = {}
+    wanted = sorted({h.image for h in trays if h.image})
+    if not wanted:
+        skipped.append(Skip("versions", "site", "no compute tray names a software image"))
+    elif site.images_dir is None or not site.images_dir.is_dir():
+        skipped.append(Skip("versions", "site", f"the inventory's images_dir ({site.images_dir}) is not a folder"))
+    else:
+        catalog = ImageCatalog(site.images_dir)
+        loaded = {name: catalog.get(name) for name in wanted}      # a broken image definition is exit 2
+        images = {h.name: loaded[h.image] for h in trays if h.image}
+        bare = [h.name for h in trays if not h.image]
+        if bare:
+            from mctl.model.site import fold
+
+            skipped.append(Skip("versions", fold(bare), "no software image in the inventory"))
+    scheduler = site.scheduler.type if site.scheduler else None
+    imex_settings = None
+    files: tuple[str, ...] = ()
+    if scheduler == "k8s":
+        skipped.append(Skip("imex", "site", "Kubernetes sites run IMEX through the DRA driver's ComputeDomains"))
+    elif site.health.imex == "ignore":
+        skipped.append(Skip("imex", "site", "health.imex is 'ignore'"))
+    else:
+        imex_settings = ImexSettings.from_vars((site.vars or {}).get("imex"))
+        files = (imex_settings.node_config_file, CONFIG_FILE)
+    controller = None
+    conf_dir = "/etc/slurm"
+    if scheduler == "slurm":
+        from mctl.sched.slurm.render import controller_of, settings_of
+
+        controller = controller_of(site)
+        conf_dir = settings_of(site).conf_dir
+    else:
+        why = "the site's scheduler is Kubernetes" if scheduler == "k8s" else "the inventory names no scheduler"
+        skipped += [Skip("slurm", "site", why), Skip("drains", "site", why)]
+    for r in racks:
+        if r.nmx is None:
+            skipped.append(Skip("nmx", r.name, "no NMX-Manager endpoint (racks.<rack>.nmx) in the inventory"))
+    return Plan(list(racks), images, imex_settings, files, controller, conf_dir, skipped)
+
+
+def evaluate(site: "Site", plan: Plan, actual: "Actual", settings: AuditSettings) -> tuple[list[Entry], list[Gap]]:
+    """The rules over what was gathered (pure given its inputs)."""
+    rack_of: dict[str, str] = {}
+    for r in site.racks.values():
+        rack_of[r.name] = r.name
+        for h in r.hosts:
+            rack_of[h.name] = r.name
+    entries: list[Entry] = []
+    gaps: list[Gap] = []
+    trays = [h for r in plan.racks for h in r.compute]
+    reached = [h for h in trays if actual.trays[h.name].reached]
+    for h in trays:
+        st = actual.trays[h.name]
+        if not st.reached:
+            gaps.append(Gap("reach", h.name, st.error or st.reach, (h.name,)))
+
+    # host keys: every host this audit connected to
+    keyed = [(h.name, actual.trays[h.name].reach, actual.trays[h.name].host_key) for h in trays]
+    if plan.controller is not None and actual.controller is not None:
+        keyed.append((plan.controller.name, actual.controller.reach, actual.controller.host_key))
+    for name, reach, problem in keyed:
+        entries += tag(hostkeys.FAMILY, hostkeys.check_host(name, reach, problem), rack_of=rack_of)
+
+    # versions
+    slurm_site = plan.controller is not None
+    for h in reached:
+        image = plan.images.get(h.name)
+        if image is None:
+            continue
+        st = actual.trays[h.name]
+        driver, cuda, _why = actual.gpu_versions(h.name)
+        facts = versions.version_facts(st.os.version_id if st.os else None, st.kernel, driver, cuda,
+                                       st.slurmd_version, slurm_expected=slurm_site)
+        entries += tag(versions.FAMILY, versions.check_tray(h.name, image, facts), rack_of=rack_of)
+
+    # IMEX files
+    if plan.imex_settings is not None:
+        from mctl.fabric.imex import CONFIG_FILE, domain_of, expected_files
+
+        for rack in plan.racks:
+            expected = expected_files(rack, plan.imex_settings)
+            for h in rack.compute:
+                st = actual.trays[h.name]
+                if not st.reached or h.name not in expected:
+                    continue
+                domain = domain_of(rack, h.name)
+                entries += tag(imex.FAMILY, imex.check_tray(
+                    h.name, rack.name, domain.name if domain else "default", expected[h.name], st.files,
+                    st.file_errors, nodes_path=plan.imex_settings.node_config_file, config_path=CONFIG_FILE),
+                    rack_of=rack_of)
+
+    # Slurm and drains
+    if plan.controller is not None:
+        ctl = actual.controller
+        if ctl is None or ctl.error is not None:
+            why = (ctl.error if ctl is not None else None) or "the controller was not asked"
+            gaps += [Gap("slurm", plan.controller.name, why), Gap("drains", plan.controller.name, why)]
+        else:
+            entries += _slurm_entries(site, plan, ctl, rack_of)
+            nodes = {n.name: n for n in ctl.nodes}
+            entries += tag(drains.FAMILY, drains.check([h.name for h in trays], nodes, ctl.now_local,
+                                                       settings.drain_age_s), rack_of=rack_of)
+
+    # NMX-M
+    for rack in plan.racks:
+        view = actual.fabric.get(rack.name)
+        if view is None:
+            continue
+        if view.error is not None or view.state is None:
+            gaps.append(Gap("nmx", rack.name, view.error or "no answer"))
+            continue
+        try:
+            found = nmx.check_rack(rack, view.state)
+        except UsageError as exc:          # e.g. FabricMismatch: NMX-M's view cannot be matched to the trays
+            gaps.append(Gap("nmx", rack.name, exc.message))
+            continue
+        entries += tag(nmx.FAMILY, found, rack_of=rack_of)
+
+    # health
+    if settings.health:
+        if actual.health is None:
+            gaps.append(Gap("health", "site", actual.health_error or "the health sweep did not run"))
+        else:
+            entries += [Entry("health", f, "", rack_of.get(f.host or "")) for f in actual.health.findings]
+    return entries, gaps
+
+
+def _slurm_entries(site: "Site", plan: Plan, ctl, rack_of: dict[str, str]) -> list[Entry]:
+    from mctl.sched.slurm.render import choose_plugin, settings_of
+    from mctl.sched.slurm.topology import block_sizes, blocks_for
+    from mctl.sched.slurm.version import parse_version
+
+    controller = plan.controller.name
+    settings = settings_of(site)
+    trays = [(h.name, h.address) for r in plan.racks for h in r.compute]
+    site_trays = [h.name for h in site.compute_trays()]
+    out = tag(slurm.FAMILY, slurm.check_nodes(trays, site_trays, ctl.nodes, controller=controller), rack_of=rack_of)
+    out += tag(slurm.FAMILY, slurm.check_partition(settings.partition_name, [t for t, _ in trays], ctl.partitions,
+                                                   host=controller), rack_of=rack_of)
+    version = None
+    if "SLURM_VERSION" in ctl.config:
+        try:
+            version = parse_version("slurm " + ctl.config["SLURM_VERSION"])
+        except ValueError:
+            version = None
+    running = ctl.config.get("TopologyPlugin")
+    try:
+        plugin = choose_plugin(version, settings)[0] if version is not None else \
+            (running.removeprefix("topology/") if running in ("topology/block", "topology/tree") else "block")
+    except UsageError as exc:
+        out += tag(slurm.FAMILY, [Finding(Severity.CRITICAL, controller, slurm.TOPOLOGY, exc.message, exc.hint,
+                                          {"subject": "TopologyPlugin"})], rack_of=rack_of)
+        return out
+    blocks = blocks_for(site)
+    audited = {r.name for r in plan.racks}
+    expected = [b for b in blocks if b.rack in audited]
+    sizes = block_sizes(blocks) if plugin == "block" and (version is None or version.block_sizes) else []
+    rack_trays = {r.name: [h.name for h in r.compute] for r in plan.racks}
+    site_wide = audited == set(site.racks)
+    out += tag(slurm.FAMILY, slurm.check_topology_live(expected, plugin, ctl.topology, running, rack_trays,
+                                                       site_wide=site_wide, controller=controller,
+                                                       error=ctl.topology_error), rack_of=rack_of)
+    path = settings.conf_dir.rstrip("/") + "/topology.conf"
+    out += tag(slurm.FAMILY, slurm.check_topology_conf(expected, plugin, sizes, ctl.topology_conf, rack_trays,
+                                                       path=path, site_wide=site_wide, controller=controller,
+                                                       error=ctl.topology_conf_error), rack_of=rack_of)
+    return out
+
+
+def coverage_of(entries: Sequence[Entry]) -> dict[str, list[str]]:
+    """Family -> every host or rack it evaluated (an OK entry counts: it was looked at)."""
+    out: dict[str, set[str]] = {}
+    for e in entries:
+        out.setdefault(e.family, set()).add(e.host or "")
+    return {fam: sorted(hosts) for fam, hosts in out.items()}
+
+
+def run_audit(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, settings: AuditSettings,
+              record: bool = True) -> AuditReport:
+    """One audit: refuse bad input, gather, evaluate, record. Never writes outside <state>/audit."""
+    from mctl.audit import collect
+    from mctl.audit.history import History
+
+    plan = plan_audit(site, racks)
+    history = History.open(Path(state_dir)) if record else None    # an unwritable state dir fails here
+    started = time.time()
+    try:
+        actual = collect.gather(site, plan.racks, state_dir=Path(state_dir), files=plan.imex_files,
+                                controller=plan.controller, conf_dir=plan.conf_dir, timeout=settings.timeout,
+                                health=settings.health)
+        entries, gaps = evaluate(site, plan, actual, settings)
+        report = AuditReport(site.name, [r.name for r in plan.racks], started, time.time() - started, entries,
+                             coverage_of(entries), gaps, plan.skipped, settings.fail_on, settings.to_dict())
+        if history is not None:
+            report.history = history.record(report)
+    finally:
+        if history is not None:
+            history.close()
+    return report

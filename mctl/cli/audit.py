@@ -1,0 +1,165 @@
+"""mctl audit: desired state against actual state, plus health, for cron, dashboards and CI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, List, Optional
+
+import typer
+from typer.core import TyperGroup
+
+from mctl.cli import render
+from mctl.cli.context import options, want_json
+from mctl.cli.options import JsonOpt
+from mctl.errors import EXIT_FINDINGS, EXIT_PARTIAL, UsageError
+
+
+class _RunByDefault(TyperGroup):
+    """`mctl audit [RACK...]` runs the audit; `mctl audit history` is the only other command."""
+
+    def parse_args(self, ctx, args):
+        if not args or args[0] not in self.commands:
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+app = typer.Typer(cls=_RunByDefault, help="Audit desired state against the racks, with health; and its history.")
+
+FORMATS = ("table", "json", "junit", "prometheus")
+
+
+@app.command("run")
+def run(
+    racks: Annotated[Optional[List[str]], typer.Argument(metavar="RACK",
+                                                         help="Racks to audit (default: every rack).",
+                                                         show_default=False)] = None,
+    all_racks: Annotated[bool, typer.Option("--all", help="Every rack of the inventory (the default).")] = False,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="table, json, junit or prometheus.")] = "table",
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to FILE "
+                                                   "(atomically) instead of stdout.", dir_okay=False)] = None,
+    fail_on: Annotated[str, typer.Option("--fail-on", help="Exit 1 when a finding is at or above: warn|critical.")
+                       ] = "critical",
+    drain_age: Annotated[str, typer.Option("--drain-age", help="A tray drained longer than this is a finding "
+                                                               "(e.g. 12h, 1d, 90m).")] = "1d",
+    timeout: Annotated[Optional[float], typer.Option("--timeout", "-t", min=1.0,
+                                                     help="Seconds each host may take (default ssh.command_timeout).")
+                       ] = None,
+    no_health: Annotated[bool, typer.Option("--no-health", help="Leave out the health check catalogue.")] = False,
+    no_history: Annotated[bool, typer.Option("--no-history", help="Do not record this run in the history.")] = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Compare what the inventory wants with what the racks run, and add every health check's findings.
+
+    Rule families: versions (OS, kernel, NVIDIA driver, CUDA, Slurm on each tray against its
+    image), imex (nodes_config.cfg and config.cfg per tray against the partition plan), slurm
+    (nodes, partition, live topology and topology.conf against the partitions), nmx (NMX-M
+    partitions and their health against the inventory), drains (trays drained longer than
+    --drain-age or with no reason), hostkeys (the key each host presents against known_hosts)
+    and health (the whole health catalogue, without remediation).
+
+    Read-only: takes no lock, drains nothing, safe beside 'mctl health watch'. Each run is
+    recorded in <state>/audit/history.sqlite; 'mctl audit history' shows new, persisting and
+    resolved findings. No colour or progress unless stdout is a terminal; nothing is asked.
+
+    Exit 0 clean, 1 a finding at or above --fail-on, 2 bad input, 3 incomplete (unreachable
+    trays, slurmctld or NMX-M not answering) with what was checked still reported.
+
+    Example: mctl -i inventories/site audit --all --format prometheus --output /var/lib/node_exporter/mctl_audit.prom
+    """
+    from mctl.audit.model import FAIL_ON, parse_duration
+    from mctl.audit.reporters import render as render_report
+    from mctl.audit.service import AuditSettings, run_audit, select_racks
+
+    if want_json(json_):
+        if fmt not in ("table", "json"):
+            raise UsageError(f"--json and --format {fmt} contradict each other", hint="give one of them")
+        fmt = "json"
+    if fmt not in FORMATS:
+        raise UsageError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    if fail_on not in FAIL_ON:
+        raise UsageError(f"--fail-on {fail_on!r}: expected warn or critical")
+    age = parse_duration(drain_age, option="--drain-age")
+    if output is not None and output.is_dir():
+        raise UsageError(f"--output {output} is a directory", hint="give a file name, e.g. mctl_audit.prom")
+    opts = options()
+    site = opts.site()
+    chosen = select_racks(site, racks or [], all_racks)
+    settings = AuditSettings(fail_on=fail_on, drain_age_s=age, timeout=timeout, health=not no_health)
+    if render.interactive() and output is None:
+        with render.err_console().status(f"auditing {', '.join(r.name for r in chosen)} ..."):
+            report = run_audit(site, chosen, state_dir=opts.state_dir, settings=settings, record=not no_history)
+    else:
+        report = run_audit(site, chosen, state_dir=opts.state_dir, settings=settings, record=not no_history)
+    text = render_report(report, fmt, verbose=opts.verbose > 0)
+    if output is not None:
+        from mctl.state.files import atomic_write
+
+        atomic_write(output, text, mode=0o644)
+    else:
+        import sys
+
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    code = report.exit_code
+    if code == EXIT_PARTIAL:
+        gaps = "; ".join(f"{g.family} on {g.scope}" for g in report.gaps[:4])
+        more = f" (and {len(report.gaps) - 4} more)" if len(report.gaps) > 4 else ""
+        render.warn(f"audit incomplete: not checked: {gaps}{more}")
+    if code in (EXIT_FINDINGS, EXIT_PARTIAL):
+        raise typer.Exit(code)
+
+
+@app.command()
+def history(
+    since: Annotated[str, typer.Option("--since", help="How far back (e.g. 24h, 7d, 2w).")] = "7d",
+    json_: JsonOpt = False,
+) -> None:
+    """New, persisting and resolved audit findings from the recorded runs.
+
+    New: first seen within --since and still there. Persisting: there since before --since.
+    Resolved: gone since, in a run that looked at that host (an unreachable tray does not
+    resolve its findings).
+
+    Example: mctl audit history --since 7d
+    """
+    import time
+
+    from mctl.audit.history import History
+    from mctl.audit.model import parse_duration
+
+    window = parse_duration(since, option="--since")
+    opts = options()
+    start = time.time() - window
+    store = History.open(opts.state_dir, create=False)
+    try:
+        runs = store.runs(start)
+        lives = store.lifecycles(start)
+    finally:
+        store.close()
+    if want_json(json_):
+        render.print_json({"since": since, "runs": runs, "findings": [l.to_dict() for l in lives],
+                           "summary": {s: sum(l.status == s for l in lives)
+                                       for s in ("new", "persisting", "resolved")}})
+        return
+    _print_history(since, runs, lives)
+
+
+def _print_history(since: str, runs: list[dict], lives: list) -> None:
+    import sys
+
+    from mctl.audit.history import iso_time
+
+    out = [f"audit history, last {since}: {len(runs)} run{'s' if len(runs) != 1 else ''}"
+           + (f", latest {runs[-1]['started']} (exit {runs[-1]['exit_code']})" if runs else "")]
+    if lives:
+        rows = [["STATUS", "SEVERITY", "CHECK", "HOST", "FIRST SEEN", "LAST SEEN", "RESOLVED", "MESSAGE"]]
+        for l in lives:
+            rows.append([l.status, l.severity, l.check, l.host or "-", iso_time(l.first_seen) or "-",
+                         iso_time(l.last_seen) or "-", iso_time(l.resolved_at) or "-", l.message])
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+        out += ["  ".join(c.ljust(widths[i]) for i, c in enumerate(r[:-1])) + "  " + r[-1] for r in rows]
+    else:
+        out.append("no findings in this window")
+    counts = {s: sum(l.status == s for l in lives) for s in ("new", "persisting", "resolved")}
+    out.append(f"{counts['new']} new, {counts['persisting']} persisting, {counts['resolved']} resolved")
+    sys.stdout.write("\n".join(out) + "\n")
