@@ -39,6 +39,7 @@ NOUNS: tuple[tuple[str, str], ...] = (
     ("deploy", "mctl.cli.deploy"),
     ("health", "mctl.cli.health"),
     ("node", "mctl.cli.node"),
+    ("audit", "mctl.cli.audit"),
 )
 
 ROOT_HELP = ("Manage NVIDIA GB200/GB300 NVL72 racks: inventory, provisioning, NVLink partitions, "
