@@ -60,16 +60,17 @@ def admit(state: BreakerState, host: str, rack: str | None, sizes: Mapping[str, 
                                        "reset it with 'mctl health breaker reset'")
     recent = state.recent(now, window_s)
     if scope == "site":
-        counted = [d for d in recent]
+        counted = {d[1] for d in recent}
         size = sum(sizes.values())
         where = "the site"
     else:
-        counted = [d for d in recent if d[2] == rack]
+        counted = {d[1] for d in recent if d[2] == rack}
         size = sizes.get(rack or "", 0)
         where = f"rack {rack}"
     if size <= 0:
         return Admission(False, state, f"no tray count known for {where}; not draining")
-    after = len(counted) + 1
+    # A share of trays: a tray drained twice in the window counts once.
+    after = len(counted | {host})
     share = after / size
     window = _fmt_window(window_s)
     if share > max_share:

@@ -268,8 +268,10 @@ def render_text(result: NodeCheckResult, *, verbose: bool = False) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mctl-node-check",
-                                description="mctl's health checks on this tray (Slurm HealthCheckProgram). "
-                                            "Example: mctl-node-check --no-drain")
+                                description="mctl's health checks on this tray (Slurm HealthCheckProgram): "
+                                            "drains it with an 'mctl:' reason when a check is critical.",
+                                epilog="Example: mctl-node-check --no-drain -v",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help=f"JSON written by the node_check role (default {DEFAULT_CONFIG})")
     p.add_argument("--node", help="Slurm node name (default: from the config, else the short hostname)")
     p.add_argument("--no-drain", action="store_true", help="report only; never drain or resume")

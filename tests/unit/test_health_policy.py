@@ -1,0 +1,334 @@
+"""The drain policy and circuit breaker: pure decisions over records, verdicts and the scheduler's view."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from mctl.health import breaker as breakerlib
+from mctl.health.breaker import BreakerState
+from mctl.health.policy import (DRAIN, FORGET, QUEUE, RESUME, SKIP, Decision, NodeView, TrayRecord, TrayVerdict,
+                                decide, settle)
+from mctl.health.settings import HealthSettings
+from mctl.model.findings import Finding, Severity
+from mctl.sched.slurm.facts import parse_show_nodes
+
+S = HealthSettings()
+NOW = 1_800_000_000.0
+XID = Finding(Severity.CRITICAL, None, "gpu.xid", "XID 79 on gpu0: GPU has fallen off the bus", None,
+              {"short": "xid 79 gpu0 (fell off bus)"})
+
+
+def trays(n: int, rack: str = "r1") -> list[str]:
+    return [f"{rack}-tray{i:02d}" for i in range(1, n + 1)]
+
+
+def ok(host, rack="r1"):
+    return TrayVerdict(host, rack, "ok", Severity.OK)
+
+
+def warn(host, rack="r1"):
+    return TrayVerdict(host, rack, "ok", Severity.WARN, (Finding(Severity.WARN, host, "fabric.health", "route"),))
+
+
+def bad(host, rack="r1"):
+    return TrayVerdict(host, rack, "ok", Severity.CRITICAL, (replace(XID, host=host),))
+
+
+def dark(host, rack="r1", reach="unreachable"):
+    return TrayVerdict(host, rack, reach, Severity.CRITICAL,
+                       (Finding(Severity.CRITICAL, host, "tray.reachable", "unreachable: no SSH answer"),))
+
+
+def idle(*hosts):
+    return {h: NodeView(h, state="IDLE") for h in hosts}
+
+
+class Site:
+    """Sweeps in a row against a scheduler whose node states follow the decisions (as Slurm's would)."""
+
+    def __init__(self, hosts, settings=S, sizes=None):
+        self.records: dict[str, TrayRecord] = {}
+        self.breaker = BreakerState()
+        self.nodes = idle(*hosts)
+        self.settings = settings
+        self.sizes = sizes or {"r1": len(hosts)}
+        self.now = NOW
+
+    def sweep(self, verdicts, *, scheduler_up=True, apply=True):
+        self.now += 60
+        out = decide(self.records, verdicts, self.nodes if scheduler_up else None, self.settings, self.breaker,
+                     self.sizes, now=self.now)
+        if apply:
+            for d in out.actions:
+                settle(out, d, True)
+                node = self.nodes[d.host]
+                self.nodes[d.host] = replace(node, drained=d.action == DRAIN,
+                                             reason=d.reason if d.action == DRAIN else None,
+                                             state="IDLE+DRAIN" if d.action == DRAIN else "IDLE")
+        self.records, self.breaker = out.records, out.breaker
+        return out
+
+
+def actions(out):
+    return [(d.action, d.host) for d in out.actions]
+
+
+# --- drain and resume ------------------------------------------------------------------------------
+
+def test_critical_tray_is_drained_on_the_first_sweep_with_an_mctl_reason():
+    site = Site(trays(4))
+    out = site.sweep([ok("r1-tray01"), bad("r1-tray02"), ok("r1-tray03"), ok("r1-tray04")])
+    (d,) = out.actions
+    assert (d.action, d.host, d.reason) == (DRAIN, "r1-tray02", "mctl: xid 79 gpu0 (fell off bus)")
+    assert "gpu.xid: XID 79" in d.full
+    rec = site.records["r1-tray02"]
+    assert rec.drained and rec.reason == d.reason and rec.drained_at == site.now
+    # still critical: nothing more to do, and no repeated decision
+    out = site.sweep([ok("r1-tray01"), bad("r1-tray02"), ok("r1-tray03"), ok("r1-tray04")])
+    assert out.actions == []
+
+
+def test_confirm_sweeps_waits_for_a_second_critical_sweep():
+    site = Site(trays(4), replace(S, confirm_sweeps=2))
+    assert site.sweep([bad("r1-tray01")]).actions == []
+    assert actions(site.sweep([bad("r1-tray01")])) == [(DRAIN, "r1-tray01")]
+    assert "critical for 2 sweeps" in site.records["r1-tray01"].full_reason
+
+
+def test_resume_after_n_healthy_sweeps_only():
+    site = Site(trays(4))
+    site.sweep([bad("r1-tray01")])
+    for n in range(S.resume_after_healthy_sweeps - 1):
+        assert site.sweep([ok("r1-tray01") if n % 2 else warn("r1-tray01")]).actions == []   # warn is healthy
+    out = site.sweep([ok("r1-tray01")])
+    (d,) = out.actions
+    assert (d.action, d.host, d.reason) == (RESUME, "r1-tray01", "mctl: xid 79 gpu0 (fell off bus)")
+    assert not site.records["r1-tray01"].drained and site.nodes["r1-tray01"].drained is False
+
+
+def test_a_relapse_restarts_the_healthy_count():
+    site = Site(trays(4))
+    site.sweep([bad("r1-tray01")])
+    site.sweep([ok("r1-tray01")])
+    site.sweep([ok("r1-tray01")])
+    site.sweep([bad("r1-tray01")])
+    for _ in range(S.resume_after_healthy_sweeps - 1):
+        assert site.sweep([ok("r1-tray01")]).actions == []
+    assert actions(site.sweep([ok("r1-tray01")])) == [(RESUME, "r1-tray01")]
+
+
+# --- unreachable trays --------------------------------------------------------------------------------
+
+def test_unreachable_tray_is_drained_only_after_k_misses():
+    site = Site(trays(4))
+    k = S.unreachable_sweeps_before_drain
+    for _ in range(k - 1):
+        assert site.sweep([dark("r1-tray03")]).actions == []
+    (d,) = site.sweep([dark("r1-tray03")]).actions
+    assert d.action == DRAIN and d.reason == f"mctl: unreachable {k} sweeps"
+    assert "consecutive sweeps" in d.full
+
+
+def test_a_tray_that_answers_again_resets_its_misses():
+    site = Site(trays(4))
+    site.sweep([dark("r1-tray03")])
+    site.sweep([dark("r1-tray03")])
+    site.sweep([ok("r1-tray03")])
+    assert site.records["r1-tray03"].misses == 0
+    assert site.sweep([dark("r1-tray03")]).actions == []
+
+
+def test_hung_tray_counts_as_a_miss_and_says_so():
+    site = Site(trays(4), replace(S, unreachable_sweeps_before_drain=1))
+    (d,) = site.sweep([dark("r1-tray02", reach="timeout")]).actions
+    assert d.reason == "mctl: hung 1 sweeps"
+
+
+# --- guards -----------------------------------------------------------------------------------------------
+
+def test_operator_drain_is_never_overwritten_and_noted_once():
+    site = Site(trays(4))
+    site.nodes["r1-tray02"] = NodeView("r1-tray02", drained=True, reason="ops: replacing PSU", state="IDLE+DRAIN")
+    out = site.sweep([bad("r1-tray02")])
+    assert out.actions == []
+    (d,) = out.decisions
+    assert d.action == SKIP and "operator" in d.why and "ops: replacing PSU" in d.why
+    assert [n.action for n in out.notes] == [SKIP]
+    out = site.sweep([bad("r1-tray02")])
+    assert out.notes == []                  # the same skip is not logged every sweep
+    # and a healthy tray drained by an operator is never resumed by mctl
+    for _ in range(5):
+        assert site.sweep([ok("r1-tray02")]).actions == []
+
+
+def test_down_node_is_never_touched():
+    site = Site(trays(4))
+    site.nodes["r1-tray01"] = NodeView("r1-tray01", down=True, state="DOWN*")
+    (d,) = site.sweep([bad("r1-tray01")]).decisions
+    assert d.action == SKIP and "down nodes" in d.why
+    # our own drain on a node that went down is not resumed while it is down
+    site = Site(trays(4))
+    site.sweep([bad("r1-tray01")])
+    site.nodes["r1-tray01"] = replace(site.nodes["r1-tray01"], down=True, state="DOWN+DRAIN")
+    for _ in range(S.resume_after_healthy_sweeps + 1):
+        assert site.sweep([ok("r1-tray01")]).actions == []
+
+
+def test_reason_taken_over_by_an_operator_is_forgotten():
+    site = Site(trays(4))
+    site.sweep([bad("r1-tray01")])
+    site.nodes["r1-tray01"] = replace(site.nodes["r1-tray01"], reason="ops: keep it out, RMA")
+    out = site.sweep([ok("r1-tray01")])
+    assert [(d.action, d.host) for d in out.decisions] == [(FORGET, "r1-tray01")]
+    assert not site.records["r1-tray01"].drained
+    for _ in range(5):
+        assert site.sweep([ok("r1-tray01")]).actions == []
+
+
+def test_resumed_outside_mctl_is_forgotten_then_drained_again_if_still_critical():
+    site = Site(trays(4))
+    site.sweep([bad("r1-tray01")])
+    site.nodes["r1-tray01"] = NodeView("r1-tray01", state="IDLE")        # an operator resumed it
+    out = site.sweep([bad("r1-tray01")])
+    assert [d.action for d in out.decisions] == [FORGET, DRAIN]
+
+
+def test_other_mctl_drain_is_left_alone():
+    site = Site(trays(4))
+    site.nodes["r1-tray01"] = NodeView("r1-tray01", drained=True, reason="mctl: nvlink gpu1 link5 down",
+                                       state="IDLE+DRAIN")
+    (d,) = site.sweep([bad("r1-tray01")]).decisions
+    assert d.action == SKIP and "mctl elsewhere" in d.why
+
+
+def test_tray_unknown_to_the_scheduler_is_skipped():
+    site = Site(trays(4))
+    del site.nodes["r1-tray04"]
+    (d,) = site.sweep([bad("r1-tray04")]).decisions
+    assert d.action == SKIP and "not a node" in d.why
+
+
+# --- the scheduler away -------------------------------------------------------------------------------
+
+def test_actions_queue_while_the_scheduler_is_unreachable_then_happen():
+    site = Site(trays(4))
+    out = site.sweep([bad("r1-tray01")], scheduler_up=False)
+    assert out.actions == [] and [(d.action, d.host) for d in out.notes] == [(QUEUE, "r1-tray01")]
+    assert site.records["r1-tray01"].pending["action"] == DRAIN
+    since = site.records["r1-tray01"].pending["since"]
+    out = site.sweep([bad("r1-tray01")], scheduler_up=False)
+    assert out.notes == [] and site.records["r1-tray01"].pending["since"] == since
+    assert actions(site.sweep([bad("r1-tray01")])) == [(DRAIN, "r1-tray01")]
+    assert site.records["r1-tray01"].pending is None
+
+
+def test_queued_drain_is_dropped_when_the_tray_recovers_first():
+    site = Site(trays(4))
+    site.sweep([bad("r1-tray01")], scheduler_up=False)
+    out = site.sweep([ok("r1-tray01")])
+    assert out.actions == [] and site.records["r1-tray01"].pending is None
+
+
+def test_settle_failures():
+    site = Site(trays(4))
+    out = decide({}, [bad("r1-tray01")], idle("r1-tray01"), S, BreakerState(), {"r1": 4}, now=NOW)
+    (d,) = out.actions
+    settle(out, d, False, "slurmctld: Unable to contact slurm controller", unreachable=True)
+    rec = out.records["r1-tray01"]
+    assert not rec.drained and rec.pending["action"] == DRAIN and out.breaker.drains == ()
+    out = decide({}, [bad("r1-tray01")], idle("r1-tray01"), S, BreakerState(), {"r1": 4}, now=NOW)
+    settle(out, out.actions[0], False, "Invalid node name")
+    assert out.records["r1-tray01"].pending is None and "Invalid node name" in out.records["r1-tray01"].note
+    del site
+
+
+# --- circuit breaker ------------------------------------------------------------------------------------
+
+def test_six_faults_on_18_trays_trip_the_breaker_at_its_threshold():
+    hosts = trays(18)
+    site = Site(hosts)
+    faulty = set(hosts[2:8])
+    verdicts = [bad(h) if h in faulty else ok(h) for h in hosts]
+    out = site.sweep(verdicts)
+    drained = [d.host for d in out.actions]
+    assert drained == sorted(faulty)[:4]                 # 4/18 = 22% <= 25%; the 5th would be 28%
+    assert site.breaker.tripped and "5 of 18 trays of rack r1" in site.breaker.reason
+    skipped = [d for d in out.decisions if d.action == SKIP]
+    assert [d.host for d in skipped] == sorted(faulty)[4:]
+    assert all("circuit breaker" in d.why or "would make" in d.why for d in skipped)
+    # it stays tripped, even when a new fault shows up later
+    out = site.sweep([bad(h) if h in faulty | {hosts[15]} else ok(h) for h in hosts])
+    assert out.actions == [] and site.breaker.tripped
+    assert all("mctl health breaker reset" in d.why for d in out.decisions if d.action == SKIP)
+    # resumes still happen while it is tripped
+    for _ in range(S.resume_after_healthy_sweeps):
+        out = site.sweep([ok(h) for h in hosts])
+    assert sorted(d.host for d in out.actions if d.action == RESUME) == sorted(faulty)[:4]
+    # an operator resets it: drains go on, counting afresh
+    site.breaker = breakerlib.reset(site.breaker)
+    out = site.sweep([bad(h) if h == hosts[15] else ok(h) for h in hosts])
+    assert actions(out) == [(DRAIN, hosts[15])]
+
+
+def test_breaker_counts_per_rack_or_per_site():
+    hosts = trays(4, "a") + trays(4, "b")
+    verdicts = [bad(h, h[:1]) if h in ("a-tray01", "b-tray01") else ok(h, h[:1]) for h in hosts]
+    site = Site(hosts, replace(S, breaker_max_share=0.25), sizes={"a": 4, "b": 4})
+    assert len(site.sweep(verdicts).actions) == 2           # one per rack: 25% of each
+    site = Site(hosts, replace(S, breaker_max_share=0.2, breaker_scope="site"), sizes={"a": 4, "b": 4})
+    out = site.sweep(verdicts)
+    assert len(out.actions) == 1 and site.breaker.tripped and "of the site" in site.breaker.reason
+
+
+def test_breaker_window_forgets_old_drains():
+    state = BreakerState(drains=((NOW - 7200, "r1-tray01", "r1"),))
+    adm = breakerlib.admit(state, "r1-tray02", "r1", {"r1": 4}, max_share=0.25, window_s=3600, scope="rack", now=NOW)
+    assert adm.allowed and [d[1] for d in adm.state.drains] == ["r1-tray02"]
+    adm2 = breakerlib.admit(adm.state, "r1-tray03", "r1", {"r1": 4}, max_share=0.25, window_s=3600, scope="rack",
+                            now=NOW + 1)
+    assert not adm2.allowed and adm2.tripped_now and adm2.state.tripped
+
+
+def test_breaker_state_round_trips_and_discard():
+    state = BreakerState(True, NOW, "why", ((NOW, "h1", "r1"), (NOW + 1, "h2", None)))
+    assert BreakerState.from_dict(state.to_dict()) == state
+    assert BreakerState.from_dict(None) == BreakerState()
+    assert breakerlib.discard(state, "h1", NOW).drains == ((NOW + 1, "h2", None),)
+    assert breakerlib.reset(state) == BreakerState()
+
+
+def test_breaker_refuses_an_unknown_rack_size():
+    adm = breakerlib.admit(BreakerState(), "x", "nowhere", {}, max_share=0.5, window_s=60, scope="rack", now=NOW)
+    assert not adm.allowed and "no tray count" in adm.why
+
+
+# --- records and the scheduler's view --------------------------------------------------------------------
+
+def test_node_view_from_real_scontrol_output():
+    text = ("NodeName=lab-r1-tray04 Arch=x86_64 CoresPerSocket=2  CPUAlloc=0 Gres=gpu:4 NodeAddr=127.150.1.4 "
+            "Port=22503 State=IDLE+DRAIN ThreadsPerCore=1 Partitions=gpu  ResumeAfterTime=None AllocTRES= "
+            "CurrentWatts=0 AveWatts=0  Reason=mctl: xid 79 gpu0 (fell off bus) [root@2026-11-29T20:25:10]\n"
+            "NodeName=lab-r1-tray01 Arch=x86_64 State=DOWN* ThreadsPerCore=1 Reason=Not responding "
+            "[slurm@2026-11-29T20:30:00]\n")
+    a, b = (NodeView.from_slurm(n) for n in parse_show_nodes(text))
+    assert (a.drained, a.down, a.reason, a.mctl_drain) == (True, False, "mctl: xid 79 gpu0 (fell off bus)", True)
+    assert (b.drained, b.down, b.reason, b.mctl_drain) == (False, True, "Not responding", False)
+
+
+def test_record_round_trip_ignores_unknown_keys():
+    rec = TrayRecord("h", "r", drained=True, reason="mctl: x", pending={"action": DRAIN})
+    data = rec.to_dict() | {"added_in_a_later_mctl": 1}
+    assert TrayRecord.from_dict(data) == rec
+
+
+def test_decision_to_dict():
+    d = Decision("h", DRAIN, "why", reason="mctl: x", at=NOW)
+    assert d.to_dict()["action"] == "drain" and d.to_dict()["at"] == NOW
+
+
+@pytest.mark.parametrize("status, expected", [(Severity.OK, "ok"), (Severity.WARN, "warn")])
+def test_verdict_status(status, expected):
+    assert TrayVerdict("h", None, "ok", status).status == expected
+    assert TrayVerdict("h", None, "timeout", status).status == "unreachable"

@@ -1,0 +1,115 @@
+"""The watch's outputs: the live screen at several terminal sizes, plain lines, events, Prometheus metrics."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+
+from rich.console import Console
+
+from mctl.health.breaker import BreakerState
+from mctl.health.engine import SweepResult
+from mctl.health.facts import TrayHealthFacts
+from mctl.health.metrics import MetricsServer, render, write_textfile
+from mctl.health.policy import NodeView, TrayRecord, TrayVerdict
+from mctl.health.screen import WatchScreen, sweep_line
+from mctl.health.watch import Event, WatchView, events_of
+from mctl.model.findings import Finding, Severity
+
+HOSTS = ["lab-r1-tray01", "lab-r1-tray02", "lab-r1-tray03", "lab-r1-tray04"]
+
+
+def result(number=3, tripped=False) -> SweepResult:
+    xid = Finding(Severity.CRITICAL, HOSTS[1], "gpu.xid", "XID 79 on gpu0: GPU has fallen off the bus", None,
+                  {"short": "xid 79 gpu0 (fell off bus)"})
+    verdicts = [TrayVerdict(HOSTS[0], "lab-r1", "ok", Severity.OK),
+                TrayVerdict(HOSTS[1], "lab-r1", "ok", Severity.CRITICAL, (xid,)),
+                TrayVerdict(HOSTS[2], "lab-r1", "unreachable", Severity.CRITICAL),
+                TrayVerdict(HOSTS[3], "lab-r1", "ok", Severity.WARN)]
+    nodes = {h: NodeView(h, state="IDLE") for h in HOSTS}
+    nodes[HOSTS[1]] = NodeView(HOSTS[1], drained=True, reason="mctl: xid 79 gpu0 (fell off bus)", state="IDLE+DRAIN")
+    records = {HOSTS[1]: TrayRecord(HOSTS[1], "lab-r1", drained=True, reason="mctl: xid 79 gpu0 (fell off bus)"),
+               HOSTS[2]: TrayRecord(HOSTS[2], "lab-r1", misses=2)}
+    logged = [{"action": "drain", "tray": HOSTS[1], "reason": "mctl: xid 79 gpu0 (fell off bus)", "result": "ok",
+               "why": "1 of 4 trays of rack lab-r1 drained by mctl within 1h"}]
+    return SweepResult(number, time.time(), 0.42, {h: TrayHealthFacts(h, elapsed=0.1) for h in HOSTS}, [xid],
+                       verdicts, nodes, "slurm", remediate=True, logged=logged,
+                       breaker=BreakerState(True, time.time(), "draining x would make 2 of 4") if tripped
+                       else BreakerState(), records=records)
+
+
+def view() -> WatchView:
+    v = WatchView(site="lab", racks={"lab-r1": HOSTS}, interval=2, remediate=True, dry_run=False)
+    r = result()
+    v.events.extend(events_of(r, {h: "healthy" for h in HOSTS}, dry_run=False))
+    v.statuses = {vd.host: r.tray_status(vd.host) for vd in r.verdicts}
+    v.last = r
+    v.next_at = time.time() + 2
+    return v
+
+
+def draw(v: WatchView, width: int, height: int) -> str:
+    con = Console(width=width, height=height, record=True, color_system=None, force_terminal=True)
+    con.print(WatchScreen(v))
+    return con.export_text()
+
+
+def test_screen_shows_each_tray_state_and_the_events():
+    text = draw(view(), 120, 40)
+    for word in ("tray01", "tray02", "tray03", "tray04", "healthy", "drained", "unreach 2", "warn",
+                 "rack lab-r1", "remediation ON", "breaker: closed", "DRAIN", "mctl: xid 79 gpu0 (fell off bus)"):
+        assert word in text, word
+
+
+def test_screen_survives_small_and_wide_terminals():
+    for width, height in ((60, 20), (80, 24), (200, 60)):
+        text = draw(view(), width, height)
+        lines = text.splitlines()
+        assert max(len(l) for l in lines) <= width
+        assert "drained" in text and "tray02" in text
+
+
+def test_screen_shows_a_tripped_breaker():
+    v = view()
+    v.last = result(tripped=True)
+    assert "TRIPPED" in draw(v, 160, 40)
+
+
+def test_events_and_plain_lines():
+    r = result()
+    events = events_of(r, {h: "healthy" for h in HOSTS}, dry_run=False)
+    kinds = [(e.kind, e.host) for e in events]
+    assert ("status", HOSTS[1]) in kinds and ("drain", HOSTS[1]) in kinds and ("status", HOSTS[0]) not in kinds
+    line = Event(0, "drain", HOSTS[1], "mctl: x").line()
+    assert line.endswith(" DRAIN   lab-r1-tray02 mctl: x")
+    v = view()
+    assert "SWEEP   #3: 4 trays: 1 drained, 1 healthy, 1 unreachable, 1 warn; 0.42s" in sweep_line(v)
+
+
+def test_dry_run_events_say_would():
+    r = result()
+    from mctl.health.policy import Decision
+
+    r.dry_run = True
+    r.decisions = [Decision(HOSTS[1], "drain", "1 of 4", reason="mctl: x")]
+    (e,) = [e for e in events_of(r, {}, dry_run=True) if e.kind == "drain"]
+    assert e.text.startswith("would drain (dry run): mctl: x")
+
+
+def test_metrics_text_and_server(tmp_path):
+    r = result()
+    text = render(r, site="lab", counters={"drain:ok": 1}, interval=2)
+    assert 'mctl_health_tray_status{site="lab",rack="lab-r1",tray="lab-r1-tray02",status="drained"} 1' in text
+    assert 'mctl_health_tray_status{site="lab",rack="lab-r1",tray="lab-r1-tray02",status="healthy"} 0' in text
+    assert 'mctl_health_actions_total{site="lab",action="drain",result="ok"} 1' in text
+    assert 'mctl_health_breaker_tripped{site="lab"} 0' in text and "# TYPE mctl_health_sweeps_total counter" in text
+    path = tmp_path / "mctl_health.prom"
+    write_textfile(path, text)
+    assert path.read_text() == text
+    server = MetricsServer(0).start()
+    try:
+        server.update(text)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10).read().decode()
+        assert body == text
+    finally:
+        server.close()
