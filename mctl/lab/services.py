@@ -3,19 +3,28 @@
 Adding an emulator to the lab is one entry here, nothing else:
 
 * ``HostFile``: a file installed into every host of the given kinds at `lab up`
-  (the GPU emulator becomes /usr/bin/nvidia-smi on each tray this way; an IMEX
-  daemon emulator and its unit file would be installed the same way and started
-  by the playbooks like the real ``nvidia-imex`` unit).
+  (the GPU emulator becomes /usr/bin/nvidia-smi on each tray this way; the IMEX
+  daemon emulator, its nvidia-imex-ctl and the ``nvidia-imex.service`` unit are
+  installed the same way and enabled and started by the playbooks and
+  `mctl imex apply` like the real unit).
 * ``HostService``: a long-running program inside each host's namespaces, started
   and restarted by the host's init (sshd is the first).
 * ``RackService``: a program on the machine itself, one per rack, in its own
   PID namespace so `lab down` stops it and everything it started (the NMX-M
   emulator, listening on the rack's service address, 127.77.R.200). It reaches
   tray files through :func:`mctl.lab.hosts.host_path`.
+
+The NMX-M emulator keeps everything of its rack under ``racks/<rack>/`` of the
+lab folder (config, credentials, partition state, logs), so `lab down` removes
+it with the rest of the lab.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
+import signal
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -88,15 +97,98 @@ def python_script(path: Path) -> Callable[[HostContext], bytes | None]:
     return read
 
 
+def _imex_unit(_ctx: HostContext) -> bytes:
+    from mctl.lab.emulators.imex_daemon import SYSTEMD_UNIT
+
+    return SYSTEMD_UNIT.encode()
+
+
 HOST_FILES: tuple[HostFile, ...] = (
     HostFile("/usr/bin/nvidia-smi", ("tray",), python_script(EMULATORS / "nvidia_smi.py"), 0o755),
+    HostFile("/usr/bin/nvidia-imex", ("tray",), python_script(EMULATORS / "imex_daemon.py"), 0o755),
+    HostFile("/usr/bin/nvidia-imex-ctl", ("tray",), python_script(EMULATORS / "imex_ctl.py"), 0o755),
+    HostFile("/lib/systemd/system/nvidia-imex.service", ("tray",), _imex_unit, 0o644),
 )
 
 HOST_SERVICES: tuple[HostService, ...] = (
     HostService("sshd", ("tray", "head"), lambda ctx: ["/usr/sbin/sshd", "-D", "-e"], dirs=("/run/sshd",), port=22),
 )
 
-RACK_SERVICES: tuple[RackService, ...] = ()
+# --- the NMX-Manager emulator, one per rack ------------------------------------------------------
+
+NMX_PORT = 8443                 # plain HTTP on the rack's service address
+NMX_USER = "admin"
+
+
+def nmx_files(ctx: RackContext) -> dict[str, Path]:
+    d = ctx.log_dir
+    return {"config": d / "nmx.json", "credentials": d / "nmx.cred", "state": d / "nmx-state.json",
+            "log": d / "nmx-requests.log"}
+
+
+def nmx_config(ctx: RackContext) -> dict:
+    """The emulator's config: the rack's trays with their gpus.json as the running trays see them."""
+    from mctl.lab.gpus import GPUS_PER_TRAY, chassis_serial
+    from mctl.lab.hosts import GPUS_FILE, host_path
+
+    files = nmx_files(ctx)
+    trays = [{"name": t.name, "tray_index": t.tray_index, "slot_id": t.slot, "host_id": 1, "gpus": GPUS_PER_TRAY,
+              "gpus_json": str(host_path(ctx.lab_dir, t.name, GPUS_FILE))} for t in ctx.layout.trays_of(ctx.rack)]
+    return {"listen": ctx.address, "port": NMX_PORT, "credentials_file": str(files["credentials"]),
+            "domain_uuid": ctx.layout.nvlink_domain(ctx.rack), "chassis_serial": chassis_serial(ctx.layout, ctx.rack),
+            "state_file": str(files["state"]), "trays": trays}
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Created 0600 from the start: the password is never readable by others, not even for a moment."""
+    from mctl.state.files import atomic_write
+
+    atomic_write(path, text, mode=0o600)
+
+
+def _nmx_prepare(ctx: RackContext) -> None:
+    from mctl.state.files import write_json
+
+    files = nmx_files(ctx)
+    if not files["credentials"].exists():
+        _write_private(files["credentials"], f"{NMX_USER}:{secrets.token_urlsafe(18)}\n")
+    write_json(files["config"], nmx_config(ctx), mode=0o600)
+
+
+def _nmx_argv(ctx: RackContext) -> list[str]:
+    files = nmx_files(ctx)
+    return [sys.executable, "-m", "mctl.lab.nmx_emulator", "--config", str(files["config"]),
+            "--log-file", str(files["log"])]
+
+
+def _nmx_inventory(ctx: RackContext) -> dict:
+    return {"nmx": {"url": f"http://{ctx.address}:{NMX_PORT}", "credentials_file": str(nmx_files(ctx)["credentials"]),
+                    "verify_tls": False}}
+
+
+NMX_SERVICE = RackService("nmx", _nmx_argv, port=NMX_PORT, prepare=_nmx_prepare, inventory=_nmx_inventory)
+
+RACK_SERVICES: tuple[RackService, ...] = (NMX_SERVICE,)
+
+
+def refresh_nmx(ctx: RackContext) -> int | None:
+    """After a tray of the rack restarted (its /proc/<init>/root moved): rewrite the config, SIGHUP the emulator.
+
+    Returns the emulator's pid, or None when it is not running.
+    """
+    from mctl.lab import procs
+    from mctl.state.files import write_json
+
+    write_json(nmx_files(ctx)["config"], nmx_config(ctx), mode=0o600)
+    table = procs.scan()
+    marker = f"MCTL_LAB_SERVICE={ctx.rack}/{NMX_SERVICE.name}"
+    prefix = f"MCTL_LAB_DIR={ctx.lab_dir}"
+    for launcher in table.values():
+        if launcher.comm == "unshare" and marker in launcher.cmdline and prefix in launcher.cmdline:
+            for child in procs.children(table, launcher.pid):
+                os.kill(child.pid, signal.SIGHUP)
+                return child.pid
+    return None
 
 
 def host_files(kind: Kind) -> list[HostFile]:
