@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -114,18 +113,10 @@ def status(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.",
 
     Example: mctl -i inventories/lab imex status lab-r1
     """
-    from mctl.fabric.imex import assess_rack
-    from mctl.fabric.imex_remote import collect
+    from mctl.fabric.service import imex_status
 
     site = options().site()
-    settings = _settings(site)
-    racks = _racks(site, rack)
-    healths = []
-    unreachable: list[str] = []
-    for r in racks:
-        reports, _ = collect(site, r.compute, settings)
-        unreachable += [t for t, rep in reports.items() if not rep.reachable]
-        healths += list(assess_rack(r, reports))
+    healths, unreachable = imex_status(site, _racks(site, rack), _settings(site))
     if want_json(json_):
         render.print_json({"domains": [h.to_dict() for h in healths]})
     else:
@@ -162,8 +153,7 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", 
 
     Example: mctl -i inventories/lab imex apply lab-r1 --dry-run
     """
-    from mctl.fabric.imex import assess_rack, expected_files, trays_needing
-    from mctl.fabric.imex_remote import collect, push
+    from mctl.fabric.service import ImexApplyResult, apply_imex, wait_for_imex
     from mctl.model.site import fold
 
     site = options().site()
@@ -172,45 +162,29 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", 
     quiet = want_json(json_)
     out: list[dict] = []
     failed: list[str] = []
+
+    def show(plan: ImexApplyResult) -> None:
+        if quiet:
+            return
+        if plan.changes:
+            for t, files in plan.changes.items():
+                _say(f"{plan.rack}: {'would write' if dry_run else 'writing'} {', '.join(files)} on {t}")
+        else:
+            _say(f"{plan.rack}: IMEX files on every reachable tray match the partitions")
+        if plan.restart:
+            _say(f"{plan.rack}: {'would restart' if dry_run else 'restarting'} IMEX on {fold(plan.restart)}")
+        if plan.unreachable:
+            render.warn(f"{plan.rack}: cannot reach {fold(plan.unreachable)}")
+
     for r in racks:
-        expected = expected_files(r, settings)
-        reports, held = collect(site, r.compute, settings)
-        unreachable = [t for t, rep in reports.items() if not rep.reachable]
-        plan = trays_needing(expected, {t: held.get(t, {}) for t in expected if t not in unreachable})
-        targets = [h for h in r.compute if h.name not in unreachable and (h.name in plan or restart)]
-        entry = {"rack": r.name, "changes": {t: files for t, files in plan.items()},
-                 "restart": [h.name for h in targets], "unreachable": unreachable, "applied": False}
-        if not quiet:
-            if plan:
-                for t, files in plan.items():
-                    _say(f"{r.name}: {'would write' if dry_run else 'writing'} {', '.join(files)} on {t}")
-            else:
-                _say(f"{r.name}: IMEX files on every reachable tray match the partitions")
-            if targets:
-                _say(f"{r.name}: {'would restart' if dry_run else 'restarting'} IMEX on {fold([h.name for h in targets])}")
-            if unreachable:
-                render.warn(f"{r.name}: cannot reach {fold(unreachable)}")
-        failed += unreachable
-        if not dry_run and targets:
-            results = push(site, targets, {t: expected[t] for t in expected if t in plan}, settings.restart_command)
-            bad = [x for x in results if not x.ok]
-            failed += [x.host for x in bad]
-            entry["failed"] = {x.host: x.summary() for x in bad}
-            entry["applied"] = True
-            for x in bad:
-                render.warn(f"{x.host}: {x.summary()}")
-        out.append(entry)
+        result = apply_imex(site, r, settings, restart=restart, dry_run=dry_run, on_plan=show)
+        failed += result.unreachable + list(result.failed)
+        for host, why in result.failed.items():
+            render.warn(f"{host}: {why}")
+        out.append(result.to_dict())
     healths = []
     if wait and not dry_run:
-        deadline = time.monotonic() + wait
-        while True:
-            healths = []
-            for r in racks:
-                reports, _ = collect(site, r.compute, settings)
-                healths += list(assess_rack(r, reports))
-            if all(h.state == "UP" for h in healths) or time.monotonic() >= deadline:
-                break
-            time.sleep(min(2.0, max(0.1, deadline - time.monotonic())))
+        healths = wait_for_imex(site, racks, settings, wait=wait)
         if not quiet:
             for h in healths:
                 _say(f"{h.domain.rack}/{h.domain.name}: {h.state}"

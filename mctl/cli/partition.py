@@ -34,10 +34,6 @@ def _say(text: str) -> None:
     render.console().print(text, markup=False, highlight=False)
 
 
-def _kind(by_location: bool) -> str:
-    return "LOCATION_BASED" if by_location else "ID_BASED"
-
-
 # ------------------------------------------------------------------ reports
 
 @app.command("list")
@@ -189,13 +185,22 @@ def templates(rack: Annotated[Optional[str], typer.Argument(help="Show what each
 
 # ------------------------------------------------------------------ changes
 
-def _plan_for(site: "Site", r: "Rack", desired, *, prune: bool, kind: str):
-    from mctl.fabric.nmx import NMXClient
-    from mctl.fabric.reconcile import plan_rack
+class _Show:
+    """Prints a plan and then each step as it runs; silent with --json."""
 
-    client = NMXClient.for_rack(site, r)
-    plan, _ = plan_rack(client, r, desired, prune=prune, kind=kind)
-    return client, plan
+    def __init__(self, r: "Rack", *, dry_run: bool):
+        self.rack = r
+        self.dry_run = dry_run
+        self.total = 0
+
+    def plan(self, plan: "PartitionPlan") -> None:
+        self.total = len(plan.changes)
+        if not options().json:
+            _print_plan(plan, self.rack.gpus_per_tray, dry_run=self.dry_run)
+
+    def step(self, number: int, change) -> None:
+        if not options().json:
+            _say(f"  [{number}/{self.total}] {change.action} {change.name} ...")
 
 
 def _print_plan(plan: "PartitionPlan", gpus_per_tray: int, *, dry_run: bool) -> None:
@@ -221,15 +226,12 @@ def _print_plan(plan: "PartitionPlan", gpus_per_tray: int, *, dry_run: bool) -> 
 
 
 def _apply(client, plan: "PartitionPlan", r: "Rack") -> None:
+    """Run a plan built here (delete, GPU-granularity create); the rest goes through fabric.service."""
     from mctl.fabric.reconcile import apply_plan
 
-    quiet = options().json
-
-    def step(number: int, change) -> None:
-        if not quiet:
-            _say(f"  [{number}/{len(plan.changes)}] {change.action} {change.name} ...")
-
-    apply_plan(client, plan, r.gpus_per_tray, on_step=step)
+    show = _Show(r, dry_run=False)
+    show.total = len(plan.changes)
+    apply_plan(client, plan, r.gpus_per_tray, on_step=show.step)
 
 
 def _locked(r: "Rack", purpose: str):
@@ -252,7 +254,9 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
     Example: mctl -i inventories/lab partition apply lab-r1 --dry-run
     """
     from mctl.fabric.partitions import desired_from_rack, validate_desired
+    from mctl.fabric.service import apply_partitions, kind_of
 
+    want_json(json_)                    # before any plan is shown: --json may follow the subcommand
     site = options().site()
     racks = [_rack(site, rack)] if rack else [r for r in site.racks.values() if r.nmx is not None]
     if rack and racks[0].nmx is None:
@@ -265,19 +269,17 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
     for r in racks:
         desired = desired_from_rack(r)
         validate_desired(r, desired, site=site)
+        show = _Show(r, dry_run=dry_run)
         try:
             if dry_run:
-                _, plan = _plan_for(site, r, desired, prune=prune, kind=_kind(by_location))
-                if not want_json(json_):
-                    _print_plan(plan, r.gpus_per_tray, dry_run=True)
-                out.append({"rack": r.name, "plan": plan.to_dict(), "applied": False})
+                res = apply_partitions(site, r, desired, prune=prune, kind=kind_of(by_location), dry_run=True,
+                                       on_plan=show.plan)
+                out.append({"rack": r.name, "plan": res.plan.to_dict(), "applied": False})
                 continue
             with _locked(r, "partition apply"):
-                client, plan = _plan_for(site, r, desired, prune=prune, kind=_kind(by_location))
-                if not want_json(json_):
-                    _print_plan(plan, r.gpus_per_tray, dry_run=False)
-                _apply(client, plan, r)
-            out.append({"rack": r.name, "plan": plan.to_dict(), "applied": True})
+                res = apply_partitions(site, r, desired, prune=prune, kind=kind_of(by_location), on_plan=show.plan,
+                                       on_step=show.step)
+            out.append({"rack": r.name, "plan": res.plan.to_dict(), "applied": True})
         except MctlError as exc:
             if len(racks) == 1:
                 raise
@@ -315,6 +317,7 @@ def create(rack: RackArg,
     from mctl.fabric.partitions import (desired_from_rack, parse_gpu_members, parse_trays, template_partitions,
                                         validate_desired)
     from mctl.fabric.record import edit_partitions, write_edit
+    from mctl.fabric.service import apply_partitions, kind_of
     from mctl.model.fabric import DesiredPartition
     from mctl.model.site import Partition
 
@@ -366,17 +369,20 @@ def create(rack: RackArg,
              else f"rack {rack}: the inventory already declares {after}")
     if r.nmx is None and not no_apply and not quiet:
         render.warn(f"rack {rack} has no NMX-Manager endpoint: recorded in the inventory only")
+    show = _Show(r, dry_run=dry_run)
+
+    def planned(plan: "PartitionPlan") -> None:
+        result["plan"] = plan.to_dict()
+        show.plan(plan)
+
     if dry_run:
         if apply_it:
             try:
-                _, plan = _plan_for(site, r, desired, prune=False, kind=_kind(by_location))
+                apply_partitions(site, r, desired, kind=kind_of(by_location), dry_run=True, on_plan=planned)
             except MctlError as exc:
                 if quiet:
                     render.print_json({**result, "error": exc.message})
                 raise
-            result["plan"] = plan.to_dict()
-            if not quiet:
-                _print_plan(plan, r.gpus_per_tray, dry_run=True)
         if quiet:
             render.print_json(result)
         return
@@ -384,11 +390,7 @@ def create(rack: RackArg,
         write_edit(edit)
         if apply_it:
             try:
-                client, plan = _plan_for(site, r, desired, prune=False, kind=_kind(by_location))
-                result["plan"] = plan.to_dict()
-                if not quiet:
-                    _print_plan(plan, r.gpus_per_tray, dry_run=False)
-                _apply(client, plan, r)
+                apply_partitions(site, r, desired, kind=kind_of(by_location), on_plan=planned, on_step=show.step)
                 result["applied"] = True
             except MctlError as exc:
                 exc.hint = ((exc.hint + "; ") if exc.hint else "") + \
@@ -428,7 +430,9 @@ def _create_gpu_partition(site, r, name, gpus, no_apply, by_location, dry_run, j
 
     client = NMXClient.for_rack(site, r)
     state = discover(client, r)
-    plan = plan_partitions(r, [new], state.fabric, state.partitions, kind=_kind(by_location), endpoint=client.url)
+    from mctl.fabric.service import kind_of
+
+    plan = plan_partitions(r, [new], state.fabric, state.partitions, kind=kind_of(by_location), endpoint=client.url)
     quiet = want_json(json_)
     if not quiet:
         _print_plan(plan, r.gpus_per_tray, dry_run=dry_run)
