@@ -86,8 +86,18 @@ def test_image_has_slurm_munge_and_systemctl(lab):
     plugins = lab.run(host, "ls /usr/lib/x86_64-linux-gnu/slurm-wlm/").stdout.split()
     assert "topology_block.so" in plugins and "switch_nvidia_imex.so" in plugins
     assert "systemctl.py" in lab.run(host, "systemctl --version").stdout
-    # Not configured for a site: no munge key, no slurm.conf (the playbooks bring them).
-    assert lab.run(host, "test -e /etc/munge/munge.key", check=False).returncode == 1
+    # Not configured for a site: the image itself holds no munge key, no slurm.conf and no
+    # host keys (the playbooks bring them). Read the image, not a host: other tests of this
+    # session may already have deployed Slurm onto the shared lab.
+    from mctl.lab import image
+    from mctl.lab.site import IMAGE_NAME, REPO_IMAGES
+
+    rootfs = image.load_spec(REPO_IMAGES / f"{IMAGE_NAME}.yml").cache_dir / "rootfs"
+    # lexists: links inside the image point at absolute paths that only resolve in a host.
+    assert os.path.lexists(rootfs / "usr/sbin/slurmd")
+    assert not os.path.lexists(rootfs / "etc/munge/munge.key")
+    assert not os.path.lexists(rootfs / "etc/slurm/slurm.conf")
+    assert not list((rootfs / "etc/ssh").glob("ssh_host_*"))
 
 
 def test_daemon_started_over_ssh_outlives_the_session(lab):
