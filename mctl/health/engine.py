@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mctl.errors import MctlError
 from mctl.health import checks, policy, store
 from mctl.health.breaker import BreakerState
 from mctl.health.facts import TrayHealthFacts
@@ -108,7 +109,15 @@ class Engine:
         self.expect = expectations(site, list(scope.hosts))
         self.plans = {name: partition_plan(rack) for name, rack in site.racks.items()}
         self.sizes = rack_sizes(site)
-        self.scheduler = adapter_for(site, pool)
+        self.scheduler_problem: str | None = None
+        try:
+            self.scheduler = adapter_for(site, pool, [h.name for h in scope.hosts], self.who)
+        except MctlError as exc:
+            if remediate:
+                raise
+            # Reporting still works without the scheduler (e.g. no kubeconfig where an audit runs).
+            self.scheduler = None
+            self.scheduler_problem = exc.message
         self.sweeps = 0
         # --dry-run keeps its records in memory only, so it never writes the state directory.
         self._dry_state: store.HealthState | None = None
@@ -171,9 +180,11 @@ class Engine:
         for fs in per_host.values():
             findings.extend(fs)
         if sched_error:
-            findings.append(Finding(Severity.WARN, self.scheduler.target.name if self.scheduler else None,
-                                    "scheduler.reachable", sched_error,
+            findings.append(Finding(Severity.WARN, None, "scheduler.reachable", sched_error,
                                     "drains and resumes are queued until the scheduler answers"))
+        elif self.scheduler_problem:
+            findings.append(Finding(Severity.WARN, None, "scheduler.reachable",
+                                    f"scheduler not read: {self.scheduler_problem}"))
         result = SweepResult(self.sweeps, started, 0.0, facts, sort_findings(findings), verdicts, views,
                              self.scheduler.kind if self.scheduler else None, sched_error,
                              remediate=self.remediate, dry_run=self.dry_run, breaker=state.breaker,

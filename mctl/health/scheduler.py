@@ -4,12 +4,20 @@ Slurm: `scontrol` over SSH on the controller host (Site.scheduler.controller),
 through the same connection pool as the sweep, so the watch keeps that
 connection open too. Reading every node is one command; all actions of a
 sweep are one script (slurm_ops.apply_script) with a guard before each.
+
+Kubernetes: the API server through mctl.sched.k8s's client (kubeconfig from
+scheduler.k8s): cordon, taint and annotations (k8s_ops), each action a fresh
+read, the guard, then a merge patch carrying the resourceVersion just read.
+
+Both expose `kind`, `where`, `read() -> (views, raw states)` and
+`apply(decisions) -> [ActResult]`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+from mctl.errors import MctlError
 from mctl.health.policy import Decision, NodeView
 from mctl.health.slurm_ops import ActResult, SchedulerUnreachable, apply_script, controller_down, parse_apply, \
     read_nodes, show_node_command
@@ -63,10 +71,98 @@ def slurm_adapter(site: "Site", pool: "SSHPool") -> SlurmAdapter:
     return SlurmAdapter(pool, target, timeout=min(30.0, site.ssh.command_timeout))
 
 
-def adapter_for(site: "Site", pool: "SSHPool"):
+class K8sAdapter:
+    kind = "k8s"
+
+    def __init__(self, client, names: Sequence[str], taint: str, who: str):
+        from mctl.health.k8s_ops import parse_taint
+
+        self.client = client
+        self.names = list(names)
+        self.taint = parse_taint(taint)
+        self.who = who
+
+    @property
+    def where(self) -> str:
+        return f"Kubernetes API {self.client.conn.server}"
+
+    def _get(self, name: str):
+        return self.client.get("Node", name)
+
+    def _read(self) -> tuple[dict[str, NodeView], dict[str, dict]]:
+        from mctl.health.k8s_ops import node_view
+        from mctl.sched.k8s.client import ClusterUnreachable
+
+        views, raw = {}, {}
+        try:
+            for name in self.names:
+                obj = self._get(name)
+                views[name] = node_view(name, obj)
+                if obj is not None:
+                    raw[name] = obj
+        except ClusterUnreachable as exc:
+            raise SchedulerUnreachable(exc.message) from None
+        except MctlError as exc:
+            raise SchedulerUnreachable(f"the Kubernetes API refused to list nodes: {exc.message}") from None
+        return views, raw
+
+    async def read(self):
+        import asyncio
+
+        views, _ = await asyncio.to_thread(self._read)
+        return views, {}
+
+    def _apply_one(self, d: Decision) -> ActResult:
+        import time
+
+        from mctl.health.k8s_ops import cordon_patch, guard, node_view, uncordon_patch
+        from mctl.health.policy import DRAIN
+        from mctl.sched.k8s.client import ApiError, ClusterUnreachable
+
+        try:
+            obj = self._get(d.host)
+            if obj is None:
+                return ActResult(d, False, "refused: no such Node", refused=True)
+            why, not_ours = guard(d.action, node_view(d.host, obj))
+            if why:
+                return ActResult(d, False, why, refused=True, not_ours=not_ours)
+            patch = (cordon_patch(obj, d.reason or "mctl:", d.full, self.who, self.taint, d.at or time.time())
+                     if d.action == DRAIN else uncordon_patch(obj, self.taint))
+            self.client.merge_patch("Node", d.host, None, patch)
+        except ClusterUnreachable as exc:
+            return ActResult(d, False, exc.message, unreachable=True)
+        except ApiError as exc:
+            if exc.status == 409:
+                return ActResult(d, False, "refused: the node changed since it was read (409 Conflict)",
+                                 refused=True)
+            return ActResult(d, False, exc.message)
+        except MctlError as exc:
+            return ActResult(d, False, exc.message)
+        return ActResult(d, True)
+
+    async def apply(self, decisions: Sequence[Decision]) -> list[ActResult]:
+        import asyncio
+
+        return [await asyncio.to_thread(self._apply_one, d) for d in decisions]
+
+
+def k8s_adapter(site: "Site", names: Sequence[str], who: str | None = None) -> K8sAdapter:
+    """Through the kubeconfig of scheduler.k8s (else $KUBECONFIG, ~/.kube/config), as `mctl deploy k8s`."""
+    from mctl.health.store import actor
+    from mctl.sched.k8s import KubeClient
+    from mctl.sched.k8s import kubeconfig as kc
+
+    settings = site.scheduler.k8s
+    path = (site.root / settings.kubeconfig) if settings.kubeconfig else kc.default_path()
+    return K8sAdapter(KubeClient(kc.load(path, settings.context)), names, site.health.k8s_taint, who or actor())
+
+
+def adapter_for(site: "Site", pool: "SSHPool", names: Sequence[str] = (), who: str | None = None):
     """The site's scheduler adapter, or None when mctl has nothing to drain through."""
     if site.scheduler is None:
         return None
     if site.scheduler.type == "slurm":
         return slurm_adapter(site, pool)
+    if site.scheduler.type == "k8s":
+        return k8s_adapter(site, names or [h.name for h in site.compute_trays()], who)
     return None

@@ -30,7 +30,7 @@ def run_check(site: "Site", expr: str | None, state_dir: Path, *, remediate: boo
     settings = settings_of(site)
     if remediate and site.scheduler is None:
         raise UsageError("--remediate needs a scheduler to drain through; the inventory names none",
-                         hint="add a scheduler: section to mctl.yml")
+                         hint="add a scheduler: section (slurm or k8s) to mctl.yml")
 
     async def main() -> "SweepResult":
         async with SSHPool(SSHConfig.from_site(site)) as pool:
@@ -74,27 +74,34 @@ class DrainReport:
                 "breaker": self.breaker}
 
 
-def _read_nodes(site: "Site"):
-    from mctl.health.scheduler import slurm_adapter
+def _on_scheduler(site: "Site", names: list[str], work):
+    """Run `work(adapter)` (async) against the site's scheduler adapter, with a pool for Slurm's SSH."""
+    from mctl.health.scheduler import adapter_for
     from mctl.transport import SSHConfig, SSHPool
 
-    if site.scheduler is None or site.scheduler.type != "slurm":
-        raise UsageError("mctl's drains live in Slurm; this site's scheduler is "
-                         f"{site.scheduler.type if site.scheduler else 'not set'}",
-                         hint="Kubernetes remediation is not implemented yet (docs/health.md)")
+    if site.scheduler is None:
+        raise UsageError("mctl's drains live in the scheduler; the inventory names none",
+                         hint="add a scheduler: section (slurm or k8s) to mctl.yml")
 
     async def main():
         async with SSHPool(SSHConfig.from_site(site)) as pool:
-            return await slurm_adapter(site, pool).read()
+            return await work(adapter_for(site, pool, names))
 
     return asyncio.run(main())
+
+
+def _read_nodes(site: "Site", names: list[str]):
+    async def read(adapter):
+        return await adapter.read()
+
+    return _on_scheduler(site, names, read)
 
 
 def list_drains(site: "Site", state_dir: Path) -> DrainReport:
     state = store.load_state(state_dir)
     racks = {h.name: h.rack for h in site.compute_trays()}
     try:
-        views, _ = _read_nodes(site)
+        views, _ = _read_nodes(site, list(racks))
         error = None
     except SchedulerUnreachable as exc:
         views, error = None, str(exc)
@@ -131,12 +138,9 @@ def resume_by_hand(site: "Site", expr: str, state_dir: Path, *, dry_run: bool = 
 
     Also records the time: XIDs logged before it no longer count, since an operator dealt with them.
     """
-    from mctl.health.scheduler import slurm_adapter
-    from mctl.transport import SSHConfig, SSHPool
-
     scope = resolve_scope(site, expr)
     try:
-        views, _ = _read_nodes(site)
+        views, _ = _read_nodes(site, scope.names)
     except SchedulerUnreachable as exc:
         raise EnvironmentProblem(f"cannot resume: {exc}", hint="try again once slurmctld answers") from None
     rows: list[ResumeRow] = []
@@ -144,15 +148,16 @@ def resume_by_hand(site: "Site", expr: str, state_dir: Path, *, dry_run: bool = 
     now = time.time()
     for host in scope.names:
         node = views.get(host)
-        if node is None:
-            rows.append(ResumeRow(host, "refused", "not a Slurm node"))
+        if node is None or not node.known:
+            rows.append(ResumeRow(host, "refused", "not a node of the scheduler"))
         elif node.down:
             rows.append(ResumeRow(host, "refused", f"node is {node.state}; mctl never touches down nodes", node.reason))
         elif not node.drained:
             rows.append(ResumeRow(host, "skipped", f"not drained ({node.state})"))
         elif not is_mctl_reason(node.reason):
             rows.append(ResumeRow(host, "refused", f"drained by someone else: {node.reason!r}; "
-                                                   "use scontrol if that is what you mean", node.reason))
+                                                   "lift it with the scheduler's own tools if that is what you "
+                                                   "mean", node.reason))
         else:
             todo.append(Decision(host, RESUME, "resumed by hand", reason=node.reason,
                                  rack=(site.host(host).rack if site.host(host) else None), at=now))
@@ -160,13 +165,12 @@ def resume_by_hand(site: "Site", expr: str, state_dir: Path, *, dry_run: bool = 
         rows += [ResumeRow(d.host, "would-resume", "dry run" if dry_run else "", d.reason) for d in todo]
         return _ordered(rows, scope.names)
 
-    async def main():
-        async with SSHPool(SSHConfig.from_site(site)) as pool:
-            return await slurm_adapter(site, pool).apply(todo)
+    async def apply(adapter):
+        return await adapter.apply(todo)
 
     who = store.actor()
     with store.state_lock(state_dir):
-        results = asyncio.run(main())
+        results = _on_scheduler(site, scope.names, apply)
         state = store.load_state(state_dir)
         entries = []
         for r in results:

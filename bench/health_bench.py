@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Benchmark the health watch on a lab rack: sweep time over open connections, fault-to-drain.
+
+Targets (issue 8), on an 18-tray lab rack with real Slurm:
+  - a sweep over open connections (probe on every tray + `scontrol show node -o` on the
+    controller + the checks) takes <= 1 s, median over --sweeps sweeps after the first
+    (which opens the connections);
+  - fault-to-drain <= one interval + 2 s: the real `mctl health watch` runs with
+    --interval; a fault (`--nvlink-down`, a lasting GPU fault) is injected at a random
+    point of the interval, and the time until `scontrol` on the controller shows the tray
+    drained with an `mctl:` reason is measured, for --faults trays one after the other.
+
+    sudo python3 bench/health_bench.py                         # starts an 18-tray lab, deploys Slurm
+    sudo python3 bench/health_bench.py --lab /var/lib/mctl/lab  # an existing lab with Slurm deployed
+    sudo python3 bench/health_bench.py --interval 5 --faults 3 --json
+
+Exit 0 when both targets are met, 1 when one is missed, 2 on a setup problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def mctl(*args: str, env: dict, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mctl", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def start_lab(trays: int, workdir: Path, env: dict) -> Path:
+    from mctl.lab import control
+    from mctl.lab.procs import listening_tcp
+
+    used = {int(a.split(".")[1]) for a, _ in listening_tcp() if a.startswith("127.")}
+    net = next(n for n in range(160, 255) if n not in used)
+    result = control.up(workdir / "lab", racks=1, trays=trays, net=net,
+                        progress=lambda m: sys.stderr.write(f"[lab] {m}\n"))
+    sys.stderr.write("[bench] deploying Slurm (a few minutes) ...\n")
+    proc = mctl("-i", str(result.dir), "deploy", "slurm", env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"deploy slurm failed:\n{proc.stderr[-2000:]}")
+    return result.dir
+
+
+def site_copy(lab_dir: Path, workdir: Path, interval: float) -> Path:
+    import yaml
+
+    doc = yaml.safe_load((lab_dir / "mctl.yml").read_text())
+    # the share is the rack's: one drain at a time here, never the breaker's business
+    doc["health"] = {"interval": interval, "resume_after_healthy_sweeps": 1, "imex": "ignore",
+                     "breaker": {"max_drained_share": 1.0, "window": "1h"}}
+    folder = workdir / "site"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return folder
+
+
+def measure_sweeps(site_dir: Path, state: Path, sweeps: int) -> dict:
+    from mctl.health.engine import Engine
+    from mctl.health.site_view import resolve_scope, settings_of
+    from mctl.inventory import load_site
+    from mctl.transport import SSHConfig, SSHPool
+
+    site = load_site(str(site_dir))
+
+    async def main():
+        async with SSHPool(SSHConfig.from_site(site)) as pool:
+            engine = Engine(site, resolve_scope(site, None), settings_of(site), state, pool)
+            first = await engine.sweep()
+            times, results = [], []
+            for _ in range(sweeps):
+                t0 = time.perf_counter()
+                r = await engine.sweep()
+                times.append(time.perf_counter() - t0)
+                results.append(r)
+            return first, times, results
+
+    first, times, results = asyncio.run(main())
+    bad = [v.host for r in results for v in r.verdicts if v.status not in ("ok", "warn")]
+    return {"trays": len(first.verdicts), "first_sweep_s": round(first.elapsed, 3),
+            "sweeps_s": [round(t, 3) for t in times], "median_s": round(statistics.median(times), 3),
+            "max_s": round(max(times), 3), "unhealthy_trays_seen": sorted(set(bad)),
+            "scheduler_error": results[-1].scheduler_error}
+
+
+def node_state(lab_dir: Path, head: str, tray: str) -> str:
+    from mctl.lab import control
+
+    argv = control.ssh_argv(lab_dir, head, [f"scontrol show node -o {tray}"], tty=False)
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
+    return out
+
+
+def measure_fault_to_drain(lab_dir: Path, site_dir: Path, state: Path, interval: float, faults: int,
+                           env: dict) -> dict:
+    from mctl.lab import control
+    from mctl.lab.faults import FaultRequest
+    from mctl.inventory import load_site
+
+    site = load_site(str(site_dir))
+    rack = next(iter(site.racks.values()))
+    head = rack.head.name
+    trays = random.Random(8).sample([h.name for h in rack.compute], faults)
+    watch = subprocess.Popen([sys.executable, "-m", "mctl", "-i", str(site_dir), "--state-dir", str(state),
+                              "health", "watch", "--interval", f"{interval:g}"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+    samples = []
+    try:
+        first = watch.stdout.readline()
+        if " SWEEP " not in first:
+            raise SystemExit(f"the watch did not sweep: {first!r} {watch.stderr.read()[-2000:]}")
+        for tray in trays:
+            time.sleep(random.uniform(0, interval))
+            t0 = time.monotonic()
+            control.fault(lab_dir, tray, FaultRequest(nvlink_down="0:3"))
+            while True:
+                text = node_state(lab_dir, head, tray)
+                if "DRAIN" in text.split(" State=")[1].split()[0] and "Reason=mctl:" in text:
+                    samples.append(time.monotonic() - t0)
+                    break
+                if time.monotonic() - t0 > 10 * interval + 30:
+                    raise SystemExit(f"{tray} was not drained within {10 * interval + 30:g}s")
+                time.sleep(0.1)
+            control.fault(lab_dir, tray, FaultRequest(clear=True))
+        # resumes: clear and let the watch resume them (resume_after_healthy_sweeps 1)
+        deadline = time.monotonic() + 5 * interval + 30
+        while time.monotonic() < deadline:
+            if all("DRAIN" not in node_state(lab_dir, head, t).split(" State=")[1].split()[0] for t in trays):
+                break
+            time.sleep(0.5)
+    finally:
+        watch.send_signal(signal.SIGINT)
+        try:
+            watch.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            watch.kill()
+        for tray in trays:
+            control.fault(lab_dir, tray, FaultRequest(clear=True))
+    return {"interval_s": interval, "samples_s": [round(s, 2) for s in samples],
+            "median_s": round(statistics.median(samples), 2), "max_s": round(max(samples), 2),
+            "target_s": interval + 2}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lab", type=Path, help="an existing lab folder with Slurm deployed (else one is started)")
+    ap.add_argument("--trays", type=int, default=18)
+    ap.add_argument("--sweeps", type=int, default=10)
+    ap.add_argument("--interval", type=float, default=5.0)
+    ap.add_argument("--faults", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.stderr.write("the lab needs root\n")
+        return 2
+    workdir = Path(tempfile.mkdtemp(prefix="mctl-health-bench-"))
+    env = dict(os.environ, MCTL_STATE_DIR=str(workdir / "state"), NO_COLOR="1")
+    started = None
+    try:
+        lab_dir = args.lab.resolve() if args.lab else start_lab(args.trays, workdir, env)
+        started = None if args.lab else lab_dir
+        site_dir = site_copy(lab_dir, workdir, args.interval)
+        sweep = measure_sweeps(site_dir, workdir / "state-sweeps", args.sweeps)
+        drain = measure_fault_to_drain(lab_dir, site_dir, workdir / "state-watch", args.interval, args.faults, env)
+    finally:
+        if started is not None:
+            from mctl.lab import control
+
+            control.down(started)
+    load = os.getloadavg()
+    report = {"sweep": sweep, "fault_to_drain": drain, "cpus": os.cpu_count(),
+              "loadavg": [round(x, 2) for x in load],
+              "targets": {"sweep_median_le_1s": sweep["median_s"] <= 1.0,
+                          "fault_to_drain_le_interval_plus_2s": drain["max_s"] <= drain["target_s"]}}
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"sweep over open connections, {sweep['trays']} trays: median {sweep['median_s']:.2f}s, "
+              f"max {sweep['max_s']:.2f}s (first, connecting: {sweep['first_sweep_s']:.2f}s)")
+        print(f"fault-to-drain at --interval {drain['interval_s']:g}s: {drain['samples_s']} "
+              f"(max {drain['max_s']:.2f}s, target {drain['target_s']:g}s)")
+        print(f"load average {report['loadavg']} on {report['cpus']} CPUs; targets: {report['targets']}")
+    return 0 if all(report["targets"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

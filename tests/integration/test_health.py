@@ -1,0 +1,323 @@
+"""Health checks and remediation on the lab, with real Slurm: drains, guards, breaker, watch, node check.
+
+The site is the lab's inventory with short health settings (1 s interval, 2 healthy sweeps to
+resume, 2 misses before an unreachable tray is drained, a 15 s XID window) and `imex: ignore`,
+because whether the session's IMEX daemons run is another test module's business. Each test
+gets its own state directory; every test clears its faults and resumes every node it (or mctl)
+drained, since the lab is shared by the session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+HEALTH = {"interval": 1, "resume_after_healthy_sweeps": 2, "unreachable_sweeps_before_drain": 2,
+          "xid_window": "15s", "imex": "ignore", "breaker": {"max_drained_share": 0.25, "window": "1h"}}
+
+
+def sinfo(lab) -> dict[str, tuple[str, str]]:
+    """node -> (state, reason) as Slurm reports it now. Slurm keeps the last reason on a node it
+    resumed (`scontrol show node` still prints it); like `sinfo -R`, only a drained, down or failed
+    node's reason is shown here."""
+    out = lab.run(lab.head, "sinfo -h -N -o '%N|%T|%E'").stdout
+    rows = [line.split("|", 2) for line in out.splitlines() if line.strip()]
+    return {n: (s, "" if r == "none" or not any(w in s for w in ("drain", "down", "fail")) else r)
+            for n, s, r in rows}
+
+
+def wait_for(what, check, timeout: float, every: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(every)
+
+
+def fault(lab, tray: str, **request) -> None:
+    """`mctl lab fault` in-process: the fault lands at a known moment, without a CLI start-up in between."""
+    from mctl.lab import control
+    from mctl.lab.faults import FaultRequest
+
+    control.fault(lab.dir, tray, FaultRequest(**request))
+
+
+def srun(lab, args: str, check: bool = True):
+    return lab.run(lab.head, f"srun --immediate=30 {args}", timeout=90, check=check)
+
+
+@pytest.fixture(scope="module")
+def site(lab, tmp_path_factory) -> Path:
+    if len(lab.trays) < 4:
+        pytest.skip("needs a lab with 4 trays (MCTL_TEST_TRAYS)")
+    folder = tmp_path_factory.mktemp("health-site")
+    doc = yaml.safe_load(lab.inventory.read_text())
+    doc["health"] = HEALTH
+    (folder / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    nodes = {}
+    try:
+        nodes = sinfo(lab)
+    except AssertionError:
+        pass
+    if sorted(nodes) != lab.trays or any(s.startswith(("down", "unk")) for s, _ in nodes.values()):
+        proc = lab.mctl("-i", str(folder), "deploy", "slurm", timeout=900)
+        assert proc.returncode == 0, f"deploy slurm failed: {proc.stderr}\n{proc.stdout[-2000:]}"
+        wait_for("every tray idle in Slurm", lambda: set(s for s, _ in sinfo(lab).values()) <= {"idle"}, 120)
+    return folder
+
+
+@pytest.fixture
+def health(lab, site, tmp_path):
+    """Run mctl against the health site with this test's own state directory; clean up the lab after."""
+    state = tmp_path / "state"
+
+    def mctl(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+        return lab.mctl("-i", str(site), "--state-dir", str(state), *args, timeout=timeout)
+
+    mctl.state = state
+    try:
+        yield mctl
+    finally:
+        lab.clear_faults()
+        for node, (st, reason) in sinfo(lab).items():
+            if "drain" in st and reason.startswith(("mctl:", "ops:")):
+                lab.run(lab.head, f"scontrol update NodeName={node} State=RESUME", check=False)
+
+
+def actions(state: Path) -> list[dict]:
+    path = state / "health" / "actions.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+class Watch:
+    """`mctl health watch` in the background with plain log lines (stdout is a pipe)."""
+
+    def __init__(self, lab, site: Path, state: Path, *args: str):
+        env = dict(lab._env)
+        self.proc = subprocess.Popen([sys.executable, "-m", "mctl", "-i", str(site), "--state-dir", str(state),
+                                      "health", "watch", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=env, bufsize=1)
+        self.lines: list[str] = []
+        os.set_blocking(self.proc.stdout.fileno(), False)
+
+    def read(self) -> list[str]:
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.lines.append(line.rstrip("\n"))
+        return self.lines
+
+    def sweeps(self) -> int:
+        return sum(" SWEEP " in l for l in self.read())
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        os.set_blocking(self.proc.stdout.fileno(), True)
+        self.lines += [l.rstrip("\n") for l in self.proc.stdout.read().splitlines()]
+        return self.proc.returncode
+
+
+# --- tests ----------------------------------------------------------------------------------------
+
+def test_healthy_lab_passes_the_check(lab, health):
+    proc = health("--json", "health", "check")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    data = json.loads(proc.stdout)
+    assert [t["status"] for t in data["trays"]] == ["healthy"] * len(lab.trays)
+    assert {t["scheduler_state"] for t in data["trays"]} == {"IDLE"}
+    checked = {f["check"] for f in data["findings"]}
+    assert {"gpu.count", "gpu.driver", "fabric.state", "fabric.domain", "nvlink.links", "gpu.xid", "gpu.ecc",
+            "gpu.temperature", "slurm.slurmd", "host.disk", "host.memory", "tray.reachable"} <= checked
+
+
+def test_dry_run_changes_nothing(lab, health):
+    tray = lab.trays[1]
+    fault(lab, tray, nvlink_down="1:5")
+    before = sinfo(lab)
+    proc = health("--json", "health", "check", "--remediate", "--dry-run")
+    assert proc.returncode == 1, proc.stderr
+    data = json.loads(proc.stdout)
+    (d,) = [d for d in data["decisions"] if d["action"] == "drain"]
+    assert d["host"] == tray and d["reason"] == "mctl: nvlink gpu1 link5 down"
+    proc = health("health", "watch", "--dry-run", "--interval", "1", "--sweeps", "2", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"DRAIN   {tray} would drain (dry run): mctl: nvlink gpu1 link5 down" in proc.stdout
+    assert sinfo(lab) == before
+    assert not health.state.exists() or not any(health.state.rglob("*.json*"))
+
+
+def test_xid_79_drains_within_two_sweeps_jobs_avoid_it_and_it_resumes(lab, health, site):
+    tray = lab.trays[1]
+    watch = Watch(lab, site, health.state, "--interval", "1")
+    try:
+        wait_for("the first sweep", lambda: watch.sweeps() >= 1, 60)
+        fault(lab, tray, xid=79, gpu=0)
+        injected = time.monotonic()
+        seen = watch.sweeps()           # sweeps finished by now; one running now may or may not see the fault
+        state, reason = wait_for(f"{tray} drained", lambda: (lambda s: s if "drain" in s[0] else None)(
+            sinfo(lab)[tray]), 60)
+        elapsed = time.monotonic() - injected
+        assert reason == "mctl: xid 79 gpu0 (fell off bus) +1", reason
+        wait_for("the drain event", lambda: any(" DRAIN " in l and tray in l for l in watch.read()), 30)
+        drain_line = next(i for i, l in enumerate(watch.lines) if " DRAIN " in l and tray in l)
+        # events print before their sweep's line: the drain came with sweep number drain_sweep
+        drain_sweep = sum(" SWEEP " in l for l in watch.lines[:drain_line]) + 1
+        # ... the one running when the fault landed, or the next: within two sweeps
+        assert drain_sweep <= seen + 2, (seen, watch.lines)
+        (entry,) = [e for e in actions(health.state) if e["action"] == "drain"]
+        assert entry["tray"] == tray and entry["result"] == "ok" and "gpu.xid: XID 79 on gpu0" in entry["full_reason"]
+        assert entry["who"].startswith("root@") and "health watch" in entry["who"]
+        # jobs no longer land there
+        hosts = set(srun(lab, "-N3 hostname").stdout.split())
+        assert tray not in hosts and len(hosts) == 3
+        assert srun(lab, f"-w {tray} --immediate=5 hostname", check=False).returncode != 0
+        # fault cleared: once the XID is out of the 15 s window, two healthy sweeps resume it
+        fault(lab, tray, clear=True)
+        wait_for(f"{tray} resumed", lambda: sinfo(lab)[tray] == ("idle", ""), 90)
+        resume = [e for e in actions(health.state) if e["action"] == "resume"]
+        assert [(e["tray"], e["result"]) for e in resume] == [(tray, "ok")]
+        assert "healthy for 2 sweeps" in resume[0]["why"]
+        print(f"fault-to-drain {elapsed:.1f}s")
+    finally:
+        code = watch.stop()
+    assert code == 0, watch.proc.stderr.read()
+    assert any(f"RESUME  {tray}" in l for l in watch.lines)
+
+
+def test_operator_drain_stays_as_the_operator_left_it(lab, health):
+    tray = lab.trays[2]
+    lab.run(lab.head, f"scontrol update NodeName={tray} State=DRAIN Reason='ops: cable swap'")
+    fault(lab, tray, nvlink_down="0:3")
+    for _ in range(2):
+        assert health("health", "check", "--remediate", tray).returncode == 1
+    assert sinfo(lab)[tray] == ("drained", "ops: cable swap")
+    skips = [e for e in actions(health.state) if e["action"] == "skip"]
+    assert len(skips) == 1 and "ops: cable swap" in skips[0]["why"]        # noted once, not every sweep
+    fault(lab, tray, clear=True)
+    for _ in range(3):
+        assert health("health", "check", "--remediate", tray).returncode == 0
+    assert sinfo(lab)[tray] == ("drained", "ops: cable swap")
+    proc = health("health", "resume", tray)
+    assert proc.returncode == 1 and "drained by someone else" in proc.stdout
+    assert sinfo(lab)[tray] == ("drained", "ops: cable swap")
+
+
+def test_unreachable_tray_is_drained_only_after_k_misses(lab, health):
+    tray = lab.trays[3]
+    fault(lab, tray, unreachable=True)
+    first = health("--json", "health", "check", "--remediate", "--timeout", "5")
+    assert first.returncode == 1
+    assert sinfo(lab)[tray][0] == "idle"
+    data = json.loads(first.stdout)
+    assert [t["status"] for t in data["trays"] if t["host"] == tray] == ["unreachable"]
+    assert health("health", "check", "--remediate", "--timeout", "5").returncode == 1
+    assert sinfo(lab)[tray] == ("drained", "mctl: unreachable 2 sweeps")
+    fault(lab, tray, clear=True)
+    proc = health("health", "resume", tray)
+    assert proc.returncode == 0 and "RESUMED" in proc.stdout
+    assert sinfo(lab)[tray] == ("idle", "")
+    assert [e["action"] for e in actions(health.state)] == ["drain", "resume"]
+
+
+def test_breaker_trips_at_its_threshold_and_stays_until_reset(lab, health):
+    a, b = lab.trays[0], lab.trays[1]
+    fault(lab, a, nvlink_down="0:1")
+    fault(lab, b, nvlink_down="0:2")
+    proc = health("--json", "health", "check", "--remediate")
+    data = json.loads(proc.stdout)
+    states = sinfo(lab)
+    assert states[a] == ("drained", "mctl: nvlink gpu0 link1 down")       # 1 of 4 = 25%: allowed
+    assert states[b] == ("idle", "")                                     # 2 of 4 = 50%: trips instead
+    assert data["breaker"]["tripped"] and "2 of 4 trays of rack lab-r1" in data["breaker"]["reason"]
+    status = json.loads(health("--json", "health", "breaker", "status").stdout)
+    assert status["tripped"] is True
+    assert health("health", "check", "--remediate").returncode == 1
+    assert sinfo(lab)[b] == ("idle", "")                                 # still tripped on the next sweep
+    logged = [e["action"] for e in actions(health.state)]
+    assert logged.count("drain") == 1 and logged.count("breaker-trip") == 1 and "skip" in logged
+    assert health("health", "breaker", "reset").returncode == 0
+    assert health("health", "check", "--remediate").returncode == 1
+    assert sinfo(lab)[b] == ("drained", "mctl: nvlink gpu0 link2 down")
+    drains = json.loads(health("--json", "health", "drains").stdout)["drains"]
+    assert sorted(d["host"] for d in drains) == [a, b]
+
+
+def test_watch_in_tmux_shows_the_drained_tray(lab, health, site):
+    tray = lab.trays[2]
+    session = f"mctl-health-{os.getpid()}"
+    env = {k: v for k, v in lab._env.items() if k not in ("NO_COLOR", "COLUMNS", "LINES")}
+    env["TERM"] = "xterm-256color"
+    cmd = (f"{sys.executable} -m mctl -i {site} --state-dir {health.state} health watch --interval 1; "
+           "echo watch-exit=$?; sleep 60")
+
+    def tmux(*args: str) -> str:
+        # A private tmux server (-L): it starts with this environment, not an existing server's.
+        return subprocess.run(["tmux", "-L", session, *args], capture_output=True, text=True, env=env, timeout=30,
+                              check=True).stdout
+
+    def screen() -> str:
+        return tmux("capture-pane", "-p", "-t", session)
+
+    tmux("new-session", "-d", "-s", session, "-x", "130", "-y", "40", cmd)
+    try:
+        wait_for("the first sweep on screen", lambda: "last sweep #" in screen(), 60)
+        fault(lab, tray, nvlink_down="3:17")
+        wait_for(f"{tray} drained on screen", lambda: "drained" in screen() and "DRAIN" in screen(), 60)
+        text = screen()
+        assert "rack lab-r1" in text and "tray03" in text and "mctl: nvlink gpu3 link17 down" in text
+        tmux("resize-window", "-t", session, "-x", "72", "-y", "30")
+        wait_for("the screen redrawn at 72 columns", lambda: "drained" in screen() and any(
+            len(l) == 72 and l.endswith("╮") for l in screen().splitlines()), 30)
+        tmux("send-keys", "-t", session, "C-c")
+        wait_for("the watch to exit", lambda: "watch-exit=0" in screen(), 60)
+        assert "mctl health watch stopped after" in screen()
+    finally:
+        subprocess.run(["tmux", "-L", session, "kill-server"], capture_output=True, env=env)
+    assert sinfo(lab)[tray] == ("drained", "mctl: nvlink gpu3 link17 down")
+
+
+def test_node_check_installed_on_the_trays_drains_its_own_node(lab, health, site):
+    tray = lab.trays[0]
+    proc = health("node", "install-check", lab.trays[0], timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    cfg = json.loads(lab.run(tray, "cat /etc/mctl/node-check.json").stdout)
+    assert cfg["node"] == tray and cfg["settings"]["resume_after_healthy_sweeps"] == 2
+    ok = lab.run(tray, "/usr/local/sbin/mctl-node-check --json", check=False)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert json.loads(ok.stdout)["worst"] in ("ok", "warn")
+    fault(lab, tray, ecc_uncorrectable=2, gpu=1)
+    dry = lab.run(tray, "/usr/local/sbin/mctl-node-check --dry-run", check=False)
+    assert dry.returncode == 1 and "WOULD DRAIN" in dry.stdout and sinfo(lab)[tray][0] == "idle"
+    started = time.monotonic()
+    run = lab.run(tray, "/usr/local/sbin/mctl-node-check", check=False, timeout=60)
+    assert time.monotonic() - started < 30
+    assert run.returncode == 1 and "DRAIN: mctl: ecc uncorrectable gpu1" in run.stdout
+    assert sinfo(lab)[tray] == ("drained", "mctl: ecc uncorrectable gpu1 +1")
+    fault(lab, tray, clear=True)
+    lab.run(tray, "/usr/local/sbin/mctl-node-check", check=False)
+    assert sinfo(lab)[tray][0] == "drained"                   # one healthy run is not enough
+    second = lab.run(tray, "/usr/local/sbin/mctl-node-check", check=False)
+    assert second.returncode == 0 and "RESUME" in second.stdout
+    assert sinfo(lab)[tray] == ("idle", "")
+    log = [json.loads(l) for l in lab.run(tray, "cat /var/lib/mctl-node-check/health/actions.jsonl")
+           .stdout.splitlines()]
+    assert [e["action"] for e in log] == ["drain", "resume"]
+    assert log[0]["who"].startswith(f"mctl node check on {tray}")
