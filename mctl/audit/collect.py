@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from mctl.fabric.reconcile import FabricState
     from mctl.health.engine import SweepResult
     from mctl.model.site import Host, Rack, Site
+    from mctl.model.gpu import GpuReport
     from mctl.sched.slurm.facts import NodeState, TopologyEntry
     from mctl.transport import HostResult, SSHPool, SSHTarget
     from mctl.transport.results import HostKeyProblem
@@ -77,10 +78,21 @@ def _script(body: str, nonce: str) -> str:
     return "exec /bin/sh -c " + shlex.quote(text)
 
 
-def tray_command(nonce: str, files: Sequence[str]) -> str:
-    """The audit probe of a compute tray: versions, and each of *files* (the IMEX files) as it is."""
+_SMI = r"""
+smi() { command -v nvidia-smi >/dev/null 2>&1 || { echo 'nvidia-smi: command not found' >&2; return 127; }
+        to @SMI_TIMEOUT@ nvidia-smi -q -x; }
+sec nvidia-smi smi
+"""
+
+
+def tray_command(nonce: str, files: Sequence[str], *, smi_timeout: float | None = None) -> str:
+    """The audit probe of a compute tray: versions, and each of *files* (the IMEX files) as it is.
+
+    With *smi_timeout* it also runs nvidia-smi, for when no health sweep does (--no-health).
+    """
     extra = "".join(f"sec file{i} file {shlex.quote(p)}\n" for i, p in enumerate(files))
-    return _script(_TRAY + extra, nonce)
+    smi = _SMI.replace("@SMI_TIMEOUT@", f"{max(1.0, smi_timeout):g}") if smi_timeout is not None else ""
+    return _script(_TRAY + extra + smi, nonce)
 
 
 def controller_command(nonce: str, conf_dir: str) -> str:
@@ -106,6 +118,8 @@ class TrayState:
     slurmd_error: str | None = None                # not installed, or unreadable
     files: dict[str, str | None] = field(default_factory=dict)   # path -> text (None: absent)
     file_errors: dict[str, str] = field(default_factory=dict)    # path -> why it could not be read
+    gpus: "GpuReport | None" = None                # only when the probe ran nvidia-smi itself
+    gpu_error: str | None = None
     problems: tuple[str, ...] = ()
 
     @property
@@ -178,9 +192,29 @@ def parse_tray(result: "HostResult", nonce: str, files: Sequence[str]) -> TraySt
             file_errors[path] = _last_line(said.text if said else "", f"cat exited {sec.rc}")
         else:
             held[path] = sec.text
+    gpus = gpu_error = None
+    smi = out.get("nvidia-smi")
+    if smi is not None:
+        gpus, gpu_error = _gpu_report(smi, err.get("nvidia-smi"))
     return TrayState(reach=result.status.value, os=os_rel, kernel=kernel, slurmd_version=slurmd_version,
-                     slurmd_error=slurmd_error, files=held, file_errors=file_errors, problems=tuple(problems),
-                     **base)
+                     slurmd_error=slurmd_error, files=held, file_errors=file_errors, gpus=gpus, gpu_error=gpu_error,
+                     problems=tuple(problems), **base)
+
+
+def _gpu_report(smi: Section, err: Section | None) -> tuple["GpuReport | None", str | None]:
+    from mctl.facts import DriverUnavailable
+    from mctl.facts.nvidia_smi import parse_xml
+
+    if not smi.complete:
+        return None, "nvidia-smi output cut off"
+    if smi.rc == 127:
+        return None, "nvidia-smi is not installed"
+    if smi.rc in (124, 137):
+        return None, "nvidia-smi hung"
+    try:
+        return parse_xml(smi.text), None
+    except (DriverUnavailable, FactsParseError) as exc:
+        return None, exc.message
 
 
 # --------------------------------------------------------------------------- controller
@@ -303,7 +337,12 @@ class Actual:
     elapsed: float = 0.0
 
     def gpu_versions(self, host: str) -> tuple[str | None, str | None, str | None]:
-        """(driver, CUDA, why unknown) from the health sweep's nvidia-smi on that tray."""
+        """(driver, CUDA, why unknown) from the health sweep's nvidia-smi on that tray, else the audit probe's."""
+        tray = self.trays.get(host)
+        if tray is not None and (tray.gpus is not None or tray.gpu_error is not None):
+            if tray.gpus is None:
+                return None, None, tray.gpu_error
+            return tray.gpus.driver_version, tray.gpus.cuda_version, None
         if self.health is None:
             return None, None, self.health_error or "no health sweep"
         facts = self.health.facts.get(host)
@@ -336,7 +375,8 @@ def gather(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, files: Seq
     trays = [h for r in racks for h in r.compute]
     targets: list["SSHTarget"] = targets_for(site, trays)
     nonce = secrets.token_hex(8)
-    probe = tray_command(nonce, files)
+    # nvidia-smi runs once per tray: in the health probe, or here when there is no health sweep
+    probe = tray_command(nonce, files, smi_timeout=None if health else max(1.0, command_timeout - 3.0))
 
     async def main() -> Actual:
         async with SSHPool(config) as pool:

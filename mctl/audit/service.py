@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from mctl.audit.model import AuditReport, Entry, Gap, Skip, tag
 from mctl.audit.rules import drains, hostkeys, imex, nmx, slurm, versions
-from mctl.errors import UsageError
+from mctl.errors import MctlError, UsageError
 from mctl.model.findings import Finding, Severity
 
 if TYPE_CHECKING:
@@ -111,8 +111,9 @@ def plan_audit(site: "Site", racks: Sequence["Rack"]) -> Plan:
     return Plan(list(racks), images, imex_settings, files, controller, conf_dir, skipped)
 
 
-def evaluate(site: "Site", plan: Plan, actual: "Actual", settings: AuditSettings) -> tuple[list[Entry], list[Gap]]:
-    """The rules over what was gathered (pure given its inputs)."""
+def evaluate(site: "Site", plan: Plan, actual: "Actual", settings: AuditSettings
+             ) -> tuple[list[Entry], list[Gap], dict[str, list[str]]]:
+    """The rules over what was gathered (pure given its inputs): entries, gaps and coverage."""
     rack_of: dict[str, str] = {}
     for r in site.racks.values():
         rack_of[r.name] = r.name
@@ -125,7 +126,9 @@ def evaluate(site: "Site", plan: Plan, actual: "Actual", settings: AuditSettings
     for h in trays:
         st = actual.trays[h.name]
         if not st.reached:
-            gaps.append(Gap("reach", h.name, st.error or st.reach, (h.name,)))
+            why = ("SSH host key refused (see the ssh.host_key finding)" if st.reach == "host-key-mismatch"
+                   else st.error or st.reach)
+            gaps.append(Gap("reach", h.name, why, (h.name,)))
 
     # host keys: every host this audit connected to
     keyed = [(h.name, actual.trays[h.name].reach, actual.trays[h.name].host_key) for h in trays]
@@ -184,18 +187,27 @@ def evaluate(site: "Site", plan: Plan, actual: "Actual", settings: AuditSettings
             continue
         try:
             found = nmx.check_rack(rack, view.state)
-        except UsageError as exc:          # e.g. FabricMismatch: NMX-M's view cannot be matched to the trays
+        except MctlError as exc:           # e.g. FabricMismatch: NMX-M's view cannot be matched to the trays
             gaps.append(Gap("nmx", rack.name, exc.message))
             continue
         entries += tag(nmx.FAMILY, found, rack_of=rack_of)
 
     # health
+    coverage = coverage_of(entries)
     if settings.health:
         if actual.health is None:
             gaps.append(Gap("health", "site", actual.health_error or "the health sweep did not run"))
         else:
-            entries += [Entry("health", f, "", rack_of.get(f.host or "")) for f in actual.health.findings]
-    return entries, gaps
+            health = [Entry("health", f, "", rack_of.get(f.host or "")) for f in actual.health.findings]
+            entries += health
+            # The catalogue looked at every reached tray, the racks (clique against the plan) and the
+            # scheduler, even where it said nothing; an unreached tray only got its reachability finding,
+            # so its other findings must not read as resolved.
+            looked = {h.name for h in reached} | {r.name for r in plan.racks}
+            if plan.controller is not None:
+                looked.add(plan.controller.name)
+            coverage["health"] = sorted(looked)
+    return entries, gaps, coverage
 
 
 def _slurm_entries(site: "Site", plan: Plan, ctl, rack_of: dict[str, str]) -> list[Entry]:
@@ -261,9 +273,9 @@ def run_audit(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, setting
         actual = collect.gather(site, plan.racks, state_dir=Path(state_dir), files=plan.imex_files,
                                 controller=plan.controller, conf_dir=plan.conf_dir, timeout=settings.timeout,
                                 health=settings.health)
-        entries, gaps = evaluate(site, plan, actual, settings)
+        entries, gaps, coverage = evaluate(site, plan, actual, settings)
         report = AuditReport(site.name, [r.name for r in plan.racks], started, time.time() - started, entries,
-                             coverage_of(entries), gaps, plan.skipped, settings.fail_on, settings.to_dict())
+                             coverage, gaps, plan.skipped, settings.fail_on, settings.to_dict())
         if history is not None:
             report.history = history.record(report)
     finally:

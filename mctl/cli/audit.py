@@ -50,6 +50,8 @@ def run(
 ) -> None:
     """Compare what the inventory wants with what the racks run, and add every health check's findings.
 
+    'mctl audit RACK' and 'mctl audit run RACK' are the same (a rack named 'history' needs the latter).
+
     Rule families: versions (OS, kernel, NVIDIA driver, CUDA, Slurm on each tray against its
     image), imex (nodes_config.cfg and config.cfg per tray against the partition plan), slurm
     (nodes, partition, live topology and topology.conf against the partitions), nmx (NMX-M
@@ -144,18 +146,24 @@ def history(
     _print_history(since, runs, lives)
 
 
+def _short_time(t: float | None) -> str:
+    if t is None:
+        return "-"
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%MZ")
+
+
 def _print_history(since: str, runs: list[dict], lives: list) -> None:
     import sys
-
-    from mctl.audit.history import iso_time
 
     out = [f"audit history, last {since}: {len(runs)} run{'s' if len(runs) != 1 else ''}"
            + (f", latest {runs[-1]['started']} (exit {runs[-1]['exit_code']})" if runs else "")]
     if lives:
         rows = [["STATUS", "SEVERITY", "CHECK", "HOST", "FIRST SEEN", "LAST SEEN", "RESOLVED", "MESSAGE"]]
         for l in lives:
-            rows.append([l.status, l.severity, l.check, l.host or "-", iso_time(l.first_seen) or "-",
-                         iso_time(l.last_seen) or "-", iso_time(l.resolved_at) or "-", l.message])
+            rows.append([l.status, l.severity, l.check, l.host or "-", _short_time(l.first_seen),
+                         _short_time(l.last_seen), _short_time(l.resolved_at), l.message])
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
         out += ["  ".join(c.ljust(widths[i]) for i, c in enumerate(r[:-1])) + "  " + r[-1] for r in rows]
     else:

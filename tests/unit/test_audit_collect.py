@@ -13,7 +13,8 @@ from pathlib import Path
 from mctl.audit.collect import controller_command, parse_controller, parse_tray, tray_command
 from mctl.transport.results import HostKeyProblem, HostResult, HostStatus
 
-CAPTURED = Path(__file__).resolve().parents[1] / "fixtures" / "golden" / "slurm" / "captured"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+CAPTURED = FIXTURES / "golden" / "slurm" / "captured"
 
 
 def run_local(command: str, env: dict | None = None) -> HostResult:
@@ -97,3 +98,24 @@ def test_controller_without_topology_conf_and_with_slurmctld_down(tmp_path):
     gone = parse_controller(HostResult("lab-r1-head", "127.0.0.1", HostStatus.UNREACHABLE,
                                        error="no SSH answer within 5s"), nonce)
     assert gone.error == "lab-r1-head: unreachable: no SSH answer within 5s" and not gone.reached
+
+
+def test_without_a_health_sweep_the_tray_probe_runs_nvidia_smi(tmp_path):
+    from mctl.audit.collect import Actual
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\n[ \"$1 $2\" = '-q -x' ] || exit 2\ncat {FIXTURES / 'lab' / 'healthy-q-x.xml'}\n")
+    smi.chmod(0o755)
+    nonce = "0123456789abcdef"
+    result = run_local(tray_command(nonce, [], smi_timeout=10), env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    state = parse_tray(result, nonce, [])
+    assert state.gpus is not None and state.gpu_error is None and len(state.gpus.gpus) == 4
+    actual = Actual({state.host: state}, None, {})
+    assert actual.gpu_versions(state.host) == (state.gpus.driver_version, state.gpus.cuda_version, None)
+    assert state.gpus.driver_version == "570.148.08"
+    missing = parse_tray(run_local(tray_command(nonce, [], smi_timeout=10), env={"PATH": "/usr/bin:/bin"}), nonce, [])
+    assert missing.gpus is None and missing.gpu_error == "nvidia-smi is not installed"
+    assert Actual({state.host: missing}, None, {}).gpu_versions(state.host) == (None, None,
+                                                                                "nvidia-smi is not installed")

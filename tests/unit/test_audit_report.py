@@ -19,7 +19,7 @@ import pytest
 from mctl.audit.collect import Actual, ControllerState, FabricView, TrayState
 from mctl.audit.model import AuditReport, parse_duration
 from mctl.audit.reporters import render
-from mctl.audit.service import AuditSettings, coverage_of, evaluate, plan_audit
+from mctl.audit.service import AuditSettings, evaluate, plan_audit
 from mctl.errors import UsageError
 from mctl.fabric.imex import ImexSettings, expected_files
 from mctl.facts.os_release import OsRelease
@@ -95,8 +95,8 @@ def gathered(site, *, nmx_error: str | None = "NMX-M at http://127.83.1.200:8443
 def report_of(site, actual, fail_on="critical") -> AuditReport:
     plan = plan_audit(site, list(site.racks.values()))
     settings = AuditSettings(fail_on=fail_on)
-    entries, gaps = evaluate(site, plan, actual, settings)
-    return AuditReport(site.name, list(site.racks), STARTED, 4.2, entries, coverage_of(entries), gaps, plan.skipped,
+    entries, gaps, coverage = evaluate(site, plan, actual, settings)
+    return AuditReport(site.name, list(site.racks), STARTED, 4.2, entries, coverage, gaps, plan.skipped,
                        fail_on, settings.to_dict())
 
 
@@ -120,6 +120,8 @@ def test_every_family_finds_its_drift(site):
     assert cov["imex"] == ["lab-r1-tray01", "lab-r1-tray02", "lab-r1-tray03"]     # tray04 was not reached
     assert cov["hostkeys"] == ["lab-r1-head", "lab-r1-tray01", "lab-r1-tray02", "lab-r1-tray03"]
     assert "nmx" not in cov and "lab-r1" in cov["slurm"]
+    # health looked at the reached trays, the rack (clique against the plan) and the scheduler
+    assert cov["health"] == ["lab-r1", "lab-r1-head", "lab-r1-tray01", "lab-r1-tray02", "lab-r1-tray03"]
 
 
 def test_exit_codes_follow_fail_on_and_completeness(site):
