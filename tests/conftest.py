@@ -1,6 +1,19 @@
-"""Shared test settings: pinned terminal width so rich output is stable."""
+"""Shared test settings: pinned terminal width so rich output is stable; the session's lab; e2e last."""
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("COLUMNS", "160")
 os.environ.setdefault("NO_COLOR", "1")
+
+from tests.lab_fixture import lab  # noqa: E402,F401 - one session lab for tests/integration and tests/e2e
+
+E2E = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_collection_modifyitems(config, items):
+    """End-to-end tests run last: they bring the shared lab's rack fully up, which no integration test expects."""
+    def is_e2e(item) -> bool:
+        return E2E in Path(str(item.fspath)).resolve().parents
+
+    items[:] = [i for i in items if not is_e2e(i)] + [i for i in items if is_e2e(i)]

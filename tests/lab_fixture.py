@@ -1,0 +1,144 @@
+"""The `lab` fixture: one small virtual lab, shared by the whole test session (integration and e2e).
+
+Registered in tests/conftest.py, so tests/integration and tests/e2e share one
+lab (a fixture defined in each folder's conftest would start two). Tests under
+both folders are marked `lab` automatically (select them with `pytest -m lab`,
+leave them out with `-m "not lab"`). They run against real hosts: the
+fixture brings up a lab once per session in a temporary folder with its own
+state directory and its own addresses (a free 127.N.x.x block, so an
+operator's lab on 127.77 is never touched), and takes it down at the end. Without root, debootstrap, unshare or overlayfs, the tests are skipped
+with the reason. The first run on a machine also builds the image (a few
+minutes; cached in /var/cache/mctl/images or $MCTL_IMAGE_CACHE).
+
+    @pytest.mark.lab
+    def test_hostname(lab):
+        res = lab.run("lab-r1-tray01", "hostname")     # real ssh; CompletedProcess (text)
+        assert res.stdout.strip() == "lab-r1-tray01"
+
+    lab.dir            Path of the lab folder
+    lab.state_dir      the state directory the lab lives in (MCTL_STATE_DIR for the CLI)
+    lab.inventory      Path of the lab's mctl.yml (pass its folder or itself as -i)
+    lab.rack           "lab-r1"
+    lab.trays          ["lab-r1-tray01", ...]  (MCTL_TEST_TRAYS, default 4)
+    lab.head           "lab-r1-head"
+    lab.addresses      {host name: address}
+    lab.run(host, cmd, timeout=60, check=True)   shell command over ssh, as root
+    lab.ssh_argv(host) the ssh command line (key, known_hosts, strict checking) to build on
+    lab.mctl(*args, timeout=120)   the mctl CLI in a subprocess, with MCTL_STATE_DIR and
+                       MCTL_INVENTORY pointing at this lab; returns CompletedProcess (text)
+    lab.clear_faults(host=None)    `mctl lab fault --clear` on one or every host
+
+A test that injects a fault must clear it (try/finally with lab.clear_faults)
+because the lab is shared by the session.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+TRAYS_ENV = "MCTL_TEST_TRAYS"
+
+
+@dataclass
+class LabHandle:
+    dir: Path
+    state_dir: Path
+    inventory: Path
+    rack: str
+    trays: list[str]
+    head: str
+    addresses: dict[str, str]
+    net: int
+    _env: dict[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def hosts(self) -> list[str]:
+        return [self.head, *self.trays]
+
+    def ssh_argv(self, host: str, *, connect_timeout: float = 5) -> list[str]:
+        from mctl.lab import control
+
+        argv = control.ssh_argv(self.dir, host, [], tty=False)
+        return [a if not a.startswith("ConnectTimeout=") else f"ConnectTimeout={int(connect_timeout)}" for a in argv]
+
+    def run(self, host: str, cmd: str, *, timeout: float = 60, check: bool = True,
+            connect_timeout: float = 5) -> subprocess.CompletedProcess:
+        proc = subprocess.run(self.ssh_argv(host, connect_timeout=connect_timeout) + [cmd], capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"ssh {host} {cmd!r} exited {proc.returncode}: {proc.stderr.strip()}")
+        return proc
+
+    def mctl(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "mctl", *args], capture_output=True, text=True,
+                              timeout=timeout, env=self._env, stdin=subprocess.DEVNULL)
+
+    def clear_faults(self, host: str | None = None) -> None:
+        from mctl.lab import control
+        from mctl.lab.faults import FaultRequest
+
+        for name in [host] if host else self.hosts:
+            control.fault(self.dir, name, FaultRequest(clear=True))
+
+
+def _free_net() -> int:
+    """A second octet with nothing listening on any 127.N.x.x address."""
+    from mctl.lab.procs import listening_tcp
+
+    used = {int(addr.split(".")[1]) for addr, _port in listening_tcp() if addr.startswith("127.")}
+    free = [net for net in range(201, 255) if net not in used]
+    if not free:
+        pytest.skip("no free 127.N.0.0/16 block for a test lab")
+    # Random, so two test sessions starting together rarely pick the same block
+    # (and `lab up` refuses a taken one under its machine-wide address lock).
+    return random.choice(free)
+
+
+def lab_skip_reason() -> str | None:
+    """Why this machine cannot run a lab, or None."""
+    from mctl.lab import image, prereq
+    from mctl.lab.site import IMAGE_NAME, REPO_IMAGES
+
+    spec = image.load_spec(REPO_IMAGES / f"{IMAGE_NAME}.yml")
+    gaps = prereq.missing(need_build=not image.is_built(spec))
+    return ("the virtual lab needs " + "; ".join(gaps)) if gaps else None
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory) -> LabHandle:
+    reason = lab_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    from mctl.lab import control
+
+    trays = int(os.environ.get(TRAYS_ENV) or 4)
+    state_dir = tmp_path_factory.mktemp("mctl-state")
+    lab_dir = state_dir / "lab"
+    from mctl.errors import UsageError
+
+    for attempt in range(3):
+        net = _free_net()
+        try:
+            result = control.up(lab_dir, racks=1, trays=trays, net=net,
+                                progress=lambda m: sys.stderr.write(f"[lab] {m}\n"))
+            break
+        except UsageError as exc:          # another session took the block meanwhile
+            if "already in use" not in exc.message or attempt == 2:
+                raise
+    layout = result.layout
+    env = dict(os.environ, MCTL_STATE_DIR=str(state_dir), MCTL_INVENTORY=str(result.dir), NO_COLOR="1")
+    handle = LabHandle(
+        dir=result.dir, state_dir=state_dir, inventory=result.inventory, rack="lab-r1",
+        trays=[h.name for h in layout.trays_of("lab-r1")], head="lab-r1-head",
+        addresses={h.name: h.address for h in layout.hosts()}, net=net, _env=env)
+    try:
+        yield handle
+    finally:
+        control.down(result.dir)
