@@ -11,7 +11,7 @@ from mctl.cli.context import options, want_json
 from mctl.cli.options import JsonOpt
 from mctl.errors import EXIT_FINDINGS, EXIT_PARTIAL, PartialFailure
 
-app = typer.Typer(help="Racks: inventory what is really there.", no_args_is_help=True)
+app = typer.Typer(help="Racks: inventory what is really there, bring a rack up.", no_args_is_help=True)
 
 
 @app.command()
@@ -62,6 +62,11 @@ def inventory(
                              hint="every other tray was inventoried; see the findings above")
     if code == EXIT_FINDINGS:
         raise typer.Exit(EXIT_FINDINGS)
+
+
+from mctl.cli.rack_bringup import bring_up as _bring_up  # noqa: E402
+
+app.command("bring-up")(_bring_up)
 
 
 def _fabric_cell(t) -> str:

@@ -1,0 +1,196 @@
+"""The journal of one bring-up run: what each phase did, written atomically after every change.
+
+`<state>/bringup/<rack>/<run-id>/journal.json` is rewritten (temp file + rename)
+whenever a phase starts or ends, so after a crash or `kill -9` it still says
+which phases finished, with their results and artifacts; `--resume` continues
+from the first phase that did not. Nothing else decides what is done: a phase
+marked done is never run again by a resume.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mctl.errors import UsageError
+from mctl.state.files import ensure_dir, read_json, write_json
+
+SCHEMA = 1
+# Phase states. "excluded": outside --from/--until of the run; never run by it or its resumes.
+PENDING, RUNNING, DONE, SKIPPED, FAILED, INTERRUPTED, EXCLUDED = (
+    "pending", "running", "done", "skipped", "failed", "interrupted", "excluded")
+FINISHED = (DONE, SKIPPED, EXCLUDED)
+# Run states. A run found "running" whose process is gone was killed (kill -9, power cut).
+RUN_RUNNING, RUN_SUCCEEDED, RUN_FAILED, RUN_INTERRUPTED = "running", "succeeded", "failed", "interrupted"
+_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def runs_dir(state_dir: Path, rack: str) -> Path:
+    if not _SAFE.match(rack):
+        raise UsageError(f"rack name {rack!r} cannot be used as a folder name")
+    return Path(state_dir) / "bringup" / rack
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def _pid_alive(pid: int | None, host: str | None) -> bool:
+    if not pid or host != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class Journal:
+    path: Path
+    data: dict[str, Any]
+
+    # --- creation and lookup --------------------------------------------------------------
+
+    @classmethod
+    def create(cls, state_dir: Path, site: str, inventory: str, rack: str, phases: list[str],
+               selected: list[str], options: dict[str, Any]) -> "Journal":
+        run_id = new_run_id()
+        folder = ensure_dir(runs_dir(state_dir, rack) / run_id)
+        now = time.time()
+        data = {
+            "schema": SCHEMA, "kind": "bringup", "site": site, "inventory": inventory, "rack": rack,
+            "run_id": run_id, "status": RUN_RUNNING, "created": now, "updated": now,
+            "command": " ".join(["mctl", *sys.argv[1:]])[:500], "options": options,
+            "attempts": [{"pid": os.getpid(), "host": socket.gethostname(), "started": now}],
+            "phases": [{"name": p, "status": PENDING if p in selected else EXCLUDED, "started": None, "ended": None,
+                        "summary": None, "changed": False, "details": [], "artifacts": {}, "error": None}
+                       for p in phases],
+            "result": None,
+        }
+        journal = cls(folder / "journal.json", data)
+        journal.save()
+        return journal
+
+    @classmethod
+    def load(cls, path: Path) -> "Journal":
+        data = read_json(path)
+        if not isinstance(data, dict) or data.get("kind") != "bringup" or data.get("schema") != SCHEMA:
+            raise UsageError(f"{path} is not a bring-up journal mctl can read")
+        return cls(Path(path), data)
+
+    @classmethod
+    def runs(cls, state_dir: Path, rack: str) -> list["Journal"]:
+        """Every run of the rack, oldest first (run ids sort by time)."""
+        folder = runs_dir(state_dir, rack)
+        if not folder.is_dir():
+            return []
+        out = []
+        for p in sorted(folder.glob("*/journal.json")):
+            try:
+                out.append(cls.load(p))
+            except Exception:  # noqa: BLE001 - a damaged journal is skipped, never fatal to a new run
+                continue
+        return out
+
+    @classmethod
+    def latest(cls, state_dir: Path, rack: str) -> "Journal | None":
+        runs = cls.runs(state_dir, rack)
+        return runs[-1] if runs else None
+
+    # --- reading --------------------------------------------------------------------------
+
+    @property
+    def run_id(self) -> str:
+        return self.data["run_id"]
+
+    @property
+    def rack(self) -> str:
+        return self.data["rack"]
+
+    @property
+    def status(self) -> str:
+        """The run's state; a "running" run whose process is gone reads as interrupted."""
+        st = self.data["status"]
+        if st == RUN_RUNNING:
+            last = (self.data.get("attempts") or [{}])[-1]
+            if not _pid_alive(last.get("pid"), last.get("host")):
+                return RUN_INTERRUPTED
+        return st
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return self.data.get("options") or {}
+
+    def phase(self, name: str) -> dict[str, Any]:
+        for p in self.data["phases"]:
+            if p["name"] == name:
+                return p
+        raise KeyError(name)
+
+    def phase_names(self) -> list[str]:
+        return [p["name"] for p in self.data["phases"]]
+
+    def next_phase(self) -> str | None:
+        """The first phase not completed (the one --resume starts with), or None when all are."""
+        for p in self.data["phases"]:
+            if p["status"] not in FINISHED:
+                return p["name"]
+        return None
+
+    def completed(self) -> list[str]:
+        return [p["name"] for p in self.data["phases"] if p["status"] in (DONE, SKIPPED)]
+
+    # --- writing --------------------------------------------------------------------------
+
+    def save(self) -> None:
+        self.data["updated"] = time.time()
+        write_json(self.path, self.data)
+
+    def attempt(self) -> None:
+        """A resume: this process now owns the run. A phase still marked running was killed with its process."""
+        for p in self.data["phases"]:
+            if p["status"] == RUNNING:
+                p.setdefault("history", []).append({"started": p["started"], "ended": None, "status": "killed"})
+                p["status"] = INTERRUPTED
+        self.data.setdefault("attempts", []).append({"pid": os.getpid(), "host": socket.gethostname(),
+                                                     "started": time.time()})
+        self.data["status"] = RUN_RUNNING
+        self.data["result"] = None
+        self.save()
+
+    def start(self, name: str) -> None:
+        p = self.phase(name)
+        p.setdefault("history", [])
+        p.update(status=RUNNING, started=time.time(), ended=None, summary=None, error=None, details=[])
+        self.save()
+
+    def note(self, name: str, artifacts: dict[str, Any]) -> None:
+        """Artifacts known while the phase still runs (a provisioning run folder), kept if it dies."""
+        self.phase(name)["artifacts"].update(artifacts)
+        self.save()
+
+    def finish(self, name: str, status: str, summary: str, *, changed: bool = False,
+               details: list[str] | None = None, artifacts: dict[str, Any] | None = None,
+               error: dict[str, Any] | None = None) -> None:
+        p = self.phase(name)
+        if p.get("status") == RUNNING and p.get("started"):
+            p["history"].append({"started": p["started"], "ended": time.time(), "status": status})
+        p.update(status=status, ended=time.time(), summary=summary, changed=changed, details=details or [],
+                 error=error)
+        p["artifacts"].update(artifacts or {})
+        self.save()
+
+    def close(self, status: str, result: dict[str, Any] | None = None) -> None:
+        self.data["status"] = status
+        self.data["result"] = result
+        self.save()
