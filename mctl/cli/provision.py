@@ -11,7 +11,7 @@ from mctl.cli.context import options, want_json
 from mctl.cli.options import DryRunOpt, JsonOpt
 from mctl.errors import EXIT_PARTIAL
 
-COMMAND_SETTINGS = {"help": "Provision trays with the site playbook (ansible-runner)."}
+COMMAND_SETTINGS: dict = {}
 
 
 def command(
