@@ -79,7 +79,19 @@ sec disk df -P -k @DISK_PATHS@
 sec memory mem
 """
 
-_GPU_SECTIONS = "sec nvidia-smi smi -q -x\nsec nvlink smi nvlink --status"
+# `nvlink --status` runs beside `-q -x` (a tray has cores to spare; a sweep waits for its slowest
+# tray), into a private temp dir that the nvlink section prints and removes.
+_GPU_SECTIONS = r"""
+nvd=$(mktemp -d 2>/dev/null) || nvd=
+if [ -n "$nvd" ]; then { smi nvlink --status > "$nvd/o" 2> "$nvd/e"; echo $? > "$nvd/rc"; } & fi
+sec nvidia-smi smi -q -x
+wait
+nvl() {
+  [ -n "$nvd" ] || { smi nvlink --status; return; }
+  cat "$nvd/o"; cat "$nvd/e" >&2; IFS= read -r r < "$nvd/rc" || r=1; rm -rf "$nvd"; return "$r"
+}
+sec nvlink nvl
+"""
 
 
 def probe_script(nonce: str, *, smi_timeout: float, disk_paths: Sequence[str] = ("/",), gpus: bool = True) -> str:
@@ -133,7 +145,8 @@ def parse_meminfo(text: str) -> Memory:
     return Memory(values["MemTotal"], values["MemAvailable"])
 
 
-def imex_observation(query: Section | None, domain: Section | None) -> ImexObservation | None:
+def imex_observation(query: Section | None, domain: Section | None,
+                     query_err: Section | None = None) -> ImexObservation | None:
     """IMEX facts from the two imex sections; None when the probe did not ask."""
     from mctl.facts.imex import parse_domain_json, parse_query
 
@@ -148,7 +161,8 @@ def imex_observation(query: Section | None, domain: Section | None) -> ImexObser
     if query.rc in (124, 137):
         errors.append("nvidia-imex-ctl -q did not answer within 5s")
     elif query.rc != 0:
-        said = (query.text.strip().splitlines() or [f"exit {query.rc}"])[-1]
+        text = query.text.strip() or (query_err.text.strip() if query_err is not None else "")
+        said = (text.splitlines() or [f"exit {query.rc}"])[-1]
         errors.append(f"nvidia-imex-ctl -q: {said[:160]}")
     else:
         try:
@@ -239,7 +253,7 @@ def parse_probe(host: str, stdout: str, stderr: str, nonce: str, *, address: str
         xids = tuple(observe_xid(e, clock) for e in parse_xid_events(rest if xid_source else xid_sec.text))
     else:
         problems.append("xid: output " + ("missing" if xid_sec is None else "cut off"))
-    imex = imex_observation(sections.get("imex-query"), sections.get("imex-domain"))
+    imex = imex_observation(sections.get("imex-query"), sections.get("imex-domain"), errors.get("imex-query"))
 
     if gpu_facts is not None:
         gpus, gpu_error, gpu_messages, nvlinks, nvlink_error, source = gpu_facts

@@ -237,6 +237,25 @@ def test_unreachable_tray_is_drained_only_after_k_misses(lab, health):
     assert [e["action"] for e in actions(health.state)] == ["drain", "resume"]
 
 
+def test_drain_waits_in_a_queue_while_the_controller_is_unreachable(lab, health):
+    tray = lab.trays[3]
+    fault(lab, tray, nvlink_down="1:1")
+    fault(lab, lab.head, unreachable=True)
+    try:
+        proc = health("--json", "health", "check", "--remediate", "--timeout", "5")
+        data = json.loads(proc.stdout)
+        assert data["scheduler_error"] and "lab-r1-head" in data["scheduler_error"]
+        assert [(d["action"], d["host"]) for d in data["decisions"]] == [("queue", tray)]
+        state = json.loads((health.state / "health" / "state.json").read_text())
+        assert state["trays"][tray]["pending"]["reason"] == "mctl: nvlink gpu1 link1 down"
+    finally:
+        fault(lab, lab.head, clear=True)
+    assert sinfo(lab)[tray][0] == "idle"
+    assert health("health", "check", "--remediate").returncode == 1
+    assert sinfo(lab)[tray] == ("drained", "mctl: nvlink gpu1 link1 down")
+    assert [e["action"] for e in actions(health.state)] == ["queue", "drain"]
+
+
 def test_breaker_trips_at_its_threshold_and_stays_until_reset(lab, health):
     a, b = lab.trays[0], lab.trays[1]
     fault(lab, a, nvlink_down="0:1")

@@ -291,6 +291,12 @@ def test_breaker_window_forgets_old_drains():
     assert not adm2.allowed and adm2.tripped_now and adm2.state.tripped
 
 
+def test_a_tray_drained_twice_in_the_window_counts_once():
+    state = BreakerState(drains=((NOW - 60, "r1-tray01", "r1"),))
+    adm = breakerlib.admit(state, "r1-tray01", "r1", {"r1": 4}, max_share=0.25, window_s=3600, scope="rack", now=NOW)
+    assert adm.allowed and "1 of 4 trays" in adm.why
+
+
 def test_breaker_state_round_trips_and_discard():
     state = BreakerState(True, NOW, "why", ((NOW, "h1", "r1"), (NOW + 1, "h2", None)))
     assert BreakerState.from_dict(state.to_dict()) == state

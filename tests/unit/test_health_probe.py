@@ -102,7 +102,7 @@ def test_ssh_command_wraps_the_script_for_any_login_shell():
     body = probe_script(NONCE, smi_timeout=5)
     cmd = ssh_command(body)
     assert cmd.startswith("exec /bin/sh -c '") and "::mctl-" + NONCE in cmd
-    assert "sec nvidia-smi smi -q -x" in body and "sec nvlink smi nvlink --status" in body
+    assert "sec nvidia-smi smi -q -x" in body and "smi nvlink --status" in body and "sec nvlink nvl" in body
     without = probe_script(NONCE, smi_timeout=5, gpus=False)     # the node check read NVML instead
     assert "sec nvidia-smi" not in without and "sec nvlink" not in without
 
