@@ -81,20 +81,37 @@ def measure_sweeps(site_dir: Path, state: Path, sweeps: int) -> dict:
         async with SSHPool(SSHConfig.from_site(site)) as pool:
             engine = Engine(site, resolve_scope(site, None), settings_of(site), state, pool)
             first = await engine.sweep()
-            times, results = [], []
+            times, cpu, results = [], [], []
             for _ in range(sweeps):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 r = await engine.sweep()
                 times.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
                 results.append(r)
-            return first, times, results
+            return first, times, cpu, results
 
-    first, times, results = asyncio.run(main())
+    first, times, cpu, results = asyncio.run(main())
     bad = [v.host for r in results for v in r.verdicts if v.status not in ("ok", "warn")]
     return {"trays": len(first.verdicts), "first_sweep_s": round(first.elapsed, 3),
             "sweeps_s": [round(t, 3) for t in times], "median_s": round(statistics.median(times), 3),
-            "max_s": round(max(times), 3), "unhealthy_trays_seen": sorted(set(bad)),
-            "scheduler_error": results[-1].scheduler_error}
+            "max_s": round(max(times), 3), "mctl_cpu_per_sweep_s": round(statistics.median(cpu), 3),
+            "unhealthy_trays_seen": sorted(set(bad)), "scheduler_error": results[-1].scheduler_error}
+
+
+def tray_cpu(lab_dir: Path, tray: str, rounds: int = 5) -> dict:
+    """CPU seconds (user+sys) one tray spends per sweep on the GPU emulator: what the lab's 2 cores
+    must pay once per tray, and a real tray pays on its own cores."""
+    from mctl.lab import control
+
+    script = ("TIMEFORMAT='%U %S'; for i in $(seq " + str(rounds) + "); do "
+              "{ time nvidia-smi -q -x >/dev/null; } 2>&1; { time nvidia-smi nvlink --status >/dev/null; } 2>&1; done")
+    argv = control.ssh_argv(lab_dir, tray, [script], tty=False)
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120).stdout.split()
+    values = [float(x) for x in out]
+    pairs = [values[i] + values[i + 1] for i in range(0, len(values), 2)]     # user + sys per call
+    qx, nvl = pairs[0::2], pairs[1::2]
+    return {"nvidia_smi_q_x_cpu_s": round(statistics.median(qx), 3),
+            "nvidia_smi_nvlink_cpu_s": round(statistics.median(nvl), 3)}
 
 
 def node_state(lab_dir: Path, head: str, tray: str) -> str:
@@ -175,6 +192,11 @@ def main() -> int:
         started = None if args.lab else lab_dir
         site_dir = site_copy(lab_dir, workdir, args.interval)
         sweep = measure_sweeps(site_dir, workdir / "state-sweeps", args.sweeps)
+        emu = tray_cpu(lab_dir, "lab-r1-tray01")
+        per_tray = emu["nvidia_smi_q_x_cpu_s"] + emu["nvidia_smi_nvlink_cpu_s"]
+        emu["emulator_cpu_per_sweep_s"] = round(per_tray * sweep["trays"], 2)
+        emu["floor_s"] = round((per_tray * sweep["trays"] + sweep["mctl_cpu_per_sweep_s"]) / (os.cpu_count() or 1), 2)
+        sweep["cpu"] = emu
         drain = measure_fault_to_drain(lab_dir, site_dir, workdir / "state-watch", args.interval, args.faults, env)
     finally:
         if started is not None:
@@ -191,6 +213,10 @@ def main() -> int:
     else:
         print(f"sweep over open connections, {sweep['trays']} trays: median {sweep['median_s']:.2f}s, "
               f"max {sweep['max_s']:.2f}s (first, connecting: {sweep['first_sweep_s']:.2f}s)")
+        c = sweep["cpu"]
+        print(f"  CPU per sweep: mctl {sweep['mctl_cpu_per_sweep_s']:.2f}s; GPU emulator {c['emulator_cpu_per_sweep_s']:.2f}s "
+              f"({c['nvidia_smi_q_x_cpu_s']:.3f}s -q -x + {c['nvidia_smi_nvlink_cpu_s']:.3f}s nvlink per tray); "
+              f"floor on {os.cpu_count()} CPUs {c['floor_s']:.2f}s")
         print(f"fault-to-drain at --interval {drain['interval_s']:g}s: {drain['samples_s']} "
               f"(max {drain['max_s']:.2f}s, target {drain['target_s']:g}s)")
         print(f"load average {report['loadavg']} on {report['cpus']} CPUs; targets: {report['targets']}")

@@ -13,7 +13,7 @@ always safe. Pure: the caller persists the state.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 

@@ -215,7 +215,7 @@ def parse_probe(host: str, stdout: str, stderr: str, nonce: str, *, address: str
     """
     from mctl.facts.kernel_log import parse_xid_events
     from mctl.facts.nvidia_smi import parse_nvlink_status, parse_xml
-    from mctl.facts.services import IMEX_UNIT, SLURMD_UNIT, parse_service_probe
+    from mctl.facts.services import SLURMD_UNIT, parse_service_probe
 
     sections = split_sections(stdout, nonce)
     errors = split_sections(stderr, nonce)

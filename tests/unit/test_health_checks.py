@@ -18,7 +18,7 @@ from mctl.health.facts import (Clock, DiskUsage, ImexObservation, Memory, TrayEx
                                observe_xid)
 from mctl.health.settings import REASON_MAX, HealthSettings
 from mctl.model.findings import Severity, worst
-from mctl.model.gpu import GpuFabric, GpuNvLinks, NvLink
+from mctl.model.gpu import GpuNvLinks, NvLink
 from mctl.sched.slurm.facts import parse_show_nodes
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
