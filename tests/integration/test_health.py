@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -279,6 +280,7 @@ def test_breaker_trips_at_its_threshold_and_stays_until_reset(lab, health):
     assert sorted(d["host"] for d in drains) == [a, b]
 
 
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 def test_watch_in_tmux_shows_the_drained_tray(lab, health, site):
     tray = lab.trays[2]
     session = f"mctl-health-{os.getpid()}"
