@@ -17,7 +17,7 @@ COMMAND_SETTINGS: dict = {}
 def command(
     target: Annotated[str, typer.Argument(help="Node set, rack name or @group.")],
     image: Annotated[Optional[str], typer.Option("--image", help="Use this image instead of the inventory's.")] = None,
-    tags: Annotated[Optional[str], typer.Option("--tags", help="Only these roles: base,nvidia,imex,slurm,k8s.")] = None,
+    tags: Annotated[Optional[str], typer.Option("--tags", help="Only these roles: base,nvidia,imex,health.")] = None,
     limit: Annotated[Optional[str], typer.Option("--limit", help="Further restrict to this node set.")] = None,
     check: Annotated[bool, typer.Option("--check", help="Ansible check mode: report, change nothing.")] = False,
     diff: Annotated[bool, typer.Option("--diff", help="Show file differences.")] = False,

@@ -10,7 +10,7 @@ from mctl.errors import UsageError
 from mctl.model.site import Site
 from mctl.provision.runner import HostEvent, PlaybookRequest, RunResult, last_run, playbook_path, run_playbook
 
-KNOWN_TAGS = ("base", "nvidia", "imex", "slurm", "k8s")
+KNOWN_TAGS = ("base", "nvidia", "imex", "health")   # the plays of playbooks/site.yml
 
 
 @dataclass
