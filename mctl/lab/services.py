@@ -107,7 +107,10 @@ HOST_FILES: tuple[HostFile, ...] = (
     HostFile("/usr/bin/nvidia-smi", ("tray",), python_script(EMULATORS / "nvidia_smi.py"), 0o755),
     HostFile("/usr/bin/nvidia-imex", ("tray",), python_script(EMULATORS / "imex_daemon.py"), 0o755),
     HostFile("/usr/bin/nvidia-imex-ctl", ("tray",), python_script(EMULATORS / "imex_ctl.py"), 0o755),
-    HostFile("/lib/systemd/system/nvidia-imex.service", ("tray",), _imex_unit, 0o644),
+    # /usr/lib, not /lib: the image has a merged /usr (/lib -> usr/lib), and a file written below /lib
+    # into the host's upper layer would make /lib a real folder there, hiding every unit and library of
+    # the image's /lib. On the running tray both paths name this file.
+    HostFile("/usr/lib/systemd/system/nvidia-imex.service", ("tray",), _imex_unit, 0o644),
 )
 
 HOST_SERVICES: tuple[HostService, ...] = (

@@ -169,3 +169,23 @@ def test_failing_tray_stops_the_rack_at_provisioning_and_resumes_once_fixed(lab,
     journal = Journal.load(data["journal"])
     assert journal.phase("provision")["artifacts"]["hosts"] == [victim]      # only the tray that failed
     assert data["summary"]["trays"]["open"] == len(lab.trays)
+
+
+def test_preflight_refuses_an_untrusted_host_key_unless_told_to_trust_it(lab, brought_up):
+    known = lab.dir / "known_hosts"
+    original = known.read_text()
+    victim = lab.trays[0]
+    known.write_text("".join(line for line in original.splitlines(keepends=True)
+                             if not line.startswith(f"{victim},")))
+    try:
+        proc, data = bring_up(lab, "--until", "preflight")
+        assert proc.returncode == 3 and data["failed_phase"] == "preflight"
+        assert any(line.startswith(f"{victim}: host key not trusted yet (ssh-ed25519 SHA256:")
+                   for line in phase(data, "preflight")["details"]), phase(data, "preflight")["details"]
+        proc, data = bring_up(lab, "--until", "preflight", "--trust-new-keys")
+        assert proc.returncode == 0, proc.stderr
+        assert f"trusted new host keys of {victim} (--trust-new-keys)" in phase(data, "preflight")["details"]
+        assert data["phases"][-1]["status"] == "excluded"
+        assert any(victim in line.split(" ", 1)[0].split(",") for line in known.read_text().splitlines())
+    finally:
+        known.write_text(original)

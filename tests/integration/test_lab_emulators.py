@@ -48,6 +48,9 @@ def test_imex_emulator_is_installed_as_the_nvidia_imex_unit(lab):
                         "grep -c '^ExecStart=/usr/bin/nvidia-imex -c /etc/nvidia-imex/config.cfg$' "
                         "/lib/systemd/system/nvidia-imex.service").stdout
     assert out.strip() == "1"
+    # Installing it kept the image's merged /usr: /lib is still the link, the packages' units are still there.
+    assert lab.run(tray, "readlink /lib").stdout.strip() == "usr/lib"
+    assert lab.run(tray, "test -f /lib/systemd/system/munge.service", check=False).returncode == 0
     head = lab.run(lab.head, "test -e /usr/bin/nvidia-imex", check=False)
     assert head.returncode != 0                              # trays only: a head node has no GPUs
 
