@@ -103,7 +103,27 @@ def _imex_unit(_ctx: HostContext) -> bytes:
     return SYSTEMD_UNIT.encode()
 
 
+# Slurm 24.11 daemons re-execute themselves on `scontrol reconfigure` and report the new main pid over
+# sd_notify. The image's systemctl (docker-systemctl-replacement) listens on the notify socket only while
+# a unit starts, so it loses the daemon and calls it failed; the next `systemctl start` then fails on
+# the taken port. As forking units with the pid file slurm.conf names (mctl.sched.slurm.render), the
+# daemons stay tracked across a reconfigure. Lab only: systemd on a real host follows MAINPID.
+SLURM_PID_FILES = {"slurmctld": "/run/slurmctld/slurmctld.pid", "slurmd": "/run/slurmd.pid"}
+
+
+def _slurm_dropin(daemon: str) -> Callable[[HostContext], bytes]:
+    def text(_ctx: HostContext) -> bytes:
+        options = "$SLURMCTLD_OPTIONS" if daemon == "slurmctld" else "$SLURMD_OPTIONS"
+        return ("# Written by `mctl lab up`: track the daemon by its pid file across `scontrol reconfigure`\n"
+                "# (the lab's systemctl does not follow sd_notify MAINPID changes). See mctl/lab/services.py.\n"
+                "[Service]\nType=forking\nExecStart=\n"
+                f"ExecStart=/usr/sbin/{daemon} {options}\nPIDFile={SLURM_PID_FILES[daemon]}\n").encode()
+    return text
+
+
 HOST_FILES: tuple[HostFile, ...] = (
+    HostFile("/etc/systemd/system/slurmctld.service.d/10-mctl-lab.conf", ("head",), _slurm_dropin("slurmctld")),
+    HostFile("/etc/systemd/system/slurmd.service.d/10-mctl-lab.conf", ("tray",), _slurm_dropin("slurmd")),
     HostFile("/usr/bin/nvidia-smi", ("tray",), python_script(EMULATORS / "nvidia_smi.py"), 0o755),
     HostFile("/usr/bin/nvidia-imex", ("tray",), python_script(EMULATORS / "imex_daemon.py"), 0o755),
     HostFile("/usr/bin/nvidia-imex-ctl", ("tray",), python_script(EMULATORS / "imex_ctl.py"), 0o755),
