@@ -43,6 +43,11 @@ def imex_pids(lab) -> dict[str, str]:
 def brought_up(lab):
     if len(lab.trays) < 4:
         pytest.skip("needs a lab with 4 trays (MCTL_TEST_TRAYS)")
+    # The session's lab may carry what earlier tests injected: faults (cleared here) and XID lines in the
+    # trays' kernel logs, which the health gate rightly refuses. The rack brought up here starts clean.
+    lab.clear_faults()
+    for tray in lab.trays:
+        lab.run(tray, ": > /var/log/kern.log")
     recorded = lab.mctl("partition", "create", lab.rack, "--template", "2x9", "--no-apply")
     assert recorded.returncode == 0, recorded.stderr
     started = time.monotonic()
