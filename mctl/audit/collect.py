@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from mctl.errors import MctlError
-from mctl.facts import FactsParseError
+from mctl.facts import FactsParseError, shell
 from mctl.facts.collect import Section, split_sections
+from mctl.facts.shell import RC_ABSENT
 
 if TYPE_CHECKING:
     from mctl.facts.os_release import OsRelease
@@ -37,51 +38,15 @@ if TYPE_CHECKING:
     from mctl.transport import HostResult, SSHPool, SSHTarget
     from mctl.transport.results import HostKeyProblem
 
-RC_ABSENT = 200          # the file is not there (as opposed to unreadable)
 SCONTROL_TIMEOUT = 20    # seconds; slurmctld that does not answer makes scontrol wait its MessageTimeout
 
-_FRAME = r"""
-M='::mctl-@NONCE@::'
-sec() {
-  n=$1; shift
-  printf '%sbegin %s\n' "$M" "$n"; printf '%sbegin %s\n' "$M" "$n" >&2
-  "$@"; rc=$?
-  printf '\n%send %s rc=%d\n' "$M" "$n" "$rc"; printf '\n%send %s rc=%d\n' "$M" "$n" "$rc" >&2
-}
-line() { IFS= read -r v < "$1" && printf '%s\n' "$v"; }
-file() { [ -e "$1" ] || return @RC_ABSENT@; cat "$1"; }
-T=; command -v timeout >/dev/null 2>&1 && T="timeout -k 2"
-to() { if [ -n "$T" ]; then $T "$@"; else shift; "$@"; fi; }
-"""
-
-_TRAY = r"""
+# slurmd -V on a tray; scontrol on the controller (127 with the shell's words when it is not installed)
+_TRAY_LOCAL = r"""
 slurmdv() { command -v slurmd >/dev/null 2>&1 || return 127; to 10 slurmd -V; }
-sec os-release cat /etc/os-release
-sec kernel line /proc/sys/kernel/osrelease
-sec slurmd slurmdv
 """
-
-_CONTROLLER = r"""
+_CONTROLLER_LOCAL = r"""
 sc() { command -v scontrol >/dev/null 2>&1 || { echo 'scontrol: command not found' >&2; return 127; }; to @TO@ scontrol "$@"; }
 conf() { sc show config | grep -E '^(TopologyPlugin|SwitchType|SLURM_VERSION) '; }
-sec clock date '+%s %Y-%m-%dT%H:%M:%S'
-sec nodes sc show node -o
-sec topology sc show topology
-sec config conf
-sec partitions sc show partition -o
-sec topology-conf file @TOPOLOGY_CONF@
-"""
-
-
-def _script(body: str, nonce: str) -> str:
-    text = (_FRAME + body).replace("@NONCE@", nonce).replace("@RC_ABSENT@", str(RC_ABSENT))
-    return "exec /bin/sh -c " + shlex.quote(text)
-
-
-_SMI = r"""
-smi() { command -v nvidia-smi >/dev/null 2>&1 || { echo 'nvidia-smi: command not found' >&2; return 127; }
-        to @SMI_TIMEOUT@ nvidia-smi -q -x; }
-sec nvidia-smi smi
 """
 
 
@@ -90,15 +55,21 @@ def tray_command(nonce: str, files: Sequence[str], *, smi_timeout: float | None 
 
     With *smi_timeout* it also runs nvidia-smi, for when no health sweep does (--no-health).
     """
-    extra = "".join(f"sec file{i} file {shlex.quote(p)}\n" for i, p in enumerate(files))
-    smi = _SMI.replace("@SMI_TIMEOUT@", f"{max(1.0, smi_timeout):g}") if smi_timeout is not None else ""
-    return _script(_TRAY + extra + smi, nonce)
+    steps = [shell.sec("os-release"), shell.sec("kernel"), shell.sec("slurmd", "slurmdv")]
+    steps += [shell.sec(f"file{i}", "file " + shlex.quote(p), needs=("file",)) for i, p in enumerate(files)]
+    if smi_timeout is not None:
+        steps.append(shell.sec("nvidia-smi"))
+    return shell.command(shell.script(nonce, steps, functions=("to",), local=_TRAY_LOCAL, smi_timeout=smi_timeout))
 
 
 def controller_command(nonce: str, conf_dir: str) -> str:
-    body = (_CONTROLLER.replace("@TO@", str(SCONTROL_TIMEOUT))
-            .replace("@TOPOLOGY_CONF@", shlex.quote(conf_dir.rstrip("/") + "/topology.conf")))
-    return _script(body, nonce)
+    steps = [shell.sec("clock", "date '+%s %Y-%m-%dT%H:%M:%S'"), shell.sec("nodes", "sc show node -o"),
+             shell.sec("topology", "sc show topology"), shell.sec("config", "conf"),
+             shell.sec("partitions", "sc show partition -o"),
+             shell.sec("topology-conf", "file " + shlex.quote(conf_dir.rstrip("/") + "/topology.conf"),
+                       needs=("file",))]
+    return shell.command(shell.script(nonce, steps, functions=("to",), local=_CONTROLLER_LOCAL,
+                                      values={"TO": SCONTROL_TIMEOUT}))
 
 
 # --------------------------------------------------------------------------- trays

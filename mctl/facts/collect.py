@@ -7,86 +7,42 @@ fake a section boundary. The framing is split apart and handed to the pure
 parsers; a missing, truncated or unreadable section becomes a problem on that
 tray, never an exception.
 
-The script forks as little as it can (shell builtins read /proc), because on a
-rack every extra process is paid once per tray.
+The script is built from mctl.facts.shell's function library, which the health
+and audit probes share; it forks as little as it can (shell builtins read
+/proc), because on a rack every extra process is paid once per tray.
 """
 
 from __future__ import annotations
 
 import secrets
-import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from mctl.facts import DriverUnavailable, FactsParseError
+from mctl.facts import DriverUnavailable, FactsParseError, shell
 from mctl.model.inventory_snapshot import TrayFacts
 
 if TYPE_CHECKING:
+    from mctl.facts.kernel_log import XidEvent
     from mctl.transport import HostResult, SSHPool, SSHTarget
 
-XID_TAIL = 200          # newest XID lines kept per tray
 SMI_MARGIN = 3.0        # nvidia-smi's own timeout stays this far inside the SSH command timeout
 
-_SCRIPT = r"""
-M='::mctl-@NONCE@::'
-sec() {
-  n=$1; shift
-  printf '%sbegin %s\n' "$M" "$n"; printf '%sbegin %s\n' "$M" "$n" >&2
-  "$@"; rc=$?
-  printf '\n%send %s rc=%d\n' "$M" "$n" "$rc"; printf '\n%send %s rc=%d\n' "$M" "$n" "$rc" >&2
-}
-line() { IFS= read -r v < "$1" && printf '%s\n' "$v"; }
-smi() {
-  command -v nvidia-smi >/dev/null 2>&1 || { echo 'nvidia-smi: command not found' >&2; return 127; }
-  if command -v timeout >/dev/null 2>&1; then timeout -k 2 @SMI_TIMEOUT@ nvidia-smi -q -x
-  else nvidia-smi -q -x; fi
-}
-svc() {
-  pid1=; IFS= read -r pid1 < /proc/1/comm 2>/dev/null
-  if [ "$pid1" = systemd ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
-    echo source=systemd
-    systemctl show -p Id,LoadState,ActiveState,SubState,UnitFileState,MainPID nvidia-imex.service slurmd.service
-    return 0
-  fi
-  echo source=process-table
-  for u in nvidia-imex slurmd; do
-    f=
-    for d in /etc/systemd/system /run/systemd/system /usr/local/lib/systemd/system /usr/lib/systemd/system /lib/systemd/system; do
-      if [ -e "$d/$u.service" ]; then f="$d/$u.service"; break; fi
-    done
-    en=no
-    for w in /etc/systemd/system/*.wants/"$u".service; do [ -e "$w" ] && en=yes; done
-    echo "unit=$u.service file=$f enabled=$en"
-  done
-  grep -Hx -e nvidia-imex -e slurmd /proc/[0-9]*/comm 2>/dev/null
-  return 0
-}
+# imexsum: the IMEX config files' checksums ("absent": no /etc/nvidia-imex at all)
+_LOCAL = r"""
 imexsum() {
   [ -d /etc/nvidia-imex ] || { echo absent; return 0; }
   set -- /etc/nvidia-imex/*.cfg
   [ -e "$1" ] || return 0
   sha256sum "$@"
 }
-xid() {
-  if [ -r /var/log/kern.log ]; then echo source=/var/log/kern.log; grep -h 'NVRM: Xid' /var/log/kern.log | tail -n @XID_TAIL@
-  else echo source=dmesg; dmesg 2>/dev/null | grep 'NVRM: Xid' | tail -n @XID_TAIL@; fi
-  return 0
-}
-sec hostname line /proc/sys/kernel/hostname
-sec os-release cat /etc/os-release
-sec kernel line /proc/sys/kernel/osrelease
-sec nvidia-smi smi
-sec services svc
-sec imex-config imexsum
-sec xid xid
 """
+_STEPS = (shell.sec("hostname"), shell.sec("os-release"), shell.sec("kernel"), shell.sec("nvidia-smi"),
+          shell.sec("services"), shell.sec("imex-config", "imexsum"), shell.sec("xid"))
 
 
 def facts_script(nonce: str, *, smi_timeout: float) -> str:
     """The command sent to a tray: the probe script under /bin/sh whatever the login shell is."""
-    body = (_SCRIPT.replace("@NONCE@", nonce).replace("@SMI_TIMEOUT@", f"{max(1.0, smi_timeout):g}")
-            .replace("@XID_TAIL@", str(XID_TAIL)))
-    return "exec /bin/sh -c " + shlex.quote(body)
+    return shell.command(shell.script(nonce, _STEPS, local=_LOCAL, smi_timeout=smi_timeout))
 
 
 @dataclass(frozen=True)
@@ -140,12 +96,38 @@ def split_sections(output: str, nonce: str) -> dict[str, Section]:
     return found
 
 
-def _gpu_facts(sections: dict[str, Section], errors: dict[str, Section], smi_timeout: float):
-    """(GpuReport | None, error text | None, nvidia-smi's stderr lines)."""
+def parse_section(sections: dict[str, Section], name: str, parse, problems: list[str]):
+    """parse(section) of a complete section; None, with a line in *problems*, when it is missing, cut off or
+    unreadable (FactsParseError)."""
+    sec = sections.get(name)
+    if sec is None or not sec.complete:
+        problems.append(f"{name}: output {'missing' if sec is None else 'cut off'}")
+        return None
+    try:
+        return parse(sec)
+    except FactsParseError as exc:
+        problems.append(f"{name}: {exc.message}")
+        return None
+
+
+def xid_section(sections: dict[str, Section], problems: list[str]) -> "tuple[str | None, list[XidEvent]]":
+    """The xid section (shell function `xid`): (the log it read, or None; its XID events, in log order)."""
+    from mctl.facts.kernel_log import parse_xid_events
+
+    sec = sections.get("xid")
+    if sec is None or not sec.complete:
+        problems.append("xid: output " + ("missing" if sec is None else "cut off"))
+        return None, []
+    first, _, rest = sec.text.partition("\n")
+    source = first.removeprefix("source=") if first.startswith("source=") else None
+    return source, parse_xid_events(rest if source else sec.text)
+
+
+def smi_section(smi: Section | None, err: Section | None, smi_timeout: float):
+    """The nvidia-smi section (`smi -q -x`) and its stderr -> (GpuReport | None, error text | None,
+    nvidia-smi's stderr lines)."""
     from mctl.facts.nvidia_smi import parse_xml
 
-    smi = sections.get("nvidia-smi")
-    err = errors.get("nvidia-smi")
     messages = tuple(l.strip() for l in (err.text if err else "").splitlines() if l.strip())
     if smi is None:
         return None, "nvidia-smi output missing from the probe (output cut off)", messages
@@ -167,7 +149,6 @@ def _gpu_facts(sections: dict[str, Section], errors: dict[str, Section], smi_tim
 
 def tray_facts(result: "HostResult", nonce: str, *, smi_timeout: float) -> TrayFacts:
     """A tray's SSH result -> its facts. Never raises for bad output: problems are recorded."""
-    from mctl.facts.kernel_log import parse_xid_events
     from mctl.facts.os_release import parse_kernel_release, parse_os_release
     from mctl.facts.services import IMEX_UNIT, SLURMD_UNIT, parse_imex_config_sums, parse_service_probe
 
@@ -183,31 +164,17 @@ def tray_facts(result: "HostResult", nonce: str, *, smi_timeout: float) -> TrayF
     problems: list[str] = []
 
     def parsed(name: str, parse):
-        sec = sections.get(name)
-        if sec is None or not sec.complete:
-            problems.append(f"{name}: output {'missing' if sec is None else 'cut off'}")
-            return None
-        try:
-            return parse(sec)
-        except FactsParseError as exc:
-            problems.append(f"{name}: {exc.message}")
-            return None
+        return parse_section(sections, name, parse, problems)
 
     hostname = parsed("hostname", lambda s: s.text.strip() or None)
     os_rel = parsed("os-release", lambda s: parse_os_release(s.text))
     kernel = parsed("kernel", lambda s: parse_kernel_release(s.text))
     services = parsed("services", lambda s: parse_service_probe(s.text)) or {}
     imex_cfg = parsed("imex-config", lambda s: parse_imex_config_sums(s.text))
-    xid_sec = sections.get("xid")
-    xids: tuple = ()
-    xid_source = None
-    if xid_sec is not None and xid_sec.complete:
-        first, _, rest = xid_sec.text.partition("\n")
-        xid_source = first.removeprefix("source=") if first.startswith("source=") else None
-        xids = tuple(parse_xid_events(rest if xid_source else xid_sec.text))
-    else:
-        problems.append("xid: output " + ("missing" if xid_sec is None else "cut off"))
-    gpus, gpu_error, gpu_messages = _gpu_facts(sections, split_sections(result.stderr, nonce), smi_timeout)
+    xid_source, events = xid_section(sections, problems)
+    xids = tuple(events)
+    gpus, gpu_error, gpu_messages = smi_section(sections.get("nvidia-smi"),
+                                                split_sections(result.stderr, nonce).get("nvidia-smi"), smi_timeout)
     return TrayFacts(reach="ok", hostname=hostname, os=os_rel, kernel=kernel, gpus=gpus, gpu_error=gpu_error,
                      gpu_messages=gpu_messages,
                      imex=services.get(IMEX_UNIT), imex_config=imex_cfg, slurmd=services.get(SLURMD_UNIT),

@@ -2,9 +2,10 @@
 
 Standard library only: the watch sends the script over SSH, `mctl node check`
 runs the very same script on the tray with /bin/sh, so both read a tray through
-one parser. Sections are framed with a per-run nonce (mctl.facts.collect's
-framing), every command that can hang runs under `timeout`, and builtins read
-/proc so a sweep forks as little as it can on every tray.
+one parser. The script is built from mctl.facts.shell's function library:
+sections are framed with a per-run nonce, every command that can hang runs
+under `timeout`, and builtins read /proc so a sweep forks as little as it can
+on every tray.
 """
 
 from __future__ import annotations
@@ -13,99 +14,58 @@ import shlex
 from datetime import datetime
 from typing import Sequence
 
-from mctl.facts import DriverUnavailable, FactsParseError
-from mctl.facts.collect import XID_TAIL, Section, split_sections
+from mctl.facts import FactsParseError, shell
+from mctl.facts.collect import Section, parse_section, smi_section, split_sections, xid_section
+from mctl.facts.shell import RC_ABSENT
 from mctl.health.facts import Clock, DiskUsage, ImexObservation, Memory, TrayHealthFacts, observe_xid
 
 IMEX_CONFIG = "/etc/nvidia-imex/config.cfg"
-RC_ABSENT = 200           # a section whose subject is not set up on this tray
 RC_NOT_INSTALLED = 127
 
-_SCRIPT = r"""
-M='::mctl-@NONCE@::'
-sec() {
-  n=$1; shift
-  printf '%sbegin %s\n' "$M" "$n"; printf '%sbegin %s\n' "$M" "$n" >&2
-  "$@"; rc=$?
-  printf '\n%send %s rc=%d\n' "$M" "$n" "$rc"; printf '\n%send %s rc=%d\n' "$M" "$n" "$rc" >&2
-}
-T=; command -v timeout >/dev/null 2>&1 && T="timeout -k 2"
-to() { if [ -n "$T" ]; then $T "$@"; else shift; "$@"; fi; }
+# The health probe's own functions: the clock with the uptime, nvidia-imex-ctl against the config
+# (RC_ABSENT when IMEX is not set up here), MemTotal and MemAvailable read by the shell itself.
+_LOCAL = r"""
 clock() { date '+%s %Y-%m-%dT%H:%M:%S'; IFS=' ' read -r up _ < /proc/uptime && echo "$up"; }
-line() { IFS= read -r v < "$1" && printf '%s\n' "$v"; }
-smi() {
-  command -v nvidia-smi >/dev/null 2>&1 || { echo 'nvidia-smi: command not found' >&2; return 127; }
-  to @SMI_TIMEOUT@ nvidia-smi "$@"
-}
-svc() {
-  pid1=; IFS= read -r pid1 < /proc/1/comm 2>/dev/null
-  if [ "$pid1" = systemd ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
-    echo source=systemd
-    systemctl show -p Id,LoadState,ActiveState,SubState,UnitFileState,MainPID nvidia-imex.service slurmd.service
-    return 0
-  fi
-  echo source=process-table
-  for u in nvidia-imex slurmd; do
-    f=
-    for d in /etc/systemd/system /run/systemd/system /usr/local/lib/systemd/system /usr/lib/systemd/system /lib/systemd/system; do
-      if [ -e "$d/$u.service" ]; then f="$d/$u.service"; break; fi
-    done
-    en=no
-    for w in /etc/systemd/system/*.wants/"$u".service; do [ -e "$w" ] && en=yes; done
-    echo "unit=$u.service file=$f enabled=$en"
-  done
-  grep -Hx -e nvidia-imex -e slurmd /proc/[0-9]*/comm 2>/dev/null
-  return 0
-}
 imex() {
   [ -r @IMEX_CONFIG@ ] || return @RC_ABSENT@
   command -v nvidia-imex-ctl >/dev/null 2>&1 || return 127
   to 5 nvidia-imex-ctl -c @IMEX_CONFIG@ "$@"
 }
-xid() {
-  if [ -r /var/log/kern.log ]; then echo source=/var/log/kern.log; grep -h 'NVRM: Xid' /var/log/kern.log | tail -n @XID_TAIL@
-  else echo source=dmesg; dmesg 2>/dev/null | grep 'NVRM: Xid' | tail -n @XID_TAIL@; fi
-  return 0
-}
 mem() { while IFS=': ' read -r k v _; do case $k in MemTotal|MemAvailable) echo "$k $v";; esac; done < /proc/meminfo; }
-sec clock clock
-sec hostname line /proc/sys/kernel/hostname
-@GPU_SECTIONS@
-sec services svc
-sec imex-query imex -q
-sec imex-domain imex -N -j
-sec xid xid
-sec disk df -P -k @DISK_PATHS@
-sec memory mem
 """
 
 # `nvlink --status` runs beside `-q -x` (a tray has cores to spare; a sweep waits for its slowest
 # tray), into a private temp dir that the nvlink section prints and removes.
-_GPU_SECTIONS = r"""
+_GPU_STEPS = (
+    shell.raw(r"""
 nvd=$(mktemp -d 2>/dev/null) || nvd=
 if [ -n "$nvd" ]; then { smi nvlink --status > "$nvd/o" 2> "$nvd/e"; echo $? > "$nvd/rc"; } & fi
-sec nvidia-smi smi -q -x
+""", needs=("smi",)),
+    shell.sec("nvidia-smi"),
+    shell.raw(r"""
 wait
 nvl() {
   [ -n "$nvd" ] || { smi nvlink --status; return; }
   cat "$nvd/o"; cat "$nvd/e" >&2; IFS= read -r r < "$nvd/rc" || r=1; rm -rf "$nvd"; return "$r"
 }
-sec nvlink nvl
-"""
+"""),
+    shell.sec("nvlink", "nvl"),
+)
 
 
 def probe_script(nonce: str, *, smi_timeout: float, disk_paths: Sequence[str] = ("/",), gpus: bool = True) -> str:
     """The script body. gpus=False leaves nvidia-smi out (the node check read NVML instead)."""
     paths = " ".join(shlex.quote(p) for p in disk_paths) or "/"
-    return (_SCRIPT.replace("@NONCE@", nonce).replace("@SMI_TIMEOUT@", f"{max(1.0, smi_timeout):g}")
-            .replace("@XID_TAIL@", str(XID_TAIL)).replace("@IMEX_CONFIG@", IMEX_CONFIG)
-            .replace("@RC_ABSENT@", str(RC_ABSENT)).replace("@DISK_PATHS@", paths)
-            .replace("@GPU_SECTIONS@", _GPU_SECTIONS if gpus else ""))
+    steps = (shell.sec("clock", "clock"), shell.sec("hostname"), *(_GPU_STEPS if gpus else ()),
+             shell.sec("services"), shell.sec("imex-query", "imex -q"), shell.sec("imex-domain", "imex -N -j"),
+             shell.sec("xid"), shell.sec("disk", "df -P -k " + paths), shell.sec("memory", "mem"))
+    return shell.script(nonce, steps, functions=("to",), local=_LOCAL, smi_timeout=smi_timeout,
+                        values={"IMEX_CONFIG": IMEX_CONFIG})
 
 
 def ssh_command(body: str) -> str:
     """The command sent to a tray: the script under /bin/sh whatever the login shell is."""
-    return "exec /bin/sh -c " + shlex.quote(body)
+    return shell.command(body)
 
 
 # --- parsing (pure) ------------------------------------------------------------------------------
@@ -213,8 +173,7 @@ def parse_probe(host: str, stdout: str, stderr: str, nonce: str, *, address: str
     gpu_facts: (GpuReport | None, error | None, messages, nvlinks | None, nvlink_error | None, source)
     when the caller read the GPUs another way (NVML); the nvidia-smi sections are then absent.
     """
-    from mctl.facts.kernel_log import parse_xid_events
-    from mctl.facts.nvidia_smi import parse_nvlink_status, parse_xml
+    from mctl.facts.nvidia_smi import parse_nvlink_status
     from mctl.facts.services import SLURMD_UNIT, parse_service_probe
 
     sections = split_sections(stdout, nonce)
@@ -225,15 +184,7 @@ def parse_probe(host: str, stdout: str, stderr: str, nonce: str, *, address: str
     problems: list[str] = []
 
     def parsed(name: str, parse):
-        sec = sections.get(name)
-        if sec is None or not sec.complete:
-            problems.append(f"{name}: output {'missing' if sec is None else 'cut off'}")
-            return None
-        try:
-            return parse(sec)
-        except FactsParseError as exc:
-            problems.append(f"{name}: {exc.message}")
-            return None
+        return parse_section(sections, name, parse, problems)
 
     clock = parsed("clock", lambda s: parse_clock(s.text))
     hostname = parsed("hostname", lambda s: s.text.strip() or None)
@@ -244,23 +195,15 @@ def parse_probe(host: str, stdout: str, stderr: str, nonce: str, *, address: str
         # df prints one line per path it could read, in order; a path it could not stat is left out.
         named = list(disk_paths) if len(disks) == len(disk_paths) else [d.mount for d in disks]
         disks = tuple(DiskUsage(p, d.mount, d.size_kib, d.used_kib, d.avail_kib) for p, d in zip(named, disks))
-    xid_sec = sections.get("xid")
-    xids: tuple = ()
-    xid_source = None
-    if xid_sec is not None and xid_sec.complete:
-        first, _, rest = xid_sec.text.partition("\n")
-        xid_source = first.removeprefix("source=") if first.startswith("source=") else None
-        xids = tuple(observe_xid(e, clock) for e in parse_xid_events(rest if xid_source else xid_sec.text))
-    else:
-        problems.append("xid: output " + ("missing" if xid_sec is None else "cut off"))
+    xid_source, events = xid_section(sections, problems)
+    xids = tuple(observe_xid(e, clock) for e in events)
     imex = imex_observation(sections.get("imex-query"), sections.get("imex-domain"), errors.get("imex-query"))
 
     if gpu_facts is not None:
         gpus, gpu_error, gpu_messages, nvlinks, nvlink_error, source = gpu_facts
     else:
         source = "nvidia-smi"
-        gpus, gpu_error, gpu_messages = _smi_section(sections.get("nvidia-smi"), errors.get("nvidia-smi"),
-                                                     smi_timeout, parse_xml)
+        gpus, gpu_error, gpu_messages = smi_section(sections.get("nvidia-smi"), errors.get("nvidia-smi"), smi_timeout)
         nvlinks, nvlink_error = None, None
         nvl = sections.get("nvlink")
         if gpus is not None:
@@ -278,25 +221,6 @@ def parse_probe(host: str, stdout: str, stderr: str, nonce: str, *, address: str
                            nvlink_error=nvlink_error, xids=xids, xid_source=xid_source, imex=imex,
                            slurmd=services.get(SLURMD_UNIT), disks=disks, memory=memory, problems=tuple(problems),
                            elapsed=elapsed)
-
-
-def _smi_section(smi: Section | None, err: Section | None, smi_timeout: float, parse_xml):
-    messages = tuple(l.strip() for l in (err.text if err else "").splitlines() if l.strip())
-    if smi is None:
-        return None, "nvidia-smi output missing from the probe (output cut off)", messages
-    if not smi.complete:
-        return None, "nvidia-smi output cut off before it ended", messages
-    if smi.rc == 127:
-        return None, "nvidia-smi is not installed (command not found)", messages
-    if smi.rc in (124, 137):
-        return None, f"nvidia-smi hung: no answer within {smi_timeout:g}s (driver wedged?)", messages
-    try:
-        return parse_xml(smi.text), None, messages
-    except DriverUnavailable as exc:
-        return None, exc.message, messages
-    except FactsParseError as exc:
-        detail = f" (exit {smi.rc}{': ' + messages[-1] if messages else ''})" if smi.rc else ""
-        return None, f"nvidia-smi output unreadable: {exc.message}{detail}", messages
 
 
 def unreached(host: str, address: str | None, reach: str, error: str | None, elapsed: float = 0.0) -> TrayHealthFacts:
