@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
+if TYPE_CHECKING:  # rich costs ~50 ms to import; `mctl --help` and --json never need it
+    from rich.console import Console
 
 _console: Console | None = None
 _err: Console | None = None
@@ -24,6 +25,8 @@ def _plain() -> bool:
 def console() -> Console:
     global _console
     if _console is None:
+        from rich.console import Console
+
         plain = _plain()
         _console = Console(no_color=plain, highlight=False, soft_wrap=plain,
                            force_terminal=None if not plain else False,
@@ -34,6 +37,8 @@ def console() -> Console:
 def err_console() -> Console:
     global _err
     if _err is None:
+        from rich.console import Console
+
         plain = "NO_COLOR" in os.environ or not sys.stderr.isatty()
         _err = Console(stderr=True, no_color=plain, highlight=False,
                        force_terminal=None if not plain else False, width=None if not plain else 200)
