@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from mctl.inventory import load_site
@@ -41,3 +44,23 @@ def test_nmx_service_config_and_inventory(tmp_path):
                      "credentials_file": str(tmp_path / "racks" / "lab-r1" / "nmx.cred")}
     argv = services._nmx_argv(ctx)
     assert argv[1:4] == ["-m", "mctl.lab.nmx_emulator", "--config"] and argv[4].endswith("racks/lab-r1/nmx.json")
+
+
+def test_emulator_commands_import_their_module_so_the_tray_caches_bytecode(tmp_path):
+    by_dest = {f.dest: f for f in services.HOST_FILES}
+    for command, module in (("/usr/bin/nvidia-smi", "nvidia_smi"), ("/usr/bin/nvidia-imex-ctl", "imex_ctl")):
+        launcher, lib = by_dest[command], by_dest[f"{services.EMULATOR_LIB}/{module}.py"]
+        assert launcher.mode == 0o755 and launcher.kinds == lib.kinds == ("tray",)
+        assert lib.content(None) == (services.EMULATORS / f"{module}.py").read_bytes()
+        # The launcher runs here too: point it at a copy of the module and ask for nvidia-smi's help text.
+        text = launcher.content(None).decode().replace(services.EMULATOR_LIB, str(tmp_path))
+        assert text.startswith("#!/usr/bin/python3\n") and f"import {module}\n" in text
+        (tmp_path / f"{module}.py").write_bytes(lib.content(None))
+        script = tmp_path / module
+        script.write_text(text)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60,
+                              env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip()
+        assert list((tmp_path / "__pycache__").glob(f"{module}.*.pyc"))

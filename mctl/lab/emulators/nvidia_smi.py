@@ -36,7 +36,6 @@ import json
 import os
 import sys
 import time
-from xml.sax.saxutils import escape
 
 STATE_PATH = "/var/lib/mctl-lab/gpus.json"
 FAULTS_PATH = "/var/lib/mctl-lab/faults.json"
@@ -96,6 +95,11 @@ XID_MESSAGES = {
 # XIDs whose resolution is a GPU reset: the driver reports GPU Recovery Action "Reset" after them.
 RESET_XIDS = frozenset({46, 48, 64, 95, 119, 120, 136, 140, 155, 158})
 LOST_XIDS = frozenset({79})
+
+
+def escape(text: str) -> str:
+    """XML character data, as xml.sax.saxutils.escape writes it (that module imports urllib: ~40 ms a call)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def kernel_pci(pci_bus_id: str) -> str:
@@ -816,8 +820,12 @@ def main(argv=None, env=None, stdout=None, stderr=None, now=None):
     return EXIT_OK
 
 
-if __name__ == "__main__":
+def run() -> None:
     try:
         sys.exit(main())
     except BrokenPipeError:
         sys.exit(EXIT_OK)
+
+
+if __name__ == "__main__":
+    run()
