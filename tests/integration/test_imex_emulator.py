@@ -120,7 +120,8 @@ def test_domain_forms_over_real_tcp_and_ctl_prints_the_real_formats(make_domain)
     d = make_domain(3)
     for i in range(3):
         d.start(i)
-    d.wait_state(0, "UP")
+    for i in range(3):          # each daemon sees the domain UP once it has connected to every peer itself
+        d.wait_state(i, "UP")
     q = d.ctl(1, "-q")
     assert q.returncode == 0 and q.stdout == "READY\n"
     text = d.ctl(2, "-N")
