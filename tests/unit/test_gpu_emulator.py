@@ -397,3 +397,19 @@ if __name__ == "__main__" and "--regen" in sys.argv:
         with tempfile.TemporaryDirectory() as tmp:
             (GOLDEN / case).write_text(_golden_output(Path(tmp), case))
             print("wrote", GOLDEN / case)
+
+
+def test_state_files_are_read_through_a_marshal_copy_that_follows_each_rewrite(tmp_path):
+    state = tmp_path / "gpus.json"
+    state.write_text(json.dumps({"driver_version": "570.1", "gpus": [{"index": 0}]}))
+    assert emu._read_json(str(state))["driver_version"] == "570.1"
+    copy = tmp_path / ".gpus.json.marshal"
+    assert copy.exists()
+    assert emu._read_json(str(state))["driver_version"] == "570.1"        # served from the copy
+    # An atomic rewrite of the same size (as `mctl lab fault` writes): the next read sees it.
+    new = tmp_path / "gpus.json.new"
+    new.write_text(json.dumps({"driver_version": "570.2", "gpus": [{"index": 0}]}))
+    new.replace(state)
+    assert emu._read_json(str(state))["driver_version"] == "570.2"
+    copy.write_bytes(b"garbage")                                             # a broken copy is ignored
+    assert emu._read_json(str(state))["driver_version"] == "570.2"
