@@ -46,6 +46,12 @@ def wait_for(what, check, timeout: float, every: float = 0.5):
         time.sleep(every)
 
 
+def settled(lab, tray: str) -> None:
+    """The tray is idle with no reason. Right after a RESUME, slurmctld marks the node not responding
+    (`idle*`) until its ping comes back; on a loaded machine that takes a moment."""
+    wait_for(f"{tray} idle and responding", lambda: sinfo(lab)[tray] == ("idle", ""), 30, every=0.3)
+
+
 def fault(lab, tray: str, **request) -> None:
     """`mctl lab fault` in-process: the fault lands at a known moment, without a CLI start-up in between."""
     from mctl.lab import control
@@ -176,7 +182,9 @@ def test_xid_79_drains_within_two_sweeps_jobs_avoid_it_and_it_resumes(lab, healt
         state, reason = wait_for(f"{tray} drained", lambda: (lambda s: s if "drain" in s[0] else None)(
             sinfo(lab)[tray]), 60)
         elapsed = time.monotonic() - injected
-        assert reason == "mctl: xid 79 gpu0 (fell off bus) +1", reason
+        # "+1": the lost GPU counted as well; a sweep whose nvidia-smi ran just before the fault
+        # landed and whose kernel-log read came just after sees the XID alone.
+        assert reason in ("mctl: xid 79 gpu0 (fell off bus) +1", "mctl: xid 79 gpu0 (fell off bus)"), reason
         wait_for("the drain event", lambda: any(" DRAIN " in l and tray in l for l in watch.read()), 30)
         drain_line = next(i for i, l in enumerate(watch.lines) if " DRAIN " in l and tray in l)
         # events print before their sweep's line: the drain came with sweep number drain_sweep
@@ -234,7 +242,7 @@ def test_unreachable_tray_is_drained_only_after_k_misses(lab, health):
     fault(lab, tray, clear=True)
     proc = health("health", "resume", tray)
     assert proc.returncode == 0 and "RESUMED" in proc.stdout
-    assert sinfo(lab)[tray] == ("idle", "")
+    settled(lab, tray)
     assert [e["action"] for e in actions(health.state)] == ["drain", "resume"]
 
 
@@ -337,7 +345,7 @@ def test_node_check_installed_on_the_trays_drains_its_own_node(lab, health, site
     assert sinfo(lab)[tray][0] == "drained"                   # one healthy run is not enough
     second = lab.run(tray, "/usr/local/sbin/mctl-node-check", check=False)
     assert second.returncode == 0 and "RESUME" in second.stdout
-    assert sinfo(lab)[tray] == ("idle", "")
+    settled(lab, tray)
     log = [json.loads(l) for l in lab.run(tray, "cat /var/lib/mctl-node-check/health/actions.jsonl")
            .stdout.splitlines()]
     assert [e["action"] for e in log] == ["drain", "resume"]
