@@ -44,6 +44,7 @@ from pathlib import Path
 import pytest
 
 TRAYS_ENV = "MCTL_TEST_TRAYS"
+KEEP_ENV = "MCTL_TEST_KEEP_LAB"          # leave the session's lab up after the run (debugging)
 
 
 @dataclass
@@ -141,4 +142,7 @@ def lab(tmp_path_factory) -> LabHandle:
     try:
         yield handle
     finally:
-        control.down(result.dir)
+        if os.environ.get(KEEP_ENV):
+            sys.stderr.write(f"[lab] kept for debugging ({KEEP_ENV}): mctl lab down --dir {result.dir}\n")
+        else:
+            control.down(result.dir)

@@ -75,14 +75,13 @@ def _default(obj: Any) -> Any:
 
 
 def error(message: str, hint: str | None = None) -> None:
+    if _plain_err():
+        sys.stderr.write(f"mctl: error: {message}\n" + (f"  hint: {hint}\n" if hint else ""))
+        return
     con = err_console()
-    con.print(f"[bold red]mctl: error:[/] {message}", markup=True, highlight=False) if not _plain_err() \
-        else sys.stderr.write(f"mctl: error: {message}\n")
+    con.print(f"[bold red]mctl: error:[/] {message}", markup=True, highlight=False)
     if hint:
-        if _plain_err():
-            sys.stderr.write(f"  hint: {hint}\n")
-        else:
-            con.print(f"  [dim]hint:[/] {hint}", markup=True, highlight=False)
+        con.print(f"  [dim]hint:[/] {hint}", markup=True, highlight=False)
 
 
 def warn(message: str) -> None:
