@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import marshal
 import os
 import signal
 import socket
@@ -404,8 +405,11 @@ class Daemon:
     def serve_command(self, conn: socket.socket) -> None:
         conn.settimeout(2.0)
         try:
-            conn.makefile("r").readline()
-            _send(conn, self.domain_view())
+            request = conn.makefile("r").readline()
+            if request.startswith("MSTATUS"):       # nvidia-imex-ctl of the lab: marshal, read to EOF
+                conn.sendall(marshal.dumps(self.domain_view()))
+            else:
+                _send(conn, self.domain_view())
         except (OSError, ValueError):
             pass
         finally:
