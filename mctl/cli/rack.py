@@ -83,62 +83,54 @@ def _findings_cell(findings) -> str:
 
 
 def _print_report(report, show_diff: bool) -> None:
-    from rich.table import Table
-
-    con = render.console()
     for r in report.racks:
         rack = r.rack
         domain = rack.nvlink_domain or "not declared"
-        table = Table(title=f"rack {rack.name}: {rack.model}, {rack.compute_trays} compute trays x "
-                            f"{rack.gpus_per_tray} GPUs, NVLink domain {domain}", title_justify="left")
-        for col in ("tray", "address", "GPUs", "driver", "cluster", "clique", "fabric", "findings"):
-            table.add_column(col)
         by_host: dict[str, list] = {}
         for f in r.findings:
             by_host.setdefault(f.host, []).append(f)
+        rows = []
         for t in r.trays:
             mine = by_host.get(t.host, [])
             if not t.reached:
-                table.add_row(t.host, t.address, "-", "-", "-", "-", "-", t.reach)
+                rows.append((t.host, t.address, "-", "-", "-", "-", "-", t.reach))
                 continue
             if t.gpus is None:
-                table.add_row(t.host, t.address, "?", "-", "-", "-", "-", _findings_cell(mine))
+                rows.append((t.host, t.address, "?", "-", "-", "-", "-", _findings_cell(mine)))
                 continue
             g = t.gpus
-            table.add_row(t.host, t.address, f"{len(g.gpus)}/{rack.gpus_per_tray}", g.driver_version or "-",
-                          ",".join(u.split("-")[0] for u in g.cluster_uuids) or "none",
-                          ",".join(str(c) for c in g.clique_ids) or "-", _fabric_cell(t), _findings_cell(mine))
-        con.print(table)
+            rows.append((t.host, t.address, f"{len(g.gpus)}/{rack.gpus_per_tray}", g.driver_version or "-",
+                         ",".join(u.split("-")[0] for u in g.cluster_uuids) or "none",
+                         ",".join(str(c) for c in g.clique_ids) or "-", _fabric_cell(t), _findings_cell(mine)))
+        render.table(f"rack {rack.name}: {rack.model}, {rack.compute_trays} compute trays x "
+                     f"{rack.gpus_per_tray} GPUs, NVLink domain {domain}",
+                     ("tray", "address", "GPUs", "driver", "cluster", "clique", "fabric", "findings"), rows)
         if r.changes is not None or show_diff:
-            _print_changes(con, r)
+            _print_changes(r)
     findings = [f for f in report.findings if f.severity.value != "ok" or f.action]
     if findings:
-        con.print("findings:", markup=False, highlight=False)
+        render.line("findings:")
         for f in findings:
-            con.print(f"  {f.severity.value.upper():8} {f.host or '-'}  {f.check}: {f.message}",
-                      markup=False, highlight=False)
+            render.line(f"  {f.severity.value.upper():8} {f.host or '-'}  {f.check}: {f.message}")
             if f.action:
-                con.print(f"           action: {f.action}", markup=False, highlight=False)
+                render.line(f"           action: {f.action}")
     trays = sum(len(r.trays) for r in report.racks)
     dark = sum(len(r.unreached) for r in report.racks)
     crit = sum(f.severity.value == "critical" for f in report.findings)
     wrn = sum(f.severity.value == "warn" for f in report.findings)
     saved = [str(r.snapshot_path) for r in report.racks if r.snapshot_path]
-    con.print(f"{trays} trays, {trays - dark} inventoried, {dark} not reached; {crit} critical, {wrn} warn "
-              f"({report.elapsed:.1f}s)" + (f"; snapshot {', '.join(saved)}" if saved else ""),
-              markup=False, highlight=False)
+    render.line(f"{trays} trays, {trays - dark} inventoried, {dark} not reached; {crit} critical, {wrn} warn "
+                f"({report.elapsed:.1f}s)" + (f"; snapshot {', '.join(saved)}" if saved else ""))
 
 
-def _print_changes(con, r) -> None:
+def _print_changes(r) -> None:
     if r.previous_path is None:
-        con.print(f"diff: no earlier snapshot of rack {r.rack.name}; this run is the baseline",
-                  markup=False, highlight=False)
+        render.line(f"diff: no earlier snapshot of rack {r.rack.name}; this run is the baseline")
         return
     since = r.previous_taken_at.strftime("%Y-%m-%d %H:%M:%S UTC") if r.previous_taken_at else str(r.previous_path)
     if not r.changes:
-        con.print(f"diff since {since}: no changes", markup=False, highlight=False)
+        render.line(f"diff since {since}: no changes")
         return
-    con.print(f"diff since {since}: {len(r.changes)} change{'s' if len(r.changes) > 1 else ''}",
-              markup=False, highlight=False)
+    render.line(f"diff since {since}: {len(r.changes)} change{'s' if len(r.changes) > 1 else ''}")
     for c in r.changes:
-        con.print(f"  {c.host}  {c.kind}: {c.message}", markup=False, highlight=False)
+        render.line(f"  {c.host}  {c.kind}: {c.message}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:  # rich costs ~50 ms to import; `mctl --help` and --json never need it
     from rich.console import Console
@@ -54,6 +54,36 @@ def reset() -> None:
 
 def interactive() -> bool:
     return not _plain()
+
+
+def line(text: str = "") -> None:
+    """One line of text, printed as is (no markup); rich only on a terminal."""
+    if _plain():
+        sys.stdout.write(text + "\n")
+    else:
+        console().print(text, markup=False, highlight=False)
+
+
+def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """A table: rich's on a terminal; off a terminal (pipes, cron, scripts) aligned plain columns,
+    one row per line, which `grep` and `awk` read and which needs no rich import at all."""
+    if not _plain():
+        from rich.table import Table
+
+        t = Table(title=title, title_justify="left")
+        for col in columns:
+            t.add_column(col)
+        for row in rows:
+            t.add_row(*row)
+        console().print(t)
+        return
+    widths = [max([len(col)] + [len(row[i]) for row in rows]) for i, col in enumerate(columns)]
+
+    def fmt(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    out = ([title] if title else []) + [fmt(columns), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
+    sys.stdout.write("\n".join(out) + "\n")
 
 
 def print_json(data: Any) -> None:
