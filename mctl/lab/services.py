@@ -149,7 +149,9 @@ def _slurm_dropin(daemon: str) -> Callable[[HostContext], bytes]:
         options = "$SLURMCTLD_OPTIONS" if daemon == "slurmctld" else "$SLURMD_OPTIONS"
         return ("# Written by `mctl lab up`: track the daemon by its pid file across `scontrol reconfigure`\n"
                 "# (the lab's systemctl does not follow sd_notify MAINPID changes). See mctl/lab/services.py.\n"
-                "[Service]\nType=forking\nExecStart=\n"
+                # An empty Type= first: the image's systemctl keeps the FIRST value of a key, so the unit's
+                # Type=notify would win over a plain Type=forking here (as it did until 2026-11-30).
+                "[Service]\nType=\nType=forking\nExecStart=\n"
                 f"ExecStart=/usr/sbin/{daemon} {options}\nPIDFile={SLURM_PID_FILES[daemon]}\n").encode()
     return text
 

@@ -26,7 +26,7 @@ def test_slurm_dropins_track_the_pid_files_slurm_conf_names():
     head = by_dest["/etc/systemd/system/slurmctld.service.d/10-mctl-lab.conf"]
     assert head.kinds == ("head",)
     text = head.content(None).decode()
-    assert "Type=forking\nExecStart=\nExecStart=/usr/sbin/slurmctld $SLURMCTLD_OPTIONS\n" in text
+    assert "Type=\nType=forking\nExecStart=\nExecStart=/usr/sbin/slurmctld $SLURMCTLD_OPTIONS\n" in text
 
 
 def test_tray_files_never_write_below_a_merged_usr_link():
