@@ -21,9 +21,14 @@ from mctl.health.facts import Clock, DiskUsage, ImexObservation, Memory, TrayHea
 
 IMEX_CONFIG = "/etc/nvidia-imex/config.cfg"
 RC_NOT_INSTALLED = 127
+# imex-query's exit when nvidia-imex-ctl -q was not asked because the -N answer just before it said the
+# domain is UP: a domain is UP only when every node's daemon is READY, this tray's included.
+RC_READY_BY_DOMAIN = 201
 
 # The health probe's own functions: the clock with the uptime, nvidia-imex-ctl against the config
 # (RC_ABSENT when IMEX is not set up here), MemTotal and MemAvailable read by the shell itself.
+# IMEX is asked once per sweep when all is well: the domain status (-N -j) first, kept in $io, then the
+# local daemon (-q) only when that answer is not an UP domain (see RC_READY_BY_DOMAIN).
 _LOCAL = r"""
 clock() { date '+%s %Y-%m-%dT%H:%M:%S'; IFS=' ' read -r up _ < /proc/uptime && echo "$up"; }
 imex() {
@@ -31,36 +36,50 @@ imex() {
   command -v nvidia-imex-ctl >/dev/null 2>&1 || return 127
   to 5 nvidia-imex-ctl -c @IMEX_CONFIG@ "$@"
 }
+imexn() { io=$(imex -N -j); ir=$?; [ -z "$io" ] || printf '%s\n' "$io"; return $ir; }
+imexq() {
+  if [ "$ir" = 0 ]; then case $io in *'"status":"UP"'*|*'"status": "UP"'*) return @RC_READY_BY_DOMAIN@;; esac; fi
+  imex -q
+}
 mem() { while IFS=': ' read -r k v _; do case $k in MemTotal|MemAvailable) echo "$k $v";; esac; done < /proc/meminfo; }
 """
 
 # `nvlink --status` runs beside `-q -x` (a tray has cores to spare; a sweep waits for its slowest
-# tray), into a private temp dir that the nvlink section prints and removes.
+# tray), into three files the shell creates itself (noclobber: O_EXCL, so nothing planted under the
+# name is followed) and the nvlink section prints with builtins and removes: on a rack every fork is
+# paid once per tray and sweep (mktemp, two cats and a directory cost three more). Sequential when
+# the files cannot be made.
 _GPU_STEPS = (
     shell.raw(r"""
-nvd=$(mktemp -d 2>/dev/null) || nvd=
-if [ -n "$nvd" ]; then { smi nvlink --status > "$nvd/o" 2> "$nvd/e"; echo $? > "$nvd/rc"; } & fi
+nvf=${TMPDIR:-/tmp}/.mctl-nvlink.$$
+set -C
+{ : > "$nvf.o" && : > "$nvf.e" && : > "$nvf.rc"; } 2>/dev/null || nvf=
+set +C
+if [ -n "$nvf" ]; then { smi nvlink --status > "$nvf.o" 2> "$nvf.e"; echo $? > "$nvf.rc"; } & fi
 """, needs=("smi",)),
     shell.sec("nvidia-smi"),
     shell.raw(r"""
 wait
+put() { while IFS= read -r l || [ -n "$l" ]; do printf '%s\n' "$l"; done < "$1"; }
 nvl() {
-  [ -n "$nvd" ] || { smi nvlink --status; return; }
-  cat "$nvd/o"; cat "$nvd/e" >&2; IFS= read -r r < "$nvd/rc" || r=1; rm -rf "$nvd"; return "$r"
+  [ -n "$nvf" ] || { smi nvlink --status; return; }
+  put "$nvf.o"; put "$nvf.e" >&2; IFS= read -r r < "$nvf.rc" || r=1; rm -f "$nvf.o" "$nvf.e" "$nvf.rc"
+  return "$r"
 }
 """),
     shell.sec("nvlink", "nvl"),
 )
 
 
-def probe_script(nonce: str, *, smi_timeout: float, disk_paths: Sequence[str] = ("/",), gpus: bool = True) -> str:
+def probe_script(nonce: str, *, smi_timeout: float, disk_paths: Sequence[str] = ("/",), gpus: bool = True,
+                 imex_config: str = IMEX_CONFIG) -> str:
     """The script body. gpus=False leaves nvidia-smi out (the node check read NVML instead)."""
     paths = " ".join(shlex.quote(p) for p in disk_paths) or "/"
     steps = (shell.sec("clock", "clock"), shell.sec("hostname"), *(_GPU_STEPS if gpus else ()),
-             shell.sec("services"), shell.sec("imex-query", "imex -q"), shell.sec("imex-domain", "imex -N -j"),
+             shell.sec("services"), shell.sec("imex-domain", "imexn"), shell.sec("imex-query", "imexq"),
              shell.sec("xid"), shell.sec("disk", "df -P -k " + paths), shell.sec("memory", "mem"))
     return shell.script(nonce, steps, functions=("to",), local=_LOCAL, smi_timeout=smi_timeout,
-                        values={"IMEX_CONFIG": IMEX_CONFIG})
+                        values={"IMEX_CONFIG": shlex.quote(imex_config), "RC_READY_BY_DOMAIN": RC_READY_BY_DOMAIN})
 
 
 def ssh_command(body: str) -> str:
@@ -118,7 +137,9 @@ def imex_observation(query: Section | None, domain: Section | None,
         return ImexObservation(configured=True, error="nvidia-imex-ctl is not installed")
     errors: list[str] = []
     daemon = None
-    if query.rc in (124, 137):
+    if query.rc == RC_READY_BY_DOMAIN:
+        daemon = "READY"          # checked against the domain's parsed state below
+    elif query.rc in (124, 137):
         errors.append("nvidia-imex-ctl -q did not answer within 5s")
     elif query.rc != 0:
         text = query.text.strip() or (query_err.text.strip() if query_err is not None else "")
@@ -141,6 +162,10 @@ def imex_observation(query: Section | None, domain: Section | None,
             problems = _link_problems(status)
     elif daemon == "READY" and domain is not None and domain.complete:
         errors.append(f"nvidia-imex-ctl -N -j failed (exit {domain.rc})")
+    if query.rc == RC_READY_BY_DOMAIN and state != "UP":
+        daemon = None
+        errors.append("nvidia-imex-ctl -N -j: the answer looked UP to the probe but reads as "
+                      f"{state or 'unreadable'}")
     return ImexObservation(True, daemon, state, tuple(problems), "; ".join(errors) or None)
 
 

@@ -133,3 +133,51 @@ def test_imex_sections():
                                                                       ("t01 to t02: disconnected",))
     obs = imex_observation(Section("imex-query", "connection refused\n", 1), Section("imex-domain", "", 1))
     assert obs.daemon_state is None and "connection refused" in obs.error
+
+
+def imex_tray(tmp_path, domain_status: str | None):
+    """The probe's IMEX sections run by /bin/sh against a stand-in nvidia-imex-ctl that logs its calls."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    calls = tmp_path / "calls"
+    answer = json.dumps({"status": domain_status, "timestamp": "11/30/2026 01:00:00.000", "nodes": {
+        "0": {"status": "READY" if domain_status == "UP" else "WAITING_FOR_PEERS", "host": "10.0.0.1",
+              "hostName": "t01", "version": "570.172", "connections": {"0": {"status": "CONNECTED"}}}}}, indent=2)
+    (tmp_path / "answer.json").write_text(answer + "\n")
+    ctl = bindir / "nvidia-imex-ctl"
+    ctl.write_text("#!/bin/sh\n"
+                   f"echo \"$*\" >> {calls}\n"
+                   "case \"$*\" in\n"
+                   f"  *-N*) {'exit 1' if domain_status is None else 'cat ' + str(tmp_path / 'answer.json')} ;;\n"
+                   "  *-q*) echo WAITING_FOR_PEERS ;;\n"
+                   "esac\n")
+    ctl.chmod(0o755)
+    config = tmp_path / "config.cfg"
+    config.write_text("SERVER_PORT=50000\n")
+    body = probe_script(NONCE, smi_timeout=5, gpus=False, imex_config=str(config))
+    env = dict(os.environ, PATH=f"{bindir}:/usr/bin:/bin")
+    proc = subprocess.run(["/bin/sh", "-c", body], capture_output=True, text=True, env=env, timeout=60)
+    facts = parse_probe("t01", proc.stdout, proc.stderr, NONCE, gpu_facts=(None, None, (), None, None, "nvml"))
+    return facts.imex, calls.read_text().splitlines()
+
+
+def test_imex_asked_once_when_the_domain_is_up(tmp_path):
+    obs, calls = imex_tray(tmp_path, "UP")
+    assert calls == [f"-c {tmp_path}/config.cfg -N -j"]                     # no -q: UP needs every daemon READY
+    assert (obs.daemon_state, obs.domain_state, obs.error) == ("READY", "UP", None)
+
+
+@pytest.mark.parametrize("status", ["DEGRADED", None])
+def test_imex_daemon_asked_when_the_domain_is_not_up(tmp_path, status):
+    obs, calls = imex_tray(tmp_path, status)
+    assert [c.split()[-1] for c in calls] == ["-j", "-q"]
+    assert obs.daemon_state == "WAITING_FOR_PEERS"
+    assert obs.domain_state == status
+
+
+def test_imex_ready_by_domain_is_checked_against_the_parsed_answer():
+    from mctl.health.probe import RC_READY_BY_DOMAIN
+
+    domain = json.dumps({"status": "DOWN", "nodes": {}, "note": '"status":"UP"'})
+    obs = imex_observation(Section("imex-query", "", RC_READY_BY_DOMAIN), Section("imex-domain", domain, 0))
+    assert obs.daemon_state is None and "reads as DOWN" in obs.error

@@ -54,12 +54,12 @@ def test_emulator_commands_import_their_module_so_the_tray_caches_bytecode(tmp_p
         assert lib.content(None) == (services.EMULATORS / f"{module}.py").read_bytes()
         # The launcher runs here too: point it at a copy of the module and ask for nvidia-smi's help text.
         text = launcher.content(None).decode().replace(services.EMULATOR_LIB, str(tmp_path))
-        assert text.startswith("#!/usr/bin/python3\n") and f"import {module}\n" in text
+        assert text.startswith("#!/usr/bin/python3 -IS\n") and f"import {module}\n" in text
         (tmp_path / f"{module}.py").write_bytes(lib.content(None))
         script = tmp_path / module
         script.write_text(text)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-        proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60,
+        proc = subprocess.run([sys.executable, "-IS", str(script), "--help"], capture_output=True, text=True, timeout=60,
                               env=env)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.strip()
