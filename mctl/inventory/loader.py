@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from ClusterShell.NodeSet import NodeSet, NodeSetParseError, RangeSetParseError
-from pydantic import ValidationError
-
 from mctl.errors import InventoryError, Problem, UsageError
 from mctl.inventory.schema import RackSpec, SiteSpec, TrayGroup
+from mctl.inventory.spec import DictOf, ListOf, Opt, Spec, SpecError
 from mctl.inventory.yamlsrc import Located, dotted, load_yaml
 from mctl.model.site import MODEL_SHAPES, Host, Partition, Rack, Site
 
@@ -59,8 +58,8 @@ def validate_inventory(path: str | Path) -> tuple[Site | None, list[Problem]]:
         return None, problems
     try:
         spec = SiteSpec.model_validate(doc.data)
-    except ValidationError as exc:
-        problems.extend(_pydantic_problems(exc, doc))
+    except SpecError as exc:
+        problems.extend(_spec_problems(exc, doc))
         return None, problems
     site, more = _build_site(spec, file, doc)
     problems.extend(more)
@@ -74,12 +73,10 @@ def load_site(path: str | Path) -> Site:
     return site
 
 
-def _pydantic_problems(exc: ValidationError, doc: Located) -> list[Problem]:
+def _spec_problems(exc: SpecError, doc: Located) -> list[Problem]:
     out = []
     for err in exc.errors():
-        loc = tuple(err["loc"])
-        # Unions add the tried type name to the location; drop such non-keys.
-        path = tuple(p for p in loc if not (isinstance(p, str) and p in {"str", "bool", "int"}))
+        path = tuple(err["loc"])
         kind = err["type"]
         if kind == "extra_forbidden":
             parent = _schema_fields(path[:-1])
@@ -96,19 +93,24 @@ def _pydantic_problems(exc: ValidationError, doc: Located) -> list[Problem]:
 
 def _schema_fields(path: tuple) -> list[str]:
     """Names of the keys allowed at *path*, for 'did you mean' hints."""
-    model: Any = SiteSpec
+    kind: Any = SiteSpec
     for part in path:
-        if model is None:
+        while isinstance(kind, Opt):
+            kind = kind.kind
+        if isinstance(kind, type) and issubclass(kind, Spec):
+            field = kind.model_fields.get(part) if isinstance(part, str) else None
+            if field is None:
+                return []
+            kind = field.kind
+        elif isinstance(kind, DictOf):
+            kind = kind.value
+        elif isinstance(kind, ListOf):
+            kind = kind.item
+        else:
             return []
-        field = model.model_fields.get(part) if isinstance(part, str) and hasattr(model, "model_fields") else None
-        if field is None:
-            if model is SiteSpec and path and path[0] == "racks":
-                model = RackSpec if len(path) >= 2 else None
-                continue
-            return []
-        ann = field.annotation
-        model = next((a for a in getattr(ann, "__args__", (ann,)) if hasattr(a, "model_fields")), None)
-    return sorted(model.model_fields) if model is not None and hasattr(model, "model_fields") else []
+    while isinstance(kind, Opt):
+        kind = kind.kind
+    return sorted(kind.model_fields) if isinstance(kind, type) and issubclass(kind, Spec) else []
 
 
 def _expand(value: str, doc: Located, path: tuple, problems: list[Problem], what: str) -> list[str] | None:
