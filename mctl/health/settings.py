@@ -1,7 +1,7 @@
 """Health settings as the checks and the policy read them (standard library only).
 
-The inventory's `health:` section is validated by pydantic (HealthSpec) on the
-operator's machine; a tray running `mctl node check` has no pydantic, so the
+The inventory's `health:` section is validated (HealthSpec, mctl.inventory.spec) on the
+operator's machine; a tray running `mctl node check` carries no inventory code, so the
 same values travel to it as JSON and come back as this plain object. Both
 paths end here, which keeps the watch and the node check on one set of rules.
 """
@@ -76,7 +76,7 @@ class HealthSettings:
 
     @classmethod
     def from_spec(cls, spec: Any) -> "HealthSettings":
-        """From the inventory's HealthSpec (pydantic) or anything with the same attributes."""
+        """From the inventory's HealthSpec or anything with the same attributes."""
         flags = dict(FABRIC_FLAG_DEFAULTS)
         flags.update({k: Severity(v) for k, v in (getattr(spec, "fabric_flags", None) or {}).items()})
         breaker = spec.breaker
