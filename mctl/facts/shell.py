@@ -71,9 +71,11 @@ to() { if [ -n "$T" ]; then $T "$@"; else shift; "$@"; fi; }""",
   grep -Hx -e nvidia-imex -e slurmd /proc/[0-9]*/comm 2>/dev/null
   return 0
 }""",
-    # the newest XID lines of the kernel log, after a source= line naming where they came from
+    # the newest XID lines of the kernel log, after a source= line naming where they came from (an empty
+    # log, just rotated, needs no grep and tail)
     "xid": r"""xid() {
-  if [ -r /var/log/kern.log ]; then echo source=/var/log/kern.log; grep -h 'NVRM: Xid' /var/log/kern.log | tail -n @XID_TAIL@
+  if [ -r /var/log/kern.log ]; then echo source=/var/log/kern.log; [ -s /var/log/kern.log ] || return 0
+    grep -h 'NVRM: Xid' /var/log/kern.log | tail -n @XID_TAIL@
   else echo source=dmesg; dmesg 2>/dev/null | grep 'NVRM: Xid' | tail -n @XID_TAIL@; fi
   return 0
 }""",
