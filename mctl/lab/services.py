@@ -132,6 +132,13 @@ def python_launcher(module: str, entry: str = "main") -> Callable[[HostContext],
     return text
 
 
+def _smi_launcher(_ctx: HostContext) -> bytes:
+    """nvidia-smi: a shell script that replays the emulator's unchanged answers (nvidia_smi.LAUNCHER)."""
+    from mctl.lab.emulators.nvidia_smi import LAUNCHER
+
+    return LAUNCHER.replace("@LIB@", EMULATOR_LIB).encode()
+
+
 def _imex_unit(_ctx: HostContext) -> bytes:
     from mctl.lab.emulators.imex_daemon import SYSTEMD_UNIT
 
@@ -162,7 +169,7 @@ HOST_FILES: tuple[HostFile, ...] = (
     HostFile("/etc/systemd/system/slurmctld.service.d/10-mctl-lab.conf", ("head",), _slurm_dropin("slurmctld")),
     HostFile("/etc/systemd/system/slurmd.service.d/10-mctl-lab.conf", ("tray",), _slurm_dropin("slurmd")),
     HostFile(f"{EMULATOR_LIB}/nvidia_smi.py", ("tray",), python_module(EMULATORS / "nvidia_smi.py")),
-    HostFile("/usr/bin/nvidia-smi", ("tray",), python_launcher("nvidia_smi", "run"), 0o755),
+    HostFile("/usr/bin/nvidia-smi", ("tray",), _smi_launcher, 0o755),
     HostFile("/usr/bin/nvidia-imex", ("tray",), python_script(EMULATORS / "imex_daemon.py"), 0o755),
     HostFile(f"{EMULATOR_LIB}/imex_ctl.py", ("tray",), python_module(EMULATORS / "imex_ctl.py")),
     HostFile("/usr/bin/nvidia-imex-ctl", ("tray",), python_launcher("imex_ctl"), 0o755),
