@@ -116,6 +116,12 @@ def _scalar(kind: type, value: Any, loc: tuple, errors: list) -> Any:
         return _error(errors, loc, "bool_type", "Input should be a valid boolean", value)
     if isinstance(value, bool):
         return _error(errors, loc, f"{kind.__name__}_type", f"Input should be a valid {name}", value)
+    if isinstance(value, str):
+        try:
+            return kind(value.strip())
+        except ValueError:
+            return _error(errors, loc, f"{kind.__name__}_parsing", f"Input should be a valid {name}, unable to parse "
+                          f"string as {'an integer' if kind is int else 'a number'}", value)
     if kind is int:
         if isinstance(value, int):
             return value
@@ -124,22 +130,9 @@ def _scalar(kind: type, value: Any, loc: tuple, errors: list) -> Any:
                 return int(value)
             return _error(errors, loc, "int_from_float",
                           "Input should be a valid integer, got a number with a fractional part", value)
-        if isinstance(value, str):
-            try:
-                return int(value.strip())
-            except ValueError:
-                return _error(errors, loc, "int_parsing",
-                              "Input should be a valid integer, unable to parse string as an integer", value)
         return _error(errors, loc, "int_type", "Input should be a valid integer", value)
-    # float
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)):     # float
         return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value.strip())
-        except ValueError:
-            return _error(errors, loc, "float_parsing",
-                          "Input should be a valid number, unable to parse string as a number", value)
     return _error(errors, loc, "float_type", "Input should be a valid number", value)
 
 
