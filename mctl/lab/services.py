@@ -113,7 +113,7 @@ def python_module(path: Path) -> Callable[[HostContext], bytes | None]:
     return read
 
 
-def python_launcher(module: str, entry: str = "main") -> Callable[[HostContext], bytes]:
+def python_launcher(module: str) -> Callable[[HostContext], bytes]:
     """A command that imports an emulator module rather than running it as a script.
 
     Python compiles a script on every call but caches an imported module's bytecode
@@ -122,7 +122,7 @@ def python_launcher(module: str, entry: str = "main") -> Callable[[HostContext],
     """
 
     def text(_ctx: HostContext) -> bytes:
-        call = f"sys.exit({module}.{entry}())" if entry == "main" else f"{module}.{entry}()"
+        call = f"sys.exit({module}.main())"
         # -IS: no site module and no PYTHON* variables (the emulators use the standard library only):
         # 3-4 ms less of the ~20 ms each call costs a tray, measured on the lab's Debian 13 image.
         return ("#!/usr/bin/python3 -IS\n# Written by `mctl lab up`: the emulator lives in "
