@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ClusterShell.NodeSet import NodeSet, NodeSetParseError, RangeSetParseError
+
 from mctl.errors import InventoryError, Problem, UsageError
 from mctl.inventory.schema import RackSpec, SiteSpec, TrayGroup
 from mctl.inventory.spec import DictOf, ListOf, Opt, Spec, SpecError
