@@ -190,12 +190,27 @@ def fault(
     gpu: Annotated[Optional[int], typer.Option("--gpu", help="GPU index 0-3 for --xid / --ecc-uncorrectable.")] = None,
     fabric: Annotated[Optional[str], typer.Option("--fabric", help="in-progress | degraded | unhealthy")] = None,
     gpu_missing: Annotated[Optional[int], typer.Option("--gpu-missing", help="GPU index that vanishes.")] = None,
-    nvlink_down: Annotated[Optional[str], typer.Option("--nvlink-down", help="GPU:LINK reported inactive.")] = None,
+    nvlink_down: Annotated[Optional[str], typer.Option("--nvlink-down",
+                                                       help="GPU:LINK reported inactive (GPU:all: every link).")] = None,
     ecc_uncorrectable: Annotated[Optional[int], typer.Option("--ecc-uncorrectable",
                                                              help="Uncorrectable DRAM ECC count (with --gpu).")] = None,
     unreachable: Annotated[bool, typer.Option("--unreachable", help="sshd stops answering.")] = False,
     hang: Annotated[bool, typer.Option("--hang", help="Logins work, commands never return.")] = False,
     clear: Annotated[bool, typer.Option("--clear", help="Remove every fault on the tray.")] = False,
+    # GPU-emulator faults (nvidia-smi and the kernel log)
+    nonfatal: Annotated[bool, typer.Option("--nonfatal",
+                                           help="With --xid/--xid-storm 144-150: the Nonfatal NVLink5 line.")] = False,
+    recovery_action: Annotated[Optional[str], typer.Option(
+        "--recovery-action", help="With --xid 154: reset | reboot | drain-reset (default).")] = None,
+    fell_off_bus: Annotated[bool, typer.Option("--fell-off-bus",
+                                               help="GPU (--gpu N) fell off the bus, logged without an Xid.")] = False,
+    nvlink_flap: Annotated[Optional[str], typer.Option("--nvlink-flap",
+                                                       help="GPU:LINK goes down and up every 3 s.")] = None,
+    xid_storm: Annotated[Optional[int], typer.Option("--xid-storm",
+                                                     help="CODE: hundreds of XID lines, more each second (--gpu N).")] = None,
+    smi_hang: Annotated[bool, typer.Option("--smi-hang", help="nvidia-smi never returns (a wedged driver).")] = False,
+    driver_branch: Annotated[Optional[str], typer.Option(
+        "--driver-branch", help="535 | 570 | 580: nvidia-smi answers in that branch's XML shape.")] = None,
     lab_dir: DirOpt = None,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
@@ -208,7 +223,9 @@ def fault(
     from mctl.lab.faults import FaultRequest
 
     req = FaultRequest(xid=xid, gpu=gpu, fabric=fabric, gpu_missing=gpu_missing, nvlink_down=nvlink_down,
-                       ecc_uncorrectable=ecc_uncorrectable, unreachable=unreachable, hang=hang, clear=clear)
+                       ecc_uncorrectable=ecc_uncorrectable, unreachable=unreachable, hang=hang, clear=clear,
+                       nonfatal=nonfatal, recovery_action=recovery_action, fell_off_bus=fell_off_bus,
+                       nvlink_flap=nvlink_flap, xid_storm=xid_storm, smi_hang=smi_hang, driver_branch=driver_branch)
     res = control.fault(_lab_dir(lab_dir), tray, req, dry_run=dry_run)
     if want_json(json_):
         render.print_json({"host": res.host, "dry_run": dry_run, "before": res.before, "after": res.after,

@@ -535,7 +535,7 @@ def fault(lab_dir: Path, host_name: str, req: faultlib.FaultRequest, *, dry_run:
                          hint=f"trays: {NodeSet.fromlist(trays)}; head nodes: {NodeSet.fromlist(heads)}")
     faultlib.validate(req)
     gpu_fault = any(v is not None for v in (req.xid, req.fabric, req.gpu_missing, req.nvlink_down,
-                                            req.ecc_uncorrectable))
+                                            req.ecc_uncorrectable)) or faultlib._emulator_given(req)
     if host.kind != "tray" and gpu_fault:
         raise UsageError(f"{host_name} has no GPUs; GPU faults apply to compute trays",
                          hint=f"trays: {NodeSet.fromlist(trays)}")
@@ -552,7 +552,8 @@ def fault(lab_dir: Path, host_name: str, req: faultlib.FaultRequest, *, dry_run:
     faults_path.parent.mkdir(parents=True, exist_ok=True)
     write_json(faults_path, new)
     if req.xid is not None:
-        _append_xid(files, host, req.gpu or 0, req.xid, new["xid"][-1]["time"])
+        _append_xid(files, host, req.gpu or 0, req.xid, new["xid"][-1]["time"], new["xid"][-1])
+    _emulator_kernel_log(files, host, req, new)
     if new["unreachable"] != current["unreachable"] or req.clear:
         _sshd_signal(files, host, signal.SIGSTOP if new["unreachable"] else signal.SIGCONT)
     if new["hang"] != current["hang"] or req.clear:
@@ -564,6 +565,13 @@ def _fault_actions(host: LabHost, current: dict, new: dict, req: faultlib.FaultR
     acts = [f"write {hosts.FAULTS_FILE} on {host.name}: {', '.join(faultlib.active(new)) or 'no faults'}"]
     if req.xid is not None:
         acts.append(f"append an XID {req.xid} line for GPU {req.gpu} to {hosts.KERN_LOG}")
+    if req.fell_off_bus:
+        acts.append(f"append the fallen-off-the-bus lines (no Xid) for GPU {req.gpu} to {hosts.KERN_LOG}")
+    if req.xid_storm is not None:
+        from mctl.lab.emulators.nvidia_smi import STORM_BURST, STORM_RATE
+
+        acts.append(f"append {STORM_BURST} XID {req.xid_storm} lines for GPU {req.gpu} to {hosts.KERN_LOG}, "
+                    f"then {STORM_RATE} a second (written by each nvidia-smi call) until --clear")
     if new["unreachable"] and not current["unreachable"]:
         acts.append("freeze sshd (SIGSTOP): connections open but no SSH banner ever comes")
     if current["unreachable"] and not new["unreachable"]:
@@ -575,14 +583,35 @@ def _fault_actions(host: LabHost, current: dict, new: dict, req: faultlib.FaultR
     return acts
 
 
-def _append_xid(files: LabFiles, host: LabHost, gpu: int, code: int, when: float) -> None:
-    from mctl.lab.emulators.nvidia_smi import xid_log_line
+def _append_xid(files: LabFiles, host: LabHost, gpu: int, code: int, when: float, record: dict | None = None) -> None:
+    from mctl.lab.emulators.nvidia_smi import event_line
 
     state = json.loads(hosts.host_path(files.dir, host.name, hosts.GPUS_FILE).read_text())
     pci = next(g["pci_bus_id"] for g in state["gpus"] if g["index"] == gpu)
-    line = xid_log_line(host.name, pci, code, when=when)
+    record = record or {}
+    line = event_line(host.name, pci, code, when, nonfatal=bool(record.get("nonfatal")),
+                      recovery=record.get("recovery") or "drain-reset")
     with open(hosts.host_path(files.dir, host.name, hosts.KERN_LOG), "a") as fh:
         fh.write(line + "\n")
+
+
+def _emulator_kernel_log(files: LabFiles, host: LabHost, req: faultlib.FaultRequest, new: dict) -> None:
+    """Kernel-log lines of the GPU-emulator faults: fallen off the bus (no Xid), an XID storm's first burst."""
+    if not (req.fell_off_bus or req.xid_storm is not None):
+        return
+    from mctl.lab.emulators import nvidia_smi as emu
+
+    state = json.loads(hosts.host_path(files.dir, host.name, hosts.GPUS_FILE).read_text())
+    pci = next(g["pci_bus_id"] for g in state["gpus"] if g["index"] == req.gpu)
+    now = time.time()
+    lines: list[str] = []
+    if req.fell_off_bus:
+        lines += emu.fell_off_bus_lines(host.name, pci, when=now)
+    if req.xid_storm is not None:
+        storm = next(s for s in new["xid_storm"] if (s["gpu"], s["code"]) == (req.gpu, req.xid_storm))
+        lines += emu.storm_lines(state, storm, emu.STORM_BURST, now - emu.STORM_BURST / emu.STORM_RATE, now)
+    with open(hosts.host_path(files.dir, host.name, hosts.KERN_LOG), "a") as fh:
+        fh.write("\n".join(lines) + "\n")
 
 
 def _host_members(files: LabFiles, host: LabHost) -> tuple[procs.Proc, list[procs.Proc]]:

@@ -25,7 +25,7 @@ def normalize(doc: dict | None) -> dict:
     """Fill in keys an older or hand-written faults.json lacks."""
     out = empty()
     for key, value in (doc or {}).items():
-        if key in out and value is not None:
+        if (key in out or key in _emulator_empty()) and value is not None:
             out[key] = value
     return out
 
@@ -44,6 +44,7 @@ def active(doc: dict | None) -> list[str]:
         labels.append("unreachable")
     if d["hang"]:
         labels.append("hang")
+    labels += _emulator_labels(d)
     return labels
 
 
@@ -60,11 +61,19 @@ class FaultRequest:
     unreachable: bool = False
     hang: bool = False
     clear: bool = False
+    # GPU-emulator faults (the nvidia-smi side; see the block "GPU emulator faults" below)
+    nonfatal: bool = False                  # with --xid 144..150: the Nonfatal line
+    recovery_action: str | None = None      # with --xid 154: reset | reboot | drain-reset
+    fell_off_bus: bool = False              # with --gpu N
+    nvlink_flap: str | None = None          # "GPU:LINK"
+    xid_storm: int | None = None            # CODE, with --gpu N
+    smi_hang: bool = False
+    driver_branch: str | None = None        # "535" | "570" | "580"
 
     def is_empty(self) -> bool:
         return not (self.clear or self.unreachable or self.hang) and all(
             v is None for v in (self.xid, self.gpu, self.fabric, self.gpu_missing, self.nvlink_down,
-                                self.ecc_uncorrectable))
+                                self.ecc_uncorrectable)) and not _emulator_given(self)
 
 
 def _gpu_index(value: int, what: str) -> int:
@@ -82,8 +91,10 @@ def validate(req: FaultRequest) -> None:
         raise UsageError("--clear cannot be combined with other faults", hint="clear first, then inject")
     if (req.xid is not None or req.ecc_uncorrectable is not None) and req.gpu is None:
         raise UsageError("--xid and --ecc-uncorrectable need --gpu N", hint="e.g. mctl lab fault lab-r1-tray03 --xid 79 --gpu 0")
-    if req.gpu is not None and req.xid is None and req.ecc_uncorrectable is None:
-        raise UsageError("--gpu only goes with --xid or --ecc-uncorrectable")
+    _validate_emulator(req)
+    if req.gpu is not None and req.xid is None and req.ecc_uncorrectable is None and not (
+            req.fell_off_bus or req.xid_storm is not None):
+        raise UsageError("--gpu only goes with --xid, --xid-storm, --fell-off-bus or --ecc-uncorrectable")
     if req.gpu is not None:
         _gpu_index(req.gpu, "--gpu")
     if req.xid is not None and not 1 <= req.xid <= 1000:
@@ -92,7 +103,7 @@ def validate(req: FaultRequest) -> None:
         raise UsageError(f"--fabric {req.fabric!r}: unknown state", hint=f"one of {', '.join(FABRIC_FAULTS)}")
     if req.gpu_missing is not None:
         _gpu_index(req.gpu_missing, "--gpu-missing")
-    if req.nvlink_down is not None:
+    if req.nvlink_down is not None and not _all_links(req.nvlink_down):
         parse_link(req.nvlink_down)
     if req.ecc_uncorrectable is not None and req.ecc_uncorrectable < 1:
         raise UsageError("--ecc-uncorrectable N: N is a count of errors, at least 1")
@@ -100,18 +111,19 @@ def validate(req: FaultRequest) -> None:
 
 def _only_clear(req: FaultRequest) -> bool:
     return not (req.unreachable or req.hang) and all(
-        v is None for v in (req.xid, req.gpu, req.fabric, req.gpu_missing, req.nvlink_down, req.ecc_uncorrectable))
+        v is None for v in (req.xid, req.gpu, req.fabric, req.gpu_missing, req.nvlink_down, req.ecc_uncorrectable)) \
+        and not _emulator_given(req)
 
 
-def parse_link(text: str) -> tuple[int, int]:
+def parse_link(text: str, option: str = "--nvlink-down") -> tuple[int, int]:
     try:
         gpu_s, link_s = text.split(":")
         gpu, link = int(gpu_s), int(link_s)
     except ValueError:
-        raise UsageError(f"--nvlink-down {text!r}: expected GPU:LINK", hint="e.g. --nvlink-down 0:3") from None
-    _gpu_index(gpu, "--nvlink-down")
+        raise UsageError(f"{option} {text!r}: expected GPU:LINK", hint=f"e.g. {option} 0:3") from None
+    _gpu_index(gpu, option)
     if not 0 <= link < NVLINKS_PER_GPU:
-        raise UsageError(f"--nvlink-down {text}: link {link} out of range", hint=f"links are 0..{NVLINKS_PER_GPU - 1}")
+        raise UsageError(f"{option} {text}: link {link} out of range", hint=f"links are 0..{NVLINKS_PER_GPU - 1}")
     return gpu, link
 
 
@@ -126,16 +138,117 @@ def apply(doc: dict | None, req: FaultRequest, now: float) -> dict:
         d["fabric"] = req.fabric
     if req.gpu_missing is not None and req.gpu_missing not in d["gpu_missing"]:
         d["gpu_missing"] = sorted(d["gpu_missing"] + [req.gpu_missing])
-    if req.nvlink_down is not None:
+    if req.nvlink_down is not None and not _all_links(req.nvlink_down):
         pair = list(parse_link(req.nvlink_down))
         if pair not in [list(p) for p in d["nvlink_down"]]:
             d["nvlink_down"] = sorted([list(p) for p in d["nvlink_down"]] + [pair])
     if req.ecc_uncorrectable is not None:
         d["ecc_uncorrectable"][str(req.gpu)] = req.ecc_uncorrectable
     if req.xid is not None:
-        d["xid"] = d["xid"] + [{"gpu": req.gpu, "code": req.xid, "time": now}]
+        d["xid"] = d["xid"] + [{"gpu": req.gpu, "code": req.xid, "time": now, **_xid_extra(req)}]
     if req.unreachable:
         d["unreachable"] = True
     if req.hang:
         d["hang"] = True
+    _apply_emulator(d, req, now)
     return d
+
+
+# --- GPU emulator faults (nvidia-smi and the kernel log; mctl/lab/emulators/nvidia_smi.py reads them) ----
+
+DRIVER_BRANCHES = ("535", "570", "580")
+RECOVERY_ACTIONS = ("reset", "reboot", "drain-reset")
+NVLINK5_XIDS = range(144, 151)
+FLAP_PERIOD_S = 6.0
+
+
+def _emulator_empty() -> dict:
+    return {"nvlink_all_down": [], "nvlink_flap": [], "fell_off_bus": [], "xid_storm": [], "smi_hang": False,
+            "driver_branch": None}
+
+
+def _emulator_labels(d: dict) -> list[str]:
+    """Labels of the emulator faults; their keys are written only once set, so older documents stay as they were."""
+    d = {**_emulator_empty(), **d}
+    labels = [f"nvlink gpu{g}:all links down" for g in d["nvlink_all_down"]]
+    labels += [f"nvlink gpu{f['gpu']}:link{f['link']} flapping" for f in d["nvlink_flap"]]
+    labels += [f"gpu{g} fell off the bus (no xid)" for g in d["fell_off_bus"]]
+    labels += [f"xid storm {s['code']}{' nonfatal' if s.get('nonfatal') else ''} gpu{s['gpu']}"
+               for s in d["xid_storm"]]
+    if d["smi_hang"]:
+        labels.append("nvidia-smi hangs")
+    if d["driver_branch"]:
+        labels.append(f"driver branch R{d['driver_branch']}")
+    return labels
+
+
+def _emulator_given(req: FaultRequest) -> bool:
+    return bool(req.nonfatal or req.fell_off_bus or req.smi_hang) or any(
+        v is not None for v in (req.recovery_action, req.nvlink_flap, req.xid_storm, req.driver_branch))
+
+
+def _all_links(text: str) -> bool:
+    return str(text).strip().lower().endswith(":all")
+
+
+def _validate_emulator(req: FaultRequest) -> None:
+    if req.nvlink_down is not None and _all_links(req.nvlink_down):
+        gpu_s = req.nvlink_down.split(":")[0]
+        if not gpu_s.strip().isdigit():
+            raise UsageError(f"--nvlink-down {req.nvlink_down!r}: expected GPU:LINK or GPU:all",
+                             hint="e.g. --nvlink-down 0:all")
+        _gpu_index(int(gpu_s), "--nvlink-down")
+    storm_or_xid = req.xid if req.xid is not None else req.xid_storm
+    if req.nonfatal and (storm_or_xid is None or storm_or_xid not in NVLINK5_XIDS):
+        raise UsageError("--nonfatal goes with --xid or --xid-storm 144..150 (NVLink5 XIDs say Fatal or Nonfatal)",
+                         hint="e.g. mctl lab fault lab-r1-tray03 --xid 145 --nonfatal --gpu 0")
+    if req.recovery_action is not None:
+        if req.xid != 154:
+            raise UsageError("--recovery-action goes with --xid 154", hint="e.g. --xid 154 --recovery-action drain-reset")
+        if req.recovery_action not in RECOVERY_ACTIONS:
+            raise UsageError(f"--recovery-action {req.recovery_action!r}: unknown action",
+                             hint=f"one of {', '.join(RECOVERY_ACTIONS)}")
+    if (req.fell_off_bus or req.xid_storm is not None) and req.gpu is None:
+        raise UsageError("--fell-off-bus and --xid-storm need --gpu N", hint="e.g. --fell-off-bus --gpu 2")
+    if req.xid_storm is not None and not 1 <= req.xid_storm <= 1000:
+        raise UsageError(f"--xid-storm {req.xid_storm}: not an XID code", hint="e.g. --xid-storm 145 --nonfatal")
+    if req.nvlink_flap is not None:
+        parse_link(req.nvlink_flap, "--nvlink-flap")
+    if req.driver_branch is not None and req.driver_branch not in DRIVER_BRANCHES:
+        raise UsageError(f"--driver-branch {req.driver_branch!r}: not an emulated branch",
+                         hint=f"one of {', '.join(DRIVER_BRANCHES)}")
+
+
+def _xid_extra(req: FaultRequest) -> dict:
+    extra: dict = {}
+    if req.xid in NVLINK5_XIDS:
+        extra["nonfatal"] = bool(req.nonfatal)
+    if req.xid == 154:
+        extra["recovery"] = req.recovery_action or "drain-reset"
+    return extra
+
+
+def _apply_emulator(d: dict, req: FaultRequest, now: float) -> None:
+    if not _emulator_given(req) and not (req.nvlink_down is not None and _all_links(req.nvlink_down)):
+        return
+    for key, value in _emulator_empty().items():
+        d.setdefault(key, value)
+    if req.nvlink_down is not None and _all_links(req.nvlink_down):
+        gpu = int(req.nvlink_down.split(":")[0])
+        if gpu not in d["nvlink_all_down"]:
+            d["nvlink_all_down"] = sorted(d["nvlink_all_down"] + [gpu])
+    if req.nvlink_flap is not None:
+        gpu, link = parse_link(req.nvlink_flap, "--nvlink-flap")
+        if not any((f["gpu"], f["link"]) == (gpu, link) for f in d["nvlink_flap"]):
+            d["nvlink_flap"] = d["nvlink_flap"] + [{"gpu": gpu, "link": link, "since": now, "period": FLAP_PERIOD_S}]
+    if req.fell_off_bus and req.gpu not in d["fell_off_bus"]:
+        d["fell_off_bus"] = sorted(d["fell_off_bus"] + [req.gpu])
+    if req.xid_storm is not None:
+        storm = {"gpu": req.gpu, "code": req.xid_storm, "since": now}
+        if req.xid_storm in NVLINK5_XIDS:
+            storm["nonfatal"] = bool(req.nonfatal)
+        d["xid_storm"] = [s for s in d["xid_storm"] if (s["gpu"], s["code"]) != (req.gpu, req.xid_storm)] + [storm]
+    if req.smi_hang:
+        d["smi_hang"] = True
+    if req.driver_branch is not None:
+        d["driver_branch"] = req.driver_branch

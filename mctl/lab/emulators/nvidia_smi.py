@@ -27,6 +27,22 @@ How faults.json shows (what a real driver would print for the same condition):
                            every listing while attached_gpus still counts it); codes whose
                            resolution is a GPU reset set GPU Recovery Action "Reset".
   unreachable, hang        not nvidia-smi's to show: the lab applies them to the tray's sshd.
+  nvlink_all_down [g]      every link of GPU g down: `nvlink --status` prints, under the GPU line,
+                           "NVML: Unable to retrieve NVLink information as all links are inActive"
+                           (leptonai/gpud issue 1085, B200); fabric Bandwidth "Degraded".
+  nvlink_flap [{gpu, link, since, period}]
+                           the link is down for the first half of every `period` seconds since `since`
+                           and up for the second half: computed from the clock on every call (no daemon).
+  fell_off_bus [g]         GPU g fell off the bus without an Xid line (the kernel-log form is written by
+                           `mctl lab fault`, see fell_off_bus_lines); nvidia-smi shows it lost, as for 79.
+  xid_storm [{gpu, code, nonfatal, since}]
+                           while set, every call appends the kernel-log lines the storm produced since the
+                           previous call (STORM_RATE a second, at most STORM_MAX_APPEND a call).
+  smi_hang                 every call blocks (the wedged-driver case: nvidia-smi in D state) until the
+                           fault is cleared; the launcher's replay key includes faults.json, so it hangs too.
+  driver_branch "535"|"570"|"580"
+                           the -q -x / -q element tree of that driver branch (see BRANCHES), overriding
+                           gpus.json's own driver_branch (default: the branch of its driver_version).
 A missing gpus.json is a tray without a working driver: the real failure message, exit 9.
 """
 
@@ -140,6 +156,105 @@ XID_MESSAGES = {
 RESET_XIDS = frozenset({46, 48, 64, 95, 119, 120, 136, 140, 155, 158})
 LOST_XIDS = frozenset({79})
 
+# --- real kernel-log forms (sources in docs/lab.md, "Real forms the lab emits") -----------------------
+# NVLink5 XIDs 144-150 (GB200/B200) print the unit, the word Fatal or Nonfatal, the cross-containment
+# domain, the injection flag, the link and the interrupt words, and no pid/name. Templates are real
+# lines with the link number made a field; {link} is printed as %02d like the real "Link 09"/"Link 13".
+# Key: (code, fatal).
+NVLINK5_XIDS = range(144, 151)
+NVLINK5_LINES = {
+    # gpud PR 1174 (GB200, PCI 0018:01:00): a real RLW_RXPIPE line
+    (145, False): "RLW_RXPIPE Nonfatal XC0 i0 Link {link:02d} (0x0409a0c2 0x00000008 0x00000001 0x00000000 "
+                  "0x00100000 0x00000004)",
+    # NVIDIA/NVSentinel syslog-health-monitor test data (GB200, PCI 0018:01:00), spacing as printed
+    (149, True): "NETIR_LINK_EVT  Fatal   XC0 i0 Link {link:02d} (0x025525c6 0x00000000 0x00000000 0x00000000 "
+                 "0x00000000 0x00000000)",
+    # gpud NVLink XID parser test data (PCI 0018:01:00)
+    (149, False): "NETIR_BER_EVENT Nonfatal XC0 i0 Link {link:02d} (0x00086226 0x00000001 0x00000000 0x00000000 "
+                  "0x00000000 0x00000000)",
+    # gpud PR 1160: a real SAW_MVB line
+    (144, False): "SAW_MVB Nonfatal XC0 i0 Link {link:02d} (0x00000001 0x00000008 0x00000000 0x00000000 "
+                  "0x00000000 0x00000000)",
+}
+# Units for the other codes and severities (no real line found): the catalogue's unit of the code in the
+# real line shape above (Nonfatal single-spaced as in the 145 sample, Fatal padded as in the 149 sample).
+NVLINK5_UNITS = {144: "SAW_MVB", 145: "RLW_SRC_TRACK", 146: "TLW_RX_PIPE1", 147: "TREX", 148: "NVLPW_CTRL",
+                 149: "NETIR_LINK_EVT", 150: "MSE"}
+# XID 154: the new recovery action, as real drivers print it (NVIDIA's XID catalogue lists the observed
+# transitions 0x0 -> 0x1, 0x2, 0x4; the 0x4 line is real, NVSentinel / a GB200 journal).
+RECOVERY_ACTIONS = {"reset": (0x1, "GPU Reset Required", "Reset"),
+                    "reboot": (0x2, "Node Reboot Required", "Reboot"),
+                    "drain-reset": (0x4, "Drain and Reset", "Drain and Reset")}
+NVLINK_ALL_INACTIVE_TEXT = "NVML: Unable to retrieve NVLink information as all links are inActive"
+STORM_RATE = 20                # lines a second while an XID storm is set
+STORM_MAX_APPEND = 2000        # most lines one call appends (a tray left stormed for hours stays bounded)
+STORM_BURST = 500              # lines `mctl lab fault --xid-storm` writes at once
+KERN_LOG_PATH = "/var/log/kern.log"
+KERN_LOG_ENV = "MCTL_LAB_KERN_LOG"
+FLAP_PERIOD_S = 6.0            # --nvlink-flap: down 3 s, up 3 s
+
+
+def nvlink5_message(code, link=13, nonfatal=False):
+    """The text after `NN, ` of a real NVLink5 XID line (144-150)."""
+    code = int(code)
+    template = NVLINK5_LINES.get((code, not nonfatal))
+    if template is None:
+        unit = NVLINK5_UNITS.get(code, "NVLINK")
+        if nonfatal:
+            template = unit + " Nonfatal XC0 i0 Link {link:02d} (0x00000001 0x00000001 0x00000000 0x00000000 " \
+                              "0x00000000 0x00000000)"
+        else:
+            template = unit + "  Fatal   XC0 i0 Link {link:02d} (0x00000001 0x00000002 0x00000000 0x00000000 " \
+                              "0x00000000 0x00000000)"
+    return template.format(link=int(link))
+
+
+def recovery_message(action="drain-reset"):
+    code, label, _smi = RECOVERY_ACTIONS[action]
+    return "GPU recovery action changed from 0x0 (None) to 0x%x (%s)" % (code, label)
+
+
+def kernel_log_line(hostname, when, uptime, text):
+    """`Mon dd HH:MM:SS host kernel: [uptime] text` as rsyslog writes kernel messages to kern.log."""
+    stamp = time.strftime("%b %d %H:%M:%S", time.localtime(when))
+    stamp = stamp[:4] + ("%2d" % int(stamp[4:6])) + stamp[6:]
+    return "%s %s kernel: [%12.6f] %s" % (stamp, hostname, uptime, text)
+
+
+def event_line(hostname, pci_bus_id, code, when=None, *, uptime=None, nonfatal=False, link=13,
+               recovery="drain-reset"):
+    """The kernel-log line for an XID as the real driver words it: NVLink5 (144-150) and 154 lines carry
+    no pid/name; every other code goes through xid_log_line."""
+    code = int(code)
+    when = time.time() if when is None else float(when)
+    if uptime is None:
+        uptime = max(0.0, when - _boot_time(when))
+    if code in NVLINK5_XIDS:
+        text = nvlink5_message(code, link, nonfatal)
+    elif code == 154:
+        text = recovery_message(recovery)
+    else:
+        return xid_log_line(hostname, pci_bus_id, code, when=when, uptime=uptime)
+    return kernel_log_line(hostname, when, uptime, "NVRM: Xid (PCI:%s): %d, %s" % (kernel_pci(pci_bus_id), code, text))
+
+
+def fell_off_bus_lines(hostname, pci_bus_id, device_id="2941", when=None, *, uptime=None):
+    """A GPU that fell off the bus, logged without any Xid line (NVIDIA/NVSentinel issue 155; the driver's
+    nv_printf in open-gpu-kernel-modules): one printk of three lines, then the failed probe. The kernel's
+    syslog interface prefixes every line of a multi-line record, so kern.log holds each with the same stamp."""
+    when = time.time() if when is None else float(when)
+    if uptime is None:
+        uptime = max(0.0, when - _boot_time(when))
+    domain, bus, rest = pci_bus_id.split(":")
+    dev, fn = rest.split(".")
+    pci = "%04x:%02x:%02x.%x" % (int(domain, 16), int(bus, 16), int(dev, 16), int(fn, 16))
+    texts = [("NVRM: The NVIDIA GPU %s" % pci, uptime),
+             ("NVRM: (PCI ID: 10de:%s) installed in this system has" % device_id.lower(), uptime),
+             ("NVRM: fallen off the bus and is not responding to commands.", uptime),
+             ("nvidia: probe of %s failed with error -1" % pci, uptime + 0.000173),
+             ("NVRM: The NVIDIA probe routine failed for 1 device(s).", uptime + 0.064169)]
+    return [kernel_log_line(hostname, when, up, text) for text, up in texts]
+
 
 def escape(text: str) -> str:
     """XML character data, as xml.sax.saxutils.escape writes it (that module imports urllib: ~40 ms a call)."""
@@ -239,6 +354,29 @@ def load(env=None):
     return state, faults
 
 
+# Driver branches a tray can run (gpus.json "driver_branch", or `mctl lab fault TRAY --driver-branch B`):
+# version and CUDA version printed, and the element tree differences (see _branch_tree; sources in
+# docs/lab.md). 570 is the shape of the real GB200 capture in tests/fixtures/gb200-nvidia-smi-q-x.xml.
+BRANCHES = {"535": ("535.129.03", "12.2"), "570": ("570.148.08", "12.8"), "580": ("580.105.08", "13.0")}
+
+
+def driver_branch(state, faults):
+    """The branch this tray's driver speaks: the fault's, gpus.json's, else its driver version's major."""
+    for value in ((faults or {}).get("driver_branch"), state.get("driver_branch")):
+        if value and str(value) in BRANCHES:
+            return str(value)
+    major = str(state.get("driver_version") or "570").split(".")[0]
+    return major if major in BRANCHES else "570"
+
+
+def driver_versions(state, faults):
+    """(driver version, CUDA version) printed: gpus.json's unless a --driver-branch fault changed the branch."""
+    branch = (faults or {}).get("driver_branch")
+    if branch and str(branch) in BRANCHES:
+        return BRANCHES[str(branch)]
+    return state.get("driver_version", ""), state.get("cuda_version", "")
+
+
 def _fmt_w(value):
     return NA if value is None else "%.2f W" % float(value)
 
@@ -246,8 +384,9 @@ def _fmt_w(value):
 class GpuView:
     """One GPU as the driver would show it, state and faults combined."""
 
-    def __init__(self, state, gpu, faults, index):
+    def __init__(self, state, gpu, faults, index, now=None):
         self.state = state
+        self.branch = driver_branch(state, faults)
         self.raw = gpu
         self.id = int(gpu["index"])                # index in gpus.json / faults.json
         self.index = index                         # NVML index now
@@ -264,13 +403,24 @@ class GpuView:
         self.power_draw = float(g("power_draw_w", 160.0 + 3.5 * self.id))
         self.temperature = int(g("temperature_c", 30))
         self.name = state.get("product_name", "NVIDIA GB200")
+        self.driver_version = driver_versions(state, faults)[0] or "570.148.08"
 
         ecc = faults.get("ecc_uncorrectable") or {}
         self.dram_unc = int(ecc.get(str(self.id), ecc.get(self.id, 0)) or 0)
-        xids = {int(x.get("code")) for x in faults.get("xid") or [] if int(x.get("gpu", -1)) == self.id}
-        self.lost = bool(xids & LOST_XIDS)
-        self.recovery = "Reset" if (self.dram_unc or xids & RESET_XIDS) else "None"
-        self.down_links = sorted({int(link) for gpu_id, link in faults.get("nvlink_down") or [] if int(gpu_id) == self.id})
+        mine = [x for x in faults.get("xid") or [] if int(x.get("gpu", -1)) == self.id]
+        xids = {int(x.get("code")) for x in mine}
+        fatal5 = any(int(x.get("code")) in NVLINK5_XIDS and not x.get("nonfatal") for x in mine)
+        self.lost = bool(xids & LOST_XIDS) or self.id in {int(i) for i in faults.get("fell_off_bus") or []}
+        self.recovery = "Reset" if (self.dram_unc or xids & RESET_XIDS or fatal5) else "None"
+        for x in mine:                   # XID 154 names the action itself (the latest one wins)
+            if int(x.get("code")) == 154:
+                self.recovery = RECOVERY_ACTIONS.get(x.get("recovery") or "drain-reset",
+                                                     RECOVERY_ACTIONS["drain-reset"])[2]
+        self.down_links = sorted({int(link) for gpu_id, link in faults.get("nvlink_down") or [] if int(gpu_id) == self.id}
+                                 | set(flapping_down(faults, self.id, now)))
+        self.all_links_down = self.id in {int(i) for i in faults.get("nvlink_all_down") or []}
+        if self.all_links_down:
+            self.down_links = list(range(NVLINKS_PER_GPU))
         self._fabric(state, gpu, faults.get("fabric"))
 
     def _fabric(self, state, gpu, fault):
@@ -310,15 +460,39 @@ class GpuView:
         return domain[-4:], bus, device
 
 
+def flapping_down(faults, gpu_id, now=None):
+    """Links of GPU *gpu_id* that a --nvlink-flap fault has down at *now*: down for the first half of each
+    period since the fault was set, up for the second half."""
+    now = time.time() if now is None else float(now)
+    out = []
+    for f in faults.get("nvlink_flap") or []:
+        try:
+            if int(f.get("gpu", -1)) != gpu_id:
+                continue
+            period = float(f.get("period") or FLAP_PERIOD_S)
+            if ((now - float(f.get("since") or 0.0)) % period) < period / 2:
+                out.append(int(f.get("link")))
+        except (TypeError, ValueError, AttributeError):
+            continue
+    return out
+
+
+def time_dependent(faults):
+    """Whether this tray's answers change with the clock (then the launcher must not replay them)."""
+    return bool(faults.get("nvlink_flap") or faults.get("xid_storm"))
+
+
 class Rack:
     """The GPUs of one tray as the driver enumerates them."""
 
-    def __init__(self, state, faults):
+    def __init__(self, state, faults, now=None):
         self.state = state
         self.faults = faults
+        self.branch = driver_branch(state, faults)
+        self.versions = driver_versions(state, faults)
         missing = {int(i) for i in faults.get("gpu_missing") or []}
         present = [g for g in sorted(state.get("gpus") or [], key=lambda g: int(g["index"])) if int(g["index"]) not in missing]
-        self.gpus = [GpuView(state, g, faults, i) for i, g in enumerate(present)]
+        self.gpus = [GpuView(state, g, faults, i, now) for i, g in enumerate(present)]
         self.attached = len(self.gpus)
 
     @property
@@ -360,8 +534,8 @@ def _gpu_tree(g):
     ecc_unc = str(g.dram_unc)
     remap_unc = g.dram_unc
     draw = g.power_draw
-    ver = g.state.get("driver_version", "570.148.08")
-    return [
+    ver = g.driver_version
+    return _branch_tree(g.branch, g, [
         ("product_name", "Product Name", g.name),
         ("product_brand", "Product Brand", "NVIDIA"),
         ("product_architecture", "Product Architecture", "Blackwell"),
@@ -549,7 +723,36 @@ def _gpu_tree(g):
         ("processes", "Processes", ([], "None")),
         ("accounted_processes", None, []),
         ("capabilities", "Capabilities", [("egm", "EGM", "disabled")]),
-    ]
+    ])
+
+
+def _branch_tree(branch, g, tree):
+    """The element tree of driver branch *branch*, from the R570 tree.
+
+    R535: power readings are `power_draw` with `current/requested/default/min/max_power_limit` (the
+    average/instant split came later) in gpu_, gpu_memory_ and module_power_readings.
+    R580: `ecc_errors` ends with `channel_repair_pending`, `tpc_repair_pending` and `unrepairable_memory`
+    ("Channel Repair Pending", "TPC Repair Pending", "Unrepairable Memory" in -q).
+    """
+    if branch == "570":
+        return tree
+    out = []
+    for tag, label, value in tree:
+        if branch == "535" and tag in ("gpu_power_readings", "module_power_readings"):
+            kept = [n for n in value if n[0] in ("power_state",)]
+            draw = next(v for t, _l, v in value if t == "average_power_draw")
+            kept.append(("power_draw", "Power Draw", draw))
+            kept += [n for n in value if n[0] in ("current_power_limit", "requested_power_limit", "default_power_limit",
+                                                  "min_power_limit", "max_power_limit")]
+            value = kept
+        elif branch == "535" and tag == "gpu_memory_power_readings":
+            value = [("power_draw", "Power Draw", next(v for t, _l, v in value if t == "average_power_draw"))]
+        elif branch == "580" and tag == "ecc_errors":
+            value = list(value) + [("channel_repair_pending", "Channel Repair Pending", "No"),
+                                   ("tpc_repair_pending", "TPC Repair Pending", "No"),
+                                   ("unrepairable_memory", "Unrepairable Memory", "No")]
+        out.append((tag, label, value))
+    return out
 
 
 def _ecc_rows(dram_unc):
@@ -587,8 +790,8 @@ def render_xml(rack, selected, now=None):
            '<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">',
            "<nvidia_smi_log>",
            "\t<timestamp>%s</timestamp>" % stamp,
-           "\t<driver_version>%s</driver_version>" % escape(rack.state.get("driver_version", "")),
-           "\t<cuda_version>%s</cuda_version>" % escape(rack.state.get("cuda_version", "")),
+           "\t<driver_version>%s</driver_version>" % escape(rack.versions[0]),
+           "\t<cuda_version>%s</cuda_version>" % escape(rack.versions[1]),
            "\t<attached_gpus>%d</attached_gpus>" % rack.attached]
     for g in selected:
         if g.lost:
@@ -623,8 +826,8 @@ def render_text(rack, selected, now=None):
     stamp = time.asctime(time.localtime(now))
     out = ["", "==============NVSMI LOG==============", "",
            "%s: %s" % ("Timestamp".ljust(_TEXT_KEY_WIDTH), stamp),
-           "%s: %s" % ("Driver Version".ljust(_TEXT_KEY_WIDTH), rack.state.get("driver_version", "")),
-           "%s: %s" % ("CUDA Version".ljust(_TEXT_KEY_WIDTH), rack.state.get("cuda_version", "")),
+           "%s: %s" % ("Driver Version".ljust(_TEXT_KEY_WIDTH), rack.versions[0]),
+           "%s: %s" % ("CUDA Version".ljust(_TEXT_KEY_WIDTH), rack.versions[1]),
            "",
            "%s: %d" % ("Attached GPUs".ljust(_TEXT_KEY_WIDTH), rack.attached)]
     for g in selected:
@@ -643,9 +846,9 @@ def render_table(rack, selected, now=None):
     rule = "+-----------------------------------------+------------------------+----------------------+"
     lines = [time.asctime(time.localtime(now)) + "       ",
              "+" + "-" * 89 + "+",
-             "| " + ("NVIDIA-SMI %s" % st.get("driver_version", "")).ljust(34)
-             + ("Driver Version: %s" % st.get("driver_version", "")).ljust(31)
-             + ("CUDA Version: %s" % st.get("cuda_version", "")).ljust(23) + "|",
+             "| " + ("NVIDIA-SMI %s" % rack.versions[0]).ljust(34)
+             + ("Driver Version: %s" % rack.versions[0]).ljust(31)
+             + ("CUDA Version: %s" % rack.versions[1]).ljust(23) + "|",
              "|" + rule[1:],
              "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
              "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |",
@@ -683,6 +886,9 @@ def render_nvlink_status(rack, selected):
         if g.lost:
             continue
         out.append("GPU %d: %s (UUID: %s)" % (g.index, g.name, g.uuid))
+        if g.all_links_down:
+            out.append(NVLINK_ALL_INACTIVE_TEXT)
+            continue
         for link in range(NVLINKS_PER_GPU):
             out.append("\t Link %d: %s" % (link, "<inactive>" if link in g.down_links else NVLINK_SPEED))
     return "\n".join(out) + ("\n" if out else "")
@@ -705,7 +911,7 @@ QUERY_FIELDS = {
     "gpu_serial": (None, lambda g: g.serial),
     "pci.bus_id": (None, lambda g: g.bus_id),
     "gpu_bus_id": (None, lambda g: g.bus_id),
-    "driver_version": (None, lambda g: g.state.get("driver_version")),
+    "driver_version": (None, lambda g: g.driver_version),
     "count": (None, None),
     "temperature.gpu": (None, lambda g: str(g.temperature)),
     "temperature.memory": (None, lambda g: str(g.temperature)),
@@ -863,7 +1069,11 @@ def main(argv=None, env=None, stdout=None, stderr=None, now=None):
     except DriverMissing:
         stdout.write(DRIVER_FAILURE_TEXT + "\n\n")
         return EXIT_DRIVER
-    rack = Rack(state, faults)
+    if faults.get("smi_hang"):
+        state, faults = hang_while_set(env)
+    if faults.get("xid_storm"):
+        storm_append(state, faults, env, now)
+    rack = Rack(state, faults, now)
     selected = rack.select(args.ident)
     if selected is None or (args.ident is None and not rack.gpus):
         stdout.write(NO_DEVICES_TEXT + "\n")
@@ -872,6 +1082,8 @@ def main(argv=None, env=None, stdout=None, stderr=None, now=None):
     for message in messages:
         stderr.write(message + "\n")
     env = os.environ if env is None else env
+    if time_dependent(faults):           # a flapping link or a storm: every call must compute its answer
+        env = {k: v for k, v in env.items() if k not in (REPLAY_FILE_ENV, REPLAY_KEY_ENV)}
     if args.sub == "nvlink":
         if not args.status:
             stdout.write(INVALID_ARGS_TEXT + "\n")
@@ -901,6 +1113,72 @@ def main(argv=None, env=None, stdout=None, stderr=None, now=None):
     else:
         stdout.write(render_table(rack, selected, now))
     return EXIT_OK
+
+
+def hang_while_set(env, poll=0.25):
+    """Block for as long as the tray's faults say smi_hang: a wedged driver leaves nvidia-smi (and every
+    NVML caller) stuck. Returns the state once the fault is cleared (the lab's nicety: stuck calls end
+    with the wedge instead of piling up). Only a signal (the caller's timeout) ends it earlier."""
+    while True:
+        time.sleep(poll)
+        try:
+            state, faults = load(env)
+        except DriverMissing:
+            continue
+        if not faults.get("smi_hang"):
+            return state, faults
+
+
+def storm_append(state, faults, env=None, now=None):
+    """Append to kern.log the lines each XID storm produced since the last call (STORM_RATE a second, at
+    most STORM_MAX_APPEND), remembering the time in a mark file beside faults.json. Never fails the call."""
+    import fcntl
+
+    env = os.environ if env is None else env
+    now = time.time() if now is None else float(now)
+    faults_path = env.get(FAULTS_ENV) or FAULTS_PATH
+    mark = os.path.join(os.path.dirname(faults_path), ".xid-storm.mark")
+    log = env.get(KERN_LOG_ENV) or KERN_LOG_PATH
+    try:
+        with open(mark, "a+", encoding="ascii") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            fh.seek(0)
+            text = fh.read().strip()
+            lines = []
+            for storm in faults.get("xid_storm") or []:
+                since = float(storm.get("since") or now)
+                try:
+                    last = max(since, float(text)) if text else since
+                except ValueError:
+                    last = since
+                count = min(STORM_MAX_APPEND, int((now - last) * STORM_RATE))
+                if count <= 0:
+                    continue
+                lines += storm_lines(state, storm, count, last, now)
+            if lines:
+                with open(log, "a", encoding="utf-8") as out:
+                    out.write("\n".join(lines) + "\n")
+            if lines or not text:
+                fh.seek(0)
+                fh.truncate()
+                fh.write(repr(now))
+    except OSError:
+        pass
+
+
+def storm_lines(state, storm, count, start, end):
+    """*count* kernel-log lines of one storm, evenly spread over (start, end]."""
+    gpu = int(storm.get("gpu") or 0)
+    pci = next((g["pci_bus_id"] for g in state.get("gpus") or [] if int(g["index"]) == gpu), "00000000:00:00.0")
+    host = state.get("hostname") or "localhost"
+    step = (end - start) / count if count else 0.0
+    boot = _boot_time(end)
+    out = []
+    for i in range(count):
+        when = start + step * (i + 1)
+        out.append(event_line(host, pci, storm.get("code"), when, uptime=max(0.0, when - boot),
+                              nonfatal=bool(storm.get("nonfatal")), link=int(storm.get("link", 13))))
+    return out
 
 
 def save_replay(env, messages, text, time_line):
