@@ -104,6 +104,7 @@ class TrayRecord:
     pending: dict[str, Any] | None = None  # {"action", "reason", "full", "since"} while the scheduler is away
     note: str | None = None                # the last skip/queue message (logged once per change)
     xid_ack: float | None = None           # XIDs before this time were dealt with (a resume by hand)
+    latches: dict[str, Any] | None = None  # flapping findings held by mctl.health.hysteresis
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -149,6 +150,18 @@ def _advance(rec: TrayRecord, v: TrayVerdict) -> TrayRecord:
                    healthy_streak=rec.healthy_streak + 1)
 
 
+def _held(rec: TrayRecord, v: TrayVerdict, s: HealthSettings) -> tuple[TrayVerdict, dict[str, Any] | None]:
+    """This sweep's verdict with the findings hysteresis still holds (flapping links, XID storms)."""
+    from mctl.health.hysteresis import step
+    from mctl.model.findings import worst
+
+    findings, latches = step(rec.latches, v.findings, s.hysteresis, reached=v.reached)
+    if not v.reached or findings == list(v.findings):
+        return v, latches or None
+    level = v.worst if v.worst.rank >= worst(findings).rank else worst(findings)
+    return replace(v, findings=tuple(findings), worst=level), latches or None
+
+
 def _wanted_drain(rec: TrayRecord, v: TrayVerdict, s: HealthSettings) -> tuple[str, str] | None:
     """(reason, full text) when the tray should be drained now, else None."""
     if v.reached:
@@ -184,7 +197,9 @@ def decide(records: Mapping[str, TrayRecord], verdicts: Sequence[TrayVerdict], n
         return replace(rec, note=why)
 
     for v in verdicts:
-        rec = _advance(out.get(v.host) or TrayRecord(v.host, v.rack), v)
+        prev = out.get(v.host) or TrayRecord(v.host, v.rack)
+        v, latches = _held(prev, v, settings)
+        rec = _advance(replace(prev, latches=latches), v)
         want = _wanted_drain(rec, v, settings)
         if nodes is None:
             if rec.drained and rec.healthy_streak >= settings.resume_after_healthy_sweeps:

@@ -66,6 +66,18 @@ class HealthSettings:
     breaker_scope: str = "rack"             # rack | site
     remediate: bool = True
     k8s_taint: str = "mctl.io/unhealthy=true:NoSchedule"
+    # hysteresis for flapping findings (mctl/health/hysteresis.py; docs/health.md "Flapping and storms")
+    hysteresis_clear_sweeps: int = 1
+    hysteresis_max_hold_sweeps: int = 64
+    hysteresis_window_sweeps: int = 10
+    hysteresis_checks: tuple[str, ...] = ("fabric.state", "gpu.xid", "nvlink.links")
+
+    @property
+    def hysteresis(self):
+        from mctl.health.hysteresis import HysteresisSettings
+
+        return HysteresisSettings(self.hysteresis_clear_sweeps, self.hysteresis_max_hold_sweeps,
+                                  frozenset(self.hysteresis_checks), self.hysteresis_window_sweeps)
 
     @property
     def temp_warn_c(self) -> float:
@@ -102,6 +114,7 @@ class HealthSettings:
             breaker_scope=str(breaker.scope),
             remediate=bool(spec.remediate),
             k8s_taint=str(spec.k8s_taint),
+            **_hysteresis_from_spec(getattr(spec, "hysteresis", None)),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -110,6 +123,7 @@ class HealthSettings:
         data["fabric_flags"] = {k: Severity(v).value for k, v in self.fabric_flags.items()}
         data["driver_mismatch"] = self.driver_mismatch.value
         data["disk_paths"] = list(self.disk_paths)
+        data["hysteresis_checks"] = list(self.hysteresis_checks)
         return data
 
     @classmethod
@@ -130,4 +144,16 @@ class HealthSettings:
             kwargs["driver_mismatch"] = Severity(kwargs["driver_mismatch"])
         if "disk_paths" in kwargs:
             kwargs["disk_paths"] = tuple(kwargs["disk_paths"])
+        if "hysteresis_checks" in kwargs:
+            kwargs["hysteresis_checks"] = tuple(kwargs["hysteresis_checks"])
         return cls(**kwargs)
+
+
+def _hysteresis_from_spec(spec: Any) -> dict[str, Any]:
+    """HealthSettings keys from the inventory's `health.hysteresis` (HysteresisSpec); defaults when absent."""
+    if spec is None:
+        return {}
+    return {"hysteresis_clear_sweeps": int(spec.clear_sweeps),
+            "hysteresis_max_hold_sweeps": int(spec.max_hold_sweeps),
+            "hysteresis_window_sweeps": int(spec.window_sweeps),
+            "hysteresis_checks": tuple(sorted(str(c) for c in spec.checks))}

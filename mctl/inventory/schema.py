@@ -131,6 +131,14 @@ class BreakerSpec(Spec):
     scope = F(OneOf("rack", "site"), "rack")
 
 
+class HysteresisSpec(Spec):
+    # Flapping findings (docs/health.md "Flapping and storms"; mctl/health/hysteresis.py).
+    clear_sweeps = F(int, 1, ge=1)           # clear sweeps that release a finding that never came back
+    max_hold_sweeps = F(int, 64, ge=1)       # the longest hold, however often it flapped
+    window_sweeps = F(int, 10, ge=0)         # back within this many sweeps after its release: it flapped
+    checks = F(ListOf(str), factory=lambda: ["fabric.state", "gpu.xid", "nvlink.links"])
+
+
 class HealthSpec(Spec):
     interval = F(float, 60, gt=0)
     drain_xids = F(ListOf(int), factory=lambda: list(DEFAULT_DRAIN_XIDS))
@@ -157,6 +165,7 @@ class HealthSpec(Spec):
     metrics_port = F(Opt(int), None, ge=1, le=65535)         # HTTP /metrics on 127.0.0.1
     k8s_taint = F(str, "mctl.io/unhealthy=true:NoSchedule",
                   pattern=r"^[A-Za-z0-9./_-]+(=[A-Za-z0-9._-]*)?:(NoSchedule|PreferNoSchedule|NoExecute)$")
+    hysteresis = F(HysteresisSpec, factory=HysteresisSpec)
 
 
 class SiteSpec(Spec):

@@ -1,0 +1,94 @@
+"""Hysteresis for findings that flap (pure): a flapping NVLink or an XID storm must not drain and resume a
+tray over and over.
+
+One rule, in one place, per tray and per check in `HysteresisSettings.checks` (default: NVLink links,
+XIDs, fabric state):
+
+- a critical finding *latches*: while latched, the check stays critical in every sweep, even when this
+  sweep's probe saw it clear (the held finding says so: "held: ...");
+- the latch is released once the check has been clear for `hold` consecutive sweeps; after its release
+  it is remembered for `window_sweeps` more sweeps, and `flaps` counts how often the finding came back
+  (while latched or remembered). `hold` is `clear_sweeps` for a steady fault (flaps 0: with the default
+  1, released on its first clear sweep, exactly as without hysteresis), and once it came back
+  `window_sweeps * 2**(flaps-1)`, at most `max_hold_sweeps` (route flap dampening). A flapping link is
+  therefore drained, resumed at most once more (its first return cannot be told from a new fault), and
+  from its first return on held critical while it flaps; it clears once it has been up for the hold, and
+  the policy's usual `resume_after_healthy_sweeps` resumes it once;
+- sweeps that did not reach the tray change nothing.
+
+The state is a small JSON-able dict per check (kept in the tray's policy record across sweeps and restarts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Sequence
+
+from mctl.model.findings import Finding, Severity
+
+DEFAULT_CHECKS = frozenset({"nvlink.links", "gpu.xid", "fabric.state"})
+
+
+@dataclass(frozen=True)
+class HysteresisSettings:
+    clear_sweeps: int = 1               # clear sweeps that release a latch that never flapped
+    max_hold_sweeps: int = 64           # the longest hold, however often it flapped
+    checks: frozenset[str] = DEFAULT_CHECKS
+    window_sweeps: int = 10             # a finding back within this many sweeps after its release flapped
+
+    def hold(self, flaps: int) -> int:
+        """Clear sweeps in a row that release a latch: clear_sweeps for a steady fault; once it came back,
+        window_sweeps, doubling with every further return, at most max_hold_sweeps."""
+        flaps = int(flaps)
+        if flaps <= 0:
+            n = self.clear_sweeps
+        else:
+            n = max(self.clear_sweeps, self.window_sweeps, 1) * (2 ** min(flaps - 1, 20))
+        return max(1, min(n, self.max_hold_sweeps))
+
+
+def step(latches: Mapping[str, Mapping[str, Any]] | None, findings: Sequence[Finding],
+         settings: HysteresisSettings, *, reached: bool = True) -> tuple[list[Finding], dict[str, dict[str, Any]]]:
+    """(findings with the held ones, the new latches) for one sweep of one tray.
+
+    *latches*: check -> {"finding": Finding dict, "seen": sweeps seen critical, "absent": consecutive clear
+    sweeps since, "flaps": times it came back while latched}.
+    """
+    state = {k: dict(v) for k, v in (latches or {}).items()}
+    if not reached:
+        return list(findings), state
+    out = list(findings)
+    by_check: dict[str, list[Finding]] = {}
+    for f in findings:
+        by_check.setdefault(f.check, []).append(f)
+    for check in sorted(settings.checks | set(state)):
+        current = [f for f in by_check.get(check, []) if f.severity is Severity.CRITICAL]
+        latch = state.get(check)
+        if current:
+            if latch is None:
+                state[check] = {"finding": current[0].to_dict(), "seen": 1, "absent": 0, "flaps": 0}
+            else:
+                flaps = int(latch.get("flaps", 0)) + (1 if int(latch.get("absent", 0)) > 0 else 0)
+                state[check] = {"finding": current[0].to_dict(), "seen": int(latch.get("seen", 0)) + 1,
+                                "absent": 0, "flaps": flaps}
+            continue
+        if latch is None or check not in settings.checks:
+            state.pop(check, None)
+            continue
+        absent = int(latch.get("absent", 0)) + 1
+        flaps = int(latch.get("flaps", 0))
+        hold = settings.hold(flaps)
+        if absent >= hold + settings.window_sweeps:
+            del state[check]                      # forgotten: a later return is a new fault
+            continue
+        state[check] = {**latch, "absent": absent}
+        if absent >= hold:
+            continue                              # released (remembered): the check's own finding stands
+        held = Finding.from_dict(latch["finding"])
+        note = (f" (held: seen critical in {latch.get('seen', 1)} sweeps, came back {flaps} time(s); "
+                f"clears after {hold} clear sweeps in a row, {absent} so far)")
+        out = [f for f in out if f.check != check]
+        out.append(replace(held, message=held.message + note,
+                           details={**held.details, "held": True, "absent_sweeps": absent, "hold_sweeps": hold,
+                                    "flaps": flaps}))
+    return out, state
