@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 XID_TAIL = 200          # newest XID lines kept per tray
+XID_BYTES = 4 << 20     # the probe reads at most the last 4 MiB of kern.log: an XID storm costs bounded time
 RC_ABSENT = 200         # `file` (and a probe's own functions): the subject is not on this host
 
 _FRAME = r"""M='::mctl-@NONCE@::'
@@ -72,10 +73,12 @@ to() { if [ -n "$T" ]; then $T "$@"; else shift; "$@"; fi; }""",
   return 0
 }""",
     # the newest XID lines of the kernel log, after a source= line naming where they came from (an empty
-    # log, just rotated, needs no grep and tail)
+    # log, just rotated, needs no grep and tail); only its last XID_BYTES are read (an XID storm grows it
+    # by megabytes), without the first, cut line when the log is longer
     "xid": r"""xid() {
   if [ -r /var/log/kern.log ]; then echo source=/var/log/kern.log; [ -s /var/log/kern.log ] || return 0
-    grep -h 'NVRM: Xid' /var/log/kern.log | tail -n @XID_TAIL@
+    tail -c @XID_BYTES@ /var/log/kern.log | { if [ "$(wc -c < /var/log/kern.log)" -gt @XID_BYTES@ ]; then sed 1d; \
+      else cat; fi; } | grep -a 'NVRM: Xid' | tail -n @XID_TAIL@
   else echo source=dmesg; dmesg 2>/dev/null | grep 'NVRM: Xid' | tail -n @XID_TAIL@; fi
   return 0
 }""",
@@ -156,7 +159,8 @@ def script(nonce: str, steps: Sequence[Step], *, functions: Sequence[str] = (), 
     ValueError. Steps are taken as they are, so nothing a caller puts in them (a path) is ever read as a
     placeholder.
     """
-    fill: dict[str, str] = {"NONCE": nonce, "XID_TAIL": str(XID_TAIL), "RC_ABSENT": str(RC_ABSENT)}
+    fill: dict[str, str] = {"NONCE": nonce, "XID_TAIL": str(XID_TAIL), "RC_ABSENT": str(RC_ABSENT),
+                            "XID_BYTES": str(XID_BYTES)}
     if smi_timeout is not None:
         fill["SMI_TIMEOUT"] = smi_seconds(smi_timeout)
     fill.update((k, str(v)) for k, v in (values or {}).items())

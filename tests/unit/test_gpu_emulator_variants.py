@@ -279,3 +279,39 @@ def test_smi_hang_blocks_even_an_answer_the_launcher_would_replay(tmp_path):
     finally:
         timer.join()
     assert back.returncode == 0 and back.stdout == first.stdout
+
+
+# --- the probe reads a bounded tail of kern.log ---------------------------------------------------------
+
+def _xid_function(log: Path, max_bytes: int) -> str:
+    from mctl.facts import shell
+
+    body = shell.FUNCTIONS["xid"].replace("/var/log/kern.log", str(log))
+    return body.replace("@XID_BYTES@", str(max_bytes)).replace("@XID_TAIL@", str(shell.XID_TAIL)) + "\nxid\n"
+
+
+def test_the_xid_probe_reads_only_the_tail_of_a_stormed_kern_log(tmp_path):
+    from mctl.facts import shell
+
+    log = tmp_path / "kern.log"
+    state = contract_state()
+    old = emu.event_line("lab-r1-tray03", GB200_BUS, 79, 1.0, uptime=1.0)
+    storm = emu.storm_lines(state, {"gpu": 2, "code": 145, "nonfatal": True}, 20_000, 100.0, 1100.0)
+    log.write_text(old + "\n" + "\n".join(storm) + "\n")
+    assert log.stat().st_size > 1_000_000
+    t0 = time.monotonic()
+    proc = subprocess.run(["/bin/sh", "-c", _xid_function(log, 256 << 10)], capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - t0 < 30
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"source={log}" and len(lines) == 1 + shell.XID_TAIL
+    assert all(parse_xid_line(line) is not None and parse_xid_line(line).code == 145 for line in lines[1:])
+    assert lines[-1] == storm[-1]
+    # a log shorter than the bound is read whole, first line included
+    log.write_text(old + "\n" + storm[0] + "\n")
+    proc = subprocess.run(["/bin/sh", "-c", _xid_function(log, 256 << 10)], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.splitlines()[1:] == [old, storm[0]]
+    # the first line of the tail, cut in the middle, is dropped: no XID without its time stamp
+    proc = subprocess.run(["/bin/sh", "-c", _xid_function(log, len(storm[0]) + 20)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.stdout.splitlines()[1:] == [storm[0]]
+    assert shell.XID_BYTES == 4 << 20
