@@ -165,4 +165,4 @@ def test_smi_hang_blocks_nvidia_smi_until_clear(lab):
     res = lab.run(tray, "nvidia-smi -L", timeout=30)
     assert res.returncode == 0 and len(res.stdout.splitlines()) == 4
     # the calls that were stuck ended with the wedge
-    _wait("no stuck nvidia-smi left", lambda: lab.run(tray, "pgrep -f 'nvidia_smi.run' || true").stdout.strip() == "")
+    _wait("no stuck nvidia-smi left", lambda: lab.run(tray, "pgrep -f 'nvidia_smi.ru[n]' || true").stdout.strip() == "")

@@ -315,3 +315,16 @@ def test_the_xid_probe_reads_only_the_tail_of_a_stormed_kern_log(tmp_path):
                           timeout=60)
     assert proc.stdout.splitlines()[1:] == [storm[0]]
     assert shell.XID_BYTES == 4 << 20
+
+
+def test_a_storm_has_the_lasting_effect_of_its_code(tmp_path):
+    now = time.time()
+    faults = {"xid_storm": [{"gpu": 0, "code": 149, "nonfatal": False, "since": now},
+                            {"gpu": 1, "code": 145, "nonfatal": True, "since": now}]}
+    env_log = tmp_path / "kern.log"
+    t = Tray(tmp_path, contract_state(), faults)
+    proc = subprocess.run([__import__("sys").executable, "-I", str(SCRIPT), "-q", "-x"], capture_output=True, text=True,
+                          timeout=30, env={"PATH": "/usr/bin:/bin", emu.STATE_ENV: str(t.state_path),
+                                           emu.FAULTS_ENV: str(t.faults_path), emu.KERN_LOG_ENV: str(env_log)})
+    tree = ET.fromstring(proc.stdout)
+    assert [g.findtext("gpu_recovery_action") for g in tree.findall("gpu")] == ["Reset", "None", "None", "None"]

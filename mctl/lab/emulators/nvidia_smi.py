@@ -214,6 +214,11 @@ def recovery_message(action="drain-reset"):
     return "GPU recovery action changed from 0x0 (None) to 0x%x (%s)" % (code, label)
 
 
+# xid_log_line's texts for these codes are the real ones too (event_line also drops the pid/name for them)
+XID_MESSAGES.update({code: nvlink5_message(code) for code in NVLINK5_XIDS})
+XID_MESSAGES[154] = recovery_message()
+
+
 def kernel_log_line(hostname, when, uptime, text):
     """`Mon dd HH:MM:SS host kernel: [uptime] text` as rsyslog writes kernel messages to kern.log."""
     stamp = time.strftime("%b %d %H:%M:%S", time.localtime(when))
@@ -407,7 +412,7 @@ class GpuView:
 
         ecc = faults.get("ecc_uncorrectable") or {}
         self.dram_unc = int(ecc.get(str(self.id), ecc.get(self.id, 0)) or 0)
-        mine = [x for x in faults.get("xid") or [] if int(x.get("gpu", -1)) == self.id]
+        mine = [x for x in (faults.get("xid") or []) + (faults.get("xid_storm") or []) if int(x.get("gpu", -1)) == self.id]
         xids = {int(x.get("code")) for x in mine}
         fatal5 = any(int(x.get("code")) in NVLINK5_XIDS and not x.get("nonfatal") for x in mine)
         self.lost = bool(xids & LOST_XIDS) or self.id in {int(i) for i in faults.get("fell_off_bus") or []}
