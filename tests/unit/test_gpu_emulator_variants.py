@@ -21,6 +21,7 @@ import pytest
 from mctl.facts.kernel_log import parse_xid_line
 from mctl.lab import faults as faultlib
 from mctl.lab.emulators import nvidia_smi as emu
+from mctl.model.findings import Severity
 from tests.unit.test_gpu_emulator import SCRIPT, Tray, contract_state
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -328,3 +329,50 @@ def test_a_storm_has_the_lasting_effect_of_its_code(tmp_path):
                                            emu.FAULTS_ENV: str(t.faults_path), emu.KERN_LOG_ENV: str(env_log)})
     tree = ET.fromstring(proc.stdout)
     assert [g.findtext("gpu_recovery_action") for g in tree.findall("gpu")] == ["Reset", "None", "None", "None"]
+
+
+# --- the health probe meets the variants (the real probe script, run by /bin/sh here) -------------------
+
+def _probe(tmp_path, faults, smi_timeout=20.0):
+    import sys
+
+    from mctl.health.probe import parse_probe, probe_script
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    smi = bindir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nexec {sys.executable} -I {SCRIPT} \"$@\"\n")
+    smi.chmod(0o755)
+    (tmp_path / "gpus.json").write_text(json.dumps(contract_state()))
+    _write_faults(tmp_path, faults)
+    env = dict(os.environ, PATH=f"{bindir}:/usr/bin:/bin", **{emu.STATE_ENV: str(tmp_path / "gpus.json"),
+                                                               emu.FAULTS_ENV: str(tmp_path / "faults.json"),
+                                                               emu.KERN_LOG_ENV: str(tmp_path / "kern.log")})
+    nonce = "0123456789abcdef"
+    body = probe_script(nonce, smi_timeout=smi_timeout, disk_paths=("/",))
+    proc = subprocess.run(["/bin/sh", "-c", body], capture_output=True, text=True, env=env, timeout=120)
+    return parse_probe("lab-r1-tray03", proc.stdout, proc.stderr, nonce, disk_paths=("/",), smi_timeout=smi_timeout)
+
+
+def _judge(facts):
+    from mctl.health import checks
+    from mctl.health.facts import TrayExpectation
+    from mctl.health.settings import HealthSettings
+
+    expect = TrayExpectation("lab-r1-tray03", "r1", driver_version="570.148.08",
+                             nvlink_domain=contract_state()["cluster_uuid"])
+    return checks.run_tray(facts, expect, HealthSettings(imex="ignore"))
+
+
+def test_probe_on_a_hung_nvidia_smi_ends_within_its_timeout_and_is_not_healthy(tmp_path):
+    t0 = time.monotonic()
+    facts = _probe(tmp_path, {"smi_hang": True}, smi_timeout=2.0)
+    assert time.monotonic() - t0 < 30
+    assert facts.gpus is None and "hung" in (facts.gpu_error or "")
+    assert any(f.severity is Severity.CRITICAL for f in _judge(facts))
+
+
+def test_probe_on_all_links_down_is_not_healthy(tmp_path):
+    found = _judge(_probe(tmp_path, {"nvlink_all_down": [0]}))
+    nvlink = [f for f in found if f.check.startswith("nvlink")]
+    assert nvlink and all(f.severity is not Severity.OK for f in nvlink)
