@@ -1075,7 +1075,11 @@ def main(argv=None, env=None, stdout=None, stderr=None, now=None):
         stdout.write(DRIVER_FAILURE_TEXT + "\n\n")
         return EXIT_DRIVER
     if faults.get("smi_hang"):
-        state, faults = hang_while_set(env)
+        try:
+            state, faults = hang_while_set(env)
+        except DriverMissing:
+            stdout.write(DRIVER_FAILURE_TEXT + "\n\n")
+            return EXIT_DRIVER
     if faults.get("xid_storm"):
         storm_append(state, faults, env, now)
     rack = Rack(state, faults, now)
@@ -1126,10 +1130,7 @@ def hang_while_set(env, poll=0.25):
     with the wedge instead of piling up). Only a signal (the caller's timeout) ends it earlier."""
     while True:
         time.sleep(poll)
-        try:
-            state, faults = load(env)
-        except DriverMissing:
-            continue
+        state, faults = load(env)          # DriverMissing: the driver went away under the wedge
         if not faults.get("smi_hang"):
             return state, faults
 
