@@ -72,11 +72,13 @@ to() { if [ -n "$T" ]; then $T "$@"; else shift; "$@"; fi; }""",
   return 0
 }""",
     # the newest XID lines of the kernel log, after a source= line naming where they came from (an empty
-    # log, just rotated, needs no grep and tail)
+    # log, just rotated, needs no grep and tail); with them the driver's "fallen off the bus" lines, which
+    # recent drivers can log with no Xid at all (the first of the two-line form starts "NVRM: The NVIDIA GPU")
     "xid": r"""xid() {
   if [ -r /var/log/kern.log ]; then echo source=/var/log/kern.log; [ -s /var/log/kern.log ] || return 0
-    grep -h 'NVRM: Xid' /var/log/kern.log | tail -n @XID_TAIL@
-  else echo source=dmesg; dmesg 2>/dev/null | grep 'NVRM: Xid' | tail -n @XID_TAIL@; fi
+    grep -h -e 'NVRM: Xid' -e 'fallen off the bus' -e 'NVRM: The NVIDIA GPU' /var/log/kern.log | tail -n @XID_TAIL@
+  else echo source=dmesg
+    dmesg 2>/dev/null | grep -e 'NVRM: Xid' -e 'fallen off the bus' -e 'NVRM: The NVIDIA GPU' | tail -n @XID_TAIL@; fi
   return 0
 }""",
 }
