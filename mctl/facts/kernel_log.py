@@ -48,12 +48,16 @@ _PID = re.compile(r"^pid=(?P<pid>'?<?[^,]*?>?'?), name=(?P<name>[^,]*), (?P<mess
 # The driver's own words for a GPU gone from the bus, with or without an Xid 79 line:
 #   NVRM: The NVIDIA GPU 0000:b3:00.0 (PCI ID: 10de:2330) installed in this system has fallen off the bus ...
 #   NVRM: GPU 0000:01:00.0: GPU has fallen off the bus.
-# The first form is often split over two lines ("... installed in this" / "NVRM: system has fallen off
-# the bus and is not responding to commands.").
+# The first form is often split over two or three lines, each continuation starting "NVRM:" (real dmesg,
+# NVIDIA/NVSentinel issue 155):
+#   [ 1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0
+#                  NVRM: (PCI ID: 10de:26b5) installed in this system has
+#                  NVRM: fallen off the bus and is not responding to commands.
 _FELL = re.compile(r"NVRM: (?:The NVIDIA GPU (?P<pci1>" + _PCI + r")\b.*?has fallen off the bus|"
                    r"GPU (?:at PCI:)?(?P<pci2>" + _PCI + r"):? GPU has fallen off the bus)")
-_FELL_HEAD = re.compile(r"NVRM: The NVIDIA GPU (?P<pci>" + _PCI + r")\b.*installed in this\s*$")
-_FELL_TAIL = re.compile(r"NVRM:\s+system has fallen off the bus")
+_FELL_HEAD = re.compile(r"NVRM: The NVIDIA GPU (?P<pci>" + _PCI + r")\b")
+_FELL_TAIL = re.compile(r"NVRM:.*fallen off the bus")
+FELL_CONTINUATION_LINES = 3       # the message runs over at most this many lines after its first
 FELL_OFF_BUS_CODE = 79
 
 
@@ -176,8 +180,9 @@ def parse_xid_events(text: str) -> list[XidEvent]:
         event = parse_xid_line(line)
         if event is None:
             head = _FELL_HEAD.search(line)
-            if head and n + 1 < len(lines) and _FELL_TAIL.search(lines[n + 1]):
-                event = parse_xid_line(line[: head.end()] + " system has fallen off the bus")
+            if head and any(_FELL_TAIL.search(nxt) and not _FELL_HEAD.search(nxt)
+                            for nxt in lines[n + 1: n + 1 + FELL_CONTINUATION_LINES]):
+                event = parse_xid_line(line[: head.end()] + " has fallen off the bus")
             if event is None:
                 continue
         if event.form == "fell-off-bus":
