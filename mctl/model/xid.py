@@ -156,10 +156,12 @@ def judge(code: int, message: str, drain_xids: Iterable[int], *, nvlink5_mode: s
           nvlink5_no_drain: Iterable[tuple[int, int]] = DEFAULT_NVLINK5_NO_DRAIN) -> XidVerdict:
     """Whether one XID line drains the tray, reading the verdict the line itself carries.
 
-    A code outside drain_xids never drains (policy first). NVLink5 lines (144-150) drain on
-    `Fatal` unless (code, subcode) is in nvlink5_no_drain; `Nonfatal` never drains. A 144-150
-    line without the word (older drivers) is judged by drain_xids alone. XID 154 drains when
-    the new recovery action is anything but None.
+    XID 154 drains when the new recovery action it names is anything but None, whatever
+    drain_xids says: it is the driver stating the GPU's state, as <gpu_recovery_action> does
+    (the gpu.recovery check), not an event to weigh; a 154 line without the action follows
+    drain_xids. Any other code outside drain_xids never drains. NVLink5 lines (144-150) drain
+    on `Fatal` unless (code, subcode) is in nvlink5_no_drain; `Nonfatal` never drains. A
+    144-150 line without the word (older drivers) is judged by drain_xids alone.
     """
     drain = frozenset(drain_xids)
     if code == 154:
