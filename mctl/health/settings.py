@@ -69,7 +69,8 @@ def _spec_subcodes(spec: Any) -> frozenset[tuple[int, int]]:
         from mctl.errors import UsageError
 
         raise UsageError(f"inventory health.nvlink5_no_drain: {exc}",
-                             hint="quote each entry in the inventory, e.g. nvlink5_no_drain: ['149.38', '149.40']") from None
+                         hint="quote each entry in the inventory, e.g. nvlink5_no_drain: ['149.38', '149.40']"
+                         ) from None
 
 
 def _mode(value) -> str:

@@ -360,6 +360,13 @@ def test_nvlink5_settings_are_checked():
             parse_subcodes([bad])
     with pytest.raises(ValueError, match="nvlink5_drain"):
         HealthSettings.from_dict({"nvlink5_drain": "some"})
+    from mctl.errors import UsageError
+    from mctl.inventory.schema import HealthSpec
+
+    with pytest.raises(UsageError, match="health.nvlink5_no_drain") as err:
+        HealthSettings.from_spec(HealthSpec(nvlink5_no_drain=["79.1"]))
+    assert err.value.exit_code == 2
+    assert HealthSettings.from_spec(HealthSpec()).nvlink5_no_drain == {(149, 38), (149, 40)}
     back = HealthSettings.from_dict(HealthSettings().to_dict())
     assert back.nvlink5_no_drain == {(149, 38), (149, 40)} and back.nvlink5_drain == "fatal"
 

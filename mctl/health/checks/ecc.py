@@ -45,7 +45,8 @@ def check(facts, expect, settings) -> list[Finding]:
                                                             ("TPC", g.repair.tpc_repair_pending)) if on))
                       for g in facts.gpus.gpus if g.repair.channel_repair_pending or g.repair.tpc_repair_pending]
     if unrepairable:
-        out.append(finding(Severity.CRITICAL, host, REPAIR, f"memory the GPU could not repair on {gpu_list(unrepairable)}",
+        out.append(finding(Severity.CRITICAL, host, REPAIR,
+                           f"memory the GPU could not repair on {gpu_list(unrepairable)}",
                            "the GPU's memory repair is exhausted: drain and replace it (RMA)",
                            short=f"unrepairable memory {gpu_list(unrepairable)}"))
     if sram:
