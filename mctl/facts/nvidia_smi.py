@@ -414,6 +414,16 @@ def parse_nvlink_status(text: str) -> tuple[GpuNvLinks, ...]:
     return tuple(gpus)
 
 
+def with_stderr(gpus: tuple[GpuNvLinks, ...], stderr: str) -> tuple[GpuNvLinks, ...]:
+    """NVML's all-links-inactive sentence can come on stderr, apart from its GPU line: then every GPU
+    that printed no link line is the one it is about."""
+    if not any(_ALL_INACTIVE.search(line.strip()) for line in stderr.splitlines()):
+        return gpus
+    from dataclasses import replace
+
+    return tuple(replace(g, all_inactive=True) if not g.links and not g.all_inactive else g for g in gpus)
+
+
 # --- -L ---------------------------------------------------------------------------------------
 
 _LIST_LINE = re.compile(r"^GPU (?P<index>\d+): (?P<name>.*?) \(UUID: (?P<uuid>[^)]+)\)$")
@@ -448,6 +458,6 @@ def parse_number(value: str | None) -> float | None:
 
 
 __all__: Iterable[str] = [
-    "parse_xml", "parse_query_csv", "parse_nvlink_status", "parse_list", "parse_number",
+    "parse_xml", "parse_query_csv", "parse_nvlink_status", "parse_list", "parse_number", "with_stderr",
     "FactsParseError", "DriverUnavailable", "DRIVER_FAILURE",
 ]

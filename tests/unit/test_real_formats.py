@@ -186,6 +186,18 @@ def test_all_links_down_is_critical_with_the_gpu_named():
     assert found[0].details["all_inactive"] == ["gpu2"]
 
 
+def test_all_inactive_sentence_on_stderr_names_the_gpus_without_links():
+    from mctl.facts.nvidia_smi import with_stderr
+
+    sample = text("issue-gpud-1085-nvlink-all-inactive-b200.txt").splitlines()
+    stdout = "\n".join(text("gpud-nvlink-status-a100.txt").splitlines()[:13] + [sample[0]]) + "\n"
+    gpus = parse_nvlink_status(stdout)
+    assert [(g.index, len(g.links), g.all_inactive) for g in gpus] == [(0, 12, False), (2, 0, False)]
+    gpus = with_stderr(gpus, sample[1] + "\n")
+    assert [(g.index, len(g.links), g.all_inactive) for g in gpus] == [(0, 12, False), (2, 0, True)]
+    assert with_stderr(gpus[:1], "some other error\n") == gpus[:1]
+
+
 def test_unreadable_nvlink_output_is_never_healthy():
     with pytest.raises(FactsParseError, match="binary"):
         parse_nvlink_status("GPU 0: NVIDIA GB200\x00\x01")
