@@ -17,7 +17,7 @@ import re
 from mctl.health.checks._base import finding, ok
 from mctl.model.findings import Finding, Severity
 from mctl.model.gpu import pci_key
-from mctl.model.xid import describe, judge
+from mctl.model.xid import DEFAULT_NVLINK5_NO_DRAIN, describe, judge
 
 CHECK = "gpu.xid"
 
@@ -69,7 +69,7 @@ def check(facts, expect, settings) -> list[Finding]:
     for x in recent:
         v = judge(x.event.code, x.event.message, settings.drain_xids,
                   nvlink5_mode=getattr(settings, "nvlink5_drain", "fatal"),
-                  nvlink5_no_drain=getattr(settings, "nvlink5_no_drain", ()))
+                  nvlink5_no_drain=getattr(settings, "nvlink5_no_drain", DEFAULT_NVLINK5_NO_DRAIN))
         key = (x.event.code, _gpu_name(x.event.pci, facts), v.drains)
         seen.setdefault(key, []).append(x)
         verdicts.setdefault(key, v)
@@ -89,15 +89,15 @@ def check(facts, expect, settings) -> list[Finding]:
         said = last.message.strip().rstrip(".")
         said = f" ({said})" if said and said.lower() != meaning.lower() else ""
         no_xid = " (no Xid line: the driver's fallen-off-the-bus message)" if last.form == "fell-off-bus" else ""
-        word = ""
-        if last.nvlink5 is not None:
-            word = " fatal" if last.nvlink5.fatal else " nonfatal"
+        if last.form == "fell-off-bus":
+            short = f"{gpu} fell off bus (no xid)"
+        else:
+            word = " fatal" if drains and last.nvlink5 is not None and last.nvlink5.fatal else ""
+            short = f"xid {code}{word} {gpu} ({SHORT.get(code, 'xid')})"
         out.append(finding(Severity.CRITICAL if drains else Severity.WARN, facts.host, CHECK,
                            f"XID {code} on {gpu}{count}: {meaning}{when}{said}{no_xid}",
                            action + ("; the tray is drained until the XID ages out or it is resumed" if drains
                                      else ""),
-                           short=f"xid {code}{word if drains else ''} {gpu} ({SHORT.get(code, 'xid')})"
-                           if not (last.form == "fell-off-bus") else f"{gpu} fell off bus (no xid)",
-                           code=code, gpu=gpu, count=len(events), drains=drains,
+                           short=short, code=code, gpu=gpu, count=len(events), drains=drains,
                            why=verdicts[(code, gpu, drains)].why))
     return out
