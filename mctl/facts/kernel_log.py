@@ -1,26 +1,64 @@
 """XID events from kernel log text (kern.log, dmesg, journalctl -k).
 
-Only `NVRM: Xid` lines are read; every other line is ignored, so a log of any
-size and mix can be passed in whole.
+Only `NVRM: Xid` lines and the driver's "fallen off the bus" lines are read; every
+other line is ignored, so a log of any size and mix can be passed in whole.
+
+Time stamps: every form a kernel log line comes with is read, and `stamp_age` turns
+it into an age on the tray's clock (mctl.health.facts.observe_xid):
+- rsyslog traditional `Nov 29 19:18:17 host kernel:` (no year: the latest year that
+  is not in the future) and journalctl's `short-precise` `Nov 29 19:18:17.123456`;
+- ISO 8601 with a host (`2025-11-29T19:18:17.123456+00:00 host kernel:`, rsyslog
+  high precision, journalctl `short-iso`) and without one (`dmesg --time-format=iso`,
+  `2025-01-21T04:41:44,285060+00:00`, comma before the fraction, also after
+  `dmesg --decode`'s `kern  :warn  : `);
+- `dmesg -T` / `--ctime` `[Tue Mar  5 10:11:12 2024]` (local time, with a year);
+- raw `[12345.678901]` seconds since boot (dmesg default) and /dev/kmsg's
+  `6,3964,206764307,-;` microseconds since boot: an age only with the tray's uptime,
+  which the health probe reads in the same run (Clock.uptime).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
 
 from mctl.model.gpu import pci_key
-from mctl.model.xid import XidInfo, describe
+from mctl.model.xid import NvLink5Detail, RecoveryChange, XidInfo, describe, nvlink5_detail, recovery_change
 
-# rsyslog traditional `Nov 29 19:18:17 host kernel: `, RFC 3339 `2025-11-29T19:18:17.123456+00:00 host kernel: `
+# A stamp an age can be computed from, by kind:
+STAMP_SYSLOG = "syslog"        # 'Nov 29 19:18:17[.123]' local time, no year
+STAMP_ISO = "iso"              # ISO 8601, with or without an offset (none: local time)
+STAMP_CTIME = "ctime"          # dmesg -T 'Tue Mar  5 10:11:12 2024' local time
+
+_ISO_TEXT = r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?"
+# rsyslog traditional / journalctl short(-precise), or ISO 8601, then the host and `kernel:`
 _SYSLOG = re.compile(
-    r"^(?P<ts>[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2}|\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:?\d{2})?)"
+    r"^(?P<ts>[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2}(?:\.\d+)?|" + _ISO_TEXT + r")"
     r" (?P<host>\S+) kernel: ?"
 )
+# dmesg --time-format=iso (no host), optionally after dmesg --decode's facility/level columns
+_DMESG_ISO = re.compile(r"^(?:[a-z]+ *:[a-z]+ *: )?(?P<ts>" + _ISO_TEXT + r") ")
+_DMESG_CTIME = re.compile(r"^\[(?P<ts>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \d{4})\] ?")
 _DMESG = re.compile(r"^\[\s*(?P<uptime>\d+\.\d+)\] ?")
-_XID = re.compile(r"NVRM: Xid \(PCI:(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\): "
-                  r"(?P<code>\d+), (?P<rest>.*)$")
+_KMSG = re.compile(r"^\d+,\d+,(?P<usec>\d+),[^;]*;")
+_PCI = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
+_XID = re.compile(r"NVRM: Xid \(PCI:(?P<pci>" + _PCI + r")\): (?P<code>\d+), (?P<rest>.*)$")
 _PID = re.compile(r"^pid=(?P<pid>'?<?[^,]*?>?'?), name=(?P<name>[^,]*), (?P<message>.*)$")
+# The driver's own words for a GPU gone from the bus, with or without an Xid 79 line:
+#   NVRM: The NVIDIA GPU 0000:b3:00.0 (PCI ID: 10de:2330) installed in this system has fallen off the bus ...
+#   NVRM: GPU 0000:01:00.0: GPU has fallen off the bus.
+# The first form is often split over two or three lines, each continuation starting "NVRM:" (real dmesg,
+# NVIDIA/NVSentinel issue 155):
+#   [ 1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0
+#                  NVRM: (PCI ID: 10de:26b5) installed in this system has
+#                  NVRM: fallen off the bus and is not responding to commands.
+_FELL = re.compile(r"NVRM: (?:The NVIDIA GPU (?P<pci1>" + _PCI + r")\b.*?has fallen off the bus|"
+                   r"GPU (?:at PCI:)?(?P<pci2>" + _PCI + r"):? GPU has fallen off the bus)")
+_FELL_HEAD = re.compile(r"NVRM: The NVIDIA GPU (?P<pci>" + _PCI + r")\b")
+_FELL_TAIL = re.compile(r"NVRM:.*fallen off the bus")
+FELL_CONTINUATION_LINES = 3       # the message runs over at most this many lines after its first
+FELL_OFF_BUS_CODE = 79
 
 
 @dataclass(frozen=True)
@@ -28,11 +66,17 @@ class XidEvent:
     pci: str                          # as the kernel printed it, e.g. "0008:01:00"
     code: int
     message: str
-    timestamp: str | None = None      # the syslog timestamp text, when the line had one
-    uptime: float | None = None       # seconds since boot from the `[  123.456]` prefix
+    timestamp: str | None = None      # the wall-clock stamp text, when the line had one
+    uptime: float | None = None       # seconds since boot from the `[  123.456]` or /dev/kmsg prefix
     host: str | None = None
     pid: int | None = None
     process_name: str | None = None
+    stamp_kind: str | None = None     # STAMP_SYSLOG | STAMP_ISO | STAMP_CTIME when timestamp is set
+    # "xid": an `NVRM: Xid` line; "fell-off-bus": the driver said the GPU fell off the bus and
+    # logged no Xid for it (read as XID 79, which NVIDIA's catalogue gives for that state).
+    form: str = "xid"
+    nvlink5: NvLink5Detail | None = field(default=None, compare=False)
+    recovery: RecoveryChange | None = field(default=None, compare=False)
 
     @property
     def info(self) -> XidInfo | None:
@@ -49,6 +93,8 @@ class XidEvent:
         data = asdict(self)
         info = self.info
         data["info"] = info.to_dict() if info else None
+        data["nvlink5"] = self.nvlink5.to_dict() if self.nvlink5 else None
+        data["recovery"] = self.recovery.to_dict() if self.recovery else None
         return data
 
 
@@ -57,22 +103,48 @@ def _pid(text: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def parse_xid_line(line: str) -> XidEvent | None:
-    """One log line -> XidEvent, or None when the line is not an XID report."""
-    line = line.rstrip("\r\n")
-    xid = _XID.search(line)
-    if not xid:
-        return None
-    prefix = line[: xid.start()]
-    timestamp = host = None
+def _stamps(prefix: str) -> tuple[str | None, str | None, float | None, str | None]:
+    """(timestamp text, its kind, uptime seconds, host) from the text before `NVRM:`."""
+    timestamp = kind = host = None
     uptime = None
     syslog = _SYSLOG.match(prefix)
     if syslog:
         timestamp, host = syslog["ts"], syslog["host"]
+        kind = STAMP_ISO if timestamp[:4].isdigit() else STAMP_SYSLOG
         prefix = prefix[syslog.end():]
-    dmesg = _DMESG.match(prefix.lstrip())
+    else:
+        kmsg = _KMSG.match(prefix)
+        if kmsg:
+            return None, None, int(kmsg["usec"]) / 1e6, None
+        iso = _DMESG_ISO.match(prefix)
+        if iso:
+            timestamp, kind = iso["ts"], STAMP_ISO
+            prefix = prefix[iso.end():]
+    prefix = prefix.lstrip()
+    ctime = _DMESG_CTIME.match(prefix)
+    if ctime:
+        if timestamp is None:
+            timestamp, kind = ctime["ts"], STAMP_CTIME
+        prefix = prefix[ctime.end():].lstrip()
+    dmesg = _DMESG.match(prefix)
     if dmesg:
         uptime = float(dmesg["uptime"])
+    return timestamp, kind, uptime, host
+
+
+def parse_xid_line(line: str) -> XidEvent | None:
+    """One log line -> XidEvent, or None when the line is not an XID report (nor a fallen-off-the-bus one)."""
+    line = line.rstrip("\r\n")
+    xid = _XID.search(line)
+    if not xid:
+        fell = _FELL.search(line)
+        if not fell:
+            return None
+        timestamp, kind, uptime, host = _stamps(line[: fell.start()])
+        return XidEvent(pci=(fell["pci1"] or fell["pci2"]).lower(), code=FELL_OFF_BUS_CODE,
+                        message="GPU has fallen off the bus (the driver logged no Xid for it)",
+                        timestamp=timestamp, uptime=uptime, host=host, stamp_kind=kind, form="fell-off-bus")
+    timestamp, kind, uptime, host = _stamps(line[: xid.start()])
     rest = xid["rest"].strip()
     pid = name = None
     owner = _PID.match(rest)
@@ -81,10 +153,88 @@ def parse_xid_line(line: str) -> XidEvent | None:
         name = owner["name"].strip()
         name = None if name in ("", "<unknown>") else name
         rest = owner["message"].strip()
-    return XidEvent(pci=xid["pci"].lower(), code=int(xid["code"]), message=rest, timestamp=timestamp,
-                    uptime=uptime, host=host, pid=pid, process_name=name)
+    code = int(xid["code"])
+    return XidEvent(pci=xid["pci"].lower(), code=code, message=rest, timestamp=timestamp,
+                    uptime=uptime, host=host, pid=pid, process_name=name, stamp_kind=kind,
+                    nvlink5=nvlink5_detail(code, rest), recovery=recovery_change(code, rest))
+
+
+def _pci(text: str):
+    try:
+        return pci_key(text)
+    except ValueError:
+        return text
 
 
 def parse_xid_events(text: str) -> list[XidEvent]:
-    """Every XID event in a kernel log, in log order."""
-    return [event for event in map(parse_xid_line, text.splitlines()) if event is not None]
+    """Every XID event in a kernel log, in log order.
+
+    A GPU that fell off the bus counts once: the driver's "fallen off the bus" lines
+    become one XID 79 event per GPU and uninterrupted run of such lines, and none when the log has an
+    `Xid ... 79` line for that GPU (that line is the event).
+    """
+    lines = text.splitlines()
+    events: list[XidEvent] = []
+    xid79 = set()
+    for n, line in enumerate(lines):
+        event = parse_xid_line(line)
+        if event is None:
+            head = _FELL_HEAD.search(line)
+            if head and any(_FELL_TAIL.search(nxt) and not _FELL_HEAD.search(nxt)
+                            for nxt in lines[n + 1: n + 1 + FELL_CONTINUATION_LINES]):
+                event = parse_xid_line(line[: head.end()] + " has fallen off the bus")
+            if event is None:
+                continue
+        if event.form == "fell-off-bus":
+            # one event for a run of such lines about the same GPU (the driver repeats itself)
+            previous = events[-1] if events else None
+            if previous is not None and previous.form == "fell-off-bus" and _pci(previous.pci) == _pci(event.pci):
+                continue
+        elif event.code == FELL_OFF_BUS_CODE:
+            xid79.add(_pci(event.pci))
+        events.append(event)
+    if xid79:
+        events = [e for e in events if not (e.form == "fell-off-bus" and _pci(e.pci) in xid79)]
+    return events
+
+
+_MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov",
+                                        "Dec"), start=1)}
+# A stamp slightly ahead of the tray's clock is skew, not next year.
+FUTURE_TOLERANCE_S = 300.0
+
+
+def stamp_age(stamp: str, kind: str | None, now_local: datetime, now_epoch: float) -> float | None:
+    """Seconds between a log line's wall-clock stamp and the tray's clock; None when unreadable.
+
+    now_local is the tray's naive local time (syslog, dmesg -T and offset-less ISO stamps are
+    local); now_epoch its epoch (stamps with an offset). Never negative.
+    """
+    if kind is None:
+        kind = STAMP_ISO if stamp[:4].isdigit() else STAMP_SYSLOG
+    try:
+        if kind == STAMP_ISO:
+            text = stamp.replace(",", ".").replace(" ", "T", 1)
+            if text.endswith("Z"):
+                text = text[:-1] + "+00:00"
+            when = datetime.fromisoformat(text)
+            if when.tzinfo is None:
+                return max((now_local - when).total_seconds(), 0.0)
+            return max(now_epoch - when.timestamp(), 0.0)
+        if kind == STAMP_CTIME:
+            when = datetime.strptime(" ".join(stamp.split()), "%a %b %d %H:%M:%S %Y")
+            return max((now_local - when).total_seconds(), 0.0)
+        month = _MONTHS[stamp[:3]]
+        day = int(stamp[4:6])
+        hh, mm, ss = (int(x) for x in stamp[7:15].split(":"))
+    except (KeyError, ValueError, OverflowError):
+        return None
+    for year in (now_local.year, now_local.year - 1):
+        try:
+            when = datetime(year, month, day, hh, mm, ss)
+        except ValueError:
+            continue
+        age = (now_local - when).total_seconds()
+        if age >= -FUTURE_TOLERANCE_S:
+            return max(age, 0.0)
+    return None

@@ -21,6 +21,7 @@ from mctl.model.gpu import (
     GpuFabric,
     GpuNvLinks,
     GpuReport,
+    MemoryRepair,
     NvLink,
     PlatformInfo,
     RemappedRows,
@@ -39,6 +40,8 @@ _PLACEHOLDERS = frozenset({
 _NUMBER = re.compile(r"^(?P<num>[-+]?\d+(?:\.\d+)?)(?:\s*(?P<unit>[A-Za-z%/]+(?:/s)?))?$")
 _TRUE = frozenset({"true", "yes", "enabled", "active"})
 _FALSE = frozenset({"false", "no", "disabled", "not active"})
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
+_FOREIGN_ROOT = re.compile(r"^(?:<\?xml[^>]*>\s*)?<(?:!doctype\s+html|html)\b", re.I)
 _FIELD_ERROR = re.compile(r'Field "(?P<field>[^"]*)" is not a valid field to query\.')
 
 
@@ -47,6 +50,19 @@ def _check_driver(text: str, what: str) -> None:
         raise DriverUnavailable(f"{what}: nvidia-smi could not communicate with the NVIDIA driver",
                                 hint="check that the nvidia kernel module is loaded (lsmod | grep nvidia) "
                                      "and matches the installed driver")
+
+
+def _refuse_binary(text: str, what: str) -> None:
+    """NUL bytes or other control characters: not text any nvidia-smi mode prints."""
+    bad = _CONTROL.search(text)
+    if bad is not None:
+        raise FactsParseError(f"{what} output is binary data (control byte {ord(bad[0]):#04x} at offset "
+                              f"{bad.start()}), not nvidia-smi output",
+                              hint="the command printed something else; run it by hand on the tray (mctl exec)")
+
+
+def _opening(text: str) -> str:
+    return repr(text.strip()[:60])
 
 
 def _placeholder(value: str) -> bool:
@@ -204,13 +220,29 @@ def _gpu(elem: ET.Element, index: int) -> Gpu:
             pending=r.flag("remapped_rows/remapped_row_pending"),
             failure=r.flag("remapped_rows/remapped_row_failure"),
         ),
+        repair=MemoryRepair(
+            channel_repair_pending=r.flag("ecc_errors/channel_repair_pending"),
+            tpc_repair_pending=r.flag("ecc_errors/tpc_repair_pending"),
+            unrepairable_memory=r.flag("ecc_errors/unrepairable_memory"),
+            sram_threshold_exceeded=r.flag("ecc_errors/aggregate/sram_threshold_exceeded"),
+        ),
         temperature_c=r.number("temperature/gpu_temp"),
-        power_draw_w=_first(r.number, "gpu_power_readings/average_power_draw",
-                            "gpu_power_readings/instant_power_draw", "power_readings/power_draw"),
-        power_limit_w=_first(r.number, "gpu_power_readings/current_power_limit", "power_readings/power_limit"),
+        power_draw_w=_first(r.number, *_POWER_DRAW),
+        power_limit_w=_first(r.number, *_POWER_LIMIT),
         memory_total_mib=r.integer("fb_memory_usage/total"),
         gpu_recovery_action=r.text("gpu_recovery_action"),
     )
+
+
+# Where each driver branch puts the GPU's own power draw and limit (real captures in tests/fixtures/real/):
+# R570/R580 <gpu_power_readings> with average/instant draw; R535 <gpu_power_readings><power_draw>; R515-R530
+# <power_readings> with <power_draw> and an enforced limit. <module_power_readings> is the whole module
+# (on GB200 the superchip), not the GPU, so it is never compared with the GPU's limit.
+_POWER_DRAW = ("gpu_power_readings/average_power_draw", "gpu_power_readings/instant_power_draw",
+               "gpu_power_readings/power_draw", "power_readings/power_draw", "power_readings/average_power_draw",
+               "power_readings/instant_power_draw")
+_POWER_LIMIT = ("gpu_power_readings/current_power_limit", "power_readings/enforced_power_limit",
+                "power_readings/current_power_limit", "power_readings/power_limit")
 
 
 def _first(get, *paths: str):
@@ -228,13 +260,26 @@ def parse_xml(text: str) -> GpuReport:
         raise FactsParseError("nvidia-smi XML declares entities, which nvidia-smi never does; refusing to read it")
     if not text.strip():
         raise FactsParseError("nvidia-smi -q -x printed nothing", hint="check that nvidia-smi exists on the tray")
+    _refuse_binary(text, "nvidia-smi -q -x")
+    body = text.strip()
+    if not body.startswith("<"):
+        looks = " (it looks like `nvidia-smi -q` text: the -x is missing)" if "NVSMI LOG" in body[:200] else ""
+        raise FactsParseError(f"nvidia-smi -q -x printed no XML{looks}: it starts {_opening(body)}",
+                              hint="run `nvidia-smi -q -x` by hand on the tray (mctl exec) and look at what it prints")
+    if _FOREIGN_ROOT.match(body):
+        raise FactsParseError(f"nvidia-smi -q -x printed an HTML page, not nvidia-smi XML: it starts {_opening(body)}",
+                              hint="something else answers as nvidia-smi on the tray (a wrapper or proxy?)")
     try:
-        root = ET.fromstring(text.strip())      # str: expat reads it faster than the same bytes
+        root = ET.fromstring(body)      # str: expat reads it faster than the same bytes
     except ET.ParseError as exc:
-        raise FactsParseError(f"nvidia-smi XML is not well-formed ({exc}); output garbled or truncated",
+        line = exc.position[0] if getattr(exc, "position", None) else 0
+        cut = (" (the document ends before it closes: output truncated)"
+               if "no element found" in str(exc) or line >= body.count("\n") + 1 else "")
+        raise FactsParseError(f"nvidia-smi XML is not well-formed ({exc}){cut or '; output garbled or truncated'}",
                               hint="rerun `nvidia-smi -q -x` on the tray") from None
     if root.tag != "nvidia_smi_log":
-        raise FactsParseError(f"nvidia-smi XML has root <{root.tag}>, expected <nvidia_smi_log>")
+        raise FactsParseError(f"nvidia-smi XML has root <{root.tag[:40]}>, expected <nvidia_smi_log>: "
+                              "not nvidia-smi output")
     top = _Reader(root, "nvidia_smi_log")
     if root.find("driver_version") is None or root.find("attached_gpus") is None:
         raise FactsParseError("nvidia-smi XML lacks <driver_version> or <attached_gpus> (partial output)")
@@ -290,6 +335,7 @@ def parse_query_csv(text: str, fields: Sequence[str], *, header: bool | None = N
         return []
     if not text.strip():
         raise FactsParseError("nvidia-smi --query-gpu printed nothing", hint="rerun the query on the tray")
+    _refuse_binary(text, "nvidia-smi --query-gpu")
     rows = _csv_rows(text)
     if header is None:
         names = [(_HEADER_UNIT.match(c)["name"] if _HEADER_UNIT.match(c) else c).lower() for c in rows[0]]
@@ -312,19 +358,27 @@ def parse_query_csv(text: str, fields: Sequence[str], *, header: bool | None = N
 _NVLINK_GPU = re.compile(r"^GPU (?P<index>\d+): (?P<name>.*?)(?: \(UUID: (?P<uuid>[^)]+)\))?$")
 _NVLINK_LINK = re.compile(r"^Link (?P<link>\d+): (?P<value>.+)$")
 _SPEED = re.compile(r"^(?P<num>\d+(?:\.\d+)?) ?GB/s$")
+_ALL_INACTIVE = re.compile(r"^NVML: Unable to retrieve NVLink information as all links are inactive\.?$", re.I)
 
 
 def parse_nvlink_status(text: str) -> tuple[GpuNvLinks, ...]:
-    """Read `nvidia-smi nvlink --status`: per GPU, each link's speed in GB/s or None when inactive."""
+    """Read `nvidia-smi nvlink --status`: per GPU, each link's speed in GB/s or None when inactive.
+
+    A GPU whose links are all down has no link lines; NVML prints
+    `NVML: Unable to retrieve NVLink information as all links are inActive` under its GPU line
+    instead (real B200 output, leptonai/gpud issue 1085), read as all_inactive=True.
+    """
     _check_driver(text, "nvidia-smi nvlink --status")
     if not text.strip():
         raise FactsParseError("nvidia-smi nvlink --status printed nothing", hint="rerun it on the tray")
+    _refuse_binary(text, "nvidia-smi nvlink --status")
     gpus: list[GpuNvLinks] = []
     current: dict | None = None
 
     def close() -> None:
         if current is not None:
-            gpus.append(GpuNvLinks(current["index"], current["name"], current["uuid"], tuple(current["links"])))
+            gpus.append(GpuNvLinks(current["index"], current["name"], current["uuid"], tuple(current["links"]),
+                                   all_inactive=current["all_inactive"]))
 
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
@@ -333,17 +387,24 @@ def parse_nvlink_status(text: str) -> tuple[GpuNvLinks, ...]:
         gpu = _NVLINK_GPU.match(line)
         if gpu:
             close()
-            current = {"index": int(gpu["index"]), "name": gpu["name"] or None, "uuid": gpu["uuid"], "links": []}
+            current = {"index": int(gpu["index"]), "name": gpu["name"] or None, "uuid": gpu["uuid"], "links": [],
+                       "all_inactive": False}
+            continue
+        if current is not None and _ALL_INACTIVE.search(line):
+            if current["links"]:
+                raise FactsParseError(f"nvlink --status line {lineno}: GPU {current['index']} lists links and "
+                                      "also says all links are inactive", hint="rerun `nvidia-smi nvlink --status`")
+            current["all_inactive"] = True
             continue
         link = _NVLINK_LINK.match(line)
-        if link and current is not None:
+        if link and current is not None and not current["all_inactive"]:
             value = link["value"].strip()
             if value.lower() in ("<inactive>", "inactive"):
                 speed = None
             else:
                 match = _SPEED.match(value)
                 if not match:
-                    raise FactsParseError(f"nvlink --status line {lineno}: unexpected link value {value!r}")
+                    raise FactsParseError(f"nvlink --status line {lineno}: unexpected link value {value[:40]!r}")
                 speed = float(match["num"])
             current["links"].append(NvLink(int(link["link"]), speed))
             continue
@@ -351,6 +412,16 @@ def parse_nvlink_status(text: str) -> tuple[GpuNvLinks, ...]:
                               hint="output garbled or truncated; rerun `nvidia-smi nvlink --status`")
     close()
     return tuple(gpus)
+
+
+def with_stderr(gpus: tuple[GpuNvLinks, ...], stderr: str) -> tuple[GpuNvLinks, ...]:
+    """NVML's all-links-inactive sentence can come on stderr, apart from its GPU line: then every GPU
+    that printed no link line is the one it is about."""
+    if not any(_ALL_INACTIVE.search(line.strip()) for line in stderr.splitlines()):
+        return gpus
+    from dataclasses import replace
+
+    return tuple(replace(g, all_inactive=True) if not g.links and not g.all_inactive else g for g in gpus)
 
 
 # --- -L ---------------------------------------------------------------------------------------
@@ -387,6 +458,6 @@ def parse_number(value: str | None) -> float | None:
 
 
 __all__: Iterable[str] = [
-    "parse_xml", "parse_query_csv", "parse_nvlink_status", "parse_list", "parse_number",
+    "parse_xml", "parse_query_csv", "parse_nvlink_status", "parse_list", "parse_number", "with_stderr",
     "FactsParseError", "DriverUnavailable", "DRIVER_FAILURE",
 ]

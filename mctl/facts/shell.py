@@ -73,13 +73,16 @@ to() { if [ -n "$T" ]; then $T "$@"; else shift; "$@"; fi; }""",
   return 0
 }""",
     # the newest XID lines of the kernel log, after a source= line naming where they came from (an empty
-    # log, just rotated, needs no grep and tail); only its last XID_BYTES are read (an XID storm grows it
-    # by megabytes), without the first, cut line when the log is longer
+    # log, just rotated, needs no grep and tail); with them the driver's "fallen off the bus" lines, which
+    # recent drivers can log with no Xid at all (the first of the two-line form starts "NVRM: The NVIDIA GPU").
+    # Only the log's last XID_BYTES are read (an XID storm grows it by megabytes), without the first, cut
+    # line when the log is longer
     "xid": r"""xid() {
   if [ -r /var/log/kern.log ]; then echo source=/var/log/kern.log; [ -s /var/log/kern.log ] || return 0
     tail -c @XID_BYTES@ /var/log/kern.log | { if [ "$(wc -c < /var/log/kern.log)" -gt @XID_BYTES@ ]; then sed 1d; \
-      else cat; fi; } | grep -a 'NVRM: Xid' | tail -n @XID_TAIL@
-  else echo source=dmesg; dmesg 2>/dev/null | grep 'NVRM: Xid' | tail -n @XID_TAIL@; fi
+      else cat; fi; } | grep -a -e 'NVRM: Xid' -e 'fallen off the bus' -e 'NVRM: The NVIDIA GPU' | tail -n @XID_TAIL@
+  else echo source=dmesg
+    dmesg 2>/dev/null | grep -a -e 'NVRM: Xid' -e 'fallen off the bus' -e 'NVRM: The NVIDIA GPU' | tail -n @XID_TAIL@; fi
   return 0
 }""",
 }

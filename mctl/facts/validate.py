@@ -2,7 +2,8 @@
 
 Rules (each yields findings, never an exception; nothing is guessed):
 - every compute tray answered (unreachable, hung and refused trays are critical);
-- each tray shows Rack.gpus_per_tray GPUs, readable from nvidia-smi;
+- each tray shows Rack.gpus_per_tray GPUs, readable from nvidia-smi, and as many as the
+  driver counts (fewer <gpu> blocks than attached_gpus is a finding, never a shorter list);
 - each GPU's fabric is Completed/Success and in an NVLink domain (an all-zero
   cluster UUID is no domain);
 - one cluster UUID per tray and per rack, the one the inventory declares, and
@@ -67,7 +68,12 @@ def _tray_findings(rack: "Rack", t: "TrayFacts") -> list[Finding]:
                             "a GPU fell off the bus or failed: drain the tray, check XIDs (79) and reseat/replace",
                             visible=have, expected=want, indexes=indexes))
     elif report.attached_gpus is not None and report.attached_gpus != have:
-        out.append(warn(t.host, "gpu.count", f"driver counts {report.attached_gpus} GPUs but lists {have}"))
+        # fewer <gpu> blocks than attached_gpus: a GPU the driver knows but nvidia-smi could not read
+        out.append(critical(t.host, "gpu.count", f"driver counts {report.attached_gpus} GPUs but nvidia-smi lists "
+                            f"{have}" + (f"; nvidia-smi: {t.gpu_messages[0]}" if t.gpu_messages else ""),
+                            "a GPU the driver knows could not be read: check XIDs (79) and the kernel log; reboot, "
+                            "reseat or replace it if it stays unreadable",
+                            visible=have, expected=want, attached=report.attached_gpus))
     bad_fabric = [g for g in report.gpus if g.fabric.state != FABRIC_COMPLETED or g.fabric.status != FABRIC_SUCCESS]
     if bad_fabric:
         states = Counter(f"{g.fabric.state or 'unknown'}/{g.fabric.status or 'unknown'}" for g in bad_fabric)

@@ -50,48 +50,17 @@ class XidObservation:
                 "this_boot": self.this_boot}
 
 
-_MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov",
-                                        "Dec"), start=1)}
-
-
-def _syslog_age(stamp: str, clock: Clock) -> float | None:
-    """Age of an rsyslog stamp ('Nov 29 19:18:17', no year) against the tray's local time."""
-    try:
-        month = _MONTHS[stamp[:3]]
-        day = int(stamp[4:6])
-        hh, mm, ss = (int(x) for x in stamp[7:15].split(":"))
-    except (KeyError, ValueError):
-        return None
-    for year in (clock.local.year, clock.local.year - 1):
-        try:
-            when = datetime(year, month, day, hh, mm, ss)
-        except ValueError:
-            continue
-        age = (clock.local - when).total_seconds()
-        if age >= -BOOT_TOLERANCE_S:       # a stamp slightly ahead is clock skew, not next year
-            return max(age, 0.0)
-    return None
-
-
-def _iso_age(stamp: str, clock: Clock) -> float | None:
-    try:
-        when = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if when.tzinfo is None:
-        return max((clock.local - when).total_seconds(), 0.0)
-    return max(clock.epoch - when.timestamp(), 0.0)
-
-
 def observe_xid(event: "XidEvent", clock: Clock | None) -> XidObservation:
     """Date an XID line. The uptime prefix is exact within one boot; the wall-clock stamp
     tells whether the line belongs to this boot at all (kern.log outlives reboots)."""
     if clock is None:
         return XidObservation(event, None, None)
+    from mctl.facts.kernel_log import stamp_age as _stamp_age
+
     stamp_age = None
     if event.timestamp:
-        stamp_age = (_iso_age(event.timestamp, clock) if event.timestamp[:4].isdigit()
-                     else _syslog_age(event.timestamp, clock))
+        # every wall-clock form the kernel log comes in (syslog, ISO, dmesg -T): mctl.facts.kernel_log
+        stamp_age = _stamp_age(event.timestamp, getattr(event, "stamp_kind", None), clock.local, clock.epoch)
     if event.uptime is not None:
         uptime_age = clock.uptime - event.uptime
         if uptime_age < -1.0:

@@ -198,7 +198,7 @@ def parse_probe(host: str, stdout: str, stderr: str, nonce: str, *, address: str
     gpu_facts: (GpuReport | None, error | None, messages, nvlinks | None, nvlink_error | None, source)
     when the caller read the GPUs another way (NVML); the nvidia-smi sections are then absent.
     """
-    from mctl.facts.nvidia_smi import parse_nvlink_status
+    from mctl.facts.nvidia_smi import parse_nvlink_status, with_stderr
     from mctl.facts.services import SLURMD_UNIT, parse_service_probe
 
     sections = split_sections(stdout, nonce)
@@ -239,6 +239,8 @@ def parse_probe(host: str, stdout: str, stderr: str, nonce: str, *, address: str
             else:
                 try:
                     nvlinks = parse_nvlink_status(nvl.text)
+                    if errors.get("nvlink") is not None:
+                        nvlinks = with_stderr(nvlinks, errors["nvlink"].text)
                 except FactsParseError as exc:
                     nvlink_error = f"nvlink --status unreadable: {exc.message}"
     return TrayHealthFacts(host=host, address=address, hostname=hostname, clock=clock, gpus=gpus, gpu_error=gpu_error,

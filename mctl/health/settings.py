@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
 from mctl.model.findings import Severity
-from mctl.model.xid import DEFAULT_DRAIN_XIDS
+from mctl.model.xid import DEFAULT_DRAIN_XIDS, DEFAULT_NVLINK5_NO_DRAIN, NVLINK5_MODES
 
 REASON_PREFIX = "mctl:"
 REASON_MAX = 40          # sinfo -R shows 20 by default; 40 reads whole in `sinfo -R -o "%40E %N"`
@@ -33,6 +33,22 @@ FABRIC_FLAG_DEFAULTS: dict[str, Severity] = {
 }
 
 
+def parse_subcodes(values) -> frozenset[tuple[int, int]]:
+    """['149.38', '149.40'] -> {(149, 38), (149, 40)}: NVLink5 XID.subcode pairs."""
+    out = set()
+    for value in values:
+        text = str(value).strip()
+        match = re.fullmatch(r"(14[4-9]|150)\.(\d{1,2})", text)
+        if not match or int(match[2]) > 63:
+            raise ValueError(f"not an NVLink5 XID.subcode: {text!r} (use e.g. 149.38: XID 144-150, subcode 0-63)")
+        out.add((int(match[1]), int(match[2])))
+    return frozenset(out)
+
+
+def _subcode_texts(pairs) -> list[str]:
+    return [f"{x}.{s}" for x, s in sorted(pairs)]
+
+
 def parse_duration(text: str | int | float) -> float:
     """'90s', '5m', '1h', '2d' (or a number of seconds) -> seconds."""
     if isinstance(text, (int, float)):
@@ -43,10 +59,34 @@ def parse_duration(text: str | int | float) -> float:
     return float(int(match[1]) * _UNIT[match[2]])
 
 
+def _spec_subcodes(spec: Any) -> frozenset[tuple[int, int]]:
+    values = getattr(spec, "nvlink5_no_drain", None)
+    if values is None:
+        return DEFAULT_NVLINK5_NO_DRAIN
+    try:
+        return parse_subcodes(values)
+    except ValueError as exc:
+        from mctl.errors import UsageError
+
+        raise UsageError(f"inventory health.nvlink5_no_drain: {exc}",
+                         hint="quote each entry in the inventory, e.g. nvlink5_no_drain: ['149.38', '149.40']"
+                         ) from None
+
+
+def _mode(value) -> str:
+    if value not in NVLINK5_MODES:
+        raise ValueError(f"nvlink5_drain is {value!r}; use one of {', '.join(NVLINK5_MODES)}")
+    return str(value)
+
+
 @dataclass(frozen=True)
 class HealthSettings:
     interval: float = 60.0
     drain_xids: frozenset[int] = DEFAULT_DRAIN_XIDS
+    # NVLink5 XIDs 144-150: "fatal" drains on the line's Fatal word only (NVIDIA's catalogue), "all" on every line;
+    # nvlink5_no_drain: Fatal XID.subcode pairs the catalogue says to ignore.
+    nvlink5_drain: str = "fatal"
+    nvlink5_no_drain: frozenset[tuple[int, int]] = DEFAULT_NVLINK5_NO_DRAIN
     resume_after_healthy_sweeps: int = 3
     unreachable_sweeps_before_drain: int = 3
     confirm_sweeps: int = 1
@@ -95,6 +135,8 @@ class HealthSettings:
         return cls(
             interval=float(spec.interval),
             drain_xids=frozenset(int(x) for x in spec.drain_xids),
+            nvlink5_drain=_mode(getattr(spec, "nvlink5_drain", "fatal")),
+            nvlink5_no_drain=_spec_subcodes(spec),
             resume_after_healthy_sweeps=int(spec.resume_after_healthy_sweeps),
             unreachable_sweeps_before_drain=int(spec.unreachable_sweeps_before_drain),
             confirm_sweeps=int(spec.confirm_sweeps),
@@ -120,6 +162,7 @@ class HealthSettings:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["drain_xids"] = sorted(self.drain_xids)
+        data["nvlink5_no_drain"] = _subcode_texts(self.nvlink5_no_drain)
         data["fabric_flags"] = {k: Severity(v).value for k, v in self.fabric_flags.items()}
         data["driver_mismatch"] = self.driver_mismatch.value
         data["disk_paths"] = list(self.disk_paths)
@@ -136,6 +179,10 @@ class HealthSettings:
         kwargs: dict[str, Any] = dict(data)
         if "drain_xids" in kwargs:
             kwargs["drain_xids"] = frozenset(int(x) for x in kwargs["drain_xids"])
+        if "nvlink5_drain" in kwargs:
+            kwargs["nvlink5_drain"] = _mode(kwargs["nvlink5_drain"])
+        if "nvlink5_no_drain" in kwargs:
+            kwargs["nvlink5_no_drain"] = parse_subcodes(kwargs["nvlink5_no_drain"])
         if "fabric_flags" in kwargs:
             flags = dict(FABRIC_FLAG_DEFAULTS)
             flags.update({k: Severity(v) for k, v in kwargs["fabric_flags"].items()})

@@ -142,6 +142,10 @@ class HysteresisSpec(Spec):
 class HealthSpec(Spec):
     interval = F(float, 60, gt=0)
     drain_xids = F(ListOf(int), factory=lambda: list(DEFAULT_DRAIN_XIDS))
+    # NVLink5 XIDs 144-150 (docs/health.md): drain on the line's Fatal word ("fatal") or on every line ("all");
+    # Fatal XID.subcode pairs that never drain (NVIDIA's catalogue: ignore).
+    nvlink5_drain = F(OneOf("fatal", "all"), "fatal")
+    nvlink5_no_drain = F(ListOf(str), factory=lambda: ["149.38", "149.40"])
     resume_after_healthy_sweeps = F(int, 3, ge=1)
     unreachable_sweeps_before_drain = F(int, 3, ge=1)
     max_gpu_temp_c = F(float, 90)

@@ -119,6 +119,17 @@ class EccCounts:
 
 
 @dataclass(frozen=True)
+class MemoryRepair:
+    """Blackwell memory self-repair as R580 drivers report it under <ecc_errors>: a channel or TPC repair
+    waiting for a GPU reset, memory the GPU could not repair, and the SRAM error threshold crossed."""
+
+    channel_repair_pending: bool | None = None
+    tpc_repair_pending: bool | None = None
+    unrepairable_memory: bool | None = None
+    sram_threshold_exceeded: bool | None = None
+
+
+@dataclass(frozen=True)
 class RemappedRows:
     correctable: int | None = None
     uncorrectable: int | None = None
@@ -139,6 +150,7 @@ class Gpu:
     fabric: GpuFabric = field(default_factory=GpuFabric)
     ecc: EccCounts = field(default_factory=EccCounts)
     remapped_rows: RemappedRows = field(default_factory=RemappedRows)
+    repair: MemoryRepair = field(default_factory=MemoryRepair)
     temperature_c: float | None = None
     power_draw_w: float | None = None
     power_limit_w: float | None = None
@@ -232,6 +244,9 @@ class GpuNvLinks:
     name: str | None
     uuid: str | None
     links: tuple[NvLink, ...]
+    # NVML printed "Unable to retrieve NVLink information as all links are inActive" instead of link lines:
+    # every link of the GPU is down (no link lines to count).
+    all_inactive: bool = False
 
     @property
     def inactive_links(self) -> tuple[int, ...]:
@@ -240,4 +255,4 @@ class GpuNvLinks:
     def to_dict(self) -> dict[str, Any]:
         return {"index": self.index, "name": self.name, "uuid": self.uuid,
                 "links": [{"link": l.link, "speed_gbps": l.speed_gbps, "active": l.active} for l in self.links],
-                "inactive_links": list(self.inactive_links)}
+                "inactive_links": list(self.inactive_links), "all_inactive": self.all_inactive}

@@ -1,4 +1,5 @@
-"""Uncorrectable ECC errors, remapped-row failures and the driver's GPU recovery action."""
+"""Uncorrectable ECC errors, remapped-row failures, Blackwell memory repair (R580) and the driver's GPU
+recovery action."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from mctl.model.findings import Finding, Severity
 ECC = "gpu.ecc"
 ROWS = "gpu.remapped-rows"
 RECOVERY = "gpu.recovery"
+REPAIR = "gpu.memory-repair"
 
 
 def check(facts, expect, settings) -> list[Finding]:
@@ -37,6 +39,24 @@ def check(facts, expect, settings) -> list[Finding]:
     if pending:
         out.append(finding(Severity.WARN, host, ROWS, f"row remap pending on {gpu_list(pending)}",
                            "reset the GPU when it is idle so the remap takes effect"))
+    unrepairable = [g.index for g in facts.gpus.gpus if g.repair.unrepairable_memory]
+    sram = [g.index for g in facts.gpus.gpus if g.repair.sram_threshold_exceeded]
+    repair_pending = [(g.index, ", ".join(w for w, on in (("channel", g.repair.channel_repair_pending),
+                                                            ("TPC", g.repair.tpc_repair_pending)) if on))
+                      for g in facts.gpus.gpus if g.repair.channel_repair_pending or g.repair.tpc_repair_pending]
+    if unrepairable:
+        out.append(finding(Severity.CRITICAL, host, REPAIR,
+                           f"memory the GPU could not repair on {gpu_list(unrepairable)}",
+                           "the GPU's memory repair is exhausted: drain and replace it (RMA)",
+                           short=f"unrepairable memory {gpu_list(unrepairable)}"))
+    if sram:
+        out.append(finding(Severity.CRITICAL, host, REPAIR, f"SRAM error threshold exceeded on {gpu_list(sram)}",
+                           "drain; NVIDIA treats a GPU over its SRAM uncorrectable-error threshold as a replacement "
+                           "(RMA) case", short=f"sram threshold {gpu_list(sram)}"))
+    if repair_pending:
+        out.append(finding(Severity.WARN, host, REPAIR, "memory repair pending (applies at the next GPU reset): "
+                           + ", ".join(f"gpu{i} {what}" for i, what in repair_pending),
+                           "reset the GPU when it is idle so the repair takes effect"))
     reset = [(g.index, g.gpu_recovery_action) for g in facts.gpus.gpus
              if g.gpu_recovery_action and g.gpu_recovery_action.strip().lower() not in ("none", "n/a")]
     if reset:
@@ -46,5 +66,5 @@ def check(facts, expect, settings) -> list[Finding]:
                            f"drain, then {action.lower()} the GPU (nvidia-smi -r) or reboot the tray",
                            short=f"{gpu_list(i for i, _ in reset)} needs {action.lower()}"))
     if not out:
-        out.append(ok(host, ECC, "no uncorrectable ECC errors, no remap pending, no recovery action"))
+        out.append(ok(host, ECC, "no uncorrectable ECC errors, no remap or repair pending, no recovery action"))
     return out

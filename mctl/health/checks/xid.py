@@ -4,6 +4,10 @@ An XID is an event, not a state: it counts while it is younger than the XID
 window and from the current boot. Lasting effects (a GPU gone, a reset
 required, ECC counters) are judged by their own checks, so a tray whose XID
 aged out is healthy only if those agree.
+
+Some lines carry their own verdict (mctl.model.xid.judge): NVLink5 XIDs 144-150 say
+Fatal or Nonfatal, XID 154 names the recovery action the driver wants. A GPU that fell
+off the bus with no Xid line is read as XID 79 (kernel_log).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import re
 from mctl.health.checks._base import finding, ok
 from mctl.model.findings import Finding, Severity
 from mctl.model.gpu import pci_key
-from mctl.model.xid import describe
+from mctl.model.xid import DEFAULT_NVLINK5_NO_DRAIN, describe, judge
 
 CHECK = "gpu.xid"
 
@@ -60,23 +64,40 @@ def check(facts, expect, settings) -> list[Finding]:
         note = f" ({older} older or from an earlier boot)" if older else ""
         return [ok(facts.host, CHECK, f"no XID in the last {window:g}s{note}")]
     out = []
-    seen: dict[tuple[int, str], list] = {}
+    seen: dict[tuple[int, str, bool], list] = {}
+    verdicts = {}
     for x in recent:
-        seen.setdefault((x.event.code, _gpu_name(x.event.pci, facts)), []).append(x)
-    for (code, gpu), events in sorted(seen.items(), key=lambda kv: (kv[0][0] not in settings.drain_xids, kv[0])):
+        v = judge(x.event.code, x.event.message, settings.drain_xids,
+                  nvlink5_mode=getattr(settings, "nvlink5_drain", "fatal"),
+                  nvlink5_no_drain=getattr(settings, "nvlink5_no_drain", DEFAULT_NVLINK5_NO_DRAIN))
+        key = (x.event.code, _gpu_name(x.event.pci, facts), v.drains)
+        seen.setdefault(key, []).append(x)
+        verdicts.setdefault(key, v)
+    for (code, gpu, drains), events in sorted(seen.items(), key=lambda kv: (not kv[0][2], kv[0][:2])):
         info = describe(code)
         meaning = info.meaning if info else "not in mctl's catalogue"
         newest = min((e.age_s for e in events if e.age_s is not None), default=None)
         when = f", {newest:.0f}s ago" if newest is not None else ""
         count = f" x{len(events)}" if len(events) > 1 else ""
-        drains = code in settings.drain_xids
+        last = events[-1].event
         action = (f"NVIDIA's action: {info.bucket}" if info else "look the code up in NVIDIA's XID catalogue")
-        said = events[-1].event.message.strip().rstrip(".")
+        if last.recovery is not None and last.recovery.needs_action:
+            action = f"the driver asks for: {last.recovery.new_name}"
+        elif last.nvlink5 is not None and not drains:
+            action = (f"NVIDIA's catalogue: ignore ({verdicts[(code, gpu, drains)].why}); the NVLink check judges "
+                      "the links themselves")
+        said = last.message.strip().rstrip(".")
         said = f" ({said})" if said and said.lower() != meaning.lower() else ""
+        no_xid = " (no Xid line: the driver's fallen-off-the-bus message)" if last.form == "fell-off-bus" else ""
+        if last.form == "fell-off-bus":
+            short = f"{gpu} fell off bus (no xid)"
+        else:
+            word = " fatal" if drains and last.nvlink5 is not None and last.nvlink5.fatal else ""
+            short = f"xid {code}{word} {gpu} ({SHORT.get(code, 'xid')})"
         out.append(finding(Severity.CRITICAL if drains else Severity.WARN, facts.host, CHECK,
-                           f"XID {code} on {gpu}{count}: {meaning}{when}{said}",
+                           f"XID {code} on {gpu}{count}: {meaning}{when}{said}{no_xid}",
                            action + ("; the tray is drained until the XID ages out or it is resumed" if drains
                                      else ""),
-                           short=f"xid {code} {gpu} ({SHORT.get(code, 'xid')})", code=code, gpu=gpu,
-                           count=len(events), drains=drains))
+                           short=short, code=code, gpu=gpu, count=len(events), drains=drains,
+                           why=verdicts[(code, gpu, drains)].why))
     return out
