@@ -38,7 +38,7 @@ def text(name: str) -> str:
 
 def test_every_sample_has_provenance_and_a_test():
     readme = (REAL / "README.md").read_text(encoding="utf-8")
-    samples = sorted(p.name for p in REAL.iterdir() if p.name != "README.md")
+    samples = sorted(p.name for p in REAL.iterdir() if p.is_file() and p.name != "README.md")
     assert len(samples) >= 20
     for name in samples:
         assert f"`{name}`" in readme, f"{name} has no provenance row in tests/fixtures/real/README.md"
@@ -495,6 +495,7 @@ def test_probe_grep_keeps_what_the_parser_needs(tmp_path, name):
     log = tmp_path / "kern.log"
     log.write_bytes((REAL / name).read_bytes())
     body = shell.FUNCTIONS["xid"].replace("/var/log/kern.log", str(log)).replace("@XID_TAIL@", str(shell.XID_TAIL))
+    body = body.replace("@XID_BYTES@", str(shell.XID_BYTES))
     out = subprocess.run(["/bin/sh", "-c", body + "\nxid\n"], capture_output=True, text=True, timeout=30).stdout
     problems: list[str] = []
     source, events = xid_section({"xid": Section("xid", out, 0)}, problems)
