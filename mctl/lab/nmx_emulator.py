@@ -167,7 +167,7 @@ class Config:
             if not user or password is None:
                 raise ConfigError("config needs username and password (or credentials_file)")
             users = {str(user): (str(password), "rw")}
-            if data.get("ro_credentials_file"):
+            if data.get("ro_credentials_file") and rel(data["ro_credentials_file"]).exists():  # type: ignore
                 ro_user, ro_password = cred_line(data["ro_credentials_file"])
                 users[ro_user] = (ro_password, "ro")
             for u in data.get("users") or []:
