@@ -612,13 +612,14 @@ class NMXState:
         return _object_id(f"{g.id}/port/{num}")
 
     def switch_uid(self, index: int) -> int:
-        return int(hashlib.sha1(f"{self.cfg.domain_uuid}/switch/{index}".encode()).hexdigest()[:15], 16)
+        # Port numbers stay below 2**31: the spec says uint64, NVIDIA's generated Rust model reads them as i32.
+        return int(hashlib.sha1(f"{self.cfg.domain_uuid}/switch/{index}".encode()).hexdigest()[:7], 16)
 
     def ports_json(self) -> list[dict[str, Any]]:
         """The GPU side of every NVLink (18 per GPU), in the model's Port shape."""
         out = []
         faults = {t.name: self.tray_faults(t) for t in self.cfg.trays}
-        for g in self.gpus:
+        for gi, g in enumerate(self.gpus):
             down = {int(p[1]) for p in faults[g.tray.name].get("nvlink_down") or []
                     if len(p) == 2 and int(p[0]) == g.device}
             for num in range(1, PORTS_PER_GPU + 1):
@@ -626,7 +627,7 @@ class NMXState:
                 switch = (num - 1) // 2 % max(1, self.cfg.switch_trays)
                 out.append({"ID": self.port_id(g, num), "CreatedAt": self.started, "UpdatedAt": self.started,
                             "DomainUUID": self.cfg.domain_uuid, "LocationInfo": self.location_info(g.tray),
-                            "Type": "GPU", "PortUID": g.uid * 100 + num, "PortNum": num,
+                            "Type": "GPU", "PortUID": gi * 100 + num, "PortNum": num,
                             "PeerPortDeviceUID": self.switch_uid(switch),
                             "PeerPortNum": g.tray.tray_index * 8 + g.device * 2 + (num - 1) % 2 + 1,
                             "Rail": num - 1, "Plane": (num - 1) % 2, "PhysicalState":

@@ -92,7 +92,7 @@ class NmxComputeNode:
         return cls(id=str(data.get("ID", "")), name=str(data.get("Name", "")),
                    domain_uuid=str(data.get("DomainUUID", "")),
                    gpu_ids=tuple(str(g) for g in data.get("GpuIDList") or ()),
-                   health=str(data.get("Health", "UNKNOWN")),
+                   health=str(data.get("Health") or "UNKNOWN"),
                    chassis_id=_int(loc.get("ChassisID")), chassis_serial=loc.get("ChassisSerialNumber"),
                    host_id=_int(loc.get("HostID")), slot_id=_int(loc.get("SlotID")),
                    tray_index=_int(loc.get("TrayIndex")))
@@ -149,7 +149,7 @@ class NmxPartition:
         pid = _int(data.get("PartitionID"))
         return cls(id=str(data.get("ID", "") or (pid if pid is not None else "")),
                    partition_id=pid if pid is not None else 0, name=str(data.get("Name", "")),
-                   type=kind, health=str(data.get("Health", "UNKNOWN")), members=tuple(members))
+                   type=kind, health=str(data.get("Health") or "UNKNOWN"), members=tuple(members))
 
 
 @dataclass(frozen=True)
