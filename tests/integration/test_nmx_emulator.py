@@ -627,3 +627,55 @@ def test_redirect_to_another_origin_never_carries_the_credentials():
     finally:
         origin.close()
         sink.close()
+
+
+# -------------------------------------------- lab faults of a rack's NMX-M (issue 15.2)
+
+@pytest.mark.lab
+def test_lab_fault_nmx_500_timeout_slow_and_clear(lab):
+    from mctl.inventory import load_site
+
+    site = load_site(lab.inventory)
+    rack = site.racks[lab.rack]
+    quick = RetryPolicy(attempts=2, backoff_s=0.05, timeout_s=1.0, call_deadline_s=10)
+    client = NMXClient.for_rack(site, rack, policy=quick)
+    assert client.count("gpus") == 4 * len(lab.trays)
+    try:
+        dry = lab.mctl("lab", "fault", lab.rack, "--nmx", "500", "--dry-run", "--dir", str(lab.dir))
+        assert dry.returncode == 0 and "would: write nmx-faults.json" in dry.stdout
+        assert client.count("gpus") == 4 * len(lab.trays)
+        res = lab.mctl("lab", "fault", lab.trays[0], "--nmx", "500", "--dir", str(lab.dir), "--json")
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout)["after"] == ["nmx answers 500"]
+        listed = lab.mctl("partition", "list", lab.rack)
+        assert listed.returncode == 3 and "unavailable" in listed.stderr and "HTTP 500" in listed.stderr
+        assert lab.mctl("lab", "fault", lab.rack, "--nmx", "timeout", "--dir", str(lab.dir)).returncode == 0
+        started = time.monotonic()
+        with pytest.raises(NMXUnavailable, match="unavailable"):
+            client.partitions()
+        assert time.monotonic() - started < 10
+        assert lab.mctl("lab", "fault", lab.rack, "--nmx", "slow", "--dir", str(lab.dir)).returncode == 0
+        started = time.monotonic()
+        assert NMXClient.for_rack(site, rack).count("gpus") == 4 * len(lab.trays)     # late, inside the deadline
+        assert time.monotonic() - started >= 2.5
+        bad = lab.mctl("lab", "fault", lab.rack, "--nmx", "404", "--dir", str(lab.dir))
+        assert bad.returncode == 2 and "one of 500, timeout, slow, clear" in bad.stderr
+    finally:
+        cleared = lab.mctl("lab", "fault", lab.rack, "--clear", "--dir", str(lab.dir))
+        assert cleared.returncode == 0 and f"{lab.rack} nmx: no faults" in cleared.stdout
+    assert lab.mctl("partition", "list", lab.rack).returncode == 0
+
+
+@pytest.mark.lab
+def test_lab_nmx_has_a_read_only_user(lab):
+    from mctl.fabric.nmx import NMXReadOnly, load_credentials
+    from mctl.inventory import load_site
+
+    site = load_site(lab.inventory)
+    rack = site.racks[lab.rack]
+    ro = load_credentials(Path(rack.nmx.credentials_file).with_name("nmx-ro.cred"))
+    client = NMXClient(rack.nmx.url, ro, policy=FAST)
+    nodes = client.compute_nodes()
+    assert ro.username == "ro-user" and len(nodes) == len(lab.trays)
+    with pytest.raises(NMXReadOnly, match="this user is read-only"):
+        client.create_partition("ro-try", list(nodes[0].gpu_ids))
