@@ -39,10 +39,9 @@ import socket
 import ssl
 import stat
 import sys
+import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -99,6 +98,10 @@ class NMXReadOnly(NMXAuthError):
 
 class NMXForeignOrigin(NMXError):
     """NMX-M pointed mctl (redirect or operation Location) at another scheme, host or port."""
+
+
+class _Deadline(Exception):
+    """The watchdog shut the connection: the whole exchange took longer than timeout_s."""
 
 
 class _Transient(Exception):
@@ -188,13 +191,6 @@ def _origin(url: str) -> tuple[str, str, int]:
     return scheme, (parts.hostname or "").lower(), port or (443 if scheme == "https" else 80)
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """urllib would follow a redirect and resend every header, Authorization too, to any host: never."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):    # noqa: ANN001 (urllib's signature)
-        return None
-
-
 def _default_warn(message: str) -> None:
     sys.stderr.write(f"mctl: warning: {message}\n")
 
@@ -256,10 +252,6 @@ class NMXClient:
             else:
                 ctx = ssl.create_default_context()
             self._context = ctx
-        handlers: list[Any] = [urllib.request.ProxyHandler({}), _NoRedirect()]
-        if self._context is not None:
-            handlers.append(urllib.request.HTTPSHandler(context=self._context))
-        self._opener = urllib.request.build_opener(*handlers)
 
     def __repr__(self) -> str:
         return f"NMXClient({self.url!r}, user={self._credentials.username!r})"
@@ -292,56 +284,88 @@ class NMXClient:
                      "if that is really NMX-M)")
         return url
 
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        scheme, host, port = self.origin
+        if scheme == "https":
+            return http.client.HTTPSConnection(host, port, timeout=timeout, context=self._context)
+        return http.client.HTTPConnection(host, port, timeout=timeout)
+
+    def _exchange(self, method: str, url: str, data: bytes | None) -> tuple[int, str, dict[str, str], bytes]:
+        """One HTTP exchange on a fresh connection, all of it (connect, send, headers, body) within timeout_s.
+
+        http.client, not urllib: it follows no redirect and uses no proxy from the environment,
+        so the Authorization header only ever goes to this client's own origin. A watchdog
+        shuts the socket at the deadline, so a server that drips its answer cannot hold a call.
+        """
+        timeout = self.policy.timeout_s
+        parts = urllib.parse.urlsplit(url)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        headers = {"Authorization": self._credentials.header(), "Accept": "application/json"}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        conn = self._connection(timeout)
+        expired = threading.Event()
+
+        def abort() -> None:
+            expired.set()
+            sock = conn.sock
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        watchdog = threading.Timer(timeout, abort)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            conn.request(method, path, body=data, headers=headers)
+            resp = conn.getresponse()
+            raw = _read(resp, url)
+            if expired.is_set():        # the shut socket read as an early end: the answer is cut, not whole
+                raise _Deadline(f"no whole answer from {_path(url)} in {timeout:g} s")
+            return resp.status, resp.reason, dict(resp.getheaders()), raw
+        except (OSError, http.client.HTTPException) as exc:
+            if expired.is_set() and not isinstance(exc, ssl.SSLCertVerificationError):
+                raise _Deadline(f"no whole answer from {_path(url)} in {timeout:g} s") from None
+            raise
+        finally:
+            watchdog.cancel()
+            conn.close()
+
     def _once(self, method: str, target: str, body: Any) -> tuple[int, dict[str, str], Any]:
         url = self._resolve(target)
         data = None if body is None else json.dumps(body).encode()
-        timeout = self.policy.timeout_s
         for _hop in range(4):                   # same-origin redirects of a GET, at most 3
-            req = urllib.request.Request(url, data=data, method=method)
-            req.add_header("Authorization", self._credentials.header())
-            req.add_header("Accept", "application/json")
-            if data is not None:
-                req.add_header("Content-Type", "application/json")
             try:
-                with self._opener.open(req, timeout=timeout) as resp:
-                    return resp.status, dict(resp.headers.items()), _decode(_read(resp, timeout, url))
-            except urllib.error.HTTPError as exc:
-                headers = dict(exc.headers.items()) if exc.headers else {}
-                if 300 <= exc.code < 400:
-                    location = _header(headers, "Location")
-                    if not location:
-                        return exc.code, headers, None
-                    url = self._resolve(urllib.parse.urljoin(url, location))   # raises for another origin
-                    if method != "GET":
-                        raise NMXError(f"NMX-M answered {method} {_path(req.full_url)} with a redirect "
-                                       f"(HTTP {exc.code}) to {_path(url)}; mctl does not repeat a change "
-                                       "at another address",
-                                       hint="set racks.<rack>.nmx.url to the address NMX-M answers on",
-                                       status=exc.code) from None
-                    continue
-                try:
-                    payload = _decode(_read(exc, timeout, url))
-                except _Transient:
-                    payload = None
-                if exc.code >= 500:
-                    raise _Transient(f"HTTP {exc.code} {_message(payload) or exc.reason}", exc.code) from None
-                return exc.code, headers, payload
-            except urllib.error.URLError as exc:
-                reason = exc.reason
-                if isinstance(reason, ssl.SSLCertVerificationError):
-                    raise UsageError(f"TLS verification of NMX-M at {self.root} failed: {reason.verify_message}",
-                                     hint="set nmx.verify_tls to the CA bundle path (or false for a lab)") from None
-                if isinstance(reason, (socket.timeout, TimeoutError)) and method != "GET":
+                status, reason, headers, raw = self._exchange(method, url, data)
+            except ssl.SSLCertVerificationError as exc:
+                raise UsageError(f"TLS verification of NMX-M at {self.root} failed: {exc.verify_message}",
+                                 hint="set nmx.verify_tls to the CA bundle path (or false for a lab)") from None
+            except (socket.timeout, TimeoutError, _Deadline) as exc:
+                if method != "GET":
                     raise self._write_timeout(method, url) from None
-                raise _Transient(f"{getattr(reason, 'strerror', None) or reason}") from None
+                raise _Transient(str(exc) if isinstance(exc, _Deadline) else
+                                 f"no answer from {_path(url)} in {self.policy.timeout_s:g} s") from None
             except http.client.HTTPException as exc:       # a reply cut short or garbled on the wire
                 raise _Transient(f"{exc.__class__.__name__}: {exc}") from None
-            except (ConnectionError, socket.timeout, TimeoutError, _Transient) as exc:
-                if method != "GET" and isinstance(exc, (socket.timeout, TimeoutError, _Transient)):
-                    raise self._write_timeout(method, url) from None
-                if isinstance(exc, _Transient):
-                    raise
-                raise _Transient(str(exc) or exc.__class__.__name__) from None
+            except OSError as exc:                          # refused, reset, unreachable, no such name
+                raise _Transient(exc.strerror or str(exc) or exc.__class__.__name__) from None
+            payload = _decode(raw)
+            if 300 <= status < 400:
+                location = _header(headers, "Location")
+                if not location:
+                    return status, headers, payload
+                here = url
+                url = self._resolve(urllib.parse.urljoin(url, location))    # raises for another origin
+                if method != "GET":
+                    raise NMXError(f"NMX-M answered {method} {_path(here)} with a redirect (HTTP {status}) to "
+                                   f"{_path(url)}; mctl does not repeat a change at another address",
+                                   hint="set racks.<rack>.nmx.url to the address NMX-M answers on", status=status)
+                continue
+            if status >= 500:
+                raise _Transient(f"HTTP {status} {_message(payload) or reason}", status)
+            return status, headers, payload
         raise NMXError(f"NMX-M redirected GET {_path(target)} more than 3 times", hint="check racks.<rack>.nmx.url")
 
     def _write_timeout(self, method: str, url: str) -> NMXUnavailable:
@@ -564,26 +588,18 @@ def _colon(text: str) -> str:
     return f": {text}" if text else ""
 
 
-def _read(resp: Any, timeout: float, url: str, limit: int = 64 << 20) -> bytes:
-    """The whole body, within *timeout* seconds in all (a reply dripping in byte by byte is cut off)."""
-    deadline = time.monotonic() + timeout
+def _read(resp: Any, url: str, limit: int = 64 << 20) -> bytes:
+    """The whole body (the caller's watchdog bounds the time); a body over *limit* is refused."""
     chunks: list[bytes] = []
     size = 0
     while True:
-        try:
-            chunk = resp.read(65536)
-        except (socket.timeout, TimeoutError):
-            raise _Transient(f"the answer from {_path(url)} stalled for {timeout:g} s") from None
-        except (ConnectionError, http.client.HTTPException) as exc:
-            raise _Transient(f"the answer from {_path(url)} was cut short: {exc.__class__.__name__}") from None
+        chunk = resp.read(65536)
         if not chunk:
             return b"".join(chunks)
         chunks.append(chunk)
         size += len(chunk)
         if size > limit:
             raise _Transient(f"the answer from {_path(url)} is larger than {limit >> 20} MiB")
-        if time.monotonic() > deadline:
-            raise _Transient(f"the answer from {_path(url)} took longer than {timeout:g} s")
 
 
 def _decode(raw: bytes) -> Any:

@@ -679,3 +679,37 @@ def test_lab_nmx_has_a_read_only_user(lab):
     assert ro.username == "ro-user" and len(nodes) == len(lab.trays)
     with pytest.raises(NMXReadOnly, match="this user is read-only"):
         client.create_partition("ro-try", list(nodes[0].gpu_ids))
+
+
+def test_a_dripping_answer_is_cut_at_the_deadline():
+    """Each read arriving in time is not enough: the whole exchange has one deadline."""
+    from http.server import BaseHTTPRequestHandler
+
+    stop = threading.Event()
+
+    class Drip(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):
+            self.record()
+            self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+            for _ in range(100):                      # one header byte every 0.1 s: each read is "in time"
+                if stop.wait(0.1):
+                    return
+                try:
+                    self.wfile.write(b"X")
+                    self.wfile.flush()
+                except OSError:
+                    return
+
+    server = _Recorder("127.77.251.5", Drip)
+    try:
+        client = NMXClient(f"http://127.77.251.5:{server.port}", NMXCredentials("a", "b"),
+                           policy=RetryPolicy(attempts=2, backoff_s=0.01, timeout_s=0.5, call_deadline_s=5))
+        started = time.monotonic()
+        with pytest.raises(NMXUnavailable, match=r"no whole answer from /nmx/v1/partitions in 0.5 s"):
+            client.partitions()
+        assert time.monotonic() - started < 3 and len(server.seen) == 2
+    finally:
+        stop.set()
+        server.close()
