@@ -147,7 +147,9 @@ def status(lab_dir: DirOpt = None, json_: JsonOpt = False) -> None:
     con.print(table)
     for svc in st["rack_services"]:
         con.print(f"{svc['rack']} {svc['name']} {svc['address']}:{svc['port']} "
-                  f"{'running' if svc['running'] else 'down'}", markup=False, highlight=False)
+                  f"{'running' if svc['running'] else 'down'}"
+                  f"{' (' + ', '.join(svc['faults']) + ')' if svc.get('faults') else ''}", markup=False,
+                  highlight=False)
 
 
 @app.command()

@@ -450,7 +450,7 @@ class NMXClient:
         return self._list(kind)
 
     def count(self, kind: str) -> int:
-        if kind not in INVENTORY_KINDS + ("partitions",):
+        if kind not in INVENTORY_KINDS:        # the spec has no partitions/count or operations/count
             raise UsageError(f"unknown NMX-M inventory {kind!r}", hint=f"one of {', '.join(INVENTORY_KINDS)}")
         payload = self._get(f"{kind}/count")
         total = payload.get("total") if isinstance(payload, dict) else None

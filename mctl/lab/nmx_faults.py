@@ -78,6 +78,15 @@ def faults_path(lab_dir: Path, rack: str) -> Path:
     return LabFiles(Path(lab_dir).resolve()).rack_dir(rack) / FAULTS_NAME
 
 
+def current(lab_dir: Path, rack: str) -> list[str]:
+    """Labels of the rack's NMX-M faults now (empty when none, or the file is unreadable)."""
+    try:
+        doc = json.loads(faults_path(lab_dir, rack).read_text())
+    except (OSError, ValueError):
+        return []
+    return describe(doc if isinstance(doc, dict) else {})
+
+
 def apply(lab_dir: Path, target: str, kind: str, *, dry_run: bool = False) -> NmxFaultResult:
     doc = fault_doc(kind)
     rack = rack_of(lab_dir, target)

@@ -647,6 +647,8 @@ def test_lab_fault_nmx_500_timeout_slow_and_clear(lab):
         res = lab.mctl("lab", "fault", lab.trays[0], "--nmx", "500", "--dir", str(lab.dir), "--json")
         assert res.returncode == 0, res.stderr
         assert json.loads(res.stdout)["after"] == ["nmx answers 500"]
+        shown = json.loads(lab.mctl("lab", "status", "--dir", str(lab.dir), "--json").stdout)["rack_services"]
+        assert [s["faults"] for s in shown if s["name"] == "nmx"] == [["nmx answers 500"]]
         listed = lab.mctl("partition", "list", lab.rack)
         assert listed.returncode == 3 and "unavailable" in listed.stderr and "HTTP 500" in listed.stderr
         assert lab.mctl("lab", "fault", lab.rack, "--nmx", "timeout", "--dir", str(lab.dir)).returncode == 0
