@@ -405,3 +405,23 @@ def test_emulator_objects_conform_to_the_spec():
     assert problems == []
     assert {o["Status"] for o in views["Operation"]} == {"pending", "cancelled", "completed"}
     assert views["Operation"][2]["Result"]["Details"].startswith("cancelled by request")
+
+
+def test_an_empty_undefined_partition_flows_through_the_planner():
+    """NMX-M may hold a partition without GPUs (Members empty or null, Type UNDEFINED): planned, never a crash."""
+    from mctl.fabric.partitions import map_fabric, partition_rows, plan_partitions
+    from mctl.model.fabric import DesiredPartition
+    from tests.unit.test_partition_planner import make_nodes, make_rack
+
+    rack = make_rack(4)
+    fabric = map_fabric(rack, make_nodes(rack))
+    empty = NmxPartition.from_nmx({**example("Partition"), "Name": "x", "PartitionID": 5, "Type": "UNDEFINED",
+                                   "Health": "UNKNOWN", "Members": None})
+    want = [DesiredPartition("x", "r1", ("r1-tray01",))]
+    plan = plan_partitions(rack, want, fabric, [empty])
+    # Its member kind is unknown, so it is recreated with the planned kind rather than updated.
+    assert [(c.action, c.kind, len(c.members)) for c in plan.changes] == [("delete", "UNDEFINED", 0),
+                                                                          ("create", "ID_BASED", 4)]
+    assert [(r.name, r.state, r.trays) for r in partition_rows(rack, want, fabric, [empty])] == [("x", "differs", "-")]
+    assert plan_partitions(rack, [], fabric, [empty]).unmanaged == ("x",)
+    assert [c.action for c in plan_partitions(rack, [], fabric, [empty], prune=True).changes] == ["delete"]
