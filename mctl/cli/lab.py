@@ -147,7 +147,9 @@ def status(lab_dir: DirOpt = None, json_: JsonOpt = False) -> None:
     con.print(table)
     for svc in st["rack_services"]:
         con.print(f"{svc['rack']} {svc['name']} {svc['address']}:{svc['port']} "
-                  f"{'running' if svc['running'] else 'down'}", markup=False, highlight=False)
+                  f"{'running' if svc['running'] else 'down'}"
+                  f"{' (' + ', '.join(svc['faults']) + ')' if svc.get('faults') else ''}", markup=False,
+                  highlight=False)
 
 
 @app.command()
@@ -211,6 +213,8 @@ def fault(
     smi_hang: Annotated[bool, typer.Option("--smi-hang", help="nvidia-smi never returns (a wedged driver).")] = False,
     driver_branch: Annotated[Optional[str], typer.Option(
         "--driver-branch", help="535 | 570 | 580: nvidia-smi answers in that branch's XML shape.")] = None,
+    nmx: Annotated[Optional[str], typer.Option(
+        "--nmx", help="500 | timeout | slow | clear: the NMX-M emulator of the rack (TRAY may be a rack name).")] = None,
     lab_dir: DirOpt = None,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
@@ -221,6 +225,31 @@ def fault(
     """
     from mctl.lab import control
     from mctl.lab.faults import FaultRequest
+
+    # --- NMX-M faults act on a rack (self-contained: mctl/lab/nmx_faults.py) ---
+    if nmx is not None or clear:
+        from mctl.errors import UsageError
+        from mctl.lab import nmx_faults
+
+        is_rack = nmx_faults.rack_of(_lab_dir(lab_dir), tray) == tray
+        if nmx is not None or is_rack:
+            if nmx is not None and clear:
+                raise UsageError("--nmx cannot be combined with --clear", hint="use --nmx clear")
+            if nmx is not None and (unreachable or hang or nonfatal or fell_off_bus or smi_hang or any(
+                    v is not None for v in (xid, gpu, fabric, gpu_missing, nvlink_down, ecc_uncorrectable,
+                                            recovery_action, nvlink_flap, xid_storm, driver_branch))):
+                raise UsageError("--nmx acts on the rack's NMX-M; give tray faults in a separate call")
+            nres = nmx_faults.apply(_lab_dir(lab_dir), tray, "clear" if nmx is None else nmx, dry_run=dry_run)
+            if want_json(json_):
+                render.print_json({"rack": nres.rack, "dry_run": dry_run, "before": nres.before,
+                                   "after": nres.after, "actions": nres.actions})
+                return
+            con = render.console()
+            for act in nres.actions:
+                con.print(f"{'would' if dry_run else 'did'}: {act}", markup=False, highlight=False)
+            con.print(f"{nres.rack} nmx: {', '.join(nres.after) or 'no faults'}", markup=False, highlight=False)
+            return
+    # --- end of the NMX-M block ---
 
     req = FaultRequest(xid=xid, gpu=gpu, fabric=fabric, gpu_missing=gpu_missing, nvlink_down=nvlink_down,
                        ecc_uncorrectable=ecc_uncorrectable, unreachable=unreachable, hang=hang, clear=clear,

@@ -229,6 +229,8 @@ def _build_site(spec: SiteSpec, file: Path, doc: Located) -> tuple[Site | None, 
                                         f"unknown image {group.image!r}",
                                         f"known images: {', '.join(known)}" if known else "set images_dir to the folder of image definitions"))
 
+        if rs.nmx is not None:
+            _nmx_problems(rs.nmx, doc, rpath + ("nmx",), problems)
         partitions = _partitions(rs, rack_name, compute, spec, doc, problems)
         racks[rack_name] = Rack(name=rack_name, model=rs.model, compute_trays=want_c, switch_trays=want_s,
                                 nvlink_domain=rs.nvlink_domain.lower() if rs.nvlink_domain else None,
@@ -253,6 +255,49 @@ def _build_site(spec: SiteSpec, file: Path, doc: Located) -> tuple[Site | None, 
     site = Site(name=spec.site, file=file.resolve(), ssh=spec.ssh, racks=racks, scheduler=spec.scheduler,
                 health=spec.health, images_dir=images_dir, vars=dict(spec.vars))
     return site, problems
+
+
+def _nmx_problems(nmx, doc: Located, path: tuple, problems: list[Problem]) -> None:
+    """The rack's NMX-M endpoint: an http(s) URL whose credentials stay with it, a typed verify_tls."""
+    import urllib.parse
+
+    # Kept here, not imported from mctl.fabric.nmx: the loader is on every command's start-up path.
+    bool_words = ("true", "false", "yes", "no", "on", "off", "y", "n", "t", "f", "0", "1")
+
+    def is_loopback(host: str) -> bool:
+        try:
+            return host.lower() == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+        except ValueError:
+            return False
+
+    parts = urllib.parse.urlsplit(nmx.url)
+    try:
+        parts.port
+        bad_port = False
+    except ValueError:
+        bad_port = True
+    if parts.scheme not in ("http", "https") or not parts.hostname or bad_port:
+        problems.append(Problem(doc.file, doc.line_of(path + ("url",)), dotted(path + ("url",)),
+                                f"{nmx.url!r} is not an http(s) URL", "e.g. https://10.20.0.5"))
+    elif parts.username or parts.password:
+        problems.append(Problem(doc.file, doc.line_of(path + ("url",)), dotted(path + ("url",)),
+                                "the NMX-M URL must not carry credentials",
+                                "put 'username:password' in the file named by nmx.credentials_file"))
+    elif parts.scheme == "http" and not nmx.allow_http and not is_loopback(parts.hostname):
+        problems.append(Problem(doc.file, doc.line_of(path + ("url",)), dotted(path + ("url",)),
+                                f"{nmx.url!r} is plain http:// on a routed address: the NMX-M credentials would "
+                                "cross the network in clear",
+                                "use https://, or set nmx.allow_http: true for this rack"))
+    if isinstance(nmx.verify_tls, str):
+        word = nmx.verify_tls.strip()
+        if word.lower() in bool_words or not word:
+            problems.append(Problem(doc.file, doc.line_of(path + ("verify_tls",)), dotted(path + ("verify_tls",)),
+                                    f"verify_tls is the string {nmx.verify_tls!r}, not a boolean or a CA bundle path",
+                                    "write verify_tls: false (without quotes) to turn verification off, or give "
+                                    "the CA bundle's path"))
+        elif any(ord(c) < 32 for c in word):
+            problems.append(Problem(doc.file, doc.line_of(path + ("verify_tls",)), dotted(path + ("verify_tls",)),
+                                    "verify_tls holds control characters", "give the CA bundle's path"))
 
 
 def _partitions(rs: RackSpec, rack_name: str, compute: list[Host], spec: SiteSpec, doc: Located,

@@ -31,7 +31,8 @@ class SSHSettings(Spec):
 class NMXSettings(Spec):
     url = F(str)
     credentials_file = F(str)
-    verify_tls = F(Either(bool, str), True)
+    verify_tls = F(Either(bool, str), True)     # true, false, or a CA bundle path (loader: _nmx_problems)
+    allow_http = F(bool, False)                 # plain http:// on a routed address (else loopback only)
 
 
 class HeadNode(Spec):

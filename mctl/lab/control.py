@@ -504,9 +504,14 @@ def _rack_service_status(files: LabFiles, ctx: services.RackContext, name: str, 
     launcher = next((p for p in lab_launchers(files.dir, table) if marker in p.cmdline), None)
     kids = procs.children(table, launcher.pid) if launcher else []
     members = procs.in_namespace(table, kids[0]) if kids else []
-    return {"rack": ctx.rack, "name": name, "address": ctx.address, "port": port,
-            "pid": kids[0].pid if kids else None, "running": bool(kids), "processes": len(members),
-            "listening": (ctx.address, port) in listening if port else None}
+    out = {"rack": ctx.rack, "name": name, "address": ctx.address, "port": port,
+           "pid": kids[0].pid if kids else None, "running": bool(kids), "processes": len(members),
+           "listening": (ctx.address, port) in listening if port else None}
+    if name == "nmx":                   # `mctl lab fault RACK --nmx ...` (mctl/lab/nmx_faults.py)
+        from mctl.lab import nmx_faults
+
+        out["faults"] = nmx_faults.current(files.dir, ctx.rack)
+    return out
 
 
 # --- fault --------------------------------------------------------------------------------------

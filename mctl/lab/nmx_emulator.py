@@ -1,11 +1,17 @@
 """NMX-Manager emulator: the partition REST API of one rack's NVLink domain, over real HTTP.
 
 Run as `python3 -m mctl.lab.nmx_emulator --config FILE` (one per rack, on the
-rack's service address). It follows the documented NMX-M v1 API (see
-shared/reference/nvlink-partitions.md): Basic auth, partitions with ID or
-location members, 202 + operations polled to completion, inventory endpoints
-shaped like the real compute-node sample, and the Default Partition 32766 that
-holds every GPU no other partition holds.
+rack's service address). It follows the NMX-M v1 contract (docs/partitions.md: the OpenAPI
+model NVIDIA's generated client `crates/libnmxm` carries, the NMX-M and NetQ
+documentation): Basic auth with a read-write and a read-only user (a write by the
+read-only one is refused 403, as the Kong gateway's ACL does), partitions with ID
+or location members, 202 + operations (`ID, CreatedAt, UpdatedAt, Status,
+Percentage, CurrentStep, Request, Result`) that end completed, failed or cancelled
+(`DELETE /operations/{id}` cancels a pending one), counts as `{"total": N}`,
+errors as NMX-M's Error object, inventory lists (gpus, compute-nodes, switch-nodes,
+ports, chassis) shaped like the model and paged with `offset`/`limit` (and by
+default above `page_limit` items), and the Default Partition 32766 that holds every
+GPU no other partition holds.
 
 What makes it a lab part rather than a mock: when a partition's membership
 changes, the affected trays' GPUs change clique for real. Each tray's
@@ -19,8 +25,15 @@ its own `clique_id`.
 Config (JSON):
   listen, port                  address and TCP port (port 0: any free port)
   base_path                     "/nmx/v1" (default)
-  username + password           Basic-auth credentials, or credentials_file
-                                (one line "username:password")
+  username + password           the read-write user's Basic-auth credentials, or
+                                credentials_file (one line "username:password")
+  ro_credentials_file           optional: the read-only user's "username:password"
+  users                         optional: [{username, password, role: "rw"|"ro"}]
+  page_limit                    items a list answers when not asked for a page
+                                (default 50; 0: the whole list)
+  faults_file                   optional JSON file of faults (same keys as below),
+                                re-read when it changes: what `mctl lab fault
+                                RACK --nmx ...` writes
   domain_uuid, chassis_serial   the rack's NVLink domain and chassis
   chassis_id                    1 (default)
   state_file                    JSON file keeping partitions across restarts
@@ -28,11 +41,17 @@ Config (JSON):
   fabric_delay_s                time GPUs stay "In Progress" (default 0.3)
   resync_s                      how often trays' gpus.json is checked (default 2)
   switch_trays                  number of NVLink switch trays listed (default 9)
-  faults                        {"fail_next": N, "status": 500, "delay_s": S}
+  faults                        {"fail_next": N, "status": 500, "fail_all": bool,
+                                 "hang": bool, "delay_s": S, "fail_operations": N,
+                                 "operation_error": str, "operation_details": str,
+                                 "page_limit": N}
   tls                           optional {"cert": FILE, "key": FILE}
   trays: [{name, tray_index, slot_id, host_id, gpus (default 4), gpus_json}]
-Fault hook at runtime: GET/POST {base}/../_lab/faults, i.e. /_lab/faults with the
-same JSON; answers count down for every request outside /_lab/.
+Fault hook at runtime: GET/POST /_lab/faults with the same JSON ({"clear": true}
+resets). fail_next counts down for every request outside /_lab/; fail_all answers
+every request with `status`; hang reads requests and never answers (until cleared);
+delay_s answers every request late; fail_operations makes the next N operations
+end "failed" with Result.Error/Details (the change is rolled back).
 SIGHUP re-reads the trays' gpus_json paths from the config (a restarted tray
 has a new /proc/PID/root); SIGTERM/SIGINT stop it.
 """
@@ -63,7 +82,12 @@ from typing import Any
 DEFAULT_ID = 32766
 DEFAULT_NAME = "Default Partition"
 MAX_ID = 32765
-MAX_NAME = 255
+MAX_NAME = 244                      # the model's PartitionName maxLength
+PORTS_PER_GPU = 18                  # NVLink 5: 18 links per Blackwell GPU
+NVIDIA_VENDOR_ID = 0x10DE
+LAB_PCIE_DEVICE_ID = 0x2941         # a lab value; mctl never reads it
+ERROR_CODES = {400: "bad-request", 404: "not-found", 405: "method-not-allowed", 409: "conflict",
+               500: "internal-error", 503: "service-unavailable"}
 
 
 def _now() -> str:
@@ -109,6 +133,9 @@ class Config:
     faults: dict[str, Any] = field(default_factory=dict)
     tls: dict[str, str] | None = None
     source: Path | None = None
+    users: dict[str, tuple[str, str]] = field(default_factory=dict)     # username -> (password, "rw"|"ro")
+    page_limit: int = 50
+    faults_file: Path | None = None
 
     @classmethod
     def load(cls, path: str | Path) -> "Config":
@@ -128,14 +155,25 @@ class Config:
                 return None
             q = Path(value)
             return q if q.is_absolute() or base is None else base / q
+        def cred_line(path: str) -> tuple[str, str]:
+            line = next(ln.strip() for ln in rel(path).read_text().splitlines()  # type: ignore
+                        if ln.strip() and not ln.startswith("#"))
+            user, password = line.split(":", 1)
+            return user, password
         try:
             user, password = data.get("username"), data.get("password")
             if data.get("credentials_file"):
-                line = next(ln.strip() for ln in rel(data["credentials_file"]).read_text().splitlines()  # type: ignore
-                            if ln.strip() and not ln.startswith("#"))
-                user, password = line.split(":", 1)
+                user, password = cred_line(data["credentials_file"])
             if not user or password is None:
                 raise ConfigError("config needs username and password (or credentials_file)")
+            users = {str(user): (str(password), "rw")}
+            if data.get("ro_credentials_file") and rel(data["ro_credentials_file"]).exists():  # type: ignore
+                ro_user, ro_password = cred_line(data["ro_credentials_file"])
+                users[ro_user] = (ro_password, "ro")
+            for u in data.get("users") or []:
+                if u.get("role", "rw") not in ("rw", "ro"):
+                    raise ConfigError(f"user {u.get('username')!r}: role is rw or ro")
+                users[str(u["username"])] = (str(u["password"]), str(u.get("role", "rw")))
             trays = [Tray(name=str(t["name"]), tray_index=int(t["tray_index"]),
                           slot_id=int(t.get("slot_id", int(t["tray_index"]) + 1)), host_id=int(t.get("host_id", 1)),
                           gpus=int(t.get("gpus", 4)), gpus_json=rel(t.get("gpus_json")))
@@ -149,7 +187,8 @@ class Config:
                        operation_delay_s=float(data.get("operation_delay_s", 0.3)),
                        fabric_delay_s=float(data.get("fabric_delay_s", 0.3)),
                        resync_s=float(data.get("resync_s", 2.0)), switch_trays=int(data.get("switch_trays", 9)),
-                       faults=dict(data.get("faults") or {}), tls=data.get("tls"))
+                       faults=dict(data.get("faults") or {}), tls=data.get("tls"), users=users,
+                       page_limit=int(data.get("page_limit", 50)), faults_file=rel(data.get("faults_file")))
         except (KeyError, TypeError, ValueError, StopIteration, OSError) as exc:
             raise ConfigError(f"bad emulator config: {exc!r}") from None
 
@@ -164,7 +203,7 @@ class ApiError(Exception):
 @dataclass
 class Gpu:
     id: str
-    uid: str
+    uid: int                      # DeviceUID: a JSON number (uint64) in the model
     tray: Tray
     device: int
 
@@ -188,6 +227,10 @@ class Partition:
         return {"ID": self.id, "PartitionID": self.pid, "Name": self.name, "Type": self.kind,
                 "Members": self.members, "CreatedAt": self.created, "UpdatedAt": self.updated}
 
+    def copy(self) -> "Partition":
+        return Partition(self.id, self.pid, self.name, self.kind, list(self.members), list(self.gpu_ids),
+                         self.created, self.updated, self.new)
+
 
 @dataclass
 class Operation:
@@ -200,11 +243,32 @@ class Operation:
     created: str = field(default_factory=_now)
     updated: str = field(default_factory=_now)
     partition_id: str | None = None
+    method: str = "post"          # Request.Method, lower case as in the model
+    uri: str = ""                 # Request.URI
+    body: Any = None              # Request.Body
+    details: str | None = None
+    step: str = "queued"
+    before: "Partition | None" = None     # what to put back when the operation fails or is cancelled
+    pid: int | None = None
+
+    @property
+    def cancellable(self) -> bool:
+        return self.status == "pending" and self.kind != "CANCEL_OPERATION"
 
     def to_json(self, base: str) -> dict[str, Any]:
-        return {"ID": self.id, "Type": self.kind, "Status": self.status, "Error": self.error or "",
-                "Resource": f"{base}/partitions/{self.partition_id}" if self.partition_id else "",
-                "PartitionName": self.partition, "CreatedAt": self.created, "UpdatedAt": self.updated}
+        pct = {"pending": 0.0, "in-progress": 50.0, "completed": 100.0}.get(self.status, 100.0)
+        out: dict[str, Any] = {
+            "ID": self.id, "CreatedAt": self.created, "UpdatedAt": self.updated, "Status": self.status,
+            "Percentage": pct, "CurrentStep": self.step,
+            "Request": {"Method": self.method, "URI": self.uri, "Body": self.body, "Cancellable": self.cancellable}}
+        if self.status in ("completed", "failed", "cancelled"):
+            result: dict[str, Any] = {"Data": None}
+            if self.error:
+                result["Error"] = self.error
+            if self.details:
+                result["Details"] = self.details
+            out["Result"] = result
+        return out
 
 
 class NMXState:
@@ -219,19 +283,23 @@ class NMXState:
         for tray in cfg.trays:
             for dev in range(tray.gpus):
                 seed = f"{cfg.domain_uuid}/{cfg.chassis_serial}/{tray.slot_id}/{tray.host_id}/{dev}"
-                self.gpus.append(Gpu(_object_id(seed), str(int(hashlib.sha1(seed.encode()).hexdigest()[:15], 16)),
+                self.gpus.append(Gpu(_object_id(seed), int(hashlib.sha1(seed.encode()).hexdigest()[:15], 16),
                                      tray, dev))
         self.by_id = {g.id: g for g in self.gpus}
-        self.by_uid = {g.uid: g for g in self.gpus}
+        self.by_uid = {str(g.uid): g for g in self.gpus}
         self.by_loc = {g.location_key(cfg.domain_uuid, cfg.chassis_id): g for g in self.gpus}
         self.partitions: dict[int, Partition] = {}
         self.operations: dict[str, Operation] = {}
         self.applied: dict[str, int] = {}
         self.transition: set[str] = set()          # trays whose GPUs are "In Progress"
-        self.fail_next = int(cfg.faults.get("fail_next", 0))
-        self.fail_status = int(cfg.faults.get("status", 500))
-        self.delay_s = float(cfg.faults.get("delay_s", 0.0))
+        self.faults: dict[str, Any] = {}
+        self.set_faults(dict(cfg.faults), replace=True)
+        self._faults_mtime: tuple[int, int] | None = None
+        self.unhang = threading.Event()
+        if not self.faults["hang"]:
+            self.unhang.set()
         self.queue: "queue.Queue[str | None]" = queue.Queue()
+        self.started = _now()
         self._load()
         self.applied = self._assignment()
 
@@ -326,11 +394,71 @@ class NMXState:
                 raise ApiError(409, f"{len(common)} of the GPUs are already in partition {p.name!r} "
                                     f"(PartitionID {p.pid}); a GPU belongs to one partition")
 
-    def _accept(self, kind: str, part: Partition, deltas: dict[str, int]) -> Operation:
-        op = Operation(secrets.token_hex(12), kind, part.name, deltas, partition_id=part.id)
+    def _accept(self, kind: str, part: Partition, deltas: dict[str, int], *, method: str, uri: str, body: Any,
+                before: Partition | None) -> Operation:
+        op = Operation(secrets.token_hex(12), kind, part.name, deltas, partition_id=part.id, method=method, uri=uri,
+                       body=body, before=before, pid=part.pid)
         self.operations[op.id] = op
         self.queue.put(op.id)
         return op
+
+    # ---- faults
+
+    FAULT_KEYS = ("fail_next", "status", "fail_all", "hang", "delay_s", "fail_operations", "operation_error",
+                  "operation_details", "page_limit")
+
+    def set_faults(self, doc: dict[str, Any], *, replace: bool = False) -> dict[str, Any]:
+        """Merge (or replace with) *doc*; unknown keys refused (ValueError)."""
+        unknown = sorted(set(doc) - set(self.FAULT_KEYS) - {"clear"})
+        if unknown:
+            raise ValueError(f"unknown fault keys {unknown}; known: {', '.join(self.FAULT_KEYS)}")
+        base = {"fail_next": 0, "status": 500, "fail_all": False, "hang": False, "delay_s": 0.0,
+                "fail_operations": 0, "operation_error": "lab-injected-failure",
+                "operation_details": "the lab failed this operation on purpose (mctl lab fault / _lab/faults); "
+                                     "the fabric did not change", "page_limit": None}
+        current = base if (replace or doc.get("clear")) else dict(self.faults or base)
+        types = {"fail_next": int, "status": int, "fail_all": bool, "hang": bool, "delay_s": float,
+                 "fail_operations": int, "operation_error": str, "operation_details": str}
+        for key, value in doc.items():
+            if key == "clear":
+                continue
+            if key == "page_limit":
+                current[key] = None if value is None else int(value)
+            else:
+                current[key] = types[key](value)
+        if not 100 <= current["status"] <= 599:
+            raise ValueError("status must be an HTTP status code")
+        self.faults = current
+        if not current["hang"] and hasattr(self, "unhang"):
+            self.unhang.set()
+        elif hasattr(self, "unhang"):
+            self.unhang.clear()
+        return dict(current)
+
+    def reload_faults_file(self) -> None:
+        """Pick up the lab's faults file when it changed (cheap: one stat per request)."""
+        path = self.cfg.faults_file
+        if path is None:
+            return
+        try:
+            st = path.stat()
+            stamp = (st.st_mtime_ns, st.st_size)
+        except FileNotFoundError:
+            stamp = None
+        if stamp == self._faults_mtime:
+            return
+        self._faults_mtime = stamp
+        try:
+            doc = json.loads(path.read_text()) if stamp else {}
+            self.set_faults(doc if isinstance(doc, dict) else {}, replace=True)
+            self.log(f"faults from {path}: {doc}")
+        except (OSError, ValueError, TypeError) as exc:
+            self.log(f"ignoring unreadable faults file {path}: {exc}")
+
+    @property
+    def page_limit(self) -> int:
+        override = self.faults.get("page_limit")
+        return self.cfg.page_limit if override is None else override
 
     # ---- API operations (called with the lock held)
 
@@ -339,7 +467,9 @@ class NMXState:
             raise ApiError(400, "body must be a JSON object with Name and Members")
         name = body.get("Name")
         if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME:
-            raise ApiError(400, "Name must be a non-empty string of at most 255 characters")
+            raise ApiError(400, "Name must be a non-empty string of at most 244 characters")
+        if any(not 0x20 <= ord(c) <= 0x7E for c in name):
+            raise ApiError(400, "Name must be printable ASCII (the model's pattern ^[\\x20-\\x7E]*$)")
         if name == DEFAULT_NAME:
             raise ApiError(400, f"{DEFAULT_NAME!r} is reserved")
         if any(p.name == name for p in self.partitions.values()):
@@ -354,14 +484,17 @@ class NMXState:
                          new=True)
         self.partitions[pid] = part
         self._save()
-        return self._accept("CREATE_PARTITION", part, {g.id: pid for g in gpus})
+        return self._accept("CREATE_PARTITION", part, {g.id: pid for g in gpus}, method="post",
+                            uri=f"{self.cfg.base_path}/partitions", body=body, before=None)
 
     def update(self, ident: str, body: Any) -> Operation:
         part = self._find(ident)
         if not isinstance(body, dict):
             raise ApiError(400, "body must be a JSON object with Members")
-        if "Name" in body and body["Name"] != part.name:
-            raise ApiError(400, "a partition's name cannot change")
+        extra = sorted(set(body) - {"Members"})
+        if extra:       # UpdatePartitionRequest: Members only (additionalProperties: false)
+            raise ApiError(400, f"unknown fields {extra}: the update body holds Members only; a partition's name "
+                                "cannot change")
         kind, gpus = self._resolve(body.get("Members"))
         if kind != part.kind:
             raise ApiError(409, f"partition {part.name!r} is {part.kind}; its members cannot change type")
@@ -369,42 +502,83 @@ class NMXState:
         new_ids = [g.id for g in gpus]
         deltas = {gid: DEFAULT_ID for gid in set(part.gpu_ids) - set(new_ids)}
         deltas.update({gid: part.pid for gid in new_ids})
+        before = part.copy()
         part.members, part.gpu_ids, part.updated = body["Members"], new_ids, _now()
         self._save()
-        return self._accept("UPDATE_PARTITION", part, deltas)
+        return self._accept("UPDATE_PARTITION", part, deltas, method="put",
+                            uri=f"{self.cfg.base_path}/partitions/{part.id}", body=body, before=before)
 
     def delete(self, ident: str) -> Operation:
         part = self._find(ident)
         del self.partitions[part.pid]
         self._save()
-        return self._accept("DELETE_PARTITION", part, {gid: DEFAULT_ID for gid in part.gpu_ids})
+        return self._accept("DELETE_PARTITION", part, {gid: DEFAULT_ID for gid in part.gpu_ids}, method="delete",
+                            uri=f"{self.cfg.base_path}/partitions/{part.id}", body=None, before=part.copy())
+
+    def _roll_back(self, op: Operation) -> None:
+        """Undo what accepting *op* changed (its fabric change never happened); lock held."""
+        if op.kind == "CREATE_PARTITION":
+            if op.pid in self.partitions and self.partitions[op.pid].id == op.partition_id:
+                del self.partitions[op.pid]
+        elif op.before is not None and (op.pid not in self.partitions or
+                                        self.partitions[op.pid].id == op.before.id):
+            self.partitions[op.before.pid] = op.before.copy()
+        self._save()
+
+    def cancel(self, op_id: str) -> Operation:
+        op = self.operations.get(op_id)
+        if op is None:
+            raise ApiError(404, f"operation {op_id} not found")
+        if not op.cancellable:
+            raise ApiError(409, f"operation {op_id} is {op.status}; only a pending operation can be cancelled")
+        op.status, op.updated, op.step = "cancelled", _now(), "cancelled"
+        op.error, op.details = "cancelled", f"cancelled by request (DELETE {self.cfg.base_path}/operations/{op_id})"
+        self._roll_back(op)
+        done = Operation(secrets.token_hex(12), "CANCEL_OPERATION", op.partition, {}, status="completed",
+                         method="delete", uri=f"{self.cfg.base_path}/operations/{op_id}", step="done")
+        self.operations[done.id] = done
+        return done
 
     # ---- views
 
-    def tray_health(self, tray: Tray) -> str:
+    def tray_faults(self, tray: Tray) -> dict[str, Any]:
         if tray.gpus_json is None:
-            return "HEALTHY"
+            return {}
         try:
             faults = json.loads((tray.gpus_json.parent / "faults.json").read_text() or "{}")
         except (OSError, ValueError):
-            return "HEALTHY"
-        fabric = (faults or {}).get("fabric")
+            return {}
+        return faults if isinstance(faults, dict) else {}
+
+    def tray_health(self, tray: Tray) -> str:
+        fabric = self.tray_faults(tray).get("fabric")
         return {"degraded": "DEGRADED", "unhealthy": "UNHEALTHY"}.get(str(fabric), "HEALTHY")
+
+    def gpu_health(self, g: Gpu, faults: dict[str, Any]) -> str:
+        """GPU health in the model's words: UNKNOWN|HEALTHY|DEGRADED|NO_NVLINK|DEGRADED_BW."""
+        if g.device in (faults.get("gpu_missing") or []):
+            return "UNKNOWN"
+        fabric = str(faults.get("fabric"))
+        if fabric == "unhealthy":
+            return "NO_NVLINK"
+        if fabric == "degraded":
+            return "DEGRADED"
+        if any(int(pair[0]) == g.device for pair in faults.get("nvlink_down") or [] if len(pair) == 2):
+            return "DEGRADED_BW"
+        return "HEALTHY"
 
     def partition_json(self, p: Partition) -> dict[str, Any]:
         trays = {self.by_id[g].tray.name: self.by_id[g].tray for g in p.gpu_ids}
         health = "NEW" if p.new else _worst(self.tray_health(t) for t in trays.values())
         return {"ID": p.id, "PartitionID": p.pid, "Name": p.name, "Type": p.kind, "Health": health,
-                "DomainUUID": self.cfg.domain_uuid, "Members": p.members, "NumGpus": len(p.gpu_ids),
-                "CreatedAt": p.created, "UpdatedAt": p.updated}
+                "Members": p.members, "CreatedAt": p.created, "UpdatedAt": p.updated}
 
     def default_json(self) -> dict[str, Any]:
         taken = {gid for p in self.partitions.values() for gid in p.gpu_ids}
         members = [g.id for g in self.gpus if g.id not in taken]
         return {"ID": self.default_id, "PartitionID": DEFAULT_ID, "Name": DEFAULT_NAME, "Type": "ID_BASED",
                 "Health": _worst(self.tray_health(self.by_id[m].tray) for m in members) if members else "HEALTHY",
-                "DomainUUID": self.cfg.domain_uuid, "Members": members, "NumGpus": len(members),
-                "CreatedAt": "", "UpdatedAt": ""}
+                "Members": members, "CreatedAt": self.started, "UpdatedAt": self.started}
 
     def partitions_json(self) -> list[dict[str, Any]]:
         return [self.partition_json(p) for p in sorted(self.partitions.values(), key=lambda p: p.pid)] + \
@@ -414,32 +588,71 @@ class NMXState:
         return {"ChassisID": self.cfg.chassis_id, "ChassisSerialNumber": self.cfg.chassis_serial,
                 "HostID": tray.host_id, "SlotID": tray.slot_id, "TrayIndex": tray.tray_index}
 
+    def system_uid(self, tray: Tray) -> int:
+        return int(hashlib.sha1(f"{self.cfg.domain_uuid}/{tray.slot_id}/{tray.host_id}/system".encode())
+                   .hexdigest()[:15], 16)
+
     def gpus_json(self) -> list[dict[str, Any]]:
-        names = {p.pid: p.name for p in self.partitions.values()}
+        """The model's GPU object (additionalProperties: false): nothing it does not list."""
         out = []
+        faults = {t.name: self.tray_faults(t) for t in self.cfg.trays}
         for g in self.gpus:
             pid = self.applied.get(g.id, DEFAULT_ID)
-            out.append({"ID": g.id, "DeviceUID": g.uid, "DeviceID": g.device, "DomainUUID": self.cfg.domain_uuid,
-                        "Name": f"{g.tray.name}/GPU{g.device}", "ComputeNodeID": self.node_id(g.tray),
-                        "LocationInfo": self.location_info(g.tray), "PartitionID": pid,
-                        "PartitionName": names.get(pid, DEFAULT_NAME), "Health": self.tray_health(g.tray)})
+            out.append({"ID": g.id, "Name": f"{g.tray.name}/GPU{g.device}", "Description": "",
+                        "InternalDescription": f"GPU {g.device} of compute tray {g.tray.tray_index}",
+                        "CreatedAt": self.started, "UpdatedAt": self.started, "DomainUUID": self.cfg.domain_uuid,
+                        "LocationInfo": self.location_info(g.tray), "DeviceUID": g.uid, "DeviceID": g.device,
+                        "DevicePcieID": LAB_PCIE_DEVICE_ID, "SystemUID": self.system_uid(g.tray),
+                        "VendorID": NVIDIA_VENDOR_ID, "ALIDList": [], "PartitionID": pid,
+                        "PortIDList": [self.port_id(g, n) for n in range(1, PORTS_PER_GPU + 1)],
+                        "Health": self.gpu_health(g, faults[g.tray.name])})
+        return out
+
+    def port_id(self, g: Gpu, num: int) -> str:
+        return _object_id(f"{g.id}/port/{num}")
+
+    def switch_uid(self, index: int) -> int:
+        # Port numbers stay below 2**31: the spec says uint64, NVIDIA's generated Rust model reads them as i32.
+        return int(hashlib.sha1(f"{self.cfg.domain_uuid}/switch/{index}".encode()).hexdigest()[:7], 16)
+
+    def ports_json(self) -> list[dict[str, Any]]:
+        """The GPU side of every NVLink (18 per GPU), in the model's Port shape."""
+        out = []
+        faults = {t.name: self.tray_faults(t) for t in self.cfg.trays}
+        for gi, g in enumerate(self.gpus):
+            down = {int(p[1]) for p in faults[g.tray.name].get("nvlink_down") or []
+                    if len(p) == 2 and int(p[0]) == g.device}
+            for num in range(1, PORTS_PER_GPU + 1):
+                link_down = (num - 1) in down or g.device in (faults[g.tray.name].get("gpu_missing") or [])
+                switch = (num - 1) // 2 % max(1, self.cfg.switch_trays)
+                out.append({"ID": self.port_id(g, num), "CreatedAt": self.started, "UpdatedAt": self.started,
+                            "DomainUUID": self.cfg.domain_uuid, "LocationInfo": self.location_info(g.tray),
+                            "Type": "GPU", "PortUID": gi * 100 + num, "PortNum": num,
+                            "PeerPortDeviceUID": self.switch_uid(switch),
+                            "PeerPortNum": g.tray.tray_index * 8 + g.device * 2 + (num - 1) % 2 + 1,
+                            "Rail": num - 1, "Plane": (num - 1) % 2, "PhysicalState":
+                            "DISABLED" if link_down else "LINKUP",
+                            "LogicalState": "STATE_DOWN" if link_down else "STATE_ACTIVE", "SubnetPrefix": 0,
+                            "IsSDNPort": False, "ContainAndDrain": False})
         return out
 
     def node_id(self, tray: Tray) -> str:
         return _object_id(f"{self.cfg.domain_uuid}/{self.cfg.chassis_serial}/{tray.slot_id}/{tray.host_id}/node")
 
     def compute_nodes_json(self) -> list[dict[str, Any]]:
+        """As the real sample (tests/fixtures/nmx-m-compute-nodes.json): the model's fields plus GpuIDList."""
         out = []
         for tray in self.cfg.trays:
-            out.append({"CreatedAt": "", "Description": "", "DomainUUID": self.cfg.domain_uuid,
+            out.append({"CreatedAt": self.started, "Description": "", "DomainUUID": self.cfg.domain_uuid,
                         "GpuIDList": [g.id for g in self.gpus if g.tray is tray], "Health": self.tray_health(tray),
                         "ID": self.node_id(tray), "LocationInfo": self.location_info(tray), "Name": tray.name,
-                        "UpdatedAt": ""})
+                        "UpdatedAt": self.started})
         return out
 
     def switch_nodes_json(self) -> list[dict[str, Any]]:
         first_slot = max([t.slot_id for t in self.cfg.trays if t.slot_id <= 10] or [0]) + 1
         return [{"ID": _object_id(f"{self.cfg.domain_uuid}/switch/{i}"), "Name": f"nvsw{i + 1:02d}",
+                 "Description": "", "CreatedAt": self.started, "UpdatedAt": self.started,
                  "DomainUUID": self.cfg.domain_uuid, "Health": "HEALTHY",
                  "LocationInfo": {"ChassisID": self.cfg.chassis_id, "ChassisSerialNumber": self.cfg.chassis_serial,
                                   "SlotID": first_slot + i, "TrayIndex": i},
@@ -447,9 +660,13 @@ class NMXState:
                 for i in range(self.cfg.switch_trays)]
 
     def chassis_json(self) -> list[dict[str, Any]]:
-        return [{"ID": _object_id(f"{self.cfg.domain_uuid}/chassis"), "ChassisID": self.cfg.chassis_id,
-                 "SerialNumber": self.cfg.chassis_serial, "DomainUUID": self.cfg.domain_uuid, "Health": "HEALTHY",
-                 "ComputeNodeCount": len(self.cfg.trays), "SwitchNodeCount": self.cfg.switch_trays}]
+        return [{"ID": _object_id(f"{self.cfg.domain_uuid}/chassis"), "Name": f"chassis{self.cfg.chassis_id}",
+                 "Description": "", "CreatedAt": self.started, "UpdatedAt": self.started,
+                 "DomainUUID": self.cfg.domain_uuid, "InternalID": self.cfg.chassis_id,
+                 "SerialNumber": self.cfg.chassis_serial,
+                 "ComputeNodeIDList": [self.node_id(t) for t in self.cfg.trays],
+                 "SwitchNodeIDList": [_object_id(f"{self.cfg.domain_uuid}/switch/{i}")
+                                      for i in range(self.cfg.switch_trays)]}]
 
     # ---- the fabric side
 
@@ -465,7 +682,16 @@ class NMXState:
             if stop.wait(self.cfg.operation_delay_s):
                 return
             with self.lock:
-                op.status, op.updated = "in-progress", _now()
+                if op.status != "pending":          # cancelled while it waited
+                    continue
+                if self.faults.get("fail_operations", 0) > 0:
+                    self.faults["fail_operations"] -= 1
+                    op.status, op.updated, op.step = "failed", _now(), "failed"
+                    op.error, op.details = self.faults["operation_error"], self.faults["operation_details"]
+                    self._roll_back(op)
+                    self.log(f"operation {op.id} {op.kind} {op.partition!r} failed (injected)")
+                    continue
+                op.status, op.updated, op.step = "in-progress", _now(), "applying the partition to the NVLink fabric"
                 moving = {gid: pid for gid, pid in op.deltas.items() if self.applied.get(gid) != pid}
                 trays = {self.by_id[gid].tray.name: self.by_id[gid].tray for gid in moving}
                 self.transition.update(trays)
@@ -482,7 +708,7 @@ class NMXState:
             for tray in trays.values():
                 self.write_tray(tray)
             with self.lock:
-                op.status, op.updated = "completed", _now()
+                op.status, op.updated, op.step = "completed", _now(), "done"
             self.log(f"operation {op.id} {op.kind} {op.partition!r} completed "
                      f"({len(moving)} GPUs moved on {len(trays)} trays)")
 
@@ -587,18 +813,25 @@ class Handler(BaseHTTPRequestHandler):
         self.emulator.log(f"{self.command} {self.path} {status}")
 
     def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        self._send(status, {"code": status, "message": message}, headers)
+        """NMX-M's Error object (httpErrorCode, customErrorCode, description)."""
+        self._send(status, {"httpErrorCode": status, "customErrorCode": ERROR_CODES.get(status, "error"),
+                            "description": message}, headers)
 
-    def _authorized(self) -> bool:
+    def _role(self) -> str | None:
+        """"rw" or "ro" for a known user with the right password, else None (Kong's basic-auth plugin)."""
         header = self.headers.get("Authorization", "")
         if not header.startswith("Basic "):
-            return False
+            return None
         try:
-            user, _, password = base64.b64decode(header[6:]).decode().partition(":")
+            user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
         except (ValueError, UnicodeDecodeError):
-            return False
-        cfg = self.emulator.state.cfg
-        return hmac.compare_digest(user, cfg.username) & hmac.compare_digest(password, cfg.password)
+            return None
+        role = None
+        for name, (want, kind) in self.emulator.state.cfg.users.items():
+            if hmac.compare_digest(user.encode(), name.encode()) & hmac.compare_digest(password.encode(),
+                                                                                         want.encode()):
+                role = kind
+        return role
 
     def _body(self) -> Any:
         length = int(self.headers.get("Content-Length") or 0)
@@ -615,25 +848,37 @@ class Handler(BaseHTTPRequestHandler):
             body = self._body()
         except ApiError as exc:
             return self._error(exc.status, exc.message)
-        if not self._authorized():
-            return self._error(401, "authentication required", {"WWW-Authenticate": 'Basic realm="NMX-M"'})
+        role = self._role()
+        if role is None:        # Kong answers these itself, in its own shape
+            return self._send(401, {"message": "Unauthorized"}, {"WWW-Authenticate": 'Basic realm="kong"'})
         url = urllib.parse.urlsplit(self.path)
         path = url.path.rstrip("/")
         state = self.emulator.state
         if path == "/_lab/faults":
             return self._faults(body)
+        state.reload_faults_file()
         with state.lock:
-            delay = state.delay_s
-            failing = state.fail_next > 0
-            if failing:
-                state.fail_next -= 1
-        if delay:
-            time.sleep(delay)
+            faults = dict(state.faults)
+            failing = faults["fail_all"] or faults["fail_next"] > 0
+            if faults["fail_next"] > 0 and not faults["fail_all"]:
+                state.faults["fail_next"] -= 1
+        if faults["hang"]:          # read, never answered while the fault lasts (the client's deadline ends it)
+            while not state.unhang.wait(0.5):
+                if self.emulator.stopping:
+                    return
+                state.reload_faults_file()
+            self.close_connection = True
+            return
+        if faults["delay_s"]:
+            time.sleep(faults["delay_s"])
         if failing:
-            return self._error(state.fail_status, "injected fault (lab)")
+            return self._error(faults["status"], "injected fault (lab)")
         base = state.cfg.base_path
         if not (path == base or path.startswith(base + "/")):
             return self._error(404, f"no such endpoint {url.path}")
+        if role == "ro" and self.command not in ("GET", "HEAD"):
+            # The Kong ACL plugin: ro-user's group is allowed the read routes only.
+            return self._send(403, {"message": "You cannot consume this service"})
         parts = [p for p in path[len(base):].split("/") if p]
         try:
             self._route(parts, urllib.parse.parse_qs(url.query), body)
@@ -645,31 +890,53 @@ class Handler(BaseHTTPRequestHandler):
         with state.lock:
             if self.command == "POST":
                 if not isinstance(body, dict):
-                    return self._error(400, "body must be an object: fail_next, status, delay_s")
-                state.fail_next = int(body.get("fail_next", state.fail_next))
-                state.fail_status = int(body.get("status", state.fail_status))
-                state.delay_s = float(body.get("delay_s", state.delay_s))
+                    return self._error(400, f"body must be an object of {', '.join(state.FAULT_KEYS)} (or clear)")
+                try:
+                    state.set_faults(body)
+                except (ValueError, TypeError) as exc:
+                    return self._error(400, str(exc))
             elif self.command != "GET":
                 return self._error(405, "GET or POST")
-            current = {"fail_next": state.fail_next, "status": state.fail_status, "delay_s": state.delay_s}
+            current = dict(state.faults)
         self._send(200, current)
+
+    def _page(self, items: list[dict[str, Any]], query: dict[str, list[str]]) -> list[dict[str, Any]]:
+        """offset/limit as asked (Pagination: offset >= 0, limit >= 1); unasked, the first page_limit items."""
+        try:
+            offset = int(query.get("offset", ["0"])[-1])
+            limit = int(query["limit"][-1]) if "limit" in query else None
+        except ValueError:
+            raise ApiError(400, "offset and limit are integers") from None
+        if offset < 0 or (limit is not None and limit < 1):
+            raise ApiError(400, "offset must be >= 0 and limit >= 1")
+        if limit is None:
+            limit = self.emulator.state.page_limit or None
+        return items[offset:offset + limit] if limit is not None else items[offset:]
 
     def _route(self, parts: list[str], query: dict[str, list[str]], body: Any) -> None:
         state = self.emulator.state
         method = self.command
         base = state.cfg.base_path
-        lists = {"gpus": state.gpus_json, "compute-nodes": state.compute_nodes_json,
-                 "switch-nodes": state.switch_nodes_json, "chassis": state.chassis_json,
-                 "partitions": state.partitions_json}
+        paged = {"gpus": state.gpus_json, "compute-nodes": state.compute_nodes_json,
+                 "switch-nodes": state.switch_nodes_json, "chassis": state.chassis_json, "ports": state.ports_json}
         if not parts:
             raise ApiError(404, "no such endpoint")
         head = parts[0]
-        if head in lists and method == "GET" and len(parts) <= 2 and (len(parts) == 1 or parts[1] == "count"):
+        if head in paged and method == "GET" and len(parts) <= 2:
             with state.lock:
-                items = _filter(lists[head](), query)
-            return self._send(200, {"Count": len(items)} if len(parts) == 2 else items)
+                items = _filter(paged[head](), query)
+                if len(parts) == 2 and parts[1] == "count":
+                    return self._send(200, {"total": len(items)})
+                if len(parts) == 2:
+                    found = next((i for i in items if i.get("ID") == parts[1]), None)
+                    if found is None:
+                        raise ApiError(404, f"{head} {parts[1]} not found")
+                    return self._send(200, found)
+                return self._send(200, self._page(items, query))
         if head == "partitions":
             with state.lock:
+                if len(parts) == 1 and method == "GET":
+                    return self._send(200, state.partitions_json())
                 if len(parts) == 1 and method == "POST":
                     op = state.create(body)
                 elif len(parts) == 2 and method == "GET":
@@ -683,14 +950,19 @@ class Handler(BaseHTTPRequestHandler):
                 else:
                     raise ApiError(405 if len(parts) <= 2 else 404, f"{method} not allowed here")
             return self._send(202, {"operationId": op.id}, {"Location": f"{base}/operations/{op.id}"})
-        if head == "operations" and method == "GET":
+        if head == "operations":
             with state.lock:
-                if len(parts) == 1:
+                if len(parts) == 1 and method == "GET":
                     return self._send(200, [o.to_json(base) for o in state.operations.values()])
-                op = state.operations.get(parts[1])
-                if op is None or len(parts) > 2:
-                    raise ApiError(404, f"operation {parts[1]} not found")
-                return self._send(200, op.to_json(base))
+                if len(parts) == 2 and method == "DELETE":
+                    done = state.cancel(parts[1])
+                    return self._send(202, {"operationId": done.id}, {"Location": f"{base}/operations/{done.id}"})
+                if len(parts) == 2 and method == "GET":
+                    op = state.operations.get(parts[1])
+                    if op is None:
+                        raise ApiError(404, f"operation {parts[1]} not found")
+                    return self._send(200, op.to_json(base))
+                raise ApiError(405 if len(parts) <= 2 else 404, f"{method} not allowed here")
         raise ApiError(404, f"no such endpoint /{'/'.join(parts)}")
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _handle
@@ -726,6 +998,10 @@ class NMXEmulator:
             self.scheme = "https"
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
 
     @property
     def address(self) -> tuple[str, int]:
@@ -776,6 +1052,7 @@ class NMXEmulator:
 
     def stop(self) -> None:
         self._stop.set()
+        self.state.unhang.set()
         self.state.queue.put(None)
         self.server.shutdown()
         self.server.server_close()

@@ -187,12 +187,14 @@ HOST_SERVICES: tuple[HostService, ...] = (
 
 NMX_PORT = 8443                 # plain HTTP on the rack's service address
 NMX_USER = "admin"
+NMX_RO_USER = "ro-user"
 
 
 def nmx_files(ctx: RackContext) -> dict[str, Path]:
     d = ctx.log_dir
     return {"config": d / "nmx.json", "credentials": d / "nmx.cred", "state": d / "nmx-state.json",
-            "log": d / "nmx-requests.log"}
+            "log": d / "nmx-requests.log", "ro_credentials": d / "nmx-ro.cred",
+            "faults": d / "nmx-faults.json"}          # `mctl lab fault RACK --nmx ...` (mctl/lab/nmx_faults.py)
 
 
 def nmx_config(ctx: RackContext) -> dict:
@@ -205,7 +207,8 @@ def nmx_config(ctx: RackContext) -> dict:
               "gpus_json": str(host_path(ctx.lab_dir, t.name, GPUS_FILE))} for t in ctx.layout.trays_of(ctx.rack)]
     return {"listen": ctx.address, "port": NMX_PORT, "credentials_file": str(files["credentials"]),
             "domain_uuid": ctx.layout.nvlink_domain(ctx.rack), "chassis_serial": chassis_serial(ctx.layout, ctx.rack),
-            "state_file": str(files["state"]), "trays": trays}
+            "state_file": str(files["state"]), "trays": trays,
+            "ro_credentials_file": str(files["ro_credentials"]), "faults_file": str(files["faults"])}
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -221,6 +224,8 @@ def _nmx_prepare(ctx: RackContext) -> None:
     files = nmx_files(ctx)
     if not files["credentials"].exists():
         _write_private(files["credentials"], f"{NMX_USER}:{secrets.token_urlsafe(18)}\n")
+    if not files["ro_credentials"].exists():        # NMX-M's read-only user, as its gateway has one
+        _write_private(files["ro_credentials"], f"{NMX_RO_USER}:{secrets.token_urlsafe(18)}\n")
     write_json(files["config"], nmx_config(ctx), mode=0o600)
 
 

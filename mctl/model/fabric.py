@@ -25,7 +25,12 @@ MAX_PARTITION_ID = 32765          # user partitions; 32766 is the default one
 
 MemberKind = Literal["ID_BASED", "LOCATION_BASED"]
 MEMBER_KINDS: tuple[str, ...] = ("ID_BASED", "LOCATION_BASED")
+# Enumerations of the NMX-M OpenAPI model (crates/libnmxm, docs/partitions.md).
 PARTITION_HEALTH = ("HEALTHY", "DEGRADED", "DEGRADED_BANDWIDTH", "UNHEALTHY", "NEW", "UNKNOWN")
+PARTITION_TYPES = ("ID_BASED", "LOCATION_BASED", "UNDEFINED")
+GPU_HEALTH = ("UNKNOWN", "HEALTHY", "DEGRADED", "NO_NVLINK", "DEGRADED_BW")
+COMPUTE_NODE_HEALTH = ("UNKNOWN", "HEALTHY", "DEGRADED", "UNHEALTHY")
+SWITCH_NODE_HEALTH = ("UNKNOWN", "HEALTHY", "MISSING_NVLINK", "UNHEALTHY")
 OPERATION_TERMINAL = ("completed", "failed", "cancelled")
 OPERATION_STATES = ("pending", "in-progress") + OPERATION_TERMINAL
 
@@ -87,7 +92,7 @@ class NmxComputeNode:
         return cls(id=str(data.get("ID", "")), name=str(data.get("Name", "")),
                    domain_uuid=str(data.get("DomainUUID", "")),
                    gpu_ids=tuple(str(g) for g in data.get("GpuIDList") or ()),
-                   health=str(data.get("Health", "UNKNOWN")),
+                   health=str(data.get("Health") or "UNKNOWN"),
                    chassis_id=_int(loc.get("ChassisID")), chassis_serial=loc.get("ChassisSerialNumber"),
                    host_id=_int(loc.get("HostID")), slot_id=_int(loc.get("SlotID")),
                    tray_index=_int(loc.get("TrayIndex")))
@@ -95,23 +100,28 @@ class NmxComputeNode:
 
 @dataclass(frozen=True)
 class NmxGpu:
-    """One GPU as NMX-M lists it under /gpus (it carries its PartitionID)."""
+    """One GPU as NMX-M lists it under /gpus (it carries its PartitionID).
+
+    `DeviceUID` and `SystemUID` are JSON numbers (uint64) in the NMX-M OpenAPI model; they
+    are kept as ints (a string that holds digits, as older emulators wrote, is read too).
+    """
 
     id: str
     device_id: int | None
     domain_uuid: str | None
     partition_id: int | None
     health: str
-    device_uid: str | None = None
+    device_uid: int | None = None
+    system_uid: int | None = None
 
     @classmethod
     def from_nmx(cls, data: dict[str, Any]) -> "NmxGpu":
         loc = data.get("LocationInfo") or {}
         device = data.get("DeviceID", loc.get("DeviceID"))
-        uid = data.get("DeviceUID")
         return cls(id=str(data.get("ID", "")), device_id=_int(device),
                    domain_uuid=data.get("DomainUUID"), partition_id=_int(data.get("PartitionID")),
-                   health=str(data.get("Health", "UNKNOWN")), device_uid=None if uid is None else str(uid))
+                   health=str(data.get("Health") or "UNKNOWN"), device_uid=_int(data.get("DeviceUID")),
+                   system_uid=_int(data.get("SystemUID")))
 
 
 @dataclass(frozen=True)
@@ -139,28 +149,58 @@ class NmxPartition:
         pid = _int(data.get("PartitionID"))
         return cls(id=str(data.get("ID", "") or (pid if pid is not None else "")),
                    partition_id=pid if pid is not None else 0, name=str(data.get("Name", "")),
-                   type=kind, health=str(data.get("Health", "UNKNOWN")), members=tuple(members))
+                   type=kind, health=str(data.get("Health") or "UNKNOWN"), members=tuple(members))
 
 
 @dataclass(frozen=True)
 class NmxOperation:
-    """An asynchronous NMX-M operation (create, update or delete of a partition)."""
+    """An asynchronous NMX-M operation (create, update or delete of a partition).
+
+    The OpenAPI model: `ID, CreatedAt, UpdatedAt, Status, Percentage, CurrentStep,
+    Request{Method, URI, Body, Cancellable}, Result{Data, Error, Details}`. A failed
+    operation says why in `Result.Error` (a concise code) and `Result.Details` (text).
+    """
 
     id: str
     status: str
-    error: str | None = None
+    error: str | None = None                # Result.Error
     location: str | None = None             # the Location header of the 202, when NMX-M gave one
+    details: str | None = None              # Result.Details
+    percentage: float | None = None
+    current_step: str | None = None
+    cancellable: bool | None = None         # Request.Cancellable
+    method: str | None = None               # Request.Method (lower case in the model)
+    uri: str | None = None                  # Request.URI
 
     @property
     def terminal(self) -> bool:
         return self.status in OPERATION_TERMINAL
 
+    @property
+    def reason(self) -> str:
+        """Why it ended as it did, in one line: `Error: Details`, either alone, or empty."""
+        parts = [p for p in (self.error, self.details) if p]
+        if len(parts) == 2 and parts[1].startswith(parts[0]):
+            parts = parts[1:]
+        return ": ".join(parts)
+
     @classmethod
     def from_nmx(cls, data: dict[str, Any]) -> "NmxOperation":
         status = str(data.get("Status") or data.get("status") or "").lower().replace("_", "-")
-        err = data.get("Error") or data.get("error") or data.get("Message") or None
+        result = data.get("Result") if isinstance(data.get("Result"), dict) else {}
+        request = data.get("Request") if isinstance(data.get("Request"), dict) else {}
+        err = result.get("Error") or data.get("Error") or data.get("error") or None
+        details = result.get("Details") or None
+        pct = data.get("Percentage")
+        cancellable = request.get("Cancellable")
         return cls(id=str(data.get("ID") or data.get("operationId") or data.get("id") or ""), status=status,
-                   error=None if err in (None, "") else str(err))
+                   error=None if err in (None, "") else str(err),
+                   details=None if details in (None, "") else str(details),
+                   percentage=float(pct) if isinstance(pct, (int, float)) and not isinstance(pct, bool) else None,
+                   current_step=str(data["CurrentStep"]) if data.get("CurrentStep") else None,
+                   cancellable=cancellable if isinstance(cancellable, bool) else None,
+                   method=str(request["Method"]).lower() if request.get("Method") else None,
+                   uri=str(request["URI"]) if request.get("URI") else None)
 
 
 # ------------------------------------------------------- partitions, tray view

@@ -390,3 +390,328 @@ def test_partitions_reach_the_trays_nvidia_smi(lab, tmp_path, capsys):
         if emulator is not None:
             emulator.stop()
     assert cliques(lab.trays[-1]) == {"32766"}
+
+
+# ------------------------------------------------- the real contract (issue 16.3, 17.3)
+
+def ro_client(emulator: NMXEmulator, policy: RetryPolicy = FAST) -> NMXClient:
+    return NMXClient(emulator.url, NMXCredentials("ro-user", "ro-secret"), policy=policy)
+
+
+@pytest.fixture()
+def emu_rw_ro(tmp_path):
+    cfg = make_config(tmp_path, users=[{"username": "ro-user", "password": "ro-secret", "role": "ro"}])
+    emulator = NMXEmulator(Config.from_dict(cfg)).start()
+    try:
+        yield emulator
+    finally:
+        emulator.stop()
+
+
+def test_counts_answer_total_and_shapes_follow_the_model(emu):
+    status, _, body = raw(emu, "GET", "/nmx/v1/gpus/count")
+    assert status == 200 and body == {"total": 16}
+    client = client_for(emu)
+    assert client.count("ports") == 16 * 18 and client.count("compute-nodes") == 4
+    gpu = client.inventory("gpus")[0]
+    assert isinstance(gpu["DeviceUID"], int) and isinstance(gpu["SystemUID"], int) and gpu["VendorID"] == 0x10DE
+    assert gpu["Health"] == "HEALTHY" and len(gpu["PortIDList"]) == 18
+    assert client.gpus()[0].device_uid == gpu["DeviceUID"]
+    chassis = client.inventory("chassis")[0]
+    assert set(chassis) == {"ID", "Name", "Description", "CreatedAt", "UpdatedAt", "DomainUUID", "InternalID",
+                            "SerialNumber", "ComputeNodeIDList", "SwitchNodeIDList"}
+    port = client.inventory("ports")[0]
+    assert port["Type"] == "GPU" and port["PhysicalState"] == "LINKUP" and port["LogicalState"] == "STATE_ACTIVE"
+    status, _, err = raw(emu, "GET", "/nmx/v1/partitions/0123456789abcdef01234567")
+    assert status == 404 and set(err) == {"httpErrorCode", "customErrorCode", "description"}
+
+
+def test_lists_page_and_the_client_follows_every_page(emu, tmp_path):
+    status, _, first = raw(emu, "GET", "/nmx/v1/ports")               # unasked: the first page_limit items
+    assert status == 200 and len(first) == 50
+    assert len(raw(emu, "GET", "/nmx/v1/gpus?offset=14&limit=5")[2]) == 2
+    assert raw(emu, "GET", "/nmx/v1/gpus?limit=0")[0] == 400
+    small = client_for(emu, RetryPolicy(**{**FAST.__dict__, "page_size": 5}))
+    gpus = small.inventory("gpus")
+    assert len(gpus) == 16 and len({g["ID"] for g in gpus}) == 16    # 5 + 5 + 5 + 1, none twice
+    assert len(client_for(emu).inventory("ports")) == 16 * 18           # pages of 100
+    raw(emu, "POST", "/_lab/faults", {"page_limit": 3})                # a smaller server-side default
+    assert len(raw(emu, "GET", "/nmx/v1/gpus")[2]) == 3
+    assert len(small.gpus()) == 16
+
+
+def test_failed_operation_reports_result_error_and_rolls_back(emu):
+    client = client_for(emu)
+    nodes = client.compute_nodes()
+    raw(emu, "POST", "/_lab/faults", {"fail_operations": 1, "operation_error": "GPU_NOT_READY",
+                                      "operation_details": "GPU 3 of slot 2 did not answer the fabric manager"})
+    with pytest.raises(NMXOperationFailed) as exc:
+        client.create_partition("doomed", list(nodes[0].gpu_ids))
+    assert "failed: GPU_NOT_READY: GPU 3 of slot 2 did not answer" in exc.value.message
+    assert "create partition 'doomed'" in exc.value.message and exc.value.exit_code == 3
+    assert client.partition_named("doomed") is None                    # NMX-M rolled it back
+    ops = client.operations()
+    failed = next(o for o in ops if o.status == "failed")
+    assert failed.error == "GPU_NOT_READY" and failed.method == "post" and failed.uri.endswith("/partitions")
+    assert client.create_partition("fine", list(nodes[0].gpu_ids)).name == "fine"   # one failure only
+
+
+def test_cancel_a_pending_operation(emu, tmp_path):
+    client = client_for(emu)
+    nodes = client.compute_nodes()
+    kept = client.create_partition("kept", list(nodes[1].gpu_ids))
+    emu.state.cfg.operation_delay_s = 30.0                              # stays pending until cancelled
+    op = client.create_partition("later", list(nodes[0].gpu_ids), wait=False)
+    current = client.operation(op.id)
+    assert current.status == "pending" and current.cancellable is True and current.percentage == 0
+    cancel = client.cancel_operation(op.id)
+    assert cancel.id and client.operation(cancel.id).status == "completed"
+    with pytest.raises(NMXOperationFailed, match="was cancelled"):
+        client.wait(op)
+    assert client.partition_named("later") is None and client.partition_named("kept") is not None
+    from mctl.fabric.nmx import NMXConflict as Conflict
+    with pytest.raises(Conflict, match="only a pending operation"):
+        client.cancel_operation(op.id)
+    with pytest.raises(NMXNotFound):
+        client.cancel_operation("0123456789abcdef01234567")
+    deleting = client.delete_partition(kept.id, wait=False)            # a cancelled delete puts it back
+    client.cancel_operation(deleting.id)
+    assert client.partition(kept.id).name == "kept"
+    assert gpus_json(tmp_path, 2)["clique_id"] == kept.partition_id      # the fabric never moved
+
+
+def test_read_only_user_reads_but_cannot_write(emu_rw_ro):
+    from mctl.fabric.nmx import NMXAuthError, NMXReadOnly
+
+    ro = ro_client(emu_rw_ro)
+    nodes = ro.compute_nodes()
+    assert len(nodes) == 4 and ro.count("gpus") == 16 and ro.partitions()
+    with pytest.raises(NMXReadOnly) as exc:
+        ro.create_partition("nope", list(nodes[0].gpu_ids))
+    assert "this user is read-only" in exc.value.message and "'ro-user'" in exc.value.message
+    assert "rw-user" in exc.value.hint and exc.value.exit_code == 2
+    assert "ro-secret" not in exc.value.message + (exc.value.hint or "")
+    assert client_for(emu_rw_ro).partition_named("nope") is None
+    with pytest.raises(NMXAuthError, match="refused the credentials"):
+        NMXClient(emu_rw_ro.url, NMXCredentials("ro-user", "wrong"), policy=FAST).partitions()
+
+
+def test_replace_members_sends_members_only(emu):
+    client = client_for(emu)
+    nodes = client.compute_nodes()
+    p = client.create_partition("m", list(nodes[0].gpu_ids))
+    client.replace_members(p.id, list(nodes[0].gpu_ids + nodes[1].gpu_ids), name="m")
+    last = [o for o in client.operations() if o.method == "put"][-1]
+    assert raw(emu, "GET", f"/nmx/v1/operations/{last.id}")[2]["Request"]["Body"] == {
+        "Members": list(nodes[0].gpu_ids + nodes[1].gpu_ids)}
+
+
+def test_injected_500_timeout_and_slow(emu):
+    client = client_for(emu)
+    raw(emu, "POST", "/_lab/faults", {"fail_all": True, "status": 500})
+    with pytest.raises(NMXUnavailable, match="failed 4 times, last with HTTP 500 injected fault"):
+        client.count("gpus")
+    raw(emu, "POST", "/_lab/faults", {"clear": True, "hang": True})
+    quick = client_for(emu, RetryPolicy(attempts=2, backoff_s=0.01, timeout_s=0.5, call_deadline_s=5))
+    started = time.monotonic()
+    with pytest.raises(NMXUnavailable, match="unavailable"):
+        quick.partitions()
+    assert time.monotonic() - started < 5                               # bounded by the deadlines
+    with pytest.raises(NMXUnavailable, match="may or may not have been accepted"):
+        quick.create_partition("x", list(emu.state.by_id)[:4])
+    raw(emu, "POST", "/_lab/faults", {"clear": True, "delay_s": 0.3})
+    assert quick.count("gpus") == 16                                   # slow, inside the deadline
+    raw(emu, "POST", "/_lab/faults", {"clear": True})
+
+
+def test_faults_file_is_picked_up(tmp_path):
+    faults = tmp_path / "nmx-faults.json"
+    emulator = NMXEmulator(Config.from_dict(make_config(tmp_path, faults_file=str(faults)))).start()
+    try:
+        client = client_for(emulator)
+        assert client.count("gpus") == 16
+        faults.write_text(json.dumps({"fail_all": True, "status": 503}))
+        with pytest.raises(NMXUnavailable, match="HTTP 503"):
+            client.count("gpus")
+        faults.write_text("{}\n")
+        assert client.count("gpus") == 16
+    finally:
+        emulator.stop()
+
+
+# --------------------------------------------- credentials stay with their origin (17.3)
+
+class _Recorder:
+    """A plain HTTP server on a loopback address that records what it was sent."""
+
+    def __init__(self, address: str, handler):
+        from http.server import ThreadingHTTPServer
+
+        self.seen: list[dict] = []
+        outer = self
+
+        class H(handler):
+            def log_message(self, *a):
+                pass
+
+            def record(self):
+                outer.seen.append({"path": self.path, "auth": self.headers.get("Authorization")})
+
+        self.server = ThreadingHTTPServer((address, 0), H)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_redirect_to_another_origin_never_carries_the_credentials():
+    from http.server import BaseHTTPRequestHandler
+
+    from mctl.fabric.nmx import NMXForeignOrigin
+
+    class Sink(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.record()
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"[]")
+
+    sink = _Recorder("127.77.251.3", Sink)
+    target = f"http://127.77.251.3:{sink.port}/nmx/v1/partitions"
+
+    class Redirector(BaseHTTPRequestHandler):
+        def _go(self):
+            self.record()
+            if self.command == "GET" and self.path.startswith("/nmx/v1/partitions"):
+                self.send_response(302)
+                self.send_header("Location", target)
+            elif self.path.startswith("/nmx/v1/gpus"):      # same origin, other path: followed
+                self.send_response(301)
+                self.send_header("Location", "/nmx/v1/compute-nodes?offset=0&limit=100")
+            elif self.path.startswith("/nmx/v1/compute-nodes"):
+                body = b"[]"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            else:                                          # a 202 whose Location names another host
+                self.send_response(202)
+                body = b'{"operationId": "551137c2f9e1fac808a5f572"}'
+                self.send_header("Location", f"http://127.77.251.3:{sink.port}/nmx/v1/operations/x")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST = do_PUT = do_DELETE = _go
+
+    origin = _Recorder("127.77.251.4", Redirector)
+    try:
+        client = NMXClient(f"http://127.77.251.4:{origin.port}", NMXCredentials("admin", "s3cret"), policy=FAST)
+        with pytest.raises(NMXForeignOrigin) as exc:
+            client.partitions()
+        assert f"127.77.251.3:{sink.port}" in exc.value.message and "does not send the NMX-M credentials" \
+            in exc.value.message
+        assert "s3cret" not in exc.value.message
+        assert client.gpus() == []                                     # a same-origin redirect is followed
+        with pytest.raises(NMXForeignOrigin, match="accepted the request"):
+            client.delete_partition("551137c2f9e1fac808a5f572")
+        assert sink.seen == []                                         # nothing, not even without credentials
+        assert origin.seen and all(s["auth"] == NMXCredentials("admin", "s3cret").header() for s in origin.seen)
+    finally:
+        origin.close()
+        sink.close()
+
+
+# -------------------------------------------- lab faults of a rack's NMX-M (issue 15.2)
+
+@pytest.mark.lab
+def test_lab_fault_nmx_500_timeout_slow_and_clear(lab):
+    from mctl.inventory import load_site
+
+    site = load_site(lab.inventory)
+    rack = site.racks[lab.rack]
+    quick = RetryPolicy(attempts=2, backoff_s=0.05, timeout_s=1.0, call_deadline_s=10)
+    client = NMXClient.for_rack(site, rack, policy=quick)
+    assert client.count("gpus") == 4 * len(lab.trays)
+    try:
+        dry = lab.mctl("lab", "fault", lab.rack, "--nmx", "500", "--dry-run", "--dir", str(lab.dir))
+        assert dry.returncode == 0 and "would: write nmx-faults.json" in dry.stdout
+        assert client.count("gpus") == 4 * len(lab.trays)
+        res = lab.mctl("lab", "fault", lab.trays[0], "--nmx", "500", "--dir", str(lab.dir), "--json")
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout)["after"] == ["nmx answers 500"]
+        shown = json.loads(lab.mctl("lab", "status", "--dir", str(lab.dir), "--json").stdout)["rack_services"]
+        assert [s["faults"] for s in shown if s["name"] == "nmx"] == [["nmx answers 500"]]
+        listed = lab.mctl("partition", "list", lab.rack)
+        assert listed.returncode == 3 and "unavailable" in listed.stderr and "HTTP 500" in listed.stderr
+        assert lab.mctl("lab", "fault", lab.rack, "--nmx", "timeout", "--dir", str(lab.dir)).returncode == 0
+        started = time.monotonic()
+        with pytest.raises(NMXUnavailable, match="unavailable"):
+            client.partitions()
+        assert time.monotonic() - started < 10
+        assert lab.mctl("lab", "fault", lab.rack, "--nmx", "slow", "--dir", str(lab.dir)).returncode == 0
+        started = time.monotonic()
+        assert NMXClient.for_rack(site, rack).count("gpus") == 4 * len(lab.trays)     # late, inside the deadline
+        assert time.monotonic() - started >= 2.5
+        bad = lab.mctl("lab", "fault", lab.rack, "--nmx", "404", "--dir", str(lab.dir))
+        assert bad.returncode == 2 and "one of 500, timeout, slow, clear" in bad.stderr
+    finally:
+        cleared = lab.mctl("lab", "fault", lab.rack, "--clear", "--dir", str(lab.dir))
+        assert cleared.returncode == 0 and f"{lab.rack} nmx: no faults" in cleared.stdout
+    assert lab.mctl("partition", "list", lab.rack).returncode == 0
+
+
+@pytest.mark.lab
+def test_lab_nmx_has_a_read_only_user(lab):
+    from mctl.fabric.nmx import NMXReadOnly, load_credentials
+    from mctl.inventory import load_site
+
+    site = load_site(lab.inventory)
+    rack = site.racks[lab.rack]
+    ro = load_credentials(Path(rack.nmx.credentials_file).with_name("nmx-ro.cred"))
+    client = NMXClient(rack.nmx.url, ro, policy=FAST)
+    nodes = client.compute_nodes()
+    assert ro.username == "ro-user" and len(nodes) == len(lab.trays)
+    with pytest.raises(NMXReadOnly, match="this user is read-only"):
+        client.create_partition("ro-try", list(nodes[0].gpu_ids))
+
+
+def test_a_dripping_answer_is_cut_at_the_deadline():
+    """Each read arriving in time is not enough: the whole exchange has one deadline."""
+    from http.server import BaseHTTPRequestHandler
+
+    stop = threading.Event()
+
+    class Drip(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):
+            self.record()
+            self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+            for _ in range(100):                      # one header byte every 0.1 s: each read is "in time"
+                if stop.wait(0.1):
+                    return
+                try:
+                    self.wfile.write(b"X")
+                    self.wfile.flush()
+                except OSError:
+                    return
+
+    server = _Recorder("127.77.251.5", Drip)
+    try:
+        client = NMXClient(f"http://127.77.251.5:{server.port}", NMXCredentials("a", "b"),
+                           policy=RetryPolicy(attempts=2, backoff_s=0.01, timeout_s=0.5, call_deadline_s=5))
+        started = time.monotonic()
+        with pytest.raises(NMXUnavailable, match=r"no whole answer from /nmx/v1/partitions in 0.5 s"):
+            client.partitions()
+        assert time.monotonic() - started < 3 and len(server.seen) == 2
+    finally:
+        stop.set()
+        server.close()
