@@ -207,7 +207,7 @@ def _check_vars(values: dict[str, Any], doc: Located, path: tuple, problems: lis
             problems.append(Problem(doc.file, doc.line_of(vpath), dotted(vpath), f"{shown(key)} is not a variable name",
                                     "letters, digits and '_', not starting with a digit"))
             continue
-        if key in REFUSED_VARS or _REFUSED_VAR.match(key):
+        if refused_var(key):
             problems.append(Problem(doc.file, doc.line_of(vpath), dotted(vpath),
                                     f"{key} is not allowed in an mctl inventory",
                                     REFUSED_VARS.get(key, "mctl sets the SSH and host-key options itself")))
@@ -226,6 +226,11 @@ def _check_vars(values: dict[str, Any], doc: Located, path: tuple, problems: lis
                                         f"ansible_host must be an address or host name (got {shown(value)})"))
             else:
                 _check_address(value, doc, vpath, problems)
+
+
+def refused_var(key: str) -> bool:
+    """An Ansible variable that would change how Ansible connects or which host keys it trusts."""
+    return key in REFUSED_VARS or _REFUSED_VAR.match(key) is not None
 
 
 def _is_port(value: Any) -> bool:
