@@ -55,7 +55,7 @@ def render_(rack: Annotated[str, typer.Argument(help="Rack name.", show_default=
 
     Example: mctl -i inventories/lab imex render lab-r1 --tray lab-r1-tray01
     """
-    from mctl.fabric.imex import domains_summary, imex_domains, render_rack
+    from mctl.fabric.imex import domains_summary, imex_domains, local_path, render_rack
     from mctl.fabric.imex_job import render_epilog, render_prolog
     from mctl.state.files import atomic_write
 
@@ -85,9 +85,9 @@ def render_(rack: Annotated[str, typer.Argument(help="Rack name.", show_default=
             raise UsageError(f"{tray} is not a compute tray of rack {rack}",
                              hint=f"trays: {', '.join(h.name for h in r.compute[:3])}, ...")
     if out is not None:
-        for t in trays:
-            for path, text in t.files:
-                atomic_write(out / t.tray / path.lstrip("/"), text, mode=0o644)
+        writes = [(local_path(out, t.tray, path), text) for t in trays for path, text in t.files]  # all checked first
+        for dest, text in writes:
+            atomic_write(dest, text, mode=0o644)
     if want_json(json_):
         render.print_json({"rack": rack, "scope": "partition", "domains": domains_summary(imex_domains(r)),
                            "trays": [{"tray": t.tray, "address": t.address, "domain": t.domain,
