@@ -9,7 +9,7 @@ import typer
 
 from mctl.cli import render
 from mctl.cli.context import options, want_json
-from mctl.cli.options import DryRunOpt, JsonOpt
+from mctl.cli.options import DryRunOpt, JsonOpt, finite
 from mctl.errors import EXIT_FINDINGS, PartialFailure, UsageError
 
 if TYPE_CHECKING:
@@ -142,8 +142,9 @@ def status(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.",
 def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", show_default=False)] = None,
           restart: Annotated[bool, typer.Option("--restart", help="Restart the daemon on every tray, also where "
                                                 "the files are already right.")] = False,
-          wait: Annotated[float, typer.Option("--wait", min=0, help="Seconds to wait for every domain to be UP "
-                                              "afterwards (0: do not wait).")] = 0,
+          wait: Annotated[float, typer.Option("--wait", click_type=finite(min=0),
+                                              help="Seconds to wait for every domain to be UP "
+                                                   "afterwards (0: do not wait).")] = 0,
           dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
     """Push each tray's rendered config.cfg and nodes_config.cfg where they differ, and restart its daemon.
 
