@@ -82,6 +82,11 @@ def desired_from_rack(rack: "Rack") -> tuple[DesiredPartition, ...]:
 
 
 def parse_trays(rack: "Rack", spec: str) -> tuple[str, ...]:
+    from mctl.model.names import nodeset_too_big
+
+    big = nodeset_too_big(spec)
+    if big:
+        raise UsageError(big, hint="a partition holds trays of one rack, e.g. rack-a-tray[01-09]")
     try:
         return tuple(NodeSet(spec))
     except (NodeSetParseError, RangeSetParseError) as exc:
