@@ -24,11 +24,14 @@ from mctl.model.site import MODEL_SHAPES, Host, Partition, Rack, Site
 INVENTORY_NAMES = ("mctl.yml", "mctl.yaml")
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 _RANGE_VALUE = re.compile(r"^\[[0-9,\-]+\]$")
-_SCOPE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")          # an IPv6 zone: an interface name
-_VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
-_SLURM_WORD = re.compile(r"^[^\s#\"'\\]+$")
-_SLURM_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9]*$")
+_SCOPE = re.compile(r"^[A-Za-z0-9_.-]{1,15}\Z")          # an IPv6 zone: an interface name
+_VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\Z")
+_SLURM_WORD = re.compile(r"^[^\s#\"'\\]+\Z")
+_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}\Z")
+_URL = re.compile(r"^(https?|oci)://[^\s\"'`$\\]+\Z")
+_SLURM_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9]*\Z")
 
 # Variables that would let an inventory change how Ansible connects or which host keys it trusts,
 # behind mctl's back: mctl sets the SSH options itself (strict host keys against the site's
@@ -477,4 +480,20 @@ def _check_site(spec: SiteSpec, doc: Located, problems: list[Problem]) -> None:
         elif not _SLURM_WORD.match(value):
             problems.append(Problem(doc.file, doc.line_of(epath), dotted(epath),
                                     f"{shown(value)}: a slurm.conf value may not hold whitespace, quotes, '\\' or '#'"))
-    _check_path(sched.k8s.kubeconfig, doc, ("scheduler", "k8s", "kubeconfig"), problems)
+    k8s = sched.k8s
+    kpath = ("scheduler", "k8s")
+    _check_path(k8s.kubeconfig, doc, kpath + ("kubeconfig",), problems)
+    for key in ("namespace", "dra_namespace", "workload_namespace"):
+        value = getattr(k8s, key)
+        if not _K8S_NAME.match(value):
+            problems.append(Problem(doc.file, doc.line_of(kpath + (key,)), dotted(kpath + (key,)),
+                                    f"{shown(value)} is not a Kubernetes namespace name",
+                                    "lower-case letters, digits and '-', 1-63 characters (RFC 1123 label)"))
+    for key in ("gpu_operator_version", "dra_driver_version"):
+        value = getattr(k8s, key)
+        if value is not None and not _VERSION.match(value):
+            problems.append(Problem(doc.file, doc.line_of(kpath + (key,)), dotted(kpath + (key,)),
+                                    f"{shown(value)} is not a chart version", "e.g. v25.3.0"))
+    if k8s.helm_repo is not None and not _URL.match(k8s.helm_repo):
+        problems.append(Problem(doc.file, doc.line_of(kpath + ("helm_repo",)), dotted(kpath + ("helm_repo",)),
+                                f"{shown(k8s.helm_repo)} is not an http(s) URL without quotes, '$', '`' or spaces"))
