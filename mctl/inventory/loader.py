@@ -216,19 +216,27 @@ def _check_vars(values: dict[str, Any], doc: Located, path: tuple, problems: lis
                                     REFUSED_VARS.get(key, "mctl sets the SSH and host-key options itself")))
             continue
         ranged = isinstance(value, str) and _RANGE_VALUE.match(value)
-        if key == "ansible_port" and not ranged and not _is_port(value):
+        if not ranged:                  # a per-tray range is checked per tray, once expanded
+            _check_read_var(key, value, doc, vpath, problems)
+
+
+def _check_read_var(key: str, value: Any, doc: Located, vpath: tuple, problems: list[Problem]) -> bool:
+    """The Ansible variables mctl's own SSH reads (transport.targets.SSHTarget.for_host)."""
+    before = len(problems)
+    if key == "ansible_port" and not _is_port(value):
+        problems.append(Problem(doc.file, doc.line_of(vpath), dotted(vpath),
+                                f"ansible_port must be a TCP port 1-65535 (got {shown(value)})"))
+    elif key == "ansible_user" and not (isinstance(value, str) and _USER.match(value)):
+        problems.append(Problem(doc.file, doc.line_of(vpath), dotted(vpath),
+                                f"{shown(value)} is not a valid user name for ansible_user",
+                                "letters, digits, '_', '.' and '-', not starting with a digit or '-'"))
+    elif key == "ansible_host":
+        if not isinstance(value, str):
             problems.append(Problem(doc.file, doc.line_of(vpath), dotted(vpath),
-                                    f"ansible_port must be a TCP port 1-65535 (got {shown(value)})"))
-        elif key == "ansible_user" and not (isinstance(value, str) and _USER.match(value)):
-            problems.append(Problem(doc.file, doc.line_of(vpath), dotted(vpath),
-                                    f"{shown(value)} is not a valid user name for ansible_user",
-                                    "letters, digits, '_', '.' and '-', not starting with a digit or '-'"))
-        elif key == "ansible_host" and not ranged:
-            if not isinstance(value, str):
-                problems.append(Problem(doc.file, doc.line_of(vpath), dotted(vpath),
-                                        f"ansible_host must be an address or host name (got {shown(value)})"))
-            else:
-                _check_address(value, doc, vpath, problems)
+                                    f"ansible_host must be an address or host name (got {shown(value)})"))
+        else:
+            _check_address(value, doc, vpath, problems)
+    return len(problems) == before
 
 
 def refused_var(key: str) -> bool:
@@ -285,6 +293,9 @@ def _group_hosts(group: TrayGroup, role: str, rack: str, doc: Located, path: tup
                 continue
             for i, v in enumerate(values):
                 per_host_vars[i][key] = int(v[1:]) if v[1:].isdigit() else v[1:]
+            for hv in per_host_vars:
+                if not _check_read_var(key, hv[key], doc, path + ("vars", key), problems):
+                    break
         else:
             for hv in per_host_vars:
                 hv[key] = value

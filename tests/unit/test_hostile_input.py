@@ -218,6 +218,8 @@ INVENTORY_CASES = [
      "not allowed"),
     ("ansible-sftp-args", site_vars('ansible_sftp_extra_args: "-o x"'), "ansible_sftp_extra_args", "not allowed"),
     ("var-name-dash", compute_vars("my-var: 1"), "my-var", "variable name"),
+    ("ansible-host-range-of-numbers", compute_vars('ansible_host: "[1-18]"'), "ansible_host", "ansible_host"),
+    ("ansible-port-range-too-big", compute_vars('ansible_port: "[65530-65547]"'), "ansible_port", "tcp port"),
     # addresses
     ("ipv6-zone-injection", sub("address: 10.20.0.10", 'address: "fe80::1%a;b"'), "fe80::1%a;b", "address"),
     ("bmc-semicolon", sub("bmc: 10.20.9.[11-28]", 'bmc: "10.20.9.x;[11-28]"'), "10.20.9.x;", "address"),
@@ -269,6 +271,21 @@ def test_the_shipped_inventories_stay_valid(tmp_path, capsys):
     (lab / "mctl.yml").write_text(inventory(LabLayout("lab", 2, 4), identity_file=tmp_path / "id",
                                             known_hosts=lab / "known_hosts"))
     assert run_cli(capsys, "-i", str(lab), "inventory", "validate").code == 0
+
+
+def test_ordinary_values_stay_accepted(tmp_path, capsys):
+    """The grammar refuses the hostile, not the ordinary: per-tray ranges, anchors, free-form vars."""
+    text = compute_vars('ansible_port: "[2201-2218]"\nansible_user: admin\n'
+                        'ansible_python_interpreter: /usr/bin/python3\n'
+                        'motd: "two\\nlines are fine in a free-form variable"\nshared: &shared {a: 1}\n'
+                        'again: *shared')(example_text())
+    site = write_site(tmp_path, text)
+    res = run_cli(capsys, "-i", str(site), "inventory", "validate")
+    assert res.code == 0, res.out + res.err
+    from mctl.inventory import load_site
+
+    tray = load_site(site).host("rack-a-tray18")
+    assert tray.vars["ansible_port"] == 2218 and tray.vars["again"] == {"a": 1}
 
 
 # CLI arguments: every float option is finite, every host expression sized before expansion.
