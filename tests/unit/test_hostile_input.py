@@ -523,3 +523,13 @@ def test_malformed_case_count():
     assert len(INVENTORY_CASES) + len(CLI_CASES) + 1 >= 60
     assert len({c[0] for c in INVENTORY_CASES}) == len(INVENTORY_CASES)
     assert re.fullmatch(r"[a-z0-9-]+", "".join(c[0] for c in INVENTORY_CASES + CLI_CASES))
+
+
+def test_known_hosts_that_is_not_utf8_is_named_with_its_line(tmp_path):
+    from mctl.errors import UsageError
+    from mctl.transport.known_hosts import KnownHosts
+
+    path = tmp_path / "known_hosts"
+    path.write_bytes(b"10.0.0.1 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG\n10.0.0.2 ssh-ed25519 \xff\xfe\n")
+    with pytest.raises(UsageError, match=re.escape(f"{path}:2: known_hosts is not UTF-8")):
+        KnownHosts.load(path)
