@@ -132,6 +132,8 @@ def _convert(node: yaml.Node, path: Path, doc: Located, walk: _Walk) -> Any:
     if walk.values > MAX_VALUES:
         raise _Refused(line, f"the document stands for more than {MAX_VALUES:,} values",
                        "YAML aliases (*name) repeat whole subtrees; write the values out instead")
+    if node.tag == "tag:yaml.org,2002:merge":
+        raise _Refused(line, "YAML merge keys (<<) are not supported in an inventory", "write the keys out")
     if node.tag not in _TAGS:
         raise _Refused(line, f"YAML tag {node.tag!r} is not allowed in an inventory",
                        "write plain strings, numbers, booleans, lists and mappings")

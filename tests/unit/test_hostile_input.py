@@ -187,6 +187,7 @@ INVENTORY_CASES = [
     ("yaml-binary-tag", sub("site: example-gb200", "site: !!binary ZXhhbXBsZQ=="), "site:", "tag"),
     ("yaml-custom-tag", sub("cluster_name: gb200", "cluster_name: !vault gb200"), "cluster_name", "tag"),
     ("yaml-set-tag", lambda t: t + "vars:\n  a: !!set {x, y}\n", "!!set", "tag"),
+    ("yaml-merge-key", lambda t: t + "vars:\n  base: &b {x: 1}\n  more:\n    <<: *b\n", "<<: *b", "merge"),
     ("yaml-bad-date", sub("site: example-gb200", "site: 2024-13-45"), "site:", "cannot read"),
     # numbers: finite only
     ("connect-timeout-inf", sub("connect_timeout: 10", "connect_timeout: .inf"), "connect_timeout", "finite"),
