@@ -23,6 +23,8 @@ import math
 import re
 from typing import Any, Callable, Iterable
 
+from mctl.model.names import has_control
+
 _MISSING: Any = object()
 
 
@@ -74,8 +76,6 @@ ANY = object()          # any value, taken as it is
 
 _BOOL_WORDS = {"true": True, "t": True, "yes": True, "y": True, "on": True, "1": True,
                "false": False, "f": False, "no": False, "n": False, "off": False, "0": False}
-# C0 and C1 control characters, DEL, and the Unicode line and paragraph separators (as mctl.model.names).
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _SCALAR_NAMES = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
 
@@ -109,7 +109,7 @@ def _scalar(kind: type, value: Any, loc: tuple, errors: list) -> Any:
     if kind is str:
         if not isinstance(value, str):
             return _error(errors, loc, "string_type", "Input should be a valid string", value)
-        if _CONTROL.search(value):
+        if has_control(value):
             # A newline in a name or setting would add lines to slurm.conf, known_hosts or a shell command.
             return _error(errors, loc, "string_control", "control characters (newline, tab, ...) are not allowed",
                           value)
