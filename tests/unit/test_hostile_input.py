@@ -306,13 +306,22 @@ CLI_CASES = [
     ("exec-ten-million-trays", ["exec", "tray[1-10000000]", "--", "true"], "10,000,000"),
     ("exec-huge-range", ["exec", "rack-a-tray[1-99999999999999]", "--", "true"], "names"),
     ("exec-many-terms", ["exec", "a[1-40000],b[1-40000]", "--", "true"], "names"),
+    ("bring-up-rack-dotdot", ["rack", "bring-up", "../../x", "--dry-run"], "unknown rack"),
+    ("partition-create-rack-dotdot", ["partition", "create", "../../x", "--template", "all", "--no-apply"],
+     "unknown rack"),
+    ("imex-render-rack-dotdot", ["imex", "render", "../../x", "--out", "out"], "unknown rack"),
+    ("exec-host-newline", ["exec", "rack-a-tray01\nrack-a-tray02", "--", "true"], "unknown host"),
+    ("exec-host-semicolon", ["exec", "rack-a-tray01;id", "--", "true"], "unknown host"),
+    ("partition-name-newline", ["partition", "create", "rack-a", "p9\nx", "--trays", "rack-a-tray01", "--no-apply"],
+     "partition name"),
     ("partition-trays-ten-million", ["partition", "create", "rack-a", "p9", "--trays", "rack-a-tray[1-10000000]",
                                      "--no-apply"], "names"),
 ]
 
 
 @pytest.mark.parametrize("case_id,args,words", CLI_CASES, ids=[c[0] for c in CLI_CASES])
-def test_malformed_cli_argument_is_refused(tmp_path, capsys, case_id, args, words):
+def test_malformed_cli_argument_is_refused(tmp_path, capsys, monkeypatch, case_id, args, words):
+    monkeypatch.chdir(tmp_path)                 # a relative --out would land here, inside the snapshot
     site = write_site(tmp_path, example_text())
     state = tmp_path / "state"
     before = snapshot(tmp_path)
