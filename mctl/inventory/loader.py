@@ -458,6 +458,10 @@ def _check_site(spec: SiteSpec, doc: Located, problems: list[Problem]) -> None:
     """Site-wide names, paths and values that leave mctl (slurm.conf, shell commands, Ansible)."""
     _check_name(spec.site, is_cluster_name(spec.site), CLUSTER_GRAMMAR, "site name", doc, ("site",), problems)
     _check_path(spec.images_dir, doc, ("images_dir",), problems)
+    if not _USER.match(spec.ssh.user):
+        problems.append(Problem(doc.file, doc.line_of(("ssh", "user")), "ssh.user",
+                                f"{shown(spec.ssh.user)} is not a valid user name",
+                                "letters, digits, '_', '.' and '-', not starting with a digit or '-'"))
     _check_path(spec.ssh.identity_file, doc, ("ssh", "identity_file"), problems)
     _check_path(spec.ssh.known_hosts, doc, ("ssh", "known_hosts"), problems)
     _check_vars(spec.vars, doc, ("vars",), problems)

@@ -218,6 +218,8 @@ INVENTORY_CASES = [
     ("ansible-private-key", head_vars("ansible_ssh_private_key_file: /tmp/k"), "ansible_ssh_private_key_file",
      "not allowed"),
     ("ansible-sftp-args", site_vars('ansible_sftp_extra_args: "-o x"'), "ansible_sftp_extra_args", "not allowed"),
+    ("ssh-user-option", sub("  user: root", '  user: "-oProxyCommand=x"'), "-oProxyCommand", "user name"),
+    ("ssh-user-space", sub("  user: root", '  user: "root x"'), "root x", "user name"),
     ("var-name-dash", compute_vars("my-var: 1"), "my-var", "variable name"),
     ("ansible-host-range-of-numbers", compute_vars('ansible_host: "[1-18]"'), "ansible_host", "ansible_host"),
     ("ansible-port-range-too-big", compute_vars('ansible_port: "[65530-65547]"'), "ansible_port", "tcp port"),
