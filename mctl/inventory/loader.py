@@ -23,7 +23,7 @@ from mctl.model.site import MODEL_SHAPES, Host, Partition, Rack, Site
 
 INVENTORY_NAMES = ("mctl.yml", "mctl.yaml")
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
-_RANGE_VALUE = re.compile(r"^\[[0-9,\-]+\]$")
+_RANGE_VALUE = re.compile(r"^\[[0-9,\-]+\]\Z")
 _SCOPE = re.compile(r"^[A-Za-z0-9_.-]{1,15}\Z")          # an IPv6 zone: an interface name
 _VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\Z")
