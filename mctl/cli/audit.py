@@ -10,7 +10,7 @@ from typer.core import TyperGroup
 
 from mctl.cli import render
 from mctl.cli.context import options, want_json
-from mctl.cli.options import JsonOpt
+from mctl.cli.options import JsonOpt, finite
 from mctl.errors import EXIT_FINDINGS, EXIT_PARTIAL, UsageError
 
 
@@ -41,7 +41,7 @@ def run(
                        ] = "critical",
     drain_age: Annotated[str, typer.Option("--drain-age", help="A tray drained longer than this is a finding "
                                                                "(e.g. 12h, 1d, 90m).")] = "1d",
-    timeout: Annotated[Optional[float], typer.Option("--timeout", "-t", min=1.0,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", "-t", click_type=finite(min=1.0),
                                                      help="Seconds each host may take (default ssh.command_timeout).")
                        ] = None,
     no_health: Annotated[bool, typer.Option("--no-health", help="Leave out the health check catalogue.")] = False,

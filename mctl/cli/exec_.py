@@ -8,7 +8,7 @@ import typer
 
 from mctl.cli import render
 from mctl.cli.context import options, want_json
-from mctl.cli.options import JsonOpt
+from mctl.cli.options import JsonOpt, finite
 from mctl.errors import PartialFailure, UsageError
 
 COMMAND_SETTINGS: dict = {}
@@ -18,7 +18,7 @@ def command(
     nodeset: Annotated[str, typer.Argument(help="Node set, rack name or @group (@all, @compute, @head, @RACK).",
                                            show_default=False)],
     cmd: Annotated[Optional[List[str]], typer.Argument(help="The command, after '--'.", show_default=False)] = None,
-    timeout: Annotated[Optional[float], typer.Option("--timeout", "-t", min=0.1,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", "-t", click_type=finite(min=0.1),
                                                      help="Seconds the command may run on each host "
                                                           "(default: ssh.command_timeout).")] = None,
     fanout: Annotated[Optional[int], typer.Option("--fanout", "-f", min=1,

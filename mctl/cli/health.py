@@ -9,7 +9,7 @@ import typer
 
 from mctl.cli import render
 from mctl.cli.context import options, want_json
-from mctl.cli.options import DryRunOpt, JsonOpt
+from mctl.cli.options import DryRunOpt, JsonOpt, finite
 from mctl.errors import EXIT_FINDINGS, UsageError
 
 app = typer.Typer(help="Health checks, the watch that drains failed trays, and mctl's drains.",
@@ -20,7 +20,7 @@ app.add_typer(breaker_app, name="breaker")
 TargetArg = Annotated[Optional[str], typer.Argument(metavar="[NODESET|RACK]",
                                                     help="Trays or racks (default: every compute tray).",
                                                     show_default=False)]
-TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", "-t", min=1.0,
+TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", "-t", click_type=finite(min=1.0),
                                                      help="Seconds each tray may take (default: the interval, "
                                                           "at most ssh.command_timeout).")]
 SEVERITIES = ("warn", "critical")
@@ -114,7 +114,7 @@ def _print_check(result, all_findings: bool) -> None:
 @app.command()
 def watch(
     target: TargetArg = None,
-    interval: Annotated[Optional[float], typer.Option("--interval", min=0.2,
+    interval: Annotated[Optional[float], typer.Option("--interval", click_type=finite(min=0.2),
                                                       help="Seconds between sweeps (default: health.interval).")
                         ] = None,
     remediate: Annotated[Optional[bool], typer.Option("--remediate/--no-remediate",

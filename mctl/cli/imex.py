@@ -9,7 +9,7 @@ import typer
 
 from mctl.cli import render
 from mctl.cli.context import options, want_json
-from mctl.cli.options import DryRunOpt, JsonOpt
+from mctl.cli.options import DryRunOpt, JsonOpt, finite
 from mctl.errors import EXIT_FINDINGS, PartialFailure, UsageError
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def render_(rack: Annotated[str, typer.Argument(help="Rack name.", show_default=
 
     Example: mctl -i inventories/lab imex render lab-r1 --tray lab-r1-tray01
     """
-    from mctl.fabric.imex import domains_summary, imex_domains, render_rack
+    from mctl.fabric.imex import domains_summary, imex_domains, local_path, render_rack
     from mctl.fabric.imex_job import render_epilog, render_prolog
     from mctl.state.files import atomic_write
 
@@ -85,9 +85,9 @@ def render_(rack: Annotated[str, typer.Argument(help="Rack name.", show_default=
             raise UsageError(f"{tray} is not a compute tray of rack {rack}",
                              hint=f"trays: {', '.join(h.name for h in r.compute[:3])}, ...")
     if out is not None:
-        for t in trays:
-            for path, text in t.files:
-                atomic_write(out / t.tray / path.lstrip("/"), text, mode=0o644)
+        writes = [(local_path(out, t.tray, path), text) for t in trays for path, text in t.files]  # all checked first
+        for dest, text in writes:
+            atomic_write(dest, text, mode=0o644)
     if want_json(json_):
         render.print_json({"rack": rack, "scope": "partition", "domains": domains_summary(imex_domains(r)),
                            "trays": [{"tray": t.tray, "address": t.address, "domain": t.domain,
@@ -142,8 +142,9 @@ def status(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.",
 def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", show_default=False)] = None,
           restart: Annotated[bool, typer.Option("--restart", help="Restart the daemon on every tray, also where "
                                                 "the files are already right.")] = False,
-          wait: Annotated[float, typer.Option("--wait", min=0, help="Seconds to wait for every domain to be UP "
-                                              "afterwards (0: do not wait).")] = 0,
+          wait: Annotated[float, typer.Option("--wait", click_type=finite(min=0),
+                                              help="Seconds to wait for every domain to be UP "
+                                                   "afterwards (0: do not wait).")] = 0,
           dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
     """Push each tray's rendered config.cfg and nodes_config.cfg where they differ, and restart its daemon.
 

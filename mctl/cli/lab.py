@@ -11,7 +11,7 @@ import typer
 
 from mctl.cli import render
 from mctl.cli.context import options, want_json
-from mctl.cli.options import DryRunOpt, JsonOpt
+from mctl.cli.options import DryRunOpt, JsonOpt, finite
 
 app = typer.Typer(
     help="The virtual NVL72 lab: real Linux hosts (namespaces, overlay roots, sshd, Slurm) with emulated GPUs.\n\n"
@@ -43,7 +43,8 @@ def up(
     lab_dir: DirOpt = None,
     net: Annotated[int, typer.Option("--net", min=1, max=254,
                                      help="Second address octet: hosts get 127.NET.RACK.TRAY.")] = 77,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for every host's sshd.")] = 180.0,
+    timeout: Annotated[float, typer.Option("--timeout", click_type=finite(),
+                                           help="Seconds to wait for every host's sshd.")] = 180.0,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:

@@ -8,7 +8,7 @@ import typer
 
 from mctl.cli import render
 from mctl.cli.context import options, want_json
-from mctl.cli.options import JsonOpt
+from mctl.cli.options import JsonOpt, finite
 from mctl.errors import EXIT_FINDINGS, EXIT_PARTIAL, PartialFailure
 
 app = typer.Typer(help="Racks: inventory what is really there, bring a rack up.", no_args_is_help=True)
@@ -20,7 +20,7 @@ def inventory(
                                                          show_default=False)] = None,
     all_racks: Annotated[bool, typer.Option("--all", help="Every rack of the inventory.")] = False,
     diff: Annotated[bool, typer.Option("--diff", help="Show what changed since the last snapshot.")] = False,
-    timeout: Annotated[Optional[float], typer.Option("--timeout", "-t", min=1.0,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", "-t", click_type=finite(min=1.0),
                                                      help="Seconds each tray may take (default: ssh.command_timeout).")
                        ] = None,
     no_save: Annotated[bool, typer.Option("--no-save", help="Do not store this run as a snapshot.")] = False,

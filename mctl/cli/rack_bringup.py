@@ -9,7 +9,7 @@ import typer
 
 from mctl.cli import render
 from mctl.cli.context import options, want_json
-from mctl.cli.options import DryRunOpt, JsonOpt
+from mctl.cli.options import DryRunOpt, JsonOpt, finite
 
 PhaseOpt = Optional[str]
 
@@ -31,8 +31,8 @@ def bring_up(
                                               "those already provisioned.")] = False,
     burn_in: Annotated[str, typer.Option("--burn-in", help="off, quick, medium or long (DCGM level / NCCL size).")]
     = "medium",
-    imex_wait: Annotated[float, typer.Option("--imex-wait", min=0, help="Seconds to wait for the IMEX domains to "
-                                             "be UP.")] = 60.0,
+    imex_wait: Annotated[float, typer.Option("--imex-wait", click_type=finite(min=0),
+                                             help="Seconds to wait for the IMEX domains to be UP.")] = 60.0,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:

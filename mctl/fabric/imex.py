@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from mctl.errors import UsageError
 from mctl.facts import FactsParseError
 from mctl.facts.imex import parse_nodes_config
+from mctl.model.names import has_control, is_host_name, path_problem
 from mctl.model.fabric import (LINK_WORDS, ImexDomain, ImexDomainHealth, ImexDomainStatus, ImexMember, ImexReason)
 
 if TYPE_CHECKING:
@@ -92,6 +94,19 @@ class ImexSettings:
                 raise UsageError(f"vars.imex.{key} must be a {expected.__name__} (got {value!r})")
             kwargs[key] = value
         settings = cls(**kwargs)
+        files = [("log_file", settings.log_file), ("node_config_file", settings.node_config_file)]
+        if settings.tls:
+            files += [(f"tls.{k}", v) for k, v in vars(settings.tls).items() if v is not None and k != "target_override"]
+        for name, value in files:
+            why = path_problem(value, absolute=True, parent_ok=False)
+            if why:
+                raise UsageError(f"vars.imex.{name}: {value!r} {why}", hint="a path on the trays, e.g. /etc/nvidia-imex/...")
+        for name in ("restart_command", "wait_for_quorum"):
+            if has_control(getattr(settings, name)):
+                raise UsageError(f"vars.imex.{name} may not hold control characters (newline, tab, ...)")
+        if settings.tls and settings.tls.target_override is not None and (
+                has_control(str(settings.tls.target_override)) or " " in str(settings.tls.target_override)):
+            raise UsageError("vars.imex.tls.target_override may not hold whitespace or control characters")
         for name, port in (("server_port", settings.server_port), ("cmd_port", settings.cmd_port)):
             if not 1 <= port <= 65535:
                 raise UsageError(f"vars.imex.{name} must be a TCP port (1-65535), got {port}")
@@ -175,6 +190,16 @@ class TrayFiles:
     address: str
     domain: str
     files: tuple[tuple[str, str], ...]      # (path on the tray, content)
+
+
+def local_path(out: Path, tray: str, path: str) -> Path:
+    """Where `imex render --out` writes *path* of *tray*: inside *out*, whatever the names say."""
+    if not is_host_name(tray):
+        raise UsageError(f"refusing to write IMEX files for {tray!r}: not a valid host name")
+    rel = PurePosixPath(path.lstrip("/"))
+    if not rel.parts or any(part in ("", ".", "..") for part in rel.parts):
+        raise UsageError(f"refusing to write IMEX file {path!r} for {tray}: it would leave {out}")
+    return out / tray / Path(*rel.parts)
 
 
 def render_rack(rack: "Rack", settings: ImexSettings) -> tuple[TrayFiles, ...]:

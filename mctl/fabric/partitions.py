@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 # Template name -> number of equal partitions. Named after the full 18-tray rack;
 # on a partly populated rack they divide the trays it has.
 TEMPLATES: dict[str, int] = {"all": 1, "2x9": 2, "3x6": 3, "6x3": 6, "18x1": 18}
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-MAX_NAME = 255
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")   # the partition grammar of mctl.model.names
+MAX_NAME = 63
 
 
 class FabricMismatch(MctlError):
@@ -82,6 +82,11 @@ def desired_from_rack(rack: "Rack") -> tuple[DesiredPartition, ...]:
 
 
 def parse_trays(rack: "Rack", spec: str) -> tuple[str, ...]:
+    from mctl.model.names import nodeset_too_big
+
+    big = nodeset_too_big(spec)
+    if big:
+        raise UsageError(big, hint="a partition holds trays of one rack, e.g. rack-a-tray[01-09]")
     try:
         return tuple(NodeSet(spec))
     except (NodeSetParseError, RangeSetParseError) as exc:

@@ -7,11 +7,12 @@ Ansible inventory plugin and mctl's own provisioning.
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mctl.errors import InventoryError
+from mctl.errors import InventoryError, UsageError
 from mctl.model.site import Host, Site
 
 
@@ -33,13 +34,57 @@ def ansible_view(path: str | Path) -> AnsibleView:
     site, problems = validate_inventory(path)
     if problems or site is None:
         raise InventoryError(problems, str(path))
+    check_vars_files(site.root)
     return site_view(site)
+
+
+def check_vars_files(root: Path) -> None:
+    """Ansible also reads group_vars/ and host_vars/ beside the inventory, and they outrank its host
+    variables: the SSH and host-key variables the inventory may not set are refused there too."""
+    import yaml
+
+    from mctl.inventory.loader import REFUSED_VARS, refused_var
+
+    for folder in ("group_vars", "host_vars"):
+        base = root / folder
+        if not base.is_dir():
+            continue
+        for file in sorted(p for p in base.rglob("*") if p.is_file() and not p.name.startswith(".")):
+            try:
+                data = yaml.safe_load(file.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+                raise UsageError(f"cannot read {file}: {exc}",
+                                 hint="Ansible reads this file as variables for the inventory's hosts") from None
+            for key in data if isinstance(data, dict) else ():
+                if isinstance(key, str) and refused_var(key):
+                    raise UsageError(f"{file}: {key} is not allowed beside an mctl inventory",
+                                     hint=REFUSED_VARS.get(key, "mctl sets the SSH and host-key options itself"))
+
+
+# What ssh would read specially in an option value: whitespace separates several files,
+# quotes and backslashes are ssh's own quoting, '%' and '$' start tokens and variables it expands.
+_SSH_UNSAFE = re.compile(r"[\s\"'\\%$#]|[\x00-\x1f\x7f]")
+
+
+def ssh_common_args(site: Site) -> str:
+    """The SSH options Ansible uses: the same trust as mctl's own SSH (the site's known_hosts only, strict).
+
+    Ansible splits this string with shlex, so each option is one shlex-quoted word; a
+    known_hosts path that ssh itself would split or expand is refused, not guessed at.
+    """
+    path = str(site.known_hosts)
+    if _SSH_UNSAFE.search(path):
+        raise UsageError(f"the known_hosts path {path!r} holds characters ssh would split or expand "
+                         "(whitespace, quotes, '\\', '%', '$' or '#')",
+                         hint="keep the inventory (and ssh.known_hosts) in a folder whose path has none of them")
+    options = (f"UserKnownHostsFile={path}", "GlobalKnownHostsFile=/dev/null", "StrictHostKeyChecking=yes")
+    return " ".join(f"-o {shlex.quote(o)}" for o in options)
 
 
 def host_vars(site: Site, host: Host) -> dict[str, Any]:
     rack = site.racks[host.rack] if host.rack else None
     part = rack.partition_of(host.name) if rack else None
-    ssh_args = f"-o UserKnownHostsFile={site.known_hosts} -o StrictHostKeyChecking=yes"
+    ssh_args = ssh_common_args(site)
     hv: dict[str, Any] = {
         "ansible_host": host.address,
         "ansible_port": site.ssh.port,
@@ -56,13 +101,17 @@ def host_vars(site: Site, host: Host) -> dict[str, Any]:
         hv["mctl_image"] = host.image
     if part:
         hv["mctl_partition"] = part.name
+    # The inventory refuses host-key and SSH-argument variables (mctl.inventory.loader.REFUSED_VARS);
+    # mctl's own SSH options are set last all the same, so nothing in vars can replace them.
     hv.update(host.vars)
+    hv["ansible_ssh_common_args"] = ssh_args
     return hv
 
 
 def site_view(site: Site) -> AnsibleView:
     view = AnsibleView()
     view.all_vars = {"mctl_site": site.name, **site.vars}
+    ssh_common_args(site)       # refused before any host is listed
     if site.images_dir:
         view.all_vars["mctl_images_dir"] = str(site.images_dir)
     if site.scheduler:

@@ -17,11 +17,50 @@ from mctl.errors import InventoryError, Problem, UsageError
 from mctl.inventory.schema import RackSpec, SiteSpec, TrayGroup
 from mctl.inventory.spec import DictOf, ListOf, Opt, Spec, SpecError
 from mctl.inventory.yamlsrc import Located, dotted, load_yaml
+from mctl.model.names import (CLUSTER_GRAMMAR, HOST_GRAMMAR, PARTITION_GRAMMAR, is_cluster_name, is_host_name,
+                              is_partition_name, nodeset_too_big, path_problem, shown)
 from mctl.model.site import MODEL_SHAPES, Host, Partition, Rack, Site
 
 INVENTORY_NAMES = ("mctl.yml", "mctl.yaml")
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
-_RANGE_VALUE = re.compile(r"^\[[0-9,\-]+\]$")
+_RANGE_VALUE = re.compile(r"^\[[0-9,\-]+\]\Z")
+_SCOPE = re.compile(r"^[A-Za-z0-9_.-]{1,15}\Z")          # an IPv6 zone: an interface name
+_VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\Z")
+_SLURM_WORD = re.compile(r"^[^\s#\"'\\]+\Z")
+_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}\Z")
+_URL = re.compile(r"^(https?|oci)://[^\s\"'`$\\]+\Z")
+_SLURM_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9]*\Z")
+
+# Variables that would let an inventory change how Ansible connects or which host keys it trusts,
+# behind mctl's back: mctl sets the SSH options itself (strict host keys against the site's
+# known_hosts only), and mctl's own SSH never reads these, so the two would disagree.
+REFUSED_VARS = {
+    "ansible_ssh_common_args": "mctl sets the SSH options (strict host-key checking against ssh.known_hosts)",
+    "ansible_ssh_extra_args": "mctl sets the SSH options (strict host-key checking against ssh.known_hosts)",
+    "ansible_ssh_args": "mctl sets the SSH options (strict host-key checking against ssh.known_hosts)",
+    "ansible_sftp_extra_args": "mctl sets the SSH options",
+    "ansible_scp_extra_args": "mctl sets the SSH options",
+    "ansible_ssh_executable": "Ansible must run the same ssh as mctl expects",
+    "ansible_host_key_checking": "host keys are always checked, against ssh.known_hosts (see 'mctl ssh trust')",
+    "ansible_ssh_host_key_checking": "host keys are always checked, against ssh.known_hosts (see 'mctl ssh trust')",
+    "ansible_paramiko_host_key_checking": "host keys are always checked, against ssh.known_hosts",
+    "ansible_paramiko_host_key_auto_add": "host keys are recorded on purpose with 'mctl ssh trust'",
+    "ansible_host_key_auto_add": "host keys are recorded on purpose with 'mctl ssh trust'",
+    "ansible_connection": "mctl reaches every host over SSH; a local or other connection would run elsewhere",
+    "ansible_ssh_host": "use ansible_host, which mctl's own SSH reads too",
+    "ansible_ssh_port": "use ansible_port, which mctl's own SSH reads too",
+    "ansible_ssh_user": "use ansible_user, which mctl's own SSH reads too",
+    "ansible_ssh_private_key_file": "set ssh.identity_file, which mctl and Ansible both use",
+    "ansible_private_key_file": "set ssh.identity_file, which mctl and Ansible both use",
+}
+_REFUSED_VAR = re.compile(r"^ansible_.*(_args|host_key.*)$")
+
+# Path fields: (path in the document, must be absolute). Absolute paths are paths on the hosts.
+_HOST_PATHS = ("conf_dir", "node_check_program", "state_save_location", "slurmd_spool_dir", "log_dir")
+_SLURM_WORDS = ("cgroup_plugin", "proctrack_type", "task_plugin", "jobacct_gather_type", "communication_parameters",
+                "health_check_node_state")
 
 
 def find_inventory_file(path: str | Path) -> Path:
@@ -44,17 +83,23 @@ def find_inventory_file(path: str | Path) -> Path:
 
 def validate_inventory(path: str | Path) -> tuple[Site | None, list[Problem]]:
     file = find_inventory_file(path)
-    shown = str(file)
+    where = str(file)
     try:
-        text = file.read_text()
+        raw = file.read_bytes()
     except OSError as exc:
         raise UsageError(f"cannot read {file}: {exc.strerror}") from None
-    doc = load_yaml(text, shown)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        return None, [Problem(where, line, "", f"not UTF-8 text (byte 0x{raw[exc.start]:02x})",
+                              "save the inventory as UTF-8")]
+    doc = load_yaml(text, where)
     if doc.problems and doc.data is None:
         return None, doc.problems
     problems = list(doc.problems)
     if not isinstance(doc.data, dict):
-        problems.append(Problem(shown, 1, "", "an inventory is a YAML mapping",
+        problems.append(Problem(where, 1, "", "an inventory is a YAML mapping",
                                 "start from inventories/example-gb200/mctl.yml"))
         return None, problems
     try:
@@ -114,31 +159,118 @@ def _schema_fields(path: tuple) -> list[str]:
     return sorted(kind.model_fields) if isinstance(kind, type) and issubclass(kind, Spec) else []
 
 
-def _expand(value: str, doc: Located, path: tuple, problems: list[Problem], what: str) -> list[str] | None:
+def _expand(value: str, doc: Located, path: tuple, problems: list[Problem], what: str,
+            names: bool = False) -> list[str] | None:
+    """The node set *value* expanded, or None with a problem; *names*: every member must be a host name."""
+    big = nodeset_too_big(value)
+    if big:
+        problems.append(Problem(doc.file, doc.line_of(path), dotted(path), big,
+                                "an inventory node set lists one rack's trays, e.g. rack-a-tray[01-18]"))
+        return None
     try:
         # NodeSet folds and sorts; expansion order is the natural order of the set.
-        return list(NodeSet(value))
+        out = list(NodeSet(value))
     except (NodeSetParseError, RangeSetParseError) as exc:
         problems.append(Problem(doc.file, doc.line_of(path), dotted(path), f"bad node-set syntax in {what} {value!r}: {exc}",
                                 "use ClusterShell syntax, e.g. rack-a-tray[01-18] or 10.0.1.[11-28]"))
         return None
+    if names:
+        bad = [n for n in out if not is_host_name(n)]
+        if bad:
+            problems.append(Problem(doc.file, doc.line_of(path), dotted(path),
+                                    f"{shown(bad[0])} is not a valid host name"
+                                    + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""),
+                                    f"a host name is {HOST_GRAMMAR}"))
+            return None
+    return out
+
+
+def _check_name(name: Any, ok: bool, grammar: str, what: str, doc: Located, path: tuple,
+                problems: list[Problem]) -> bool:
+    if not ok:
+        problems.append(Problem(doc.file, doc.line_of(path), dotted(path), f"{shown(name)} is not a valid {what}",
+                                f"a {what} is {grammar}"))
+    return ok
+
+
+def _check_path(value: Any, doc: Located, path: tuple, problems: list[Problem], *, absolute: bool = False,
+                parent_ok: bool = True) -> None:
+    if value is None:
+        return
+    why = path_problem(value, absolute=absolute, parent_ok=parent_ok)
+    if why:
+        problems.append(Problem(doc.file, doc.line_of(path), dotted(path), f"{shown(value)}: {why}"))
+
+
+def _check_vars(values: dict[str, Any], doc: Located, path: tuple, problems: list[Problem]) -> None:
+    """Refuse the Ansible variables that would loosen SSH, and check those mctl reads itself."""
+    for key, value in values.items():
+        vpath = path + (key,)
+        if not isinstance(key, str) or not _VAR_NAME.match(key):
+            problems.append(Problem(doc.file, doc.line_of(vpath), dotted(vpath), f"{shown(key)} is not a variable name",
+                                    "letters, digits and '_', not starting with a digit"))
+            continue
+        if refused_var(key):
+            problems.append(Problem(doc.file, doc.line_of(vpath), dotted(vpath),
+                                    f"{key} is not allowed in an mctl inventory",
+                                    REFUSED_VARS.get(key, "mctl sets the SSH and host-key options itself")))
+            continue
+        ranged = isinstance(value, str) and _RANGE_VALUE.match(value)
+        if not ranged:                  # a per-tray range is checked per tray, once expanded
+            _check_read_var(key, value, doc, vpath, problems)
+
+
+def _check_read_var(key: str, value: Any, doc: Located, vpath: tuple, problems: list[Problem]) -> bool:
+    """The Ansible variables mctl's own SSH reads (transport.targets.SSHTarget.for_host)."""
+    before = len(problems)
+    if key == "ansible_port" and not _is_port(value):
+        problems.append(Problem(doc.file, doc.line_of(vpath), dotted(vpath),
+                                f"ansible_port must be a TCP port 1-65535 (got {shown(value)})"))
+    elif key == "ansible_user" and not (isinstance(value, str) and _USER.match(value)):
+        problems.append(Problem(doc.file, doc.line_of(vpath), dotted(vpath),
+                                f"{shown(value)} is not a valid user name for ansible_user",
+                                "letters, digits, '_', '.' and '-', not starting with a digit or '-'"))
+    elif key == "ansible_host":
+        if not isinstance(value, str):
+            problems.append(Problem(doc.file, doc.line_of(vpath), dotted(vpath),
+                                    f"ansible_host must be an address or host name (got {shown(value)})"))
+        else:
+            _check_address(value, doc, vpath, problems)
+    return len(problems) == before
+
+
+def refused_var(key: str) -> bool:
+    """An Ansible variable that would change how Ansible connects or which host keys it trusts."""
+    return key in REFUSED_VARS or _REFUSED_VAR.match(key) is not None
+
+
+def _is_port(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 5:
+        value = int(value)
+    return isinstance(value, int) and 1 <= value <= 65535
 
 
 def _check_address(addr: str, doc: Located, path: tuple, problems: list[Problem]) -> None:
     try:
-        ipaddress.ip_address(addr)
-        return
+        ip = ipaddress.ip_address(addr)
+        scope = getattr(ip, "scope_id", None)
+        if scope is None or _SCOPE.match(scope):
+            return
     except ValueError:
         pass
-    if not _HOSTNAME.match(addr):
-        problems.append(Problem(doc.file, doc.line_of(path), dotted(path), f"{addr!r} is neither an IP address nor a host name"))
+    if not _HOSTNAME.fullmatch(addr):
+        problems.append(Problem(doc.file, doc.line_of(path), dotted(path),
+                                f"{shown(addr)} is neither an IP address nor a host name"))
 
 
 def _group_hosts(group: TrayGroup, role: str, rack: str, doc: Located, path: tuple,
                  problems: list[Problem]) -> list[Host]:
-    names = _expand(group.nodes, doc, path + ("nodes",), problems, "nodes")
+    names = _expand(group.nodes, doc, path + ("nodes",), problems, "nodes", names=True)
     addrs = _expand(group.addresses, doc, path + ("addresses",), problems, "addresses")
     bmcs = _expand(group.bmc, doc, path + ("bmc",), problems, "bmc") if group.bmc else None
+    _check_vars(group.vars, doc, path + ("vars",), problems)
     if names is None or addrs is None:
         return []
     if len(addrs) != len(names):
@@ -161,12 +293,17 @@ def _group_hosts(group: TrayGroup, role: str, rack: str, doc: Located, path: tup
                 continue
             for i, v in enumerate(values):
                 per_host_vars[i][key] = int(v[1:]) if v[1:].isdigit() else v[1:]
+            for hv in per_host_vars:
+                if not _check_read_var(key, hv[key], doc, path + ("vars", key), problems):
+                    break
         else:
             for hv in per_host_vars:
                 hv[key] = value
     hosts = []
     for i, (name, addr) in enumerate(zip(names, addrs)):
         _check_address(addr, doc, path + ("addresses",), problems)
+        if bmcs:
+            _check_address(bmcs[i], doc, path + ("bmc",), problems)
         hosts.append(Host(name=name, address=addr, role=role, rack=rack,  # type: ignore[arg-type]
                           bmc=bmcs[i] if bmcs else None, image=group.image, vars=per_host_vars[i]))
     return hosts
@@ -179,14 +316,22 @@ def _build_site(spec: SiteSpec, file: Path, doc: Located) -> tuple[Site | None, 
     seen_names: dict[str, str] = {}
     seen_addrs: dict[str, str] = {}
 
+    _check_site(spec, doc, problems)
     for rack_name, rs in spec.racks.items():
         rpath = ("racks", rack_name)
+        if not _check_name(rack_name, is_host_name(rack_name), HOST_GRAMMAR, "rack name", doc, rpath, problems):
+            continue
         compute = _group_hosts(rs.compute, "compute", rack_name, doc, rpath + ("compute",), problems)
         switches = _group_hosts(rs.switches, "switch", rack_name, doc, rpath + ("switches",), problems) if rs.switches else []
         head = None
         if rs.head:
+            _check_name(rs.head.name, is_host_name(rs.head.name), HOST_GRAMMAR, "host name", doc,
+                        rpath + ("head", "name"), problems)
             _check_address(rs.head.address, doc, rpath + ("head", "address"), problems)
+            _check_vars(rs.head.vars, doc, rpath + ("head", "vars"), problems)
             head = Host(rs.head.name, rs.head.address, "head", rack_name, vars=dict(rs.head.vars))
+        if rs.nmx:
+            _check_path(rs.nmx.credentials_file, doc, rpath + ("nmx", "credentials_file"), problems)
 
         full_compute, full_switch = MODEL_SHAPES[rs.model]
         want_c, want_s = (rs.shape.compute_trays, rs.shape.switch_trays) if rs.shape else (full_compute, full_switch)
@@ -222,6 +367,9 @@ def _build_site(spec: SiteSpec, file: Path, doc: Located) -> tuple[Site | None, 
 
         for group, gpath in ((rs.compute, rpath + ("compute",)), (rs.switches, rpath + ("switches",))):
             if group is None or group.image is None:
+                continue
+            if not is_partition_name(group.image):
+                _check_name(group.image, False, PARTITION_GRAMMAR, "image name", doc, gpath + ("image",), problems)
                 continue
             if images_dir is None or not (images_dir / f"{group.image}.yml").is_file():
                 known = sorted(p.stem for p in images_dir.glob("*.yml")) if images_dir and images_dir.is_dir() else []
@@ -307,6 +455,8 @@ def _partitions(rs: RackSpec, rack_name: str, compute: list[Host], spec: SiteSpe
     for other_name, other in spec.racks.items():
         if other_name == rack_name:
             continue
+        if nodeset_too_big(other.compute.nodes):
+            continue                        # reported for that rack
         try:
             for n in NodeSet(other.compute.nodes):
                 elsewhere[n] = other_name
@@ -321,7 +471,9 @@ def _partitions(rs: RackSpec, rack_name: str, compute: list[Host], spec: SiteSpe
             problems.append(Problem(doc.file, doc.line_of(path + ("name",)), dotted(path + ("name",)),
                                     f"duplicate partition name {ps.name!r} in rack {rack_name}"))
         names.add(ps.name)
-        trays = _expand(ps.trays, doc, path + ("trays",), problems, "trays")
+        _check_name(ps.name, is_partition_name(ps.name), PARTITION_GRAMMAR, "partition name", doc, path + ("name",),
+                    problems)
+        trays = _expand(ps.trays, doc, path + ("trays",), problems, "trays", names=True)
         if trays is None:
             continue
         ok = True
@@ -345,3 +497,63 @@ def _partitions(rs: RackSpec, rack_name: str, compute: list[Host], spec: SiteSpe
         if ok:
             out.append(Partition(ps.name, rack_name, tuple(trays)))
     return out
+
+
+def _check_site(spec: SiteSpec, doc: Located, problems: list[Problem]) -> None:
+    """Site-wide names, paths and values that leave mctl (slurm.conf, shell commands, Ansible)."""
+    _check_name(spec.site, is_cluster_name(spec.site), CLUSTER_GRAMMAR, "site name", doc, ("site",), problems)
+    _check_path(spec.images_dir, doc, ("images_dir",), problems)
+    if not _USER.match(spec.ssh.user):
+        problems.append(Problem(doc.file, doc.line_of(("ssh", "user")), "ssh.user",
+                                f"{shown(spec.ssh.user)} is not a valid user name",
+                                "letters, digits, '_', '.' and '-', not starting with a digit or '-'"))
+    _check_path(spec.ssh.identity_file, doc, ("ssh", "identity_file"), problems)
+    _check_path(spec.ssh.known_hosts, doc, ("ssh", "known_hosts"), problems)
+    _check_vars(spec.vars, doc, ("vars",), problems)
+    for i, disk in enumerate(spec.health.disk_paths):
+        _check_path(disk, doc, ("health", "disk_paths", i), problems, absolute=True)
+    _check_path(spec.health.metrics_textfile, doc, ("health", "metrics_textfile"), problems)
+    sched = spec.scheduler
+    if sched is None:
+        return
+    _check_name(sched.cluster_name, is_cluster_name(sched.cluster_name), CLUSTER_GRAMMAR, "cluster name", doc,
+                ("scheduler", "cluster_name"), problems)
+    if sched.controller is not None:
+        _check_name(sched.controller, is_host_name(sched.controller), HOST_GRAMMAR, "host name", doc,
+                    ("scheduler", "controller"), problems)
+    slurm = sched.slurm
+    spath = ("scheduler", "slurm")
+    _check_name(slurm.partition_name, is_partition_name(slurm.partition_name), PARTITION_GRAMMAR, "partition name",
+                doc, spath + ("partition_name",), problems)
+    for key in _HOST_PATHS:
+        _check_path(getattr(slurm, key), doc, spath + (key,), problems, absolute=True, parent_ok=False)
+    for key in _SLURM_WORDS:
+        value = getattr(slurm, key)
+        if value is not None and not _SLURM_WORD.match(value):
+            problems.append(Problem(doc.file, doc.line_of(spath + (key,)), dotted(spath + (key,)),
+                                    f"{shown(value)}: a slurm.conf value may not hold whitespace, quotes, '\\' or '#'"))
+    for key, value in slurm.extra.items():
+        epath = spath + ("extra", key)
+        if not _SLURM_KEY.match(key):
+            problems.append(Problem(doc.file, doc.line_of(epath), dotted(epath), f"{shown(key)} is not a slurm.conf key",
+                                    "a slurm.conf key is letters and digits, e.g. SlurmctldParameters"))
+        elif not _SLURM_WORD.match(value):
+            problems.append(Problem(doc.file, doc.line_of(epath), dotted(epath),
+                                    f"{shown(value)}: a slurm.conf value may not hold whitespace, quotes, '\\' or '#'"))
+    k8s = sched.k8s
+    kpath = ("scheduler", "k8s")
+    _check_path(k8s.kubeconfig, doc, kpath + ("kubeconfig",), problems)
+    for key in ("namespace", "dra_namespace", "workload_namespace"):
+        value = getattr(k8s, key)
+        if not _K8S_NAME.match(value):
+            problems.append(Problem(doc.file, doc.line_of(kpath + (key,)), dotted(kpath + (key,)),
+                                    f"{shown(value)} is not a Kubernetes namespace name",
+                                    "lower-case letters, digits and '-', 1-63 characters (RFC 1123 label)"))
+    for key in ("gpu_operator_version", "dra_driver_version"):
+        value = getattr(k8s, key)
+        if value is not None and not _VERSION.match(value):
+            problems.append(Problem(doc.file, doc.line_of(kpath + (key,)), dotted(kpath + (key,)),
+                                    f"{shown(value)} is not a chart version", "e.g. v25.3.0"))
+    if k8s.helm_repo is not None and not _URL.match(k8s.helm_repo):
+        problems.append(Problem(doc.file, doc.line_of(kpath + ("helm_repo",)), dotted(kpath + ("helm_repo",)),
+                                f"{shown(k8s.helm_repo)} is not an http(s) URL without quotes, '$', '`' or spaces"))

@@ -19,8 +19,11 @@ reported with its location. Errors are dicts shaped like pydantic's
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Callable, Iterable
+
+from mctl.model.names import has_control
 
 _MISSING: Any = object()
 
@@ -104,8 +107,13 @@ def _error(errors: list, loc: tuple, kind: str, msg: str, value: Any) -> Any:
 def _scalar(kind: type, value: Any, loc: tuple, errors: list) -> Any:
     name = _SCALAR_NAMES[kind]
     if kind is str:
-        return value if isinstance(value, str) else _error(errors, loc, "string_type", "Input should be a valid string",
-                                                           value)
+        if not isinstance(value, str):
+            return _error(errors, loc, "string_type", "Input should be a valid string", value)
+        if has_control(value):
+            # A newline in a name or setting would add lines to slurm.conf, known_hosts or a shell command.
+            return _error(errors, loc, "string_control", "control characters (newline, tab, ...) are not allowed",
+                          value)
+        return value
     if kind is bool:
         if isinstance(value, bool):
             return value
@@ -118,22 +126,35 @@ def _scalar(kind: type, value: Any, loc: tuple, errors: list) -> Any:
         return _error(errors, loc, f"{kind.__name__}_type", f"Input should be a valid {name}", value)
     if isinstance(value, str):
         try:
-            return kind(value.strip())
+            number = kind(value.strip())
         except ValueError:
             return _error(errors, loc, f"{kind.__name__}_parsing", f"Input should be a valid {name}, unable to parse "
                           f"string as {'an integer' if kind is int else 'a number'}", value)
+        return _finite(number, loc, errors, value)
     if kind is int:
         if isinstance(value, int):
             return value
         if isinstance(value, float):
+            if not math.isfinite(value):
+                return _finite(value, loc, errors, value)
             if value.is_integer():
                 return int(value)
             return _error(errors, loc, "int_from_float",
                           "Input should be a valid integer, got a number with a fractional part", value)
         return _error(errors, loc, "int_type", "Input should be a valid integer", value)
     if isinstance(value, (int, float)):     # float
-        return float(value)
+        try:
+            return _finite(float(value), loc, errors, value)
+        except OverflowError:               # an integer beyond a float's range
+            return _error(errors, loc, "finite_number", "Input should be a finite number", value)
     return _error(errors, loc, "float_type", "Input should be a valid number", value)
+
+
+def _finite(number: Any, loc: tuple, errors: list, given: Any) -> Any:
+    """NaN passes every range check (all comparisons are false) and infinity is no timeout: refuse both."""
+    if isinstance(number, float) and not math.isfinite(number):
+        return _error(errors, loc, "finite_number", "Input should be a finite number (not NaN or infinity)", given)
+    return number
 
 
 def _choices(values: Iterable[Any]) -> str:

@@ -30,6 +30,30 @@ def host_patterns(name: str, address: str, port: int) -> list[str]:
     return [f"[{n}]:{port}" for n in names]
 
 
+# What may stand in a known_hosts line mctl writes: a host pattern is a name or an address
+# (no whitespace, which ends the field; no ',' which separates patterns; no '*', '?', '!' or
+# '|', which are patterns of their own), a key type is a word, a key is base64.
+_PATTERN = re.compile(r"^[A-Za-z0-9._:%-]+$")
+_KEY_TYPE = re.compile(r"^[A-Za-z0-9@._-]+$")
+_KEY_B64 = re.compile(r"^[A-Za-z0-9+/]+={0,2}$")
+
+
+def check_entry(name: str, address: str, port: int, key: "HostKey | None" = None) -> None:
+    """Refuse to write a line that would say more than 'this host has this key'.
+
+    The inventory's name grammar keeps newlines and separators out of host names already;
+    this is the guard where the line is written (a name with a newline once trusted another key).
+    """
+    for what, value in (("host name", name), ("address", address)):
+        if not isinstance(value, str) or not _PATTERN.match(value) or value.startswith("-"):
+            raise UsageError(f"refusing to write known_hosts: {what} {value!r} is not a plain name or address",
+                             hint="host names follow the inventory's name grammar (docs/inventory.md)")
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise UsageError(f"refusing to write known_hosts: port {port!r} of {name} is not a TCP port")
+    if key is not None and (not _KEY_TYPE.match(key.key_type) or not _KEY_B64.match(key.key_b64)):
+        raise UsageError(f"refusing to write known_hosts: the key {name} presented is not an OpenSSH public key")
+
+
 def fingerprint(key_type: str, key_b64: str) -> str:
     """OpenSSH's SHA256 fingerprint (what `ssh-keygen -lf` prints), without needing asyncssh."""
     try:
@@ -122,11 +146,17 @@ class KnownHosts:
     def load(cls, path: str | Path) -> "KnownHosts":
         p = Path(path)
         try:
-            return cls(p, p.read_text())
+            raw = p.read_bytes()
         except FileNotFoundError:
             return cls(p, "")
         except OSError as exc:
             raise UsageError(f"cannot read known_hosts {p}: {exc.strerror}") from None
+        try:
+            return cls(p, raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            line = raw[:exc.start].count(b"\n") + 1
+            raise UsageError(f"{p}:{line}: known_hosts is not UTF-8 text (byte 0x{raw[exc.start]:02x})",
+                             hint="OpenSSH writes known_hosts as plain ASCII; remove or fix that line") from None
 
     def text(self) -> str:
         return "".join(line.raw.rstrip("\n") + "\n" for line in self._lines)
@@ -158,6 +188,7 @@ class KnownHosts:
         return dropped
 
     def add(self, name: str, address: str, port: int, key: HostKey) -> None:
+        check_entry(name, address, port, key)
         patterns = ",".join(host_patterns(name, address, port))
         self._lines.append(_parse_line(f"{patterns} {key.key_type} {key.key_b64}"))
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
 from mctl.errors import UsageError
+from mctl.model.names import MAX_NODESET, nodeset_too_big
 
 if TYPE_CHECKING:
     from mctl.model.site import Host, Site
@@ -36,9 +37,15 @@ class SSHTarget:
     @classmethod
     def for_host(cls, host: "Host", *, port: int, user: str) -> "SSHTarget":
         # Per-host Ansible variables win, so one inventory drives both mctl and playbooks.
+        # The inventory checked these (mctl.inventory.loader._check_vars); a Host built elsewhere with a
+        # word for a port is still a usage error, not a traceback.
         hv = host.vars or {}
-        return cls(host.name, str(hv.get("ansible_host") or host.address),
-                   int(hv.get("ansible_port") or port), str(hv.get("ansible_user") or user))
+        try:
+            chosen = int(hv.get("ansible_port") or port)
+        except (TypeError, ValueError):
+            raise UsageError(f"{host.name}: ansible_port {hv.get('ansible_port')!r} is not a TCP port") from None
+        return cls(host.name, str(hv.get("ansible_host") or host.address), chosen,
+                   str(hv.get("ansible_user") or user))
 
 
 def site_groups(site: "Site") -> dict[str, list[str]]:
@@ -83,6 +90,12 @@ def resolve_hosts(site: "Site", expr: str, *, roles: Iterable[str] | None = None
     for word in _GROUP_WORD.findall(text):
         if word != "*" and word not in groups:
             raise UsageError(f"unknown group @{word}", hint=_known_hint(site))
+    # Sized before ClusterShell expands it: tray[1-10000000] would build ten million names first.
+    # Groups stand for at most every host of the site, so the limit is the larger of the two.
+    limit = max(MAX_NODESET, len(groups["all"]))
+    big = nodeset_too_big(_GROUP_WORD.sub("x", text), limit)
+    if big:
+        raise UsageError(big, hint=_known_hint(site))
     source = GroupSource("mctl", {k: ",".join(v) for k, v in groups.items() if v})
     try:
         nodes = NodeSet(text, resolver=GroupResolver(source))

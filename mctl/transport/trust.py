@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from mctl.state.lock import file_lock
-from mctl.transport.known_hosts import HostKey, KnownHosts
+from mctl.transport.known_hosts import HostKey, KnownHosts, check_entry
 from mctl.transport.ssh import SSHConfig
 from mctl.transport.targets import SSHTarget
 
@@ -140,6 +140,8 @@ def trust_hosts(config: SSHConfig, targets: Sequence[SSHTarget], *, replace: boo
     *lock_path* (under the state directory) serialises concurrent trust runs so
     neither loses the other's keys.
     """
+    for t in targets:               # before any connection: every line this run may write is a plain one
+        check_entry(t.name, t.address, t.port)
     lock = file_lock(lock_path, purpose="mctl ssh trust", timeout=30, label=f"known_hosts {config.known_hosts}") \
         if lock_path is not None else nullcontext()
     with lock:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,8 +169,9 @@ def kai_topology() -> dict:
 
 def install_script(s: K8sSettings) -> str:
     repo = f'"{s.helm_repo}"' if s.helm_repo else '"${NVIDIA_HELM_REPO:?set NVIDIA_HELM_REPO to NVIDIA\'s Helm repository URL, or scheduler.k8s.helm_repo in the inventory}"'
-    op_ver = f" --version {s.gpu_operator_version}" if s.gpu_operator_version else ""
-    dra_ver = f" --version {s.dra_driver_version}" if s.dra_driver_version else ""
+    # The inventory checked these (mctl.inventory.loader); quoted all the same, where the shell reads them.
+    op_ver = f" --version {shlex.quote(s.gpu_operator_version)}" if s.gpu_operator_version else ""
+    dra_ver = f" --version {shlex.quote(s.dra_driver_version)}" if s.dra_driver_version else ""
     return (
         "#!/bin/sh\n"
         "# Managed by mctl (mctl deploy k8s --render). Installs the GPU Operator, then NVIDIA's DRA driver\n"
@@ -178,9 +180,9 @@ def install_script(s: K8sSettings) -> str:
         'here=$(cd "$(dirname "$0")" && pwd)\n'
         f"helm repo add nvidia {repo} --force-update\n"
         "helm repo update nvidia\n"
-        f"helm upgrade --install {OPERATOR_CHART} nvidia/{OPERATOR_CHART} --namespace {s.namespace} --create-namespace"
+        f"helm upgrade --install {OPERATOR_CHART} nvidia/{OPERATOR_CHART} --namespace {shlex.quote(s.namespace)} --create-namespace"
         f"{op_ver} --values \"$here/{OPERATOR_CHART}-values.yaml\" --wait\n"
-        f"helm upgrade --install {DRA_CHART} nvidia/{DRA_CHART} --namespace {s.dra_namespace} --create-namespace"
+        f"helm upgrade --install {DRA_CHART} nvidia/{DRA_CHART} --namespace {shlex.quote(s.dra_namespace)} --create-namespace"
         f"{dra_ver} --values \"$here/{DRA_CHART}-values.yaml\" --wait\n"
     )
 

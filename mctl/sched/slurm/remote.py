@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import shlex
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
@@ -141,8 +142,10 @@ class HostFiles:
 
 
 def _fetch_command(conf_dir: str, names: Sequence[str]) -> str:
-    quoted = " ".join(names)
-    return (f"for f in {quoted}; do p='{conf_dir.rstrip('/')}'/$f; "
+    """A read-only shell loop over the Slurm files; every inventory value in it is shlex-quoted."""
+    quoted = " ".join(shlex.quote(n) for n in names)
+    directory = shlex.quote(conf_dir.rstrip("/") or "/")
+    return (f"for f in {quoted}; do p={directory}/\"$f\"; "
             "if [ -r \"$p\" ]; then printf '%s\\t' \"$f\"; base64 -w0 \"$p\"; echo; "
             "else printf '%s\\t-\\n' \"$f\"; fi; done; "
             f"if [ -r {MUNGE_KEY} ]; then printf 'munge.key\\t%s\\n' \"$(sha256sum < {MUNGE_KEY} | cut -d' ' -f1)\"; "

@@ -253,18 +253,31 @@ def _node_lines(site: Site, trays: list[Host], hardware: Mapping[str, NodeHardwa
             if rack_name:
                 parts.append(f"Features={rack_name}")
             parts.append("State=UNKNOWN")
-            lines.append(" ".join(parts))
+            lines.append(" ".join(_word(*p.split("=", 1)) for p in parts))
     return lines
+
+
+_UNSAFE_WORD = re.compile(r"[\s#\"'\\]|[\x00-\x1f\x7f]")
+
+
+def _word(key: str, value: object) -> str:
+    """One `Key=Value` of slurm.conf. The inventory checked every name and setting already; this is
+    the last guard where the file is written: a value with a newline would add lines (Prolog=...)."""
+    text = str(value)
+    if _UNSAFE_WORD.search(key) or not text or _UNSAFE_WORD.search(text):
+        raise UsageError(f"refusing to write slurm.conf: {key}={text!r} holds whitespace, quotes, '#' or control "
+                         "characters", hint="fix the inventory value it comes from ('mctl inventory validate')")
+    return f"{key}={text}"
 
 
 def render_slurm_conf(site: Site, settings: SlurmSettings, controller: Host, trays: list[Host],
                       hardware: Mapping[str, NodeHardware], plugin: Plugin, imex: bool) -> str:
     params = _merge_extra(_globals(site, settings, controller, plugin, imex), settings.extra)
     lines = [HEADER, ""]
-    lines += [f"{k}={v}" for k, v in params]
+    lines += [_word(k, v) for k, v in params]
     lines += ["", "# Compute trays: hardware from 'slurmd -C' on each tray, GPUs from the rack model."]
     lines += _node_lines(site, trays, hardware)
-    lines += ["", f"PartitionName={settings.partition_name} Nodes=ALL Default=YES MaxTime=INFINITE State=UP"]
+    lines += ["", f"{_word('PartitionName', settings.partition_name)} Nodes=ALL Default=YES MaxTime=INFINITE State=UP"]
     return "\n".join(lines) + "\n"
 
 
