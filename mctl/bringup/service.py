@@ -146,8 +146,12 @@ class BringUpResult:
 def _journal_for(state_dir: Path, site: "Site", rack: str, options: Options, resume: bool,
                  report: Reporter) -> tuple[Journal, Options]:
     if resume:
-        runs = Journal.runs(state_dir, rack)
+        damaged: list = []
+        runs = Journal.runs(state_dir, rack, damaged=damaged)
         last = runs[-1] if runs else None
+        if damaged and (last is None or damaged[-1].path.parent.name > last.path.parent.name):
+            # The newest run's journal is damaged: resuming an older run instead would redo or skip phases.
+            raise damaged[-1]
         if last is None:
             raise UsageError(f"no bring-up of rack {rack} to resume", hint=f"start one: mctl rack bring-up {rack}")
         if last.status == jr.RUN_SUCCEEDED:

@@ -39,6 +39,11 @@ def command(
     plan = plan_provision(site, opts.state_dir, target, image=image,
                           tags=[t.strip() for t in tags.split(",") if t.strip()] if tags else None,
                           limit=limit, check=check, diff=diff, retry_failed=retry_failed)
+    from mctl.cli.locking import hold_racks
+
+    # Every rack of the hosts, before anything is printed; --dry-run and --check change nothing: no lock.
+    racks = [r.name for r in (site.rack_of(h) for h in plan.hosts) if r is not None]
+    hold_racks(racks, "provision", dry_run=dry_run or check)
     as_json = want_json(json_)
     if dry_run:
         if as_json:

@@ -69,12 +69,16 @@ def _taken_at(path: Path) -> datetime:
     try:
         return datetime.strptime(stem, _STAMP).replace(tzinfo=timezone.utc)
     except ValueError:
-        return datetime.fromtimestamp(path.stat().st_mtime, timezone.utc)
+        try:
+            return datetime.fromtimestamp(path.stat().st_mtime, timezone.utc)
+        except OSError:
+            return datetime.fromtimestamp(0, timezone.utc)
 
 
 def load_snapshot(path: str | Path) -> Snapshot:
+    """A snapshot is a JSON object; anything else (an array, text, bytes that are not UTF-8) is named."""
     p = Path(path)
-    return Snapshot(p, _taken_at(p), read_json(p))
+    return Snapshot(p, _taken_at(p), read_json(p, expect=dict, what="a snapshot"))
 
 
 def latest_snapshot(state_dir: str | Path, kind: str, key: str) -> Snapshot | None:
