@@ -120,9 +120,8 @@ def status(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.",
     if want_json(json_):
         render.print_json({"domains": [h.to_dict() for h in healths]})
     else:
-        from rich.table import Table
 
-        table = Table(title_justify="left")
+        table = render.data_table(title_justify="left")
         for col in ("rack", "domain", "state", "trays", "reasons"):
             table.add_column(col)
         from mctl.model.site import fold

@@ -77,9 +77,8 @@ def list_(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", 
                                       "partitions": [row.to_dict() for row in rows if row.rack == r.name]}
                                      for r in racks]})
     else:
-        from rich.table import Table
 
-        table = Table(title_justify="left")
+        table = render.data_table(title_justify="left")
         for col in ("rack", "partition", "state", "id", "health", "gpus", "trays (NMX-M)", "trays (inventory)"):
             table.add_column(col)
         for row in rows:

@@ -82,10 +82,9 @@ def _print_plan(plan) -> None:
 
 
 def _print_recap(result) -> None:
-    from rich.table import Table
 
     con = render.console()
-    table = Table(title=f"provision {result.run_id}: {result.status} in {result.ended - result.started:.1f}s",
+    table = render.data_table(title=f"provision {result.run_id}: {result.status} in {result.ended - result.started:.1f}s",
                   title_justify="left")
     for col in ("host", "ok", "changed", "failed", "unreachable", "skipped", "status"):
         table.add_column(col, justify="right" if col not in ("host", "status") else "left")
@@ -116,7 +115,7 @@ class _Progress:
                                       transient=True)
             self._progress.__enter__()
             for h in self.hosts:
-                self._tasks[h] = self._progress.add_task(f"{h}: waiting")
+                self._tasks[h] = self._progress.add_task(render.escape(f"{h}: waiting"))
         return self
 
     def __exit__(self, *exc):
@@ -126,7 +125,7 @@ class _Progress:
 
     def event(self, ev) -> None:
         if self._progress is not None and ev.host in self._tasks:
-            self._progress.update(self._tasks[ev.host], description=f"{ev.host}: {ev.kind:<9} {ev.task}")
+            self._progress.update(self._tasks[ev.host], description=render.escape(f"{ev.host}: {ev.kind:<9} {ev.task}"))
         elif ev.kind in ("failed", "unreachable"):
             render.err_console().print(f"{ev.host}: {ev.kind} at '{ev.task}': {ev.message}", markup=False,
                                        highlight=False)
