@@ -151,7 +151,10 @@ def _journal_for(state_dir: Path, site: "Site", rack: str, options: Options, res
         last = runs[-1] if runs else None
         if damaged and (last is None or damaged[-1].path.parent.name > last.path.parent.name):
             # The newest run's journal is damaged: resuming an older run instead would redo or skip phases.
-            raise damaged[-1]
+            bad = damaged[-1]
+            bad.hint = (f"move the run folder {bad.path.parent} aside and start a new run "
+                        f"('mctl rack bring-up {rack}'; it changes only what differs)")
+            raise bad
         if last is None:
             raise UsageError(f"no bring-up of rack {rack} to resume", hint=f"start one: mctl rack bring-up {rack}")
         if last.status == jr.RUN_SUCCEEDED:

@@ -40,6 +40,9 @@ def command(
                           tags=[t.strip() for t in tags.split(",") if t.strip()] if tags else None,
                           limit=limit, check=check, diff=diff, retry_failed=retry_failed)
     from mctl.cli.locking import hold_racks
+    from mctl.transport.identity import check_identity_file
+
+    check_identity_file(site.identity_file, must_exist=not dry_run)   # a key others can read is refused
 
     # Every rack of the hosts, before anything is printed; --dry-run and --check change nothing: no lock.
     racks = [r.name for r in (site.rack_of(h) for h in plan.hosts) if r is not None]

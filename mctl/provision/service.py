@@ -63,8 +63,6 @@ def plan_provision(site: Site, state_dir: Path, target: str, *, image: str | Non
     if not hosts:
         raise UsageError(f"{target!r} names no compute trays or head nodes to provision")
     playbook_path(playbook)
-    from mctl.transport.identity import check_identity_file
-    check_identity_file(site.identity_file)
     return ProvisionPlan(playbook=playbook, inventory=str(site.file), hosts=[h.name for h in hosts], tags=tags,
                          image=image, images={h.name: image or h.image for h in hosts}, check=check, diff=diff,
                          connect_timeout=site.ssh.connect_timeout)

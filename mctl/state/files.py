@@ -139,8 +139,8 @@ def read_json(path: str | Path, *, expect: type | tuple[type, ...] | None = None
     except json.JSONDecodeError as exc:
         raise DamagedState(p, f"not valid JSON ({exc.msg} at line {exc.lineno})") from None
     if expect is not None and not isinstance(data, expect):
-        raise DamagedState(p, f"{what or 'the file'} must be a JSON {_json_kind(expect)}, "
-                              f"found {_json_kind(type(data))}")
+        raise DamagedState(p, f"{what or 'the file'} must be {_a(_json_kind(expect))} (JSON), "
+                              f"found {_a(_json_kind(type(data)))}")
     return data
 
 
@@ -151,11 +151,15 @@ def _json_kind(t: type | tuple[type, ...]) -> str:
             type(None): "null"}.get(t, t.__name__)
 
 
+def _a(kind: str) -> str:
+    return kind if kind == "null" else ("an " if kind[0] in "aeiou" else "a ") + kind
+
+
 def check_shape(path: str | Path, value: Any, expect: type | tuple[type, ...], field: str) -> Any:
     """*value* (at *field* of the file *path*) has type *expect*, else DamagedState naming the field.
     bool is not a number here."""
     types = expect if isinstance(expect, tuple) else (expect,)
     ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
     if not ok:
-        raise DamagedState(path, f"{field} must be a {_json_kind(expect)}, found {_json_kind(type(value))}")
+        raise DamagedState(path, f"{field} must be {_a(_json_kind(expect))}, found {_a(_json_kind(type(value)))}")
     return value

@@ -14,14 +14,17 @@ from pathlib import Path
 from mctl.errors import UsageError
 
 
-def check_identity_file(path: str | Path | None) -> Path | None:
-    """*path* is a regular file only its owner can read or write; else UsageError (exit 2) naming it."""
+def check_identity_file(path: str | Path | None, *, must_exist: bool = True) -> Path | None:
+    """*path* is a regular file only its owner can read or write; else UsageError (exit 2) naming it.
+    With must_exist False (a dry run that opens no connection) a missing file passes."""
     if path is None:
         return None
     p = Path(path)
     try:
         st = os.stat(p)
     except FileNotFoundError:
+        if not must_exist:
+            return None
         raise UsageError(f"SSH identity file {p} does not exist",
                          hint="set ssh.identity_file in the inventory to your private key") from None
     except OSError as exc:
