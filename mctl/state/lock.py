@@ -54,6 +54,7 @@ def file_lock(path: str | Path, *, purpose: str = "", timeout: float = 0.0, labe
     """
     lock_path = Path(path)
     ensure_dir(lock_path.parent)
+    _check_folder(lock_path.parent)
     fd = _open_lock(lock_path)
     try:
         deadline = time.monotonic() + timeout
@@ -79,6 +80,17 @@ def file_lock(path: str | Path, *, purpose: str = "", timeout: float = 0.0, labe
 
 
 LOCK_MODE = 0o640
+
+
+def _check_folder(folder: Path) -> None:
+    """A lock folder anyone may write into (without /tmp's sticky bit) lets anyone replace the locks."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return                                   # _open_lock reports what is wrong
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        raise MctlError(f"lock folder {folder} is writable by everyone (mode {stat.S_IMODE(st.st_mode):04o})",
+                        hint=f"chmod 750 {folder} (mctl creates its state folders 0750)")
 
 
 def _open_lock(lock_path: Path) -> int:
