@@ -29,11 +29,11 @@ PENDING, RUNNING, DONE, SKIPPED, FAILED, INTERRUPTED, EXCLUDED = (
 FINISHED = (DONE, SKIPPED, EXCLUDED)
 # Run states. A run found "running" whose process is gone was killed (kill -9, power cut).
 RUN_RUNNING, RUN_SUCCEEDED, RUN_FAILED, RUN_INTERRUPTED = "running", "succeeded", "failed", "interrupted"
-_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def runs_dir(state_dir: Path, rack: str) -> Path:
-    if not _SAFE.match(rack):
+    if not _SAFE.fullmatch(rack):
         raise UsageError(f"rack name {rack!r} cannot be used as a folder name")
     return Path(state_dir) / "bringup" / rack
 
@@ -68,7 +68,7 @@ def check_journal_shape(path: Path, data: dict[str, Any]) -> None:
                        ("attempts", (list, type(None))), ("phases", (list,)), ("created", _OPT_NUM),
                        ("updated", _OPT_NUM), ("result", (dict, type(None)))):
         check_shape(path, data.get(key), types, key)
-    if not _SAFE.match(data["run_id"]):
+    if not _SAFE.fullmatch(data["run_id"]):
         raise DamagedState(path, f"run_id {data['run_id']!r} is not a run id")
     for i, attempt in enumerate(data.get("attempts") or []):
         check_shape(path, attempt, dict, f"attempts[{i}]")

@@ -104,7 +104,17 @@ def _default(obj: Any) -> Any:
     return str(obj)
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f)}
+
+
+def printable(text: Any) -> str:
+    """Control characters in data (an ESC sequence in a name, a reason, a lock record) shown as \\xNN,
+    so an error or warning cannot move the cursor, retitle the terminal or hide text. Newline and tab stay."""
+    return str(text).translate(_CONTROL)
+
+
 def error(message: str, hint: str | None = None) -> None:
+    message, hint = printable(message), (printable(hint) if hint else hint)
     if _plain_err():
         sys.stderr.write(f"mctl: error: {message}\n" + (f"  hint: {hint}\n" if hint else ""))
         return
@@ -115,6 +125,7 @@ def error(message: str, hint: str | None = None) -> None:
 
 
 def warn(message: str) -> None:
+    message = printable(message)
     if _plain_err():
         sys.stderr.write(f"mctl: warning: {message}\n")
     else:

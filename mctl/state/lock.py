@@ -66,8 +66,8 @@ def file_lock(path: str | Path, *, purpose: str = "", timeout: float = 0.0, labe
                 if time.monotonic() >= deadline:
                     raise LockBusy(label or str(lock_path), _read_holder(fd)) from None
                 time.sleep(0.1)
-        holder = {"pid": os.getpid(), "user": _user(), "command": " ".join(["mctl", *sys.argv[1:]])[:300], "purpose": purpose,
-                  "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        holder = {"pid": os.getpid(), "user": _user(), "command": " ".join(["mctl", *sys.argv[1:]])[:300],
+                  "purpose": purpose, "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
         try:
@@ -126,7 +126,7 @@ def _read_holder(fd: int) -> dict | None:
     try:
         raw = os.pread(fd, 4096, 0)
         data = json.loads(raw) if raw.strip() else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(data, dict):
         return None
@@ -141,12 +141,12 @@ def _read_holder(fd: int) -> dict | None:
     return out or None
 
 
-_RACK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_RACK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def rack_lock_path(state_dir: str | Path, rack: str) -> Path:
     """<state>/locks/rack-RACK.lock; a rack name that is not a plain file name is refused (never a path)."""
-    if not _RACK_NAME.match(rack) or ".." in rack:
+    if not _RACK_NAME.fullmatch(rack) or ".." in rack:
         raise MctlError(f"rack name {rack!r} cannot be used in a lock file name",
                         hint="rack names are letters, digits, '-', '_' and '.'; fix the inventory")
     return Path(state_dir) / "locks" / f"rack-{rack}.lock"

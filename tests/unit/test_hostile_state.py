@@ -150,6 +150,7 @@ JOURNALS = [
     ("phase-details-text", json.dumps(_journal(phases=[{**_journal()["phases"][0], "details": "x"}]))),
     ("phase-artifacts-list", json.dumps(_journal(phases=[{**_journal()["phases"][0], "artifacts": []}]))),
     ("run-id-path", json.dumps(_journal(run_id="../../etc"))),
+    ("run-id-newline", json.dumps(_journal(run_id=RUN_ID + "\n"))),
     ("run-id-missing", json.dumps({k: v for k, v in _journal().items() if k != "run_id"})),
     ("attempt-pid-text", json.dumps(_journal(attempts=[{"pid": "1", "host": "h"}]))),
     ("attempts-object", json.dumps(_journal(attempts={"pid": 1}))),
@@ -396,7 +397,7 @@ def test_lock_that_is_a_fifo_or_folder_is_refused(state):
             pass
 
 
-@pytest.mark.parametrize("rack", ["../x", "../../etc/passwd", "a/b", "-rf", "", "x\ny", ".."])
+@pytest.mark.parametrize("rack", ["../x", "../../etc/passwd", "a/b", "-rf", "", "x\ny", "..", "x\n", "a..b"])
 def test_rack_lock_name_is_never_a_path(state, rack):
     with pytest.raises(MctlError, match="cannot be used in a lock file name"):
         rack_lock_path(state, rack)
@@ -404,7 +405,8 @@ def test_rack_lock_name_is_never_a_path(state, rack):
 
 
 @pytest.mark.parametrize("content", [b"[1, 2]", b'"x"', b"\xff\xfe", b'{"pid": "1; rm -rf /", "since": [1]}',
-                                     b"{" * 5000], ids=["array", "string", "binary", "wrong-types", "deep"])
+                                     b"{" * 3000, b"[" * 3000],
+                         ids=["array", "string", "binary", "wrong-types", "deep-object", "deep-array"])
 def test_damaged_lock_holder_record_still_gives_a_clean_refusal(state, content):
     ctx = multiprocessing.get_context("fork")
     ready, release = ctx.Event(), ctx.Event()
@@ -617,6 +619,20 @@ def test_markup_in_errors_and_warnings_prints_literally(capsys, rich_terminal, t
     render.warn(f"warned {text}")
     err = capsys.readouterr().err
     assert f"unknown rack {text}" in err and f"hint {text}" in err and f"warned {text}" in err
+
+
+@pytest.mark.parametrize("terminal", [True, False], ids=["terminal", "plain"])
+@pytest.mark.parametrize("text", ["\x1b]0;pwned\x07", "\x1b[2J", "a\rb", "\x00"])
+def test_control_characters_in_errors_are_shown_not_sent(capsys, monkeypatch, terminal, text):
+    if terminal:
+        monkeypatch.setattr(render, "_plain_err", lambda: False)
+        render.reset()
+    render.error(f"unknown rack {text}", f"hint {text}")
+    render.warn(f"warned {text}")
+    err = capsys.readouterr().err
+    render.reset()
+    assert "\x1b" not in err and "\r" not in err and "\x00" not in err and "\x07" not in err
+    assert err.count("\\x") >= 3
 
 
 @pytest.mark.parametrize("text", ["[/x]", "[bold]"])
