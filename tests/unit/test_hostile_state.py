@@ -503,7 +503,9 @@ def held(state):
     ("provision", "rack-a"),
     ("provision", "rack-a-tray[01-02]", "--tags", "base"),
     ("node", "install-check", "rack-a"),
-], ids=lambda w: " ".join(w[:2]) + ("" if len(w) < 4 else f" {w[3]}"))
+    ("deploy", "slurm"),
+    ("deploy", "slurm", "--topology-only"),
+], ids=lambda w: " ".join(w[:2]) + ("" if len(w) < 4 else f" {w[3]}") + ("" if len(w) != 3 else f" {w[2]}"))
 def test_mutating_command_takes_the_rack_lock_before_it_prints_anything(capsys, inv, state, held, words):
     before = (inv / "mctl.yml").read_text()
     r = run_cli(capsys, "-i", str(inv), "--state-dir", str(state), *words)
