@@ -27,6 +27,7 @@ from mctl.state import DamagedState, check_shape, ensure_dir, read_json, write_j
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 PLAYBOOKS_DIR = Path(os.environ.get("MCTL_PLAYBOOKS") or PACKAGE_DIR.parent / "playbooks")
+CONTROL_BASE = Path("/tmp")              # where the ControlPath folder mctl-ssh-UID lives
 KEEP_RUNS = 20                          # run folders kept per kind; MCTL_KEEP_RUNS overrides
 # The operator's variables Ansible (and ssh under it) may see; everything else of mctl's environment
 # (tokens, passwords, proxies, an operator's ANSIBLE_* overrides) stays out of the run and of the
@@ -130,7 +131,7 @@ def control_path_dir() -> Path:
     a folder that is a link, not a folder, owned by someone else or open to others is refused.
     """
     uid = os.getuid()
-    path = Path("/tmp") / f"mctl-ssh-{uid}"
+    path = CONTROL_BASE / f"mctl-ssh-{uid}"
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:

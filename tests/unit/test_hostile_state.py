@@ -540,19 +540,12 @@ def test_lock_is_released_when_the_command_ends(capsys, inv, state):
 
 @pytest.fixture()
 def control_dir(monkeypatch, tmp_path):
-    """Point the ControlPath folder's /tmp at a private tmp folder so the test owns the name."""
+    """The ControlPath folder's parent moved from /tmp to a folder of the test's, so the test owns the name."""
     import mctl.provision.runner as runner
 
-    real = Path
     base = tmp_path / "tmp"
     base.mkdir()
-
-    def fake_path(*parts):
-        if parts == ("/tmp",):
-            return real(base)
-        return real(*parts)
-
-    monkeypatch.setattr(runner, "Path", fake_path)
+    monkeypatch.setattr(runner, "CONTROL_BASE", base)
     return base / f"mctl-ssh-{os.getuid()}"
 
 
