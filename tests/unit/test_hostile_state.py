@@ -801,3 +801,31 @@ def test_read_json_names_damage(tmp_path, raw, expect, needle):
         read_json(path, expect=expect)
     assert str(path) in err.value.message and needle in err.value.message and err.value.exit_code == 2
 
+
+
+def test_markup_in_tray_and_rack_names_on_the_watch_screen():
+    """The live screen draws tray and rack names as panel titles: data, never markup."""
+    import time as _time
+
+    from rich.console import Console
+
+    from mctl.health.breaker import BreakerState
+    from mctl.health.engine import SweepResult
+    from mctl.health.facts import TrayHealthFacts
+    from mctl.health.policy import NodeView, TrayVerdict
+    from mctl.health.screen import WatchScreen
+    from mctl.health.watch import WatchView
+    from mctl.model.findings import Severity
+
+    rack, hosts = "[/rack]", ["[bold]t1", "t2[/]"]
+    verdicts = [TrayVerdict(h, rack, "ok", Severity.OK) for h in hosts]
+    result = SweepResult(1, _time.time(), 0.1, {h: TrayHealthFacts(h, elapsed=0.1) for h in hosts}, [], verdicts,
+                         {h: NodeView(h, state="IDLE", reason="[/reason]") for h in hosts}, "slurm",
+                         remediate=False, logged=[], breaker=BreakerState(), records={})
+    view = WatchView(site="[/site]", racks={rack: hosts}, interval=2, remediate=False, dry_run=False)
+    view.statuses = {h: "healthy" for h in hosts}
+    view.last = result
+    con = Console(width=160, height=40, record=True, color_system=None, force_terminal=True)
+    con.print(WatchScreen(view))
+    text = con.export_text()
+    assert "[/rack]" in text and "[/site]" in text
