@@ -253,6 +253,7 @@ def run_playbook(req: PlaybookRequest, state_dir: Path, *, kind: str = "provisio
     check_ansible()
     from ansible_runner.interface import init_runner
 
+    keep = keep_runs()                  # a bad MCTL_KEEP_RUNS is refused before anything runs
     playbook = playbook_path(req.playbook)
     run_id, run_dir = new_run_dir(state_dir, kind)
     write_json(run_dir / "request.json", {**asdict(req), "playbook": str(playbook)})
@@ -292,7 +293,7 @@ def run_playbook(req: PlaybookRequest, state_dir: Path, *, kind: str = "provisio
     result = RunResult(run_id, str(run_dir), status, runner.rc, started, time.time(), hosts, req.check)
     write_json(run_dir / "recap.json", result.to_dict())
     write_json(Path(state_dir) / kind / "last.json", {"run_id": run_id, "run_dir": str(run_dir)})
-    prune_runs(state_dir, kind, protect=(run_id,))
+    prune_runs(state_dir, kind, keep=keep, protect=(run_id,))
     return result
 
 

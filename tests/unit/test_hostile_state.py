@@ -765,12 +765,15 @@ def test_ansible_run_folder_keeps_no_secret_from_mctl_environment(tmp_path, monk
 
 
 @pytest.mark.parametrize("value", ["many", "-1", "1.5", "2e3"])
-def test_keep_runs_setting_is_checked(monkeypatch, tmp_path, value):
-    from mctl.provision.runner import prune_runs
+def test_keep_runs_setting_is_checked_before_anything_runs(monkeypatch, tmp_path, value):
+    from mctl.provision.runner import PlaybookRequest, prune_runs, run_playbook
 
     monkeypatch.setenv("MCTL_KEEP_RUNS", value)
     with pytest.raises(UsageError, match="MCTL_KEEP_RUNS"):
         prune_runs(tmp_path)
+    with pytest.raises(UsageError, match="MCTL_KEEP_RUNS"):
+        run_playbook(PlaybookRequest(playbook="site", inventory="localhost,"), tmp_path / "state")
+    assert not (tmp_path / "state").exists()
 
 
 def test_prune_keeps_the_newest_and_unfinished_young_runs(tmp_path):
