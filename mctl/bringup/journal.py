@@ -70,6 +70,17 @@ def check_journal_shape(path: Path, data: dict[str, Any]) -> None:
         check_shape(path, data.get(key), types, key)
     if not _SAFE.fullmatch(data["run_id"]):
         raise DamagedState(path, f"run_id {data['run_id']!r} is not a run id")
+    options = data.get("options") or {}
+    names = [p.get("name") for p in data["phases"] if isinstance(p, dict)]
+    for key, types in (("from", _OPT_STR), ("until", _OPT_STR), ("accept", (list, type(None))),
+                       ("trust_new_keys", (bool, type(None))), ("reprovision", (bool, type(None))),
+                       ("burn_in", _OPT_STR), ("imex_wait", _OPT_NUM)):
+        check_shape(path, options.get(key), types, f"options.{key}")
+    for key in ("from", "until"):
+        if options.get(key) is not None and options[key] not in names:
+            raise DamagedState(path, f"options.{key} {options[key]!r} is not a phase of this run")
+    for i, item in enumerate(options.get("accept") or []):
+        check_shape(path, item, str, f"options.accept[{i}]")
     for i, attempt in enumerate(data.get("attempts") or []):
         check_shape(path, attempt, dict, f"attempts[{i}]")
         check_shape(path, attempt.get("pid"), (int, type(None)), f"attempts[{i}].pid")

@@ -155,6 +155,9 @@ JOURNALS = [
     ("attempt-pid-text", json.dumps(_journal(attempts=[{"pid": "1", "host": "h"}]))),
     ("attempts-object", json.dumps(_journal(attempts={"pid": 1}))),
     ("options-list", json.dumps(_journal(options=["--resume"]))),
+    ("options-accept-number", json.dumps(_journal(options={"accept": 5}))),
+    ("options-from-unknown-phase", json.dumps(_journal(options={"from": "teardown"}))),
+    ("options-imex-wait-text", json.dumps(_journal(options={"imex_wait": "a minute"}))),
     ("status-number", json.dumps(_journal(status=3))),
 ]
 
