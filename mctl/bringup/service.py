@@ -191,6 +191,9 @@ def bring_up(site: "Site", rack: str, state_dir: Path, options: Options, *, resu
     report = report or Reporter()
     state_dir = Path(state_dir)
     r = _rack(site, rack)
+    from mctl.state.lock import rack_lock_path
+
+    rack_lock_path(state_dir, rack)         # a rack name that is not a plain file name never becomes a path
     with contextlib.ExitStack() as stack:
         # One bring-up per rack, for the whole run; the rack lock itself is let go while `deploy slurm` runs.
         stack.enter_context(file_lock(state_dir / "locks" / f"bringup-{rack}.lock", purpose="mctl rack bring-up",

@@ -835,3 +835,13 @@ def test_markup_in_tray_and_rack_names_on_the_watch_screen():
     con.print(WatchScreen(view))
     text = con.export_text()
     assert "[/rack]" in text and "[/site]" in text
+
+
+def test_known_hosts_that_is_not_utf8_is_named_with_its_line(tmp_path):
+    from mctl.transport.known_hosts import KnownHosts
+
+    path = tmp_path / "known_hosts"
+    path.write_bytes(b"good ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA\nbad ssh-ed25519 \xff\xfe\n")
+    with pytest.raises(UsageError) as err:
+        KnownHosts.load(path)
+    assert f"{path}:2: not UTF-8" in err.value.message and "mctl ssh trust" in err.value.hint
