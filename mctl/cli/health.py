@@ -215,6 +215,7 @@ def watch(
     try:
         if acting and not dry_run:
             with store.watch_lock(opts.state_dir, "mctl health watch"):
+                store.load_state(opts.state_dir)    # a damaged state file stops the watch before it starts
                 go()
         else:
             go()

@@ -18,12 +18,13 @@ def test_damaged_health_state_stops_remediation_before_any_tray_is_asked(lab):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(damaged)
     try:
-        proc = lab.mctl("health", "check", "--remediate", timeout=120)
-        assert proc.returncode == 2, (proc.stdout, proc.stderr)
-        assert str(path) in proc.stderr and f"trays.{lab.trays[0]}.misses" in proc.stderr
-        assert "Traceback" not in proc.stderr and proc.stdout == ""
-        assert path.read_bytes() == damaged
-        assert (log.read_bytes() if log.exists() else None) == log_before
+        for words in (("health", "check", "--remediate"), ("health", "watch", "--remediate", "--sweeps", "1")):
+            proc = lab.mctl(*words, timeout=120)
+            assert proc.returncode == 2, (words, proc.stdout, proc.stderr)
+            assert str(path) in proc.stderr and f"trays.{lab.trays[0]}.misses" in proc.stderr
+            assert "Traceback" not in proc.stderr and proc.stdout == ""
+            assert path.read_bytes() == damaged
+            assert (log.read_bytes() if log.exists() else None) == log_before
     finally:
         if saved is None:
             path.unlink()
