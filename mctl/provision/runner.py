@@ -32,8 +32,8 @@ KEEP_RUNS = 20                          # run folders kept per kind; MCTL_KEEP_R
 # The operator's variables Ansible (and ssh under it) may see; everything else of mctl's environment
 # (tokens, passwords, proxies, an operator's ANSIBLE_* overrides) stays out of the run and of the
 # run folder, where ansible-runner records the environment it ran with.
-ENV_ALLOW = ("HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TZ", "TMPDIR",
-             "TERM", "SSH_AUTH_SOCK", "VIRTUAL_ENV")
+ENV_ALLOW = ("HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "SSH_AUTH_SOCK",
+             "VIRTUAL_ENV")                # and the locale's LC_* variables
 
 
 @dataclass
@@ -185,7 +185,7 @@ def runner_env(prepared: dict[str, str], ours: dict[str, str],
     environ = os.environ if environ is None else environ
     out: dict[str, str] = {}
     for key, value in prepared.items():
-        if key in ours or key in ENV_ALLOW or environ.get(key) != value:
+        if key in ours or key in ENV_ALLOW or key.startswith("LC_") or environ.get(key) != value:
             out[key] = value
     return out
 

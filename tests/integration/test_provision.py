@@ -141,7 +141,8 @@ def test_run_folder_records_only_the_allowed_environment(lab, provisioned):
 
     env = json.loads((Path(provisioned["run_dir"]) / "artifacts" / provisioned["run_id"] / "command").read_text())["env"]
     assert not [k for k in env if k.startswith("MCTL_")]
-    odd = [k for k in env if k not in ENV_ALLOW and not k.startswith(("ANSIBLE_", "AWX_", "RUNNER_")) and k != "PATH"]
+    odd = [k for k in env if k not in ENV_ALLOW and not k.startswith(("ANSIBLE_", "AWX_", "RUNNER_", "LC_"))
+           and k != "PATH"]
     assert odd == []
 
 

@@ -725,14 +725,15 @@ def test_private_key_that_is_a_folder_is_refused(capsys, inv, state, tmp_path):
 def test_ansible_gets_only_the_variables_it_needs(monkeypatch):
     from mctl.provision.runner import ansible_env, runner_env
 
-    environ = {"PATH": "/usr/bin", "HOME": "/root", "LANG": "C.UTF-8", "SSH_AUTH_SOCK": "/run/agent",
+    environ = {"PATH": "/usr/bin", "HOME": "/root", "LANG": "C.UTF-8", "LC_TIME": "C", "SSH_AUTH_SOCK": "/run/agent",
                "AWS_SECRET_ACCESS_KEY": "s3cr3t", "NMX_PASSWORD": "hunter2", "GITHUB_TOKEN": "ghp_x",
                "ANSIBLE_SSH_COMMON_ARGS": "-o ProxyCommand=evil", "ANSIBLE_CONFIG": "/tmp/evil.cfg",
                "http_proxy": "http://proxy:3128", "LD_PRELOAD": "/tmp/x.so", "PYTHONPATH": "/tmp/evil"}
     ours = {"PATH": "/venv/bin:/usr/bin", "ANSIBLE_HOST_KEY_CHECKING": "True"}
     prepared = {**environ, **ours, "ANSIBLE_STDOUT_CALLBACK": "awx_display", "AWX_ISOLATED_DATA_DIR": "/x"}
     env = runner_env(prepared, ours, environ)
-    assert env == {"PATH": "/venv/bin:/usr/bin", "HOME": "/root", "LANG": "C.UTF-8", "SSH_AUTH_SOCK": "/run/agent",
+    assert env == {"PATH": "/venv/bin:/usr/bin", "HOME": "/root", "LANG": "C.UTF-8", "LC_TIME": "C",
+                   "SSH_AUTH_SOCK": "/run/agent",
                    "ANSIBLE_HOST_KEY_CHECKING": "True", "ANSIBLE_STDOUT_CALLBACK": "awx_display",
                    "AWX_ISOLATED_DATA_DIR": "/x"}
     assert "ANSIBLE_SSH_CONTROL_PATH_DIR" in ansible_env()
