@@ -11,6 +11,7 @@ EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 EXIT_PARTIAL = 3
+EXIT_INTERNAL = 70          # an unexpected exception: a bug in mctl (sysexits' EX_SOFTWARE); traceback with -v
 
 
 class MctlError(Exception):

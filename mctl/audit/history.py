@@ -245,20 +245,54 @@ class History:
 
     # ------------------------------------------------------------------ reading
 
+    def _damaged(self, what: str) -> EnvironmentProblem:
+        from mctl.state.files import DamagedState
+
+        return DamagedState(self.path, what, hint="move the damaged history aside (mctl audit starts a new one), "
+                                                  "or restore it from a backup")
+
+    def _query(self, sql: str, args: tuple) -> list[tuple]:
+        try:
+            return self.conn.execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            raise self._damaged(f"cannot be read ({exc})") from None
+
+    def _check_row(self, table: str, row: tuple, types: tuple[tuple[type, ...], ...]) -> None:
+        """SQLite keeps any type in any column: a value of the wrong type is damage, named here, not a
+        TypeError later."""
+        for i, (value, allowed) in enumerate(zip(row, types)):
+            if not isinstance(value, allowed):
+                raise self._damaged(f"{table} row {row[0]!r}: column {i + 1} holds {type(value).__name__} "
+                                    f"{str(value)[:40]!r}")
+
     def runs(self, since: float) -> list[dict[str, Any]]:
-        rows = self.conn.execute("SELECT id, started, elapsed, site, racks, complete, exit_code, fail_on, critical, "
-                                 "warn, gaps FROM runs WHERE started >= ? ORDER BY started, id", (since,)).fetchall()
-        return [{"id": r[0], "started": iso_time(r[1]), "elapsed": round(r[2], 3), "site": r[3], "racks": json.loads(r[4]),
-                 "complete": bool(r[5]), "exit_code": r[6], "fail_on": r[7], "critical": r[8], "warn": r[9],
-                 "incomplete": json.loads(r[10])} for r in rows]
+        rows = self._query("SELECT id, started, elapsed, site, racks, complete, exit_code, fail_on, critical, "
+                           "warn, gaps FROM runs WHERE started >= ? ORDER BY started, id", (since,))
+        num, txt = (int, float), (str,)
+        out = []
+        for r in rows:
+            self._check_row("runs", r, ((int,), num, num, txt, txt, (int,), (int,), txt, (int,), (int,), txt))
+            try:
+                racks, gaps = json.loads(r[4]), json.loads(r[10])
+            except (ValueError, RecursionError):
+                raise self._damaged(f"runs row {r[0]}: racks or gaps is not JSON") from None
+            if not isinstance(racks, list) or not isinstance(gaps, list):
+                raise self._damaged(f"runs row {r[0]}: racks and gaps must be JSON arrays")
+            out.append({"id": r[0], "started": iso_time(r[1]), "elapsed": round(r[2], 3), "site": r[3],
+                        "racks": racks, "complete": bool(r[5]), "exit_code": r[6], "fail_on": r[7],
+                        "critical": r[8], "warn": r[9], "incomplete": gaps})
+        return out
 
     def lifecycles(self, since: float) -> list[Lifecycle]:
         """Open findings (new if first seen since *since*, else persisting) and those resolved since then."""
-        rows = self.conn.execute(
+        rows = self._query(
             "SELECT fingerprint, family, check_id, host, rack, subject, severity, message, action, first_seen, "
-            "last_seen, resolved_at FROM status WHERE resolved_at IS NULL OR resolved_at >= ?", (since,)).fetchall()
+            "last_seen, resolved_at FROM status WHERE resolved_at IS NULL OR resolved_at >= ?", (since,))
+        num, txt, opt = (int, float), (str,), (str, type(None))
         out = []
         for r in rows:
+            self._check_row("status", r, (txt, txt, txt, opt, opt, txt, txt, txt, opt, num, num,
+                                          (int, float, type(None))))
             resolved_at = r[11]
             status = "resolved" if resolved_at is not None else ("new" if r[9] >= since else "persisting")
             out.append(Lifecycle(status, r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10],

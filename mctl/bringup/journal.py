@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mctl.errors import UsageError
-from mctl.state.files import ensure_dir, read_json, write_json
+from mctl.state.files import DamagedState, check_shape, ensure_dir, read_json, write_json
 
 SCHEMA = 1
 # Phase states. "excluded": outside --from/--until of the run; never run by it or its resumes.
@@ -29,11 +29,11 @@ PENDING, RUNNING, DONE, SKIPPED, FAILED, INTERRUPTED, EXCLUDED = (
 FINISHED = (DONE, SKIPPED, EXCLUDED)
 # Run states. A run found "running" whose process is gone was killed (kill -9, power cut).
 RUN_RUNNING, RUN_SUCCEEDED, RUN_FAILED, RUN_INTERRUPTED = "running", "succeeded", "failed", "interrupted"
-_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def runs_dir(state_dir: Path, rack: str) -> Path:
-    if not _SAFE.match(rack):
+    if not _SAFE.fullmatch(rack):
         raise UsageError(f"rack name {rack!r} cannot be used as a folder name")
     return Path(state_dir) / "bringup" / rack
 
@@ -52,6 +52,46 @@ def _pid_alive(pid: int | None, host: str | None) -> bool:
     except PermissionError:
         return True
     return True
+
+
+_OPT_STR = (str, type(None))
+_OPT_NUM = (int, float, type(None))
+_PHASE_TYPES: dict[str, tuple[type, ...]] = {
+    "name": (str,), "status": (str,), "started": _OPT_NUM, "ended": _OPT_NUM, "summary": _OPT_STR,
+    "changed": (bool,), "details": (list,), "artifacts": (dict,), "error": (dict, type(None)), "history": (list,),
+}
+
+
+def check_journal_shape(path: Path, data: dict[str, Any]) -> None:
+    """The fields a bring-up reads and rewrites have the types it writes; else DamagedState naming the field."""
+    for key, types in (("run_id", (str,)), ("rack", (str,)), ("status", (str,)), ("options", (dict, type(None))),
+                       ("attempts", (list, type(None))), ("phases", (list,)), ("created", _OPT_NUM),
+                       ("updated", _OPT_NUM), ("result", (dict, type(None)))):
+        check_shape(path, data.get(key), types, key)
+    if not _SAFE.fullmatch(data["run_id"]):
+        raise DamagedState(path, f"run_id {data['run_id']!r} is not a run id")
+    options = data.get("options") or {}
+    names = [p.get("name") for p in data["phases"] if isinstance(p, dict)]
+    for key, types in (("from", _OPT_STR), ("until", _OPT_STR), ("accept", (list, type(None))),
+                       ("trust_new_keys", (bool, type(None))), ("reprovision", (bool, type(None))),
+                       ("burn_in", _OPT_STR), ("imex_wait", _OPT_NUM)):
+        check_shape(path, options.get(key), types, f"options.{key}")
+    for key in ("from", "until"):
+        if options.get(key) is not None and options[key] not in names:
+            raise DamagedState(path, f"options.{key} {options[key]!r} is not a phase of this run")
+    for i, item in enumerate(options.get("accept") or []):
+        check_shape(path, item, str, f"options.accept[{i}]")
+    for i, attempt in enumerate(data.get("attempts") or []):
+        check_shape(path, attempt, dict, f"attempts[{i}]")
+        check_shape(path, attempt.get("pid"), (int, type(None)), f"attempts[{i}].pid")
+        check_shape(path, attempt.get("host"), _OPT_STR, f"attempts[{i}].host")
+    for i, phase in enumerate(data["phases"]):
+        check_shape(path, phase, dict, f"phases[{i}]")
+        for key, types in _PHASE_TYPES.items():
+            if key in phase or key in ("name", "status", "details", "artifacts"):
+                check_shape(path, phase.get(key), types, f"phases[{i}].{key}")
+        if phase["status"] not in (PENDING, RUNNING, DONE, SKIPPED, FAILED, INTERRUPTED, EXCLUDED):
+            raise DamagedState(path, f"phases[{i}].status {phase['status']!r} is not a phase state")
 
 
 @dataclass
@@ -83,14 +123,20 @@ class Journal:
 
     @classmethod
     def load(cls, path: Path) -> "Journal":
-        data = read_json(path)
-        if not isinstance(data, dict) or data.get("kind") != "bringup" or data.get("schema") != SCHEMA:
-            raise UsageError(f"{path} is not a bring-up journal mctl can read")
+        data = read_json(path, expect=dict, what="a bring-up journal")
+        if data.get("kind") != "bringup" or data.get("schema") != SCHEMA:
+            raise DamagedState(path, f"not a bring-up journal this mctl reads (kind {data.get('kind')!r}, "
+                                     f"schema {data.get('schema')!r}, this mctl reads schema {SCHEMA})")
+        check_journal_shape(Path(path), data)
         return cls(Path(path), data)
 
     @classmethod
-    def runs(cls, state_dir: Path, rack: str) -> list["Journal"]:
-        """Every run of the rack, oldest first (run ids sort by time)."""
+    def runs(cls, state_dir: Path, rack: str, *, damaged: list[DamagedState] | None = None) -> list["Journal"]:
+        """Every run of the rack, oldest first (run ids sort by time).
+
+        A damaged journal is skipped (never fatal to a new run) and, when *damaged* is given, kept there
+        so a resume can refuse to pick an older run behind the operator's back.
+        """
         folder = runs_dir(state_dir, rack)
         if not folder.is_dir():
             return []
@@ -98,7 +144,10 @@ class Journal:
         for p in sorted(folder.glob("*/journal.json")):
             try:
                 out.append(cls.load(p))
-            except Exception:  # noqa: BLE001 - a damaged journal is skipped, never fatal to a new run
+            except DamagedState as exc:
+                if damaged is not None:
+                    damaged.append(exc)
+            except (UsageError, OSError):
                 continue
         return out
 

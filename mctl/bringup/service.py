@@ -146,8 +146,15 @@ class BringUpResult:
 def _journal_for(state_dir: Path, site: "Site", rack: str, options: Options, resume: bool,
                  report: Reporter) -> tuple[Journal, Options]:
     if resume:
-        runs = Journal.runs(state_dir, rack)
+        damaged: list = []
+        runs = Journal.runs(state_dir, rack, damaged=damaged)
         last = runs[-1] if runs else None
+        if damaged and (last is None or damaged[-1].path.parent.name > last.path.parent.name):
+            # The newest run's journal is damaged: resuming an older run instead would redo or skip phases.
+            bad = damaged[-1]
+            bad.hint = (f"move the run folder {bad.path.parent} aside and start a new run "
+                        f"('mctl rack bring-up {rack}'; it changes only what differs)")
+            raise bad
         if last is None:
             raise UsageError(f"no bring-up of rack {rack} to resume", hint=f"start one: mctl rack bring-up {rack}")
         if last.status == jr.RUN_SUCCEEDED:
@@ -184,6 +191,9 @@ def bring_up(site: "Site", rack: str, state_dir: Path, options: Options, *, resu
     report = report or Reporter()
     state_dir = Path(state_dir)
     r = _rack(site, rack)
+    from mctl.state.lock import rack_lock_path
+
+    rack_lock_path(state_dir, rack)         # a rack name that is not a plain file name never becomes a path
     with contextlib.ExitStack() as stack:
         # One bring-up per rack, for the whole run; the rack lock itself is let go while `deploy slurm` runs.
         stack.enter_context(file_lock(state_dir / "locks" / f"bringup-{rack}.lock", purpose="mctl rack bring-up",

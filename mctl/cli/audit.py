@@ -88,7 +88,7 @@ def run(
     chosen = select_racks(site, racks or [], all_racks)
     settings = AuditSettings(fail_on=fail_on, drain_age_s=age, timeout=timeout, health=not no_health)
     if render.interactive() and output is None:
-        with render.err_console().status(f"auditing {', '.join(r.name for r in chosen)} ..."):
+        with render.err_console().status(render.escape(f"auditing {', '.join(r.name for r in chosen)} ...")):
             report = run_audit(site, chosen, state_dir=opts.state_dir, settings=settings, record=not no_history)
     else:
         report = run_audit(site, chosen, state_dir=opts.state_dir, settings=settings, record=not no_history)

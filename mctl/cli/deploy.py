@@ -38,8 +38,13 @@ def slurm(
     """
     from mctl.sched.slurm import apply, dry_run as diff_hosts, plan_slurm
 
+    from mctl.cli.locking import hold_racks
+    from mctl.sched.site import check_scheduler
+
     opts = options()
     site = opts.site()
+    check_scheduler(site, "slurm")                  # a wrong command is refused before any state is touched
+    hold_racks(list(site.racks), "deploy slurm", dry_run=dry_run)    # before it asks a tray or prints
     as_json = want_json(json_)
     plan = plan_slurm(site, opts.state_dir, topology_only=topology_only)
     if not as_json:
@@ -51,7 +56,7 @@ def slurm(
         else:
             _print_diff(plan, diff)
         return
-    result = apply(plan, on_event=_failure_lines, verify=not no_verify)
+    result = apply(plan, on_event=_failure_lines, verify=not no_verify, locked=True)
     if as_json:
         render.print_json(result.to_dict())
     else:

@@ -77,7 +77,7 @@ def _print_groups(groups) -> None:
         title = f"{g.nodes} ({g.count}){state}"
         rule = "-" * min(max(len(title), 15), 100)
         if render.interactive():
-            con.print(f"[bold]{rule}\n{title}\n{rule}[/]", markup=True, highlight=False)
+            con.print(f"[bold]{rule}\n{render.escape(title)}\n{rule}[/]", markup=True, highlight=False)
         else:
             con.print(f"{rule}\n{title}\n{rule}", markup=False, highlight=False)
         text = g.stdout + (g.stderr if g.stderr else "")

@@ -67,12 +67,13 @@ def check(
 
 
 def _print_check(result, all_findings: bool) -> None:
-    from rich.table import Table
+
+    from rich.text import Text
 
     from mctl.health.screen import STYLE
 
     con = render.console()
-    table = Table(title=f"health sweep #{result.number}: {len(result.verdicts)} trays in {result.elapsed:.2f}s",
+    table = render.data_table(title=f"health sweep #{result.number}: {len(result.verdicts)} trays in {result.elapsed:.2f}s",
                   title_justify="left")
     for col in ("tray", "status", "scheduler", "critical", "warn", "first finding"):
         table.add_column(col, overflow="fold")
@@ -83,7 +84,7 @@ def _print_check(result, all_findings: bool) -> None:
         warns = [f for f in v.findings if f.severity.value == "warn"]
         first = (crit or warns or [None])[0]
         sched = "-" if node is None else node.state + (f" ({node.reason})" if node.reason else "")
-        table.add_row(v.host, f"[{STYLE.get(status, '')}]{status}[/]" if render.interactive() else status, sched,
+        table.add_row(v.host, Text(status, style=STYLE.get(status, "")) if render.interactive() else status, sched,
                       str(len(crit)), str(len(warns)), f"{first.check}: {first.message}" if first else "")
     con.print(table)
     shown = [f for f in result.findings if all_findings or f.severity.value != "ok"]
@@ -214,6 +215,7 @@ def watch(
     try:
         if acting and not dry_run:
             with store.watch_lock(opts.state_dir, "mctl health watch"):
+                store.load_state(opts.state_dir)    # a damaged state file stops the watch before it starts
                 go()
         else:
             go()
@@ -240,10 +242,9 @@ def drains(json_: JsonOpt = False) -> None:
         return
     from datetime import datetime
 
-    from rich.table import Table
 
     con = render.console()
-    table = Table(title=f"{len(report.rows)} tray(s) drained by mctl", title_justify="left")
+    table = render.data_table(title=f"{len(report.rows)} tray(s) drained by mctl", title_justify="left")
     for col in ("tray", "rack", "state", "reason", "since", "healthy sweeps", "owner"):
         table.add_column(col, overflow="fold")
     for r in report.rows:

@@ -38,9 +38,8 @@ def list_(json_: JsonOpt = False) -> None:
     if want_json(json_):
         render.print_json({"images_dir": str(catalog.folder), "images": rows})
         return
-    from rich.table import Table
 
-    table = Table(title=f"images in {catalog.folder}", title_justify="left")
+    table = render.data_table(title=f"images in {catalog.folder}", title_justify="left")
     for col in ("name", "os", "driver", "used by", "description"):
         table.add_column(col)
     for r in rows:

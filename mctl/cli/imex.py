@@ -120,9 +120,8 @@ def status(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.",
     if want_json(json_):
         render.print_json({"domains": [h.to_dict() for h in healths]})
     else:
-        from rich.table import Table
 
-        table = Table(title_justify="left")
+        table = render.data_table(title_justify="left")
         for col in ("rack", "domain", "state", "trays", "reasons"):
             table.add_column(col)
         from mctl.model.site import fold
@@ -157,9 +156,12 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", 
     from mctl.fabric.service import ImexApplyResult, apply_imex, wait_for_imex
     from mctl.model.site import fold
 
+    from mctl.cli.locking import hold_racks
+
     site = options().site()
     settings = _settings(site)
     racks = _racks(site, rack)
+    hold_racks([r.name for r in racks], "imex apply", dry_run=dry_run)   # before anything is printed or pushed
     quiet = want_json(json_)
     out: list[dict] = []
     failed: list[str] = []

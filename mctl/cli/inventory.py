@@ -30,7 +30,7 @@ def validate(json_: JsonOpt = False) -> None:
     else:
         con = render.console()
         for p in problems:
-            con.print(f"[red]✗[/] {p.render()}", markup=True, highlight=False) if render.interactive() \
+            con.print(f"[red]✗[/] {render.escape(p.render())}", markup=True, highlight=False) if render.interactive() \
                 else con.print(f"error: {p.render()}", markup=False, highlight=False)
             if p.hint:
                 con.print(f"    hint: {p.hint}", markup=False, highlight=False)
@@ -48,7 +48,6 @@ def show(rack: str = typer.Argument(None, help="Only this rack."), json_: JsonOp
 
     Example: mctl -i inventories/example-gb200 inventory show rack-a --json
     """
-    from rich.table import Table
 
 
     site = options().site()
@@ -71,7 +70,7 @@ def show(rack: str = typer.Argument(None, help="Only this rack."), json_: JsonOp
     con = render.console()
     con.print(f"site {site.name} ({site.file})", markup=False, highlight=False)
     for r in racks:
-        table = Table(title=f"rack {r.name} ({r.model}, NVLink domain {r.nvlink_domain or 'not declared'})",
+        table = render.data_table(title=f"rack {r.name} ({r.model}, NVLink domain {r.nvlink_domain or 'not declared'})",
                       title_justify="left")
         for col in ("host", "role", "address", "bmc", "image", "partition"):
             table.add_column(col)

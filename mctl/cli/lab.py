@@ -117,7 +117,6 @@ def status(lab_dir: DirOpt = None, json_: JsonOpt = False) -> None:
 
     Example: mctl lab status --json
     """
-    from rich.table import Table
 
     from mctl.lab import control
 
@@ -139,7 +138,7 @@ def status(lab_dir: DirOpt = None, json_: JsonOpt = False) -> None:
     pkgs = ", ".join(f"{k} {v}" for k, v in sorted((img.get("packages") or {}).items()))
     con.print(f"image: {img.get('name')} ({img.get('dir')}){': ' + pkgs if pkgs else ''}", markup=False,
               highlight=False)
-    table = Table(title_justify="left")
+    table = render.data_table(title_justify="left")
     for col in ("host", "kind", "address", "state", "ssh", "procs", "faults"):
         table.add_column(col)
     for h in st["hosts"]:

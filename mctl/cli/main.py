@@ -18,7 +18,7 @@ import typer
 from mctl import __version__
 from mctl.cli import render
 from mctl.cli.context import DEFAULT_STATE_DIR, Options, set_options
-from mctl.errors import EXIT_USAGE, MctlError
+from mctl.errors import EXIT_INTERNAL, EXIT_USAGE, MctlError
 
 try:  # typer >= 0.22 carries its own copy of click
     from typer._click import exceptions as _cx
@@ -156,6 +156,39 @@ def main(argv: list[str] | None = None) -> int:
         # Output piped into head/less that closed early.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as exc:  # noqa: BLE001 - the last net: one line, never a traceback unless -v
+        return _internal_error(exc, args)
+
+
+def _internal_error(exc: BaseException, args: list[str]) -> int:
+    """An exception no layer turned into an MctlError: a bug. One line and exit 70; the traceback with -v."""
+    import traceback
+
+    text = " ".join(str(exc).split())[:500]
+    what = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    verbose = _verbose(args)
+    try:
+        if verbose:
+            sys.stderr.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        render.error(f"internal error: {what}",
+                     "this is a bug in mctl; please report it with the output of the same command run with -v"
+                     if not verbose else "this is a bug in mctl; please report it with the traceback above")
+    except Exception:  # noqa: BLE001 - even the error printer failed: plain text, still one line
+        sys.stderr.write(f"mctl: error: internal error: {what}\n")
+    return EXIT_INTERNAL
+
+
+def _verbose(args: list[str]) -> bool:
+    from mctl.cli.context import options
+
+    if options().verbose:
+        return True
+    for arg in args:
+        if arg == "--":
+            break
+        if arg == "--verbose" or (arg.startswith("-") and not arg.startswith("--") and set(arg[1:]) == {"v"}):
+            return True
+    return False
 
 
 def _usage_hint(exc: Exception) -> str:

@@ -75,6 +75,12 @@ def install_check(
     opts = options()
     site = opts.site()
     scope = resolve_scope(site, target)
+    from mctl.cli.locking import hold_racks
+    from mctl.transport.identity import check_identity_file
+
+    check_identity_file(site.identity_file)       # Ansible's check mode connects too
+    # --dry-run is Ansible's check mode: it changes nothing, so it takes no lock (held racks are named).
+    hold_racks([h.rack for h in scope.hosts if h.rack], "node install-check", dry_run=dry_run)
     req = PlaybookRequest(playbook="site", inventory=str(site.file), limit=scope.names, tags=["health"],
                           check=dry_run, diff=dry_run, forks=max(5, min(100, len(scope.names))),
                           connect_timeout=site.ssh.connect_timeout)

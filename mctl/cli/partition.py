@@ -8,6 +8,7 @@ import typer
 
 from mctl.cli import render
 from mctl.cli.context import options, want_json
+from mctl.cli.locking import hold_racks
 from mctl.cli.options import DryRunOpt, JsonOpt
 from mctl.errors import MctlError, PartialFailure, UsageError
 
@@ -76,9 +77,8 @@ def list_(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", 
                                       "partitions": [row.to_dict() for row in rows if row.rack == r.name]}
                                      for r in racks]})
     else:
-        from rich.table import Table
 
-        table = Table(title_justify="left")
+        table = render.data_table(title_justify="left")
         for col in ("rack", "partition", "state", "id", "health", "gpus", "trays (NMX-M)", "trays (inventory)"):
             table.add_column(col)
         for row in rows:
@@ -323,6 +323,7 @@ def create(rack: RackArg,
 
     site = options().site()
     r = _rack(site, rack)
+    hold_racks([r.name], "partition create", dry_run=dry_run)   # before anything is printed or planned
     given = [x for x in (template, trays, gpus) if x]
     if len(given) != 1:
         raise UsageError("give exactly one of --template, --trays or --gpus",
@@ -386,18 +387,17 @@ def create(rack: RackArg,
         if quiet:
             render.print_json(result)
         return
-    with _locked(r, "partition create"):
-        write_edit(edit)
-        if apply_it:
-            try:
-                apply_partitions(site, r, desired, kind=kind_of(by_location), on_plan=planned, on_step=show.step)
-                result["applied"] = True
-            except MctlError as exc:
-                exc.hint = ((exc.hint + "; ") if exc.hint else "") + \
-                    f"the inventory is updated; run 'mctl partition apply {rack}' once fixed"
-                if quiet:
-                    render.print_json({**result, "error": exc.message})
-                raise
+    write_edit(edit)                    # under the rack lock taken above
+    if apply_it:
+        try:
+            apply_partitions(site, r, desired, kind=kind_of(by_location), on_plan=planned, on_step=show.step)
+            result["applied"] = True
+        except MctlError as exc:
+            exc.hint = ((exc.hint + "; ") if exc.hint else "") + \
+                f"the inventory is updated; run 'mctl partition apply {rack}' once fixed"
+            if quiet:
+                render.print_json({**result, "error": exc.message})
+            raise
     if quiet:
         render.print_json(result)
     elif result["applied"]:
@@ -437,8 +437,7 @@ def _create_gpu_partition(site, r, name, gpus, no_apply, by_location, dry_run, j
     if not quiet:
         _print_plan(plan, r.gpus_per_tray, dry_run=dry_run)
     if not dry_run:
-        with _locked(r, "partition create"):
-            _apply(client, plan, r)
+        _apply(client, plan, r)         # under the rack lock taken by create()
     if quiet:
         render.print_json({"rack": r.name, "name": name, "plan": plan.to_dict(), "applied": not dry_run,
                            "recorded": False, "dry_run": dry_run})
@@ -459,6 +458,7 @@ def delete(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition na
 
     site = options().site()
     r = _rack(site, rack)
+    hold_racks([r.name], "partition delete", dry_run=dry_run)   # before anything is printed or asked
     declared = any(p.name == name for p in r.partitions)
     edit = edit_partitions(site, r.name, [p for p in r.partitions if p.name != name]) if declared else None
     client = None
@@ -486,12 +486,11 @@ def delete(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition na
             _print_plan(plan, r.gpus_per_tray, dry_run=dry_run)
         elif not no_apply and r.nmx is not None:
             _say(f"rack {rack}: NMX-M holds no partition {name!r}")
-    if not dry_run:
-        with _locked(r, "partition delete"):
-            if edit is not None:
-                write_edit(edit)
-            if plan is not None and client is not None:
-                _apply(client, plan, r)
+    if not dry_run:                     # under the rack lock taken above
+        if edit is not None:
+            write_edit(edit)
+        if plan is not None and client is not None:
+            _apply(client, plan, r)
     if quiet:
         render.print_json({"rack": rack, "name": name, "inventory_changed": edit is not None,
                            "plan": plan.to_dict() if plan else None, "applied": plan is not None and not dry_run,

@@ -39,6 +39,14 @@ def command(
     plan = plan_provision(site, opts.state_dir, target, image=image,
                           tags=[t.strip() for t in tags.split(",") if t.strip()] if tags else None,
                           limit=limit, check=check, diff=diff, retry_failed=retry_failed)
+    from mctl.cli.locking import hold_racks
+    from mctl.transport.identity import check_identity_file
+
+    check_identity_file(site.identity_file, must_exist=not dry_run)   # a key others can read is refused
+
+    # Every rack of the hosts, before anything is printed; --dry-run and --check change nothing: no lock.
+    racks = [r.name for r in (site.rack_of(h) for h in plan.hosts) if r is not None]
+    hold_racks(racks, "provision", dry_run=dry_run or check)
     as_json = want_json(json_)
     if dry_run:
         if as_json:
@@ -77,10 +85,9 @@ def _print_plan(plan) -> None:
 
 
 def _print_recap(result) -> None:
-    from rich.table import Table
 
     con = render.console()
-    table = Table(title=f"provision {result.run_id}: {result.status} in {result.ended - result.started:.1f}s",
+    table = render.data_table(title=f"provision {result.run_id}: {result.status} in {result.ended - result.started:.1f}s",
                   title_justify="left")
     for col in ("host", "ok", "changed", "failed", "unreachable", "skipped", "status"):
         table.add_column(col, justify="right" if col not in ("host", "status") else "left")
@@ -111,7 +118,7 @@ class _Progress:
                                       transient=True)
             self._progress.__enter__()
             for h in self.hosts:
-                self._tasks[h] = self._progress.add_task(f"{h}: waiting")
+                self._tasks[h] = self._progress.add_task(render.escape(f"{h}: waiting"))
         return self
 
     def __exit__(self, *exc):
@@ -121,7 +128,7 @@ class _Progress:
 
     def event(self, ev) -> None:
         if self._progress is not None and ev.host in self._tasks:
-            self._progress.update(self._tasks[ev.host], description=f"{ev.host}: {ev.kind:<9} {ev.task}")
+            self._progress.update(self._tasks[ev.host], description=render.escape(f"{ev.host}: {ev.kind:<9} {ev.task}"))
         elif ev.kind in ("failed", "unreachable"):
             render.err_console().print(f"{ev.host}: {ev.kind} at '{ev.task}': {ev.message}", markup=False,
                                        highlight=False)

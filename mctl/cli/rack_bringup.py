@@ -169,14 +169,14 @@ class _Live:
             self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), console=render.console(),
                                       transient=True)
             self._progress.__enter__()
-            self._rows = {h: self._progress.add_task(f"{h}: waiting") for h in hosts}
+            self._rows = {h: self._progress.add_task(render.escape(f"{h}: waiting")) for h in hosts}
 
     def host_event(self, ev) -> None:
         if ev.kind in ("failed", "unreachable"):
             render.err_console().print(f"      {ev.host}: {ev.kind} at '{ev.task}': {ev.message}", markup=False,
                                        highlight=False)
         if self._progress is not None and ev.host in self._rows:
-            self._progress.update(self._rows[ev.host], description=f"{ev.host}: {ev.kind:<9} {ev.task}")
+            self._progress.update(self._rows[ev.host], description=render.escape(f"{ev.host}: {ev.kind:<9} {ev.task}"))
             return
         if ev.task != self._task:
             self._flush()

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:  # rich costs ~50 ms to import; `mctl --help` and --json never need it
     from rich.console import Console
+    from rich.table import Table as _DataTable
+    from rich.text import Text
 
 _console: Console | None = None
 _err: Console | None = None
@@ -68,9 +70,7 @@ def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str
     """A table: rich's on a terminal; off a terminal (pipes, cron, scripts) aligned plain columns,
     one row per line, which `grep` and `awk` read and which needs no rich import at all."""
     if not _plain():
-        from rich.table import Table
-
-        t = Table(title=title, title_justify="left")
+        t = data_table(title=title, title_justify="left")
         for col in columns:
             t.add_column(col)
         for row in rows:
@@ -104,21 +104,66 @@ def _default(obj: Any) -> Any:
     return str(obj)
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f)}
+
+
+def printable(text: Any) -> str:
+    """Control characters in data (an ESC sequence in a name, a reason, a lock record) shown as \\xNN,
+    so an error or warning cannot move the cursor, retitle the terminal or hide text. Newline and tab stay."""
+    return str(text).translate(_CONTROL)
+
+
 def error(message: str, hint: str | None = None) -> None:
+    message, hint = printable(message), (printable(hint) if hint else hint)
     if _plain_err():
         sys.stderr.write(f"mctl: error: {message}\n" + (f"  hint: {hint}\n" if hint else ""))
         return
     con = err_console()
-    con.print(f"[bold red]mctl: error:[/] {message}", markup=True, highlight=False)
+    con.print(f"[bold red]mctl: error:[/] {escape(message)}", markup=True, highlight=False)
     if hint:
-        con.print(f"  [dim]hint:[/] {hint}", markup=True, highlight=False)
+        con.print(f"  [dim]hint:[/] {escape(hint)}", markup=True, highlight=False)
 
 
 def warn(message: str) -> None:
+    message = printable(message)
     if _plain_err():
         sys.stderr.write(f"mctl: warning: {message}\n")
     else:
-        err_console().print(f"[yellow]mctl: warning:[/] {message}", markup=True, highlight=False)
+        err_console().print(f"[yellow]mctl: warning:[/] {escape(message)}", markup=True, highlight=False)
+
+
+def escape(text: Any) -> str:
+    """*text* as rich markup that prints literally: data (names, reasons, messages) is never markup.
+    rich.markup.escape also doubles a trailing backslash, which would otherwise escape the tag after it."""
+    from rich.markup import escape as _escape
+
+    return _escape(str(text))
+
+
+def cell(value: Any) -> "Text":
+    """A table cell that holds data: a rich Text, never parsed as markup."""
+    from rich.text import Text
+
+    if isinstance(value, Text):
+        return value
+    return Text("" if value is None else str(value))
+
+
+def data_table(*args: Any, **kwargs: Any) -> "_DataTable":
+    """A rich Table whose cells, title and column names are data: add_row() and add_column() take plain
+    strings and never read them as markup (`[/x]` or `[bold]` in a tray or partition name prints as is)."""
+    from rich.table import Table
+
+    class _Table(Table):
+        def add_column(self, header: Any = "", *a: Any, **kw: Any) -> None:
+            super().add_column(cell(header), *a, **kw)
+
+        def add_row(self, *cells: Any, **kw: Any) -> None:
+            super().add_row(*(cell(c) for c in cells), **kw)
+
+    if "title" in kwargs and isinstance(kwargs["title"], str):
+        kwargs["title"] = cell(kwargs["title"])
+    return _Table(*args, **kwargs)
 
 
 def _plain_err() -> bool:

@@ -62,12 +62,11 @@ def trust(
 
 
 def _print(outcomes, known_hosts: str, dry_run: bool) -> None:
-    from rich.table import Table
 
     con = render.console()
     verb = {"added": "would add" if dry_run else "added", "replaced": "would replace" if dry_run else "replaced",
             "unchanged": "already trusted", "refused-changed": "CHANGED - refused", "unreachable": "unreachable"}
-    table = Table(title=f"host keys ({known_hosts}){' - dry run, nothing written' if dry_run else ''}",
+    table = render.data_table(title=f"host keys ({known_hosts}){' - dry run, nothing written' if dry_run else ''}",
                   title_justify="left")
     for col in ("host", "address", "key", "fingerprint", "result"):
         table.add_column(col)

@@ -30,10 +30,17 @@ class BreakerState:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> "BreakerState":
+        """From the persisted state; store.check_breaker_shape has checked the types (a damaged file is
+        named there), this only refuses what it cannot read."""
         if not data:
             return cls()
+        if not isinstance(data, Mapping):
+            raise ValueError(f"breaker must be an object, not {type(data).__name__}")
+        drains = data.get("drains") or ()
+        if not isinstance(drains, (list, tuple)) or not all(isinstance(d, Mapping) for d in drains):
+            raise ValueError("breaker.drains must be a list of objects")
         return cls(bool(data.get("tripped")), data.get("tripped_at"), data.get("reason"),
-                   tuple((float(d["time"]), str(d["host"]), d.get("rack")) for d in data.get("drains") or ()))
+                   tuple((float(d["time"]), str(d["host"]), d.get("rack")) for d in drains))
 
     def recent(self, now: float, window_s: float) -> tuple[tuple[float, str, str | None], ...]:
         return tuple(d for d in self.drains if now - d[0] <= window_s)

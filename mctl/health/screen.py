@@ -89,8 +89,8 @@ class WatchScreen:
         cell = max(12, max((len(_short(h, r)) for r, hs in v.racks.items() for h in hs), default=6) + 4)
         for rack, hosts in v.racks.items():
             cells = [Panel(Text(_label(v, h), style=STYLE.get(v.statuses.get(h, "unknown"), ""), justify="center"),
-                           title=_short(h, rack), width=cell, padding=(0, 0)) for h in hosts]
-            rack_panels.append(Panel(Columns(cells, padding=(0, 0)), title=f"rack {rack}", title_align="left"))
+                           title=Text(_short(h, rack)), width=cell, padding=(0, 0)) for h in hosts]
+            rack_panels.append(Panel(Columns(cells, padding=(0, 0)), title=Text(f"rack {rack}"), title_align="left"))
         events = Table.grid(padding=(0, 1))
         events.add_column(no_wrap=True)
         events.add_column(overflow="fold")

@@ -40,6 +40,7 @@ def run_check(site: "Site", expr: str | None, state_dir: Path, *, remediate: boo
 
     if remediate and not dry_run:
         with store.watch_lock(state_dir, "mctl health check --remediate"):
+            store.load_state(state_dir)         # a damaged state file is named before any tray is asked
             return asyncio.run(main())
     return asyncio.run(main())
 

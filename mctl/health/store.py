@@ -29,7 +29,7 @@ from typing import Any, Iterator
 from mctl.errors import EnvironmentProblem
 from mctl.health.breaker import BreakerState
 from mctl.health.policy import TrayRecord
-from mctl.state.files import ensure_dir, write_json
+from mctl.state.files import DamagedState, check_shape, ensure_dir, read_json, write_json
 from mctl.state.lock import file_lock
 
 SCHEMA = 1
@@ -65,20 +65,73 @@ class HealthState:
                    records={h: TrayRecord.from_dict(r) for h, r in (data.get("trays") or {}).items()})
 
 
+STATE_HINT = ("move the damaged file aside; mctl starts with empty health state "
+              "(drains it made stay in the scheduler, with their mctl: reason)")
+
+# Field of a tray record -> the JSON types it may hold (None always allowed for the optional ones).
+_RECORD_TYPES: dict[str, tuple[type, ...]] = {
+    "host": (str,), "rack": (str, type(None)), "status": (str,), "misses": (int,), "bad_streak": (int,),
+    "healthy_streak": (int,), "drained": (bool,), "reason": (str, type(None)), "full_reason": (str, type(None)),
+    "drained_at": (int, float, type(None)), "pending": (dict, type(None)), "note": (str, type(None)),
+    "xid_ack": (int, float, type(None)),
+}
+
+
 def load_state(state_dir: Path) -> HealthState:
     path = state_path(state_dir)
+    if not path.exists() and not path.is_symlink():
+        return HealthState()
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path, expect=dict, what="the health state")
     except FileNotFoundError:
         return HealthState()
-    except (OSError, ValueError) as exc:
-        raise EnvironmentProblem(f"cannot read {path}: {exc}",
-                                 hint="move the damaged file aside; mctl starts with empty health state "
-                                      "(drains it made stay in the scheduler, with their mctl: reason)") from None
+    except DamagedState as exc:
+        exc.hint = STATE_HINT
+        raise
     if data.get("schema") != SCHEMA:
         raise EnvironmentProblem(f"{path} has schema {data.get('schema')!r}, this mctl reads {SCHEMA}",
                                  hint="use the mctl that wrote it, or move the file aside")
+    check_state_shape(path, data)
     return HealthState.from_dict(data)
+
+
+def check_state_shape(path: Path, data: dict[str, Any]) -> None:
+    """Every field load_state reads has the type mctl writes; else DamagedState naming the field."""
+    try:
+        check_shape(path, data.get("site"), (str, type(None)), "site")
+        check_shape(path, data.get("updated"), (int, float, type(None)), "updated")
+        check_breaker_shape(path, data.get("breaker"))
+        trays = check_shape(path, data.get("trays"), (dict, type(None)), "trays") or {}
+        for host, rec in trays.items():
+            check_shape(path, rec, dict, f"trays.{host}")
+            for key, types in _RECORD_TYPES.items():
+                if key in rec:
+                    check_shape(path, rec[key], types, f"trays.{host}.{key}")
+            if not isinstance(rec.get("host"), str):
+                raise DamagedState(path, f"trays.{host}.host is missing")
+            pending = rec.get("pending") or {}
+            for key, types in (("action", (str,)), ("reason", (str, type(None))), ("full", (str, type(None))),
+                               ("since", (int, float))):
+                if key in pending:
+                    check_shape(path, pending[key], types, f"trays.{host}.pending.{key}")
+    except DamagedState as exc:
+        exc.hint = STATE_HINT
+        raise
+
+
+def check_breaker_shape(path: Path, breaker: Any) -> None:
+    check_shape(path, breaker, (dict, type(None)), "breaker")
+    if not breaker:
+        return
+    check_shape(path, breaker.get("tripped", False), bool, "breaker.tripped")
+    check_shape(path, breaker.get("tripped_at"), (int, float, type(None)), "breaker.tripped_at")
+    check_shape(path, breaker.get("reason"), (str, type(None)), "breaker.reason")
+    drains = check_shape(path, breaker.get("drains"), (list, type(None)), "breaker.drains") or []
+    for i, d in enumerate(drains):
+        check_shape(path, d, dict, f"breaker.drains[{i}]")
+        check_shape(path, d.get("time"), (int, float), f"breaker.drains[{i}].time")
+        check_shape(path, d.get("host"), str, f"breaker.drains[{i}].host")
+        check_shape(path, d.get("rack"), (str, type(None)), f"breaker.drains[{i}].rack")
 
 
 def save_state(state_dir: Path, state: HealthState) -> None:
@@ -111,20 +164,40 @@ def actor() -> str:
 
 
 def append_actions(state_dir: Path, entries: list[dict[str, Any]]) -> None:
-    """Append entries to the action log under an exclusive lock, then fsync: one line each, never rewritten."""
+    """Append entries to the action log under an exclusive lock, then fsync: one line each, never rewritten.
+
+    Whole or not at all: all entries go in one write() of whole lines with O_APPEND; if the file does not
+    end in a newline (a crash tore the last line), a newline goes first so the torn line stays alone and
+    the new entries do not merge into it. A write the kernel cut short is completed or, failing that,
+    reported.
+    """
     if not entries:
         return
     path = actions_path(state_dir)
     ensure_dir(path.parent)
-    payload = "".join(json.dumps(e, sort_keys=False, default=str) + "\n" for e in entries).encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+    payload = "".join(json.dumps(e, sort_keys=False, default=str, ensure_ascii=True) + "\n"
+                      for e in entries).encode()
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot append to the action log {path}: {exc.strerror or exc}",
+                                 hint="it must be a regular file (not a link) the mctl user can write") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
-            os.write(fd, payload)
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                payload = b"\n" + payload
+            view = memoryview(payload)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
             os.fsync(fd)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot append to the action log {path}: {exc.strerror or exc}",
+                                 hint="check the disk and the state directory") from None
     finally:
         os.close(fd)
 
@@ -140,16 +213,43 @@ def action_entry(action: str, host: str | None, reason: str | None, *, who: str,
     return entry
 
 
-def read_actions(state_dir: Path, *, limit: int | None = None) -> list[dict[str, Any]]:
+def read_actions(state_dir: Path, *, limit: int | None = None,
+                 damaged: list[str] | None = None) -> list[dict[str, Any]]:
+    """The action log's entries, oldest first (the last *limit*).
+
+    A line that is not a JSON object (a torn last line after a crash, a line that is not UTF-8) is
+    skipped and, when *damaged* is given, named there as "FILE:LINE: why" so the caller can warn.
+    """
     path = actions_path(state_dir)
     try:
-        lines = path.read_text().splitlines()
+        raw = path.read_bytes()
     except FileNotFoundError:
         return []
+    except IsADirectoryError:
+        raise DamagedState(path, "is a directory, not a file") from None
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot read the action log {path}: {exc.strerror or exc}") from None
+    lines = raw.split(b"\n")
+    torn_last = bool(lines) and lines[-1] != b""
+    if not torn_last:
+        lines = lines[:-1]
+    numbered = list(enumerate(lines, start=1))
     out = []
-    for line in lines[-limit:] if limit else lines:
+    for number, line in numbered[-limit:] if limit else numbered:
+        if not line.strip():
+            continue
+        why = None
         try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue          # a torn last line after a crash: the rest is still good
+            entry = json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            why = "not UTF-8"
+        except (ValueError, RecursionError):
+            why = "torn last line (no newline)" if torn_last and number == len(lines) else "not JSON"
+        else:
+            if isinstance(entry, dict):
+                out.append(entry)
+                continue
+            why = "not a JSON object"
+        if damaged is not None:
+            damaged.append(f"{path}:{number}: {why}; skipped")
     return out

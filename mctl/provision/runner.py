@@ -14,6 +14,7 @@ import os
 import secrets
 import shutil
 import signal
+import stat
 import sys
 import threading
 import time
@@ -22,10 +23,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mctl.errors import EnvironmentProblem, UsageError
-from mctl.state import ensure_dir, read_json, write_json
+from mctl.state import DamagedState, check_shape, ensure_dir, read_json, write_json
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 PLAYBOOKS_DIR = Path(os.environ.get("MCTL_PLAYBOOKS") or PACKAGE_DIR.parent / "playbooks")
+CONTROL_BASE = Path("/tmp")              # where the ControlPath folder mctl-ssh-UID lives
+KEEP_RUNS = 20                          # run folders kept per kind; MCTL_KEEP_RUNS overrides
+# The operator's variables Ansible (and ssh under it) may see; everything else of mctl's environment
+# (tokens, passwords, proxies, an operator's ANSIBLE_* overrides) stays out of the run and of the
+# run folder, where ansible-runner records the environment it ran with.
+ENV_ALLOW = ("HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "SSH_AUTH_SOCK",
+             "VIRTUAL_ENV")                # and the locale's LC_* variables
 
 
 @dataclass
@@ -116,11 +124,42 @@ def playbook_path(name: str) -> Path:
     return p.resolve()
 
 
+def control_path_dir() -> Path:
+    """The private folder for OpenSSH ControlMaster sockets (/tmp/mctl-ssh-UID, 0700, owned by this user).
+
+    The name is predictable, so another user could make it first (and read or replace the sockets):
+    a folder that is a link, not a folder, owned by someone else or open to others is refused.
+    """
+    uid = os.getuid()
+    path = CONTROL_BASE / f"mctl-ssh-{uid}"
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot create the SSH control folder {path}: {exc.strerror or exc}") from None
+    hint = f"remove {path} (it must be a folder of yours with mode 0700) and run again"
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot check the SSH control folder {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise EnvironmentProblem(f"SSH control folder {path} is not a folder (a link or a file)", hint=hint)
+    if st.st_uid != uid:
+        raise EnvironmentProblem(f"SSH control folder {path} belongs to uid {st.st_uid}, not to this user ({uid})",
+                                 hint=hint)
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            raise EnvironmentProblem(f"SSH control folder {path} is open to others "
+                                     f"(mode {stat.S_IMODE(st.st_mode):04o})", hint=f"chmod 700 {path}")
+        os.chmod(path, 0o700)
+    return path
+
+
 def ansible_env(connect_timeout: float = 10) -> dict[str, str]:
     """Environment that makes Ansible read mctl inventories and find the roles."""
     bindir = str(Path(sys.executable).parent)
-    control_dir = Path("/tmp") / f"mctl-ssh-{os.getuid()}"
-    control_dir.mkdir(mode=0o700, exist_ok=True)
+    control_dir = control_path_dir()
     return {
         "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
         "ANSIBLE_INVENTORY_PLUGINS": str(PACKAGE_DIR / "ansible" / "inventory_plugins"),
@@ -137,6 +176,57 @@ def ansible_env(connect_timeout: float = 10) -> dict[str, str]:
         "ANSIBLE_DEPRECATION_WARNINGS": "False",
         "ANSIBLE_TIMEOUT": str(max(1, int(connect_timeout))),
     }
+
+
+def runner_env(prepared: dict[str, str], ours: dict[str, str],
+               environ: "os._Environ[str] | dict[str, str] | None" = None) -> dict[str, str]:
+    """The environment the ansible-playbook process gets: mctl's own settings, what ansible-runner itself
+    added or changed (its callback plugin, artifact folder), and the allow-listed operator variables."""
+    environ = os.environ if environ is None else environ
+    out: dict[str, str] = {}
+    for key, value in prepared.items():
+        if key in ours or key in ENV_ALLOW or key.startswith("LC_") or environ.get(key) != value:
+            out[key] = value
+    return out
+
+
+def keep_runs() -> int:
+    raw = os.environ.get("MCTL_KEEP_RUNS")
+    if raw is None or raw == "":
+        return KEEP_RUNS
+    try:
+        n = int(raw)
+    except ValueError:
+        raise UsageError(f"MCTL_KEEP_RUNS={raw!r} is not a whole number",
+                         hint=f"set it to how many run folders to keep (default {KEEP_RUNS}, 0 keeps all)") from None
+    if n < 0:
+        raise UsageError(f"MCTL_KEEP_RUNS={raw!r} is negative", hint="0 keeps every run folder")
+    return n
+
+
+def prune_runs(state_dir: Path, kind: str = "provision", *, keep: int | None = None,
+               protect: tuple[str, ...] = ()) -> list[Path]:
+    """Delete the oldest finished run folders beyond *keep* (0: keep all). A folder without recap.json may
+    belong to a run still going on (another rack), so it is pruned only once it is a day old."""
+    keep = keep_runs() if keep is None else keep
+    folder = Path(state_dir) / kind / "runs"
+    if keep <= 0 or not folder.is_dir():
+        return []
+    runs = sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink())
+    removed = []
+    now = time.time()
+    for old in runs[:-keep] if len(runs) > keep else []:
+        if old.name in protect:
+            continue
+        finished = (old / "recap.json").is_file()
+        try:
+            stale = now - old.stat().st_mtime > 86400
+        except OSError:
+            continue
+        if finished or stale:
+            shutil.rmtree(old, ignore_errors=True)
+            removed.append(old)
+    return removed
 
 
 def check_ansible() -> None:
@@ -161,8 +251,9 @@ def run_playbook(req: PlaybookRequest, state_dir: Path, *, kind: str = "provisio
                  on_event: Callable[[HostEvent], None] | None = None) -> RunResult:
     """Run *req* and return the per-host recap. Ctrl-C cancels the run cleanly."""
     check_ansible()
-    import ansible_runner
+    from ansible_runner.interface import init_runner
 
+    keep = keep_runs()                  # a bad MCTL_KEEP_RUNS is refused before anything runs
     playbook = playbook_path(req.playbook)
     run_id, run_dir = new_run_dir(state_dir, kind)
     write_json(run_dir / "request.json", {**asdict(req), "playbook": str(playbook)})
@@ -183,14 +274,18 @@ def run_playbook(req: PlaybookRequest, state_dir: Path, *, kind: str = "provisio
     if in_main:
         signal.signal(signal.SIGINT, lambda *_: cancel.set())
     started = time.time()
+    ours = ansible_env(req.connect_timeout)
     try:
-        runner = ansible_runner.run(
+        runner = init_runner(
             private_data_dir=str(run_dir), ident=run_id, playbook=str(playbook), inventory=str(req.inventory),
             limit=",".join(req.limit) if req.limit else None, tags=",".join(req.tags) if req.tags else None,
             skip_tags=",".join(req.skip_tags) if req.skip_tags else None, extravars=req.extravars or None,
-            cmdline=" ".join(cmdline) or None, forks=req.forks, envvars=ansible_env(req.connect_timeout), quiet=True,
+            cmdline=" ".join(cmdline) or None, forks=req.forks, envvars=ours, quiet=True,
             event_handler=handle, cancel_callback=cancel.is_set, project_dir=str(PLAYBOOKS_DIR),
         )
+        # ansible-runner seeds the run with all of os.environ; keep only what Ansible needs.
+        runner.config.env = runner_env(runner.config.env, ours)
+        runner.run()
     finally:
         if in_main:
             signal.signal(signal.SIGINT, previous)
@@ -198,6 +293,7 @@ def run_playbook(req: PlaybookRequest, state_dir: Path, *, kind: str = "provisio
     result = RunResult(run_id, str(run_dir), status, runner.rc, started, time.time(), hosts, req.check)
     write_json(run_dir / "recap.json", result.to_dict())
     write_json(Path(state_dir) / kind / "last.json", {"run_id": run_id, "run_dir": str(run_dir)})
+    prune_runs(state_dir, kind, keep=keep, protect=(run_id,))
     return result
 
 
@@ -205,10 +301,35 @@ def last_run(state_dir: Path, kind: str = "provision") -> RunResult | None:
     pointer = Path(state_dir) / kind / "last.json"
     if not pointer.is_file():
         return None
-    recap = Path(read_json(pointer)["run_dir"]) / "recap.json"
+    data = read_json(pointer, expect=dict, what="the last-run pointer")
+    check_shape(pointer, data.get("run_dir"), str, "run_dir")
+    recap = Path(data["run_dir"]) / "recap.json"
     if not recap.is_file():
         return None
-    return RunResult.from_dict(read_json(recap))
+    return load_recap(recap)
+
+
+_RECAP_TYPES = {"run_id": (str,), "run_dir": (str,), "status": (str,), "rc": (int, type(None)),
+                "started": (int, float), "ended": (int, float), "hosts": (dict,), "check": (bool,)}
+_HOST_TYPES = {"ok": (int,), "changed": (int,), "failed": (int,), "unreachable": (int,), "skipped": (int,),
+               "failed_task": (str, type(None)), "message": (str, type(None)), "status": (str,)}
+
+
+def load_recap(path: Path) -> RunResult:
+    """A provisioning run's recap.json, its shape checked (a damaged one is named, exit 2)."""
+    data = read_json(path, expect=dict, what="a provisioning recap")
+    for key, types in _RECAP_TYPES.items():
+        if key in data or key != "check":
+            check_shape(path, data.get(key), types, key)
+    for host, rec in data["hosts"].items():
+        check_shape(path, rec, dict, f"hosts.{host}")
+        for key, types in _HOST_TYPES.items():
+            if key in rec:
+                check_shape(path, rec[key], types, f"hosts.{host}.{key}")
+        unknown = set(rec) - set(_HOST_TYPES) - {"host"}
+        if unknown:
+            raise DamagedState(path, f"hosts.{host} has unknown fields {', '.join(sorted(unknown))}")
+    return RunResult.from_dict({**data, "hosts": {h: {**r, "host": h} for h, r in data["hosts"].items()}})
 
 
 def _absorb(event: dict[str, Any], hosts: dict[str, HostRecap], on_event: Callable[[HostEvent], None] | None) -> None:

@@ -116,11 +116,36 @@ def _known_domains(site: "Site", state_dir: Path, racks: Sequence["Rack"]) -> di
             continue
         if other.nvlink_domain:
             out.setdefault(other.nvlink_domain, other.name)
-        snap = latest_snapshot(state_dir, SNAPSHOT_KIND, other.name)
+        snap = _latest(state_dir, other.name)
         for tray in (snap.data.get("trays", []) if snap and isinstance(snap.data, dict) else []):
             for u in ((tray.get("nvidia_smi") or {}).get("cluster_uuids") or []):
                 out.setdefault(u, other.name)
     return out
+
+
+def _latest(state_dir: Path, rack: str):
+    """The rack's newest inventory snapshot, its shape checked (a damaged one is named, exit 2)."""
+    from mctl.state import check_shape, latest_snapshot
+
+    snap = latest_snapshot(state_dir, SNAPSHOT_KIND, rack)
+    if snap is None:
+        return None
+    trays = check_shape(snap.path, snap.data.get("trays", []), list, "trays")
+    for i, tray in enumerate(trays):
+        check_shape(snap.path, tray, dict, f"trays[{i}]")
+        check_shape(snap.path, tray.get("host"), str, f"trays[{i}].host")
+        check_shape(snap.path, tray.get("nvidia_smi"), (dict, type(None)), f"trays[{i}].nvidia_smi")
+        uuids = (tray.get("nvidia_smi") or {}).get("cluster_uuids")
+        check_shape(snap.path, uuids, (list, type(None)), f"trays[{i}].nvidia_smi.cluster_uuids")
+        if any(not isinstance(u, str) for u in uuids or ()):
+            check_shape(snap.path, next(u for u in uuids if not isinstance(u, str)), str,
+                        f"trays[{i}].nvidia_smi.cluster_uuids[]")
+    findings = check_shape(snap.path, snap.data.get("findings", []), list, "findings")
+    for i, f in enumerate(findings):
+        check_shape(snap.path, f, dict, f"findings[{i}]")
+        check_shape(snap.path, f.get("severity"), str, f"findings[{i}].severity")
+        check_shape(snap.path, f.get("message"), str, f"findings[{i}].message")
+    return snap
 
 
 def run_inventory(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, timeout: float | None = None,
@@ -140,10 +165,12 @@ def run_inventory(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, tim
         async with SSHPool(SSHConfig.from_site(site)) as pool:
             return await collect_facts(pool, all_targets, timeout=timeout)
 
+    # Earlier snapshots are read (and a damaged one named) before any host is touched.
+    known = _known_domains(site, Path(state_dir), racks)
+    earlier = {rack.name: _latest(state_dir, rack.name) for rack in racks} if diff else {}
     facts = asyncio.run(gather())
     taken_at = datetime.now(timezone.utc)
     by_host = {f.host: f for f in facts}
-    known = _known_domains(site, Path(state_dir), racks)
     this_run = {r.name: rack_domains(by_host[t.name] for t in ts) for r, ts in per_rack_targets}
     reports = []
     for rack, targets in per_rack_targets:
@@ -155,11 +182,15 @@ def run_inventory(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, tim
                     others.setdefault(u, other_name)
         findings = sort_findings(validate_rack(rack, trays, other_domains=others))
         snapshot = _snapshot(site, rack, trays, findings, taken_at)
-        previous = latest_snapshot(state_dir, SNAPSHOT_KIND, rack.name) if diff else None
+        previous = earlier.get(rack.name)
         report = RackReport(rack, trays, findings, taken_at, snapshot)
         if previous is not None:
             report.previous_path, report.previous_taken_at = previous.path, previous.taken_at
-            report.changes = diff_snapshots(previous.data, snapshot)
+            try:
+                report.changes = diff_snapshots(previous.data, snapshot)
+            except (KeyError, TypeError, AttributeError, ValueError) as exc:
+                from mctl.state import DamagedState
+                raise DamagedState(previous.path, f"unexpected content ({type(exc).__name__}: {exc})") from None
         elif diff:
             report.changes = None
         if save:

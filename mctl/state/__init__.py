@@ -6,12 +6,12 @@ these helpers so every write is atomic and every lock is named after what it
 protects.
 """
 
-from mctl.state.files import atomic_write, ensure_dir, read_json, write_json
-from mctl.state.lock import LockBusy, file_lock, rack_lock
+from mctl.state.files import DamagedState, atomic_write, check_shape, ensure_dir, read_json, read_text, write_json
+from mctl.state.lock import LockBusy, file_lock, lock_holder, rack_lock, rack_lock_path, rack_locks
 from mctl.state.snapshots import Snapshot, latest_snapshot, list_snapshots, load_snapshot, save_snapshot
 
 __all__ = [
-    "atomic_write", "ensure_dir", "read_json", "write_json",
-    "LockBusy", "file_lock", "rack_lock",
+    "DamagedState", "atomic_write", "check_shape", "ensure_dir", "read_json", "read_text", "write_json",
+    "LockBusy", "file_lock", "lock_holder", "rack_lock", "rack_lock_path", "rack_locks",
     "Snapshot", "latest_snapshot", "list_snapshots", "load_snapshot", "save_snapshot",
 ]

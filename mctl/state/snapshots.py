@@ -16,7 +16,7 @@ from typing import Any
 from mctl.errors import UsageError
 from mctl.state.files import ensure_dir, read_json, write_json
 
-_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _STAMP = "%Y%m%dT%H%M%S.%fZ"
 
 
@@ -29,7 +29,7 @@ class Snapshot:
 
 def _folder(state_dir: str | Path, kind: str, key: str) -> Path:
     for part, what in ((kind, "snapshot kind"), (key, "snapshot key")):
-        if not _SAFE.match(part):
+        if not _SAFE.fullmatch(part):
             raise UsageError(f"{what} {part!r} cannot be used as a file name")
     return Path(state_dir) / "snapshots" / kind / key
 
@@ -69,12 +69,16 @@ def _taken_at(path: Path) -> datetime:
     try:
         return datetime.strptime(stem, _STAMP).replace(tzinfo=timezone.utc)
     except ValueError:
-        return datetime.fromtimestamp(path.stat().st_mtime, timezone.utc)
+        try:
+            return datetime.fromtimestamp(path.stat().st_mtime, timezone.utc)
+        except OSError:
+            return datetime.fromtimestamp(0, timezone.utc)
 
 
 def load_snapshot(path: str | Path) -> Snapshot:
+    """A snapshot is a JSON object; anything else (an array, text, bytes that are not UTF-8) is named."""
     p = Path(path)
-    return Snapshot(p, _taken_at(p), read_json(p))
+    return Snapshot(p, _taken_at(p), read_json(p, expect=dict, what="a snapshot"))
 
 
 def latest_snapshot(state_dir: str | Path, kind: str, key: str) -> Snapshot | None:

@@ -149,6 +149,10 @@ class KnownHosts:
             raw = p.read_bytes()
         except FileNotFoundError:
             return cls(p, "")
+        except UnicodeDecodeError as exc:
+            line = p.read_bytes()[:exc.start].count(b"\n") + 1
+            raise UsageError(f"cannot read known_hosts {p}:{line}: not UTF-8 text",
+                             hint="fix or remove the bad line, then run 'mctl ssh trust'") from None
         except OSError as exc:
             raise UsageError(f"cannot read known_hosts {p}: {exc.strerror}") from None
         try:

@@ -122,6 +122,8 @@ class SSHPool:
             keys = None
             agent: object = ()
             if self.config.identity_file is not None:
+                from mctl.transport.identity import check_identity_file
+                check_identity_file(self.config.identity_file)   # a group/world-readable key is refused
                 try:
                     keys = [asyncssh.read_private_key(str(self.config.identity_file))]
                 except (OSError, asyncssh.KeyImportError) as exc:

@@ -132,3 +132,40 @@ def test_plain_ansible_playbook_reads_the_same_inventory(lab, provisioned):
                          timeout=300, cwd=REPO)
     assert run.returncode == 0, run.stdout[-2000:]
     assert "changed=0" in run.stdout and "failed=0" in run.stdout
+
+
+def test_run_folder_records_only_the_allowed_environment(lab, provisioned):
+    """ansible-runner records the environment it ran with; mctl gives it an allow-list, not its own
+    environment (MCTL_INVENTORY, MCTL_STATE_DIR and anything secret stay out), and the run still works."""
+    from mctl.provision.runner import ENV_ALLOW
+
+    env = json.loads((Path(provisioned["run_dir"]) / "artifacts" / provisioned["run_id"] / "command").read_text())["env"]
+    assert not [k for k in env if k.startswith("MCTL_")]
+    odd = [k for k in env if k not in ENV_ALLOW and not k.startswith(("ANSIBLE_", "AWX_", "RUNNER_", "LC_"))
+           and k != "PATH"]
+    assert odd == []
+
+
+def test_provision_is_refused_while_the_rack_is_locked(lab):
+    import multiprocessing
+
+    from mctl.state import rack_lock
+
+    ctx = multiprocessing.get_context("fork")
+    ready, release = ctx.Event(), ctx.Event()
+
+    def hold():
+        with rack_lock(lab.state_dir, lab.rack, purpose="mctl rack bring-up"):
+            ready.set()
+            release.wait(60)
+
+    proc = ctx.Process(target=hold)
+    proc.start()
+    try:
+        assert ready.wait(30)
+        result = lab.mctl("provision", lab.trays[0])
+        assert result.returncode == 2 and result.stdout == ""
+        assert f"rack {lab.rack} is locked by pid {proc.pid}" in result.stderr
+    finally:
+        release.set()
+        proc.join(30)

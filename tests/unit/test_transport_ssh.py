@@ -92,6 +92,7 @@ def client_key(tmp_path: Path) -> Path:
     key = asyncssh.generate_private_key("ssh-ed25519")
     path = tmp_path / "id_ed25519"
     key.write_private_key(str(path))
+    path.chmod(0o600)           # like ssh-keygen: mctl refuses a private key others can read
     return path
 
 

@@ -198,13 +198,17 @@ def _site_locks(plan: SlurmPlan):
         yield
 
 
-def apply(plan: SlurmPlan, *, on_event: Callable | None = None, verify: bool = True) -> DeployResult:
-    """Write the rendered files, run the slurm playbook, then check the cluster the controller reports."""
+def apply(plan: SlurmPlan, *, on_event: Callable | None = None, verify: bool = True,
+          locked: bool = False) -> DeployResult:
+    """Write the rendered files, run the slurm playbook, then check the cluster the controller reports.
+
+    Every rack's lock is taken here, unless the caller holds them already (*locked*: the CLI takes them
+    before it plans or prints anything)."""
     from mctl.provision.runner import PlaybookRequest, run_playbook
     from mctl.sched.slurm.remote import verify as verify_cluster
     from mctl.state import atomic_write, write_json
 
-    with _site_locks(plan):
+    with contextlib.nullcontext() if locked else _site_locks(plan):
         created = False if plan.topology_only else munge.ensure_key(plan.key_path)
         for name, text in plan.config.files.items():
             atomic_write(plan.files_dir / name, text, mode=0o644)
