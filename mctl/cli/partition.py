@@ -314,8 +314,8 @@ def create(rack: RackArg,
 
     Example: mctl -i inventories/lab partition create lab-r1 --template 2x9
     """
-    from mctl.fabric.partitions import (desired_from_rack, parse_gpu_members, parse_trays, template_partitions,
-                                        validate_desired)
+    from mctl.fabric.partitions import (check_partition_name, desired_from_rack, parse_gpu_members, parse_trays,
+                                        template_partitions, validate_desired)
     from mctl.fabric.record import edit_partitions, write_edit
     from mctl.fabric.service import apply_partitions, kind_of
     from mctl.model.fabric import DesiredPartition
@@ -323,7 +323,6 @@ def create(rack: RackArg,
 
     site = options().site()
     r = _rack(site, rack)
-    hold_racks([r.name], "partition create", dry_run=dry_run)   # before anything is printed or planned
     given = [x for x in (template, trays, gpus) if x]
     if len(given) != 1:
         raise UsageError("give exactly one of --template, --trays or --gpus",
@@ -333,9 +332,13 @@ def create(rack: RackArg,
         raise UsageError("a template names its partitions itself; drop NAME", hint="names: all, or p0, p1, ...")
     if (trays or gpus) and not name:
         raise UsageError("NAME is required with --trays or --gpus")
+    if name is not None:
+        check_partition_name(name)
     tray_list: tuple[str, ...] = parse_trays(r, trays) if trays else ()
+    members = parse_gpu_members(r, gpus) if gpus else ()
+    # the arguments are read; the lock comes before anything is printed or planned
+    hold_racks([r.name], "partition create", dry_run=dry_run)
     if gpus:
-        members = parse_gpu_members(r, gpus)
         per_tray: dict[str, int] = {}
         for tray, _ in members:
             per_tray[tray] = per_tray.get(tray, 0) + 1

@@ -24,6 +24,7 @@ from mctl.errors import MctlError, UsageError
 from mctl.model.fabric import (DEFAULT_PARTITION_NAME, MEMBER_KINDS, DesiredPartition, FabricGpu, GpuLocation,
                                NmxComputeNode, NmxGpu, NmxPartition, PartitionChange, PartitionPlan,
                                describe_members)
+from mctl.model.names import PARTITION_GRAMMAR, is_partition_name
 from mctl.model.site import Partition
 
 if TYPE_CHECKING:
@@ -32,8 +33,6 @@ if TYPE_CHECKING:
 # Template name -> number of equal partitions. Named after the full 18-tray rack;
 # on a partly populated rack they divide the trays it has.
 TEMPLATES: dict[str, int] = {"all": 1, "2x9": 2, "3x6": 3, "6x3": 6, "18x1": 18}
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")   # the partition grammar of mctl.model.names
-MAX_NAME = 63
 
 
 class FabricMismatch(MctlError):
@@ -120,6 +119,13 @@ def parse_gpu_members(rack: "Rack", specs: Iterable[str]) -> tuple[tuple[str, in
     return tuple(dict.fromkeys(out))
 
 
+def check_partition_name(name: str) -> None:
+    """The partition grammar of mctl.model.names; NMX-M's own default partition is not a name to give."""
+    if not is_partition_name(name) or name == DEFAULT_PARTITION_NAME:
+        raise UsageError(f"invalid partition name {name!r}",
+                         hint=f"use {PARTITION_GRAMMAR}; 'Default Partition' is NMX-M's own")
+
+
 def validate_desired(rack: "Rack", desired: Sequence[DesiredPartition], *, site: "Site | None" = None,
                      allow_gpu_granularity: bool = False) -> tuple[str, ...]:
     """Refuse what cannot be a set of NVLink partitions of this rack; return warnings for what merely hurts."""
@@ -131,10 +137,7 @@ def validate_desired(rack: "Rack", desired: Sequence[DesiredPartition], *, site:
     owner: dict[tuple[str, int], str] = {}
     names: set[str] = set()
     for d in desired:
-        if not _NAME.match(d.name) or len(d.name) > MAX_NAME or d.name == DEFAULT_PARTITION_NAME:
-            raise UsageError(f"invalid partition name {d.name!r}",
-                             hint="use letters, digits, '.', '_' and '-' (at most 255), starting with a letter or "
-                                  "digit; 'Default Partition' is NMX-M's own")
+        check_partition_name(d.name)
         if d.name in names:
             raise UsageError(f"partition {d.name!r} is given twice for rack {rack.name}",
                              hint="a partition's name is its identity on NMX-M; give each partition its own")

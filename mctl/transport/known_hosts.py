@@ -149,18 +149,14 @@ class KnownHosts:
             raw = p.read_bytes()
         except FileNotFoundError:
             return cls(p, "")
-        except UnicodeDecodeError as exc:
-            line = p.read_bytes()[:exc.start].count(b"\n") + 1
-            raise UsageError(f"cannot read known_hosts {p}:{line}: not UTF-8 text",
-                             hint="fix or remove the bad line, then run 'mctl ssh trust'") from None
         except OSError as exc:
             raise UsageError(f"cannot read known_hosts {p}: {exc.strerror}") from None
         try:
             return cls(p, raw.decode("utf-8"))
         except UnicodeDecodeError as exc:
             line = raw[:exc.start].count(b"\n") + 1
-            raise UsageError(f"{p}:{line}: known_hosts is not UTF-8 text (byte 0x{raw[exc.start]:02x})",
-                             hint="OpenSSH writes known_hosts as plain ASCII; remove or fix that line") from None
+            raise UsageError(f"{p}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); known_hosts is plain ASCII",
+                             hint="fix or remove that line, then run 'mctl ssh trust'") from None
 
     def text(self) -> str:
         return "".join(line.raw.rstrip("\n") + "\n" for line in self._lines)

@@ -543,5 +543,5 @@ def test_known_hosts_that_is_not_utf8_is_named_with_its_line(tmp_path):
 
     path = tmp_path / "known_hosts"
     path.write_bytes(b"10.0.0.1 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG\n10.0.0.2 ssh-ed25519 \xff\xfe\n")
-    with pytest.raises(UsageError, match=re.escape(f"{path}:2: known_hosts is not UTF-8")):
+    with pytest.raises(UsageError, match=re.escape(f"{path}:2: not UTF-8")):
         KnownHosts.load(path)
