@@ -260,17 +260,22 @@ class SSHPool:
         self._conns[target.name] = conn
         return conn, attempts
 
-    def drop(self, target: SSHTarget, *, reopen: bool = True) -> None:
-        """Abort the host's connection (no graceful close: a frozen host never answers one) and,
-        with *reopen*, start a new one in the background."""
-        conn = self._conns.pop(target.name, None)
-        if conn is not None:
+    def drop(self, target: SSHTarget, conn: "asyncssh.SSHClientConnection | None" = None, *,
+             reopen: bool = True) -> None:
+        """Abort the host's connection (*conn*, the one a caller gave up on; default the current
+        one) without a graceful close, which a frozen host never answers, and with *reopen* start
+        a new one in the background. A newer connection opened meanwhile is left alone."""
+        current = self._conns.get(target.name)
+        conn = current if conn is None else conn
+        if conn is not None and conn is current:
+            self._conns.pop(target.name, None)
+        if conn is not None and not conn.is_closed():
             self.dropped += 1
             try:
                 conn.abort()
             except Exception:  # noqa: BLE001 - an already broken transport is what we are getting rid of
                 pass
-        if reopen:
+        if reopen and target.name not in self._conns:
             self._start_connect(target)
 
     def _host_key_problem(self, target: SSHTarget, presented: HostKey | None) -> HostKeyProblem:
@@ -340,7 +345,8 @@ class SSHPool:
     async def _bounded(self, target: SSHTarget, command: str, timeout: float | None, at: float, start: float,
                        budget: float, *, queued: bool) -> HostResult:
         """_run_one under the absolute deadline *at*; a miss is reported by the phase it struck in."""
-        state = {"phase": "queue" if queued else "connect", "attempts": 0, "proc": None, "reused": False}
+        state = {"phase": "queue" if queued else "connect", "attempts": 0, "proc": None, "reused": False,
+                 "conn": None}
         try:
             async with asyncio.timeout_at(_loop_time(at)):
                 if queued:
@@ -363,7 +369,7 @@ class SSHPool:
             # No connection yet: the shared connect goes on in the background for the next command.
             return HostResult(target.name, target.address, HostStatus.UNREACHABLE, phase="connect", elapsed=elapsed,
                               error=f"no SSH answer within the {budget:g}s deadline", attempts=max(1, attempts))
-        self.drop(target)
+        self.drop(target, state["conn"])
         if phase == "session":
             return HostResult(target.name, target.address, HostStatus.UNREACHABLE, phase="connect", elapsed=elapsed,
                               error=f"no answer within the {budget:g}s deadline: the "
@@ -397,13 +403,14 @@ class SSHPool:
             state["attempts"] = attempts_total
             state["phase"] = "session"
             state["reused"] = reused
+            state["conn"] = conn
             try:
                 # Bounded: a kept connection to a frozen host takes the request and never answers it.
                 async with asyncio.timeout(self.config.connect_timeout):
                     proc = await conn.create_process(command, encoding="utf-8", errors="replace",
                                                      stdin=asyncssh.DEVNULL)
             except TimeoutError:
-                self.drop(target)
+                self.drop(target, conn)
                 return HostResult(target.name, target.address, HostStatus.UNREACHABLE, phase="connect",
                                   error=f"no session within {self.config.connect_timeout:g}s on the "
                                         f"{'kept ' if reused else ''}connection (frozen host?); connection dropped",
