@@ -22,8 +22,8 @@ TargetArg = Annotated[Optional[str], typer.Argument(metavar="[NODESET|RACK]",
                                                     show_default=False)]
 TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", "-t", min=1.0,
                                                      help="Deadline in seconds for each tray's whole probe "
-                                                          "(default: health.tray_deadline, else the interval, "
-                                                          "at most 15 and at most ssh.command_timeout).")]
+                                                          "(default: health.tray_deadline, else the interval "
+                                                          "within 5..15, at most ssh.command_timeout).")]
 SEVERITIES = ("warn", "critical")
 
 
@@ -145,7 +145,7 @@ def watch(
     On a terminal: a live screen; otherwise one log line per sweep and event. Ctrl-C stops it.
 
     Every wait has a deadline: each tray's probe gets --timeout (health.tray_deadline; by default
-    the interval, at most 15 s); a tray that misses it is reported in that sweep as hung (timeout)
+    the interval, within 5..15 s); a tray that misses it is reported in that sweep as hung (timeout)
     or unreachable and its connection is reopened in the background, so a sweep ends within its
     interval plus the time the scheduler's actions take (docs/health.md, "Deadlines").
 

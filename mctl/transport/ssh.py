@@ -47,26 +47,30 @@ CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly130
 
 CLOSE_TIMEOUT = 2.0          # seconds a pool waits for its connections to close before aborting them
 DEFAULT_TRAY_DEADLINE = 15.0  # seconds a tray's probe may take when nothing else is set (health, inventory, audit)
-MIN_TRAY_DEADLINE = 1.0
+# A deadline derived from a short interval is never below this: a whole probe (nvidia-smi included)
+# on a busy tray needs a few seconds, and one cut short reads as a hung tray.
+MIN_TRAY_DEADLINE = 5.0
 
 
 def per_tray_deadline(*, configured: float | None = None, interval: float | None = None,
                       command_timeout: float | None = None, override: float | None = None) -> float:
     """The seconds one tray's whole probe may take (connect, session, command, output).
 
-    *override* (a --timeout flag) wins, then *configured* (health.tray_deadline); otherwise
-    the sweep interval, at most DEFAULT_TRAY_DEADLINE, so a sweep ends within its interval. Never
-    more than the command timeout, never less than MIN_TRAY_DEADLINE.
+    *override* (a --timeout flag) wins as given, then *configured* (health.tray_deadline), at most
+    the command timeout; otherwise the sweep interval, at most DEFAULT_TRAY_DEADLINE and the
+    command timeout, at least MIN_TRAY_DEADLINE, so a sweep ends within its interval (or
+    MIN_TRAY_DEADLINE for a shorter one).
     """
     if override is not None:
-        value = float(override)
-    elif configured is not None:
+        return float(override)
+    if configured is not None:
         value = float(configured)
-    else:
-        value = min(float(interval), DEFAULT_TRAY_DEADLINE) if interval else DEFAULT_TRAY_DEADLINE
-    if command_timeout is not None and override is None:
+        return min(value, float(command_timeout)) if command_timeout is not None else value
+    value = min(float(interval), DEFAULT_TRAY_DEADLINE) if interval else DEFAULT_TRAY_DEADLINE
+    if command_timeout is not None:
         value = min(value, float(command_timeout))
-    return max(MIN_TRAY_DEADLINE, value)
+    return max(min(MIN_TRAY_DEADLINE, float(command_timeout) if command_timeout is not None else MIN_TRAY_DEADLINE),
+               value)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import yaml
 from tests.integration.test_health import (Watch, actions, fault, health, settled, sinfo, site,  # noqa: F401
                                            wait_for)
 
-INTERVAL = 4.0
+INTERVAL = 5.0
 # A sweep is its tray deadline (the interval here) plus, when it acts, the scheduler's actions
 # (engine.ACT_DEADLINE_MIN); the rest is slack for a loaded machine.
 SWEEP_BOUND = INTERVAL + 5.0 + 6.0

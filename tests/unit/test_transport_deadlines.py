@@ -244,11 +244,14 @@ def test_hosts_waiting_for_a_slot_are_reported_at_the_deadline(tmp_path, client_
 
 @pytest.mark.parametrize("kw, expected", [
     ({"interval": 60}, 15.0),                       # a long interval: the default cap
-    ({"interval": 5}, 5.0),                         # the interval bounds the sweep
-    ({"interval": 0.2}, 1.0),                       # never below one second
+    ({"interval": 8}, 8.0),                         # the interval bounds the sweep
+    ({"interval": 0.2}, 5.0),                       # never below MIN_TRAY_DEADLINE when derived
+    ({"interval": 2, "command_timeout": 3}, 3.0),   # ... nor above ssh.command_timeout
     ({"interval": 60, "configured": 40}, 40.0),     # health.tray_deadline
+    ({"interval": 60, "configured": 2}, 2.0),       # ... taken as set
     ({"interval": 60, "configured": 40, "command_timeout": 30}, 30.0),
     ({"interval": 60, "override": 90, "command_timeout": 30}, 90.0),   # --timeout is taken as given
+    ({"interval": 60, "override": 1.5}, 1.5),
 ])
 def test_per_tray_deadline(kw, expected):
     assert per_tray_deadline(**kw) == expected
