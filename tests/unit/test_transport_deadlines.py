@@ -255,3 +255,77 @@ def test_hosts_waiting_for_a_slot_are_reported_at_the_deadline(tmp_path, client_
 ])
 def test_per_tray_deadline(kw, expected):
     assert per_tray_deadline(**kw) == expected
+
+
+# --- the health sweep: the deadline it gives each tray, and a scheduler that never answers --------
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "inventories" / "example-gb200"
+
+
+class _AnsweringPool:
+    """Answers every tray at once as unreachable and records the deadline it was given (no network)."""
+
+    def __init__(self, command_timeout: float = 60.0):
+        self.config = SSHConfig(known_hosts=Path("/nonexistent"), command_timeout=command_timeout)
+        self.deadlines: list[float | None] = []
+
+    async def run(self, targets, command, *, timeout=None, deadline=None, on_result=None):
+        from mctl.transport import HostResult
+
+        self.deadlines.append(deadline)
+        return [HostResult(t.name, t.address, HostStatus.UNREACHABLE, error="stand-in", phase="connect")
+                for t in targets]
+
+
+class _SilentScheduler:
+    """A controller that takes the request and never answers (slurmctld's host frozen)."""
+
+    kind = "slurm"
+    where = "slurmctld on a frozen host"
+
+    def __init__(self):
+        self.asked = 0
+
+    async def read(self, *, deadline=None):
+        self.asked += 1
+        await asyncio.Event().wait()
+
+    async def apply(self, decisions, *, deadline=None):
+        await asyncio.Event().wait()
+
+
+def _engine(tmp_path, *, interval=None, timeout=None):
+    from mctl.health.engine import Engine
+    from mctl.health.site_view import resolve_scope, settings_of
+    from mctl.inventory import load_site
+
+    site = load_site(EXAMPLE)
+    pool = _AnsweringPool()
+    engine = Engine(site, resolve_scope(site, "rack-a"), settings_of(site), tmp_path, pool, interval=interval,
+                    timeout=timeout)
+    return engine, pool
+
+
+def test_each_tray_of_a_sweep_gets_the_deadline_derived_from_the_interval(tmp_path):
+    engine, pool = _engine(tmp_path, interval=7)
+    engine.scheduler = None
+    result = asyncio.run(engine.sweep())
+    assert pool.deadlines == [7.0]
+    assert engine.act_deadline == 7.0
+    assert {v.reach for v in result.verdicts} == {"unreachable"}
+    engine, pool = _engine(tmp_path)                   # health.interval of the example: 60 -> the 15 s cap
+    assert engine.timeout == 15.0
+    engine, pool = _engine(tmp_path, interval=2, timeout=3)
+    assert engine.timeout == 3.0 and engine.act_deadline == 5.0
+
+
+def test_a_scheduler_that_never_answers_costs_one_deadline(tmp_path):
+    engine, pool = _engine(tmp_path, timeout=1.0)
+    engine.scheduler = _SilentScheduler()
+    t0 = time.monotonic()
+    result = asyncio.run(engine.sweep())
+    took = time.monotonic() - t0
+    assert engine.scheduler.asked == 1
+    assert result.scheduler_error == "slurmctld on a frozen host did not answer within the 1s deadline"
+    assert any(f.check == "scheduler.reachable" for f in result.findings)
+    assert 0.9 <= took < 5.0
