@@ -87,6 +87,9 @@ def test_a_frozen_tray_during_a_watch_costs_one_deadline_per_sweep(lab, roomy_si
           f"all: max={max(durations):.2f}s")
     assert frozen_sweeps and max(frozen_sweeps) <= SWEEP_BOUND, during
     assert max(durations) <= SWEEP_BOUND, watch.lines
+    for tray in (frozen, faulted):      # the watch's resume left no mctl: reason behind in Slurm
+        show = lab.run(lab.head, f"scontrol show node -o {tray}").stdout
+        assert "Reason=mctl:" not in show and "Reason=resumed by mctl" in show, show
     drains = {e["tray"]: e for e in actions(health.state) if e["action"] == "drain"}
     assert set(drains) == {frozen, faulted} and all(e["result"] == "ok" for e in drains.values())
     assert all(t in others or t == frozen for t in drains)
