@@ -156,7 +156,7 @@ class HealthSpec(Spec):
     metrics_textfile = F(Opt(str), None)                     # Prometheus textfile (node_exporter collector)
     metrics_port = F(Opt(int), None, ge=1, le=65535)         # HTTP /metrics on metrics_listen
     metrics_listen = F(str, "127.0.0.1")                     # address /metrics binds (an IP; checked at the CLI)
-    tray_deadline = F(Opt(float), None, gt=0)                # seconds a tray's probe may take (default: interval, 5..15)
+    tray_deadline = F(Opt(float), None, gt=0)                # seconds per tray probe (default: interval, 5..15)
     k8s_taint = F(str, "mctl.io/unhealthy=true:NoSchedule",
                   pattern=r"^[A-Za-z0-9./_-]+(=[A-Za-z0-9._-]*)?:(NoSchedule|PreferNoSchedule|NoExecute)$")
 
