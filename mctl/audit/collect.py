@@ -341,8 +341,13 @@ def gather(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, files: Seq
     from mctl.transport import SSHConfig, SSHPool, targets_for
 
     start = time.monotonic()
+    from mctl.transport.ssh import per_tray_deadline
+
     config = SSHConfig.from_site(site)
-    command_timeout = float(timeout if timeout is not None else config.command_timeout)
+    # Each tray's whole work (connect, session, probe, output) ends within this, in the audit's own
+    # probe and in its health sweep alike: a hung tray costs the deadline, not ssh.command_timeout.
+    command_timeout = per_tray_deadline(configured=site.health.tray_deadline, command_timeout=config.command_timeout,
+                                        override=timeout)
     trays = [h for r in racks for h in r.compute]
     targets: list["SSHTarget"] = targets_for(site, trays)
     nonce = secrets.token_hex(8)
@@ -351,11 +356,12 @@ def gather(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, files: Seq
 
     async def main() -> Actual:
         async with SSHPool(config) as pool:
-            jobs: list[Any] = [pool.run(targets, probe, timeout=command_timeout)]
+            jobs: list[Any] = [pool.run(targets, probe, deadline=command_timeout)]
             if controller is not None:
                 (ctl_target,) = targets_for(site, [controller])
-                jobs.append(pool.run_one(ctl_target, controller_command(nonce, conf_dir),
-                                         timeout=min(command_timeout, SCONTROL_TIMEOUT * 5 + 10)))
+                # Its scontrol calls wait up to SCONTROL_TIMEOUT each; bounded as a whole here.
+                ctl_deadline = min(config.command_timeout, max(command_timeout, SCONTROL_TIMEOUT * 5 + 10))
+                jobs.append(pool.run_one(ctl_target, controller_command(nonce, conf_dir), deadline=ctl_deadline))
             fabric_racks = [r for r in racks if r.nmx is not None]
             jobs += [asyncio.to_thread(discover_fabric, site, r) for r in fabric_racks]
             health_job = _health_sweep(site, trays, state_dir, pool, command_timeout) if health and trays else None

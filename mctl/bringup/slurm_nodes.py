@@ -17,6 +17,11 @@ from typing import Sequence
 from mctl.sched.slurm.facts import NodeState, parse_show_nodes
 
 REASON_PREFIX = "mctl: bring-up"
+# What a tray's reason says once bring-up opened it. Slurm keeps a node's last reason after a
+# RESUME (24.11, checked in the lab: RESUME, UNDRAIN, Reason='' and DOWN then RESUME all leave
+# it), so the resume sets this one in the same `scontrol update`: the hold reason is gone, and
+# the text does not start with 'mctl:', so no guard of mctl ever takes the tray for held.
+REASON_OPENED = "opened by mctl bring-up"
 MARK = "@@mctl-bringup"
 RC_REFUSED = 3
 _RESULT = re.compile(re.escape(MARK) + r" (?P<host>\S+) rc=(?P<rc>\d+)$")
@@ -94,12 +99,16 @@ def drain_script(trays: Sequence[str], why: str) -> str:
 
 
 def resume_script(trays: Sequence[str]) -> str:
-    """Resume each tray only while its reason is still bring-up's."""
+    """Resume each tray only while it is held and its reason is still bring-up's; the resume
+    replaces the hold reason (REASON_OPENED) in the same update, so it is never left behind."""
     lines: list[str] = []
     for t in trays:
         guard = (f"case \"$s\" in *' Reason={REASON_PREFIX}'*) ;; *) echo 'left alone: the reason is no longer "
-                 f"bring-up'\"'\"'s'; rc={RC_REFUSED};; esac")
-        lines += _guarded(t, f"scontrol update NodeName={shlex.quote(t)} State=RESUME", guard)
+                 f"bring-up'\"'\"'s'; rc={RC_REFUSED};; esac; "
+                 "[ -n \"$rc\" ] || { st=${s#* State=}; st=${st%% *}; case \"$st\" in *DRAIN*) ;; "
+                 f"*) echo \"left alone: the node is $st, not drained\"; rc={RC_REFUSED};; esac; }}")
+        lines += _guarded(t, f"scontrol update NodeName={shlex.quote(t)} State=RESUME "
+                             f"Reason={shlex.quote(REASON_OPENED)}", guard)
     return "\n".join(lines) + "\n"
 
 

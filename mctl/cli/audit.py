@@ -42,7 +42,9 @@ def run(
     drain_age: Annotated[str, typer.Option("--drain-age", help="A tray drained longer than this is a finding "
                                                                "(e.g. 12h, 1d, 90m).")] = "1d",
     timeout: Annotated[Optional[float], typer.Option("--timeout", "-t", click_type=finite(min=1.0),
-                                                     help="Seconds each host may take (default ssh.command_timeout).")
+                                                     help="Deadline in seconds for each tray's whole probe (default: "
+                                                          "health.tray_deadline, else 15, at most "
+                                                          "ssh.command_timeout).")
                        ] = None,
     no_health: Annotated[bool, typer.Option("--no-health", help="Leave out the health check catalogue.")] = False,
     no_history: Annotated[bool, typer.Option("--no-history", help="Do not record this run in the history.")] = False,

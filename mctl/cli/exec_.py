@@ -20,7 +20,8 @@ def command(
     cmd: Annotated[Optional[List[str]], typer.Argument(help="The command, after '--'.", show_default=False)] = None,
     timeout: Annotated[Optional[float], typer.Option("--timeout", "-t", click_type=finite(min=0.1),
                                                      help="Seconds the command may run on each host "
-                                                          "(default: ssh.command_timeout).")] = None,
+                                                          "(default: ssh.command_timeout); connecting and "
+                                                          "opening the session get ssh.connect_timeout each.")] = None,
     fanout: Annotated[Optional[int], typer.Option("--fanout", "-f", min=1,
                                                   help="Hosts at a time (default: ssh.concurrency).")] = None,
     json_: JsonOpt = False,

@@ -21,8 +21,9 @@ TargetArg = Annotated[Optional[str], typer.Argument(metavar="[NODESET|RACK]",
                                                     help="Trays or racks (default: every compute tray).",
                                                     show_default=False)]
 TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", "-t", click_type=finite(min=1.0),
-                                                     help="Seconds each tray may take (default: the interval, "
-                                                          "at most ssh.command_timeout).")]
+                                                     help="Deadline in seconds for each tray's whole probe "
+                                                          "(default: health.tray_deadline, else the interval "
+                                                          "within 5..15, at most ssh.command_timeout).")]
 SEVERITIES = ("warn", "critical")
 
 
@@ -124,7 +125,11 @@ def watch(
                                                              help="Write Prometheus metrics here after each sweep "
                                                                   "(node_exporter textfile collector).")] = None,
     metrics_port: Annotated[Optional[int], typer.Option("--metrics-port", min=1, max=65535,
-                                                        help="Serve /metrics on 127.0.0.1:PORT.")] = None,
+                                                        help="Serve /metrics on PORT (address: --metrics-listen).")
+                            ] = None,
+    metrics_listen: Annotated[Optional[str], typer.Option("--metrics-listen", metavar="ADDRESS",
+                                                          help="IP address /metrics listens on (default: "
+                                                               "health.metrics_listen, else 127.0.0.1).")] = None,
     sweeps: Annotated[Optional[int], typer.Option("--sweeps", min=1, help="Stop after N sweeps (default: run "
                                                                           "until Ctrl-C).")] = None,
     timeout: TimeoutOpt = None,
@@ -139,6 +144,11 @@ def watch(
     health.resume_after_healthy_sweeps healthy sweeps. Reasons set by others and DOWN nodes are
     never touched; the circuit breaker stops drains beyond health.breaker.max_drained_share.
     On a terminal: a live screen; otherwise one log line per sweep and event. Ctrl-C stops it.
+
+    Every wait has a deadline: each tray's probe gets --timeout (health.tray_deadline; by default
+    the interval, within 5..15 s); a tray that misses it is reported in that sweep as hung (timeout)
+    or unreachable and its connection is reopened in the background, so a sweep ends within its
+    interval plus the time the scheduler's actions take (docs/health.md, "Deadlines").
 
     Example: mctl -i inventories/lab health watch lab-r1 --interval 10 --metrics-port 9464
     """
@@ -159,6 +169,18 @@ def watch(
         render.warn("the inventory names no scheduler: watching without remediation")
     textfile = metrics_textfile or (Path(site.health.metrics_textfile) if site.health.metrics_textfile else None)
     port = metrics_port or site.health.metrics_port
+    listen_text = metrics_listen if metrics_listen is not None else site.health.metrics_listen
+    from mctl.health.metrics import listen_address
+
+    try:
+        listen = listen_address(listen_text)
+    except ValueError as exc:
+        where = "--metrics-listen" if metrics_listen is not None else "health.metrics_listen"
+        raise UsageError(f"{where}: {exc}", hint="give an IP address of this machine; 127.0.0.1 keeps /metrics "
+                                                 "local, 0.0.0.0 or :: opens it to the network") from None
+    if metrics_listen is not None and not port:
+        raise UsageError("--metrics-listen needs a port to listen on",
+                         hint="add --metrics-port PORT (or set health.metrics_port)")
     racks: dict[str, list[str]] = {}
     for h in scope.hosts:
         racks.setdefault(h.rack or "-", []).append(h.name)
@@ -168,10 +190,12 @@ def watch(
         from mctl.health.metrics import MetricsServer
 
         try:
-            server = MetricsServer(port).start()
+            server = MetricsServer(port, listen).start()
         except OSError as exc:
-            raise UsageError(f"cannot serve metrics on 127.0.0.1:{port}: {exc.strerror}",
-                             hint="pick another --metrics-port") from None
+            shown = f"[{listen}]" if ":" in listen else listen
+            raise UsageError(f"cannot serve metrics on {shown}:{port}: {exc.strerror}",
+                             hint="pick another --metrics-port, or an address of this machine for "
+                                  "--metrics-listen") from None
     live = None
     plain = not render.interactive()
 

@@ -21,7 +21,9 @@ def inventory(
     all_racks: Annotated[bool, typer.Option("--all", help="Every rack of the inventory.")] = False,
     diff: Annotated[bool, typer.Option("--diff", help="Show what changed since the last snapshot.")] = False,
     timeout: Annotated[Optional[float], typer.Option("--timeout", "-t", click_type=finite(min=1.0),
-                                                     help="Seconds each tray may take (default: ssh.command_timeout).")
+                                                     help="Deadline in seconds for each tray's whole probe (default: "
+                                                          "health.tray_deadline, else 15, at most "
+                                                          "ssh.command_timeout).")
                        ] = None,
     no_save: Annotated[bool, typer.Option("--no-save", help="Do not store this run as a snapshot.")] = False,
     json_: JsonOpt = False,

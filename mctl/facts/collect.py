@@ -182,9 +182,13 @@ def tray_facts(result: "HostResult", nonce: str, *, smi_timeout: float) -> TrayF
 
 
 async def collect_facts(pool: "SSHPool", targets: Sequence["SSHTarget"], *,
-                        timeout: float | None = None) -> list[TrayFacts]:
-    """Facts of every target, in target order, over the pool's (reused) connections."""
+                        timeout: float | None = None, deadline: float | None = None) -> list[TrayFacts]:
+    """Facts of every target, in target order, over the pool's (reused) connections.
+
+    With *deadline* (seconds), each tray's whole work ends within it (SSHPool.run_one)."""
     command_timeout = pool.config.command_timeout if timeout is None else timeout
+    if deadline is not None:
+        command_timeout = min(command_timeout, deadline) if timeout is not None else deadline
     smi_timeout = max(1.0, command_timeout - SMI_MARGIN)
     nonce = secrets.token_hex(8)
     script = facts_script(nonce, smi_timeout=smi_timeout)
@@ -194,5 +198,6 @@ async def collect_facts(pool: "SSHPool", targets: Sequence["SSHTarget"], *,
         # parse each tray as it answers, while slower trays are still running
         facts[result.host] = tray_facts(result, nonce, smi_timeout=smi_timeout)
 
-    await pool.run(targets, script, timeout=command_timeout, on_result=parse)
+    await pool.run(targets, script, timeout=command_timeout if deadline is None else None, deadline=deadline,
+                   on_result=parse)
     return [facts[t.name] for t in targets]

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from mctl.transport import SSHPool
 
 SMI_MARGIN = 3.0
+# The scheduler's actions of one sweep get at least this long (drains must not be cut for a short interval).
+ACT_DEADLINE_MIN = 5.0
 
 
 @dataclass
@@ -91,7 +93,7 @@ class SweepResult:
 class Engine:
     def __init__(self, site: "Site", scope: Scope, settings: HealthSettings, state_dir: Path, pool: "SSHPool", *,
                  remediate: bool = False, dry_run: bool = False, timeout: float | None = None,
-                 who: str | None = None):
+                 who: str | None = None, interval: float | None = None):
         from mctl.health.scheduler import adapter_for
         from mctl.transport import targets_for
 
@@ -102,8 +104,14 @@ class Engine:
         self.pool = pool
         self.remediate = remediate
         self.dry_run = dry_run
-        self.timeout = float(timeout if timeout is not None else min(pool.config.command_timeout,
-                                                                     max(10.0, settings.interval)))
+        from mctl.transport.ssh import per_tray_deadline
+
+        # Every wait of a sweep is bounded by this (docs/health.md, "Deadlines"): each tray's probe,
+        # the scheduler read beside them; the scheduler's actions get act_deadline after them.
+        self.timeout = per_tray_deadline(configured=getattr(site.health, "tray_deadline", None),
+                                         interval=interval if interval is not None else settings.interval,
+                                         command_timeout=pool.config.command_timeout, override=timeout)
+        self.act_deadline = max(ACT_DEADLINE_MIN, self.timeout)
         self.who = who or store.actor()
         self.targets = targets_for(site, list(scope.hosts))
         self.expect = expectations(site, list(scope.hosts))
@@ -128,17 +136,23 @@ class Engine:
         if self.scheduler is None:
             return None, None, None
         try:
-            views, states = await self.scheduler.read()
+            async with asyncio.timeout(self.timeout):
+                views, states = await self.scheduler.read(deadline=self.timeout)
             return views, states, None
         except SchedulerUnreachable as exc:
             return None, None, str(exc)
+        except TimeoutError:
+            return None, None, f"{self.scheduler.where} did not answer within the {self.timeout:g}s deadline"
 
     async def _probe(self) -> list[TrayHealthFacts]:
         nonce = secrets.token_hex(8)
         smi_timeout = max(1.0, self.timeout - SMI_MARGIN)
         paths = self.settings.disk_paths
         command = ssh_command(probe_script(nonce, smi_timeout=smi_timeout, disk_paths=paths))
-        results = await self.pool.run(self.targets, command, timeout=self.timeout)
+        # The deadline covers the whole of each tray's work; a tray that misses it comes back as
+        # timeout (the probe hung) or unreachable (no session) and its connection is reopened
+        # in the background, so the next sweep is not delayed by it.
+        results = await self.pool.run(self.targets, command, deadline=self.timeout)
         out = []
         for r in results:
             if r.status.value in ("unreachable", "timeout", "host-key-mismatch"):
@@ -218,7 +232,7 @@ class Engine:
             entries: list[dict[str, Any]] = []
             actions = outcome.actions
             if actions:
-                applied = await self.scheduler.apply(actions)
+                applied = await self.scheduler.apply(actions, deadline=self.act_deadline)
                 by_host = {v.host: v for v in result.verdicts}
                 for r in applied:
                     d = r.decision

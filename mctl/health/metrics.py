@@ -1,12 +1,18 @@
-"""Prometheus metrics of the health watch: a textfile for node_exporter, or /metrics on 127.0.0.1.
+"""Prometheus metrics of the health watch: a textfile for node_exporter, or /metrics over HTTP.
 
 The exposition text is rendered once per sweep (pure) and then either written
 atomically where node_exporter's textfile collector reads it, or served by a
-small HTTP server bound to the loopback address only.
+small HTTP server bound to the loopback address unless health.metrics_listen /
+--metrics-listen names another address (an IP literal, so what it binds is exact).
+Values are written in full precision (repr of the float): a Unix timestamp printed
+with six significant digits would be wrong by minutes.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import math
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -24,6 +30,34 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+DEFAULT_LISTEN = "127.0.0.1"
+
+
+def prom_value(value: float | int | bool) -> str:
+    """A sample value as Prometheus text: integers as integers, floats in full (shortest exact) form."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    value = float(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)
+
+
+def listen_address(text: str) -> str:
+    """The address /metrics binds, checked: an IPv4 or IPv6 literal (ValueError says why not)."""
+    raw = str(text).strip()
+    inner = raw[1:-1] if raw.startswith("[") and raw.endswith("]") else raw
+    try:
+        return str(ipaddress.ip_address(inner))
+    except ValueError:
+        raise ValueError(f"not an IP address: {text!r} (use e.g. 127.0.0.1, 0.0.0.0, ::1 or a "
+                         f"local interface's address)") from None
+
+
 def _labels(**labels: str | None) -> str:
     parts = [f'{k}="{_escape(str(v))}"' for k, v in labels.items() if v is not None]
     return "{" + ",".join(parts) + "}" if parts else ""
@@ -38,7 +72,7 @@ def render(result: "SweepResult", *, site: str, counters: dict[str, int] | None 
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
         for labels, value in samples:
-            lines.append(f"{name}{_labels(**labels)} {value:g}")
+            lines.append(f"{name}{_labels(**labels)} {prom_value(value)}")
 
     metric("mctl_health_last_sweep_timestamp_seconds", "gauge", "When the last sweep started (Unix time).",
            [({"site": site}, result.started)])
@@ -80,9 +114,11 @@ def write_textfile(path: str | Path, text: str) -> None:
 
 
 class MetricsServer:
-    """GET /metrics on 127.0.0.1:PORT, serving the text of the latest sweep."""
+    """GET /metrics on HOST:PORT (loopback by default), serving the text of the latest sweep."""
 
-    def __init__(self, port: int, host: str = "127.0.0.1"):
+    def __init__(self, port: int, host: str = DEFAULT_LISTEN):
+        host = listen_address(host)
+        self.host = host
         self._text = "# no sweep yet\n"
         server_self = self
 
@@ -101,7 +137,9 @@ class MetricsServer:
             def log_message(self, *args) -> None:
                 return
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+        server_class = type("MetricsHTTPServer", (ThreadingHTTPServer,), {"address_family": family})
+        self.httpd = server_class((host, port), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="mctl-metrics", daemon=True)

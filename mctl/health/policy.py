@@ -62,9 +62,12 @@ class NodeView:
     def from_slurm(cls, node) -> "NodeView":
         """From mctl.sched.slurm.facts.NodeState (`scontrol show node -o`)."""
         flags = node.flags
-        reason = _SLURM_STAMP.sub("", node.reason) if node.reason else None
-        return cls(node.name, True, bool(flags & {"DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING"}),
-                   "DOWN" in flags, reason or None, node.state)
+        drained = bool(flags & {"DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING"})
+        down = "DOWN" in flags
+        # Slurm keeps a resumed node's last reason; like `sinfo -R`, it counts only while the
+        # node is drained, down or failing (scontrol(1): the reason a node is in those states).
+        reason = _SLURM_STAMP.sub("", node.reason) if node.reason and (drained or down) else None
+        return cls(node.name, True, drained, down, reason or None, node.state)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

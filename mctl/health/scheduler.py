@@ -40,8 +40,9 @@ class SlurmAdapter:
     def where(self) -> str:
         return f"slurmctld on {self.target.name}"
 
-    async def read(self) -> tuple[dict[str, NodeView], dict[str, "NodeState"]]:
-        result = await self.pool.run_one(self.target, show_node_command(), timeout=self.timeout)
+    async def read(self, *, deadline: float | None = None) -> tuple[dict[str, NodeView], dict[str, "NodeState"]]:
+        result = await self.pool.run_one(self.target, show_node_command(), timeout=self.timeout,
+                                         deadline=min(self.timeout, deadline) if deadline else None)
         if not result.status.reached:
             raise SchedulerUnreachable(f"{self.target.name} did not answer: {result.summary()}")
         text = result.stdout + result.stderr
@@ -52,10 +53,11 @@ class SlurmAdapter:
             raise SchedulerUnreachable(f"scontrol on {self.target.name} failed: {said}")
         return read_nodes(result.stdout)
 
-    async def apply(self, decisions: Sequence[Decision]) -> list[ActResult]:
+    async def apply(self, decisions: Sequence[Decision], *, deadline: float | None = None) -> list[ActResult]:
         if not decisions:
             return []
-        result = await self.pool.run_one(self.target, apply_script(decisions), timeout=self.timeout)
+        result = await self.pool.run_one(self.target, apply_script(decisions), timeout=self.timeout,
+                                         deadline=min(self.timeout, deadline) if deadline else None)
         if not result.status.reached:
             return [ActResult(d, False, f"{self.target.name}: {result.summary()}", unreachable=True)
                     for d in decisions]
@@ -106,10 +108,16 @@ class K8sAdapter:
             raise SchedulerUnreachable(f"the Kubernetes API refused to list nodes: {exc.message}") from None
         return views, raw
 
-    async def read(self):
+    async def read(self, *, deadline: float | None = None):
         import asyncio
 
-        views, _ = await asyncio.to_thread(self._read)
+        # Each request has the client's own socket timeout; the deadline bounds the whole read
+        # (one GET per node), so a slow API server cannot hold a sweep past it.
+        try:
+            async with asyncio.timeout(deadline):
+                views, _ = await asyncio.to_thread(self._read)
+        except TimeoutError:
+            raise SchedulerUnreachable(f"{self.where} did not answer within the {deadline:g}s deadline") from None
         return views, {}
 
     def _apply_one(self, d: Decision) -> ActResult:
@@ -140,9 +148,11 @@ class K8sAdapter:
             return ActResult(d, False, exc.message)
         return ActResult(d, True)
 
-    async def apply(self, decisions: Sequence[Decision]) -> list[ActResult]:
+    async def apply(self, decisions: Sequence[Decision], *, deadline: float | None = None) -> list[ActResult]:
         import asyncio
 
+        # Not cut at *deadline*: a patch in flight cannot be recalled, and its result must be
+        # recorded. Each request is bounded by the client's timeout (KubeClient.timeout).
         return [await asyncio.to_thread(self._apply_one, d) for d in decisions]
 
 

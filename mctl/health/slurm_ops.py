@@ -23,6 +23,9 @@ SHOW_NODES = "scontrol show node -o"
 MARK = "@@mctl-action"
 RC_GUARD = 3          # the guard refused: the node is drained (by anyone) or down
 RC_NOT_OURS = 4       # the guard refused a resume: the reason no longer starts with mctl:
+# Slurm keeps a resumed node's last reason (24.11, checked in the lab; docs/decisions.md D18), so
+# a resume replaces mctl's reason with this in the same update; it does not start with 'mctl:'.
+RESUMED_REASON = "resumed by mctl"
 
 # What scontrol prints when slurmctld is not there (the command ran, the controller did not answer).
 _UNREACHABLE = re.compile(r"Unable to contact slurm controller|Socket timed out|Connection refused|"
@@ -73,7 +76,8 @@ def _resume_lines(host: str) -> list[str]:
         f"  case \"$s\" in *' Reason={prefix}'*) ;; *) echo 'refused: the reason is no longer mctl'\"'\"'s'; "
         f"rc={RC_NOT_OURS};; esac",
         "fi",
-        f"[ -n \"$rc\" ] || {{ scontrol update NodeName={q} State=RESUME 2>&1; rc=$?; }}",
+        f"[ -n \"$rc\" ] || {{ scontrol update NodeName={q} State=RESUME Reason={shlex.quote(RESUMED_REASON)} 2>&1; "
+        "rc=$?; }",
     ]
 
 

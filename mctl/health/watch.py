@@ -134,7 +134,7 @@ async def run_watch(site: "Site", scope: "Scope", settings: "HealthSettings", st
     try:
         async with SSHPool(SSHConfig.from_site(site)) as pool:
             engine = Engine(site, scope, settings, state_dir, pool, remediate=remediate, dry_run=dry_run,
-                            timeout=timeout)
+                            timeout=timeout, interval=interval)
             sweeps = 0
             while not stop.is_set():
                 t0 = time.monotonic()

@@ -167,7 +167,9 @@ class HealthSpec(Spec):
     disk_critical_pct = F(float, 98, gt=0, le=100)
     memory_warn_available_pct = F(float, 5, ge=0, le=100)
     metrics_textfile = F(Opt(str), None)                     # Prometheus textfile (node_exporter collector)
-    metrics_port = F(Opt(int), None, ge=1, le=65535)         # HTTP /metrics on 127.0.0.1
+    metrics_port = F(Opt(int), None, ge=1, le=65535)         # HTTP /metrics on metrics_listen
+    metrics_listen = F(str, "127.0.0.1")                     # address /metrics binds (an IP; checked at the CLI)
+    tray_deadline = F(Opt(float), None, gt=0)                # seconds per tray probe (default: interval, 5..15)
     k8s_taint = F(str, "mctl.io/unhealthy=true:NoSchedule",
                   pattern=r"^[A-Za-z0-9./_-]+(=[A-Za-z0-9._-]*)?:(NoSchedule|PreferNoSchedule|NoExecute)$")
     hysteresis = F(HysteresisSpec, factory=HysteresisSpec)

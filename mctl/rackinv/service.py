@@ -161,9 +161,16 @@ def run_inventory(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, tim
     per_rack_targets = [(rack, targets_for(site, rack.compute)) for rack in racks]
     all_targets = [t for _, ts in per_rack_targets for t in ts]
 
+    from mctl.transport.ssh import per_tray_deadline
+
+    # One bound per tray for all of its work (connect, session, the script, its output): a hung
+    # or frozen tray costs this, never the whole ssh.command_timeout plus an unbounded session open.
+    deadline = per_tray_deadline(configured=site.health.tray_deadline, command_timeout=site.ssh.command_timeout,
+                                 override=timeout)
+
     async def gather() -> list[TrayFacts]:
         async with SSHPool(SSHConfig.from_site(site)) as pool:
-            return await collect_facts(pool, all_targets, timeout=timeout)
+            return await collect_facts(pool, all_targets, deadline=deadline)
 
     # Earlier snapshots are read (and a damaged one named) before any host is touched.
     known = _known_domains(site, Path(state_dir), racks)

@@ -9,7 +9,15 @@ Policies, fixed here so every caller gets them:
 - strict host keys from the inventory's known_hosts (never trust on first use);
   a refused key is reported with the fingerprint that was presented;
 - bounded concurrency (Site.ssh.concurrency) over connects and commands;
-- connect timeout and command timeout per host;
+- every wait has a deadline, here and nowhere else: a per-host deadline covers
+  the whole of one host's work (waiting for a slot, connecting, opening the
+  session on a kept connection, the command, its output), and inside it the
+  connect timeout and the command timeout still apply; closing the pool is
+  bounded too (CLOSE_TIMEOUT, then the connection is aborted);
+- a host that misses its deadline is reported (timeout or unreachable, by the
+  phase it was in) and its connection is aborted, never closed gracefully, since
+  a frozen host would not answer a close either; a new one is opened in the
+  background so the next command finds it ready;
 - retries (tenacity) only while connecting, and only for transient network
   errors; a command is never re-run, because it may not be idempotent.
 """
@@ -36,6 +44,33 @@ if TYPE_CHECKING:
 # AES-GCM first: hardware-accelerated in OpenSSL, so a fan-out spends less CPU per byte.
 CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com",
            "aes128-ctr", "aes256-ctr")
+
+CLOSE_TIMEOUT = 2.0          # seconds a pool waits for its connections to close before aborting them
+DEFAULT_TRAY_DEADLINE = 15.0  # seconds a tray's probe may take when nothing else is set (health, inventory, audit)
+# A deadline derived from a short interval is never below this: a whole probe (nvidia-smi included)
+# on a busy tray needs a few seconds, and one cut short reads as a hung tray.
+MIN_TRAY_DEADLINE = 5.0
+
+
+def per_tray_deadline(*, configured: float | None = None, interval: float | None = None,
+                      command_timeout: float | None = None, override: float | None = None) -> float:
+    """The seconds one tray's whole probe may take (connect, session, command, output).
+
+    *override* (a --timeout flag) wins as given, then *configured* (health.tray_deadline), at most
+    the command timeout; otherwise the sweep interval, at most DEFAULT_TRAY_DEADLINE and the
+    command timeout, at least MIN_TRAY_DEADLINE, so a sweep ends within its interval (or
+    MIN_TRAY_DEADLINE for a shorter one).
+    """
+    if override is not None:
+        return float(override)
+    if configured is not None:
+        value = float(configured)
+        return min(value, float(command_timeout)) if command_timeout is not None else value
+    value = min(float(interval), DEFAULT_TRAY_DEADLINE) if interval else DEFAULT_TRAY_DEADLINE
+    if command_timeout is not None:
+        value = min(value, float(command_timeout))
+    return max(min(MIN_TRAY_DEADLINE, float(command_timeout) if command_timeout is not None else MIN_TRAY_DEADLINE),
+               value)
 
 
 @dataclass(frozen=True)
@@ -99,7 +134,10 @@ class SSHPool:
         self.config = config
         self.known_hosts = KnownHosts.load(config.known_hosts)
         self._conns: dict[str, "asyncssh.SSHClientConnection"] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        # One connect in flight per host, shared by every caller that needs that host; it is
+        # shielded, so a caller whose deadline passes leaves it running (the background reopen).
+        self._connecting: dict[str, asyncio.Task] = {}
+        self.dropped = 0                 # connections aborted after a missed deadline (tests, metrics)
         self._sem: asyncio.Semaphore | None = None
         self._options: "asyncssh.SSHClientConnectionOptions | None" = None
 
@@ -165,41 +203,86 @@ class SSHPool:
             raise _HostKeyRefused(client.refused_key) from None
 
     async def _connection(self, target: SSHTarget) -> tuple["asyncssh.SSHClientConnection", int, bool]:
-        """(connection, connect attempts used, reused?) or _ConnectFailed."""
+        """(connection, connect attempts used, reused?) or _ConnectFailed.
+
+        The connect runs as a task of its own, shared by every caller for that host and shielded
+        from their cancellation: a caller whose deadline passes stops waiting, the connect goes
+        on (bounded by connect_timeout per attempt) and the next caller finds its result.
+        """
+        conn = self._conns.get(target.name)
+        if conn is not None and not conn.is_closed():
+            return conn, 0, True
+        self._conns.pop(target.name, None)
+        task = self._start_connect(target)
+        conn, attempts = await asyncio.shield(task)
+        return conn, attempts, False
+
+    def _start_connect(self, target: SSHTarget) -> asyncio.Task:
+        task = self._connecting.get(target.name)
+        if task is not None and not task.done():
+            return task
+        task = asyncio.get_running_loop().create_task(self._open(target), name=f"mctl-ssh-connect-{target.name}")
+        self._connecting[target.name] = task
+
+        def done(t: asyncio.Task) -> None:
+            if self._connecting.get(target.name) is t:
+                self._connecting.pop(target.name, None)
+            if not t.cancelled():
+                t.exception()        # retrieved here: a background reopen that failed is not an error to log
+
+        task.add_done_callback(done)
+        return task
+
+    async def _open(self, target: SSHTarget) -> tuple["asyncssh.SSHClientConnection", int]:
         import asyncssh
         from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-        lock = self._locks.setdefault(target.name, asyncio.Lock())
-        async with lock:
-            conn = self._conns.get(target.name)
-            if conn is not None and not conn.is_closed():
-                return conn, 0, True
+        attempts = 0
+        try:
+            async for attempt in AsyncRetrying(
+                    stop=stop_after_attempt(max(1, self.config.connect_attempts)),
+                    wait=wait_exponential(multiplier=self.config.retry_wait, max=2.0),
+                    retry=retry_if_exception(_transient), reraise=True):
+                with attempt:
+                    attempts += 1
+                    conn = await self._connect_once(target)
+        except _HostKeyRefused as exc:
+            raise _ConnectFailed(HostStatus.HOST_KEY_MISMATCH, self._host_key_text(target, exc.presented),
+                                 attempts=attempts, host_key=self._host_key_problem(target, exc.presented)) from None
+        except asyncio.TimeoutError:
+            # No banner in time: from outside, a dead host and a stopped sshd look the same.
+            raise _ConnectFailed(HostStatus.UNREACHABLE, f"no SSH answer within {self.config.connect_timeout:g}s",
+                                 attempts=attempts) from None
+        except asyncssh.PermissionDenied:
+            raise _ConnectFailed(HostStatus.UNREACHABLE,
+                                 f"authentication failed for user {target.user} (publickey)",
+                                 attempts=attempts) from None
+        except (OSError, asyncssh.Error) as exc:
+            reason = getattr(exc, "reason", None) or _describe_os_error(exc)
+            raise _ConnectFailed(HostStatus.UNREACHABLE, reason, attempts=attempts) from None
+        old = self._conns.get(target.name)
+        if old is not None and old is not conn:
+            old.abort()
+        self._conns[target.name] = conn
+        return conn, attempts
+
+    def drop(self, target: SSHTarget, conn: "asyncssh.SSHClientConnection | None" = None, *,
+             reopen: bool = True) -> None:
+        """Abort the host's connection (*conn*, the one a caller gave up on; default the current
+        one) without a graceful close, which a frozen host never answers, and with *reopen* start
+        a new one in the background. A newer connection opened meanwhile is left alone."""
+        current = self._conns.get(target.name)
+        conn = current if conn is None else conn
+        if conn is not None and conn is current:
             self._conns.pop(target.name, None)
-            attempts = 0
+        if conn is not None and not conn.is_closed():
+            self.dropped += 1
             try:
-                async for attempt in AsyncRetrying(
-                        stop=stop_after_attempt(max(1, self.config.connect_attempts)),
-                        wait=wait_exponential(multiplier=self.config.retry_wait, max=2.0),
-                        retry=retry_if_exception(_transient), reraise=True):
-                    with attempt:
-                        attempts += 1
-                        conn = await self._connect_once(target)
-            except _HostKeyRefused as exc:
-                raise _ConnectFailed(HostStatus.HOST_KEY_MISMATCH, self._host_key_text(target, exc.presented),
-                                     attempts=attempts, host_key=self._host_key_problem(target, exc.presented)) from None
-            except asyncio.TimeoutError:
-                # No banner in time: from outside, a dead host and a stopped sshd look the same.
-                raise _ConnectFailed(HostStatus.UNREACHABLE, f"no SSH answer within {self.config.connect_timeout:g}s",
-                                     attempts=attempts) from None
-            except asyncssh.PermissionDenied:
-                raise _ConnectFailed(HostStatus.UNREACHABLE,
-                                     f"authentication failed for user {target.user} (publickey)",
-                                     attempts=attempts) from None
-            except (OSError, asyncssh.Error) as exc:
-                reason = getattr(exc, "reason", None) or _describe_os_error(exc)
-                raise _ConnectFailed(HostStatus.UNREACHABLE, reason, attempts=attempts) from None
-            self._conns[target.name] = conn
-            return conn, attempts, False
+                conn.abort()
+            except Exception:  # noqa: BLE001 - an already broken transport is what we are getting rid of
+                pass
+        if reopen and target.name not in self._conns:
+            self._start_connect(target)
 
     def _host_key_problem(self, target: SSHTarget, presented: HostKey | None) -> HostKeyProblem:
         recorded = tuple(k.describe() for k in self.known_hosts.keys_for(target.name, target.address, target.port))
@@ -217,27 +300,105 @@ class SSHPool:
                 f"verify out of band, then run 'mctl ssh trust {target.name} --replace'")
 
     async def close(self) -> None:
+        """Close every connection, waiting at most CLOSE_TIMEOUT for them, then abort what is left."""
+        pending = list(self._connecting.values())
+        self._connecting = {}
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=CLOSE_TIMEOUT)
         conns, self._conns = list(self._conns.values()), {}
         for conn in conns:
-            conn.close()
-        for conn in conns:
             try:
-                await conn.wait_closed()
+                conn.close()
             except Exception:  # noqa: BLE001 - closing a dead connection must not fail a report
                 pass
+        waits = [asyncio.ensure_future(conn.wait_closed()) for conn in conns]
+        if waits:
+            done, late = await asyncio.wait(waits, timeout=CLOSE_TIMEOUT)
+            for w in done:
+                if not w.cancelled():
+                    w.exception()
+            for w in late:
+                w.cancel()
+            for conn in conns:
+                if not conn.is_closed():
+                    conn.abort()    # a frozen host never acknowledges the close
 
     # --- commands ---------------------------------------------------------------------------
 
-    async def run_one(self, target: SSHTarget, command: str, *, timeout: float | None = None) -> HostResult:
-        async with self._semaphore():
-            return await self._run_one(target, command, self.config.command_timeout if timeout is None else timeout)
+    async def run_one(self, target: SSHTarget, command: str, *, timeout: float | None = None,
+                      deadline: float | None = None) -> HostResult:
+        """Run *command* on one host; never raises for the host's trouble.
 
-    async def _run_one(self, target: SSHTarget, command: str, timeout: float) -> HostResult:
+        *timeout*: seconds the command itself may run once its session is open (default
+        ssh.command_timeout; with a *deadline* and no timeout, the command may run until the
+        deadline). *deadline*: seconds from now within which this host's whole work ends:
+        waiting for a slot, connecting, opening the session, the command and its output. Without
+        one, the host gets connect_timeout for its connection, connect_timeout for its session
+        and *timeout* for the command, counted from when it got its slot.
+        """
+        start = time.monotonic()
+        if deadline is not None:
+            at = start + max(0.0, float(deadline))
+            return await self._bounded(target, command, timeout, at, start, float(deadline), queued=True)
+        command_timeout = self.config.command_timeout if timeout is None else timeout
+        async with self._semaphore():
+            budget = 2 * self.config.connect_timeout + command_timeout
+            return await self._bounded(target, command, command_timeout, time.monotonic() + budget, start, budget,
+                                       queued=False)
+
+    async def _bounded(self, target: SSHTarget, command: str, timeout: float | None, at: float, start: float,
+                       budget: float, *, queued: bool) -> HostResult:
+        """_run_one under the absolute deadline *at*; a miss is reported by the phase it struck in."""
+        state = {"phase": "queue" if queued else "connect", "attempts": 0, "proc": None, "reused": False,
+                 "conn": None}
+        try:
+            async with asyncio.timeout_at(_loop_time(at)):
+                if queued:
+                    async with self._semaphore():
+                        state["phase"] = "connect"
+                        return await self._run_one(target, command, timeout, start, state)
+                return await self._run_one(target, command, timeout, start, state)
+        except TimeoutError:
+            return self._missed(target, state, start, budget)
+
+    def _missed(self, target: SSHTarget, state: dict, start: float, budget: float) -> HostResult:
+        phase = state["phase"]
+        elapsed = time.monotonic() - start
+        attempts = state["attempts"]
+        if phase == "queue":
+            return HostResult(target.name, target.address, HostStatus.TIMEOUT, phase="connect", elapsed=elapsed,
+                              error=f"not started within the {budget:g}s deadline: every SSH slot "
+                                    f"(ssh.concurrency {self.config.concurrency}) stayed busy", attempts=0)
+        if phase == "connect":
+            # No connection yet: the shared connect goes on in the background for the next command.
+            return HostResult(target.name, target.address, HostStatus.UNREACHABLE, phase="connect", elapsed=elapsed,
+                              error=f"no SSH answer within the {budget:g}s deadline", attempts=max(1, attempts))
+        self.drop(target, state["conn"])
+        if phase == "session":
+            return HostResult(target.name, target.address, HostStatus.UNREACHABLE, phase="connect", elapsed=elapsed,
+                              error=f"no answer within the {budget:g}s deadline: the "
+                                    f"{'kept ' if state['reused'] else ''}connection opened no session "
+                                    f"(frozen host?); connection dropped", attempts=attempts)
+        stdout = stderr = ""
+        proc = state["proc"]
+        if proc is not None:
+            try:
+                stdout, stderr = proc.collect_output()
+            except Exception:  # noqa: BLE001 - partial output is a courtesy
+                pass
+        return HostResult(target.name, target.address, HostStatus.TIMEOUT, stdout=stdout or "", stderr=stderr or "",
+                          phase="command", elapsed=elapsed, attempts=attempts,
+                          error=f"command did not finish within the {budget:g}s deadline; connection dropped")
+
+    async def _run_one(self, target: SSHTarget, command: str, timeout: float | None, start: float,
+                       state: dict) -> HostResult:
         import asyncssh
 
-        start = time.monotonic()
         attempts_total = 0
         for _ in range(2):  # a second go only when a reused connection turned out dead
+            state["phase"] = "connect"
             try:
                 conn, attempts, reused = await self._connection(target)
             except _ConnectFailed as exc:
@@ -245,9 +406,21 @@ class SSHPool:
                                   elapsed=time.monotonic() - start, host_key=exc.host_key,
                                   attempts=attempts_total + exc.attempts)
             attempts_total += attempts
+            state["attempts"] = attempts_total
+            state["phase"] = "session"
+            state["reused"] = reused
+            state["conn"] = conn
             try:
-                proc = await conn.create_process(command, encoding="utf-8", errors="replace",
-                                                 stdin=asyncssh.DEVNULL)
+                # Bounded: a kept connection to a frozen host takes the request and never answers it.
+                async with asyncio.timeout(self.config.connect_timeout):
+                    proc = await conn.create_process(command, encoding="utf-8", errors="replace",
+                                                     stdin=asyncssh.DEVNULL)
+            except TimeoutError:
+                self.drop(target, conn)
+                return HostResult(target.name, target.address, HostStatus.UNREACHABLE, phase="connect",
+                                  error=f"no session within {self.config.connect_timeout:g}s on the "
+                                        f"{'kept ' if reused else ''}connection (frozen host?); connection dropped",
+                                  elapsed=time.monotonic() - start, attempts=attempts_total)
             except (asyncssh.ChannelOpenError, asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError) as exc:
                 self._conns.pop(target.name, None)
                 if reused:
@@ -255,19 +428,22 @@ class SSHPool:
                 return HostResult(target.name, target.address, HostStatus.UNREACHABLE, phase="connect",
                                   error=f"could not open a session: {getattr(exc, 'reason', None) or exc}",
                                   elapsed=time.monotonic() - start, attempts=attempts_total)
+            state["phase"] = "command"
+            state["proc"] = proc
             return await self._finish(target, proc, timeout, start, attempts_total)
         return HostResult(target.name, target.address, HostStatus.UNREACHABLE, phase="connect",
                           error="connection lost", elapsed=time.monotonic() - start, attempts=attempts_total)
 
-    async def _finish(self, target: SSHTarget, proc, timeout: float, start: float, attempts: int) -> HostResult:
+    async def _finish(self, target: SSHTarget, proc, timeout: float | None, start: float,
+                      attempts: int) -> HostResult:
         import asyncssh
 
         try:
             async with asyncio.timeout(timeout):
                 stdout, stderr = await proc.communicate()
-        except asyncio.TimeoutError:
+        except TimeoutError:
             stdout, stderr = proc.collect_output()
-            proc.close()
+            proc.close()        # sends the channel close, waits for nothing
             return HostResult(target.name, target.address, HostStatus.TIMEOUT, stdout=stdout or "",
                               stderr=stderr or "", phase="command",
                               error=f"command did not finish within {timeout:g}s",
@@ -290,18 +466,29 @@ class SSHPool:
                           stdout=stdout or "", stderr=stderr or "", error=error, phase="command" if error else None,
                           elapsed=time.monotonic() - start, attempts=attempts)
 
+
     async def run(self, targets: Sequence[SSHTarget], command: str | Callable[[SSHTarget], str], *,
-                  timeout: float | None = None,
+                  timeout: float | None = None, deadline: float | None = None,
                   on_result: Callable[[HostResult], None] | None = None) -> list[HostResult]:
-        """Run *command* (or a per-target command) on every target; results in target order."""
+        """Run *command* (or a per-target command) on every target; results in target order.
+
+        With *deadline*, every host's result is in within that many seconds of the call, whatever
+        the hosts do (see run_one)."""
 
         async def one(t: SSHTarget) -> HostResult:
-            result = await self.run_one(t, command(t) if callable(command) else command, timeout=timeout)
+            result = await self.run_one(t, command(t) if callable(command) else command, timeout=timeout,
+                                        deadline=deadline)
             if on_result is not None:
                 on_result(result)
             return result
 
         return list(await asyncio.gather(*(one(t) for t in targets)))
+
+
+def _loop_time(monotonic_at: float) -> float:
+    """time.monotonic() instant -> the running loop's clock (the same clock in CPython, kept explicit)."""
+    loop = asyncio.get_running_loop()
+    return loop.time() + (monotonic_at - time.monotonic())
 
 
 class _HostKeyRefused(Exception):
@@ -333,12 +520,13 @@ def _client_class():
 
 
 def run_sync(config: SSHConfig, targets: Sequence[SSHTarget], command: str | Callable[[SSHTarget], str], *,
-             timeout: float | None = None, on_result: Callable[[HostResult], None] | None = None) -> list[HostResult]:
+             timeout: float | None = None, deadline: float | None = None,
+             on_result: Callable[[HostResult], None] | None = None) -> list[HostResult]:
     """One fan-out from synchronous code (the CLI): open a pool, run, close."""
 
     async def main() -> list[HostResult]:
         async with SSHPool(config) as pool:
-            return await pool.run(targets, command, timeout=timeout, on_result=on_result)
+            return await pool.run(targets, command, timeout=timeout, deadline=deadline, on_result=on_result)
 
     return asyncio.run(main())
 

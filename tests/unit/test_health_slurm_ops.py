@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from mctl.health.policy import DRAIN, RESUME, Decision
-from mctl.health.slurm_ops import apply_script, controller_down, parse_apply, read_nodes
+from mctl.health.slurm_ops import RESUMED_REASON, apply_script, controller_down, parse_apply, read_nodes
 
 SCONTROL = r'''#!PYTHON
 import json, sys
@@ -42,7 +42,10 @@ if args[:1] == ["update"]:
     elif kv["State"] == "RESUME":
         if "DRAIN" not in n["state"]:
             print("slurm_update error: Invalid node state specified"); sys.exit(1)
-        n["state"] = n["state"].split("+")[0]; n.pop("reason", None)
+        # as slurmctld 24.11 does: the last reason stays unless the update gives a new one
+        n["state"] = n["state"].split("+")[0]
+        if kv.get("Reason"):
+            n["reason"] = kv["Reason"]
     json.dump(nodes, open(path, "w"))
     sys.exit(0)
 sys.exit(2)
@@ -86,7 +89,11 @@ def test_drain_and_resume_through_the_script(slurm):
     assert views["t1"].mctl_drain and views["t1"].reason == "mctl: xid 79 gpu0 (fell off bus)"
     rs = [Decision("t1", RESUME, "healthy"), Decision("t2", RESUME, "healthy")]
     assert all(r.ok for r in parse_apply(slurm.run(apply_script(rs)), rs))
-    assert slurm.nodes() == {"t1": {"state": "IDLE"}, "t2": {"state": "ALLOCATED"}}
+    # Slurm keeps the last reason of a resumed node: the resume replaced mctl's in the same update.
+    assert slurm.nodes() == {"t1": {"state": "IDLE", "reason": RESUMED_REASON},
+                             "t2": {"state": "ALLOCATED", "reason": RESUMED_REASON}}
+    views, _ = read_nodes(slurm.run("scontrol show node -o"))
+    assert not views["t1"].drained and views["t1"].reason is None and not RESUMED_REASON.startswith("mctl:")
 
 
 def test_guards_refuse_at_the_last_moment(slurm):
