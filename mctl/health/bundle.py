@@ -46,7 +46,7 @@ MODULES = (
     "mctl.state", "mctl.state.files", "mctl.state.lock", "mctl.state.snapshots",
     "mctl.sched", "mctl.sched.slurm", "mctl.sched.slurm.facts",
     "mctl.health", "mctl.health.settings", "mctl.health.facts", "mctl.health.probe", "mctl.health.policy",
-    "mctl.health.breaker", "mctl.health.store", "mctl.health.slurm_ops", "mctl.health.nvml",
+    "mctl.health.breaker", "mctl.health.hysteresis", "mctl.health.store", "mctl.health.slurm_ops", "mctl.health.nvml",
     "mctl.health.node_check",
     "mctl.health.checks", "mctl.health.checks._base", "mctl.health.checks.reachability",
     "mctl.health.checks.gpu_count", "mctl.health.checks.driver", "mctl.health.checks.fabric_state",
@@ -61,7 +61,7 @@ STUB_PACKAGES = {
 THIRD_PARTY = ("ClusterShell", "ClusterShell.Defaults", "ClusterShell.NodeSet", "ClusterShell.NodeUtils",
                "ClusterShell.RangeSet")
 # Modules the node check reaches lazily (function-level imports); the bundle test imports them all.
-LAZY = ("mctl.health.nvml", "mctl.facts.imex", "mctl.model.fabric", "mctl.facts.kernel_log",
+LAZY = ("mctl.health.nvml", "mctl.health.hysteresis", "mctl.facts.imex", "mctl.model.fabric", "mctl.facts.kernel_log",
         "mctl.facts.nvidia_smi", "mctl.facts.services")
 
 
