@@ -255,10 +255,17 @@ def link(value: Any, where: str) -> str:
     raise BMCError("malformed", f"{where}: a link without @odata.id")
 
 
+def clean(value: Any, limit: int = 256) -> str:
+    """A BMC-supplied value made safe to print: control characters escaped, length capped."""
+    text = "".join(c if c.isprintable() or c == " " else f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}"
+                   for c in str(value))
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _message(text: str) -> str:
     try:
         msg = json.loads(text)["error"]["message"]
-        return f": {str(msg)[:200]}"
+        return f": {clean(msg, 200)}"
     except Exception:
         return ""
 

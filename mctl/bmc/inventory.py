@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from mctl.bmc.client import ROOT, BMCCredentials, BMCError, RedfishClient, base_url, link
+from mctl.bmc.client import ROOT, BMCCredentials, BMCError, RedfishClient, base_url, clean, link
 from mctl.errors import EXIT_OK, EXIT_PARTIAL, UsageError
 
 if TYPE_CHECKING:
@@ -112,17 +112,23 @@ def _text(doc: dict[str, Any], key: str) -> str | None:
     if value is None:
         return None
     if isinstance(value, (dict, list)):
-        raise BMCError("malformed", f"{doc.get('@odata.id', '?')}: {key} is not a value")
-    return str(value)
+        raise BMCError("malformed", f"{clean(doc.get('@odata.id', '?'))}: {key} is not a value")
+    return clean(value)
 
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _number(value: Any) -> float | int | None:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def _status(doc: dict[str, Any]) -> dict[str, Any]:
     st = doc.get("Status") if isinstance(doc.get("Status"), dict) else {}
-    return {"state": st.get("State"), "health": st.get("Health"), "health_rollup": st.get("HealthRollup")}
+    word = lambda v: clean(v, 64) if isinstance(v, str) else None  # noqa: E731
+    return {"state": word(st.get("State")), "health": word(st.get("Health")),
+            "health_rollup": word(st.get("HealthRollup"))}
 
 
 def _link_of(doc: dict[str, Any], key: str) -> str | None:
@@ -202,7 +208,7 @@ def read_tray(client: RedfishClient, tray: TrayBMC) -> None:
         power_link, thermal_link = _link_of(doc, "PowerSubsystem"), _link_of(doc, "ThermalSubsystem")
         if power_link:
             p = client.get(power_link)
-            tray.power = {**_status(p), "capacity_watts": p.get("CapacityWatts")}
+            tray.power = {**_status(p), "capacity_watts": _number(p.get("CapacityWatts"))}
         if thermal_link:
             t = client.get(thermal_link)
             tray.thermal = {**_status(t), "leak_detection": "LeakDetection" in t, "fans": "Fans" in t}

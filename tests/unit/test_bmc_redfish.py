@@ -327,3 +327,56 @@ racks:
 """)
     r = run_cli(capsys, "-i", str(tmp_path / "mctl.yml"), "--state-dir", str(tmp_path / "s"), "bmc", "inventory")
     assert r.code == 2 and "no bmc section" in r.err
+
+
+def test_hostile_values_from_a_bmc_are_escaped(capsys, pki, tmp_path):
+    ca, tls = pki
+    ip = "127.64.1.1"
+    port = free_port([ip])
+    cred = tmp_path / "bmc.cred"
+    cred.write_text("root:0penBmc\n")
+    cred.chmod(0o600)
+    (tmp_path / "mctl.yml").write_text(f"""\
+site: bmctest
+bmc: {{credentials_file: bmc.cred, verify_tls: {ca}, port: {port}}}
+racks:
+  r1:
+    shape: {{compute_trays: 1, switch_trays: 0}}
+    compute: {{nodes: r1-tray1, addresses: 127.65.0.1, bmc: {ip}}}
+""")
+    evil = (GB200 / "redfish/v1/UpdateService/FirmwareInventory/UEFI/index.json").read_bytes().replace(
+        b'"buildbrain-gcid-38635631"', b'"\\u001b[2J\\u001b]0;pwned\\u0007x"')
+    with MockupServer(GB200, host=ip, port=port, tls=tls,
+                      overrides={"/redfish/v1/UpdateService/FirmwareInventory/UEFI": evil}):
+        r = run_cli(capsys, "-i", str(tmp_path / "mctl.yml"), "--state-dir", str(tmp_path / "s"), "bmc", "inventory")
+    assert r.code == 0, r.err
+    assert "\x1b" not in r.out and "\x07" not in r.out
+    assert "\\x1b[2J\\x1b]0;pwned\\x07x" in r.out
+
+
+@pytest.mark.parametrize("section, message", [
+    ("{credentials_file: c, scheme: http}", "cross the network in clear"),
+    ("{credentials_file: c, verify_tls: 'false'}", "not a boolean or a CA bundle path"),
+    ("{credentials_file: c, port: 70000}", "port"),
+])
+def test_inventory_bmc_section_is_checked(capsys, tmp_path, section, message):
+    (tmp_path / "mctl.yml").write_text(f"""\
+site: bmctest
+bmc: {section}
+racks:
+  r1:
+    shape: {{compute_trays: 1, switch_trays: 0}}
+    compute: {{nodes: r1-tray1, addresses: 10.1.0.1, bmc: 10.2.0.1}}
+""")
+    r = run_cli(capsys, "-i", str(tmp_path / "mctl.yml"), "inventory", "validate")
+    assert r.code == 2 and message in (r.out + r.err), r.out + r.err
+
+
+def test_the_redfish_library_is_not_loaded_at_start_up():
+    import subprocess
+
+    code = ("import sys; from mctl.cli.main import main; main(['--help']); "
+            "print('LOADED' if 'redfish' in sys.modules or 'requests' in sys.modules else 'CLEAN')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "COLUMNS": "100"})
+    assert out.stdout.strip().endswith("CLEAN"), out.stdout[-300:] + out.stderr[-300:]
