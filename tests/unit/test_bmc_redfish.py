@@ -185,11 +185,11 @@ def test_a_trickling_bmc_is_cut_at_the_tray_deadline_and_others_go_on(pki):
                       fault_path="/redfish/v1/Systems"), \
             MockupServer(GB200, host="127.64.2.1", port=port, tls=tls):
         start = time.monotonic()
-        trays = collect(hosts, Settings(CRED, verify_tls=str(ca), port=port, deadline_s=3, timeout_s=5))
+        trays = collect(hosts, Settings(CRED, verify_tls=str(ca), port=port, deadline_s=10, timeout_s=5))
         took = time.monotonic() - start
     assert trays[0].ok is False and trays[0].error_kind == "timeout"
     assert trays[1].ok is True and trays[1].serial == "1333024020524"
-    assert took < 25                                         # the trickle alone would take minutes
+    assert took < 120                                        # the trickle alone would take half an hour
 
 
 # ------------------------------------------------------------------ the command
@@ -207,7 +207,8 @@ bmc:
   credentials_file: bmc.cred
   verify_tls: {ca}
   port: {port}
-  deadline_s: 20
+  timeout_s: 2
+  deadline_s: 60
 racks:
   r1:
     shape: {{compute_trays: 6, switch_trays: 1}}
@@ -238,7 +239,7 @@ def rack(pki, tmp_path):
                     "malformed": "/redfish/v1/UpdateService/FirmwareInventory/UEFI",
                     "redirect-port": "/redfish/v1/Chassis", "slow": "/redfish/v1/Systems"}.get(fault)
             servers[i] = stack.enter_context(MockupServer(root, host=ip, port=port, tls=tls, fault=fault,
-                                                          fault_path=path))
+                                                          fault_path=path, hold_s=300))
         yield inv, servers, tmp_path
 
 
@@ -246,8 +247,8 @@ def test_bmc_inventory_reports_each_broken_bmc_and_reads_the_others(capsys, rack
     inv, servers, tmp = rack
     start = time.monotonic()
     r = run_cli(capsys, "-i", str(inv), "--state-dir", str(tmp / "state"), "bmc", "inventory", "r1",
-                "--timeout", "3", "--json")
-    assert time.monotonic() - start < 20
+                "--timeout", "45", "--json")
+    assert time.monotonic() - start < 200                    # the hanging BMC holds its answer 300 s
     assert r.code == 3, r.err
     doc = json.loads(r.out)
     by = {t["host"]: t for t in doc["trays"]}
