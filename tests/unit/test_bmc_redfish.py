@@ -381,3 +381,11 @@ def test_the_redfish_library_is_not_loaded_at_start_up():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "COLUMNS": "100"})
     assert out.stdout.strip().endswith("CLEAN"), out.stdout[-300:] + out.stderr[-300:]
+
+
+def test_a_bmc_that_does_not_listen_is_unreachable():
+    port = free_port(["127.64.1.1"])                         # nothing listens there
+    client = RedfishClient(f"http://127.64.1.1:{port}", CRED, verify_tls=False, timeout_s=5)
+    with pytest.raises(BMCError) as exc:
+        client.get("/redfish/v1")
+    assert exc.value.kind == "unreachable" and "0penBmc" not in exc.value.message
