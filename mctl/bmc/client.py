@@ -2,7 +2,7 @@
 
 The library (python-redfish-library, `redfish.rest.v1`) does the HTTP; this
 module fixes the library defaults that do not fit a datacenter tool
-(docs/decisions.md, D16):
+(docs/decisions.md, D19):
 
 - Retries: the library retries any request, POST included, `max_retry` times
   (default 10, 1 s apart). Here `max_retry=0`: every request is sent once; a
