@@ -40,6 +40,7 @@ NOUNS: tuple[tuple[str, str], ...] = (
     ("health", "mctl.cli.health"),
     ("node", "mctl.cli.node"),
     ("audit", "mctl.cli.audit"),
+    ("bmc", "mctl.cli.bmc"),
 )
 
 ROOT_HELP = ("Manage NVIDIA GB200/GB300 NVL72 racks: inventory, provisioning, NVLink partitions, "

@@ -401,8 +401,29 @@ def _build_site(spec: SiteSpec, file: Path, doc: Located) -> tuple[Site | None, 
                                 f"unknown host {spec.scheduler.controller!r}", "name a head node of one of the racks"))
 
     site = Site(name=spec.site, file=file.resolve(), ssh=spec.ssh, racks=racks, scheduler=spec.scheduler,
-                health=spec.health, images_dir=images_dir, vars=dict(spec.vars))
+                health=spec.health, images_dir=images_dir, vars=dict(spec.vars), bmc=spec.bmc)
+    if spec.bmc is not None:
+        _check_path(spec.bmc.credentials_file, doc, ("bmc", "credentials_file"), problems)
+        if spec.bmc.scheme == "http" and any(not _loopback(h.bmc) for h in site.hosts() if h.bmc):
+            problems.append(Problem(doc.file, doc.line_of(("bmc", "scheme")), "bmc.scheme",
+                                    "bmc.scheme http on routed BMC addresses: the BMC credentials would cross "
+                                    "the network in clear", "use https (the default)"))
+        if isinstance(spec.bmc.verify_tls, str) and (spec.bmc.verify_tls.strip().lower() in _BOOL_WORDS
+                                                     or not spec.bmc.verify_tls.strip()):
+            problems.append(Problem(doc.file, doc.line_of(("bmc", "verify_tls")), "bmc.verify_tls",
+                                    f"verify_tls is the string {spec.bmc.verify_tls!r}, not a boolean or a CA "
+                                    "bundle path", "write verify_tls: false (without quotes), or the CA path"))
     return site, problems
+
+
+_BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "y", "n", "t", "f", "0", "1")
+
+
+def _loopback(addr: str | None) -> bool:
+    try:
+        return bool(addr) and (addr.lower() == "localhost" or ipaddress.ip_address(addr).is_loopback)
+    except ValueError:
+        return False
 
 
 def _nmx_problems(nmx, doc: Located, path: tuple, problems: list[Problem]) -> None:

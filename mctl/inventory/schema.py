@@ -35,6 +35,18 @@ class NMXSettings(Spec):
     allow_http = F(bool, False)                 # plain http:// on a routed address (else loopback only)
 
 
+class BMCSettings(Spec):
+    """How mctl reaches the trays' BMCs over Redfish (docs/bmc.md); the addresses are each group's `bmc`."""
+
+    credentials_file = F(str)                   # one line username:password, mode 0600
+    verify_tls = F(Either(bool, str), True)     # true, false, or a CA bundle path
+    scheme = F(OneOf("https", "http"), "https")
+    port = F(Opt(int), None, ge=1, le=65535)
+    timeout_s = F(float, 10.0, gt=0)            # each connect and each read
+    deadline_s = F(float, 60.0, gt=0)           # one tray, every request together
+    concurrency = F(int, 32, ge=1, le=1024)     # trays read at once (one connection per BMC)
+
+
 class HeadNode(Spec):
     name = F(str)
     address = F(str)
@@ -184,3 +196,4 @@ class SiteSpec(Spec):
     scheduler = F(Opt(SchedulerSpec), None)
     health = F(HealthSpec, factory=HealthSpec)
     vars = F(DictOf(str, ANY), factory=dict)
+    bmc = F(Opt(BMCSettings), None)

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Literal
 
 from ClusterShell.NodeSet import NodeSet
 
-from mctl.inventory.schema import HealthSpec, NMXSettings, SchedulerSpec, SSHSettings
+from mctl.inventory.schema import BMCSettings, HealthSpec, NMXSettings, SchedulerSpec, SSHSettings
 
 Role = Literal["compute", "switch", "head"]
 
@@ -82,6 +82,7 @@ class Site:
     health: HealthSpec
     images_dir: Path | None
     vars: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    bmc: BMCSettings | None = None
 
     @property
     def root(self) -> Path:

@@ -1,0 +1,291 @@
+"""A read-only Redfish client for one tray's BMC, on DMTF's `redfish` library.
+
+The library (python-redfish-library, `redfish.rest.v1`) does the HTTP; this
+module fixes the library defaults that do not fit a datacenter tool
+(docs/decisions.md, D19):
+
+- Retries: the library retries any request, POST included, `max_retry` times
+  (default 10, 1 s apart). Here `max_retry=0`: every request is sent once; a
+  reading that fails is reported, never silently re-sent.
+- TLS: the library verifies nothing unless it is given a CA file. Here a CA file
+  is always given: the inventory's `bmc.verify_tls` path, or the system bundle
+  when `verify_tls: true`. `verify_tls: false` warns once per run.
+- Deadlines: the library's `timeout` bounds each connect and each read, not a
+  whole answer. Every request here gets `min(timeout_s, time left)` and the
+  whole tray has a deadline (`deadline_s`) that mctl.bmc.inventory enforces from
+  outside the worker thread, so one slow BMC cannot hold the run.
+- Origins: paths come from `@odata.id` and are only ever joined to this BMC's
+  own base URL; an absolute URL, a `//host` path or anything outside
+  `/redfish/v1` is refused. Redirects are not followed by the library
+  (`max_redirects=0` on its requests session): a same-origin redirect of a GET is
+  followed here (at most 3), one to another scheme, host or port is refused and
+  the credentials are not sent there. Environment proxies and ~/.netrc are off
+  (`trust_env=False`).
+- Credentials: HTTP Basic from a file of one line `username:password` that must
+  not be readable by group or others; no session is created (a GB200 BMC allows
+  few client connections and sessions outlive a crashed client). The password
+  never appears in a repr, an error or a log line.
+
+The `redfish` import is inside the constructor so `mctl --help` never pays for it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+import stat
+import sys
+import time
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from mctl.errors import UsageError
+
+ROOT = "/redfish/v1"
+BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "y", "n", "t", "f", "0", "1")
+
+
+class BMCError(Exception):
+    """One tray's BMC could not be read. `kind` names the class of trouble for reports."""
+
+    def __init__(self, kind: str, message: str, *, status: int | None = None):
+        super().__init__(message)
+        self.kind = kind            # auth, timeout, unreachable, tls, http, malformed, origin
+        self.message = message
+        self.status = status
+
+
+# ------------------------------------------------------------------ credentials
+
+@dataclass(frozen=True)
+class BMCCredentials:
+    username: str
+    password: str
+
+    def __repr__(self) -> str:
+        return f"BMCCredentials(username={self.username!r}, password='***')"
+
+    __str__ = __repr__
+
+    def header(self) -> str:
+        return "Basic " + base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+
+
+def load_credentials(path: str | Path) -> BMCCredentials:
+    """Read `username:password` from *path*, refusing a file others could read."""
+    p = Path(path).expanduser()
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise UsageError(f"BMC credentials file {p} does not exist",
+                         hint="create it with one line 'username:password' and 'chmod 600' it") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read BMC credentials file {p}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"BMC credentials file {p} is not a regular file")
+    if st.st_mode & 0o077:
+        raise UsageError(f"BMC credentials file {p} is readable by others (mode {stat.S_IMODE(st.st_mode):04o})",
+                         hint=f"chmod 600 {p}")
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read BMC credentials file {p}: {getattr(exc, 'strerror', None) or exc}") from None
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    if len(lines) != 1 or ":" not in lines[0] or not lines[0].split(":", 1)[0]:
+        raise UsageError(f"BMC credentials file {p} must hold exactly one line 'username:password'",
+                         hint="blank lines and lines starting with '#' are ignored")
+    user, password = lines[0].split(":", 1)
+    return BMCCredentials(user, password)
+
+
+def _origin(url: str) -> tuple[str, str, int]:
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return scheme, (parts.hostname or "").lower(), port or (443 if scheme == "https" else 80)
+
+
+def base_url(address: str, *, scheme: str = "https", port: int | None = None) -> str:
+    host = f"[{address}]" if ":" in address and not address.startswith("[") else address
+    default = 443 if scheme == "https" else 80
+    return f"{scheme}://{host}" + (f":{port}" if port and port != default else "")
+
+
+def system_ca_file() -> str | None:
+    """The system CA bundle the library is given for `verify_tls: true`."""
+    paths = ssl.get_default_verify_paths()
+    for candidate in (paths.cafile, paths.openssl_cafile):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    try:
+        import certifi
+        return certifi.where()
+    except ImportError:  # pragma: no cover - requests brings certifi
+        return None
+
+
+def check_path(path: str) -> str:
+    """A Redfish path mctl may send credentials to: absolute, under /redfish/v1, on no other host."""
+    if not isinstance(path, str) or not path:
+        raise BMCError("malformed", f"a link is not a path: {path!r}")
+    parts = urllib.parse.urlsplit(path)
+    if parts.scheme or parts.netloc or path.startswith("//") or "\\" in path \
+            or any(ord(c) < 33 or ord(c) == 127 for c in path):
+        raise BMCError("origin", f"the BMC linked to {path!r}, which is not a path on this BMC; "
+                                 "mctl does not send the BMC credentials there")
+    clean = parts.path.rstrip("/") or "/"
+    if clean != ROOT and not clean.startswith(ROOT + "/"):
+        raise BMCError("origin", f"the BMC linked to {path!r}, outside {ROOT}")
+    if "/../" in clean + "/" or "/./" in clean + "/":
+        raise BMCError("malformed", f"the BMC linked to {path!r} (dot segments)")
+    return clean
+
+
+class RedfishClient:
+    """GET-only access to one BMC. Use `get(path)`; it returns the JSON object or raises BMCError."""
+
+    def __init__(self, url: str, credentials: BMCCredentials, *, verify_tls: bool | str = True,
+                 timeout_s: float = 10.0, deadline: float | None = None,
+                 warn: Callable[[str], None] | None = None):
+        import redfish                                   # heavy (requests): only when a BMC is read
+
+        self.url = url.rstrip("/")
+        self.origin = _origin(self.url)
+        self.timeout_s = timeout_s
+        self.deadline = deadline                         # time.monotonic() value, or None
+        self.requests = 0
+        if isinstance(verify_tls, str):
+            ca = Path(verify_tls).expanduser()
+            if not ca.is_file():
+                raise UsageError(f"bmc.verify_tls: CA bundle {ca} does not exist or is not a file",
+                                 hint="give the path of the CA that signed the BMC certificates")
+            cafile: str | None = str(ca)
+        elif verify_tls:
+            cafile = system_ca_file()
+            if cafile is None:
+                raise UsageError("no system CA bundle found to verify the BMC certificates",
+                                 hint="set bmc.verify_tls to the CA bundle path")
+        else:
+            cafile = None                                # the library then sends verify=False
+            if self.origin[0] == "https":
+                (warn or _default_warn)(f"TLS verification of the BMC at {self.url} is off (bmc.verify_tls: false)")
+        self._credentials = credentials
+        self._client = redfish.redfish_client(base_url=self.url, cafile=cafile, timeout=timeout_s, max_retry=0,
+                                              check_connectivity=False)
+        session = self._client._session                  # the library's requests.Session
+        session.trust_env = False                        # no environment proxies, no ~/.netrc
+        session.max_redirects = 0                        # the library never follows a redirect itself
+        self._client.set_authorization_key(credentials.header())
+
+    def __repr__(self) -> str:
+        return f"RedfishClient({self.url!r}, user={self._credentials.username!r})"
+
+    def close(self) -> None:
+        try:
+            self._client._session.close()
+        except Exception:  # pragma: no cover - closing a dead session
+            pass
+
+    def _timeout(self) -> float:
+        if self.deadline is None:
+            return self.timeout_s
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise BMCError("timeout", "the tray's deadline passed")
+        return min(self.timeout_s, left)
+
+    def get(self, path: str) -> dict[str, Any]:
+        import requests
+        from redfish.rest.v1 import RetriesExhaustedError
+
+        target = check_path(path)
+        for _hop in range(4):
+            self.requests += 1
+            try:
+                resp = self._client.get(target, timeout=self._timeout())
+            except RetriesExhaustedError as exc:
+                cause = exc.__cause__
+                if isinstance(cause, requests.TooManyRedirects) and cause.response is not None:
+                    target = self._redirect(target, cause.response.status_code,
+                                            cause.response.headers.get("Location", ""))
+                    continue
+                raise _transport_error(cause, target) from None
+            status = resp.status
+            if status in (401, 403):
+                raise BMCError("auth", f"the BMC refused the credentials (HTTP {status} on GET {target})",
+                               status=status)
+            if status >= 300:
+                raise BMCError("http", f"GET {target} answered HTTP {status}{_message(resp.text)}", status=status)
+            try:
+                doc = json.loads(resp.text)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise BMCError("malformed", f"GET {target}: the answer is not JSON ({exc})") from None
+            if not isinstance(doc, dict):
+                raise BMCError("malformed", f"GET {target}: the answer is a JSON {type(doc).__name__}, not an object")
+            return doc
+        raise BMCError("http", f"GET {path} was redirected more than 3 times")
+
+    def _redirect(self, here: str, status: int, location: str) -> str:
+        url = urllib.parse.urljoin(self.url + here, location)
+        if not location or _origin(url) != self.origin:
+            raise BMCError("origin", f"GET {here} was redirected (HTTP {status}) to {location or 'nowhere'!r}, "
+                                     "another origin; mctl does not send the BMC credentials there")
+        parts = urllib.parse.urlsplit(url)
+        return check_path(parts.path + (f"?{parts.query}" if parts.query else ""))
+
+    def members(self, path: str) -> list[str]:
+        """The member paths of a collection."""
+        doc = self.get(path)
+        members = doc.get("Members")
+        if not isinstance(members, list):
+            raise BMCError("malformed", f"{path} is not a collection (no Members list)")
+        return [link(m, f"{path} Members") for m in members]
+
+
+def link(value: Any, where: str) -> str:
+    """The `@odata.id` of a link object."""
+    if isinstance(value, dict) and isinstance(value.get("@odata.id"), str):
+        return check_path(value["@odata.id"])
+    raise BMCError("malformed", f"{where}: a link without @odata.id")
+
+
+def clean(value: Any, limit: int = 256) -> str:
+    """A BMC-supplied value made safe to print: control characters escaped, length capped."""
+    text = "".join(c if c.isprintable() or c == " " else f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}"
+                   for c in str(value))
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _message(text: str) -> str:
+    try:
+        msg = json.loads(text)["error"]["message"]
+        return f": {clean(msg, 200)}"
+    except Exception:
+        return ""
+
+
+def _transport_error(cause: BaseException | None, target: str) -> BMCError:
+    import requests
+
+    if isinstance(cause, requests.exceptions.SSLError):
+        return BMCError("tls", f"TLS verification of the BMC failed on GET {target}: {_short(cause)}")
+    if isinstance(cause, requests.exceptions.Timeout):
+        return BMCError("timeout", f"GET {target} timed out")
+    if isinstance(cause, requests.exceptions.ConnectionError):
+        return BMCError("unreachable", f"cannot connect for GET {target}: {_short(cause)}")
+    return BMCError("unreachable", f"GET {target} failed: {_short(cause)}")
+
+
+def _short(exc: BaseException | None) -> str:
+    text = str(exc) if exc is not None else "no answer"
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _default_warn(message: str) -> None:
+    sys.stderr.write(f"mctl: warning: {message}\n")

@@ -1,0 +1,114 @@
+"""mctl bmc: the trays' BMCs over Redfish (docs/bmc.md)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from mctl.cli import render
+from mctl.cli.context import options, want_json
+from mctl.cli.options import JsonOpt, finite
+from mctl.errors import EXIT_PARTIAL, PartialFailure
+
+app = typer.Typer(help="Tray BMCs over Redfish: inventory serials, power state and firmware.",
+                  no_args_is_help=True)
+
+
+@app.command()
+def inventory(
+    target: Annotated[Optional[str], typer.Argument(
+        help="Trays (node set) or a rack name: its compute and switch trays (default: every tray).",
+        show_default=False)] = None,
+    diff: Annotated[bool, typer.Option("--diff", help="Show what changed since the last snapshot.")] = False,
+    timeout: Annotated[Optional[float], typer.Option(
+        "--timeout", "-t", click_type=finite(min=1.0),
+        help="Seconds each tray's BMC may take in all (default: bmc.deadline_s, 60).")] = None,
+    no_save: Annotated[bool, typer.Option("--no-save", help="Do not store this run as a snapshot.")] = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Read every tray's BMC over Redfish: serials, slot, power state, firmware, sensors.
+
+    GET only, one connection per BMC, trays in parallel: the service root, Systems, Managers,
+    UpdateService/FirmwareInventory, every Chassis, and the tray chassis' PowerSubsystem,
+    ThermalSubsystem and Sensors. Credentials come from the inventory's bmc.credentials_file
+    (mode 0600); TLS is verified (bmc.verify_tls: a CA bundle path). Each run is saved under
+    <state>/snapshots/bmc-inventory/RACK/; --diff compares with the previous one (a swapped tray
+    shows as a serial change, an update as a firmware version change).
+
+    Exit 0 every BMC read, 2 bad input, 3 some BMCs refused the credentials, timed out,
+    answered an error or a malformed document (every other tray was read).
+
+    Example: mctl -i inventories/lab bmc inventory lab-r1 --diff
+    """
+    from mctl.bmc.inventory import run_inventory
+
+    opts = options()
+    site = opts.site()
+    hosts = _hosts(site, target)
+    report = run_inventory(site, hosts, state_dir=opts.state_dir, save=not no_save, diff=diff, timeout_s=timeout)
+    if want_json(json_):
+        render.print_json(report.to_dict())
+    else:
+        _print(report, diff)
+    if report.exit_code == EXIT_PARTIAL:
+        from mctl.model.site import fold
+
+        kinds: dict[str, list[str]] = {}
+        for t in report.failed:
+            kinds.setdefault(t.error_kind or "error", []).append(t.host)
+        n = len(report.failed)
+        raise PartialFailure(f"{n} BMC{'s' if n > 1 else ''} not read: "
+                             + "; ".join(f"{k} {fold(v)}" for k, v in sorted(kinds.items())),
+                             hint="every other tray was read; see the errors above")
+
+
+def _hosts(site, target: str | None):
+    if target is None:
+        hosts = [h for r in site.racks.values() for h in r.compute + r.switches]
+    elif target.strip() in site.racks:
+        rack = site.racks[target.strip()]
+        hosts = list(rack.compute + rack.switches)
+    else:
+        from mctl.transport.targets import resolve_hosts
+
+        hosts = resolve_hosts(site, target, roles=("compute", "switch"))
+    if not hosts:
+        from mctl.errors import UsageError
+
+        raise UsageError(f"{target or 'the inventory'} names no compute or switch trays")
+    return hosts
+
+
+def _cell(values: list[str] | None) -> str:
+    return ",".join(values) if values else "-"
+
+
+def _print(report, show_diff: bool) -> None:
+    rows = []
+    for t in report.trays:
+        if not t.ok:
+            rows.append((t.host, t.bmc or "-", "-", "-", "-", "-", "-", "-", f"{t.error_kind}: {t.error}"))
+            continue
+        health = "/".join(x["health"] or "?" for x in (t.power, t.thermal) if x) or "-"
+        rows.append((t.host, t.bmc or "-", t.serial or "-", "-" if t.slot is None else str(t.slot),
+                     t.power_state or "-", _cell(t.versions.get("bmc")), _cell(t.versions.get("bios")),
+                     ", ".join(f"{k} {_cell(v)}" for k, v in t.versions.items() if k not in ("bmc", "bios")) or "-",
+                     f"power/thermal {health}, {t.sensors if t.sensors is not None else '?'} sensors"))
+    render.table("BMC inventory", ("tray", "bmc", "serial", "slot", "power", "BMC fw", "BIOS", "other firmware",
+                                   "sensors"), rows)
+    if report.changes is not None or show_diff:
+        for rack in sorted(report.previous):
+            changes = (report.changes or {}).get(rack, [])
+            if report.previous.get(rack) is None:
+                render.line(f"diff: no earlier BMC snapshot of {rack}; this run is the baseline")
+            elif not changes:
+                render.line(f"diff {rack}: no changes")
+            else:
+                render.line(f"diff {rack}: {len(changes)} change{'s' if len(changes) > 1 else ''}")
+                for c in changes:
+                    render.line(f"  {c['host']}  {c['kind']}: {c['message']}")
+    read = len(report.trays) - len(report.failed)
+    saved = ", ".join(report.snapshot_paths.values())
+    render.line(f"{len(report.trays)} trays, {read} BMCs read, {len(report.failed)} not read "
+                f"({report.elapsed:.1f}s)" + (f"; snapshot {saved}" if saved else ""))

@@ -1,0 +1,163 @@
+"""A static Redfish mockup server for tests: a real capture's tree served by @odata.id.
+
+DMTF Mockup Creator stores `/redfish/v1/X` as `<dir>/redfish/v1/X/index.json`;
+this serves those files byte for byte on 127.0.0.x (HTTP Basic required on every
+path but the service root, as a BMC does), optionally over TLS with a throwaway
+CA. A `fault` makes the server misbehave the way a broken BMC does, to test that
+mctl reports that tray and goes on.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+FAULTS = ("none", "401", "500", "slow", "trickle", "malformed", "redirect-port", "redirect-same")
+
+
+class MockupServer:
+    def __init__(self, root: Path, *, host: str = "127.0.0.1", port: int = 0, user: str = "root",
+                 password: str = "0penBmc", fault: str = "none", tls: tuple[Path, Path] | None = None,
+                 fault_path: str | None = None, hold_s: float = 30.0, overrides: dict[str, bytes] | None = None):
+        assert fault in FAULTS, fault
+        self.root, self.fault, self.fault_path, self.hold_s = Path(root), fault, fault_path, hold_s
+        self.overrides = dict(overrides or {})      # path -> body: a variant made in memory, files untouched
+        self.expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        self.requests: list[tuple[str, str, str | None]] = []    # (method, path, Authorization)
+        self.release = threading.Event()
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True      # else each answer waits out the peer's delayed ACK
+
+            def log_message(self, *args):   # quiet
+                pass
+
+            def do_GET(self):
+                owner.requests.append(("GET", self.path, self.headers.get("Authorization")))
+                path = self.path.split("?", 1)[0].rstrip("/") or "/"
+                hit = owner.fault_path is None or path == owner.fault_path
+                if owner.fault == "slow" and hit:
+                    owner.release.wait(owner.hold_s)
+                    return self._send(200, b"{}")
+                if path != "/redfish/v1" and self.headers.get("Authorization") != owner.expected:
+                    return self._send(401, b'{"error": {"message": "unauthorized"}}',
+                                      extra={"WWW-Authenticate": 'Basic realm="Redfish"'})
+                if owner.fault == "401" and hit:
+                    return self._send(401, b'{"error": {"message": "unauthorized"}}')
+                if owner.fault == "500" and hit:
+                    return self._send(500, b'{"error": {"message": "internal error"}}')
+                if owner.fault in ("redirect-port", "redirect-same") and hit:
+                    host, port = self.server.server_address[:2]
+                    port = port + 1 if owner.fault == "redirect-port" else port
+                    scheme = "https" if tls else "http"
+                    return self._send(307, b"", extra={"Location": f"{scheme}://{host}:{port}{path}/moved"})
+                if path.endswith("/moved"):
+                    path = path[: -len("/moved")]
+                if path in owner.overrides:
+                    return self._send(200, owner.overrides[path])
+                file = owner.root / path.lstrip("/") / "index.json"
+                if not file.resolve().is_relative_to(owner.root.resolve()) or not file.is_file():
+                    return self._send(404, b'{"error": {"message": "not found"}}')
+                body = file.read_bytes()
+                if owner.fault == "malformed" and hit:
+                    body = body[: len(body) // 2]
+                if owner.fault == "trickle" and hit:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    for b in body:
+                        if owner.release.wait(0.5):
+                            return
+                        self.wfile.write(bytes([b]))
+                        self.wfile.flush()
+                    return
+                self._send(200, body)
+
+            def _send(self, code, body, extra=None):
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                for k, v in (extra or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                try:
+                    self.wfile.write(body)
+                except OSError:
+                    pass
+
+        self.httpd = http.server.ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        if tls:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(str(tls[0]), str(tls[1]))
+            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+        self.host, self.port = self.httpd.server_address[:2]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> "MockupServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def paths(self) -> list[str]:
+        return [p for _m, p, _a in self.requests]
+
+
+def free_port(hosts: list[str]) -> int:
+    """A TCP port free on every one of *hosts* (loopback addresses) at this moment."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind((hosts[0], 0))
+            port = s.getsockname()[1]
+        ok = True
+        for h in hosts[1:]:
+            with socket.socket() as s:
+                try:
+                    s.bind((h, port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return port
+    raise RuntimeError("no common free port")
+
+
+def throwaway_ca(folder: Path, hosts: list[str]) -> tuple[Path, Path, Path]:
+    """(ca.pem, server cert, server key) for *hosts* (IP SANs), made with the openssl CLI."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ca_key, ca, key, csr, cert = (folder / n for n in ("ca.key", "ca.pem", "srv.key", "srv.csr", "srv.pem"))
+    run = lambda *a: subprocess.run(a, check=True, capture_output=True, timeout=60)  # noqa: E731
+    run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key), "-out", str(ca),
+        "-days", "2", "-subj", "/CN=mctl test CA", "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr),
+        "-subj", "/CN=bmc")
+    ext = folder / "ext.cnf"
+    ext.write_text("subjectAltName=" + ",".join(f"IP:{h}" for h in hosts) + "\n"
+                   "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
+                   "extendedKeyUsage=serverAuth\n")
+    run("openssl", "x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+        "-out", str(cert), "-days", "2", "-extfile", str(ext))
+    return ca, cert, key
+
+
+def wait_until(predicate, timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
