@@ -108,6 +108,9 @@ def status(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.",
            json_: JsonOpt = False) -> None:
     """Check every IMEX domain over SSH: node lists as rendered, daemons READY, every link connected.
 
+    Each tray is asked for nvidia-imex-ctl -N -j and the text -N; the two must agree
+    (state, nodes, links), and a disagreement is a reason of the domain.
+
     Exit 0 when every domain is UP, 1 when one is DEGRADED or DOWN (the reasons name trays),
     3 when trays could not be reached.
 
