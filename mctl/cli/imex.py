@@ -189,10 +189,15 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", 
             render.warn(f"{plan.rack}: IMEX domain {domain} {'would be' if dry_run else 'is'} left unchanged "
                         f"(no file written, no daemon restarted): {fold(lost)} cannot be reached")
 
+    def waiting(blocked: dict[str, list[str]], left: float) -> None:
+        lost = sorted({t for trays in blocked.values() for t in trays})
+        render.warn(f"{fold(lost)} cannot be reached: asking again for up to {left:.0f}s before leaving IMEX "
+                    f"domain{'s' if len(blocked) > 1 else ''} {', '.join(blocked)} unchanged")
+
     held: list[str] = []
     for r in racks:
         result = apply_imex(site, r, settings, restart=restart, dry_run=dry_run, on_plan=show,
-                            reach_wait=reach_wait)
+                            reach_wait=reach_wait, on_wait=waiting)
         failed += result.unreachable + list(result.failed)
         held += [f"{r.name}/{d} ({fold(lost)} unreachable)" for d, lost in result.held.items()]
         for host, why in result.failed.items():

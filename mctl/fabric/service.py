@@ -120,12 +120,14 @@ class ImexApplyResult:
 def apply_imex(site: "Site", rack: "Rack", settings: "ImexSettings | None" = None, *, restart: bool = False,
                dry_run: bool = False, on_plan: Callable[[ImexApplyResult], None] | None = None,
                on_push: Callable[["HostResult"], None] | None = None, reach_wait: float = 0.0,
+               on_wait: Callable[[dict[str, list[str]], float], None] | None = None,
                sleep: Callable[[float], None] = time.sleep) -> ImexApplyResult:
     """Push each tray's rendered IMEX files where they differ and restart its daemon; the rest is left alone.
 
     A domain with a tray that cannot be reached is not touched at all (no file written, no
     daemon restarted: restarting the others would split it): it is asked again for up to
-    *reach_wait* seconds, then left unchanged and reported in `held`. Replaced files are kept
+    *reach_wait* seconds (on_wait is told once, with the held domains and the seconds left),
+    then left unchanged and reported in `held`. Replaced files are kept
     beside them as `<file>.mctl-bak` (imex_remote.push_command).
     """
     from mctl.fabric.imex import expected_files, imex_domains, plan_domains, trays_needing
@@ -143,6 +145,9 @@ def apply_imex(site: "Site", rack: "Rack", settings: "ImexSettings | None" = Non
         left = deadline - time.monotonic()
         if not blocked or dry_run or left <= 0:
             break
+        if on_wait is not None:
+            on_wait(blocked, left)
+            on_wait = None
         sleep(min(2.0, max(0.1, left)))
         again, files = collect(site, [h for h in rack.compute if h.name in unreachable], settings)
         reports.update(again)

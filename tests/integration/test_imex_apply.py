@@ -145,3 +145,46 @@ def test_apply_leaves_a_domain_with_a_frozen_tray_unchanged_and_names_it(rack):
     _wait_reachable(lab, "lab-r1-tray02")
     _up(rack, rack.split)             # the tray is back: the held domain is applied now
     assert _cat(rack, "lab-r1-tray01", NODES) == rack.addr("lab-r1-tray01", "lab-r1-tray02")
+
+
+def test_apply_waits_for_a_tray_that_comes_back_within_reach_wait(rack):
+    import subprocess
+    import threading
+
+    from mctl.lab import control
+    from mctl.lab.faults import FaultRequest
+
+    lab = rack.lab
+    _up(rack, rack.whole)
+    control.fault(lab.dir, "lab-r1-tray02", FaultRequest(unreachable=True))
+    proc = subprocess.Popen([sys.executable, "-m", "mctl", "-i", str(rack.split), "imex", "apply", lab.rack,
+                             "--reach-wait", "120"], env=lab._env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    said: list[str] = []
+    waiting = threading.Event()
+
+    def read() -> None:
+        for line in proc.stderr:
+            said.append(line)
+            if "asking again for up to" in line:
+                waiting.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        # the state to act on: apply says it is waiting for tray02 (bounded wait for that line)
+        assert waiting.wait(timeout=120), f"apply did not say it waits: {''.join(said)}"
+        assert "lab-r1-tray02 cannot be reached" in "".join(said) and "domain p0" in "".join(said)
+        assert _cat(rack, "lab-r1-tray01", NODES) == rack.addr(*lab.trays)     # nothing written meanwhile
+    finally:
+        control.fault(lab.dir, "lab-r1-tray02", FaultRequest(clear=True))
+        try:
+            out, _ = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate(timeout=30)
+        reader.join(timeout=30)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{''.join(said)}\n{out}"
+    for t in ("lab-r1-tray01", "lab-r1-tray02"):
+        assert _cat(rack, t, NODES) == rack.addr("lab-r1-tray01", "lab-r1-tray02")
+    _up(rack, rack.split)
