@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from mctl.audit.model import AuditReport, Entry, Gap, Skip, tag
-from mctl.audit.rules import drains, hostkeys, imex, nmx, slurm, versions
+from mctl.audit.rules import drains, hostkeys, imex, layers, nmx, slurm, versions
 from mctl.errors import MctlError, UsageError
 from mctl.model.findings import Finding, Severity
 
@@ -192,6 +192,9 @@ def evaluate(site: "Site", plan: Plan, actual: "Actual", settings: AuditSettings
             continue
         entries += tag(nmx.FAMILY, found, rack_of=rack_of)
 
+    # one finding per partition across the layers that follow it
+    entries += _layer_entries(site, plan, actual, rack_of)
+
     # health
     coverage = coverage_of(entries)
     if settings.health:
@@ -208,6 +211,78 @@ def evaluate(site: "Site", plan: Plan, actual: "Actual", settings: AuditSettings
                 looked.add(plan.controller.name)
             coverage["health"] = sorted(looked)
     return entries, gaps, coverage
+
+
+def _tray_gpus(actual: "Actual", host: str):
+    tray = actual.trays.get(host)
+    if tray is not None and tray.gpus is not None:
+        return tray.gpus
+    facts = actual.health.facts.get(host) if actual.health is not None else None
+    return facts.gpus if facts is not None else None
+
+
+def _layer_entries(site: "Site", plan: Plan, actual: "Actual", rack_of: dict[str, str]) -> list[Entry]:
+    """The partition plan against NMX-M, the cliques, the IMEX node lists, Slurm's blocks (layers.py)."""
+    from ClusterShell.NodeSet import NodeSet
+
+    from mctl.facts import FactsParseError
+    from mctl.facts.imex import parse_nodes_config
+    from mctl.fabric.imex import imex_domains
+    from mctl.sched.slurm.facts import parse_show_topology
+
+    tray_of = {h.address: h.name for h in site.compute_trays()}
+    ctl = actual.controller
+    plugin = "block"
+    if ctl is not None and ctl.config.get("TopologyPlugin") == "topology/tree":
+        plugin = "tree"
+    out: list[Entry] = []
+    for rack in plan.racks:
+        trays = [h.name for h in rack.compute]
+        views: list[layers.LayerView] = []
+        not_compared: dict[str, str] = {}
+        fabric = actual.fabric.get(rack.name)
+        if fabric is None:
+            not_compared["nmx"] = "no NMX-M endpoint in the inventory"
+        elif fabric.state is None:
+            views.append(layers.LayerView("nmx", {}, error=fabric.error or "no answer"))
+        else:
+            views.append(layers.nmx_view(rack, fabric.state))
+        labels = {}
+        for t in trays:
+            st = actual.trays.get(t)
+            gpus = _tray_gpus(actual, t) if st is not None and st.reached else None
+            labels[t] = gpus.clique_label if gpus is not None else None
+        views.append(layers.clique_view(labels))
+        if plan.imex_settings is not None:
+            path = plan.imex_settings.node_config_file
+            lists: dict[str, tuple[str, ...] | None] = {}
+            for t in trays:
+                st = actual.trays.get(t)
+                if st is None or not st.reached or path in st.file_errors or path not in st.files:
+                    continue
+                text = st.files[path]
+                try:
+                    lists[t] = None if text is None else parse_nodes_config(text)
+                except FactsParseError:
+                    lists[t] = ()
+            views.append(layers.imex_view(lists, tray_of))
+        if plan.controller is not None:
+            if ctl is None or ctl.error is not None:
+                why = (ctl.error if ctl is not None else None) or "the controller was not asked"
+                views += [layers.LayerView("topology.conf", {}, error=why), layers.LayerView("topology", {}, error=why)]
+            else:
+                conf = None if ctl.topology_conf is None else slurm.found_blocks(
+                    parse_show_topology(ctl.topology_conf), plugin)
+                live = None if ctl.topology is None else slurm.found_blocks(ctl.topology, plugin)
+                views.append(layers.blocks_view("topology.conf", trays, conf and {
+                    k: list(NodeSet(v)) for k, v in conf.items()}, ctl.topology_conf_error or "absent"))
+                views.append(layers.blocks_view("topology", trays, live and {
+                    k: list(NodeSet(v)) for k, v in live.items()}, ctl.topology_error))
+        if site.scheduler is not None and site.scheduler.type == "k8s":
+            not_compared["k8s"] = "the audit does not read the Kubernetes node labels yet"
+        partitions = [(d.name, d.trays) for d in imex_domains(rack)]
+        out += tag(layers.FAMILY, layers.check_rack(rack.name, partitions, views, not_compared), rack_of=rack_of)
+    return out
 
 
 def _slurm_entries(site: "Site", plan: Plan, ctl, rack_of: dict[str, str]) -> list[Entry]:

@@ -108,6 +108,9 @@ def status(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.",
            json_: JsonOpt = False) -> None:
     """Check every IMEX domain over SSH: node lists as rendered, daemons READY, every link connected.
 
+    Each tray is asked for nvidia-imex-ctl -N -j and the text -N; the two must agree
+    (state, nodes, links), and a disagreement is a reason of the domain.
+
     Exit 0 when every domain is UP, 1 when one is DEGRADED or DOWN (the reasons name trays),
     3 when trays could not be reached.
 
@@ -144,12 +147,19 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", 
           wait: Annotated[float, typer.Option("--wait", click_type=finite(min=0),
                                               help="Seconds to wait for every domain to be UP "
                                                    "afterwards (0: do not wait).")] = 0,
+          reach_wait: Annotated[float, typer.Option("--reach-wait", click_type=finite(min=0, max=3600),
+                                                    help="Seconds to keep asking a tray that cannot be reached "
+                                                    "before its domain is left unchanged.")] = 15,
           dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
     """Push each tray's rendered config.cfg and nodes_config.cfg where they differ, and restart its daemon.
 
     Trays whose files already match are left alone (unless --restart), so a second run changes
-    nothing. The restart command is vars.imex.restart_command (default: systemctl restart
-    nvidia-imex). Exit 3 when some trays could not be updated.
+    nothing. A replaced file is kept beside it as <file>.mctl-bak (the previous version). A
+    domain with a tray that cannot be reached is not touched at all (no file written, no daemon
+    restarted): apply asks that tray again for up to --reach-wait seconds, then leaves the
+    domain as it is and names the tray. The restart command is vars.imex.restart_command
+    (default: systemctl restart nvidia-imex). Exit 3 when some trays or domains could not be
+    updated.
 
     Example: mctl -i inventories/lab imex apply lab-r1 --dry-run
     """
@@ -178,10 +188,21 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", 
             _say(f"{plan.rack}: {'would restart' if dry_run else 'restarting'} IMEX on {fold(plan.restart)}")
         if plan.unreachable:
             render.warn(f"{plan.rack}: cannot reach {fold(plan.unreachable)}")
+        for domain, lost in plan.held.items():
+            render.warn(f"{plan.rack}: IMEX domain {domain} {'would be' if dry_run else 'is'} left unchanged "
+                        f"(no file written, no daemon restarted): {fold(lost)} cannot be reached")
 
+    def waiting(blocked: dict[str, list[str]], left: float) -> None:
+        lost = sorted({t for trays in blocked.values() for t in trays})
+        render.warn(f"{fold(lost)} cannot be reached: asking again for up to {left:.0f}s before leaving IMEX "
+                    f"domain{'s' if len(blocked) > 1 else ''} {', '.join(blocked)} unchanged")
+
+    held: list[str] = []
     for r in racks:
-        result = apply_imex(site, r, settings, restart=restart, dry_run=dry_run, on_plan=show)
+        result = apply_imex(site, r, settings, restart=restart, dry_run=dry_run, on_plan=show,
+                            reach_wait=reach_wait, on_wait=waiting)
         failed += result.unreachable + list(result.failed)
+        held += [f"{r.name}/{d} ({fold(lost)} unreachable)" for d, lost in result.held.items()]
         for host, why in result.failed.items():
             render.warn(f"{host}: {why}")
         out.append(result.to_dict())
@@ -194,6 +215,10 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", 
                      + (f" ({'; '.join(r.message for r in h.reasons)})" if h.reasons else ""))
     if quiet:
         render.print_json({"dry_run": dry_run, "racks": out, "domains": [h.to_dict() for h in healths]})
+    if held:
+        raise PartialFailure(f"IMEX domain{'s' if len(held) > 1 else ''} left unchanged: {', '.join(held)}",
+                             hint="bring the tray back (or move it out of the partition), then run "
+                                  "'mctl imex apply' again")
     if failed:
         raise PartialFailure(f"IMEX was not applied on {len(set(failed))} trays: {fold(sorted(set(failed)))}")
     if healths and any(h.state != "UP" for h in healths):

@@ -228,6 +228,47 @@ class TrayImexReport:
     query: str | None = None                 # `nvidia-imex-ctl -q` state
     status: ImexDomainStatus | None = None   # parsed `nvidia-imex-ctl -N -j`
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    text_status: ImexDomainStatus | None = None   # parsed text `nvidia-imex-ctl -N`
+    text_error: str | None = None                 # why the text `-N` could not be read
+
+
+def compare_views(json_view: ImexDomainStatus | None, text_view: ImexDomainStatus | None, *,
+                  json_error: str | None = None, text_error: str | None = None) -> list[str]:
+    """Where `nvidia-imex-ctl -N -j` and the text `-N` of one daemon disagree (empty: they agree).
+
+    Compared field by field: the domain state, the node list (index, address,
+    daemon state, version where both print one) and every connectivity letter.
+    Time stamps are not compared (two calls, two instants); host names only
+    appear in the text form with -H. One side missing while the other answered
+    is a disagreement too.
+    """
+    if json_view is None and text_view is None:
+        return []
+    if json_view is None:
+        return [f"-N -j could not be read ({json_error or 'no answer'}) while -N says {text_view.state}"]
+    if text_view is None:
+        return [f"-N could not be read ({text_error or 'no answer'}) while -N -j says {json_view.state}"]
+    out: list[str] = []
+    if json_view.state != text_view.state:
+        out.append(f"domain state {json_view.state} (-N -j) vs {text_view.state} (-N)")
+    j_nodes = {n.index: n for n in json_view.nodes}
+    t_nodes = {n.index: n for n in text_view.nodes}
+    if sorted(j_nodes) != sorted(t_nodes):
+        out.append(f"{len(j_nodes)} nodes (-N -j) vs {len(t_nodes)} nodes (-N)")
+        return out
+    for i in sorted(j_nodes):
+        a, b = j_nodes[i], t_nodes[i]
+        for what, x, y in (("address", a.address, b.address), ("state", a.state, b.state)):
+            if x != y:
+                out.append(f"node {i} {what} {x} (-N -j) vs {y} (-N)")
+        if a.version and b.version and a.version != b.version:
+            out.append(f"node {i} version {a.version} (-N -j) vs {b.version} (-N)")
+        if a.links != b.links:
+            diff = [f"{j}: {x}/{y}" for j, (x, y) in enumerate(zip(a.links, b.links)) if x != y]
+            if len(a.links) != len(b.links):
+                diff.append(f"{len(a.links)} vs {len(b.links)} links")
+            out.append(f"node {i} links (-N -j/-N) {', '.join(diff)}")
+    return out
 
 
 def assess_domain(domain: ImexDomain, reports: Mapping[str, TrayImexReport]) -> ImexDomainHealth:
@@ -282,6 +323,10 @@ def assess_domain(domain: ImexDomain, reports: Mapping[str, TrayImexReport]) -> 
         if r.status is not None:
             states.append(r.status.state)
             _link_reasons(r.status, tray_of, add)
+        if r.query and (r.text_status is not None or r.text_error is not None):     # both forms were asked
+            disagree = compare_views(r.status, r.text_status, json_error=r.error, text_error=r.text_error)
+            if disagree:
+                add(f"nvidia-imex-ctl -N -j and -N disagree on tray {tray}: {'; '.join(disagree)}", tray)
     if reached == 0:
         state = "UNKNOWN"
     elif not reasons and ready == len(domain.members) and states and all(s == "UP" for s in states):
@@ -331,6 +376,31 @@ def trays_needing(expected: Mapping[str, Mapping[str, str]],
         if changed:
             out[tray] = changed
     return out
+
+
+def plan_domains(domains: Sequence[ImexDomain], plan: Mapping[str, Sequence[str]], unreachable: Sequence[str], *,
+                 restart: bool = False) -> tuple[set[str], dict[str, list[str]]]:
+    """Which trays `imex apply` touches, and the domains it must leave alone.
+
+    A domain is touched as a whole or not at all: when one of its trays cannot be
+    reached, writing the others' files and restarting their daemons would split it
+    (the unreachable tray keeps the old node list), so none of its trays is touched.
+    Returns (trays to write/restart, {domain: its unreachable trays}); a domain with
+    nothing to do is in neither.
+    """
+    down = set(unreachable)
+    touched: set[str] = set()
+    blocked: dict[str, list[str]] = {}
+    for d in domains:
+        wanted = [t for t in d.trays if t not in down and (t in plan or restart)]
+        lost = [t for t in d.trays if t in down]
+        if not wanted:
+            continue
+        if lost:
+            blocked[d.name] = lost
+            continue
+        touched.update(wanted)
+    return touched, blocked
 
 
 def domains_summary(domains: Sequence[ImexDomain]) -> list[dict[str, Any]]:

@@ -1,9 +1,12 @@
 """IMEX on the trays over SSH: read what each tray holds and runs, push rendered files, restart the daemon.
 
 The adapter half of imex.py. One SSH round trip per tray and purpose: the probe
-prints the node list, config.cfg, `nvidia-imex-ctl -q` and `-N -j` between
-markers with each exit code; the push writes files atomically (temp file + mv,
-contents carried base64-encoded in the command) and restarts the daemon.
+prints the node list, config.cfg, `nvidia-imex-ctl -q`, `-N -j` and the text
+`-N` between markers with each exit code (both forms of `-N` are read: they
+must agree, see imex.compare_views); the push keeps the previous file beside
+each one it replaces (`<file>.mctl-bak`, see BACKUP_SUFFIX), writes files
+atomically (temp file + mv, contents carried base64-encoded in the command)
+and restarts the daemon.
 Parsing the probe's output is pure and tested on its own.
 """
 
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from mctl.facts import FactsParseError
-from mctl.facts.imex import parse_domain_json, parse_query
+from mctl.facts.imex import parse_domain_json, parse_domain_text, parse_query
 from mctl.fabric.imex import CONFIG_FILE, ImexSettings, TrayImexReport
 
 if TYPE_CHECKING:
@@ -24,6 +27,8 @@ if TYPE_CHECKING:
     from mctl.transport.results import HostResult
 
 MARK = "@@mctl-imex@@"
+BACKUP_SUFFIX = ".mctl-bak"     # the previous content of a file `mctl imex apply` replaced, beside it
+_SECTIONS = ("nodes_config", "config", "query", "domain", "domain_text")
 _SECTION = re.compile(re.escape(MARK) + r" (\w+)\n(.*?)\n" + re.escape(MARK) + r" rc (\d+)\n", re.S)
 
 
@@ -38,6 +43,7 @@ def probe_command(settings: ImexSettings) -> str:
         f"sect config; cat {cfg} 2>&1; end $?",
         f"sect query; nvidia-imex-ctl -c {cfg} -q 2>&1; end $?",
         f"sect domain; nvidia-imex-ctl -c {cfg} -N -j 2>&1; end $?",
+        f"sect domain_text; nvidia-imex-ctl -c {cfg} -N 2>&1; end $?",
     ]) + "\n"
 
 
@@ -49,7 +55,7 @@ class Section:
 
 def parse_probe(stdout: str) -> dict[str, Section]:
     found = {m.group(1): Section(int(m.group(3)), m.group(2)) for m in _SECTION.finditer(stdout)}
-    missing = [s for s in ("nodes_config", "config", "query", "domain") if s not in found]
+    missing = [s for s in _SECTIONS if s not in found]
     if missing:
         raise FactsParseError(f"IMEX probe output lacks {', '.join(missing)} (truncated?)")
     return found
@@ -82,11 +88,26 @@ def report_from(result: "HostResult") -> tuple[TrayImexReport, dict[str, str | N
             status = parse_domain_json(domain.text)
         except FactsParseError as exc:
             errors.append(exc.message)
+    text = sections["domain_text"]
+    text_status = text_error = None
+    if text.rc == 0:
+        try:
+            text_status = parse_domain_text(text.text)
+        except FactsParseError as exc:
+            text_error = exc.message
+    else:
+        text_error = _last_line(text.text, f"exit {text.rc}")
     report = TrayImexReport(result.host, nodes_config=nodes.text if nodes.rc == 0 else None, query=state,
-                            status=status, error="; ".join(dict.fromkeys(errors)) or None)
+                            status=status, error="; ".join(dict.fromkeys(errors)) or None,
+                            text_status=text_status, text_error=text_error)
     files = {"nodes_config": nodes.text if nodes.rc == 0 else None, CONFIG_FILE: config.text if config.rc == 0
              else None}
     return report, files
+
+
+def _last_line(text: str, fallback: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else fallback
 
 
 def collect(site: "Site", hosts: Sequence["Host"], settings: ImexSettings
@@ -105,17 +126,31 @@ def collect(site: "Site", hosts: Sequence["Host"], settings: ImexSettings
     return reports, files
 
 
+def backup_path(path: str) -> str:
+    """Where `mctl imex apply` keeps the previous content of *path* (one generation, beside it)."""
+    return path + BACKUP_SUFFIX
+
+
 def push_command(files: Mapping[str, str], restart: str | None) -> str:
-    """Write each file atomically on the tray, then (optionally) restart the daemon."""
+    """Write each file atomically on the tray, then (optionally) restart the daemon.
+
+    A file that is there and differs is first copied to `<file>.mctl-bak` (mode and
+    times kept), so the previous node list or config can be put back by hand; a
+    file that already holds the content is neither backed up nor rewritten.
+    """
     lines = ["set -e", "umask 022"]
     for path, content in files.items():
         q = shlex.quote(path)
+        bak = shlex.quote(backup_path(path))
         data = base64.b64encode(content.encode()).decode()
         lines += [f"mkdir -p \"$(dirname {q})\"",
                   f"t=$(mktemp {q}.XXXXXX)",
                   f"printf '%s' {data} | base64 -d > \"$t\"",
                   "chmod 644 \"$t\"",
-                  f"mv -f \"$t\" {q}"]
+                  f"if [ -f {q} ] && command -v cmp >/dev/null 2>&1 && cmp -s \"$t\" {q}; then rm -f \"$t\"; else",
+                  f"  if [ -f {q} ]; then cp -p {q} {bak}; fi",
+                  f"  mv -f \"$t\" {q}",
+                  "fi"]
     if restart:
         # The restart command runs without errexit: its own exit status is the result.
         lines += ["set +e", restart]

@@ -98,6 +98,8 @@ class ImexApplyResult:
     unreachable: list[str]
     failed: dict[str, str] = field(default_factory=dict)    # tray -> why the push failed
     applied: bool = False
+    held: dict[str, list[str]] = field(default_factory=dict)  # domain left unchanged -> its unreachable trays
+    held_trays: list[str] = field(default_factory=list)       # the reachable trays of those domains (not touched)
 
     @property
     def changed(self) -> bool:
@@ -105,11 +107,11 @@ class ImexApplyResult:
 
     @property
     def not_applied(self) -> list[str]:
-        return sorted(set(self.unreachable) | set(self.failed))
+        return sorted(set(self.unreachable) | set(self.failed) | set(self.held_trays))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rack": self.rack, "changes": self.changes, "restart": self.restart,
-                               "unreachable": self.unreachable, "applied": self.applied}
+                               "unreachable": self.unreachable, "applied": self.applied, "held": self.held}
         if self.applied:
             out["failed"] = self.failed
         return out
@@ -117,23 +119,49 @@ class ImexApplyResult:
 
 def apply_imex(site: "Site", rack: "Rack", settings: "ImexSettings | None" = None, *, restart: bool = False,
                dry_run: bool = False, on_plan: Callable[[ImexApplyResult], None] | None = None,
-               on_push: Callable[["HostResult"], None] | None = None) -> ImexApplyResult:
-    """Push each tray's rendered IMEX files where they differ and restart its daemon; the rest is left alone."""
-    from mctl.fabric.imex import expected_files, trays_needing
+               on_push: Callable[["HostResult"], None] | None = None, reach_wait: float = 0.0,
+               on_wait: Callable[[dict[str, list[str]], float], None] | None = None,
+               sleep: Callable[[float], None] = time.sleep) -> ImexApplyResult:
+    """Push each tray's rendered IMEX files where they differ and restart its daemon; the rest is left alone.
+
+    A domain with a tray that cannot be reached is not touched at all (no file written, no
+    daemon restarted: restarting the others would split it): it is asked again for up to
+    *reach_wait* seconds (on_wait is told once, with the held domains and the seconds left),
+    then left unchanged and reported in `held`. Replaced files are kept
+    beside them as `<file>.mctl-bak` (imex_remote.push_command).
+    """
+    from mctl.fabric.imex import expected_files, imex_domains, plan_domains, trays_needing
     from mctl.fabric.imex_remote import collect, push
 
     settings = settings or imex_settings(site)
     expected = expected_files(rack, settings)
     reports, held = collect(site, rack.compute, settings)
-    unreachable = [t for t, rep in reports.items() if not rep.reachable]
-    plan = trays_needing(expected, {t: held.get(t, {}) for t in expected if t not in unreachable})
-    targets = [h for h in rack.compute if h.name not in unreachable and (h.name in plan or restart)]
-    result = ImexApplyResult(rack.name, {t: files for t, files in plan.items()}, [h.name for h in targets],
-                             unreachable)
+    domains = imex_domains(rack)
+    deadline = time.monotonic() + max(0.0, reach_wait)
+    while True:
+        unreachable = [t for t, rep in reports.items() if not rep.reachable]
+        plan = trays_needing(expected, {t: held.get(t, {}) for t in expected if t not in unreachable})
+        touched, blocked = plan_domains(domains, plan, unreachable, restart=restart)
+        left = deadline - time.monotonic()
+        if not blocked or dry_run or left <= 0:
+            break
+        if on_wait is not None:
+            on_wait(blocked, left)
+            on_wait = None
+        sleep(min(2.0, max(0.1, left)))
+        again, files = collect(site, [h for h in rack.compute if h.name in unreachable], settings)
+        reports.update(again)
+        held.update(files)
+    held_trays = sorted({t for d in domains if d.name in blocked for t in d.trays if t not in unreachable},
+                        key=lambda t: [h.name for h in rack.compute].index(t))
+    targets = [h for h in rack.compute if h.name in touched]
+    result = ImexApplyResult(rack.name, {t: files for t, files in plan.items() if t in touched},
+                             [h.name for h in targets], unreachable, held=blocked, held_trays=held_trays)
     if on_plan is not None:
         on_plan(result)
     if not dry_run and targets:
-        results = push(site, targets, {t: expected[t] for t in expected if t in plan}, settings.restart_command)
+        results = push(site, targets, {t: {p: expected[t][p] for p in plan[t]} for t in plan if t in touched},
+                       settings.restart_command)
         result.failed = {x.host: x.summary() for x in results if not x.ok}
         result.applied = True
         if on_push is not None:

@@ -88,7 +88,7 @@ def test_a_rack_in_its_desired_state_audits_clean(audited):
     code, report = audited.audit_json("--fail-on", "warn")
     assert report["findings"] == [], report["findings"]
     assert code == 0 and report["complete"] and report["incomplete"] == []
-    assert set(report["coverage"]) == {"versions", "imex", "slurm", "nmx", "drains", "hostkeys", "health"}
+    assert set(report["coverage"]) == {"versions", "imex", "slurm", "nmx", "layers", "drains", "hostkeys", "health"}
     assert report["coverage"]["hostkeys"]["hosts"] == "lab-r1-head,lab-r1-tray[01-04]"
     assert report["coverage"]["imex"]["hosts"] == "lab-r1-tray[01-04]"
 
@@ -223,6 +223,27 @@ def test_drift_shows_in_every_format_and_resolves(audited, drift):
         assert lives[fp]["status"] == "resolved" and lives[fp]["resolved_at"]
     table = audited.lab.mctl("audit", "history", "--since", "1h")
     assert any(line.startswith("resolved") and drift.check in line for line in table.stdout.splitlines())
+
+
+def test_a_stale_imex_node_list_is_one_finding_per_partition_naming_the_imex_layer(audited):
+    lab = audited.lab
+    saved = _edit_nodes_config(lab)          # tray02 (p0) also lists tray03 (p1)
+    try:
+        code, report = audited.audit_json("--no-history")
+        assert code == 1, report
+        crossed = [f for f in report["findings"] if f["check"] == "partition.layers"]
+        assert len(crossed) == 1, crossed
+        (finding,) = crossed
+        assert finding["subject"] == "p0" and finding["severity"] == "critical"
+        assert finding["details"]["behind"] == ["imex"]
+        # every other layer was read and follows the plan
+        assert finding["details"]["in_step"] == ["nmx", "cliques", "topology.conf", "topology"]
+        assert "IMEX node lists behind (lab-r1-tray02 lists lab-r1-tray[01-03])" in finding["message"]
+        assert finding["action"] == f"run 'mctl imex apply {lab.rack}'"
+    finally:
+        _restore_nodes_config(lab, saved)
+    code, report = audited.audit_json("--no-history")
+    assert code == 0 and report["findings"] == [], report["findings"]
 
 
 # ------------------------------------------------------------------ incomplete runs

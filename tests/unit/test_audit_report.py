@@ -113,7 +113,13 @@ def test_every_family_finds_its_drift(site):
         ("drains", "lab-r1-tray02", "drain.age", "warn"),              # drained since 2026-11-29T19:51:38
         ("health", "lab-r1-tray04", "tray.reachable", "critical"),
         ("health", "lab-r1-tray03", "gpu.driver", "warn"),
+        ("layers", "lab-r1", "partition.layers", "critical"),          # one per partition: p0 and p1
     }
+    by_partition = {e.subject: e.finding for e in report.findings if e.family == "layers"}
+    assert sorted(by_partition) == ["p0", "p1"]
+    assert by_partition["p0"].details["behind"] == ["imex", "topology"]
+    assert by_partition["p0"].action == "run 'mctl imex apply lab-r1'"
+    assert by_partition["p1"].details["behind"] == ["topology"]
     assert [(g.family, g.scope) for g in report.gaps] == [("reach", "lab-r1-tray04"), ("nmx", "lab-r1")]
     assert report.exit_code == 3 and not report.complete
     cov = report.coverage
@@ -167,7 +173,7 @@ def test_json_report(site):
     golden("report.json", text)
     data = json.loads(text)
     assert data["kind"] == "mctl-audit" and data["exit_code"] == 3 and data["complete"] is False
-    assert data["summary"] == {"critical": 5, "warn": 2, "checked": len(report_of(site, gathered(site)).entries)}
+    assert data["summary"] == {"critical": 7, "warn": 2, "checked": len(report_of(site, gathered(site)).entries)}
     nodes = next(f for f in data["findings"] if f["check"] == "imex.nodes_config")
     assert nodes["subject"] == "/etc/nvidia-imex/nodes_config.cfg" and nodes["rack"] == "lab-r1"
     assert nodes["details"]["found"] == ["127.83.1.1", "127.83.1.2", "127.83.1.3"]
@@ -181,7 +187,7 @@ def test_junit_report_is_one_suite_per_family_one_case_per_host_and_check(site):
     assert root.tag == "testsuites"
     suites = {s.get("name"): s for s in root.findall("testsuite")}
     assert list(suites) == ["mctl-audit.versions", "mctl-audit.imex", "mctl-audit.slurm", "mctl-audit.nmx",
-                            "mctl-audit.drains", "mctl-audit.hostkeys", "mctl-audit.health", "mctl-audit.reach"]
+                            "mctl-audit.layers", "mctl-audit.drains", "mctl-audit.hostkeys", "mctl-audit.health", "mctl-audit.reach"]
     total = {k: 0 for k in ("tests", "failures", "errors", "skipped")}
     for suite in root.findall("testsuite"):
         cases = suite.findall("testcase")
@@ -229,7 +235,7 @@ def test_prometheus_textfile(site):
     values = {(m["name"], m["labels"]): float(m["value"]) for m in samples}
     assert values[("mctl_audit_findings", 'site="lab",rack="lab-r1",family="imex",check="imex.nodes_config",'
                                           'severity="critical"')] == 1
-    assert values[("mctl_audit_rack_findings", 'site="lab",rack="lab-r1",severity="critical"')] == 5
+    assert values[("mctl_audit_rack_findings", 'site="lab",rack="lab-r1",severity="critical"')] == 7
     assert values[("mctl_audit_incomplete", 'site="lab"')] == 1
     assert values[("mctl_audit_last_run_timestamp_seconds", 'site="lab"')] == STARTED
 

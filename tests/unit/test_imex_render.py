@@ -18,6 +18,7 @@ from mctl.errors import UsageError
 from mctl.fabric.imex import (ImexSettings, ImexTLS, TrayImexReport, assess_domain, imex_domains, render_config,
                               render_nodes_config, render_rack, trays_needing, expected_files)
 from mctl.fabric.imex_job import JobScopeSettings, render_epilog, render_prolog
+from mctl.fabric.imex import compare_views
 from mctl.fabric.imex_remote import parse_probe, probe_command, push_command, report_from
 from mctl.facts import FactsParseError
 from mctl.inventory import load_site
@@ -171,12 +172,17 @@ def test_probe_output_round_trip(tmp_path):
     doc = '{"nodes": {"0": {"status": "READY", "host": "10.0.0.1", "connections": {"0": {"status": "CONNECTED"}, ' \
           '"1": {"status": "CONNECTED"}}}, "1": {"status": "READY", "host": "10.0.0.2", "connections": ' \
           '{"0": {"status": "CONNECTED"}, "1": {"status": "CONNECTED"}}}}, "status": "UP"}'
-    out = _run_probe(tmp_path, f"case \"$*\" in *-q*) echo READY;; *) echo '{doc}';; esac\n")
+    text = ("Nodes:\nNode #0   - 10.0.0.1        - READY\nNode #1   - 10.0.0.2        - READY\n\n"
+            " Nodes From\\To  0  1\n       0        C  C\n       1        C  C\nDomain State: UP")
+    out = _run_probe(tmp_path, f"case \"$*\" in *-q*) echo READY;; *-j*) echo '{doc}';; "
+                               f"*) printf '%s\\n' '{text}';; esac\n")
     sections = parse_probe(out)
     assert sections["nodes_config"].text == "10.0.0.1\n10.0.0.2" and sections["nodes_config"].rc == 0
     assert sections["config"].rc != 0
     report, files = report_from(HostResult("t1", "10.0.0.1", HostStatus.OK, 0, out))
     assert report.query == "READY" and report.status is not None and report.status.state == "UP"
+    assert report.text_status is not None and report.text_error is None
+    assert compare_views(report.status, report.text_status) == []
     assert files["nodes_config"] == "10.0.0.1\n10.0.0.2" and files["/etc/nvidia-imex/config.cfg"] is None
 
 

@@ -202,9 +202,17 @@ def render_json(view: dict) -> str:
 
 
 def render_text(view: dict, hostnames: bool) -> str:
+    """The layout of the real captures (tests/fixtures/golden/imex/samples/), field by field.
+
+    With versions (IMEX 570.172): the full legend, a `Version:` field, a blank line
+    before `Domain State:`. Without (the 570.00 captures): no `!V!`/`!M!` legend
+    lines and `Domain State:` right after the matrix.
+    """
     nodes = view["nodes"]
     n = len(nodes)
-    lines = LEGEND.splitlines() + ["", view["timestamp"], "Nodes:"]
+    versioned = any(node.get("version") for node in nodes)
+    legend = [ln for ln in LEGEND.splitlines() if versioned or not ln.startswith("!")]
+    lines = legend + ["", view["timestamp"], "Nodes:"]
     for i, node in enumerate(nodes):
         fields = [f"Node #{i:<4}", f"{node['host']:<16}"]
         if hostnames:
@@ -220,7 +228,7 @@ def render_text(view: dict, hostnames: bool) -> str:
     lines.append((" Nodes From\\To  " + "".join(f"{j:<{width}}" for j in range(n))).rstrip())
     for i, node in enumerate(nodes):
         lines.append((f"{i:>8}        " + "".join(f"{c:<{width}}" for c in node["row"])).rstrip())
-    lines += ["", f"Domain State: {view['status']}"]
+    lines += ["", f"Domain State: {view['status']}"] if versioned else [f"Domain State: {view['status']}"]
     return "\n".join(lines)
 
 
