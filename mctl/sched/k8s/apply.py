@@ -15,7 +15,7 @@ from typing import Any
 
 from mctl.errors import EnvironmentProblem, UsageError
 from mctl.model.site import fold
-from mctl.sched.k8s.client import KubeClient
+from mctl.sched.k8s.client import ApiError, KubeClient
 from mctl.sched.k8s.manifests import LABEL_PREFIX, K8sBundle
 
 IMMUTABLE_SPEC = ("ComputeDomain", "Topology")
@@ -112,10 +112,16 @@ def plan_k8s(bundle: K8sBundle, client: KubeClient) -> K8sPlan:
 
 
 def apply_k8s(plan: K8sPlan, client: KubeClient) -> K8sPlan:
-    for change in plan.pending:
-        if change.action == "create":
-            client.create(change.obj)
-        else:
-            client.merge_patch(change.kind, change.name, change.namespace, change.patch or {})
+    """In order; a refused write stops there, and the error says how many were applied before it."""
+    pending = plan.pending
+    for n, change in enumerate(pending):
+        try:
+            if change.action == "create":
+                client.create(change.obj)
+            else:
+                client.merge_patch(change.kind, change.name, change.namespace, change.patch or {})
+        except ApiError as exc:
+            raise ApiError(exc.status, f"{exc.message}; {n} of {len(pending)} change(s) applied before "
+                                       f"(mctl deploy k8s --dry-run shows what is left)", exc.hint) from None
         change.done = True
     return plan
