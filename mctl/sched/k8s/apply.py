@@ -10,6 +10,7 @@ matches is left alone, so a second run changes nothing.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +64,12 @@ def _label_patch(current: dict, desired: dict) -> dict | None:
     return patch or None
 
 
+def _minor(text: str | None) -> tuple[int, int] | None:
+    """(1, 32) from '1.32', '1.32+', 'v1.32.3'; None when it is not a version."""
+    m = re.match(r"^v?(\d+)\.(\d+)", str(text or ""))
+    return (int(m[1]), int(m[2])) if m else None
+
+
 def plan_k8s(bundle: K8sBundle, client: KubeClient) -> K8sPlan:
     version = client.version()
     server_version = str(version.get("gitVersion") or f"{version.get('major')}.{version.get('minor')}")
@@ -72,6 +79,12 @@ def plan_k8s(bundle: K8sBundle, client: KubeClient) -> K8sPlan:
                                  hint="install it first: mctl deploy k8s --render DIR, then sh DIR/helm/install.sh")
     kai = client.has_api("kai.scheduler", "v1alpha1", "topologies")
     warnings: list[str] = []
+    named = _minor(bundle.kubernetes_version)
+    running = _minor(f"{version.get('major')}.{version.get('minor')}") or _minor(server_version.lstrip("v"))
+    if named and running and running < named:
+        warnings.append(f"the cluster runs Kubernetes {server_version}, older than the {bundle.kubernetes_version} "
+                        "the inventory names (scheduler.k8s.kubernetes_version); ComputeDomains need DRA, "
+                        "Kubernetes >= 1.32")
     changes: list[Change] = []
     missing_nodes: list[str] = []
     conflicts: list[str] = []
