@@ -68,13 +68,13 @@ rules:
 """
 
 
-def binaries() -> tuple[Path, Path] | str:
+def binaries(cache: Path = CACHE) -> tuple[Path, Path] | str:
     """(kube-apiserver, etcd), or why they are not there."""
-    bindir = CACHE / "current" / "bin"
+    bindir = cache / "current" / "bin"
     api, etcd = bindir / "kube-apiserver", bindir / "etcd"
     if api.is_file() and etcd.is_file() and os.access(api, os.X_OK) and os.access(etcd, os.X_OK):
         return api, etcd
-    failed = CACHE / "FAILED"
+    failed = cache / "FAILED"
     if failed.is_file():
         lines = failed.read_text(errors="replace").splitlines()
         return "kube-apiserver build failed: " + "; ".join(ln.strip() for ln in lines[:2])
