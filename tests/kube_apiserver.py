@@ -116,6 +116,7 @@ class KubeServer:
         self.procs: list[subprocess.Popen] = []
         self.admin_token = secrets.token_hex(16)
         self.mctl_token = secrets.token_hex(16)
+        self.nobody_token = secrets.token_hex(16)        # authenticated, no RBAC binding at all
         self.url = ""
         self.audit = root / "audit.log"
         self._mark = 0
@@ -145,7 +146,8 @@ class KubeServer:
         _run(["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", self.sa_key])
         _run(["openssl", "ec", "-in", self.sa_key, "-pubout", "-out", self.sa_pub])
         (self.root / "tokens.csv").write_text(f'{self.admin_token},admin,uid-admin,"system:masters"\n'
-                                              f"{self.mctl_token},mctl,uid-mctl\n")
+                                              f"{self.mctl_token},mctl,uid-mctl\n"
+                                              f"{self.nobody_token},nobody,uid-nobody\n")
         (self.root / "audit-policy.yaml").write_text(AUDIT_POLICY)
 
     def start(self) -> None:
@@ -294,6 +296,7 @@ class KubeServer:
     def reset(self, nodes: list[dict]) -> None:
         """Exactly these Nodes, no ComputeDomain in `default`, no Topology; writes counted from now."""
         self.ok("DELETE", "/api/v1/nodes")
+        # (a Namespace cannot be deleted here: without a controller-manager it stays Terminating)
         for crd, path in ((CD_CRD, f"{CD_PATH}/namespaces/default/computedomains"),
                           (TOPO_CRD, f"{TOPO_PATH}/topologies")):
             if self.get(f"{CRD_PATH}/{crd}") is None:

@@ -206,6 +206,28 @@ def test_wrong_token_and_missing_rights(tmp_path, kube):
     assert res.returncode == 2 and "(401" in res.stderr and "Traceback" not in res.stderr
 
 
+def test_a_user_without_rights_is_told_so(tmp_path, kube):
+    site = _site(tmp_path / "site", kube.kubeconfig(tmp_path / "kube" / "config", user_token=kube.nobody_token))
+    res = mctl(tmp_path, "-i", str(site), "deploy", "k8s")
+    assert res.returncode == 2 and "(403)" in res.stderr and "lack the rights" in res.stderr
+    assert kube.writes("nobody") == []
+
+
+def test_workload_namespace_is_created_first(tmp_path, kube):
+    ns = "gpu-work"                      # only this test uses it; each session has a fresh etcd
+    assert kube.get(f"/api/v1/namespaces/{ns}") is None
+    site = _site(tmp_path / "site", kube.kubeconfig(tmp_path / "kube" / "config"), workload_namespace=ns)
+    res = mctl(tmp_path, "-i", str(site), "deploy", "k8s")
+    assert res.returncode == 0, res.stderr
+    writes = kube.writes()
+    assert writes[0] == "create /api/v1/namespaces 201"          # first, so the ComputeDomains find it
+    assert sum(w.startswith(f"create /apis/resource.nvidia.com/v1beta1/namespaces/{ns}/") for w in writes) == 3
+    assert kube.compute_domain("rack-b-all", ns)["metadata"]["namespace"] == ns
+    kube.mark()
+    assert mctl(tmp_path, "-i", str(site), "deploy", "k8s").returncode == 0
+    assert kube.writes() == []
+
+
 def test_kubeconfig_missing(tmp_path):
     site = _site(tmp_path / "site", tmp_path / "nope" / "kubeconfig")
     res = mctl(tmp_path, "-i", str(site), "deploy", "k8s")
