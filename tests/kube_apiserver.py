@@ -77,7 +77,7 @@ def binaries(cache: Path = CACHE) -> tuple[Path, Path] | str:
     failed = cache / "FAILED"
     if failed.is_file():
         lines = failed.read_text(errors="replace").splitlines()
-        return "kube-apiserver build failed: " + "; ".join(ln.strip() for ln in lines[:2])
+        return "; ".join(ln.strip() for ln in lines[:2])          # the failed step; the log's path
     return (f"kube-apiserver is not built (no {bindir}): run scripts/install, or scripts/build-kube-apiserver "
             "(about 8 min on 2 cores, once)")
 
@@ -168,8 +168,10 @@ class KubeServer:
 
     def _spawn(self, name: str, argv: list) -> subprocess.Popen:
         log = open(self.root / f"{name}.log", "ab")
+        # killed with the test process even when that is killed hard (no server left behind)
+        guard = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
         try:
-            proc = subprocess.Popen([str(a) for a in argv], stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(guard + [str(a) for a in argv], stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         finally:
             log.close()
@@ -436,6 +438,9 @@ def kube_apiserver(tmp_path_factory) -> Iterator[KubeServer]:
     except ApiFailed as exc:
         server.close()
         pytest.fail(f"the real kube-apiserver did not start: {exc}", pytrace=False)
+    except BaseException:
+        server.close()          # whatever went wrong, nothing is left running
+        raise
     try:
         yield server
     finally:
