@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,41 @@ def test_a_cached_build_is_reused_without_apt(tmp_path):
     env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}")
     proc = subprocess.run([str(SCRIPT)], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0 and "kube-apiserver cached" in proc.stdout
+
+
+def fake_cache(tmp_path: Path) -> Path:
+    cache = tmp_path / "cache"
+    bindir = cache / "1.20.5+really1.20.2-1.1+deb12u1" / "bin"
+    bindir.mkdir(parents=True)
+    for name in ("kube-apiserver", "etcd"):
+        (bindir / name).write_text("#!/bin/sh\n")
+        (bindir / name).chmod(0o755)
+    (cache / "current").symlink_to("1.20.5+really1.20.2-1.1+deb12u1")
+    return cache
+
+
+def test_concurrent_installs_share_one_cache(tmp_path):
+    cache = fake_cache(tmp_path)
+    env = dict(os.environ, MCTL_KUBE_CACHE=str(cache))
+    procs = [subprocess.Popen([str(SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(3)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0]
+    assert all("kube-apiserver cached: 1.20.5+really1.20.2-1.1+deb12u1" in out for out, _err in outs)
+
+
+def test_a_build_in_progress_is_waited_for_with_a_deadline(tmp_path):
+    cache = fake_cache(tmp_path)
+    holder = subprocess.Popen(["flock", str(cache / ".lock"), "sleep", "30"])
+    try:
+        deadline = time.monotonic() + 30
+        # until the holder has it: a non-blocking try fails (exit 1)
+        while subprocess.run(["flock", "-n", str(cache / ".lock"), "true"]).returncode == 0:
+            assert time.monotonic() < deadline, "the lock holder did not take the lock"
+            time.sleep(0.05)
+        env = dict(os.environ, MCTL_KUBE_CACHE=str(cache), MCTL_KUBE_BUILD_LOCK_WAIT="1")
+        proc = subprocess.run([str(SCRIPT)], capture_output=True, text=True, env=env, timeout=60)
+        assert proc.returncode == 1 and "another build still holds" in proc.stderr
+    finally:
+        holder.kill()
+        holder.wait(10)
