@@ -75,6 +75,8 @@ def test_apply_creates_labels_domains_topology_then_changes_nothing(tmp_path, ku
     assert first.returncode == 0, first.stderr
     lines = [ln.split() for ln in first.stdout.splitlines()]
     assert ["created", "ComputeDomain", "default/rack-a-p0"] in lines
+    # the test server is 1.20; the site names the default 1.32
+    assert "the cluster runs Kubernetes v1.20.2, older than the 1.32 the inventory names" in first.stderr
     writes = kube.writes()
     assert len(writes) == 40 and all(w.endswith((" 200", " 201")) for w in writes), writes
     assert sum(w.startswith("patch /api/v1/nodes/") for w in writes) == 36

@@ -64,6 +64,17 @@ def _label_patch(current: dict, desired: dict) -> dict | None:
     return patch or None
 
 
+def _holds(stored: Any, rendered: Any) -> bool:
+    """Whether the stored spec says what mctl rendered: the server adds defaults (a CRD's `default:`, such
+    as ComputeDomain's allocationMode), so a stored map may carry more keys; lists must match item by item."""
+    if isinstance(rendered, dict):
+        return isinstance(stored, dict) and all(_holds(stored.get(k), v) for k, v in rendered.items())
+    if isinstance(rendered, list):
+        return (isinstance(stored, list) and len(stored) == len(rendered)
+                and all(_holds(a, b) for a, b in zip(stored, rendered)))
+    return stored == rendered
+
+
 def _minor(text: str | None) -> tuple[int, int] | None:
     """(1, 32) from '1.32', '1.32+', 'v1.32.3'; None when it is not a version."""
     m = re.match(r"^v?(\d+)\.(\d+)", str(text or ""))
@@ -103,7 +114,7 @@ def plan_k8s(bundle: K8sBundle, client: KubeClient) -> K8sPlan:
                 continue
             changes.append(Change(kind, name, ns, "create", "", obj))
             continue
-        if kind in IMMUTABLE_SPEC and current.get("spec") != obj.get("spec"):
+        if kind in IMMUTABLE_SPEC and not _holds(current.get("spec"), obj.get("spec")):
             conflicts.append(f"{kind} {name}: spec {current.get('spec')} != rendered {obj.get('spec')}")
             continue
         patch = _label_patch(current, meta.get("labels") or {})
