@@ -310,12 +310,14 @@ class KubeServer:
 
     # ---- CRDs ----
     def add_crd(self, name: str) -> None:
-        path = CRDS / {CD_CRD: "resource.nvidia.com_computedomains.yaml", TOPO_CRD: "kai.scheduler_topologies.yaml"}[name]
+        path = CRDS / {CD_CRD: "resource.nvidia.com_computedomains.yaml",
+                       TOPO_CRD: "kai.scheduler_topologies.yaml"}[name]
         crd = next(d for d in yaml.safe_load_all(path.read_text()) if d)
         # 1.20 drops x-kubernetes-validations (CEL): tests/unit/test_k8s_cel.py evaluates them
         self.ok("POST", CRD_PATH, crd)
         self.wait_for(lambda: _established(self.get(f"{CRD_PATH}/{name}")), f"CRD {name} established")
-        group, version, plural = crd["spec"]["group"], crd["spec"]["versions"][0]["name"], crd["spec"]["names"]["plural"]
+        group, plural = crd["spec"]["group"], crd["spec"]["names"]["plural"]
+        version = crd["spec"]["versions"][0]["name"]
         self.wait_for(lambda: plural in json.dumps(self.get(f"/apis/{group}/{version}") or {}),
                       f"{group}/{version} {plural} discoverable")
 

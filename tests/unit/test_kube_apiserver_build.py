@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kube_apiserver import binaries
+from tests.kube_apiserver import CACHE, binaries
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "build-kube-apiserver"
@@ -43,8 +43,7 @@ def test_not_built_names_the_command(tmp_path):
     assert isinstance(reason, str) and "scripts/install" in reason and "scripts/build-kube-apiserver" in reason
 
 
-@pytest.mark.skipif(not (Path(os.environ.get("MCTL_KUBE_CACHE", "/var/cache/mctl/kube-apiserver")) / "current").exists(),
-                    reason="kube-apiserver not built here")
+@pytest.mark.skipif(not (CACHE / "current").exists(), reason="kube-apiserver not built here")
 def test_a_cached_build_is_reused_without_apt(tmp_path):
     fake = tmp_path / "bin"
     fake.mkdir()

@@ -50,7 +50,8 @@ class Connection:
                                           cadata=self.ca_data.decode("ascii", "replace") if self.ca_data else None)
             except (OSError, ssl.SSLError, ValueError) as exc:
                 raise UsageError(f"context {self.context}: cannot use the cluster's {what}: {exc}",
-                                 hint="it must be a PEM CA certificate (base64 of it in -data); nothing was sent") from None
+                                 hint="it must be a PEM CA certificate (base64 of it in -data); "
+                                      "nothing was sent") from None
         if self.cert_file or self.cert_data:
             cert, key = self.cert_file, self.key_file
             tmp: list[str] = []
@@ -62,7 +63,8 @@ class Connection:
                 ctx.load_cert_chain(cert, key)
             except (OSError, ssl.SSLError, ValueError) as exc:
                 raise UsageError(f"context {self.context}: cannot use the user's client certificate/key: {exc}",
-                                 hint="client-certificate(-data) and client-key(-data) must be PEM; nothing was sent") from None
+                                 hint="client-certificate(-data) and client-key(-data) must be PEM; "
+                                      "nothing was sent") from None
             finally:
                 for path in tmp:
                     os.unlink(path)
