@@ -120,6 +120,7 @@ class KubeServer:
         self.url = ""
         self.audit = root / "audit.log"
         self._mark = 0
+        self._sentinel = 0
         self._etcd_data = Path(tempfile.mkdtemp(prefix="mctl-etcd-", dir="/dev/shm" if Path("/dev/shm").is_dir()
                                                 else None))
         self._pki()
@@ -347,15 +348,27 @@ class KubeServer:
         self._mark = self.audit.stat().st_size if self.audit.exists() else 0
 
     def writes(self, user: str = "mctl") -> list[str]:
-        """mctl's writes since mark(): 'verb URI code' from the audit log (written before each response)."""
-        if not self.audit.exists():
-            return []
-        with self.audit.open("rb") as fh:
-            fh.seek(self._mark)
-            lines = fh.read().splitlines()
+        """`user`'s writes since mark(): 'verb URI code' from the audit log.
+
+        An event is written as its request completes, possibly just after the client has the
+        response; so first a marker request of our own (a patch of a ConfigMap that does not
+        exist: audited, changes nothing) is sent and awaited in the log, with a deadline."""
+        self._sentinel += 1
+        marker = f"/api/v1/namespaces/default/configmaps/mctl-tests-marker-{self._sentinel}"
+        self.request("PATCH", marker, {}, "application/merge-patch+json")
+        events: list[dict] = []
+        end = time.monotonic() + 30
+        while True:
+            with self.audit.open("rb") as fh:
+                fh.seek(self._mark)
+                events = [json.loads(raw) for raw in fh.read().splitlines() if raw.strip()]
+            if any(ev.get("requestURI") == marker and ev.get("stage") == "ResponseComplete" for ev in events):
+                break
+            if time.monotonic() > end:
+                raise ApiFailed(f"the audit log has no event for {marker} after 30 s")
+            time.sleep(0.05)
         out = []
-        for raw in lines:
-            ev = json.loads(raw)
+        for ev in events:
             if ev.get("stage") != "ResponseComplete" or (ev.get("user") or {}).get("username") != user:
                 continue
             if ev.get("verb") in WRITE_VERBS:
