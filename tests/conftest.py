@@ -7,6 +7,7 @@ os.environ.setdefault("COLUMNS", "160")
 os.environ.setdefault("NO_COLOR", "1")
 
 from tests.lab_fixture import lab  # noqa: E402,F401 - one session lab for tests/integration and tests/e2e
+from tests.kube_apiserver import kube_apiserver  # noqa: E402,F401 - one real kube-apiserver per session (k8s tests)
 
 E2E = Path(__file__).resolve().parent / "e2e"
 

@@ -73,6 +73,9 @@ def slurm_adapter(site: "Site", pool: "SSHPool") -> SlurmAdapter:
     return SlurmAdapter(pool, target, timeout=min(30.0, site.ssh.command_timeout))
 
 
+CONFLICT_TRIES = 3        # reads and patches of one Node before a 409 is given up
+
+
 class K8sAdapter:
     kind = "k8s"
 
@@ -127,26 +130,32 @@ class K8sAdapter:
         from mctl.health.policy import DRAIN
         from mctl.sched.k8s.client import ApiError, ClusterUnreachable
 
-        try:
-            obj = self._get(d.host)
-            if obj is None:
-                return ActResult(d, False, "refused: no such Node", refused=True)
-            why, not_ours = guard(d.action, node_view(d.host, obj))
-            if why:
-                return ActResult(d, False, why, refused=True, not_ours=not_ours)
-            patch = (cordon_patch(obj, d.reason or "mctl:", d.full, self.who, self.taint, d.at or time.time())
-                     if d.action == DRAIN else uncordon_patch(obj, self.taint))
-            self.client.merge_patch("Node", d.host, None, patch)
-        except ClusterUnreachable as exc:
-            return ActResult(d, False, exc.message, unreachable=True)
-        except ApiError as exc:
-            if exc.status == 409:
-                return ActResult(d, False, "refused: the node changed since it was read (409 Conflict)",
-                                 refused=True)
-            return ActResult(d, False, exc.message)
-        except MctlError as exc:
-            return ActResult(d, False, exc.message)
-        return ActResult(d, True)
+        # A patch carries the resourceVersion it was computed from: a write in between (another controller's
+        # taint, an operator's cordon) makes the server answer 409. Then read again, check again, patch again.
+        for attempt in range(1, CONFLICT_TRIES + 1):
+            try:
+                obj = self._get(d.host)
+                if obj is None:
+                    return ActResult(d, False, "refused: no such Node", refused=True)
+                why, not_ours = guard(d.action, node_view(d.host, obj))
+                if why:
+                    return ActResult(d, False, why, refused=True, not_ours=not_ours)
+                patch = (cordon_patch(obj, d.reason or "mctl:", d.full, self.who, self.taint, d.at or time.time())
+                         if d.action == DRAIN else uncordon_patch(obj, self.taint))
+                self.client.merge_patch("Node", d.host, None, patch)
+            except ClusterUnreachable as exc:
+                return ActResult(d, False, exc.message, unreachable=True)
+            except ApiError as exc:
+                if exc.status == 409 and attempt < CONFLICT_TRIES:
+                    continue
+                if exc.status == 409:
+                    return ActResult(d, False, f"refused: the node changed between read and write {CONFLICT_TRIES} "
+                                               "times (409 Conflict)", refused=True)
+                return ActResult(d, False, exc.message + (f"; {exc.hint}" if exc.hint else ""))
+            except MctlError as exc:
+                return ActResult(d, False, exc.message)
+            return ActResult(d, True)
+        raise AssertionError("unreachable")
 
     async def apply(self, decisions: Sequence[Decision], *, deadline: float | None = None) -> list[ActResult]:
         import asyncio

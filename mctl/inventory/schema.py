@@ -127,6 +127,7 @@ class K8sSettings(Spec):
     gpu_operator_version = F(Opt(str), None)
     dra_driver_version = F(Opt(str), None)
     example_image = F(str, "ubuntu:24.04")
+    kubernetes_version = F(str, "1.32", pattern=r"^1\.[0-9]{1,2}$")   # the cluster's: manifests are checked for it
 
 
 class SchedulerSpec(Spec):

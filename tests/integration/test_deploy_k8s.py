@@ -1,93 +1,49 @@
-"""mctl deploy k8s against a real local HTTP server that emulates the Kubernetes API (kmock).
+"""mctl deploy k8s against a real kube-apiserver (tests/kube_apiserver.py; skipped with the build's
+reason when it is not built).
 
-The CLI runs as its own process and talks HTTP to the emulator through an
-ordinary kubeconfig; the emulator keeps the objects, so the tests read back
-what a cluster would hold. No patching of mctl anywhere.
+The CLI runs as its own process and talks HTTPS to the server through an ordinary kubeconfig
+(the test CA, mctl's own token, RBAC limited to what mctl needs); the tests arrange and read
+back as an admin, and count mctl's writes from the server's audit log.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 import yaml
 
-kmock = pytest.importorskip("kmock", reason="kmock (test extra) is not installed")
+from tests.kube_apiserver import CD_CRD, TOPO_CRD, gb200_node
 
 REPO = Path(__file__).resolve().parents[2]
-CD = "resource.nvidia.com/v1beta1/computedomains"
-TOPO = "kai.scheduler/v1alpha1/topologies"
+DOMAIN_A = "7b968a6d-c8aa-45e1-9e07-e1e51be99c31"       # rack-a's nvlink_domain in the example inventory
+TRAYS = [f"rack-{r}-tray{n:02d}" for r in "ab" for n in range(1, 19)]
 
 
-class KubeAPI:
-    """kmock's KubernetesEmulator on 127.0.0.1:<free port>, served from a background thread."""
-
-    def __init__(self, *, compute_domains: bool = True, kai: bool = True):
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.emulator = None
-        self.url = ""
-        self._declare = [(CD, "ComputeDomain", True)] * compute_domains + [(TOPO, "Topology", False)] * kai
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
-        self._thread.start()
-        assert self._ready.wait(15), "kmock did not start"
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        async with kmock.KubernetesEmulator() as k, kmock.Server(k) as server:
-            for res, kind, namespaced in self._declare:
-                k.resources[res] = kmock.ResourceInfo(kind=kind, namespaced=namespaced)
-            self.emulator, self.url = k, str(server.url).rstrip("/")
-            self._ready.set()
-            await self._stop.wait()
-
-    def stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
-    def add_node(self, name: str, labels: dict | None = None) -> None:
-        self.emulator.objects["v1/nodes", None, name] = {
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}}}
-
-    def get(self, res: str, namespace: str | None, name: str) -> dict | None:
-        try:
-            obj = self.emulator.objects[res, namespace, name]
-        except KeyError:
-            return None
-        return None if obj.deleted else dict(obj.raw)
-
-    def writes(self) -> list[str]:
-        """Every request that could change state, as the server received it."""
-        return [f"{r.method.value} {r.url.path}" for r in list(self.emulator)
-                if r.method.value.upper() in ("POST", "PATCH", "PUT", "DELETE")]
+def clique(tray: str) -> str:
+    """GPU Feature Discovery's <clusterUUID>.<cliqueID>: rack-a has two partitions, rack-b one."""
+    n = int(tray[-2:])
+    if tray.startswith("rack-a"):
+        return f"{DOMAIN_A}.{1 if n <= 9 else 2}"
+    return "0f3e1a52-5b7c-4d39-9a4e-2c8d6b1e7f90.1"
 
 
-def _site(folder: Path, kubeconfig: Path | None) -> Path:
+def nodes(trays=TRAYS) -> list[dict]:
+    return [gb200_node(t, clique(t)) for t in trays]
+
+
+def _site(folder: Path, kubeconfig: Path | None, **k8s) -> Path:
     doc = yaml.safe_load((REPO / "inventories" / "example-gb200" / "mctl.yml").read_text())
     doc["images_dir"] = str(REPO / "images")
-    doc["scheduler"] = {"type": "k8s", "k8s": {"kubeconfig": str(kubeconfig)} if kubeconfig else {}}
+    doc["scheduler"] = {"type": "k8s", "k8s": {**({"kubeconfig": str(kubeconfig)} if kubeconfig else {}), **k8s}}
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
     return folder
-
-
-def _kubeconfig(path: Path, server: str) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "lab",
-        "clusters": [{"name": "lab", "cluster": {"server": server}}],
-        "users": [{"name": "admin", "user": {"token": "not-a-secret"}}],
-        "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "admin"}}]}))
-    return path
 
 
 def mctl(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -97,106 +53,181 @@ def mctl(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
                           timeout=120, stdin=subprocess.DEVNULL)
 
 
-TRAYS = [f"rack-{r}-tray{n:02d}" for r in "ab" for n in range(1, 19)]
-
-
 @pytest.fixture
-def kube():
-    api = KubeAPI()
-    for t in TRAYS:
-        api.add_node(t)
-    yield api
-    api.stop()
+def kube(kube_apiserver):
+    kube_apiserver.reset(nodes())
+    return kube_apiserver
 
 
 @pytest.fixture
 def site(tmp_path, kube):
-    return _site(tmp_path / "site", _kubeconfig(tmp_path / "kubeconfig", kube.url))
+    return _site(tmp_path / "site", kube.kubeconfig(tmp_path / "kube" / "config"))
 
 
 def test_apply_creates_labels_domains_topology_then_changes_nothing(tmp_path, kube, site):
     dry = mctl(tmp_path, "-i", str(site), "--json", "deploy", "k8s", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     plan = json.loads(dry.stdout)
-    assert plan["pending"] == 36 + 3 + 1 and kube.writes() == []
+    assert plan["pending"] == 36 + 3 + 1 and plan["server_version"] == "v1.20.2"
+    assert kube.writes() == [] and kube.compute_domain("rack-a-p0") is None
 
     first = mctl(tmp_path, "-i", str(site), "deploy", "k8s")
     assert first.returncode == 0, first.stderr
     lines = [ln.split() for ln in first.stdout.splitlines()]
     assert ["created", "ComputeDomain", "default/rack-a-p0"] in lines
-    cd = kube.get(CD, "default", "rack-a-p1")
+    # the test server is 1.20; the site names the default 1.32
+    assert "the cluster runs Kubernetes v1.20.2, older than the 1.32 the inventory names" in first.stderr
+    writes = kube.writes()
+    assert len(writes) == 40 and all(w.endswith((" 200", " 201")) for w in writes), writes
+    assert sum(w.startswith("patch /api/v1/nodes/") for w in writes) == 36
+    cd = kube.compute_domain("rack-a-p1")
     assert cd["spec"] == {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": "rack-a-p1-channel"},
                                                      "allocationMode": "Single"}}
-    node = kube.get("v1/nodes", None, "rack-a-tray12")
-    assert node["metadata"]["labels"] == {"kubernetes.io/hostname": "rack-a-tray12", "mctl.io/rack": "rack-a",
-                                          "mctl.io/nvlink-partition": "rack-a-p1",
-                                          "mctl.io/nvlink-domain": "7b968a6d-c8aa-45e1-9e07-e1e51be99c31"}
-    topo = kube.get(TOPO, None, "gb200-nvlink")
+    assert cd["metadata"]["labels"] == {"mctl.io/nvlink-partition": "rack-a-p1", "mctl.io/rack": "rack-a"}
+    labels = kube.node("rack-a-tray12")["metadata"]["labels"]
+    assert {k: v for k, v in labels.items() if k.startswith("mctl.io/")} == {
+        "mctl.io/rack": "rack-a", "mctl.io/nvlink-partition": "rack-a-p1", "mctl.io/nvlink-domain": DOMAIN_A}
+    # what GPU Feature Discovery and the kubelet set is left alone
+    assert labels["nvidia.com/gpu.clique"] == f"{DOMAIN_A}.2" and labels["kubernetes.io/hostname"] == "rack-a-tray12"
+    topo = kube.topology("gb200-nvlink")
     assert [lv["nodeLabel"] for lv in topo["spec"]["levels"]] == ["nvidia.com/gpu.clique", "kubernetes.io/hostname"]
 
-    before = len(kube.writes())
+    kube.mark()
     again = mctl(tmp_path, "-i", str(site), "--json", "deploy", "k8s")
     assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout)["pending"] == 0 and len(kube.writes()) == before
+    assert json.loads(again.stdout)["pending"] == 0
+    assert kube.writes() == []                              # idempotent: zero writes on the server
+
+
+def test_server_defaults_are_not_a_spec_conflict(tmp_path, kube, site):
+    """The server defaults allocationMode and may add fields; a ComputeDomain created by an earlier mctl
+    without allocationMode is the same spec, not an immutable-spec conflict."""
+    kube.ok("POST", "/apis/resource.nvidia.com/v1beta1/namespaces/default/computedomains", {
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
+        "metadata": {"name": "rack-a-p0", "namespace": "default",
+                     "labels": {"mctl.io/nvlink-partition": "rack-a-p0", "mctl.io/rack": "rack-a"}},
+        "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": "rack-a-p0-channel"}},
+                 "unknownField": "pruned"}})
+    stored = kube.compute_domain("rack-a-p0")["spec"]
+    assert stored["channel"]["allocationMode"] == "Single" and "unknownField" not in stored
+    res = mctl(tmp_path, "-i", str(site), "--json", "deploy", "k8s")
+    assert res.returncode == 0, res.stderr
+    cd = next(c for c in json.loads(res.stdout)["changes"] if c["name"] == "rack-a-p0")
+    assert cd["action"] == "unchanged"
 
 
 def test_label_drift_is_patched_alone(tmp_path, kube, site):
     assert mctl(tmp_path, "-i", str(site), "deploy", "k8s").returncode == 0
-    kube.add_node("rack-b-tray03", {"mctl.io/rack": "rack-b", "mctl.io/nvlink-partition": "old", "mctl.io/stale": "x"})
-    before = len(kube.writes())
+    kube.patch_node("rack-b-tray03", {"metadata": {"labels": {"mctl.io/nvlink-partition": "old", "mctl.io/stale": "x",
+                                                              "team": "theirs"}}})
+    kube.mark()
     res = mctl(tmp_path, "-i", str(site), "--json", "deploy", "k8s")
     assert res.returncode == 0, res.stderr
     changes = [c for c in json.loads(res.stdout)["changes"] if c["action"] != "unchanged"]
     assert [(c["kind"], c["name"], c["action"]) for c in changes] == [("Node", "rack-b-tray03", "update")]
-    labels = kube.get("v1/nodes", None, "rack-b-tray03")["metadata"]["labels"]
+    labels = kube.node("rack-b-tray03")["metadata"]["labels"]
     assert labels["mctl.io/nvlink-partition"] == "rack-b-all" and "mctl.io/stale" not in labels
-    assert len(kube.writes()) == before + 1
+    assert labels["team"] == "theirs"
+    assert kube.writes() == ["patch /api/v1/nodes/rack-b-tray03 200"]
 
 
 def test_immutable_spec_conflict_applies_nothing(tmp_path, kube, site):
-    kube.emulator.objects[CD, "default", "rack-a-p0"] = {
+    kube.ok("POST", "/apis/resource.nvidia.com/v1beta1/namespaces/default/computedomains", {
         "apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
         "metadata": {"name": "rack-a-p0", "namespace": "default"},
-        "spec": {"numNodes": 9, "channel": {"resourceClaimTemplate": {"name": "other"}}}}
+        "spec": {"numNodes": 9, "channel": {"resourceClaimTemplate": {"name": "other"}}}})
+    kube.mark()
     res = mctl(tmp_path, "-i", str(site), "deploy", "k8s")
     assert res.returncode == 2
     assert "immutable" in res.stderr and "nothing was applied" in res.stderr
     assert kube.writes() == []
 
 
-def test_missing_crd_applies_nothing(tmp_path):
-    api = KubeAPI(compute_domains=False, kai=False)
-    try:
-        for t in TRAYS:
-            api.add_node(t)
-        site = _site(tmp_path / "site", _kubeconfig(tmp_path / "kubeconfig", api.url))
+def test_invalid_object_is_reported_with_the_servers_reason(tmp_path, kube):
+    """A workload namespace that is not a DNS label: the server answers 422 with the field; mctl says so,
+    names what was applied before (nothing: the namespace comes first) and exits 3."""
+    site = _site(tmp_path / "site", kube.kubeconfig(tmp_path / "kube" / "config"), workload_namespace="GPU_Work")
+    res = mctl(tmp_path, "-i", str(site), "deploy", "k8s")
+    assert res.returncode == 3, res.stderr
+    assert "create Namespace GPU_Work failed (422 Invalid)" in res.stderr
+    assert "metadata.name" in res.stderr and "RFC 1123" in res.stderr
+    assert "0 of 41 change(s) applied before" in res.stderr and "Traceback" not in res.stderr
+    assert kube.writes() == ["create /api/v1/namespaces 422"]
+
+
+def test_missing_crd_applies_nothing(tmp_path, kube, site):
+    with kube.without_crd(CD_CRD):
         res = mctl(tmp_path, "-i", str(site), "deploy", "k8s")
         assert res.returncode == 2
         assert "does not serve ComputeDomains" in res.stderr and "helm/install.sh" in res.stderr
-        assert api.writes() == []
-    finally:
-        api.stop()
+        assert kube.writes() == []
 
 
 def test_missing_nodes_apply_nothing(tmp_path, kube, site):
-    kube.emulator.objects["v1/nodes", None, "rack-b-tray18"].delete()
+    kube.ok("DELETE", "/api/v1/nodes/rack-b-tray18")
+    kube.mark()
     res = mctl(tmp_path, "-i", str(site), "deploy", "k8s")
     assert res.returncode == 2 and "rack-b-tray18" in res.stderr and "nothing was applied" in res.stderr
     assert kube.writes() == []
 
 
-def test_kai_missing_only_skips_the_topology(tmp_path):
-    api = KubeAPI(kai=False)
-    try:
-        for t in TRAYS:
-            api.add_node(t)
-        site = _site(tmp_path / "site", _kubeconfig(tmp_path / "kubeconfig", api.url))
+def test_kai_missing_only_skips_the_topology(tmp_path, kube, site):
+    with kube.without_crd(TOPO_CRD):
         res = mctl(tmp_path, "-i", str(site), "deploy", "k8s")
         assert res.returncode == 0, res.stderr
         assert "KAI Scheduler is not installed" in res.stderr
-        assert api.get(CD, "default", "rack-b-all") is not None
-    finally:
-        api.stop()
+        assert kube.compute_domain("rack-b-all") is not None
+        assert not any("topolog" in w for w in kube.writes())
+
+
+def test_tls_ca_file_and_token_file(tmp_path, kube):
+    site = _site(tmp_path / "site", kube.kubeconfig(tmp_path / "kube" / "config", ca="file", token="file"))
+    res = mctl(tmp_path, "-i", str(site), "--json", "deploy", "k8s", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["server"] == kube.url
+
+
+def test_unverified_server_is_refused_before_the_token_is_sent(tmp_path, kube):
+    site = _site(tmp_path / "site", kube.kubeconfig(tmp_path / "kube" / "config", ca="none"))
+    res = mctl(tmp_path, "-i", str(site), "deploy", "k8s", "--dry-run")
+    assert res.returncode == 2, res.stderr
+    assert "certificate" in res.stderr and "not trusted" in res.stderr and "certificate-authority" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_insecure_skip_tls_verify_only_when_asked_and_with_a_warning(tmp_path, kube):
+    site = _site(tmp_path / "site", kube.kubeconfig(tmp_path / "kube" / "config", ca="none", insecure=True))
+    res = mctl(tmp_path, "-i", str(site), "deploy", "k8s", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert "insecure-skip-tls-verify" in res.stderr and "not verified" in res.stderr
+
+
+def test_wrong_token_and_missing_rights(tmp_path, kube):
+    site = _site(tmp_path / "site", kube.kubeconfig(tmp_path / "kube" / "config", user_token="not-the-token"))
+    res = mctl(tmp_path, "-i", str(site), "deploy", "k8s", "--dry-run")
+    assert res.returncode == 2 and "(401" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_user_without_rights_is_told_so(tmp_path, kube):
+    site = _site(tmp_path / "site", kube.kubeconfig(tmp_path / "kube" / "config", user_token=kube.nobody_token))
+    res = mctl(tmp_path, "-i", str(site), "deploy", "k8s")
+    assert res.returncode == 2 and "(403)" in res.stderr and "lack the rights" in res.stderr
+    assert kube.writes("nobody") == []
+
+
+def test_workload_namespace_is_created_first(tmp_path, kube):
+    ns = "gpu-work"                      # only this test uses it; each session has a fresh etcd
+    assert kube.get(f"/api/v1/namespaces/{ns}") is None
+    site = _site(tmp_path / "site", kube.kubeconfig(tmp_path / "kube" / "config"), workload_namespace=ns)
+    res = mctl(tmp_path, "-i", str(site), "deploy", "k8s")
+    assert res.returncode == 0, res.stderr
+    writes = kube.writes()
+    assert writes[0] == "create /api/v1/namespaces 201"          # first, so the ComputeDomains find it
+    assert sum(w.startswith(f"create /apis/resource.nvidia.com/v1beta1/namespaces/{ns}/") for w in writes) == 3
+    assert kube.compute_domain("rack-b-all", ns)["metadata"]["namespace"] == ns
+    kube.mark()
+    assert mctl(tmp_path, "-i", str(site), "deploy", "k8s").returncode == 0
+    assert kube.writes() == []
 
 
 def test_kubeconfig_missing(tmp_path):
@@ -210,8 +241,13 @@ def test_api_unreachable(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]           # closed again before mctl connects
-    site = _site(tmp_path / "site", _kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}"))
-    res = mctl(tmp_path, "-i", str(site), "deploy", "k8s")
+    cfg = tmp_path / "kubeconfig"
+    cfg.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "lab",
+        "clusters": [{"name": "lab", "cluster": {"server": f"https://127.0.0.1:{port}"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "u"}}]}))
+    res = mctl(tmp_path, "-i", str(_site(tmp_path / "site", cfg)), "deploy", "k8s")
     assert res.returncode == 3
     assert "cannot reach the Kubernetes API" in res.stderr and "nothing was applied" in res.stderr
 

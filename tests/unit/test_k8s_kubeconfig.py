@@ -68,3 +68,34 @@ def test_missing_and_broken(tmp_path):
 def test_default_path_follows_kubeconfig_env(monkeypatch, tmp_path):
     monkeypatch.setenv("KUBECONFIG", f"{tmp_path}/one:{tmp_path}/two")
     assert kubeconfig.default_path() == tmp_path / "one"
+
+
+@pytest.mark.parametrize("cluster_extra, users, message", [
+    ({"certificate-authority": "missing.crt"}, {}, "cannot use the cluster's certificate-authority"),
+    ({"certificate-authority-data": base64.b64encode(b"not a certificate").decode()}, {},
+     "cannot use the cluster's certificate-authority-data"),
+    ({"certificate-authority-data": "!!not base64!!"}, {}, "certificate-authority-data is not base64"),
+    ({}, {"tokenFile": "missing-token"}, "cannot read tokenFile"),
+    ({}, {"client-certificate-data": base64.b64encode(b"x").decode(),
+          "client-key-data": base64.b64encode(b"y").decode()}, "cannot use the user's client certificate"),
+    ({"insecure-skip-tls-verify": "false"}, {}, "must be true or false"),
+    ({"insecure-skip-tls-verify": True, "certificate-authority": "ca.crt"}, {}, "both a certificate authority"),
+])
+def test_bad_tls_material_is_a_usage_error_not_a_traceback(tmp_path, cluster_extra, users, message):
+    with pytest.raises(UsageError, match=message):
+        kubeconfig.load(write(tmp_path, users, cluster_extra=cluster_extra)).ssl_context()
+
+
+def test_verification_stays_on_unless_insecure_is_true(tmp_path):
+    conn = kubeconfig.load(write(tmp_path, {"token": "t"}, cluster_extra={"insecure-skip-tls-verify": False}))
+    assert not conn.insecure
+    ctx = conn.ssl_context()
+    assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
+
+
+def test_insecure_warns_once_on_stderr(tmp_path, capsys):
+    from mctl.sched.k8s.client import KubeClient
+
+    KubeClient(kubeconfig.load(write(tmp_path, {"token": "t"}, cluster_extra={"insecure-skip-tls-verify": True})))
+    err = capsys.readouterr().err
+    assert err.count("mctl: warning:") == 1 and "insecure-skip-tls-verify" in err and "not verified" in err

@@ -1,7 +1,8 @@
 """Kubernetes rendering: golden files, offline schema validation of every manifest, the Helm pitfalls.
 
-Standard kinds are validated with kubernetes-validate (Kubernetes 1.34 schemas,
-strict: unknown fields fail); ComputeDomain and KAI Topology against the
+Standard kinds are validated with kubernetes-validate (strict: unknown fields fail) for the
+Kubernetes version the site names (scheduler.k8s.kubernetes_version, default 1.32; their CEL
+rules: test_k8s_cel.py); ComputeDomain and KAI Topology against the
 openAPIV3Schema of their published CRDs (tests/fixtures/golden/k8s/crds).
 
 Regenerate the golden files after an intended change with:
@@ -28,7 +29,7 @@ from tests.unit.cli_helpers import run_cli
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "fixtures" / "golden" / "k8s"
 REGEN = os.environ.get("MCTL_REGEN_GOLDEN") == "1"
-K8S_VERSION = "1.34.0"
+K8S_VERSION = "1.32.0"                # the default of scheduler.k8s.kubernetes_version
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -74,6 +75,7 @@ def test_golden(bundle):
 
 
 def test_every_manifest_passes_schema_validation(bundle):
+    assert bundle.kubernetes_version == "1.32"           # the default
     crds = crd_schemas()
     kinds = set()
     for path, doc in manifests(bundle.files):
@@ -82,8 +84,24 @@ def test_every_manifest_passes_schema_validation(bundle):
         if key in crds:
             jsonschema.validate(doc, crds[key])
         else:
-            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
-    assert kinds == {"Node", "ComputeDomain", "Topology", "Job"}
+            kubernetes_validate.validate(doc, f"{bundle.kubernetes_version}.0", strict=True)
+    assert kinds == {"Node", "ComputeDomain", "Topology", "Job"}      # no Deployment is rendered
+
+
+@pytest.mark.parametrize("version", ["1.33", "1.35"])
+def test_manifests_validate_for_the_version_the_site_names(tmp_path, version):
+    named = render_k8s(k8s_site(tmp_path, kubernetes_version=version))
+    assert named.kubernetes_version == version
+    for _path, doc in manifests(named.files):
+        if doc["kind"] in ("Job", "Node"):
+            kubernetes_validate.validate(doc, f"{version}.0", strict=True)
+
+
+def test_a_version_that_is_not_one_is_refused(tmp_path):
+    from mctl.errors import MctlError
+
+    with pytest.raises(MctlError, match="kubernetes_version"):
+        k8s_site(tmp_path, kubernetes_version="latest")
 
 
 def test_validation_catches_a_broken_compute_domain(bundle):

@@ -10,12 +10,13 @@ matches is left alone, so a second run changes nothing.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from mctl.errors import EnvironmentProblem, UsageError
 from mctl.model.site import fold
-from mctl.sched.k8s.client import KubeClient
+from mctl.sched.k8s.client import ApiError, KubeClient
 from mctl.sched.k8s.manifests import LABEL_PREFIX, K8sBundle
 
 IMMUTABLE_SPEC = ("ComputeDomain", "Topology")
@@ -63,6 +64,23 @@ def _label_patch(current: dict, desired: dict) -> dict | None:
     return patch or None
 
 
+def _holds(stored: Any, rendered: Any) -> bool:
+    """Whether the stored spec says what mctl rendered: the server adds defaults (a CRD's `default:`, such
+    as ComputeDomain's allocationMode), so a stored map may carry more keys; lists must match item by item."""
+    if isinstance(rendered, dict):
+        return isinstance(stored, dict) and all(_holds(stored.get(k), v) for k, v in rendered.items())
+    if isinstance(rendered, list):
+        return (isinstance(stored, list) and len(stored) == len(rendered)
+                and all(_holds(a, b) for a, b in zip(stored, rendered)))
+    return stored == rendered
+
+
+def _minor(text: str | None) -> tuple[int, int] | None:
+    """(1, 32) from '1.32', '1.32+', 'v1.32.3'; None when it is not a version."""
+    m = re.match(r"^v?(\d+)\.(\d+)", str(text or ""))
+    return (int(m[1]), int(m[2])) if m else None
+
+
 def plan_k8s(bundle: K8sBundle, client: KubeClient) -> K8sPlan:
     version = client.version()
     server_version = str(version.get("gitVersion") or f"{version.get('major')}.{version.get('minor')}")
@@ -72,6 +90,12 @@ def plan_k8s(bundle: K8sBundle, client: KubeClient) -> K8sPlan:
                                  hint="install it first: mctl deploy k8s --render DIR, then sh DIR/helm/install.sh")
     kai = client.has_api("kai.scheduler", "v1alpha1", "topologies")
     warnings: list[str] = []
+    named = _minor(bundle.kubernetes_version)
+    running = _minor(f"{version.get('major')}.{version.get('minor')}") or _minor(server_version.lstrip("v"))
+    if named and running and running < named:
+        warnings.append(f"the cluster runs Kubernetes {server_version}, older than the {bundle.kubernetes_version} "
+                        "the inventory names (scheduler.k8s.kubernetes_version); ComputeDomains need DRA, "
+                        "Kubernetes >= 1.32")
     changes: list[Change] = []
     missing_nodes: list[str] = []
     conflicts: list[str] = []
@@ -90,7 +114,7 @@ def plan_k8s(bundle: K8sBundle, client: KubeClient) -> K8sPlan:
                 continue
             changes.append(Change(kind, name, ns, "create", "", obj))
             continue
-        if kind in IMMUTABLE_SPEC and current.get("spec") != obj.get("spec"):
+        if kind in IMMUTABLE_SPEC and not _holds(current.get("spec"), obj.get("spec")):
             conflicts.append(f"{kind} {name}: spec {current.get('spec')} != rendered {obj.get('spec')}")
             continue
         patch = _label_patch(current, meta.get("labels") or {})
@@ -112,10 +136,16 @@ def plan_k8s(bundle: K8sBundle, client: KubeClient) -> K8sPlan:
 
 
 def apply_k8s(plan: K8sPlan, client: KubeClient) -> K8sPlan:
-    for change in plan.pending:
-        if change.action == "create":
-            client.create(change.obj)
-        else:
-            client.merge_patch(change.kind, change.name, change.namespace, change.patch or {})
+    """In order; a refused write stops there, and the error says how many were applied before it."""
+    pending = plan.pending
+    for n, change in enumerate(pending):
+        try:
+            if change.action == "create":
+                client.create(change.obj)
+            else:
+                client.merge_patch(change.kind, change.name, change.namespace, change.patch or {})
+        except ApiError as exc:
+            raise ApiError(exc.status, f"{exc.message}; {n} of {len(pending)} change(s) applied before "
+                                       f"(mctl deploy k8s --dry-run shows what is left)", exc.hint) from None
         change.done = True
     return plan

@@ -10,6 +10,8 @@ from __future__ import annotations
 import base64
 import json
 import socket
+import ssl
+import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -29,6 +31,14 @@ class ApiError(MctlError):
     def __init__(self, status: int, message: str, hint: str | None = None):
         super().__init__(message, hint, exit_code=EXIT_PARTIAL)
         self.status = status
+
+
+HINTS = {
+    404: "the object or its namespace does not exist",
+    409: "another writer changed the object since it was read (stale resourceVersion) or it exists already",
+    415: "the API server does not accept this patch type for this kind",
+    422: "the API server rejected the object as invalid (the field and rule are in the message)",
+}
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,10 @@ class KubeClient:
         self.conn = conn
         self.timeout = timeout
         self._ssl = conn.ssl_context()
+        if conn.insecure and conn.server.startswith("https://"):
+            sys.stderr.write(f"mctl: warning: context {conn.context}: insecure-skip-tls-verify is set, so the "
+                             f"certificate of {conn.server} is not verified (anyone on the path can read the "
+                             "token and answer as the API server)\n")
 
     def _request(self, method: str, path: str, body: Any = None,
                  content_type: str = "application/json") -> tuple[int, Any]:
@@ -83,6 +97,14 @@ class KubeClient:
             return exc.code, _json(exc.read())
         except (urllib.error.URLError, socket.timeout, ConnectionError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
+            if isinstance(reason, ssl.SSLCertVerificationError):
+                # refused during the TLS handshake: the token was never sent
+                raise UsageError(f"the Kubernetes API at {self.conn.server} (context {self.conn.context}) presented "
+                                 f"a certificate that is not trusted ({reason.verify_message}); nothing was sent "
+                                 "or applied",
+                                 hint="set certificate-authority or certificate-authority-data for the cluster in "
+                                      "the kubeconfig; insecure-skip-tls-verify: true accepts any server (not for "
+                                      "production)") from None
             raise ClusterUnreachable(f"cannot reach the Kubernetes API at {self.conn.server} "
                                      f"(context {self.conn.context}): {reason}; nothing was applied",
                                      hint="check the kubeconfig's server and that the API server is up") from None
@@ -92,7 +114,9 @@ class KubeClient:
             raise UsageError(f"the Kubernetes API refused {what} ({status}): {_message(body)}",
                              hint=f"the credentials of context {self.conn.context} lack the rights")
         if status >= 400:
-            raise ApiError(status, f"{what} failed ({status}): {_message(body)}")
+            reason = body.get("reason") if isinstance(body, dict) else None
+            raise ApiError(status, f"{what} failed ({status}{' ' + reason if reason else ''}): {_message(body)}",
+                           hint=HINTS.get(status))
         return body
 
     def version(self) -> dict:
@@ -134,6 +158,17 @@ def _json(raw: bytes) -> Any:
 
 
 def _message(body: Any) -> str:
+    """The Status' message, or for 422 its causes (field: what is wrong), which say more in less space."""
     if isinstance(body, dict):
-        return str(body.get("message") or body.get("reason") or body)[:300]
-    return str(body)[:300]
+        causes = [c for c in ((body.get("details") or {}).get("causes") or []) if isinstance(c, dict)]
+        if causes:
+            text = "; ".join(f"{c.get('field')}: {c.get('message')}" if c.get("field") else str(c.get("message"))
+                             for c in causes[:4])
+        else:
+            text = str(body.get("message") or body.get("reason") or body)
+        return _cut(text)
+    return _cut(str(body))
+
+
+def _cut(text: str, limit: int = 600) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -10,6 +10,7 @@ half-supported.
 from __future__ import annotations
 
 import base64
+import binascii
 import os
 import ssl
 import tempfile
@@ -43,8 +44,14 @@ class Connection:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
         elif self.ca_file or self.ca_data:
-            ctx.load_verify_locations(cafile=self.ca_file,
-                                      cadata=self.ca_data.decode() if self.ca_data else None)
+            what = f"certificate-authority {self.ca_file}" if self.ca_file else "certificate-authority-data"
+            try:
+                ctx.load_verify_locations(cafile=self.ca_file,
+                                          cadata=self.ca_data.decode("ascii", "replace") if self.ca_data else None)
+            except (OSError, ssl.SSLError, ValueError) as exc:
+                raise UsageError(f"context {self.context}: cannot use the cluster's {what}: {exc}",
+                                 hint="it must be a PEM CA certificate (base64 of it in -data); "
+                                      "nothing was sent") from None
         if self.cert_file or self.cert_data:
             cert, key = self.cert_file, self.key_file
             tmp: list[str] = []
@@ -54,6 +61,10 @@ class Connection:
                 if self.key_data:
                     key = _temp(self.key_data, tmp)
                 ctx.load_cert_chain(cert, key)
+            except (OSError, ssl.SSLError, ValueError) as exc:
+                raise UsageError(f"context {self.context}: cannot use the user's client certificate/key: {exc}",
+                                 hint="client-certificate(-data) and client-key(-data) must be PEM; "
+                                      "nothing was sent") from None
             finally:
                 for path in tmp:
                     os.unlink(path)
@@ -82,8 +93,13 @@ def _named(items: list | None, name: str, what: str, path: Path) -> dict:
     raise UsageError(f"{path}: no {what} named {name!r}", hint=f"see 'kubectl config view --kubeconfig {path}'")
 
 
-def _data(value: str | None) -> bytes | None:
-    return base64.b64decode(value) if value else None
+def _data(value: str | None, field: str = "", path: Path | None = None) -> bytes | None:
+    if not value:
+        return None
+    try:
+        return base64.b64decode(str(value), validate=True)
+    except (binascii.Error, ValueError):
+        raise UsageError(f"{path}: {field} is not base64", hint="it holds the PEM file, base64-encoded") from None
 
 
 def load(path: Path, context: str | None = None) -> Connection:
@@ -117,11 +133,23 @@ def load(path: Path, context: str | None = None) -> Connection:
 
     token = user.get("token")
     if not token and user.get("tokenFile"):
-        token = Path(rel(user["tokenFile"])).read_text().strip()
+        try:
+            token = Path(rel(user["tokenFile"])).read_text().strip()
+        except OSError as exc:
+            raise UsageError(f"{path}: user {ctx.get('user')!r}: cannot read tokenFile {rel(user['tokenFile'])}: "
+                             f"{exc.strerror or exc}", hint="nothing was sent") from None
     basic = (user["username"], user["password"]) if user.get("username") and user.get("password") else None
+    insecure = cluster.get("insecure-skip-tls-verify")
+    if insecure not in (None, True, False):
+        raise UsageError(f"{path}: cluster {ctx.get('cluster')!r}: insecure-skip-tls-verify must be true or false, "
+                         f"not {insecure!r}")
+    if insecure and (cluster.get("certificate-authority") or cluster.get("certificate-authority-data")):
+        # as kubectl: one or the other, so a CA that is set is never silently unused
+        raise UsageError(f"{path}: cluster {ctx.get('cluster')!r} sets both a certificate authority and "
+                         "insecure-skip-tls-verify", hint="remove insecure-skip-tls-verify to verify the server")
     return Connection(server=server.rstrip("/"), context=name, ca_file=rel(cluster.get("certificate-authority")),
-                      ca_data=_data(cluster.get("certificate-authority-data")),
-                      insecure=bool(cluster.get("insecure-skip-tls-verify")), token=token,
+                      ca_data=_data(cluster.get("certificate-authority-data"), "certificate-authority-data", path),
+                      insecure=insecure is True, token=token,
                       cert_file=rel(user.get("client-certificate")), key_file=rel(user.get("client-key")),
-                      cert_data=_data(user.get("client-certificate-data")),
-                      key_data=_data(user.get("client-key-data")), basic=basic)
+                      cert_data=_data(user.get("client-certificate-data"), "client-certificate-data", path),
+                      key_data=_data(user.get("client-key-data"), "client-key-data", path), basic=basic)

@@ -68,6 +68,7 @@ class K8sBundle:
     objects: list[dict[str, Any]]               # what `mctl deploy k8s` applies, in order
     blocks: list[Block]
     warnings: list[str] = field(default_factory=list)
+    kubernetes_version: str = "1.32"            # what the site names (scheduler.k8s.kubernetes_version)
 
     def to_dict(self) -> dict:
         return {"files": sorted(self.files), "objects": [describe(o) for o in self.objects],
@@ -238,4 +239,4 @@ def render_k8s(site: Site) -> K8sBundle:
     files[f"helm/{DRA_CHART}-values.yaml"] = _dump([dra_values(s)], "# NVIDIA DRA driver values.\n")
     files["helm/install.sh"] = install_script(s)
     files["README.md"] = readme(site, s, blocks)
-    return K8sBundle(files, objects, blocks, warnings)
+    return K8sBundle(files, objects, blocks, warnings, s.kubernetes_version)
