@@ -185,7 +185,7 @@ def down(lab_dir: DirOpt = None, dry_run: DryRunOpt = False, json_: JsonOpt = Fa
 
 @app.command()
 def fault(
-    tray: Annotated[str, typer.Argument(help="Compute tray (or head node, for --unreachable/--hang).")],
+    tray: Annotated[str, typer.Argument(help="Compute tray (or head node, for host faults such as --freeze).")],
     xid: Annotated[Optional[int], typer.Option("--xid", help="Inject an XID event (with --gpu).")] = None,
     gpu: Annotated[Optional[int], typer.Option("--gpu", help="GPU index 0-3 for --xid / --ecc-uncorrectable.")] = None,
     fabric: Annotated[Optional[str], typer.Option("--fabric", help="in-progress | degraded | unhealthy")] = None,
@@ -193,8 +193,24 @@ def fault(
     nvlink_down: Annotated[Optional[str], typer.Option("--nvlink-down", help="GPU:LINK reported inactive.")] = None,
     ecc_uncorrectable: Annotated[Optional[int], typer.Option("--ecc-uncorrectable",
                                                              help="Uncorrectable DRAM ECC count (with --gpu).")] = None,
-    unreachable: Annotated[bool, typer.Option("--unreachable", help="sshd stops answering.")] = False,
-    hang: Annotated[bool, typer.Option("--hang", help="Logins work, commands never return.")] = False,
+    unreachable: Annotated[bool, typer.Option("--unreachable", "--freeze",
+                                              help="Every process of the host stops: open and new connections "
+                                                   "get no answer (power loss, panic).")] = False,
+    hang: Annotated[bool, typer.Option("--hang", help="Logins work, every command (open connections too) "
+                                                      "never returns.")] = False,
+    slow: Annotated[Optional[float], typer.Option("--slow", metavar="SECONDS",
+                                                  help="Every command starts SECONDS late.")] = None,
+    sshd_restart: Annotated[bool, typer.Option("--sshd-restart", help="Event: open connections reset, sshd "
+                                                                      "restarted.")] = False,
+    reboot: Annotated[bool, typer.Option("--reboot", help="Event: the host stops and boots again (new boot id, "
+                                                          "kern.log kept).")] = False,
+    down_for: Annotated[Optional[float], typer.Option("--down-for", metavar="SECONDS",
+                                                      help="With --reboot: seconds the host stays off "
+                                                           "(default 2).")] = None,
+    slurmd_down: Annotated[bool, typer.Option("--slurmd-down", help="slurmd killed and kept down.")] = False,
+    imex_crash: Annotated[bool, typer.Option("--imex-crash", help="The IMEX daemon killed.")] = False,
+    slurmctld_down: Annotated[bool, typer.Option("--slurmctld-down",
+                                                 help="Head node: slurmctld killed and kept down.")] = False,
     clear: Annotated[bool, typer.Option("--clear", help="Remove every fault on the tray.")] = False,
     lab_dir: DirOpt = None,
     dry_run: DryRunOpt = False,
@@ -209,6 +225,8 @@ def fault(
 
     req = FaultRequest(xid=xid, gpu=gpu, fabric=fabric, gpu_missing=gpu_missing, nvlink_down=nvlink_down,
                        ecc_uncorrectable=ecc_uncorrectable, unreachable=unreachable, hang=hang, clear=clear)
+    req.slow, req.sshd_restart, req.reboot, req.down_for = slow, sshd_restart, reboot, down_for
+    req.slurmd_down, req.imex_crash, req.slurmctld_down = slurmd_down, imex_crash, slurmctld_down
     res = control.fault(_lab_dir(lab_dir), tray, req, dry_run=dry_run)
     if want_json(json_):
         render.print_json({"host": res.host, "dry_run": dry_run, "before": res.before, "after": res.after,
