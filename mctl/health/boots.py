@@ -53,9 +53,10 @@ class BootMemory:
 
     def save(self, state_dir: Path) -> None:
         """Best effort: a state folder that cannot be written costs only the next check's reboot notice."""
+        from mctl.errors import EnvironmentProblem
         from mctl.state.files import write_json
 
         try:
             write_json(Path(state_dir) / "health" / FILE, {"boot_ids": dict(sorted(self.boot_ids.items()))})
-        except OSError:
+        except (OSError, EnvironmentProblem):
             pass
