@@ -24,6 +24,7 @@ class BootMemory:
     boot_ids: dict[str, str] = field(default_factory=dict)
     _lines: dict[str, frozenset] = field(default_factory=dict)       # XID lines the last sweep read
     _older: dict[str, frozenset] = field(default_factory=dict)       # lines read under an earlier boot
+    _saved: dict[str, str] | None = None                              # what the file holds (None: unknown)
 
     def see(self, facts: TrayHealthFacts) -> TrayHealthFacts:
         """*facts* with the previous boot id and earlier boots' XIDs marked; remembers this sweep."""
@@ -49,14 +50,18 @@ class BootMemory:
             ids = {str(h): str(b) for h, b in (data.get("boot_ids") or {}).items()}
         except (OSError, ValueError, AttributeError):
             ids = {}
-        return cls(boot_ids=ids)
+        return cls(boot_ids=ids, _saved=dict(ids))
 
     def save(self, state_dir: Path) -> None:
-        """Best effort: a state folder that cannot be written costs only the next check's reboot notice."""
+        """Only when a boot id changed (the watch sweeps every few seconds). Best effort: a state folder
+        that cannot be written costs only the next check's reboot notice."""
         from mctl.errors import EnvironmentProblem
         from mctl.state.files import write_json
 
+        if self._saved == self.boot_ids:
+            return
         try:
             write_json(Path(state_dir) / "health" / FILE, {"boot_ids": dict(sorted(self.boot_ids.items()))})
+            self._saved = dict(self.boot_ids)
         except (OSError, EnvironmentProblem):
             pass

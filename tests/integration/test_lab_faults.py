@@ -121,6 +121,32 @@ def test_freeze_silences_open_and_new_connections(lab, tmp_path):
     assert all(p["state"] not in ("T", "t") for p in _row(lab, tray)["processes"])
 
 
+def test_freeze_silences_a_kept_asyncssh_connection(lab):
+    """mctl's own transport, as the watch keeps it: no answer to a new channel, no reset, fine after --clear."""
+    from mctl.inventory import load_site
+    from mctl.transport import SSHPool, targets_for
+
+    tray = lab.trays[0]
+    site = load_site(lab.inventory)
+    target = targets_for(site, [site.host(tray)])[0]
+
+    async def scenario():
+        async with SSHPool.from_site(site) as pool:
+            first = await pool.run_one(target, "hostname", timeout=30)
+            assert first.status.value == "ok" and first.stdout.strip() == tray, first
+            try:
+                _fault(lab, tray, unreachable=True)
+                with pytest.raises(asyncio.TimeoutError):
+                    # bounded from outside: this test is about the host, not about the transport's deadlines
+                    await asyncio.wait_for(pool.run_one(target, "hostname", timeout=None), SHORT_S)
+            finally:
+                lab.clear_faults(tray)
+            again = await asyncio.wait_for(pool.run_one(target, "hostname", timeout=30), WAIT_S)
+            assert again.status.value == "ok" and again.stdout.strip() == tray, again
+
+    asyncio.run(scenario())
+
+
 def test_hang_reaches_open_connections_and_logins_still_work(lab, tmp_path):
     from mctl.inventory import load_site
     from mctl.transport import SSHPool, targets_for

@@ -209,6 +209,11 @@ def test_boot_ids_persist_for_the_next_check(tmp_path):
     memory.save(tmp_path)
     again = BootMemory.load(tmp_path)
     assert again.see(facts(B2)).rebooted
+    again.save(tmp_path)
+    assert json.loads((tmp_path / "health" / "boots.json").read_text())["boot_ids"] == {"t01": B2}
+    before = (tmp_path / "health" / "boots.json").stat().st_mtime_ns
+    BootMemory.load(tmp_path).save(tmp_path)                       # nothing changed: not written again
+    assert (tmp_path / "health" / "boots.json").stat().st_mtime_ns == before
     (tmp_path / "health" / "boots.json").write_text("{broken")
     assert BootMemory.load(tmp_path).boot_ids == {}
     blocker = tmp_path / "a-file"
