@@ -2,8 +2,8 @@
 
 Runs as PID 1 of the new PID namespace with a private copy of the machine's
 mounts, so everything it mounts (the overlay root, a fresh /proc, /sys, a
-minimal /dev, tmpfs /run and /tmp) exists only for this host and disappears
-with it. It then chroots into the overlay and execs the host's own init
+minimal /dev, tmpfs /run and /tmp, and a new boot id over the kernel's) exists
+only for this host and disappears with it. It then chroots into the overlay and execs the host's own init
 (/usr/lib/mctl-lab/init, hostinit.py). Executed by path with `python3 -I -S`,
 so it uses the standard library only.
 

@@ -237,74 +237,6 @@ def test_bad_host_fault_requests(lab, capsys):
     assert slow.code == 2 and "--slow" in slow.err
 
 
-def _boot_id(lab, host) -> str:
-    return lab.run(host, "cat /proc/sys/kernel/random/boot_id").stdout.strip()
-
-
-def _resume_if_slurm_says_rebooted(lab, tray):
-    """A real slurmctld marks an unexpected reboot DOWN (ReturnToService=1); the test leaves the node as it was."""
-    res = lab.run(lab.head, f"scontrol show node {tray} 2>/dev/null", check=False, timeout=30)
-    if res.returncode != 0 or "unexpectedly rebooted" not in res.stdout:
-        return
-    wait_for("slurmd on the rebooted tray", lambda: lab.run(tray, "pgrep -x slurmd", check=False).returncode == 0)
-    lab.run(lab.head, f"scontrol update NodeName={tray} State=RESUME", timeout=30)
-    wait_for(f"{tray} back in service in Slurm", lambda: "unexpectedly rebooted" not in
-             lab.run(lab.head, f"scontrol show node {tray}", check=False, timeout=30).stdout)
-
-
-def _health(lab, tray) -> dict:
-    proc = lab.mctl("health", "check", tray, "--json", "--all", timeout=180)
-    assert proc.returncode in (0, 1), proc.stderr
-    return json.loads(proc.stdout)
-
-
-def _findings(report, tray, check):
-    return [f for f in report["findings"] if f["host"] == tray and f["check"] == check]
-
-
-def test_reboot_new_boot_id_kern_log_kept_health_sees_it(lab, tmp_path):
-    tray = lab.trays[-1]
-    old_boot = _boot_id(lab, tray)
-    old_uptime = float(lab.run(tray, "cat /proc/uptime").stdout.split()[0])
-    try:
-        _fault(lab, tray, xid=48, gpu=1)            # a drain XID (double-bit ECC), before the reboot
-        before = _health(lab, tray)
-        assert any(f["severity"] == "critical" and "XID 48" in f["message"] for f in _findings(before, tray, "gpu.xid"))
-        with kept(lab, tray, tmp_path) as k:
-            done: dict = {}
-
-            def reboot():
-                try:
-                    done["result"] = _fault(lab, tray, reboot=True, down_for=10)
-                except BaseException as exc:      # noqa: BLE001 - reported by the main thread
-                    done["error"] = exc
-
-            thread = threading.Thread(target=reboot)
-            thread.start()
-            try:
-                # The tray goes away: every process ends, the kept connection drops, SSH is refused.
-                wait_for("the tray to go down", lambda: not _row(lab, tray)["running"])
-                res = lab.run(tray, "hostname", check=False, connect_timeout=2, timeout=30)
-                assert res.returncode == 255
-                wait_for("the kept connection to drop", lambda: not k.alive())
-            finally:
-                thread.join(timeout=120)
-            assert not thread.is_alive() and "error" not in done, done
-        new_boot = _boot_id(lab, tray)
-        assert new_boot != old_boot and _row(lab, tray)["boot_id"] == new_boot
-        assert float(lab.run(tray, "cat /proc/uptime").stdout.split()[0]) < old_uptime
-        # kern.log is on disk: the line from before the boot is still there.
-        assert [e.code for e in parse_xid_events(lab.run(tray, "cat /var/log/kern.log").stdout)][-1:] == [48]
-        after = _health(lab, tray)
-        boot = _findings(after, tray, "tray.boot")
-        assert [f["severity"] for f in boot] == ["warn"] and "rebooted" in boot[0]["message"], boot
-        xid = _findings(after, tray, "gpu.xid")
-        assert [f["severity"] for f in xid] == ["ok"] and "earlier boot" in xid[0]["message"], xid
-    finally:
-        lab.clear_faults(tray)
-        _resume_if_slurm_says_rebooted(lab, tray)
-
-
 # --- daemons: need Slurm (and IMEX for --imex-crash) ------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -339,12 +271,17 @@ def test_slurmd_down_is_kept_down_until_clear(lab, slurm_site):
     wait_for("slurmctld to hear from slurmd again", lambda: _responding(lab, tray))
 
 
-def _responding(lab, tray) -> bool:
+def _state(lab, tray) -> str:
     import re
 
     out = lab.run(lab.head, f"scontrol show node {tray} -o", check=False, timeout=30).stdout
     state = re.search(r"\bState=(\S+)", out)
-    return bool(state) and "*" not in state[1] and "NOT_RESPONDING" not in state[1]
+    return state[1] if state else ""
+
+
+def _responding(lab, tray) -> bool:
+    state = _state(lab, tray)
+    return bool(state) and "*" not in state and "NOT_RESPONDING" not in state
 
 
 def test_slurmctld_down_on_the_head_node(lab, slurm_site):
@@ -373,3 +310,79 @@ def test_imex_crash_kills_the_daemon_and_clear_starts_it(lab, slurm_site):
         lab.clear_faults(tray)
         for t in lab.trays:
             lab.run(t, "systemctl stop nvidia-imex", check=False, timeout=60)
+
+
+def _boot_id(lab, host) -> str:
+    return lab.run(host, "cat /proc/sys/kernel/random/boot_id").stdout.strip()
+
+
+def _resume_if_slurm_says_rebooted(lab, tray):
+    """A real slurmctld marks an unexpected reboot DOWN (ReturnToService=1); the test leaves the node as it was."""
+    res = lab.run(lab.head, f"scontrol show node {tray} 2>/dev/null", check=False, timeout=30)
+    if res.returncode != 0 or "unexpectedly rebooted" not in res.stdout:
+        return
+    wait_for("slurmd on the rebooted tray", lambda: lab.run(tray, "pgrep -x slurmd", check=False).returncode == 0)
+    lab.run(lab.head, f"scontrol update NodeName={tray} State=RESUME", timeout=30)
+    # (Slurm keeps the reason text on the idle node; only the state says it is back.)
+    wait_for(f"{tray} back in service in Slurm", lambda: _responding(lab, tray) and "DOWN" not in _state(lab, tray))
+
+
+def _health(lab, tray) -> dict:
+    proc = lab.mctl("health", "check", tray, "--json", "--all", timeout=180)
+    assert proc.returncode in (0, 1), proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _findings(report, tray, check):
+    return [f for f in report["findings"] if f["host"] == tray and f["check"] == check]
+
+
+def test_reboot_new_boot_id_kern_log_kept_services_back_health_sees_it(lab, slurm_site, tmp_path):
+    tray = lab.trays[-1]
+    assert _running(lab, tray, "slurmd") and _running(lab, tray, "munged")
+    imex_before = _running(lab, tray, "nvidia-imex")       # enabled by `imex apply`, it comes back at boot
+    old_boot = _boot_id(lab, tray)
+    old_uptime = float(lab.run(tray, "cat /proc/uptime").stdout.split()[0])
+    try:
+        _fault(lab, tray, xid=48, gpu=1)            # a drain XID (double-bit ECC), before the reboot
+        before = _health(lab, tray)
+        assert any(f["severity"] == "critical" and "XID 48" in f["message"] for f in _findings(before, tray, "gpu.xid"))
+        with kept(lab, tray, tmp_path) as k:
+            done: dict = {}
+
+            def reboot():
+                try:
+                    done["result"] = _fault(lab, tray, reboot=True, down_for=10)
+                except BaseException as exc:      # noqa: BLE001 - reported by the main thread
+                    done["error"] = exc
+
+            thread = threading.Thread(target=reboot)
+            thread.start()
+            try:
+                # The tray goes away: every process ends, the kept connection drops, SSH is refused.
+                wait_for("the tray to go down", lambda: not _row(lab, tray)["running"])
+                res = lab.run(tray, "hostname", check=False, connect_timeout=2, timeout=30)
+                assert res.returncode == 255
+                wait_for("the kept connection to drop", lambda: not k.alive())
+            finally:
+                thread.join(timeout=120)
+            assert not thread.is_alive() and "error" not in done, done
+        new_boot = _boot_id(lab, tray)
+        assert new_boot != old_boot and _row(lab, tray)["boot_id"] == new_boot
+        assert float(lab.run(tray, "cat /proc/uptime").stdout.split()[0]) < old_uptime
+        # The enabled units came back as at boot (GPU device nodes first: slurmd's gres.conf names them).
+        wait_for("munged and slurmd after the boot",
+                 lambda: _running(lab, tray, "munged") and _running(lab, tray, "slurmd"))
+        assert lab.run(tray, "test -c /dev/nvidia0 -a -c /dev/nvidia3", check=False).returncode == 0
+        # kern.log is on disk: the line from before the boot is still there.
+        assert [e.code for e in parse_xid_events(lab.run(tray, "cat /var/log/kern.log").stdout)][-1:] == [48]
+        after = _health(lab, tray)
+        boot = _findings(after, tray, "tray.boot")
+        assert [f["severity"] for f in boot] == ["warn"] and "rebooted" in boot[0]["message"], boot
+        xid = _findings(after, tray, "gpu.xid")
+        assert [f["severity"] for f in xid] == ["ok"] and "earlier boot" in xid[0]["message"], xid
+    finally:
+        lab.clear_faults(tray)
+        _resume_if_slurm_says_rebooted(lab, tray)
+        if not imex_before:
+            lab.run(tray, "systemctl stop nvidia-imex", check=False, timeout=60)
