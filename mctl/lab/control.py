@@ -564,6 +564,8 @@ def fault(lab_dir: Path, host_name: str, req: faultlib.FaultRequest, *, dry_run:
         _sshd_restart(files, host)
         return result
     faults_path.parent.mkdir(parents=True, exist_ok=True)
+    if _sshrc_text(new) is not None:
+        _check_sshrc_free(files, host)          # before faults.json says so
     restart = _daemons_running(files, host, current, new)
     for key, was_running in restart.items():
         new[key] = {"restart": was_running}
@@ -631,17 +633,7 @@ def _set_hang(files: LabFiles, host: LabHost, doc: dict) -> None:
     text = _sshrc_text(doc)
     sshrc = hosts.host_path(files.dir, host.name, SSHRC)
     if text is not None:
-        try:
-            old = sshrc.read_text()
-        except FileNotFoundError:
-            old = None
-        if old is not None and not old.startswith(SSHRC_MARK):
-            raise EnvironmentProblem(f"{host.name} has an {SSHRC} of its own; the lab will not replace it",
-                                     hint="remove it from the host to use --hang or --slow")
-        user_rc = hosts.host_path(files.dir, host.name, "/root/.ssh/rc")
-        if user_rc.exists():
-            raise EnvironmentProblem(f"{host.name} has /root/.ssh/rc, which sshd runs instead of {SSHRC}",
-                                     hint="remove it from the host to use --hang or --slow")
+        _check_sshrc_free(files, host)
         atomic_write(sshrc, text)
         return
     try:
@@ -650,6 +642,20 @@ def _set_hang(files: LabFiles, host: LabHost, doc: dict) -> None:
     except FileNotFoundError:
         pass
     _end_hang_waits(files, host)
+
+
+def _check_sshrc_free(files: LabFiles, host: LabHost) -> None:
+    """The host's own sshrc is not replaced, and a ~/.ssh/rc (which sshd runs instead) would make the fault a no-op."""
+    try:
+        old = hosts.host_path(files.dir, host.name, SSHRC).read_text()
+    except FileNotFoundError:
+        old = None
+    if old is not None and not old.startswith(SSHRC_MARK):
+        raise EnvironmentProblem(f"{host.name} has an {SSHRC} of its own; the lab will not replace it",
+                                 hint="remove it from the host to use --hang or --slow")
+    if hosts.host_path(files.dir, host.name, "/root/.ssh/rc").exists():
+        raise EnvironmentProblem(f"{host.name} has /root/.ssh/rc, which sshd runs instead of {SSHRC}",
+                                 hint="remove it from the host to use --hang or --slow")
 
 
 def _set_forcecommand_hang(files: LabFiles, host: LabHost, on: bool) -> None:

@@ -218,7 +218,7 @@ def _apply_host_faults(d: dict, req: FaultRequest) -> None:
     if req.slow is not None:
         d["slow"] = float(req.slow)
     for key in ("slurmd_down", "imex_crash", "slurmctld_down"):
-        if getattr(req, key):
+        if getattr(req, key) and not d.get(key):        # again: keep what --clear is to restart
             d[key] = True
 
 

@@ -34,6 +34,8 @@ def test_host_faults_are_in_the_document_only_while_set():
     # The GPU emulator and older readers see the document they always saw.
     assert set(faults.empty()) <= set(doc) and set(doc) - set(faults.empty()) == {"slow", "slurmd_down"}
     assert faults.apply(doc, faults.FaultRequest(clear=True), now=3.0) == faults.empty()
+    kept = faults.apply(dict(doc, slurmd_down={"restart": False}), faults.FaultRequest(slurmd_down=True), now=2.5)
+    assert kept["slurmd_down"] == {"restart": False}            # injected again: what --clear restarts is kept
     # a daemon fault recorded with what --clear must restart still reads as set
     assert faults.active(faults.normalize({"imex_crash": {"restart": True}, "slurmctld_down": False})) == \
         ["imex crashed"]
