@@ -99,10 +99,21 @@ def _times_out(k: Kept, cmd: str = "hostname") -> bool:
 
 
 def test_freeze_silences_open_and_new_connections(lab, tmp_path):
+    from mctl.lab import hosts
+
     tray = lab.trays[0]
+    go = "/tmp/mctl-test-freeze-go"
     with kept(lab, tray, tmp_path) as k:
         assert k.answers()
+        lab.run(tray, f"rm -f {go}")
+        # A command running on the open connection when the host freezes: it waits for a file.
+        running = subprocess.Popen(k.base + [f"while [ ! -e {go} ]; do sleep 0.1; done; echo late"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   stdin=subprocess.DEVNULL)
         try:
+            # ([w]: the pattern must not match the shell that runs pgrep)
+            wait_for("the waiting command", lambda: lab.run(tray, f"pgrep -f '[w]hile \\[ ! -e {go}'",
+                                                            check=False).returncode == 0)
             cli = lab.mctl("lab", "fault", tray, "--freeze", "--dir", str(lab.dir))
             assert cli.returncode == 0 and "unreachable" in cli.stdout, cli.stderr
             # Every process of the host is stopped, not just sshd.
@@ -114,9 +125,21 @@ def test_freeze_silences_open_and_new_connections(lab, tmp_path):
             # A new connection: TCP connects, no banner ever comes.
             res = lab.run(tray, "hostname", check=False, connect_timeout=2, timeout=30)
             assert res.returncode == 255 and "timed out" in res.stderr
+            # The running command is frozen too: the file it waits for appears, no output comes.
+            hosts.host_path(lab.dir, tray, go).write_text("")
+            with pytest.raises(subprocess.TimeoutExpired):
+                running.wait(timeout=SHORT_S)
         finally:
             lab.clear_faults(tray)
+            try:
+                out, _err = running.communicate(timeout=WAIT_S)
+            except subprocess.TimeoutExpired:
+                running.kill()
+                out, _err = running.communicate()
+        # Continued, it goes on where it stopped, on the same connection.
+        assert out.strip() == "late" and running.returncode == 0
         wait_for("the kept connection to answer after --clear", k.answers)
+        lab.run(tray, f"rm -f {go}")
     assert _row(lab, tray)["ssh"] == "ok"
     assert all(p["state"] not in ("T", "t") for p in _row(lab, tray)["processes"])
 
