@@ -225,6 +225,7 @@ def fault(
 
     req = FaultRequest(xid=xid, gpu=gpu, fabric=fabric, gpu_missing=gpu_missing, nvlink_down=nvlink_down,
                        ecc_uncorrectable=ecc_uncorrectable, unreachable=unreachable, hang=hang, clear=clear)
+    # host faults (issue 15), set apart from the call above so other fault families can extend it
     req.slow, req.sshd_restart, req.reboot, req.down_for = slow, sshd_restart, reboot, down_for
     req.slurmd_down, req.imex_crash, req.slurmctld_down = slurmd_down, imex_crash, slurmctld_down
     res = control.fault(_lab_dir(lab_dir), tray, req, dry_run=dry_run)
