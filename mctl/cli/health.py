@@ -44,7 +44,8 @@ def check(
     Checks: reachability, GPU count, driver against the tray's image, fabric state/status and
     health flags, NVLink domain and clique against the partition plan, XIDs (the drain set is
     health.drain_xids), uncorrectable ECC and row remapping, NVLinks (18 per GPU), temperature and
-    power, IMEX daemon and domain, slurmd, disk and memory. With --remediate the policy decides
+    power, IMEX daemon and domain, slurmd, disk and memory, a reboot since the last sweep (boot
+    id; XIDs from before it no longer count). With --remediate the policy decides
     and drains (reason 'mctl: ...') or resumes, as the watch does; with --dry-run it only says
     what it would do. Exit 0 ok, 1 a finding at or above --fail-on, 2 bad input.
 

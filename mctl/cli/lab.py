@@ -187,7 +187,7 @@ def down(lab_dir: DirOpt = None, dry_run: DryRunOpt = False, json_: JsonOpt = Fa
 
 @app.command()
 def fault(
-    tray: Annotated[str, typer.Argument(help="Compute tray (or head node, for --unreachable/--hang).")],
+    tray: Annotated[str, typer.Argument(help="Compute tray (or head node, for host faults such as --freeze).")],
     xid: Annotated[Optional[int], typer.Option("--xid", help="Inject an XID event (with --gpu).")] = None,
     gpu: Annotated[Optional[int], typer.Option("--gpu", help="GPU index 0-3 for --xid / --ecc-uncorrectable.")] = None,
     fabric: Annotated[Optional[str], typer.Option("--fabric", help="in-progress | degraded | unhealthy")] = None,
@@ -196,8 +196,24 @@ def fault(
                                                        help="GPU:LINK reported inactive (GPU:all: every link).")] = None,
     ecc_uncorrectable: Annotated[Optional[int], typer.Option("--ecc-uncorrectable",
                                                              help="Uncorrectable DRAM ECC count (with --gpu).")] = None,
-    unreachable: Annotated[bool, typer.Option("--unreachable", help="sshd stops answering.")] = False,
-    hang: Annotated[bool, typer.Option("--hang", help="Logins work, commands never return.")] = False,
+    unreachable: Annotated[bool, typer.Option("--unreachable", "--freeze",
+                                              help="Every process of the host stops: open and new connections "
+                                                   "get no answer (power loss, panic).")] = False,
+    hang: Annotated[bool, typer.Option("--hang", help="Logins work, every command (open connections too) "
+                                                      "never returns.")] = False,
+    slow: Annotated[Optional[float], typer.Option("--slow", metavar="SECONDS", click_type=finite(min=0),
+                                                  help="Every command starts SECONDS late.")] = None,
+    sshd_restart: Annotated[bool, typer.Option("--sshd-restart", help="Event: open connections reset, sshd "
+                                                                      "restarted.")] = False,
+    reboot: Annotated[bool, typer.Option("--reboot", help="Event: the host stops and boots again (new boot id, "
+                                                          "kern.log kept).")] = False,
+    down_for: Annotated[Optional[float], typer.Option("--down-for", metavar="SECONDS", click_type=finite(min=0),
+                                                      help="With --reboot: seconds the host stays off "
+                                                           "(default 2).")] = None,
+    slurmd_down: Annotated[bool, typer.Option("--slurmd-down", help="slurmd killed and kept down.")] = False,
+    imex_crash: Annotated[bool, typer.Option("--imex-crash", help="The IMEX daemon killed.")] = False,
+    slurmctld_down: Annotated[bool, typer.Option("--slurmctld-down",
+                                                 help="Head node: slurmctld killed and kept down.")] = False,
     clear: Annotated[bool, typer.Option("--clear", help="Remove every fault on the tray.")] = False,
     # GPU-emulator faults (nvidia-smi and the kernel log)
     nonfatal: Annotated[bool, typer.Option("--nonfatal",
@@ -235,9 +251,11 @@ def fault(
         if nmx is not None or is_rack:
             if nmx is not None and clear:
                 raise UsageError("--nmx cannot be combined with --clear", hint="use --nmx clear")
-            if nmx is not None and (unreachable or hang or nonfatal or fell_off_bus or smi_hang or any(
+            if nmx is not None and (unreachable or hang or nonfatal or fell_off_bus or smi_hang or sshd_restart
+                                    or reboot or slurmd_down or imex_crash or slurmctld_down or any(
                     v is not None for v in (xid, gpu, fabric, gpu_missing, nvlink_down, ecc_uncorrectable,
-                                            recovery_action, nvlink_flap, xid_storm, driver_branch))):
+                                            recovery_action, nvlink_flap, xid_storm, driver_branch, slow,
+                                            down_for))):
                 raise UsageError("--nmx acts on the rack's NMX-M; give tray faults in a separate call")
             nres = nmx_faults.apply(_lab_dir(lab_dir), tray, "clear" if nmx is None else nmx, dry_run=dry_run)
             if want_json(json_):
@@ -255,6 +273,9 @@ def fault(
                        ecc_uncorrectable=ecc_uncorrectable, unreachable=unreachable, hang=hang, clear=clear,
                        nonfatal=nonfatal, recovery_action=recovery_action, fell_off_bus=fell_off_bus,
                        nvlink_flap=nvlink_flap, xid_storm=xid_storm, smi_hang=smi_hang, driver_branch=driver_branch)
+    # host faults (issue 15), set apart from the call above so other fault families can extend it
+    req.slow, req.sshd_restart, req.reboot, req.down_for = slow, sshd_restart, reboot, down_for
+    req.slurmd_down, req.imex_crash, req.slurmctld_down = slurmd_down, imex_crash, slurmctld_down
     res = control.fault(_lab_dir(lab_dir), tray, req, dry_run=dry_run)
     if want_json(json_):
         render.print_json({"host": res.host, "dry_run": dry_run, "before": res.before, "after": res.after,

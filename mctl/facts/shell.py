@@ -96,6 +96,8 @@ STANDARD: dict[str, tuple[str, tuple[str, ...]]] = {
     "nvidia-smi": ("smi -q -x", ("smi",)),
     "services": ("svc", ("svc",)),
     "xid": ("xid", ("xid",)),
+    # the kernel's id of this boot (a new one at every boot; a reboot between two sweeps changes it)
+    "boot-id": ("line /proc/sys/kernel/random/boot_id", ("line",)),
 }
 
 _PLACEHOLDER = re.compile(r"@([A-Z_]+)@")

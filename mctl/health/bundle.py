@@ -53,6 +53,7 @@ MODULES = (
     "mctl.health.checks.fabric_health", "mctl.health.checks.fabric_identity", "mctl.health.checks.xid",
     "mctl.health.checks.ecc", "mctl.health.checks.nvlink", "mctl.health.checks.thermal",
     "mctl.health.checks.imex", "mctl.health.checks.slurmd", "mctl.health.checks.resources",
+    "mctl.health.checks.boot",
 )
 # Packages whose real __init__ imports what the node check must not need.
 STUB_PACKAGES = {

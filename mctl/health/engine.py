@@ -127,6 +127,8 @@ class Engine:
             self.scheduler = None
             self.scheduler_problem = exc.message
         self.sweeps = 0
+        from mctl.health.boots import BootMemory
+        self.boots = BootMemory.load(self.state_dir)     # a reboot between sweeps (tray.boot, gpu.xid)
         # --dry-run keeps its records in memory only, so it never writes the state directory.
         self._dry_state: store.HealthState | None = None
 
@@ -176,6 +178,7 @@ class Engine:
         facts: dict[str, TrayHealthFacts] = {}
         for f in facts_list:
             rec = state.records.get(f.host)
+            f = self.boots.see(f)
             f = f.without_xids_before(rec.xid_ack if rec else None)
             facts[f.host] = f.with_slurm_node((states or {}).get(f.host))
         findings: list[Finding] = []
@@ -205,6 +208,8 @@ class Engine:
                              records=dict(state.records))
         if self.remediate:
             await self._remediate(result)
+        if not self.dry_run:
+            self.boots.save(self.state_dir)
         result.elapsed = time.monotonic() - t0
         return result
 

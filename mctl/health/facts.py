@@ -50,6 +50,11 @@ class XidObservation:
                 "this_boot": self.this_boot}
 
 
+def xid_key(event: "XidEvent") -> tuple:
+    """What identifies one kernel-log line among a tray's XIDs from sweep to sweep."""
+    return (event.timestamp, event.uptime, event.pci, event.code, event.message)
+
+
 def observe_xid(event: "XidEvent", clock: Clock | None) -> XidObservation:
     """Date an XID line. The uptime prefix is exact within one boot; the wall-clock stamp
     tells whether the line belongs to this boot at all (kern.log outlives reboots)."""
@@ -144,6 +149,8 @@ class TrayHealthFacts:
     memory: Memory | None = None
     problems: tuple[str, ...] = ()
     elapsed: float = 0.0
+    boot_id: str | None = None             # /proc/sys/kernel/random/boot_id
+    previous_boot_id: str | None = None    # the boot id the last sweep read (set by the engine), None: unknown
 
     @property
     def reached(self) -> bool:
@@ -151,6 +158,19 @@ class TrayHealthFacts:
 
     def with_slurm_node(self, node: "NodeState | None") -> "TrayHealthFacts":
         return replace(self, slurm_node=node)
+
+    @property
+    def rebooted(self) -> bool:
+        """The boot id changed since the last sweep that read it."""
+        return bool(self.boot_id and self.previous_boot_id and self.boot_id != self.previous_boot_id)
+
+    def after_sweep(self, previous_boot_id: str | None, previous_boot_xids: frozenset = frozenset()) -> "TrayHealthFacts":
+        """With what the last sweep knew: its boot id, and the XID lines it read under an earlier boot
+        (those lines were written before this boot, whatever their stamps say)."""
+        xids = self.xids
+        if previous_boot_xids:
+            xids = tuple(replace(x, this_boot=False) if xid_key(x.event) in previous_boot_xids else x for x in xids)
+        return replace(self, previous_boot_id=previous_boot_id, xids=xids)
 
     def without_xids_before(self, epoch: float | None) -> "TrayHealthFacts":
         """Drop XIDs an operator already dealt with (resumed the tray by hand after them)."""
@@ -176,6 +196,7 @@ class TrayHealthFacts:
             "disks": [d.to_dict() for d in self.disks],
             "memory": self.memory.to_dict() if self.memory else None,
             "problems": list(self.problems), "elapsed": round(self.elapsed, 3),
+            "boot_id": self.boot_id, "previous_boot_id": self.previous_boot_id,
         }
 
 

@@ -10,6 +10,7 @@ on every tray.
 
 from __future__ import annotations
 
+import re
 import shlex
 from datetime import datetime
 from typing import Sequence
@@ -75,7 +76,7 @@ def probe_script(nonce: str, *, smi_timeout: float, disk_paths: Sequence[str] = 
                  imex_config: str = IMEX_CONFIG) -> str:
     """The script body. gpus=False leaves nvidia-smi out (the node check read NVML instead)."""
     paths = " ".join(shlex.quote(p) for p in disk_paths) or "/"
-    steps = (shell.sec("clock", "clock"), shell.sec("hostname"), *(_GPU_STEPS if gpus else ()),
+    steps = (shell.sec("clock", "clock"), shell.sec("boot-id"), shell.sec("hostname"), *(_GPU_STEPS if gpus else ()),
              shell.sec("services"), shell.sec("imex-domain", "imexn"), shell.sec("imex-query", "imexq"),
              shell.sec("xid"), shell.sec("disk", "df -P -k " + paths), shell.sec("memory", "mem"))
     return shell.script(nonce, steps, functions=("to",), local=_LOCAL, smi_timeout=smi_timeout,
@@ -96,6 +97,21 @@ def parse_clock(text: str) -> Clock:
         return Clock(float(epoch_s), datetime.fromisoformat(local_s), float(lines[1]))
     except (IndexError, ValueError):
         raise FactsParseError(f"clock: unreadable {text[:60]!r}") from None
+
+
+_BOOT_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def parse_boot_id(section: Section | None, problems: list[str]) -> str | None:
+    """/proc/sys/kernel/random/boot_id (a UUID, new at every boot); None when the probe did not print it
+    (an older probe, or a kernel without it: nothing to judge, no problem)."""
+    if section is None or not section.complete or section.rc != 0:
+        return None
+    text = section.text.strip().lower()
+    if not _BOOT_ID.fullmatch(text):
+        problems.append(f"boot id unreadable: {text[:60]!r}")
+        return None
+    return text
 
 
 def parse_df(text: str) -> tuple[DiskUsage, ...]:
@@ -212,6 +228,7 @@ def parse_probe(host: str, stdout: str, stderr: str, nonce: str, *, address: str
         return parse_section(sections, name, parse, problems)
 
     clock = parsed("clock", lambda s: parse_clock(s.text))
+    boot_id = parse_boot_id(sections.get("boot-id"), problems)
     hostname = parsed("hostname", lambda s: s.text.strip() or None)
     services = parsed("services", lambda s: parse_service_probe(s.text)) or {}
     memory = parsed("memory", lambda s: parse_meminfo(s.text))
@@ -247,7 +264,7 @@ def parse_probe(host: str, stdout: str, stderr: str, nonce: str, *, address: str
                            gpu_messages=tuple(gpu_messages), gpu_source=source, nvlinks=nvlinks,
                            nvlink_error=nvlink_error, xids=xids, xid_source=xid_source, imex=imex,
                            slurmd=services.get(SLURMD_UNIT), disks=disks, memory=memory, problems=tuple(problems),
-                           elapsed=elapsed)
+                           elapsed=elapsed, boot_id=boot_id)
 
 
 def unreached(host: str, address: str | None, reach: str, error: str | None, elapsed: float = 0.0) -> TrayHealthFacts:

@@ -242,10 +242,12 @@ def _write_host_files(w: hosts.UpperWriter, ctx: services.HostContext, h: LabHos
         w.put(f.dest, data, f.mode)
 
 
-def _wait_ready(files: LabFiles, layout: LabLayout, timeout: float) -> None:
+def _wait_ready(files: LabFiles, layout: LabLayout, timeout: float, only: Sequence[str] | None = None) -> None:
     """Until every host's listening services accept connections; fail fast on a dead host."""
     want: dict[str, list[tuple[str, int]]] = {}
     for h in layout.hosts():
+        if only is not None and h.name not in only:
+            continue
         want[h.name] = [(h.address, s.port) for s in services.host_services(h.kind) if s.port]
     deadline = time.monotonic() + timeout
     pending = set(want)
@@ -486,15 +488,18 @@ def _host_status(files: LabFiles, layout: LabLayout, h: LabHost, table: dict[int
         fdoc = {}
     row["faults"] = faultlib.active(fdoc)
     sshd = next((s for s in row["services"] if s["name"] == "sshd"), None)
-    hang = Path(f"/proc/{init.pid}/root{hosts.SSHD_FAULT_DROPIN}").exists()
+    hang = Path(f"/proc/{init.pid}/root{hosts.SSHD_FAULT_DROPIN}").exists() or fdoc.get("hang") is True
     if sshd is None or sshd["state"] == "down" or not sshd["listening"]:
         row["ssh"] = "down"
     elif sshd["state"] == "stopped":
         row["ssh"] = "not answering"
     elif hang:
         row["ssh"] = "commands hang"
+    elif isinstance(fdoc.get("slow"), (int, float)):
+        row["ssh"] = f"commands slow ({fdoc['slow']:g}s)"
     else:
         row["ssh"] = "ok"
+    row["boot_id"] = _read_boot_id(files, h.name)
     return row
 
 
@@ -544,29 +549,51 @@ def fault(lab_dir: Path, host_name: str, req: faultlib.FaultRequest, *, dry_run:
     if host.kind != "tray" and gpu_fault:
         raise UsageError(f"{host_name} has no GPUs; GPU faults apply to compute trays",
                          hint=f"trays: {NodeSet.fromlist(trays)}")
+    _check_host_fault_kind(host, req, trays, heads)
     faults_path = hosts.host_path(files.dir, host.name, hosts.FAULTS_FILE)
     try:
         current = faultlib.normalize(json.loads(faults_path.read_text()))
     except (FileNotFoundError, ValueError):
         current = faultlib.empty()
     new = faultlib.apply(current, req, now if now is not None else time.time())
+    if req.reboot:
+        new = faultlib.without_host_faults(new)
     actions = _fault_actions(host, current, new, req)
     result = FaultResult(host.name, faultlib.active(current), faultlib.active(new), actions, not dry_run)
     if dry_run:
         return result
+    if req.reboot:
+        _reboot(files, layout, record, host, current, req.down_for)
+        return result
+    if req.sshd_restart:
+        _sshd_restart(files, host)
+        return result
     faults_path.parent.mkdir(parents=True, exist_ok=True)
+    if _sshrc_text(new) is not None:
+        _check_sshrc_free(files, host)          # before faults.json says so
+    restart = _daemons_running(files, host, current, new)
+    for key, was_running in restart.items():
+        new[key] = {"restart": was_running}
     write_json(faults_path, new)
     if req.xid is not None:
         _append_xid(files, host, req.gpu or 0, req.xid, new["xid"][-1]["time"], new["xid"][-1])
     _emulator_kernel_log(files, host, req, new)
-    if new["unreachable"] != current["unreachable"] or req.clear:
-        _sshd_signal(files, host, signal.SIGSTOP if new["unreachable"] else signal.SIGCONT)
-    if new["hang"] != current["hang"] or req.clear:
-        _set_hang(files, host, new["hang"])
+    if (current["unreachable"] and not new["unreachable"]) or req.clear:
+        _freeze(files, host, False)
+    if new["hang"] != current["hang"] or new.get("slow") != current.get("slow") or req.clear:
+        _set_hang(files, host, new)
+    problems = _daemon_faults(files, host, current, new, req.clear)
+    if new["unreachable"] and not current["unreachable"]:
+        _freeze(files, host, True)
+    if problems:
+        raise EnvironmentProblem(f"{host.name}: {'; '.join(problems)}",
+                                 hint=f"the fault is cleared; see {files.host(host.name).dir / FAULT_EXEC_LOG}")
     return result
 
 
 def _fault_actions(host: LabHost, current: dict, new: dict, req: faultlib.FaultRequest) -> list[str]:
+    if req.events():
+        return _host_fault_actions(host, current, new, req)
     acts = [f"write {hosts.FAULTS_FILE} on {host.name}: {', '.join(faultlib.active(new)) or 'no faults'}"]
     if req.xid is not None:
         acts.append(f"append an XID {req.xid} line for GPU {req.gpu} to {hosts.KERN_LOG}")
@@ -578,13 +605,15 @@ def _fault_actions(host: LabHost, current: dict, new: dict, req: faultlib.FaultR
         acts.append(f"append {STORM_BURST} XID {req.xid_storm} lines for GPU {req.gpu} to {hosts.KERN_LOG}, "
                     f"then {STORM_RATE} a second (written by each nvidia-smi call) until --clear")
     if new["unreachable"] and not current["unreachable"]:
-        acts.append("freeze sshd (SIGSTOP): connections open but no SSH banner ever comes")
+        acts.append("freeze every process of the host (SIGSTOP): open and new connections get no answer, no reset")
     if current["unreachable"] and not new["unreachable"]:
-        acts.append("resume sshd (SIGCONT)")
+        acts.append("resume the processes the freeze stopped (SIGCONT)")
     if new["hang"] and not current["hang"]:
-        acts.append(f"reload sshd with ForceCommand {hosts.HANG_IN_HOST}: logins work, commands never return")
+        acts.append(f"install {SSHRC} ({hosts.HANG_IN_HOST}): logins work, every command on any connection, "
+                    "open or new, never starts")
     if current["hang"] and not new["hang"]:
-        acts.append("reload sshd without the ForceCommand and end hung sessions")
+        acts.append(f"remove {SSHRC} and end the waits of hung sessions (their commands then run)")
+    acts += _host_fault_actions(host, current, new, req)
     return acts
 
 
@@ -594,8 +623,8 @@ def _append_xid(files: LabFiles, host: LabHost, gpu: int, code: int, when: float
     state = json.loads(hosts.host_path(files.dir, host.name, hosts.GPUS_FILE).read_text())
     pci = next(g["pci_bus_id"] for g in state["gpus"] if g["index"] == gpu)
     record = record or {}
-    line = event_line(host.name, pci, code, when, nonfatal=bool(record.get("nonfatal")),
-                      recovery=record.get("recovery") or "drain-reset")
+    line = event_line(host.name, pci, code, when, uptime=hosts.host_uptime(files.dir, host.name, when),
+                      nonfatal=bool(record.get("nonfatal")), recovery=record.get("recovery") or "drain-reset")
     with open(hosts.host_path(files.dir, host.name, hosts.KERN_LOG), "a") as fh:
         fh.write(line + "\n")
 
@@ -611,7 +640,7 @@ def _emulator_kernel_log(files: LabFiles, host: LabHost, req: faultlib.FaultRequ
     now = time.time()
     lines: list[str] = []
     if req.fell_off_bus:
-        lines += emu.fell_off_bus_lines(host.name, pci, when=now)
+        lines += emu.fell_off_bus_lines(host.name, pci, when=now, uptime=hosts.host_uptime(files.dir, host.name, now))
     if req.xid_storm is not None:
         storm = next(s for s in new["xid_storm"] if (s["gpu"], s["code"]) == (req.gpu, req.xid_storm))
         lines += emu.storm_lines(state, storm, emu.STORM_BURST, now - emu.STORM_BURST / emu.STORM_RATE, now)
@@ -627,15 +656,44 @@ def _host_members(files: LabFiles, host: LabHost) -> tuple[procs.Proc, list[proc
     return init, procs.in_namespace(table, init)
 
 
-def _sshd_signal(files: LabFiles, host: LabHost, sig: int) -> None:
-    """Every sshd process of the host: the listener and open sessions (a frozen host answers nothing)."""
-    _init, members = _host_members(files, host)
-    for p in members:
-        if p.comm.startswith("sshd"):
-            _signal(p.pid, sig)
+def _set_hang(files: LabFiles, host: LabHost, doc: dict) -> None:
+    """--hang and --slow: sshd runs /etc/ssh/sshrc before every session's command (sshd(8), SSHRC).
+
+    sshd-session checks for the file each time a channel starts a command, so the fault reaches
+    connections that were open before it as well as new ones; logins and channel opens still work.
+    """
+    if Path(hosts.host_path(files.dir, host.name, hosts.SSHD_FAULT_DROPIN)).exists():
+        _set_forcecommand_hang(files, host, False)          # a hang injected by an older mctl
+    text = _sshrc_text(doc)
+    sshrc = hosts.host_path(files.dir, host.name, SSHRC)
+    if text is not None:
+        _check_sshrc_free(files, host)
+        atomic_write(sshrc, text)
+        return
+    try:
+        if sshrc.read_text().startswith(SSHRC_MARK):
+            sshrc.unlink()
+    except FileNotFoundError:
+        pass
+    _end_hang_waits(files, host)
 
 
-def _set_hang(files: LabFiles, host: LabHost, on: bool) -> None:
+def _check_sshrc_free(files: LabFiles, host: LabHost) -> None:
+    """The host's own sshrc is not replaced, and a ~/.ssh/rc (which sshd runs instead) would make the fault a no-op."""
+    try:
+        old = hosts.host_path(files.dir, host.name, SSHRC).read_text()
+    except FileNotFoundError:
+        old = None
+    if old is not None and not old.startswith(SSHRC_MARK):
+        raise EnvironmentProblem(f"{host.name} has an {SSHRC} of its own; the lab will not replace it",
+                                 hint="remove it from the host to use --hang or --slow")
+    if hosts.host_path(files.dir, host.name, "/root/.ssh/rc").exists():
+        raise EnvironmentProblem(f"{host.name} has /root/.ssh/rc, which sshd runs instead of {SSHRC}",
+                                 hint="remove it from the host to use --hang or --slow")
+
+
+def _set_forcecommand_hang(files: LabFiles, host: LabHost, on: bool) -> None:
+    """The hang of earlier versions (an sshd ForceCommand, new logins only): only ever removed now."""
     dropin = hosts.host_path(files.dir, host.name, hosts.SSHD_FAULT_DROPIN)
     if on:
         atomic_write(dropin, "# mctl lab fault --hang (cleared by --clear)\n"
@@ -666,6 +724,326 @@ def _set_hang(files: LabFiles, host: LabHost, on: bool) -> None:
         time.sleep(0.02)
     raise EnvironmentProblem(f"sshd on {host.name} did not come back after reloading its configuration",
                              hint=f"see /var/log/mctl-lab/sshd.log on the host ({files.host(host.name).dir})")
+
+
+# --- process, transport and host faults --------------------------------------------------------
+# --freeze/--unreachable, --hang, --slow, --sshd-restart, --reboot, --slurmd-down, --imex-crash,
+# --slurmctld-down. What each stands for is in docs/lab.md ("Faults").
+
+SSHRC = "/etc/ssh/sshrc"
+SSHRC_MARK = "# mctl lab fault"
+FROZEN_RECORD = "frozen.json"            # hosts/<name>/frozen.json: the pids --freeze stopped
+FAULT_EXEC_LOG = "fault-exec.log"        # hosts/<name>/fault-exec.log: commands the lab ran inside the host
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+# Daemon faults: faults.json key -> (process name, unit, kept down while the fault lasts)
+DAEMON_FAULTS = {"slurmd_down": ("slurmd", "slurmd.service", True),
+                 "imex_crash": ("nvidia-imex", "nvidia-imex.service", False),
+                 "slurmctld_down": ("slurmctld", "slurmctld.service", True)}
+KEEP_DOWN_DROPIN = "90-mctl-lab-fault.conf"
+# Units a rebooted host starts when they are enabled, in order (the lab's init starts sshd itself).
+BOOT_UNITS = {"tray": ["munge.service", "nvidia-imex.service", "slurmd.service"],
+              "head": ["munge.service", "slurmctld.service"]}
+
+
+def _check_host_fault_kind(host: LabHost, req: faultlib.FaultRequest, trays: list[str], heads: list[str]) -> None:
+    for key in faultlib.HEAD_ONLY:
+        if getattr(req, key) and host.kind != "head":
+            raise UsageError(f"--{key.replace('_', '-')} applies to a head node (slurmctld runs there)",
+                             hint=f"head nodes: {NodeSet.fromlist(heads)}")
+    for key in faultlib.TRAY_ONLY:
+        if getattr(req, key) and host.kind != "tray":
+            raise UsageError(f"--{key.replace('_', '-')} applies to a compute tray",
+                             hint=f"trays: {NodeSet.fromlist(trays)}")
+
+
+def _host_fault_actions(host: LabHost, current: dict, new: dict, req: faultlib.FaultRequest) -> list[str]:
+    acts = []
+    if req.reboot:
+        down = faultlib.REBOOT_DOWN_S if req.down_for is None else req.down_for
+        acts = [f"reboot {host.name}: process faults cleared, every process stopped, off for {down:g}s, "
+                "started again with a new boot id (kern.log kept); enabled units among "
+                f"{', '.join(BOOT_UNITS[host.kind])} started as at boot"]
+    if req.sshd_restart:
+        acts = [f"reset every open SSH connection of {host.name} and kill sshd; its init starts it again"]
+    if new.get("slow") is not None and new.get("slow") != current.get("slow") and not new["hang"]:
+        acts.append(f"install {SSHRC}: every command on any connection, open or new, starts {new['slow']:g}s late")
+    if current.get("slow") is not None and new.get("slow") is None and not current["hang"]:
+        acts.append(f"remove {SSHRC}: commands run at once again")
+    for key, (proc, unit, keep_down) in DAEMON_FAULTS.items():
+        if new.get(key) and not current.get(key):
+            acts.append(f"kill {proc} (SIGKILL)" + (f", and keep {unit} from starting until --clear" if keep_down
+                                                    else f"; the lab's systemctl does not restart {unit}"))
+        if current.get(key) and not new.get(key):
+            was = current[key].get("restart", True) if isinstance(current[key], dict) else True
+            acts.append(f"let {unit} start again" + (" and start it" if was else " (it was not running)"))
+    return acts
+
+
+def _sshrc_text(doc: dict) -> str | None:
+    if doc.get("hang"):
+        return (f"{SSHRC_MARK} --hang (removed by --clear). sshd runs this before every session's command:\n"
+                f"exec {hosts.HANG_IN_HOST}\n")
+    slow = doc.get("slow")
+    if isinstance(slow, (int, float)):
+        return f"{SSHRC_MARK} --slow {slow:g} (removed by --clear). Runs before every session's command.\nsleep {slow:g}\n"
+    return None
+
+
+def _end_hang_waits(files: LabFiles, host: LabHost) -> None:
+    """Kill the hang helpers (and their sleep): the sessions waiting on them go on with their commands."""
+    _init, members = _host_members(files, host)
+    waits = {p.pid for p in members if hosts.HANG_IN_HOST in " ".join(p.cmdline[:2])}
+    for p in members:
+        if p.pid in waits or p.ppid in waits:
+            _signal(p.pid, signal.SIGKILL)
+
+
+def _freeze(files: LabFiles, host: LabHost, on: bool) -> None:
+    """Stop (or continue) every process of the host: power loss or a panic as the network sees it.
+
+    The kernel still accepts TCP connections and data on the host's address, but no process
+    answers: no SSH banner on a new connection, no reply to a channel open or a running
+    command's output on an open one, no reset either. Only the pids stopped here are continued.
+    """
+    record = files.host(host.name).dir / FROZEN_RECORD
+    if on:
+        stopped: set[int] = set()
+        deadline = time.monotonic() + 15
+        pidns = None
+        while True:
+            init, members = _host_members(files, host)
+            pidns = init.pidns
+            todo = [p for p in members if p.pid not in stopped and p.state not in ("T", "t", "Z", "X")]
+            if not todo:
+                break
+            for p in todo:              # a fork racing with this pass is caught by the next one
+                _signal(p.pid, signal.SIGSTOP)
+                stopped.add(p.pid)
+            if time.monotonic() > deadline:
+                raise EnvironmentProblem(f"{host.name}: processes kept appearing while freezing the host",
+                                         hint=f"mctl lab fault {host.name} --clear continues what was stopped")
+            time.sleep(0.02)
+        write_json(record, {"pidns": pidns, "pids": sorted(stopped)})
+        return
+    try:
+        data = json.loads(record.read_text())
+    except (FileNotFoundError, ValueError):
+        data = {}
+    table = procs.scan()
+    for pid in data.get("pids", []):
+        p = table.get(pid)
+        if p is not None and p.pidns == data.get("pidns"):
+            _signal(pid, signal.SIGCONT)
+    init = hosts.init_proc(files.host(host.name), table)
+    if init is not None:            # sshd stopped by an older mctl's --unreachable
+        for p in procs.in_namespace(table, init):
+            if p.comm.startswith("sshd") and p.state in ("T", "t"):
+                _signal(p.pid, signal.SIGCONT)
+    try:
+        record.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _is_frozen(files: LabFiles, host: LabHost) -> bool:
+    return (files.host(host.name).dir / FROZEN_RECORD).exists()
+
+
+def _sshd_restart(files: LabFiles, host: LabHost) -> None:
+    """Reset every open SSH connection, kill sshd and its sessions; the host's init starts sshd again."""
+    import shutil
+    import subprocess
+
+    if _is_frozen(files, host):
+        raise UsageError(f"{host.name} is frozen: nothing on it restarts", hint=f"mctl lab fault {host.name} --clear")
+    init, members = _host_members(files, host)
+    where = (host.address, 22)
+    before = procs.listening_sockets().get(where)
+    if shutil.which("ss"):
+        # The kernel aborts the host's established sshd sockets: each client gets a TCP reset.
+        subprocess.run(["ss", "-K", "-t", "-n", "state", "established", "( sport = :22 )", "src", host.address],
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
+    for p in members:
+        if p.comm.startswith("sshd"):
+            _signal(p.pid, signal.SIGKILL)
+    # hostinit restarts a service after 1 s, doubling (up to 30 s) when it ran less than 10 s.
+    deadline = time.monotonic() + 45
+    while time.monotonic() < deadline:
+        now = procs.listening_sockets().get(where)
+        if now is not None and now != before:
+            return
+        time.sleep(0.05)
+    raise EnvironmentProblem(f"sshd on {host.name} did not come back after the restart",
+                             hint=f"see {files.host(host.name).console} and /var/log/mctl-lab/sshd.log on the host")
+
+
+def _daemons_running(files: LabFiles, host: LabHost, current: dict, new: dict) -> dict[str, bool]:
+    """For each daemon fault being injected now: whether its daemon runs (so --clear starts it again)."""
+    starting = [k for k in DAEMON_FAULTS if new.get(k) and not current.get(k)]
+    if not starting:
+        return {}
+    _init, members = _host_members(files, host)
+    return {k: any(p.comm == DAEMON_FAULTS[k][0] for p in members) for k in starting}
+
+
+def _daemon_faults(files: LabFiles, host: LabHost, current: dict, new: dict, clear: bool) -> list[str]:
+    problems: list[str] = []
+    for key, (proc, unit, keep_down) in DAEMON_FAULTS.items():
+        dropin = f"/etc/systemd/system/{unit}.d/{KEEP_DOWN_DROPIN}"
+        if new.get(key) and not current.get(key):
+            if keep_down:
+                path = hosts.host_path(files.dir, host.name, dropin)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(path, f"# mctl lab fault --{key.replace('_', '-')} (removed by --clear): "
+                                   f"{unit} fails to start, as a crashed daemon that will not come back\n"
+                                   "[Service]\nExecStartPre=/bin/sh -c 'echo \"mctl lab fault: "
+                                   f"{proc} is kept down\" >&2; exit 1'\n")
+            _init, members = _host_members(files, host)
+            for p in members:
+                if p.comm == proc:
+                    _signal(p.pid, signal.SIGKILL)
+        elif current.get(key) and (clear or not new.get(key)):
+            try:
+                hosts.host_path(files.dir, host.name, dropin).unlink()
+            except FileNotFoundError:
+                pass
+            restart = current[key].get("restart", True) if isinstance(current[key], dict) else True
+            if restart:
+                rc, said = _host_exec(files, host, ["systemctl", "start", unit], timeout=90)
+                # The image's systemctl may give up on a forking daemon that is slow to write its pid file
+                # on a loaded machine: the daemon running is what counts.
+                if rc != 0 and not _wait_process(files, host, proc, 10.0):
+                    problems.append(f"systemctl start {unit} failed (exit {rc}): {said}")
+    return problems
+
+
+def _wait_process(files: LabFiles, host: LabHost, comm: str, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while True:
+        _init, members = _host_members(files, host)
+        if any(p.comm == comm and p.state != "Z" for p in members):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+
+
+def _host_exec(files: LabFiles, host: LabHost, argv: list[str], *, timeout: float) -> tuple[int, str]:
+    """Run a command inside the host's namespaces and root (as its init would), output to FAULT_EXEC_LOG.
+
+    Not over SSH: a host with --hang or --slow must still be put right by --clear.
+    """
+    import subprocess
+
+    init, _members = _host_members(files, host)
+    enter = ["nsenter", "-t", str(init.pid), "-m", "-u", "-i", "-p"]
+    try:
+        if os.readlink(f"/proc/{init.pid}/ns/time") != os.readlink("/proc/self/ns/time"):
+            enter.append("-T")
+    except OSError:
+        pass
+    enter += ["-r", "-w", "--", "/usr/bin/env", "-i", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+              "HOME=/root", "LANG=C.UTF-8", *argv]
+    log_path = files.host(host.name).dir / FAULT_EXEC_LOG
+    with open(log_path, "ab") as log:
+        start = log.tell()
+        log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
+        log.flush()
+        # A pipe would be held open by the daemon the command starts; a file is not waited for.
+        proc = subprocess.Popen(enter, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            rc = 124
+    with open(log_path, "rb") as fh:
+        fh.seek(start)
+        said = [l.strip() for l in fh.read().decode(errors="replace").splitlines()[1:] if l.strip()]
+    errors = [l for l in said if "ERROR" in l or "error" in l]
+    return rc, ((errors or said)[-1][:200] if said else "no output")
+
+
+def _read_boot_id(files: LabFiles, name: str) -> str | None:
+    try:
+        return (files.host(name).dir / hosts.BOOT_ID_FILE).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _stop_host(files: LabFiles, host: LabHost) -> None:
+    """Every process of one host ends (init first, as at shutdown), and with them its namespaces and mounts."""
+    paths = files.host(host.name)
+    table = procs.scan()
+    init = hosts.init_proc(paths, table)
+    if init is None:
+        return
+    launcher = init.ppid
+
+    def alive() -> list[procs.Proc]:
+        t = procs.scan()
+        out = [p for p in t.values() if p.pidns == init.pidns and p.state != "Z"]
+        lp = t.get(launcher)
+        return out + ([lp] if lp is not None and lp.comm == "unshare" and lp.state != "Z" else [])
+
+    _signal(init.pid, signal.SIGTERM)
+    _signal(init.pid, signal.SIGCONT)
+    for wait, sig in ((8.0, signal.SIGKILL), (5.0, None)):
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and alive():
+            time.sleep(0.05)
+        left = alive()
+        if not left:
+            return
+        if sig is None:
+            raise EnvironmentProblem(f"{len(left)} process(es) of {host.name} did not stop "
+                                     f"(e.g. pid {left[0].pid} {left[0].comm})",
+                                     hint="a process in uninterruptible sleep; retry shortly")
+        for p in left:
+            if p.pid != launcher:
+                _signal(p.pid, sig)
+
+
+def _reboot(files: LabFiles, layout: LabLayout, record: dict, host: LabHost, current: dict,
+            down_for: float | None) -> None:
+    """The host goes away (every process ends, SSH refused) and boots again: new boot id, uptime from 0,
+    /run and /tmp empty, kern.log kept (it is on disk), enabled units started as at boot."""
+    paths = files.host(host.name)
+    # What a reboot ends: a freeze, hung or slow commands, daemons kept down (GPU faults are hardware: they stay).
+    if current["unreachable"] or _is_frozen(files, host):
+        _freeze(files, host, False)
+    sshrc = hosts.host_path(files.dir, host.name, SSHRC)
+    try:
+        if sshrc.read_text().startswith(SSHRC_MARK):
+            sshrc.unlink()
+    except FileNotFoundError:
+        pass
+    for _key, (_proc, unit, _keep) in DAEMON_FAULTS.items():
+        try:
+            hosts.host_path(files.dir, host.name, f"/etc/systemd/system/{unit}.d/{KEEP_DOWN_DROPIN}").unlink()
+        except FileNotFoundError:
+            pass
+    write_json(hosts.host_path(files.dir, host.name, hosts.FAULTS_FILE), faultlib.without_host_faults(current))
+    gpus = 0
+    if host.kind == "tray":
+        try:
+            gpus = len(json.loads(hosts.host_path(files.dir, host.name, hosts.GPUS_FILE).read_text())["gpus"])
+        except (OSError, ValueError, KeyError, TypeError):
+            gpus = 0
+    atomic_write(hosts.host_path(files.dir, host.name, hosts.BOOT_UNITS_FILE),
+                 json.dumps({"units": BOOT_UNITS[host.kind], "gpus": gpus}) + "\n")
+    _stop_host(files, host)
+    time.sleep(faultlib.REBOOT_DOWN_S if down_for is None else down_for)
+    rootfs = Path((record.get("image") or {}).get("dir", "")) / "rootfs"
+    if not rootfs.is_dir():
+        raise EnvironmentProblem(f"cannot boot {host.name} again: its image {rootfs} is gone",
+                                 hint="mctl lab down, then mctl lab up")
+    hosts.spawn(paths, rootfs, fresh_clock=True)
+    _wait_ready(files, layout, 60.0, only=[host.name])
+    if host.kind == "tray" and any(s.get("name") == services.NMX_SERVICE.name
+                                   for s in record.get("rack_services", [])):
+        services.refresh_nmx(_rack_context(files, layout, host.rack))      # its files moved to a new /proc/<pid>
 
 
 # --- ssh ----------------------------------------------------------------------------------------

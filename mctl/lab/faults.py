@@ -27,6 +27,7 @@ def normalize(doc: dict | None) -> dict:
     for key, value in (doc or {}).items():
         if (key in out or key in _emulator_empty()) and value is not None:
             out[key] = value
+    _normalize_host_faults(doc or {}, out)
     return out
 
 
@@ -45,6 +46,7 @@ def active(doc: dict | None) -> list[str]:
     if d["hang"]:
         labels.append("hang")
     labels += _emulator_labels(d)
+    labels += _host_fault_labels(d)
     return labels
 
 
@@ -69,11 +71,27 @@ class FaultRequest:
     xid_storm: int | None = None            # CODE, with --gpu N
     smi_hang: bool = False
     driver_branch: str | None = None        # "535" | "570" | "580"
+    # process, transport and host faults (see HOST_FAULTS below)
+    slow: float | None = None               # seconds every command waits before it runs
+    sshd_restart: bool = False              # event: sshd and every open connection killed, sshd comes back
+    reboot: bool = False                    # event: the host stops and starts again with a new boot id
+    down_for: float | None = None           # with --reboot: seconds the host stays off (default REBOOT_DOWN_S)
+    slurmd_down: bool = False
+    imex_crash: bool = False
+    slurmctld_down: bool = False
 
     def is_empty(self) -> bool:
-        return not (self.clear or self.unreachable or self.hang) and all(
+        return not (self.clear or self.unreachable or self.hang or self.has_host_fault()) and all(
             v is None for v in (self.xid, self.gpu, self.fabric, self.gpu_missing, self.nvlink_down,
                                 self.ecc_uncorrectable)) and not _emulator_given(self)
+
+    def has_host_fault(self) -> bool:
+        return (self.slow is not None or self.down_for is not None
+                or any((self.sshd_restart, self.reboot, self.slurmd_down, self.imex_crash, self.slurmctld_down)))
+
+    def events(self) -> list[str]:
+        """The one-off events asked for (they change the host, not faults.json)."""
+        return [name for name, on in (("sshd-restart", self.sshd_restart), ("reboot", self.reboot)) if on]
 
 
 def _gpu_index(value: int, what: str) -> int:
@@ -86,7 +104,9 @@ def validate(req: FaultRequest) -> None:
     if req.is_empty():
         raise UsageError("no fault given",
                          hint="give one of --xid CODE --gpu N, --fabric STATE, --gpu-missing N, --nvlink-down GPU:LINK, "
-                              "--ecc-uncorrectable N --gpu N, --unreachable, --hang, or --clear")
+                              "--ecc-uncorrectable N --gpu N, --unreachable (--freeze), --hang, --slow SECONDS, "
+                              "--sshd-restart, --reboot, --slurmd-down, --imex-crash, --slurmctld-down, --fell-off-bus --gpu N, "
+                              "--nvlink-flap GPU:LINK, --xid-storm CODE --gpu N, --smi-hang, --driver-branch B, or --clear")
     if req.clear and not _only_clear(req):
         raise UsageError("--clear cannot be combined with other faults", hint="clear first, then inject")
     if (req.xid is not None or req.ecc_uncorrectable is not None) and req.gpu is None:
@@ -107,10 +127,11 @@ def validate(req: FaultRequest) -> None:
         parse_link(req.nvlink_down)
     if req.ecc_uncorrectable is not None and req.ecc_uncorrectable < 1:
         raise UsageError("--ecc-uncorrectable N: N is a count of errors, at least 1")
+    _validate_host_faults(req)
 
 
 def _only_clear(req: FaultRequest) -> bool:
-    return not (req.unreachable or req.hang) and all(
+    return not (req.unreachable or req.hang or req.has_host_fault()) and all(
         v is None for v in (req.xid, req.gpu, req.fabric, req.gpu_missing, req.nvlink_down, req.ecc_uncorrectable)) \
         and not _emulator_given(req)
 
@@ -151,6 +172,80 @@ def apply(doc: dict | None, req: FaultRequest, now: float) -> dict:
     if req.hang:
         d["hang"] = True
     _apply_emulator(d, req, now)
+    _apply_host_faults(d, req)
+    return d
+
+
+# --- process, transport and host faults ----------------------------------------------------------
+# Kept in faults.json only while set (older readers, the GPU emulator among them, never see them):
+#   "slow": SECONDS, "slurmd_down": true, "imex_crash": true, "slurmctld_down": true.
+# `--sshd-restart` and `--reboot` are events: they change the running host, not the document.
+
+HOST_FAULTS = ("slow", "slurmd_down", "imex_crash", "slurmctld_down")
+SLOW_MAX_S = 3600.0
+REBOOT_DOWN_S = 2.0           # how long a rebooting host stays off unless --down-for says otherwise
+REBOOT_DOWN_MAX_S = 600.0
+HEAD_ONLY = ("slurmctld_down",)
+TRAY_ONLY = ("slurmd_down", "imex_crash")
+
+
+def _normalize_host_faults(doc: dict, out: dict) -> None:
+    for key in HOST_FAULTS:
+        value = doc.get(key)
+        if value is not None and value is not False:
+            out[key] = value
+
+
+def _host_fault_labels(d: dict) -> list[str]:
+    labels = []
+    if d.get("slow") is not None:
+        labels.append(f"slow {d['slow']:g}s")
+    for key, label in (("slurmd_down", "slurmd down"), ("imex_crash", "imex crashed"),
+                       ("slurmctld_down", "slurmctld down")):
+        if d.get(key):
+            labels.append(label)
+    return labels
+
+
+def _validate_host_faults(req: FaultRequest) -> None:
+    if req.slow is not None:
+        if req.slow != req.slow or not 0 < req.slow <= SLOW_MAX_S:      # NaN too
+            raise UsageError(f"--slow {req.slow:g}: not a delay in seconds",
+                             hint=f"give seconds above 0 and at most {SLOW_MAX_S:g}, e.g. --slow 3")
+    if req.down_for is not None:
+        if not req.reboot:
+            raise UsageError("--down-for only goes with --reboot", hint="e.g. --reboot --down-for 10")
+        if req.down_for != req.down_for or not 0 <= req.down_for <= REBOOT_DOWN_MAX_S:
+            raise UsageError(f"--down-for {req.down_for:g}: not a time in seconds",
+                             hint=f"0 to {REBOOT_DOWN_MAX_S:g} seconds")
+    events = req.events()
+    if events:
+        others = FaultRequest(**{k: v for k, v in vars(req).items()
+                                 if k not in ("sshd_restart", "reboot", "down_for")})
+        if len(events) > 1 or not others.is_empty():
+            raise UsageError(f"--{events[0]} is an event and goes alone",
+                             hint="inject other faults in a separate call (a reboot clears the host's process "
+                                  "faults; GPU faults stay, as hardware faults do)")
+
+
+def _apply_host_faults(d: dict, req: FaultRequest) -> None:
+    if req.slow is not None:
+        d["slow"] = float(req.slow)
+    for key in ("slurmd_down", "imex_crash", "slurmctld_down"):
+        if getattr(req, key) and not d.get(key):        # again: keep what --clear is to restart
+            d[key] = True
+
+
+def without_host_faults(doc: dict | None) -> dict:
+    """The document after a reboot: process faults gone (hang, slow, freeze, daemons), and the lasting
+    effects of XIDs too (a boot resets the GPUs; their kern.log lines stay). Hardware state (a GPU
+    missing, links down, fabric state, ECC counts) is kept."""
+    d = normalize(doc)
+    for key in HOST_FAULTS:
+        d.pop(key, None)
+    d["unreachable"] = False
+    d["hang"] = False
+    d["xid"] = []
     return d
 
 

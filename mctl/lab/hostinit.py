@@ -139,6 +139,42 @@ def shutdown(services):
         pass
 
 
+# Written by `mctl lab fault --reboot`: from then on every boot of this host starts its enabled
+# units, as systemd does at boot (the first boot after `lab up` does not: the playbooks set them up).
+BOOT_UNITS = "/var/lib/mctl-lab/boot-units.json"
+BOOT_UNITS_SCRIPT = r"""
+# $1: GPUs whose device nodes the driver makes at boot (as nvidia-modprobe does); then the units, in order
+n=$1; shift; i=0
+while [ "$i" -lt "$n" ]; do
+  [ -e /dev/nvidia$i ] || mknod -m 0666 /dev/nvidia$i c 195 $i
+  i=$((i + 1))
+done
+[ "$n" -gt 0 ] && { [ -e /dev/nvidiactl ] || mknod -m 0666 /dev/nvidiactl c 195 255; }
+for u in "$@"; do
+  on=
+  for w in /etc/systemd/system/*.wants/"$u"; do [ -e "$w" ] && on=1; done
+  [ -n "$on" ] || continue
+  echo "boot: starting $u"
+  timeout 120 systemctl start "$u" || echo "boot: $u failed to start (exit $?)"
+done
+"""
+
+
+def boot_units():
+    """The one-shot that makes the GPU device nodes and starts the enabled units of BOOT_UNITS, or None."""
+    try:
+        with open(BOOT_UNITS) as fh:
+            doc = json.load(fh)
+        units = [str(u) for u in doc.get("units", [])]
+        gpus = int(doc.get("gpus", 0))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+    if not units and not gpus:
+        return None
+    return Service({"name": "boot-units", "argv": ["/bin/sh", "-c", BOOT_UNITS_SCRIPT, "boot-units", str(gpus), *units],
+                    "restart": False})
+
+
 def main():
     os.makedirs(RUN_DIR, exist_ok=True)
     # The canary that Ansible's service facts and deb-systemd-helper look for: units on this
@@ -149,6 +185,10 @@ def main():
     services = {s.name: s for s in load()}
     for svc in services.values():
         svc.start()
+    units = boot_units()
+    if units is not None:
+        services[units.name] = units
+        units.start()
     _write(os.path.join(RUN_DIR, "ready"), "ok\n")
     while True:
         now = time.monotonic()

@@ -20,6 +20,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,8 @@ SERVICES_FILE = STATE_IN_HOST + "/services.json"
 KERN_LOG = "/var/log/kern.log"
 SSHD_DROPIN = "/etc/ssh/sshd_config.d/00-mctl-lab.conf"
 SSHD_FAULT_DROPIN = "/etc/ssh/sshd_config.d/01-mctl-lab-fault.conf"
+BOOT_UNITS_FILE = STATE_IN_HOST + "/boot-units.json"   # written by `lab fault --reboot`; read by the host's init
+BOOT_ID_FILE = "boot_id"        # hosts/<name>/boot_id: the boot id this boot of the host reads in /proc
 
 
 @dataclass(frozen=True)
@@ -133,20 +136,26 @@ def sshd_config(address: str) -> str:
 
 HANG_SCRIPT = (
     "#!/bin/sh\n"
-    "# mctl lab fault --hang: every SSH command runs this instead and never returns,\n"
-    "# as on a host whose processes are stuck. Cleared by `mctl lab fault TRAY --clear`.\n"
+    "# mctl lab fault --hang: sshd runs this (through /etc/ssh/sshrc) before every session's command,\n"
+    "# which then never starts, as on a host whose processes are stuck. `mctl lab fault TRAY --clear` ends it.\n"
     "while :; do sleep 3600; done\n"
 )
 
 
-def spawn(paths: HostPaths, lower: Path) -> None:
-    """Start the host detached from the caller (setsid -f): it outlives `mctl lab up`."""
+def spawn(paths: HostPaths, lower: Path, *, fresh_clock: bool = False) -> None:
+    """Start the host detached from the caller (setsid -f): it outlives `mctl lab up`.
+
+    Each start is a boot: the host reads a new boot id in /proc/sys/kernel/random/boot_id.
+    *fresh_clock* (a reboot): the host's own time namespace starts its uptime (CLOCK_BOOTTIME,
+    /proc/uptime) and CLOCK_MONOTONIC near zero, as after a real boot. At `lab up` the offsets
+    are zero: a tray's uptime is the machine's, as before.
+    """
     import json
 
     for d in (paths.upper, paths.work, paths.root):
         d.mkdir(parents=True, exist_ok=True)
     spec = {"hostname": paths.name, "lower": str(lower), "upper": str(paths.upper), "work": str(paths.work),
-            "root": str(paths.root), "pidfile": str(paths.pidfile),
+            "root": str(paths.root), "pidfile": str(paths.pidfile), "boot_id_file": str(paths.dir / BOOT_ID_FILE),
             "init": [INIT_IN_HOST]}
     paths.spec.write_text(json.dumps(spec, indent=2) + "\n")
     try:
@@ -156,6 +165,7 @@ def spawn(paths: HostPaths, lower: Path) -> None:
     with open(paths.console, "ab") as console:
         proc = subprocess.Popen(
             ["setsid", "-f", "unshare", "--mount", "--uts", "--ipc", "--pid", "--fork", "--kill-child",
+             *_time_namespace(fresh_clock),
              "--propagation", "private", "--", sys.executable, "-I", "-S", str(NSINIT), str(paths.spec)],
             stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT, close_fds=True)
     proc.wait()
@@ -189,3 +199,36 @@ def host_path(lab_dir: Path, name: str, inner: str) -> Path:
                                  hint="see 'mctl lab status'; 'mctl lab down' then 'mctl lab up' restarts the lab")
     return Path(f"/proc/{init.pid}/root") / inner.lstrip("/")
 
+
+
+def _time_namespace(fresh: bool) -> list[str]:
+    """unshare's options for the host's own time namespace ([] where the kernel has none)."""
+    if not os.path.exists("/proc/self/ns/time"):
+        return []
+    if not fresh:
+        return ["--time"]
+    boot = float(Path("/proc/uptime").read_text().split()[0])
+    mono = time.clock_gettime(time.CLOCK_MONOTONIC)
+    # Offsets in whole seconds; the clocks in the namespace must not go below zero.
+    return ["--time", "--boottime", str(-(int(boot) - 1)), "--monotonic", str(-(int(mono) - 1))]
+
+
+def host_uptime(lab_dir: Path, name: str, when: float | None = None) -> float:
+    """The host's seconds since boot (what its /proc/uptime reads) at epoch *when* (default now).
+
+    A rebooted host has its own boot time (time namespace offsets): kernel-log lines the lab writes
+    for it must carry its uptime, not the machine's.
+    """
+    init = init_proc(HostPaths(Path(lab_dir), name))
+    offset = 0.0
+    if init is not None:
+        try:
+            for line in Path(f"/proc/{init.pid}/timens_offsets").read_text().splitlines():
+                parts = line.split()
+                if parts and parts[0] == "boottime":
+                    offset = int(parts[1]) + int(parts[2]) / 1e9
+        except (OSError, ValueError, IndexError):
+            offset = 0.0
+    boot = float(Path("/proc/uptime").read_text().split()[0])
+    now = time.time()
+    return max(0.0, boot + offset - (now - (now if when is None else float(when))))

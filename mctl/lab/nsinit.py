@@ -2,8 +2,8 @@
 
 Runs as PID 1 of the new PID namespace with a private copy of the machine's
 mounts, so everything it mounts (the overlay root, a fresh /proc, /sys, a
-minimal /dev, tmpfs /run and /tmp) exists only for this host and disappears
-with it. It then chroots into the overlay and execs the host's own init
+minimal /dev, tmpfs /run and /tmp, and a new boot id over the kernel's) exists
+only for this host and disappears with it. It then chroots into the overlay and execs the host's own init
 (/usr/lib/mctl-lab/init, hostinit.py). Executed by path with `python3 -I -S`,
 so it uses the standard library only.
 
@@ -11,10 +11,13 @@ Usage: python3 -I -S nsinit.py HOST_JSON
 """
 
 import ctypes
+import errno
 import json
 import os
 import socket
 import sys
+import time
+import uuid
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
@@ -48,8 +51,7 @@ def setup(spec):
     # Nothing mounted from here on may leak back to the machine's namespace.
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     socket.sethostname(spec["hostname"])
-    mount("overlay", root, "overlay", 0,
-          f"lowerdir={spec['lower']},upperdir={spec['upper']},workdir={spec['work']}")
+    mount_overlay(root, spec)
     mount("proc", os.path.join(root, "proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     # The kernel is the machine's: a tray's `sysctl -w` must not change the host.
     for sub in ("sys", "sysrq-trigger"):
@@ -58,6 +60,7 @@ def setup(spec):
             continue
         mount(path, path, None, MS_BIND)
         mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+    bind_boot_id(root, spec.get("boot_id_file"))
     mount("sysfs", os.path.join(root, "sys"), "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
     dev = os.path.join(root, "dev")
     mount("tmpfs", dev, "tmpfs", MS_NOSUID, "mode=755,size=64k")
@@ -78,6 +81,31 @@ def setup(spec):
     mount("tmpfs", os.path.join(root, "tmp"), "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=256m")
     os.chroot(root)
     os.chdir("/")
+
+
+def mount_overlay(root, spec):
+    """The host's root. Right after a reboot the previous boot's overlay may still be going away
+    (the kernel tears a mount namespace down after its last process): retry while its layers are busy."""
+    data = f"lowerdir={spec['lower']},upperdir={spec['upper']},workdir={spec['work']}"
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            mount("overlay", root, "overlay", 0, data)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def bind_boot_id(root, path):
+    """A new boot id for every boot of the host: the kernel's own is the machine's, read-only over it."""
+    if not path:
+        return
+    write_atomic(path, str(uuid.uuid4()) + "\n")
+    target = os.path.join(root, "proc/sys/kernel/random/boot_id")
+    mount(path, target, None, MS_BIND)
+    mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
 
 
 def main(argv):

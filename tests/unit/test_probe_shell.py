@@ -19,7 +19,7 @@ from mctl.health.probe import probe_script, ssh_command
 
 NONCE = "0123456789abcdef"
 FACTS = ["hostname", "os-release", "kernel", "nvidia-smi", "services", "imex-config", "xid"]
-HEALTH = ["clock", "hostname", "nvidia-smi", "nvlink", "services", "imex-domain", "imex-query", "xid", "disk",
+HEALTH = ["clock", "boot-id", "hostname", "nvidia-smi", "nvlink", "services", "imex-domain", "imex-query", "xid", "disk",
           "memory"]
 AUDIT_TRAY = ["os-release", "kernel", "slurmd", "file0", "file1"]
 AUDIT_CONTROLLER = ["clock", "nodes", "topology", "config", "partitions", "topology-conf"]

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from mctl.health.checks import (driver, ecc, fabric_health, fabric_identity, fabric_state, gpu_count, imex, nvlink,
-                                reachability, resources, slurmd, thermal, xid)
+from mctl.health.checks import (boot, driver, ecc, fabric_health, fabric_identity, fabric_state, gpu_count, imex,
+                                nvlink, reachability, resources, slurmd, thermal, xid)
 from mctl.health.settings import REASON_MAX, REASON_PREFIX
 from mctl.model.findings import Finding, Severity, sort_findings
 
@@ -32,6 +32,7 @@ CATALOGUE = (
     ("slurmd", slurmd),
     ("driver", driver),
     ("resources", resources),
+    ("boot", boot),
 )
 CHECK_NAMES = tuple(name for name, _ in CATALOGUE)
 
