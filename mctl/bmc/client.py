@@ -31,18 +31,16 @@ The `redfish` import is inside the constructor so `mctl --help` never pays for i
 
 from __future__ import annotations
 
-import base64
 import json
 import ssl
-import stat
 import sys
 import time
 import urllib.parse
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from mctl.errors import UsageError
+from mctl.transport.credentials import BasicCredentials, read_credentials
 
 ROOT = "/redfish/v1"
 BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "y", "n", "t", "f", "0", "1")
@@ -60,45 +58,13 @@ class BMCError(Exception):
 
 # ------------------------------------------------------------------ credentials
 
-@dataclass(frozen=True)
-class BMCCredentials:
-    username: str
-    password: str
-
-    def __repr__(self) -> str:
-        return f"BMCCredentials(username={self.username!r}, password='***')"
-
-    __str__ = __repr__
-
-    def header(self) -> str:
-        return "Basic " + base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+class BMCCredentials(BasicCredentials):
+    """HTTP Basic credentials for BMC (mctl.transport.credentials)."""
 
 
 def load_credentials(path: str | Path) -> BMCCredentials:
     """Read `username:password` from *path*, refusing a file others could read."""
-    p = Path(path).expanduser()
-    try:
-        st = p.stat()
-    except FileNotFoundError:
-        raise UsageError(f"BMC credentials file {p} does not exist",
-                         hint="create it with one line 'username:password' and 'chmod 600' it") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read BMC credentials file {p}: {exc.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise UsageError(f"BMC credentials file {p} is not a regular file")
-    if st.st_mode & 0o077:
-        raise UsageError(f"BMC credentials file {p} is readable by others (mode {stat.S_IMODE(st.st_mode):04o})",
-                         hint=f"chmod 600 {p}")
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read BMC credentials file {p}: {getattr(exc, 'strerror', None) or exc}") from None
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
-    if len(lines) != 1 or ":" not in lines[0] or not lines[0].split(":", 1)[0]:
-        raise UsageError(f"BMC credentials file {p} must hold exactly one line 'username:password'",
-                         hint="blank lines and lines starting with '#' are ignored")
-    user, password = lines[0].split(":", 1)
-    return BMCCredentials(user, password)
+    return read_credentials(path, "BMC", BMCCredentials)
 
 
 def _origin(url: str) -> tuple[str, str, int]:

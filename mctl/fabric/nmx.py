@@ -31,13 +31,11 @@ that dropped the prefix), else `/nmx/v1`.
 
 from __future__ import annotations
 
-import base64
 import http.client
 import ipaddress
 import json
 import socket
 import ssl
-import stat
 import sys
 import threading
 import time
@@ -51,6 +49,7 @@ from tenacity import (RetryError, Retrying, retry_if_exception_type, stop_after_
 
 from mctl.errors import PartialFailure, UsageError
 from mctl.model.fabric import NmxComputeNode, NmxGpu, NmxOperation, NmxPartition
+from mctl.transport.credentials import BasicCredentials, read_credentials
 
 if TYPE_CHECKING:
     from mctl.model.site import Rack, Site
@@ -112,46 +111,13 @@ class _Transient(Exception):
 
 # ------------------------------------------------------------------ credentials
 
-@dataclass(frozen=True)
-class NMXCredentials:
-    username: str
-    password: str
-
-    def __repr__(self) -> str:
-        return f"NMXCredentials(username={self.username!r}, password='***')"
-
-    __str__ = __repr__
-
-    def header(self) -> str:
-        token = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
-        return f"Basic {token}"
+class NMXCredentials(BasicCredentials):
+    """HTTP Basic credentials for NMX-M (mctl.transport.credentials)."""
 
 
 def load_credentials(path: str | Path) -> NMXCredentials:
     """Read `username:password` from *path*, refusing a file others could read."""
-    p = Path(path).expanduser()
-    try:
-        st = p.stat()
-    except FileNotFoundError:
-        raise UsageError(f"NMX-M credentials file {p} does not exist",
-                         hint="create it with one line 'username:password' and 'chmod 600' it") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read NMX-M credentials file {p}: {exc.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise UsageError(f"NMX-M credentials file {p} is not a regular file")
-    if st.st_mode & 0o077:
-        raise UsageError(f"NMX-M credentials file {p} is readable by others (mode {stat.S_IMODE(st.st_mode):04o})",
-                         hint=f"chmod 600 {p}")
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise UsageError(f"cannot read NMX-M credentials file {p}: {exc.strerror}") from None
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
-    if len(lines) != 1 or ":" not in lines[0] or not lines[0].split(":", 1)[0]:
-        raise UsageError(f"NMX-M credentials file {p} must hold exactly one line 'username:password'",
-                         hint="blank lines and lines starting with '#' are ignored")
-    user, password = lines[0].split(":", 1)
-    return NMXCredentials(user, password)
+    return read_credentials(path, "NMX-M", NMXCredentials)
 
 
 # ----------------------------------------------------------------------- client
