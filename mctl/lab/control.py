@@ -663,7 +663,7 @@ def _set_hang(files: LabFiles, host: LabHost, doc: dict) -> None:
     connections that were open before it as well as new ones; logins and channel opens still work.
     """
     if Path(hosts.host_path(files.dir, host.name, hosts.SSHD_FAULT_DROPIN)).exists():
-        _set_forcecommand_hang(files, host, False)          # a hang injected by an older mctl
+        _remove_forcecommand_hang(files, host)          # a hang injected by an older mctl
     text = _sshrc_text(doc)
     sshrc = hosts.host_path(files.dir, host.name, SSHRC)
     if text is not None:
@@ -692,17 +692,24 @@ def _check_sshrc_free(files: LabFiles, host: LabHost) -> None:
                                  hint="remove it from the host to use --hang or --slow")
 
 
-def _set_forcecommand_hang(files: LabFiles, host: LabHost, on: bool) -> None:
+def _new_listener(where: tuple[str, int], before: object, seconds: float) -> bool:
+    """Whether a listening socket other than *before* appears on *where* within *seconds* (sshd came back)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        now = procs.listening_sockets().get(where)
+        if now is not None and now != before:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _remove_forcecommand_hang(files: LabFiles, host: LabHost) -> None:
     """The hang of earlier versions (an sshd ForceCommand, new logins only): only ever removed now."""
     dropin = hosts.host_path(files.dir, host.name, hosts.SSHD_FAULT_DROPIN)
-    if on:
-        atomic_write(dropin, "# mctl lab fault --hang (cleared by --clear)\n"
-                             f"ForceCommand {hosts.HANG_IN_HOST}\n")
-    else:
-        try:
-            dropin.unlink()
-        except FileNotFoundError:
-            pass
+    try:
+        dropin.unlink()
+    except FileNotFoundError:
+        pass
     init, members = _host_members(files, host)
     where = (host.address, 22)
     before = procs.listening_sockets().get(where)
@@ -711,17 +718,13 @@ def _set_forcecommand_hang(files: LabFiles, host: LabHost, on: bool) -> None:
         if p.ppid == init.pid and p.comm == "sshd":
             _signal(p.pid, signal.SIGHUP)       # sshd re-execs itself and re-reads its configuration
             frozen = p.state == "T"             # --unreachable: it reloads once continued
-        if not on and hosts.HANG_IN_HOST in p.cmdline:
+        if hosts.HANG_IN_HOST in p.cmdline:
             _signal(p.pid, signal.SIGKILL)
     if frozen:
         return
     # The re-exec closes the listening socket and opens a new one; return once the new one is there.
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        now = procs.listening_sockets().get(where)
-        if now is not None and now != before:
-            return
-        time.sleep(0.02)
+    if _new_listener(where, before, 10):
+        return
     raise EnvironmentProblem(f"sshd on {host.name} did not come back after reloading its configuration",
                              hint=f"see /var/log/mctl-lab/sshd.log on the host ({files.host(host.name).dir})")
 
@@ -867,12 +870,8 @@ def _sshd_restart(files: LabFiles, host: LabHost) -> None:
         if p.comm.startswith("sshd"):
             _signal(p.pid, signal.SIGKILL)
     # hostinit restarts a service after 1 s, doubling (up to 30 s) when it ran less than 10 s.
-    deadline = time.monotonic() + 45
-    while time.monotonic() < deadline:
-        now = procs.listening_sockets().get(where)
-        if now is not None and now != before:
-            return
-        time.sleep(0.05)
+    if _new_listener(where, before, 45):
+        return
     raise EnvironmentProblem(f"sshd on {host.name} did not come back after the restart",
                              hint=f"see {files.host(host.name).console} and /var/log/mctl-lab/sshd.log on the host")
 
