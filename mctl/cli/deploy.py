@@ -176,6 +176,9 @@ def k8s(
     site = opts.site()
     as_json = want_json(json_)
     check_scheduler(site, "k8s")
+    from mctl.cli.locking import hold_racks
+
+    hold_racks(list(site.racks), "deploy k8s", dry_run=dry_run)     # before it writes, asks or prints
     bundle = render_k8s(site)
     if not as_json:
         for w in bundle.warnings:

@@ -57,6 +57,11 @@ def check(
         raise UsageError(f"--fail-on {fail_on!r}: expected warn or critical")
     opts = options()
     site = opts.site()
+    if remediate:
+        from mctl.cli.locking import hold_racks
+        from mctl.health.site_view import resolve_scope
+
+        hold_racks(_racks_of(site, resolve_scope(site, target).names), "health check --remediate", dry_run=dry_run)
     result = run_check(site, target, opts.state_dir, remediate=remediate,
                        dry_run=dry_run, timeout=timeout)
     if want_json(json_):
@@ -66,6 +71,10 @@ def check(
     threshold = {"warn": 1, "critical": 2}[fail_on]
     if any(f.severity.rank >= threshold for f in result.findings):
         raise typer.Exit(EXIT_FINDINGS)
+
+
+def _racks_of(site, hosts) -> list[str]:
+    return sorted({r.name for r in (site.rack_of(h) for h in hosts) if r is not None})
 
 
 def _print_check(result, all_findings: bool) -> None:
@@ -296,10 +305,15 @@ def resume(
 
     Example: mctl -i inventories/lab health resume lab-r1-tray[03-04]
     """
+    from mctl.cli.locking import hold_racks
     from mctl.health.service import resume_by_hand
+    from mctl.health.site_view import resolve_scope
 
     opts = options()
-    rows = resume_by_hand(opts.site(), target, opts.state_dir, dry_run=dry_run)
+    site = opts.site()
+    # the racks' locks first: a bring-up or partition change holds its trays with 'mctl:' reasons too
+    hold_racks(_racks_of(site, resolve_scope(site, target).names), "health resume", dry_run=dry_run)
+    rows = resume_by_hand(site, target, opts.state_dir, dry_run=dry_run)
     if want_json(json_):
         render.print_json({"dry_run": dry_run, "trays": [r.to_dict() for r in rows]})
     else:

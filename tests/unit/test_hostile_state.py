@@ -508,6 +508,8 @@ def held(state):
     ("node", "install-check", "rack-a"),
     ("deploy", "slurm"),
     ("deploy", "slurm", "--topology-only"),
+    ("health", "resume", "rack-a-tray01"),
+    ("health", "check", "rack-a", "--remediate"),
 ], ids=lambda w: " ".join(w[:2]) + ("" if len(w) < 4 else f" {w[3]}") + ("" if len(w) != 3 else f" {w[2]}"))
 def test_mutating_command_takes_the_rack_lock_before_it_prints_anything(capsys, inv, state, held, words):
     before = (inv / "mctl.yml").read_text()
