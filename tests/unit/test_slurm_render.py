@@ -66,7 +66,7 @@ def lab_like(tmp_path: Path, *, slurm: dict | None = None, partitions=None, tray
 
 LAB_SETTINGS = {"cgroup_plugin": "disabled", "proctrack_type": "proctrack/linuxproc", "task_plugin": "task/none",
                 "jobacct_gather_type": "jobacct_gather/linux", "gpu_device_nodes": "create",
-                "communication_parameters": "NoCtldInAddrAny", "node_check_installed": True}
+                "communication_parameters": "NoCtldInAddrAny"}
 
 
 def test_golden_example_block(example):
@@ -103,9 +103,26 @@ def test_golden_lab_settings(tmp_path):
     assert cfg.files["cgroup.conf"].splitlines()[1] == "CgroupPlugin=disabled"
 
 
-def test_health_check_only_when_installed(example):
-    cfg = render(example, parse_version("slurm 24.11.5"), gb200_hardware(example))
-    assert "HealthCheck" not in cfg.files["slurm.conf"]
+def test_health_check_on_by_default(example):
+    conf = render(example, parse_version("slurm 24.11.5"), gb200_hardware(example)).files["slurm.conf"]
+    lines = [l for l in conf.splitlines() if l.startswith("HealthCheck")]
+    assert lines == ["HealthCheckProgram=/usr/local/sbin/mctl-node-check", "HealthCheckInterval=300",
+                     "HealthCheckNodeState=ANY"]
+
+
+def test_health_check_off_when_the_site_says_so(tmp_path):
+    off = lab_like(tmp_path, slurm={"node_check": False})
+    hw = gb200_hardware(off)
+    assert "HealthCheck" not in render(off, parse_version("slurm 24.11.5"), hw).files["slurm.conf"]
+    (tmp_path / "tuned").mkdir()
+    (tmp_path / "legacy").mkdir()
+    tuned = lab_like(tmp_path / "tuned", slurm={"health_check_interval": 60, "health_check_node_state": "IDLE,MIXED",
+                                                 "node_check_program": "/opt/mctl/bin/node-check"})
+    conf = render(tuned, parse_version("slurm 24.11.5"), hw).files["slurm.conf"]
+    assert "HealthCheckProgram=/opt/mctl/bin/node-check\nHealthCheckInterval=60\nHealthCheckNodeState=IDLE,MIXED\n" in conf
+    # the old, undocumented name still decides where an inventory sets it
+    legacy = lab_like(tmp_path / "legacy", slurm={"node_check_installed": False})
+    assert "HealthCheck" not in render(legacy, parse_version("slurm 24.11.5"), hw).files["slurm.conf"]
 
 
 def test_block_without_block_sizes_on_23_11(example):

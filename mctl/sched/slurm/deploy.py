@@ -22,7 +22,7 @@ from mctl.errors import UsageError
 from mctl.model.site import Host, Site, fold
 from mctl.sched.slurm import munge
 from mctl.sched.site import check_scheduler
-from mctl.sched.slurm.render import SlurmConfig, controller_of, render, settings_of
+from mctl.sched.slurm.render import SlurmConfig, controller_of, node_check_enabled, render, settings_of
 
 PLAYBOOK = "slurm"
 RUN_KIND = "deploy-slurm"
@@ -185,6 +185,8 @@ def _extravars(plan: SlurmPlan) -> dict:
         "slurm_topology_only": plan.topology_only,
         "slurm_gpus_by_rack": {r.name: r.gpus_per_tray for r in plan.site.racks.values()},
         "slurm_gpu_device_nodes": s.gpu_device_nodes,
+        "slurm_node_check": node_check_enabled(s),
+        "node_check_program": s.node_check_program,
     }
 
 

@@ -56,6 +56,14 @@ def settings_of(site: Site) -> SlurmSettings:
     return site.scheduler.slurm if site.scheduler else SlurmSettings()
 
 
+def node_check_enabled(settings: SlurmSettings) -> bool:
+    """scheduler.slurm.node_check (on unless the site says false); the old name node_check_installed
+    still decides where an inventory sets it."""
+    if settings.node_check_installed is not None:
+        return settings.node_check_installed
+    return settings.node_check
+
+
 def controller_of(site: Site) -> Host:
     """The host running slurmctld: scheduler.controller, else the first rack's head node."""
     name = site.scheduler.controller if site.scheduler else None
@@ -189,7 +197,7 @@ def _globals(site: Site, settings: SlurmSettings, controller: Host, plugin: Plug
         if settings.imex_dev_major is not None:
             params += f",imex_dev_major={settings.imex_dev_major}"
         g += [("SwitchType", "switch/nvidia_imex"), ("SwitchParameters", params)]
-    if settings.node_check_installed:
+    if node_check_enabled(settings):
         g += [("HealthCheckProgram", settings.node_check_program),
               ("HealthCheckInterval", str(settings.health_check_interval)),
               ("HealthCheckNodeState", settings.health_check_node_state)]
