@@ -183,5 +183,9 @@ def test_gres_follows_the_rack_inventory_a_missing_gpu_is_configured_as_it_is(la
         again = lab.mctl("rack", "inventory", lab.rack, timeout=180)     # the GPU is back: the facts say 4 again
     assert again.returncode == 0, again.stdout + again.stderr
     proc, data = _deploy(lab, slurm["site"], "--dry-run")
-    assert proc.returncode == 0 and data["diff"]["changes"] == 0
-    assert data["plan"]["gpus"]["from_model"] is None
+    assert proc.returncode == 0, proc.stderr
+    assert data["plan"]["gpus"]["from_model"] is None and data["plan"]["gpus"]["per_tray"][short]["count"] == 4
+    assert not [w for w in data["plan"]["warnings"] if "GPU" in w], data["plan"]["warnings"]
+    # the rendered files are the same as before the fault: a snapshot with the model's counts changes nothing
+    files = {f["file"]: f["status"] for f in data["diff"]["files"] if f["file"] in ("slurm.conf", "gres.conf")}
+    assert files == {"slurm.conf": "same", "gres.conf": "same"}, data["diff"]["files"]

@@ -295,10 +295,9 @@ def render_slurm_conf(site: Site, settings: SlurmSettings, controller: Host, tra
     params = _merge_extra(_globals(site, settings, controller, plugin, imex), settings.extra)
     lines = [HEADER, ""]
     lines += [_word(k, v) for k, v in params]
-    sources = {g.source for g in (gpus or {}).values()}
-    where = ("the trays' facts (mctl rack inventory)" if sources == {"facts"} else
-             "the trays' facts (mctl rack inventory), else the rack model" if "facts" in sources else "the rack model")
-    lines += ["", f"# Compute trays: hardware from 'slurmd -C' on each tray, GPUs from {where}."]
+    # one text whatever the source, so a new snapshot with the same counts changes nothing
+    lines += ["", "# Compute trays: hardware from 'slurmd -C' on each tray, GPUs from the last rack inventory",
+              "# (mctl rack inventory), else the rack model; 'mctl deploy slurm --dry-run' says which."]
     lines += _node_lines(site, trays, hardware, gpus)
     lines += ["", f"{_word('PartitionName', settings.partition_name)} Nodes=ALL Default=YES MaxTime=INFINITE State=UP"]
     return "\n".join(lines) + "\n"
