@@ -118,10 +118,6 @@ def diff(
             for c in d["components"]:
                 found = c["found"] if c["found"] is not None else "-"
                 rows.append([t.host, t.image, c["component"], c["wanted"], found, c["status"]])
-        if render.interactive():        # rich reads [..] as markup; a tray's version text is not ours
-            from rich.markup import escape
-
-            rows = [[escape(c) for c in r] for r in rows]
         render.table(None, ["tray", "image", "component", "wanted", "found", "status"], rows)
         for t in report.trays:
             if t.error is not None:
