@@ -9,7 +9,7 @@ import typer
 from mctl.cli import render
 from mctl.cli.context import options, want_json
 from mctl.cli.options import JsonOpt, finite
-from mctl.errors import EXIT_FINDINGS, EXIT_PARTIAL
+from mctl.errors import EXIT_FINDINGS, EXIT_PARTIAL, UsageError
 
 app = typer.Typer(help="Software image definitions and drift against trays.", no_args_is_help=True)
 
@@ -100,7 +100,14 @@ def diff(
     from mctl.transport import resolve_hosts
 
     site = options().site()
-    hosts = resolve_hosts(site, nodeset, roles=("compute",))
+    named = resolve_hosts(site, nodeset)
+    hosts = [h for h in named if h.role == "compute"]
+    others = [h.name for h in named if h.role != "compute"]
+    if not hosts:
+        raise UsageError(f"{nodeset!r} names no compute trays ({fold(others)} only)",
+                         hint="image diff compares compute trays with their image, e.g. a rack name or @compute")
+    if others:
+        render.warn(f"not compared (not compute trays): {fold(others)}")
     if render.interactive() and not want_json(json_):
         with render.err_console().status(f"reading versions on {fold([h.name for h in hosts])} ..."):
             report = run_diff(site, hosts, timeout=timeout)

@@ -63,6 +63,11 @@ def test_drift_and_a_hung_tray(lab):
     assert row.split() == [drifted, "lab-debian13", "nvidia_driver", "570.148.08", "580.105.08", "drift"]
 
 
-def test_bad_node_set_is_exit_2(lab):
+def test_bad_node_set_is_exit_2_and_head_nodes_are_named(lab):
     proc = lab.mctl("image", "diff", "no-such-tray")
     assert proc.returncode == 2 and "unknown host no-such-tray" in proc.stderr and "Traceback" not in proc.stderr
+    proc = lab.mctl("image", "diff", lab.head)
+    assert proc.returncode == 2 and "names no compute trays" in proc.stderr
+    proc, data = _diff(lab, f"{lab.head},{lab.trays[0]}")
+    assert proc.returncode == 0 and [t["host"] for t in data["trays"]] == [lab.trays[0]]
+    assert f"not compared (not compute trays): {lab.head}" in proc.stderr

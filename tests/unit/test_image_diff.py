@@ -103,3 +103,13 @@ def test_unreadable_tray_is_reported_beside_the_others():
 def test_os_release_statuses(found, status):
     (os_row,) = [r for r in compare(LAB, {"os_version_id": found}) if r.component == "os"]
     assert os_row.status == status
+
+
+@pytest.mark.parametrize("nodeset,said", [("rack-a-head", "names no compute trays (rack-a-head only)"),
+                                          ("rack-a-tray99", "unknown host rack-a-tray99"),
+                                          ("rack-a-tray[01-", "bad node set")])
+def test_bad_input_is_exit_2_before_any_tray_is_asked(capsys, nodeset, said):
+    from tests.unit.cli_helpers import run_cli
+
+    r = run_cli(capsys, "-i", str(REPO / "inventories" / "example-gb200"), "image", "diff", nodeset)
+    assert r.code == 2 and said in r.err and "Traceback" not in r.err, r.err
