@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
 from mctl.cli import render
 from mctl.cli.context import options, want_json
-from mctl.cli.options import JsonOpt
-from mctl.errors import EXIT_FINDINGS
+from mctl.cli.options import JsonOpt, finite
+from mctl.errors import EXIT_FINDINGS, EXIT_PARTIAL, UsageError
 
 app = typer.Typer(help="Software image definitions and drift against trays.", no_args_is_help=True)
 
@@ -71,3 +71,68 @@ def show(name: Annotated[str, typer.Argument(help="Image name.")], json_: JsonOp
         con.print(f"  sysctl {k} = {v}", markup=False)
     if img.kernel_parameters:
         con.print(f"  kernel parameters: {' '.join(img.kernel_parameters)}", markup=False)
+
+
+@app.command()
+def diff(
+    nodeset: Annotated[str, typer.Argument(metavar="NODESET", help="Compute trays: node set, rack name or @group.",
+                                           show_default=False)],
+    timeout: Annotated[Optional[float], typer.Option("--timeout", "-t", click_type=finite(min=1.0),
+                                                     help="Seconds the probe may run on each tray "
+                                                          "(default: ssh.command_timeout).")] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Show, per tray, each component of its image: the version wanted and the version found.
+
+    Reads the OS release, kernel, slurmd -V and nvidia-smi on every tray at once, each
+    under its own deadline, and compares them with the same rules as 'mctl audit'
+    (versions). Components whose version mctl does not read from a tray are listed as
+    not-checked, never as a match. Read-only.
+
+    Exit 0 no drift, 1 a tray drifts (a version differs or is not reported), 2 bad input,
+    3 a tray could not be read (the others are still reported).
+
+    Example: mctl -i inventories/lab image diff lab-r1
+    """
+    from mctl.images.diff import diff as run_diff
+    from mctl.model.site import fold
+    from mctl.transport import resolve_hosts
+
+    site = options().site()
+    named = resolve_hosts(site, nodeset)
+    hosts = [h for h in named if h.role == "compute"]
+    others = [h.name for h in named if h.role != "compute"]
+    if not hosts:
+        raise UsageError(f"{nodeset!r} names no compute trays ({fold(others)} only)",
+                         hint="image diff compares compute trays with their image, e.g. a rack name or @compute")
+    if others:
+        render.warn(f"not compared (not compute trays): {fold(others)}")
+    if render.interactive() and not want_json(json_):
+        with render.err_console().status(f"reading versions on {fold([h.name for h in hosts])} ..."):
+            report = run_diff(site, hosts, timeout=timeout)
+    else:
+        report = run_diff(site, hosts, timeout=timeout)
+    if want_json(json_):
+        render.print_json(report.to_dict())
+    else:
+        rows = []
+        for t in report.trays:
+            if t.error is not None or t.image is None:
+                rows.append([t.host, t.image or "-", "-", "-", "-", t.status])
+                continue
+            d = t.to_dict()
+            for c in d["components"]:
+                found = c["found"] if c["found"] is not None else "-"
+                rows.append([t.host, t.image, c["component"], c["wanted"], found, c["status"]])
+        render.table(None, ["tray", "image", "component", "wanted", "found", "status"], rows)
+        for t in report.trays:
+            if t.error is not None:
+                render.line(f"{t.host}: could not be read: {t.error}")
+            for comp, why in t.notes.items():
+                if any(r.component == comp and r.found is None for r in t.rows):
+                    render.line(f"{t.host}: {comp}: {why}")
+    if report.unreadable:
+        render.warn(f"not read: {fold(report.unreadable)}; the other trays are reported")
+        raise typer.Exit(EXIT_PARTIAL)
+    if report.drifted:
+        raise typer.Exit(EXIT_FINDINGS)

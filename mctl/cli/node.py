@@ -64,8 +64,8 @@ def install_check(
 ) -> None:
     """Install the node check on trays (playbook site.yml, tag health): the modules it needs under
     /usr/local/lib/mctl-node-check, /etc/mctl/node-check.json from the inventory, and
-    /usr/local/sbin/mctl-node-check. Then set scheduler.slurm.node_check_installed: true and
-    re-run 'mctl deploy slurm' so slurm.conf names it as HealthCheckProgram.
+    /usr/local/sbin/mctl-node-check. 'mctl provision' and 'mctl deploy slurm' install it too;
+    slurm.conf names it as HealthCheckProgram unless scheduler.slurm.node_check is false.
 
     Example: mctl -i inventories/lab node install-check lab-r1
     """

@@ -11,7 +11,11 @@ Two things are not plain copies:
 - package __init__ files that import far more than the node check needs
   (mctl.sched.slurm pulls in deploy and pydantic) are replaced by a docstring;
 - ClusterShell's node-set modules (pure Python) are copied from the machine
-  running mctl, because mctl.model.fabric imports them at module level.
+  running mctl, because mctl.model.fabric imports them at module level;
+- nvidia-ml-py's `pynvml` (one pure-Python file over ctypes, a dependency of
+  mctl) is copied the same way, so the node check's NVML path needs no pip and
+  no network on the tray. It loads the driver's libnvidia-ml.so.1 at run time;
+  where that library is missing the node check says so and reads nvidia-smi.
 
 Run on the operator's machine: `python -m mctl.health.bundle stage --dest DIR
 --inventory mctl.yml` prints the per-tray configs as JSON (the role reads it).
@@ -60,16 +64,24 @@ STUB_PACKAGES = {
     "mctl.sched.slurm": '"""Slurm (node-check subset: only facts.py, the scontrol parsers)."""\n',
 }
 THIRD_PARTY = ("ClusterShell", "ClusterShell.Defaults", "ClusterShell.NodeSet", "ClusterShell.NodeUtils",
-               "ClusterShell.RangeSet")
+               "ClusterShell.RangeSet", "pynvml")
+# The distribution each third-party module comes from (named when it is missing here).
+DISTRIBUTIONS = {"pynvml": "nvidia-ml-py", "ClusterShell": "ClusterShell"}
 # Modules the node check reaches lazily (function-level imports); the bundle test imports them all.
 LAZY = ("mctl.health.nvml", "mctl.health.hysteresis", "mctl.facts.imex", "mctl.model.fabric", "mctl.facts.kernel_log",
         "mctl.facts.nvidia_smi", "mctl.facts.services")
 
 
 def _source(module: str) -> Path:
-    spec = importlib.util.find_spec(module)
+    try:
+        spec = importlib.util.find_spec(module)
+    except ModuleNotFoundError:
+        spec = None
     if spec is None or spec.origin is None:
-        raise RuntimeError(f"cannot find module {module}")
+        dist = DISTRIBUTIONS.get(module.split(".")[0])
+        raise RuntimeError(f"cannot find module {module}" + (
+            f": install {dist} where mctl runs (it is one of mctl's dependencies); the node check ships it "
+            "to the trays" if dist else ""))
     return Path(spec.origin)
 
 
@@ -126,7 +138,7 @@ def stage(dest: Path) -> Path:
 
 def wrapper(python: str = "/usr/bin/python3", lib_dir: str = LIB_DIR) -> str:
     """/usr/local/sbin/mctl-node-check. -I: no PYTHON* variables or user site from slurmd's
-    environment; the system site-packages stay visible, so pynvml is used where it is installed."""
+    environment. The bundle comes first on sys.path, so its pynvml is the one used."""
     code = (f"import sys; sys.path.insert(0, {json.dumps(lib_dir)}); "
             "from mctl.health.node_check import main; sys.exit(main())")
     return ("#!/bin/sh\n"

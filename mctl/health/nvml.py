@@ -25,7 +25,8 @@ def load() -> tuple[Any | None, str | None]:
     try:
         import pynvml
     except ImportError:
-        return None, "nvidia-ml-py (pynvml) is not installed"
+        return None, ("nvidia-ml-py (pynvml) is not installed (the node_check role ships it in "
+                      "/usr/local/lib/mctl-node-check; 'mctl node install-check' re-installs it)")
     try:
         pynvml.nvmlInit()
     except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, OSError ...

@@ -1,11 +1,23 @@
-"""Compare a software image with the facts a tray reports (pure)."""
+"""Compare a software image with the facts a tray reports (pure).
+
+`compare` is the one place that decides, component by component, what the
+image wants and what the tray has; `image_drift` (the audit, the bring-up) and
+`mctl image diff` are both built on it, so they cannot disagree.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from mctl.model.findings import Finding, Severity
 from mctl.model.image import SoftwareImage
+
+# status of one comparison
+MATCH = "match"
+DRIFT = "drift"
+UNREPORTED = "unreported"     # the image wants it, the tray reported no version (missing, or its tool failed)
+NOT_CHECKED = "not-checked"   # mctl reads no version of this component from a tray (diff only; never a pass)
 
 
 def _same_version(want: str, have: str | None) -> bool:
@@ -15,36 +27,70 @@ def _same_version(want: str, have: str | None) -> bool:
     return have == want or have.startswith(want + ".")
 
 
+@dataclass(frozen=True)
+class Comparison:
+    """One component of an image against what one tray reported."""
+
+    check: str                 # the audit's check name (image.driver ...)
+    component: str             # os, kernel, or the image's component key (nvidia_driver, cuda, ...)
+    label: str
+    wanted: str
+    found: str | None
+    severity: Severity         # what a difference is worth
+
+    @property
+    def status(self) -> str:
+        if self.found is None:
+            return UNREPORTED
+        return MATCH if _same_version(self.wanted, self.found) else DRIFT
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"component": self.component, "check": self.check, "label": self.label, "wanted": self.wanted,
+                "found": self.found, "status": self.status, "severity": self.severity.value}
+
+
+def compare(image: SoftwareImage, facts: dict[str, Any]) -> list[Comparison]:
+    """Every comparison of *image* with *facts* (keys: os_version_id, kernel, driver_version,
+    cuda_version, slurm_version, imex_version). Slurm and IMEX are compared only when their
+    key is present in *facts* (the caller says whether the site runs them on its trays)."""
+    comps = image.components
+    out = [Comparison("image.os", "os", "OS release", image.os.release, facts.get("os_version_id"), Severity.WARN)]
+    if image.os.kernel and image.os.kernel != "host":
+        out.append(Comparison("image.kernel", "kernel", "kernel", image.os.kernel, facts.get("kernel"),
+                              Severity.WARN))
+    if "nvidia_driver" in comps:
+        out.append(Comparison("image.driver", "nvidia_driver", "NVIDIA driver", comps["nvidia_driver"].version,
+                              facts.get("driver_version"), Severity.CRITICAL))
+    if "cuda" in comps:
+        out.append(Comparison("image.cuda", "cuda", "CUDA", comps["cuda"].version, facts.get("cuda_version"),
+                              Severity.WARN))
+    if "slurm" in comps and "slurm_version" in facts:
+        out.append(Comparison("image.slurm", "slurm", "Slurm", comps["slurm"].version, facts.get("slurm_version"),
+                              Severity.WARN))
+    if "imex" in comps and "imex_version" in facts:
+        out.append(Comparison("image.imex", "imex", "IMEX", comps["imex"].version, facts.get("imex_version"),
+                              Severity.WARN))
+    return out
+
+
+def not_compared(image: SoftwareImage, compared: list[Comparison]) -> list[str]:
+    """The image's components that *compared* says nothing about (mctl reads no version of them)."""
+    seen = {c.component for c in compared}
+    return [name for name in image.components if name not in seen]
+
+
 def image_drift(image: SoftwareImage, host: str, facts: dict[str, Any]) -> list[Finding]:
-    """Findings where *facts* (keys: os_id, os_version_id, kernel, driver_version,
-    cuda_version, slurm_version, imex_version) disagree with *image*.
+    """Findings where *facts* disagree with *image* (see `compare`).
 
     A fact that is None was not reported (tool missing, host without GPUs) and is
     a warning, never a silent pass.
     """
     out: list[Finding] = []
-
-    def compare(check: str, label: str, want: str | None, have: str | None, severity: Severity) -> None:
-        if want is None:
-            return
-        if have is None:
-            out.append(Finding(Severity.WARN, host, check, f"{label}: image wants {want}, tray did not report one",
-                               "check that the component is installed and reporting"))
-        elif not _same_version(want, have):
-            out.append(Finding(severity, host, check, f"{label}: image wants {want}, tray has {have}",
+    for c in compare(image, facts):
+        if c.status == UNREPORTED:
+            out.append(Finding(Severity.WARN, host, c.check, f"{c.label}: image wants {c.wanted}, tray did not "
+                               "report one", "check that the component is installed and reporting"))
+        elif c.status == DRIFT:
+            out.append(Finding(c.severity, host, c.check, f"{c.label}: image wants {c.wanted}, tray has {c.found}",
                                f"re-provision with 'mctl provision {host}' or update the image"))
-
-    compare("image.os", "OS release", image.os.release, facts.get("os_version_id"), Severity.WARN)
-    if image.os.kernel and image.os.kernel != "host":
-        compare("image.kernel", "kernel", image.os.kernel, facts.get("kernel"), Severity.WARN)
-    comps = image.components
-    if "nvidia_driver" in comps:
-        compare("image.driver", "NVIDIA driver", comps["nvidia_driver"].version, facts.get("driver_version"),
-                Severity.CRITICAL)
-    if "cuda" in comps:
-        compare("image.cuda", "CUDA", comps["cuda"].version, facts.get("cuda_version"), Severity.WARN)
-    if "slurm" in comps and "slurm_version" in facts:
-        compare("image.slurm", "Slurm", comps["slurm"].version, facts.get("slurm_version"), Severity.WARN)
-    if "imex" in comps and "imex_version" in facts:
-        compare("image.imex", "IMEX", comps["imex"].version, facts.get("imex_version"), Severity.WARN)
     return out

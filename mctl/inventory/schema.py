@@ -105,7 +105,10 @@ class SlurmSettings(Spec):
     jobacct_gather_type = F(str, "jobacct_gather/cgroup")
     # expect: the NVIDIA driver made /dev/nvidia*; create: make the nodes (major 195) like nvidia-modprobe
     gpu_device_nodes = F(OneOf("expect", "create"), "expect")
-    node_check_installed = F(bool, False)                         # render HealthCheckProgram once it is there
+    # HealthCheckProgram (mctl node check), HealthCheckInterval and HealthCheckNodeState in slurm.conf,
+    # and the node check installed with the Slurm deployment; false turns all of it off (docs/scheduler.md)
+    node_check = F(bool, True)
+    node_check_installed = F(Opt(bool), None)                     # deprecated: the old name of node_check
     node_check_program = F(str, "/usr/local/sbin/mctl-node-check")
     health_check_node_state = F(str, "ANY")
     state_save_location = F(str, "/var/spool/slurmctld")

@@ -146,3 +146,46 @@ def test_topology_only_after_partition_change(lab, slurm, tmp_path):
     assert "BlockName=lab-r1-all" in lab.run(lab.head, "scontrol show topology").stdout
     # a 3-tray job now fits in one block
     assert len(set(srun(lab, "-N3 --segment=3 hostname").stdout.split())) == 3
+
+
+def test_node_check_is_slurms_health_check_by_default(lab, slurm):
+    config = lab.run(lab.head, "scontrol show config").stdout
+    values = {k.strip(): v.strip() for k, _, v in (l.partition("=") for l in config.splitlines()) if _}
+    assert values["HealthCheckProgram"] == "/usr/local/sbin/mctl-node-check"
+    assert values["HealthCheckInterval"] == "300 sec" and values["HealthCheckNodeState"] == "ANY"
+    tray = lab.trays[0]
+    run = lab.run(tray, "/usr/local/sbin/mctl-node-check --no-drain --json", check=False, timeout=60)
+    data = json.loads(run.stdout)
+    # the lab has no NVML stand-in: the node check says it read nvidia-smi, and why (pynvml came in the bundle)
+    assert data["gpu_source"].startswith("nvidia-smi (NVML did not load"), data["gpu_source"]
+    assert lab.run(tray, "test -f /usr/local/lib/mctl-node-check/pynvml.py && echo yes").stdout.strip() == "yes"
+
+
+def test_gres_follows_the_rack_inventory_a_missing_gpu_is_configured_as_it_is(lab, slurm):
+    from mctl.lab import control
+    from mctl.lab.faults import FaultRequest
+
+    short = lab.trays[-1]
+    control.fault(lab.dir, short, FaultRequest(gpu_missing=1))
+    try:
+        inv = lab.mctl("rack", "inventory", lab.rack, timeout=180)
+        assert inv.returncode == 1, inv.stdout + inv.stderr          # the missing GPU is a critical finding
+        proc, data = _deploy(lab, slurm["site"], "--dry-run")
+        assert proc.returncode == 0, proc.stderr
+        plan = data["plan"]
+        assert any(f"{short} reported 3 GPUs" in w and "Gres=gpu:3" in w for w in plan["warnings"]), plan["warnings"]
+        assert plan["gpus"]["per_tray"][short] == {"count": 3, "minors": [0, 2, 3], "source": "facts"}
+        line = next(l for l in plan["files"]["slurm.conf"].splitlines() if l.startswith(f"NodeName={short} "))
+        assert "Gres=gpu:3" in line
+        assert f"NodeName={short} Name=gpu File=/dev/nvidia[0,2-3]" in plan["files"]["gres.conf"]
+    finally:
+        lab.clear_faults(short)
+        again = lab.mctl("rack", "inventory", lab.rack, timeout=180)     # the GPU is back: the facts say 4 again
+    assert again.returncode == 0, again.stdout + again.stderr
+    proc, data = _deploy(lab, slurm["site"], "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert data["plan"]["gpus"]["from_model"] is None and data["plan"]["gpus"]["per_tray"][short]["count"] == 4
+    assert not [w for w in data["plan"]["warnings"] if "GPU" in w], data["plan"]["warnings"]
+    # the rendered files are the same as before the fault: a snapshot with the model's counts changes nothing
+    files = {f["file"]: f["status"] for f in data["diff"]["files"] if f["file"] in ("slurm.conf", "gres.conf")}
+    assert files == {"slurm.conf": "same", "gres.conf": "same"}, data["diff"]["files"]

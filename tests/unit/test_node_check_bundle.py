@@ -108,6 +108,9 @@ def test_node_check_runs_isolated_against_the_gpu_emulator(lib, tmp_path):
     data = json.loads(proc.stdout)
     assert data["node"] == "t01" and data["worst"] == "critical"
     assert data["gpu_source"].startswith("nvidia-smi")
+    import ctypes.util
+    if ctypes.util.find_library("nvidia-ml") is None:          # pynvml is in the bundle; the driver's library is not
+        assert "NVML did not load" in data["gpu_source"], data["gpu_source"]
     crit = [f for f in data["findings"] if f["severity"] == "critical"]
     assert [f["check"] for f in crit] == ["nvlink.links"] and "gpu1 link5" in crit[0]["message"]
     assert data["elapsed"] < 45 and not (tmp_path / "state").exists()    # --no-drain via config: nothing written
@@ -153,3 +156,22 @@ def test_stage_writes_only_on_change(tmp_path):
     os.utime(path, ns=(before - 10**9, before - 10**9))
     bundle.stage(tmp_path)
     assert path.stat().st_mtime_ns == before - 10**9
+
+
+def test_bundle_ships_nvidia_ml_py_and_names_the_path_it_used(lib):
+    """pynvml travels in the bundle (no pip on the tray); without the driver's libnvidia-ml the
+    node check says NVML did not load and which path it used instead, never that NVML worked."""
+    import ctypes.util
+
+    assert (lib / "pynvml.py").is_file()
+    proc = isolated(lib, """
+import json, pynvml
+from mctl.health import nvml
+nv, why = nvml.load()
+print(json.dumps({"file": pynvml.__file__, "loaded": nv is not None, "why": why}))
+""")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["file"].startswith(str(lib))
+    if ctypes.util.find_library("nvidia-ml") is None:          # no NVIDIA driver on this machine
+        assert data["loaded"] is False and data["why"].startswith("NVML did not load")

@@ -156,3 +156,29 @@ def test_topology_only_needs_a_running_slurm(tmp_path, monkeypatch):
                         lambda _site, _ctrl: (parse_version("slurm 24.11.5"), "topology/block"))
     plan = deploy.plan_slurm(site, tmp_path / "state", topology_only=True)
     assert list(plan.config.files) == ["topology.conf"] and plan.topology_only
+
+
+def test_gpus_from_the_last_rack_inventory_snapshot_reach_the_playbook(tmp_path):
+    from mctl.model.gpu import Gpu, GpuReport
+    from mctl.model.inventory_snapshot import TrayFacts
+    from mctl.rackinv.service import SNAPSHOT_KIND
+    from mctl.state import save_snapshot
+
+    site, cfg = lab_config(tmp_path)
+    state = tmp_path / "state"
+    gpus, warnings = deploy.gpus_from_inventory(site, state)
+    assert {g.source for g in gpus.values()} == {"model"} and "no rack inventory of lab-r1" in warnings[0]
+
+    def tray(h, minors):
+        g = tuple(Gpu(i, f"GPU-{h.name}-{m}", f"0000000{m}:01:00.0", minor_number=m) for i, m in enumerate(minors))
+        return TrayFacts(h.name, h.address, "ok", gpus=GpuReport("570.148.08", "12.8", len(g), g)).to_dict()
+
+    trays = site.racks["lab-r1"].compute
+    save_snapshot(state, SNAPSHOT_KIND, "lab-r1", {"schema": 1, "rack": "lab-r1", "trays": [
+        tray(h, (0, 2, 3) if h.name == "lab-r1-tray04" else (0, 1, 2, 3)) for h in trays]})
+    gpus, warnings = deploy.gpus_from_inventory(site, state)
+    assert gpus["lab-r1-tray04"].count == 3 and [w for w in warnings if "lab-r1-tray04 reported 3 GPUs" in w]
+    plan = deploy.SlurmPlan(site, state, cfg, [cfg.controller] + site.compute_trays(), gpus=gpus)
+    extra = deploy._extravars(plan)
+    assert extra["slurm_gpu_minors_by_host"]["lab-r1-tray04"] == [0, 2, 3] and extra["slurm_node_check"] is True
+    assert plan.to_dict()["gpus"]["from_facts"] == "lab-r1-tray[01-04]"

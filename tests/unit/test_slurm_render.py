@@ -66,7 +66,7 @@ def lab_like(tmp_path: Path, *, slurm: dict | None = None, partitions=None, tray
 
 LAB_SETTINGS = {"cgroup_plugin": "disabled", "proctrack_type": "proctrack/linuxproc", "task_plugin": "task/none",
                 "jobacct_gather_type": "jobacct_gather/linux", "gpu_device_nodes": "create",
-                "communication_parameters": "NoCtldInAddrAny", "node_check_installed": True}
+                "communication_parameters": "NoCtldInAddrAny"}
 
 
 def test_golden_example_block(example):
@@ -103,9 +103,26 @@ def test_golden_lab_settings(tmp_path):
     assert cfg.files["cgroup.conf"].splitlines()[1] == "CgroupPlugin=disabled"
 
 
-def test_health_check_only_when_installed(example):
-    cfg = render(example, parse_version("slurm 24.11.5"), gb200_hardware(example))
-    assert "HealthCheck" not in cfg.files["slurm.conf"]
+def test_health_check_on_by_default(example):
+    conf = render(example, parse_version("slurm 24.11.5"), gb200_hardware(example)).files["slurm.conf"]
+    lines = [l for l in conf.splitlines() if l.startswith("HealthCheck")]
+    assert lines == ["HealthCheckProgram=/usr/local/sbin/mctl-node-check", "HealthCheckInterval=300",
+                     "HealthCheckNodeState=ANY"]
+
+
+def test_health_check_off_when_the_site_says_so(tmp_path):
+    off = lab_like(tmp_path, slurm={"node_check": False})
+    hw = gb200_hardware(off)
+    assert "HealthCheck" not in render(off, parse_version("slurm 24.11.5"), hw).files["slurm.conf"]
+    (tmp_path / "tuned").mkdir()
+    (tmp_path / "legacy").mkdir()
+    tuned = lab_like(tmp_path / "tuned", slurm={"health_check_interval": 60, "health_check_node_state": "IDLE,MIXED",
+                                                 "node_check_program": "/opt/mctl/bin/node-check"})
+    conf = render(tuned, parse_version("slurm 24.11.5"), hw).files["slurm.conf"]
+    assert "HealthCheckProgram=/opt/mctl/bin/node-check\nHealthCheckInterval=60\nHealthCheckNodeState=IDLE,MIXED\n" in conf
+    # the old, undocumented name still decides where an inventory sets it
+    legacy = lab_like(tmp_path / "legacy", slurm={"node_check_installed": False})
+    assert "HealthCheck" not in render(legacy, parse_version("slurm 24.11.5"), hw).files["slurm.conf"]
 
 
 def test_block_without_block_sizes_on_23_11(example):
@@ -170,3 +187,68 @@ def test_topology_only_renders_topology_alone(example):
     cfg = render(example, parse_version("slurm 24.11.5"), None, topology_only=True)
     assert list(cfg.files) == ["topology.conf"]
     assert cfg.files["topology.conf"] == (GOLDEN / "example-24.11" / "topology.conf").read_text()
+
+
+# ------------------------------------------------------------------ GPUs from the trays' facts
+
+def _snapshot_of(site, rack: str, minors_by_tray: dict, *, unreached: tuple = ()) -> dict:
+    """A rack inventory snapshot as mctl rack inventory writes it (TrayFacts.to_dict per tray)."""
+    from mctl.model.gpu import Gpu, GpuReport
+    from mctl.model.inventory_snapshot import TrayFacts
+
+    trays = []
+    for h in site.racks[rack].compute:
+        if h.name in unreached:
+            trays.append(TrayFacts(h.name, h.address, "timeout", error="no answer").to_dict())
+            continue
+        minors = minors_by_tray.get(h.name, (0, 1, 2, 3))
+        gpus = tuple(Gpu(i, f"GPU-{h.name}-{m}", f"0000000{m}:01:00.0", minor_number=m) for i, m in enumerate(minors))
+        trays.append(TrayFacts(h.name, h.address, "ok", gpus=GpuReport("570.148.08", "12.8", len(gpus), gpus)).to_dict())
+    return {"schema": 1, "kind": "rack-inventory", "rack": rack, "taken_at": "2026-12-01T09:00:00+00:00",
+            "trays": trays}
+
+
+def test_gres_follows_the_trays_facts_a_missing_gpu_is_configured_as_it_is(tmp_path):
+    from mctl.sched.slurm.gpus import tray_gpus
+
+    site = lab_like(tmp_path, slurm=LAB_SETTINGS)
+    _n, hw = parse_slurmd_c((GOLDEN / "captured" / "slurmd-C.txt").read_text())
+    snap = _snapshot_of(site, "lab-r1", {"lab-r1-tray02": (0, 1, 3)})
+    gpus, warnings = tray_gpus(site, {"lab-r1": snap})
+    assert gpus["lab-r1-tray02"].count == 3 and gpus["lab-r1-tray02"].source == "facts"
+    assert [w for w in warnings if "lab-r1-tray02 reported 3 GPUs" in w and "Gres=gpu:3" in w], warnings
+    cfg = render(site, parse_version("slurm 24.11.5"), {t.name: hw for t in site.compute_trays()}, gpus=gpus)
+    nodes = [l for l in cfg.files["slurm.conf"].splitlines() if l.startswith("NodeName=")]
+    assert [l.split()[0] + " " + next(p for p in l.split() if p.startswith("Gres=")) for l in nodes] == [
+        "NodeName=lab-r1-tray01 Gres=gpu:4", "NodeName=lab-r1-tray02 Gres=gpu:3",
+        "NodeName=lab-r1-tray[03-04] Gres=gpu:4"]
+    gres = cfg.files["gres.conf"].splitlines()[2:]
+    assert gres == ["NodeName=lab-r1-tray[01,03-04] Name=gpu File=/dev/nvidia[0-3]",
+                    "NodeName=lab-r1-tray02 Name=gpu File=/dev/nvidia[0-1,3]"]
+
+
+def test_gres_without_facts_falls_back_to_the_model_and_says_so(tmp_path):
+    from mctl.sched.slurm.gpus import tray_gpus
+
+    site = lab_like(tmp_path, slurm=LAB_SETTINGS)
+    gpus, warnings = tray_gpus(site, {"lab-r1": None})
+    assert {g.count for g in gpus.values()} == {4} and {g.source for g in gpus.values()} == {"model"}
+    assert warnings == ["no rack inventory of lab-r1 (mctl rack inventory lab-r1): Gres from the rack model, "
+                        "4 GPUs per tray"]
+    _n, hw = parse_slurmd_c((GOLDEN / "captured" / "slurmd-C.txt").read_text())
+    hardware = {t.name: hw for t in site.compute_trays()}
+    with_model = render(site, parse_version("slurm 24.11.5"), hardware, gpus=gpus)
+    assert with_model.files == render(site, parse_version("slurm 24.11.5"), hardware).files   # same as before
+    # a tray the inventory could not reach keeps the model's count, named
+    snap = _snapshot_of(site, "lab-r1", {}, unreached=("lab-r1-tray04",))
+    gpus, warnings = tray_gpus(site, {"lab-r1": snap})
+    assert gpus["lab-r1-tray04"] == gpus["lab-r1-tray04"].__class__(4, (0, 1, 2, 3), "model")
+    assert warnings == ["no GPU facts for lab-r1-tray04 in the rack inventory of 2026-12-01T09:00:00+00:00: Gres "
+                        "from the rack model, 4 GPUs per tray"]
+
+
+def test_minor_files():
+    from mctl.sched.slurm.render import minor_files
+
+    assert minor_files((0,)) == "/dev/nvidia0" and minor_files((0, 1, 2, 3)) == "/dev/nvidia[0-3]"
+    assert minor_files((0, 2, 3, 5)) == "/dev/nvidia[0,2-3,5]"

@@ -22,7 +22,7 @@ from mctl.errors import UsageError
 from mctl.model.site import Host, Site, fold
 from mctl.sched.slurm import munge
 from mctl.sched.site import check_scheduler
-from mctl.sched.slurm.render import SlurmConfig, controller_of, render, settings_of
+from mctl.sched.slurm.render import SlurmConfig, controller_of, node_check_enabled, render, settings_of
 
 PLAYBOOK = "slurm"
 RUN_KIND = "deploy-slurm"
@@ -35,6 +35,7 @@ class SlurmPlan:
     config: SlurmConfig
     hosts: list[Host]                  # controller first, then the trays
     topology_only: bool = False
+    gpus: dict = field(default_factory=dict)     # tray -> TrayGpus (facts, else the rack model)
 
     @property
     def key_path(self) -> Path:
@@ -48,6 +49,9 @@ class SlurmPlan:
         d = self.config.to_dict()
         d.update({"site": self.site.name, "hosts": fold(h.name for h in self.hosts), "host_count": len(self.hosts),
                   "topology_only": self.topology_only, "conf_dir": settings_of(self.site).conf_dir,
+                  "gpus": {"from_facts": fold(n for n, g in self.gpus.items() if g.source == "facts") or None,
+                           "from_model": fold(n for n, g in self.gpus.items() if g.source == "model") or None,
+                           "per_tray": {n: g.to_dict() for n, g in self.gpus.items()}},
                   "munge_key": {"path": str(self.key_path), "exists": self.key_path.exists()}})
         return d
 
@@ -69,12 +73,37 @@ def plan_slurm(site: Site, state_dir: Path, *, topology_only: bool = False) -> S
                 f"slurmctld does not answer on {controller.name}"
             raise UsageError(f"--topology-only needs a running Slurm with topology/{config.plugin}, but {now}",
                              hint="run a full 'mctl deploy slurm' (it writes slurm.conf too); nothing was changed")
-    else:
+    gpus: dict = {}
+    if not topology_only:
+        gpus, gpu_warnings = gpus_from_inventory(site, Path(state_dir))
         facts = gather_facts(site, controller, trays)
-        config = render(site, facts.version, facts.hardware)
+        config = render(site, facts.version, facts.hardware, gpus=gpus)
         config.warnings.extend(facts.skew_warnings())
+        config.warnings.extend(gpu_warnings)
     hosts = [controller] + [t for t in trays if t.name != controller.name]
-    return SlurmPlan(site, Path(state_dir), config, hosts, topology_only)
+    return SlurmPlan(site, Path(state_dir), config, hosts, topology_only, gpus)
+
+
+def gpus_from_inventory(site: Site, state_dir: Path) -> tuple[dict, list[str]]:
+    """Each tray's GPUs from its rack's last `mctl rack inventory` snapshot, else the rack model."""
+    from mctl.rackinv.service import SNAPSHOT_KIND
+    from mctl.sched.slurm.gpus import tray_gpus
+    from mctl.state import latest_snapshot
+
+    snapshots: dict = {}
+    taken: dict[str, str] = {}
+    for rack in site.racks.values():
+        if not rack.compute:
+            continue
+        try:
+            snap = latest_snapshot(state_dir, SNAPSHOT_KIND, rack.name)
+        except (OSError, ValueError) as exc:          # unreadable: refuse before anything changes
+            raise UsageError(f"cannot read the last rack inventory of {rack.name}: {exc}",
+                             hint=f"run 'mctl rack inventory {rack.name}' again; nothing was deployed") from None
+        snapshots[rack.name] = snap.data if snap is not None and isinstance(snap.data, dict) else None
+        if snap is not None:
+            taken[rack.name] = snap.taken_at.isoformat(timespec="seconds")
+    return tray_gpus(site, snapshots, taken)
 
 
 # ----------------------------------------------------------------- --dry-run
@@ -184,7 +213,10 @@ def _extravars(plan: SlurmPlan) -> dict:
         "slurm_log_dir": s.log_dir,
         "slurm_topology_only": plan.topology_only,
         "slurm_gpus_by_rack": {r.name: r.gpus_per_tray for r in plan.site.racks.values()},
+        "slurm_gpu_minors_by_host": {n: list(g.minors) for n, g in plan.gpus.items()},
         "slurm_gpu_device_nodes": s.gpu_device_nodes,
+        "slurm_node_check": node_check_enabled(s),
+        "node_check_program": s.node_check_program,
     }
 
 

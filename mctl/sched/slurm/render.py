@@ -20,6 +20,7 @@ from mctl.errors import UsageError
 from mctl.inventory.schema import SlurmSettings
 from mctl.model.site import Host, Site, fold
 from mctl.sched.slurm.facts import NodeHardware
+from mctl.sched.slurm.gpus import TrayGpus
 from mctl.sched.slurm.topology import Block, Plugin, block_sizes, blocks_for, render_topology
 from mctl.sched.slurm.version import (BLOCK_SIZES, BLOCK_TOPOLOGY, NVIDIA_IMEX, SlurmVersion, release_name,
                                       require_supported)
@@ -54,6 +55,14 @@ class SlurmConfig:
 
 def settings_of(site: Site) -> SlurmSettings:
     return site.scheduler.slurm if site.scheduler else SlurmSettings()
+
+
+def node_check_enabled(settings: SlurmSettings) -> bool:
+    """scheduler.slurm.node_check (on unless the site says false); the old name node_check_installed
+    still decides where an inventory sets it."""
+    if settings.node_check_installed is not None:
+        return settings.node_check_installed
+    return settings.node_check
 
 
 def controller_of(site: Site) -> Host:
@@ -98,8 +107,11 @@ def check_plugins(settings: SlurmSettings) -> None:
 
 
 def render(site: Site, version: SlurmVersion, hardware: Mapping[str, NodeHardware] | None, *,
-           topology_only: bool = False) -> SlurmConfig:
+           topology_only: bool = False, gpus: "Mapping[str, TrayGpus] | None" = None) -> SlurmConfig:
     """Render every Slurm file; *hardware* must hold each compute tray's `slurmd -C` facts.
+
+    *gpus* (mctl.sched.slurm.gpus.tray_gpus: the trays' facts, else the rack model) gives each
+    tray's `Gres=gpu:N` and gres.conf device files; without it, the rack model's count.
 
     With *topology_only* only topology.conf is rendered (no hardware needed): that is
     all a partition change touches.
@@ -135,8 +147,8 @@ def render(site: Site, version: SlurmVersion, hardware: Mapping[str, NodeHardwar
     with_sizes = plugin == "block" and version.block_sizes
     files: dict[str, str] = {}
     if not topology_only:
-        files["slurm.conf"] = render_slurm_conf(site, settings, controller, trays, hardware, plugin, imex)
-        files["gres.conf"] = render_gres_conf(site)
+        files["slurm.conf"] = render_slurm_conf(site, settings, controller, trays, hardware, plugin, imex, gpus)
+        files["gres.conf"] = render_gres_conf(site, gpus)
         files["cgroup.conf"] = render_cgroup_conf(settings)
     files["topology.conf"] = render_topology(blocks, plugin, with_block_sizes=with_sizes,
                                              top_switch=_top_switch(site, blocks))
@@ -189,7 +201,7 @@ def _globals(site: Site, settings: SlurmSettings, controller: Host, plugin: Plug
         if settings.imex_dev_major is not None:
             params += f",imex_dev_major={settings.imex_dev_major}"
         g += [("SwitchType", "switch/nvidia_imex"), ("SwitchParameters", params)]
-    if settings.node_check_installed:
+    if node_check_enabled(settings):
         g += [("HealthCheckProgram", settings.node_check_program),
               ("HealthCheckInterval", str(settings.health_check_interval)),
               ("HealthCheckNodeState", settings.health_check_node_state)]
@@ -224,11 +236,18 @@ def _fold_ports(ports: list[int]) -> str | None:
     return None
 
 
-def _node_lines(site: Site, trays: list[Host], hardware: Mapping[str, NodeHardware]) -> list[str]:
+def _gpu_count(site: Site, t: Host, gpus: "Mapping[str, TrayGpus] | None") -> int:
+    if gpus is not None and t.name in gpus:
+        return gpus[t.name].count
+    rack = site.racks[t.rack] if t.rack else None
+    return rack.gpus_per_tray if rack else 0
+
+
+def _node_lines(site: Site, trays: list[Host], hardware: Mapping[str, NodeHardware],
+                gpus: "Mapping[str, TrayGpus] | None" = None) -> list[str]:
     runs: list[tuple[tuple, list[Host]]] = []
     for t in trays:
-        rack = site.racks[t.rack] if t.rack else None
-        key = (hardware[t.name], rack.gpus_per_tray if rack else 0, t.rack, "slurmd_port" in t.vars)
+        key = (hardware[t.name], _gpu_count(site, t, gpus), t.rack, "slurmd_port" in t.vars)
         if runs and runs[-1][0] == key:
             runs[-1][1].append(t)
         else:
@@ -271,12 +290,15 @@ def _word(key: str, value: object) -> str:
 
 
 def render_slurm_conf(site: Site, settings: SlurmSettings, controller: Host, trays: list[Host],
-                      hardware: Mapping[str, NodeHardware], plugin: Plugin, imex: bool) -> str:
+                      hardware: Mapping[str, NodeHardware], plugin: Plugin, imex: bool,
+                      gpus: "Mapping[str, TrayGpus] | None" = None) -> str:
     params = _merge_extra(_globals(site, settings, controller, plugin, imex), settings.extra)
     lines = [HEADER, ""]
     lines += [_word(k, v) for k, v in params]
-    lines += ["", "# Compute trays: hardware from 'slurmd -C' on each tray, GPUs from the rack model."]
-    lines += _node_lines(site, trays, hardware)
+    # one text whatever the source, so a new snapshot with the same counts changes nothing
+    lines += ["", "# Compute trays: hardware from 'slurmd -C' on each tray, GPUs from the last rack inventory",
+              "# (mctl rack inventory), else the rack model; 'mctl deploy slurm --dry-run' says which."]
+    lines += _node_lines(site, trays, hardware, gpus)
     lines += ["", f"{_word('PartitionName', settings.partition_name)} Nodes=ALL Default=YES MaxTime=INFINITE State=UP"]
     return "\n".join(lines) + "\n"
 
@@ -287,14 +309,34 @@ def gpu_files(count: int) -> str:
     return "/dev/nvidia0" if count == 1 else f"/dev/nvidia[0-{count - 1}]"
 
 
-def render_gres_conf(site: Site) -> str:
+def minor_files(minors: tuple[int, ...]) -> str:
+    """/dev/nvidia<minor> of each GPU, as gres.conf's File= expands them: /dev/nvidia[0-1,3]."""
+    if len(minors) == 1:
+        return f"/dev/nvidia{minors[0]}"
+    runs: list[list[int]] = []
+    for m in minors:
+        if runs and m == runs[-1][-1] + 1:
+            runs[-1].append(m)
+        else:
+            runs.append([m])
+    return "/dev/nvidia[" + ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs) + "]"
+
+
+def render_gres_conf(site: Site, gpus: "Mapping[str, TrayGpus] | None" = None) -> str:
     lines = [HEADER, "# One line per tray model: the GPUs' device files (Slurm needs File= for gres/gpu)."]
-    by_count: dict[int, list[str]] = {}
+    by_files: dict[str, list[str]] = {}
     for rack in site.racks.values():
-        if rack.compute:
-            by_count.setdefault(rack.gpus_per_tray, []).extend(h.name for h in rack.compute)
-    for count, names in by_count.items():
-        lines.append(f"NodeName={fold(names)} Name=gpu File={gpu_files(count)}")
+        for h in rack.compute:
+            if gpus is not None and h.name in gpus:
+                minors = gpus[h.name].minors
+                if not minors:
+                    continue                 # a tray with no GPU left: Gres=gpu:0 and no gres.conf line
+                files = minor_files(minors)
+            else:
+                files = gpu_files(rack.gpus_per_tray)
+            by_files.setdefault(files, []).append(h.name)
+    for files, names in by_files.items():
+        lines.append(f"NodeName={fold(names)} Name=gpu File={files}")
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,162 @@
+"""`mctl image diff`: each tray's image, component by component, against what the tray runs.
+
+The versions are read with the audit's own tray probe (mctl/audit/collect.py:
+OS release, kernel, slurmd -V, and nvidia-smi) over one SSH connection per tray,
+each under the transport's connect and command deadlines, and compared by
+`mctl.images.drift.compare`, the function the audit's `versions` rules use.
+Nothing is written anywhere.
+
+`build_report` is pure (tested on captured probe results); `diff` does the SSH.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
+
+from mctl.errors import UsageError
+from mctl.images.drift import DRIFT, MATCH, NOT_CHECKED, UNREPORTED, Comparison, compare, not_compared
+
+if TYPE_CHECKING:
+    from mctl.audit.collect import TrayState
+    from mctl.model.image import SoftwareImage
+    from mctl.model.site import Host, Site
+
+# why a component of an image has no version read from the tray
+NOT_READ = {
+    "imex": "mctl reads no IMEX version from a tray yet",
+    "dcgm": "mctl reads no DCGM version from a tray yet",
+    "doca_ofed": "mctl reads no DOCA-OFED version from a tray yet",
+    "munge": "mctl reads no MUNGE version from a tray yet",
+    "enroot": "mctl reads no enroot version from a tray yet",
+    "pyxis": "mctl reads no pyxis version from a tray yet",
+    "slurm": "the site runs no Slurm on its trays",
+}
+
+
+@dataclass
+class TrayDiff:
+    host: str
+    image: str | None
+    rows: list[Comparison] = field(default_factory=list)
+    unchecked: dict[str, tuple[str, str]] = field(default_factory=dict)   # component -> (wanted, why not compared)
+    notes: dict[str, str] = field(default_factory=dict)          # component -> why its version is unknown
+    error: str | None = None                                     # the tray could not be read
+
+    @property
+    def status(self) -> str:
+        if self.error is not None:
+            return "unreadable"
+        if self.image is None:
+            return "no-image"
+        return "drift" if any(r.status in (DRIFT, UNREPORTED) for r in self.rows) else "match"
+
+    def to_dict(self) -> dict[str, Any]:
+        comps = []
+        for r in self.rows:
+            d = r.to_dict()
+            if r.component in self.notes:
+                d["note"] = self.notes[r.component]
+            comps.append(d)
+        comps += [{"component": name, "wanted": version, "found": None, "status": NOT_CHECKED, "note": why}
+                  for name, (version, why) in self.unchecked.items()]
+        return {"host": self.host, "image": self.image, "status": self.status, "error": self.error,
+                "components": comps}
+
+
+@dataclass
+class DiffReport:
+    trays: list[TrayDiff]
+    timeout: float
+
+    @property
+    def drifted(self) -> list[str]:
+        return [t.host for t in self.trays if t.status == "drift"]
+
+    @property
+    def unreadable(self) -> list[str]:
+        return [t.host for t in self.trays if t.status == "unreadable"]
+
+    def to_dict(self) -> dict[str, Any]:
+        from mctl.model.site import fold
+
+        return {"timeout_s": self.timeout, "trays": [t.to_dict() for t in self.trays],
+                "summary": {"total": len(self.trays), "drift": fold(self.drifted) or None,
+                            "unreadable": fold(self.unreadable) or None,
+                            "match": sum(1 for t in self.trays if t.status == "match"),
+                            "no_image": fold([t.host for t in self.trays if t.status == "no-image"]) or None}}
+
+
+def tray_facts(state: "TrayState", *, slurm_expected: bool) -> tuple[dict[str, Any], dict[str, str]]:
+    """The facts `compare` reads, from the audit probe of one tray; and why a version is unknown."""
+    from mctl.audit.rules.versions import version_facts
+
+    driver = cuda = None
+    notes: dict[str, str] = {}
+    if state.gpus is not None:
+        driver, cuda = state.gpus.driver_version, state.gpus.cuda_version
+    else:
+        why = state.gpu_error or "nvidia-smi gave no answer"
+        notes["nvidia_driver"] = notes["cuda"] = why
+    if state.slurmd_error:
+        notes["slurm"] = state.slurmd_error
+    facts = version_facts(state.os.version_id if state.os else None, state.kernel, driver, cuda,
+                          state.slurmd_version, slurm_expected=slurm_expected)
+    return facts, notes
+
+
+def diff_tray(host: str, image: "SoftwareImage", state: "TrayState", *, slurm_expected: bool) -> TrayDiff:
+    if not state.reached:
+        return TrayDiff(host, image.name, error=state.error or state.reach)
+    if state.problems:
+        return TrayDiff(host, image.name, error="probe output unreadable: " + "; ".join(state.problems))
+    facts, notes = tray_facts(state, slurm_expected=slurm_expected)
+    rows = compare(image, facts)
+    unchecked = {name: (image.components[name].version,
+                        NOT_READ.get(name, f"mctl reads no {name} version from a tray"))
+                 for name in not_compared(image, rows)}
+    return TrayDiff(host, image.name, rows, unchecked, notes)
+
+
+def build_report(hosts: Sequence["Host"], images: dict[str, "SoftwareImage"], states: dict[str, "TrayState"],
+                 *, slurm_expected: bool, timeout: float) -> DiffReport:
+    out = []
+    for h in hosts:
+        image = images.get(h.name)
+        if image is None:
+            out.append(TrayDiff(h.name, None))
+            continue
+        out.append(diff_tray(h.name, image, states[h.name], slurm_expected=slurm_expected))
+    return DiffReport(out, timeout)
+
+
+def plan(site: "Site", hosts: Sequence["Host"]) -> dict[str, "SoftwareImage"]:
+    """Each tray's image, loaded before any tray is asked (a broken definition is exit 2)."""
+    from mctl.images.catalog import ImageCatalog
+
+    wanted = sorted({h.image for h in hosts if h.image})
+    if not wanted:
+        raise UsageError("none of these trays names a software image in the inventory",
+                         hint="set 'image:' on the trays (see inventories/example-gb200/mctl.yml)")
+    catalog = ImageCatalog(site.images_dir)
+    loaded = {name: catalog.get(name) for name in wanted}
+    return {h.name: loaded[h.image] for h in hosts if h.image}
+
+
+def diff(site: "Site", hosts: Sequence["Host"], *, timeout: float | None = None) -> DiffReport:
+    """Probe every tray of *hosts* at once (each under its own deadline) and compare."""
+    from mctl.audit.collect import parse_tray, tray_command
+    from mctl.transport import SSHConfig, run_sync, targets_for
+
+    images = plan(site, hosts)
+    config = SSHConfig.from_site(site)
+    command_timeout = float(timeout if timeout is not None else config.command_timeout)
+    asked = [h for h in hosts if h.name in images]
+    nonce = secrets.token_hex(8)
+    # nvidia-smi under its own deadline, inside the command's, so a hung driver is named as such
+    probe = tray_command(nonce, (), smi_timeout=max(1.0, command_timeout - 3.0))
+    results = run_sync(config, targets_for(site, asked), probe, timeout=command_timeout) if asked else []
+    states = {r.host: parse_tray(r, nonce, ()) for r in results}
+    slurm_expected = bool(site.scheduler and site.scheduler.type == "slurm")
+    return build_report(hosts, images, states, slurm_expected=slurm_expected, timeout=command_timeout)
