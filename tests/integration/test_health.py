@@ -93,13 +93,25 @@ def health(lab, site, tmp_path):
         return lab.mctl("-i", str(site), "--state-dir", str(state), *args, timeout=timeout)
 
     mctl.state = state
+    from mctl.lab import hosts
+
+    logs = {t: hosts.host_path(lab.dir, t, hosts.KERN_LOG) for t in lab.trays}
+    sizes = {t: (p.stat().st_size if p.exists() else 0) for t, p in logs.items()}
     try:
         yield mctl
     finally:
         lab.clear_faults()
+        for t, p in logs.items():       # XID lines a test wrote must not count in the next test's sweeps
+            if p.exists() and p.stat().st_size > sizes[t]:
+                with open(p, "r+b") as fh:
+                    fh.truncate(sizes[t])
         for node, (st, reason) in sinfo(lab).items():
-            if "drain" in st and reason.startswith(("mctl:", "ops:")):
+            if ("drain" in st and reason.startswith(("mctl:", "ops:"))) or st.startswith("down"):
+                # a tray frozen during the test is DOWN (not responding) in Slurm: the next test starts clean
                 lab.run(lab.head, f"scontrol update NodeName={node} State=RESUME", check=False)
+        wait_for("every tray idle or allocated again after the test",
+                 lambda: all(st.rstrip("*") in ("idle", "allocated", "mixed", "completing") and not st.endswith("*")
+                             for st, _ in sinfo(lab).values()), 60, every=0.5)
 
 
 def actions(state: Path) -> list[dict]:
