@@ -18,7 +18,10 @@ from mctl.facts import FactsParseError
 from mctl.facts.imex import parse_domain, parse_query
 from mctl.health.policy import NodeView
 from mctl.model.fabric import DAEMON_STATES
-from mctl.sched.slurm.facts import NodeState, key_values, parse_show_nodes
+from ClusterShell.NodeSet import NodeSet
+
+from mctl.audit.rules.slurm import found_blocks
+from mctl.sched.slurm.facts import NodeState, key_values, parse_show_nodes, parse_show_topology
 from tests.unit.test_real_formats import REAL, text
 
 # name -> what it is (the README row says where it comes from)
@@ -33,6 +36,8 @@ SLURM = {
     "slurm-on-aws-sinfo-N-down-powered-off.txt": "sinfo -N, the same two nodes powered off",
     "issue-arjuna-users-164-reason-stamp.txt": "a Reason= with Slurm's [slurm@time] stamp",
     "issue-arjuna-users-85-sinfo-state-suffixes.txt": "sinfo node states with $ and * suffixes",
+    "crusoe-slurm-scontrol-show-topology-block-gb200.txt": "scontrol show topology, block plugin, 10 x 18 GB200",
+    "crusoe-slurm-sinfo-down-not-responding.txt": "sinfo with a down* node",
 }
 SCHED = {**IMEX, **SLURM}
 
@@ -203,3 +208,30 @@ def test_powered_off_suffix_is_not_registered():
     assert not NodeState("n", "DOWN*+DRAIN").registered
     assert not NodeState("n", "IDLE#").registered
     assert NodeState("n", "IDLE+DRAIN").registered and NodeState("n", "MIXED+PLANNED").registered
+
+
+def test_crusoe_sinfo_down_star_is_not_registered():
+    lines = text("crusoe-slurm-sinfo-down-not-responding.txt").splitlines()
+    assert lines[0].split() == ["PARTITION", "AVAIL", "TIMELIMIT", "NODES", "STATE", "NODELIST"]
+    states = {row.split()[5]: row.split()[4] for row in lines[1:]}
+    assert states == {"slurm-compute-node-0": "down*", "slurm-compute-node-[1-7]": "idle"}
+    assert not NodeState("slurm-compute-node-0", "down*").registered
+    assert NodeState("slurm-compute-node-1", "idle").registered
+
+
+# --- Slurm: scontrol show topology (block plugin) ---------------------------------------------------
+
+def test_real_block_topology_of_ten_nvl72_racks():
+    entries = parse_show_topology(text("crusoe-slurm-scontrol-show-topology-block-gb200.txt"))
+    assert [e.name for e in entries] == [f"block{i:02d}" for i in range(1, 11)]
+    assert {e.kind for e in entries} == {"block"} and {e.size for e in entries} == {18}
+    assert entries[0].nodes == "slurm-compute-node-[000-017]" and entries[-1].nodes == "slurm-compute-node-[162-179]"
+    members = [set(NodeSet(e.nodes)) for e in entries]
+    assert all(len(m) == 18 for m in members)
+    assert set().union(*members) == {f"slurm-compute-node-{i:03d}" for i in range(180)}
+    blocks = found_blocks(entries, "block")
+    assert blocks["block03"] == "slurm-compute-node-[036-053]" and len(blocks) == 10
+    # the BlockIndex field is read too (the parser keeps every field in key_values)
+    first = text("crusoe-slurm-scontrol-show-topology-block-gb200.txt").splitlines()[0]
+    assert key_values(first) == {"BlockName": "block01", "BlockIndex": "0", "Nodes": "slurm-compute-node-[000-017]",
+                                 "BlockSize": "18"}
