@@ -21,7 +21,8 @@ from mctl.model.fabric import DAEMON_STATES
 from ClusterShell.NodeSet import NodeSet
 
 from mctl.audit.rules.slurm import found_blocks
-from mctl.sched.slurm.facts import NodeState, key_values, parse_show_nodes, parse_show_topology
+from mctl.sched.slurm.facts import (NodeHardware, NodeState, key_values, parse_show_nodes, parse_show_topology,
+                                   parse_slurmd_c)
 from tests.unit.test_real_formats import REAL, text
 
 # name -> what it is (the README row says where it comes from)
@@ -38,6 +39,7 @@ SLURM = {
     "issue-arjuna-users-85-sinfo-state-suffixes.txt": "sinfo node states with $ and * suffixes",
     "crusoe-slurm-scontrol-show-topology-block-gb200.txt": "scontrol show topology, block plugin, 10 x 18 GB200",
     "crusoe-slurm-sinfo-down-not-responding.txt": "sinfo with a down* node",
+    "minyang-chen-slurmd-C-slurmnode6.txt": "slurmd -C of a 12-core, 2-thread node, with UpTime=",
 }
 SCHED = {**IMEX, **SLURM}
 
@@ -235,3 +237,15 @@ def test_real_block_topology_of_ten_nvl72_racks():
     first = text("crusoe-slurm-scontrol-show-topology-block-gb200.txt").splitlines()[0]
     assert key_values(first) == {"BlockName": "block01", "BlockIndex": "0", "Nodes": "slurm-compute-node-[000-017]",
                                  "BlockSize": "18"}
+
+
+# --- Slurm: slurmd -C -------------------------------------------------------------------------------
+
+def test_real_slurmd_c():
+    sample = text("minyang-chen-slurmd-C-slurmnode6.txt")
+    assert sample.splitlines()[1] == "UpTime=0-02:55:22"
+    name, hw = parse_slurmd_c(sample)
+    # RealMemory=56153 MiB is rounded down to whole GiB (54 GiB) so trays of one model share a line
+    assert (name, hw) == ("slurmnode6", NodeHardware(cpus=24, sockets=1, cores_per_socket=12, threads_per_core=2,
+                                                     real_memory=54 * 1024))
+    assert hw.sockets * hw.cores_per_socket * hw.threads_per_core == hw.cpus
