@@ -15,7 +15,7 @@ import pytest
 
 from mctl.audit.rules import drains
 from mctl.facts import FactsParseError
-from mctl.facts.imex import parse_domain, parse_query
+from mctl.facts.imex import parse_domain, parse_nodes_config, parse_query
 from mctl.health.policy import NodeView
 from mctl.model.fabric import DAEMON_STATES
 from ClusterShell.NodeSet import NodeSet
@@ -30,6 +30,8 @@ IMEX = {
     "jpsnips-imex-ctl-q-ready.txt": "nvidia-imex-ctl -q, IMEX 570.00 on GH200",
     "jpsnips-imex-ctl-s-t-2000.txt": "nvidia-imex-ctl -s -t 2000 (wait for READY), same daemon",
     "jpsnips-imex-daemon-log-570-node0.txt": "IMEX 570.00 daemon log, node 0 of a 2-node domain",
+    "issue-dra-driver-pr1465-imex-580-daemon-log.txt": "IMEX 580.159.04 daemon log start (stderr, host names)",
+    "issue-dra-driver-pr298-imex-570-nodes-config-and-log.txt": "nodes_config.cfg and IMEX 570.124.06 log start",
 }
 SLURM = {
     "slurm-on-aws-scontrol-show-node-down-cloud-powered-down.txt": "scontrol show node (no -o), Slurm 24.11",
@@ -92,6 +94,50 @@ def test_real_daemon_log_layout():
     assert "Creating gRPC channels to all peers (nPeers = 2)." in messages
     stamp = _LOG_LINE.match(body[0])["stamp"]
     assert datetime.strptime(stamp, "%b %d %Y %H:%M:%S") == datetime(2025, 3, 25, 10, 41, 54)
+
+
+_VERSION_LINE = re.compile(r"^IMEX version (?P<version>\S+) is running with the following configuration options:?$")
+
+
+@pytest.mark.parametrize("name,version,first", [
+    ("jpsnips-imex-daemon-log-570-node0.txt", "570.00", 0),
+    ("issue-dra-driver-pr298-imex-570-nodes-config-and-log.txt", "570.124.06", 3),
+    ("issue-dra-driver-pr1465-imex-580-daemon-log.txt", "580.159.04", 3),
+])
+def test_real_daemon_logs_of_three_versions(name, version, first):
+    """Every line from `IMEX Log initializing at:` on has the one layout; 580 ends the version line with ':'."""
+    lines = text(name).splitlines()[first:]
+    assert re.match(r"^IMEX Log initializing at: \d{1,2}/\d{1,2}/\d{4} \d{2}:\d{2}:\d{2}\.\d{3}$", lines[0])
+    body = [ln for ln in lines[1:] if ln]
+    assert all(_LOG_LINE.match(ln) for ln in body), [ln for ln in body if not _LOG_LINE.match(ln)]
+    m = _VERSION_LINE.match(_LOG_LINE.match(body[0])["message"])
+    assert m and m["version"] == version
+    assert m.group(0).endswith(":") == version.startswith("580")
+
+
+def test_real_580_log_on_stderr_and_host_name_entries():
+    lines = text("issue-dra-driver-pr1465-imex-580-daemon-log.txt").splitlines()
+    # with no log file the daemon says so on stderr before the first stamped line
+    assert lines[:3] == ["WARNING: failed to open IMEX log file  errno = No such file or directory",
+                         "INFO: using stderr for IMEX logging",
+                         "WARNING: failed to chmod IMEX log file  errno = No such file or directory"]
+    messages = [_LOG_LINE.match(ln)["message"] for ln in lines[4:]]
+    assert "Logging file name/path = " in messages and "Authentication and Encryption enabled = 0" in messages
+    hosts = [re.match(r"Treating node config entry '(.+)' as a host name\.$", m) for m in messages]
+    assert [h[1] for h in hosts if h] == ["compute-domain-daemon-7555db58d7-0000",
+                                          "compute-domain-daemon-7555db58d7-0001"]
+    # such names are what a nodes_config.cfg may hold: one entry a line
+    assert parse_nodes_config("\n".join(h[1] for h in hosts if h)) == (
+        "compute-domain-daemon-7555db58d7-0000", "compute-domain-daemon-7555db58d7-0001")
+
+
+def test_real_nodes_config_as_printed():
+    lines = text("issue-dra-driver-pr298-imex-570-nodes-config-and-log.txt").splitlines()
+    assert lines[0] == "/etc/nvidia-imex/nodes_config.cfg:"
+    assert parse_nodes_config("\n".join(lines[1:3])) == ("10.115.131.13", "10.115.131.6")
+    # the whole capture is not a nodes_config.cfg (the log lines hold more than an address)
+    with pytest.raises(FactsParseError):
+        parse_nodes_config(text("issue-dra-driver-pr298-imex-570-nodes-config-and-log.txt"))
 
 
 def test_lab_imex_daemon_logs_the_real_layout_and_messages():
