@@ -42,15 +42,19 @@ def test_every_sample_has_provenance_and_a_test():
     assert len(samples) >= 20
     for name in samples:
         assert f"`{name}`" in readme, f"{name} has no provenance row in tests/fixtures/real/README.md"
-    tested = set(XML) | set(NVLINK) | set(KERNEL_LOGS) | set(CSV)
+    from tests.unit.test_real_formats_sched import SCHED    # nvidia-imex-ctl, IMEX log, Slurm
+
+    tested = set(XML) | set(NVLINK) | set(KERNEL_LOGS) | set(CSV) | set(SCHED)
     assert sorted(tested) == samples
 
 
 def test_samples_are_byte_exact_as_recorded():
     """The git blob ids in the README are those of the files as published (read back with git hash-object)."""
+    from tests.unit.test_real_formats_sched import SCHED
+
     readme = (REAL / "README.md").read_text(encoding="utf-8")
-    for name in XML:
-        if not name.startswith(("telegraf-", "netdata-")):
+    for name in [*XML, *SCHED]:
+        if not name.startswith(("telegraf-", "netdata-", "jpsnips-", "slurm-on-aws-", "crusoe-", "minyang-chen-")):
             continue
         data = (REAL / name).read_bytes()
         blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()

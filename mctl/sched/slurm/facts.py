@@ -78,9 +78,15 @@ class NodeState:
 
     @property
     def registered(self) -> bool:
-        """slurmd has registered with a configuration the controller accepts."""
-        bad = {"UNKNOWN", "NOT_RESPONDING", "INVALID_REG", "INVALID", "FUTURE", "CLOUD", "POWERED_DOWN"}
-        if self.flags & bad or self.state.endswith("*"):
+        """slurmd has registered with a configuration the controller accepts.
+
+        CLOUD only says the node is a cloud node: a powered-up one registers and shows
+        `IDLE+CLOUD` (a real capture in tests/fixtures/real); a powered-off one shows
+        POWERED_DOWN (`~` in sinfo). The suffixes `*` (not responding), `~` (powered off)
+        and `#` (powering up) mean slurmd is not registered, on any part of the state.
+        """
+        bad = {"UNKNOWN", "NOT_RESPONDING", "INVALID_REG", "INVALID", "FUTURE", "POWERED_DOWN", "POWERING_UP"}
+        if self.flags & bad or any(part.endswith(("*", "~", "#")) for part in self.state.split("+")):
             return False
         return not ("DOWN" in self.flags and (self.reason or "").lower().startswith("not responding"))
 
@@ -90,10 +96,25 @@ class NodeState:
 
 
 def parse_show_nodes(text: str) -> list[NodeState]:
-    out = []
+    """Nodes of `scontrol show node`, one line each (-o) or as printed without -o.
+
+    Without -o, Slurm prints `NodeName=...` and then indented lines (`   State=...`,
+    `   Reason=...`), with a blank-looking indented line among them; those lines are
+    joined to their node. Any other unindented line ends the node.
+    """
+    records: list[str] = []
+    open_record = False
     for line in text.splitlines():
-        if not line.startswith("NodeName="):
-            continue
+        if line.startswith("NodeName="):
+            records.append(line)
+            open_record = True
+        elif open_record and line[:1] in (" ", "\t"):
+            if line.strip():
+                records[-1] += " " + line.strip()
+        elif line.strip():
+            open_record = False
+    out = []
+    for line in records:
         kv = key_values(line)
         port = kv.get("Port")
         out.append(NodeState(kv["NodeName"], kv.get("State", "UNKNOWN"),
