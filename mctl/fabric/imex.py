@@ -378,6 +378,12 @@ def trays_needing(expected: Mapping[str, Mapping[str, str]],
     return out
 
 
+def trays_not_running(reports: Mapping[str, TrayImexReport], expected: Mapping[str, object]) -> list[str]:
+    """Reachable trays of an IMEX domain whose daemon did not answer `nvidia-imex-ctl -q`: their files may be
+    right, but the domain is not there until the daemon runs, so `imex apply` (re)starts it."""
+    return sorted(t for t, rep in reports.items() if t in expected and rep.reachable and rep.query is None)
+
+
 def plan_domains(domains: Sequence[ImexDomain], plan: Mapping[str, Sequence[str]], unreachable: Sequence[str], *,
                  restart: bool = False) -> tuple[set[str], dict[str, list[str]]]:
     """Which trays `imex apply` touches, and the domains it must leave alone.

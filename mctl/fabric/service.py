@@ -124,13 +124,15 @@ def apply_imex(site: "Site", rack: "Rack", settings: "ImexSettings | None" = Non
                sleep: Callable[[float], None] = time.sleep) -> ImexApplyResult:
     """Push each tray's rendered IMEX files where they differ and restart its daemon; the rest is left alone.
 
+    A tray whose files are right but whose daemon does not answer is restarted too (with no file written).
+
     A domain with a tray that cannot be reached is not touched at all (no file written, no
     daemon restarted: restarting the others would split it): it is asked again for up to
     *reach_wait* seconds (on_wait is told once, with the held domains and the seconds left),
     then left unchanged and reported in `held`. Replaced files are kept
     beside them as `<file>.mctl-bak` (imex_remote.push_command).
     """
-    from mctl.fabric.imex import expected_files, imex_domains, plan_domains, trays_needing
+    from mctl.fabric.imex import expected_files, imex_domains, plan_domains, trays_needing, trays_not_running
     from mctl.fabric.imex_remote import collect, push
 
     settings = settings or imex_settings(site)
@@ -141,7 +143,8 @@ def apply_imex(site: "Site", rack: "Rack", settings: "ImexSettings | None" = Non
     while True:
         unreachable = [t for t, rep in reports.items() if not rep.reachable]
         plan = trays_needing(expected, {t: held.get(t, {}) for t in expected if t not in unreachable})
-        touched, blocked = plan_domains(domains, plan, unreachable, restart=restart)
+        stopped = trays_not_running(reports, expected)
+        touched, blocked = plan_domains(domains, {**{t: [] for t in stopped}, **plan}, unreachable, restart=restart)
         left = deadline - time.monotonic()
         if not blocked or dry_run or left <= 0:
             break
@@ -160,7 +163,7 @@ def apply_imex(site: "Site", rack: "Rack", settings: "ImexSettings | None" = Non
     if on_plan is not None:
         on_plan(result)
     if not dry_run and targets:
-        results = push(site, targets, {t: {p: expected[t][p] for p in plan[t]} for t in plan if t in touched},
+        results = push(site, targets, {t: {p: expected[t][p] for p in plan[t]} for t in plan if t in touched},  # stopped: restart only
                        settings.restart_command)
         result.failed = {x.host: x.summary() for x in results if not x.ok}
         result.applied = True

@@ -131,3 +131,11 @@ def test_push_keeps_the_previous_file_and_skips_identical_ones(tmp_path):
     # a second change keeps one generation: the file as it was just before
     subprocess.run(["bash", "-c", push_command({str(nodes): "10.0.0.9\n"}, None)], check=True, timeout=30)
     assert backup.read_text() == "10.0.0.1\n" and nodes.read_text() == "10.0.0.9\n"
+
+
+def test_a_stopped_daemon_with_right_files_is_restarted_and_an_unreachable_tray_is_not():
+    from mctl.fabric.imex import TrayImexReport, trays_not_running
+
+    reports = {"t1": TrayImexReport("t1", query="READY"), "t2": TrayImexReport("t2", query=None),
+               "t3": TrayImexReport("t3", reachable=False), "t4": TrayImexReport("t4", query=None)}
+    assert trays_not_running(reports, {"t1": {}, "t2": {}, "t3": {}}) == ["t2"]   # t4 is in no domain
