@@ -143,16 +143,17 @@ def test_immutable_spec_conflict_applies_nothing(tmp_path, kube, site):
     assert kube.writes() == []
 
 
-def test_invalid_object_is_reported_with_the_servers_reason(tmp_path, kube):
-    """A workload namespace that is not a DNS label: the server answers 422 with the field; mctl says so,
-    names what was applied before (nothing: the namespace comes first) and exits 3."""
+def test_invalid_namespace_is_refused_at_the_inventory_before_any_write(tmp_path, kube):
+    """A workload namespace that is not a DNS label never reaches the server: the inventory names it
+    (file:line, exit 2) and nothing is written. (The server's own 422 with its field is reported as
+    tests/integration/test_k8s_remediation.py shows for a taint value the inventory cannot check.)"""
     site = _site(tmp_path / "site", kube.kubeconfig(tmp_path / "kube" / "config"), workload_namespace="GPU_Work")
+    kube.mark()
     res = mctl(tmp_path, "-i", str(site), "deploy", "k8s")
-    assert res.returncode == 3, res.stderr
-    assert "create Namespace GPU_Work failed (422 Invalid)" in res.stderr
-    assert "metadata.name" in res.stderr and "RFC 1123" in res.stderr
-    assert "0 of 41 change(s) applied before" in res.stderr and "Traceback" not in res.stderr
-    assert kube.writes() == ["create /api/v1/namespaces 422"]
+    assert res.returncode == 2, res.stderr
+    assert "mctl.yml:" in res.stderr and "scheduler.k8s.workload_namespace" in res.stderr
+    assert "'GPU_Work' is not a Kubernetes namespace name" in res.stderr and "Traceback" not in res.stderr
+    assert kube.writes() == []
 
 
 def test_missing_crd_applies_nothing(tmp_path, kube, site):
