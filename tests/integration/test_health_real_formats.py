@@ -18,7 +18,7 @@ import pytest
 
 import yaml
 
-from tests.integration.test_health import HEALTH, health, sinfo, wait_for  # noqa: F401  (health: a fixture)
+from tests.integration.test_health import HEALTH, fault, health, sinfo, wait_for  # noqa: F401  (health: a fixture)
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real"
 _DMESG_PREFIX = re.compile(r"^\s*(?:\[\s*\d+\.\d+\]\s*)?")
@@ -127,3 +127,46 @@ def test_nonfatal_nvlink5_xid_does_not_drain_and_fatal_does(lab, health, kern_lo
     by_code = {f["details"]["code"]: (f["severity"], f["details"]["drains"]) for f in xids}
     assert by_code[149] == ("critical", True) and by_code[145][1] is False
     assert len(drains) == 1 and "xid 149 fatal" in drains[0]["reason"], drains
+
+
+# --- the same forms as the lab itself emits them (mctl lab fault), end to end --------------------
+
+def _sweep(health, tray: str) -> dict:
+    proc = health("--json", "health", "check", tray, "--all", "--remediate", "--dry-run")
+    assert proc.returncode in (0, 1), proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_all_links_down_is_critical_naming_the_gpu_and_drains(lab, health):
+    tray = lab.trays[1]
+    fault(lab, tray, nvlink_down="1:all")
+    data = _sweep(health, tray)
+    (links,) = [f for f in data["findings"] if f["check"] == "nvlink.links" and f["host"] == tray]
+    assert links["severity"] == "critical" and "gpu1 all 18 links down" in links["message"], links
+    drains = [d for d in data["decisions"] if d["action"] == "drain" and d["host"] == tray]
+    assert len(drains) == 1 and "nvlink gpu1 all links down" in drains[0]["reason"], data["decisions"]
+
+
+def test_lab_nvlink5_lines_nonfatal_warns_and_fell_off_bus_drains(lab, health):
+    tray = lab.trays[0]
+    fault(lab, tray, xid=145, gpu=0, nonfatal=True)
+    data = _sweep(health, tray)
+    xids = [f for f in data["findings"] if f["check"] == "gpu.xid" and f["host"] == tray]
+    assert [(f["severity"], f["details"]["code"]) for f in xids] == [("warn", 145)], xids
+    assert not [d for d in data["decisions"] if d["action"] == "drain" and d["host"] == tray]
+    fault(lab, tray, fell_off_bus=True, gpu=2)
+    data = _sweep(health, tray)
+    crit = [f for f in data["findings"] if f["check"] == "gpu.xid" and f["host"] == tray and f["severity"] == "critical"]
+    assert [f["details"]["code"] for f in crit] == [79] and "no Xid line" in crit[0]["message"], crit
+    assert [d for d in data["decisions"] if d["action"] == "drain" and d["host"] == tray]
+
+
+@pytest.mark.parametrize("branch", ["535", "580"])
+def test_driver_branch_shapes_are_read_and_the_power_check_runs(lab, health, branch):
+    tray = lab.trays[2]
+    fault(lab, tray, driver_branch=branch)
+    data = _sweep(health, tray)
+    (power,) = [f for f in data["findings"] if f["check"] == "gpu.power" and f["host"] == tray]
+    assert power["severity"] == "ok" and "(4 of 4 GPUs report it)" in power["message"], power
+    assert not [f for f in data["findings"] if f["host"] == tray and f["check"] == "gpu.facts"
+                and f["severity"] != "ok"], data["findings"]

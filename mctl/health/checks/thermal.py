@@ -39,5 +39,11 @@ def check(facts, expect, settings) -> list[Finding]:
             f"gpu{i} draws {d:.0f} W over its {lim:.0f} W limit" for i, d, lim in over),
             "check the power-brake and power-capping settings (nvidia-smi -q -d POWER)"))
     else:
-        out.append(ok(host, POWER, "power draw within limits"))
+        reported = sum(1 for g in facts.gpus.gpus if g.power_draw_w is not None and g.power_limit_w)
+        if facts.gpus.gpus and not reported:
+            out.append(finding(Severity.WARN, host, POWER, "no GPU reports its power draw and limit: the power "
+                               "check could not run", "check nvidia-smi -q -d POWER on the tray"))
+        else:
+            out.append(ok(host, POWER, f"power draw within limits ({reported} of {len(facts.gpus.gpus)} GPUs "
+                                       "report it)"))
     return out
