@@ -246,7 +246,7 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
                                                               "NMX-M endpoint).", show_default=False)] = None,
           prune: Annotated[bool, typer.Option("--prune", help="Also delete NMX-M partitions the inventory does "
                                                               "not declare.")] = False,
-          by_location: ByLocationOpt = False, drain: DrainOpt = False, wait: Optional[WaitOpt] = None,
+          by_location: ByLocationOpt = False, drain: DrainOpt = False, wait: WaitOpt = None,
           force: ForceOpt = False, yes: YesOpt = False, dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
     """Make NMX-M's partitions match the inventory: create, update members, delete, in a safe order.
 
@@ -327,7 +327,7 @@ def create(rack: RackArg,
            gpu_granularity: Annotated[bool, typer.Option("--gpu-granularity", help="Allow a partition that "
                                                          "splits a tray (IMEX and Slurm cannot follow it).")] = False,
            no_apply: Annotated[bool, typer.Option("--no-apply", help="Only record in the inventory.")] = False,
-           by_location: ByLocationOpt = False, drain: DrainOpt = False, wait: Optional[WaitOpt] = None,
+           by_location: ByLocationOpt = False, drain: DrainOpt = False, wait: WaitOpt = None,
            force: ForceOpt = False, yes: YesOpt = False, dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
     """Create partitions: record them in the inventory (mctl.yml, previous copy in mctl.yml.bak), then apply.
 
@@ -485,7 +485,7 @@ def _create_gpu_partition(site, r, name, gpus, no_apply, by_location, dry_run, j
 @app.command()
 def delete(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition name.", show_default=False)],
            no_apply: Annotated[bool, typer.Option("--no-apply", help="Only remove it from the inventory.")] = False,
-           drain: DrainOpt = False, wait: Optional[WaitOpt] = None, force: ForceOpt = False, yes: YesOpt = False,
+           drain: DrainOpt = False, wait: WaitOpt = None, force: ForceOpt = False, yes: YesOpt = False,
            dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
     """Delete a partition: remove it from the inventory and from NMX-M; its GPUs return to the default partition.
 

@@ -10,7 +10,7 @@ docs/partitions.md and docs/decisions.md (D22).
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Annotated, Sequence
+from typing import TYPE_CHECKING, Annotated, Optional, Sequence
 
 import typer
 
@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 DrainOpt = Annotated[bool, typer.Option("--drain", help="When jobs run on the trays the change touches: hold those "
                                                         "trays in Slurm (reason 'mctl: partition change ...'), wait "
                                                         "for the jobs to end (--wait), then go on.")]
-WaitOpt = Annotated[float, typer.Option("--wait", click_type=finite(min=0.0), metavar="SECONDS",
-                                        help="With --drain: how long to wait for the jobs on the held trays.")]
+WaitOpt = Annotated[Optional[float], typer.Option("--wait", click_type=finite(min=0.0), metavar="SECONDS",
+                                        help="With --drain: how long to wait for the jobs on the held trays (default 600).")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Go ahead although work runs on the trays the change "
                                                         "touches (it is named and broken); asks unless --yes.")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="With --force: do not ask.")]
