@@ -59,7 +59,11 @@ def before_from_plan(rack: "Rack", plan: "PartitionPlan | None") -> tuple["Parti
 
 
 def tray_changes(rack: "Rack", before: Sequence["Partition"], after: Sequence["Partition"]) -> tuple[TrayChange, ...]:
+    everyone = tuple(h.name for h in rack.compute)
+
     def where(parts: Sequence["Partition"], tray: str) -> tuple[str | None, tuple[str, ...]]:
+        if not parts:       # no partition declared: the whole rack is one IMEX domain and one Slurm block
+            return None, everyone
         for p in parts:
             if tray in p.trays:
                 return p.name, tuple(p.trays)

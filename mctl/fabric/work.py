@@ -29,6 +29,18 @@ SQUEUE = "squeue --noheader --states=" + ",".join(BUSY_JOB_STATES) + " --format=
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
+NOT_DEPLOYED = "@@mctl-no-slurm-conf"
+
+
+def squeue_command(site: "Site") -> str:
+    """squeue on the controller; a controller without slurm.conf (Slurm not deployed yet) says so instead
+    (a slurmctld that does not answer is an error: its slurmd may still run jobs)."""
+    from mctl.sched.slurm.render import settings_of
+
+    conf = shlex.quote(settings_of(site).conf_dir.rstrip("/") + "/slurm.conf")
+    return f"if [ ! -e {conf} ] && [ -z \"${{SLURM_CONF:-}}\" ]; then echo {NOT_DEPLOYED}; exit 0; fi; {SQUEUE}"
+
+
 def parse_squeue(text: str) -> list[RunningWork]:
     """`squeue --format='%i<US>%u<US>%t<US>%N<US>%j'` -> the jobs in the busy states."""
     out = []
@@ -54,8 +66,10 @@ def slurm_jobs(site: "Site", *, timeout: float = 30.0) -> list[RunningWork]:
     from mctl.transport import SSHConfig, run_sync, targets_for
 
     controller = controller_of(site)
-    (result,) = run_sync(SSHConfig.from_site(site), targets_for(site, [controller]), SQUEUE,
+    (result,) = run_sync(SSHConfig.from_site(site), targets_for(site, [controller]), squeue_command(site),
                          timeout=timeout, deadline=timeout + 10.0)
+    if result.status.reached and result.ok and result.stdout.startswith(NOT_DEPLOYED):
+        return []           # no slurm.conf on the controller: Slurm is not deployed, so it runs no job
     if not result.status.reached or not result.ok:
         said = ((result.stdout + result.stderr).strip().splitlines() or [result.summary()])[-1]
         raise EnvironmentProblem(f"cannot read the Slurm queue on {controller.name}: {said}",

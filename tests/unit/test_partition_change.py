@@ -244,3 +244,13 @@ def test_change_flags_are_checked(tmp_path, capsys, args, message):
     site_with(tmp_path)
     result = run_cli(capsys, "-i", str(tmp_path), "partition", "create", "r1", "--template", "2x9", *args)
     assert result.code == 2 and message in (result.out + result.err)
+
+
+def test_first_partition_of_an_unpartitioned_rack_touches_the_rest_too(tmp_path):
+    # without partitions the rack is one IMEX domain and one block: carving p1 out changes trays 1-2's peers too
+    site = site_with(tmp_path)
+    cp = plan_for(site, [Partition("p1", "r1", ("r1-tray03", "r1-tray04"))], [job("5", "r1-tray01")])
+    assert cp.affected == ("r1-tray01", "r1-tray02", "r1-tray03", "r1-tray04")
+    assert cp.trays[0].before_trays == ("r1-tray01", "r1-tray02", "r1-tray03", "r1-tray04")
+    assert cp.trays[0].after is None and cp.trays[0].after_trays == ()
+    assert [w.id for w in cp.work] == ["5"]
