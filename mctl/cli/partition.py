@@ -6,9 +6,11 @@ from typing import TYPE_CHECKING, Annotated, List, Optional
 
 import typer
 
+from mctl.cli import partition_change as change
 from mctl.cli import render
 from mctl.cli.context import options, want_json
 from mctl.cli.locking import hold_racks
+from mctl.cli.partition_change import DrainOpt, ForceOpt, WaitOpt, YesOpt
 from mctl.cli.options import DryRunOpt, JsonOpt
 from mctl.errors import MctlError, PartialFailure, UsageError
 
@@ -244,19 +246,27 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
                                                               "NMX-M endpoint).", show_default=False)] = None,
           prune: Annotated[bool, typer.Option("--prune", help="Also delete NMX-M partitions the inventory does "
                                                               "not declare.")] = False,
-          by_location: ByLocationOpt = False, dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
+          by_location: ByLocationOpt = False, drain: DrainOpt = False, wait: WaitOpt = None,
+          force: ForceOpt = False, yes: YesOpt = False, dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
     """Make NMX-M's partitions match the inventory: create, update members, delete, in a safe order.
 
     A partition's name is its identity; identical partitions are left alone, so a second run
     changes nothing. Partitions on NMX-M that the inventory does not declare are left alone
     unless they hold trays a declared partition needs (then they are deleted) or --prune is given.
 
+    The plan covers every layer that follows the partitions (per tray before and after, NMX-M,
+    IMEX node lists and restarts, Slurm blocks, Kubernetes labels) and the jobs and pods on the
+    trays it touches: with running work there the change is refused (exit 2) unless --drain or
+    --force (docs/partitions.md).
+
     Example: mctl -i inventories/lab partition apply lab-r1 --dry-run
     """
     from mctl.fabric.partitions import desired_from_rack, validate_desired
-    from mctl.fabric.service import apply_partitions, kind_of
+    from mctl.fabric.reconcile import apply_plan
+    from mctl.fabric.service import apply_partitions, kind_of, plan_partitions_for
 
     want_json(json_)                    # before any plan is shown: --json may follow the subcommand
+    change.check_flags(drain, wait, force, yes)
     site = options().site()
     racks = [_rack(site, rack)] if rack else [r for r in site.racks.values() if r.nmx is not None]
     if rack and racks[0].nmx is None:
@@ -274,12 +284,24 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
             if dry_run:
                 res = apply_partitions(site, r, desired, prune=prune, kind=kind_of(by_location), dry_run=True,
                                        on_plan=show.plan)
-                out.append({"rack": r.name, "plan": res.plan.to_dict(), "applied": False})
+                cp = change.build(site, r, r.partitions, res.plan)
+                change.print_change(cp, dry_run=True)
+                change.gate(site, cp, drain=drain, wait=wait, force=force, yes=yes, dry_run=True)
+                out.append({"rack": r.name, "plan": res.plan.to_dict(), "change": cp.to_dict(), "applied": False})
                 continue
             with _locked(r, "partition apply"):
-                res = apply_partitions(site, r, desired, prune=prune, kind=kind_of(by_location), on_plan=show.plan,
-                                       on_step=show.step)
-            out.append({"rack": r.name, "plan": res.plan.to_dict(), "applied": True})
+                client, plan = plan_partitions_for(site, r, desired, prune=prune, kind=kind_of(by_location))
+                show.plan(plan)
+                cp = change.build(site, r, r.partitions, plan)
+                change.print_change(cp, dry_run=False)
+                held = change.gate(site, cp, drain=drain, wait=wait, force=force, yes=yes, dry_run=False)
+                try:
+                    apply_plan(client, plan, r.gpus_per_tray, on_step=show.step)
+                except MctlError as exc:
+                    exc.hint = (exc.hint or "") + change.held_hint(held)
+                    raise
+                change.release(site, held)
+            out.append({"rack": r.name, "plan": plan.to_dict(), "change": cp.to_dict(), "applied": True})
         except MctlError as exc:
             if len(racks) == 1:
                 raise
@@ -305,8 +327,12 @@ def create(rack: RackArg,
            gpu_granularity: Annotated[bool, typer.Option("--gpu-granularity", help="Allow a partition that "
                                                          "splits a tray (IMEX and Slurm cannot follow it).")] = False,
            no_apply: Annotated[bool, typer.Option("--no-apply", help="Only record in the inventory.")] = False,
-           by_location: ByLocationOpt = False, dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
+           by_location: ByLocationOpt = False, drain: DrainOpt = False, wait: WaitOpt = None,
+           force: ForceOpt = False, yes: YesOpt = False, dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
     """Create partitions: record them in the inventory (mctl.yml, previous copy in mctl.yml.bak), then apply.
+
+    The plan covers every layer (see 'partition apply'); running jobs or pods on the trays the
+    change touches refuse it (exit 2, nothing recorded) unless --drain or --force.
 
     --template replaces all of the rack's partitions; NAME --trays adds one. --gpus with
     --gpu-granularity creates a partition of single GPUs on NMX-M directly: the inventory holds
@@ -316,8 +342,9 @@ def create(rack: RackArg,
     """
     from mctl.fabric.partitions import (check_partition_name, desired_from_rack, parse_gpu_members, parse_trays,
                                         template_partitions, validate_desired)
+    from mctl.fabric.reconcile import apply_plan
     from mctl.fabric.record import edit_partitions, write_edit
-    from mctl.fabric.service import apply_partitions, kind_of
+    from mctl.fabric.service import kind_of, plan_partitions_for
     from mctl.model.fabric import DesiredPartition
     from mctl.model.site import Partition
 
@@ -334,6 +361,7 @@ def create(rack: RackArg,
         raise UsageError("NAME is required with --trays or --gpus")
     if name is not None:
         check_partition_name(name)
+    change.check_flags(drain, wait, force, yes)
     tray_list: tuple[str, ...] = parse_trays(r, trays) if trays else ()
     members = parse_gpu_members(r, gpus) if gpus else ()
     # the arguments are read; the lock comes before anything is printed or planned
@@ -379,28 +407,36 @@ def create(rack: RackArg,
         result["plan"] = plan.to_dict()
         show.plan(plan)
 
+    client = plan = None
+    held: list[str] = []
+    if apply_it:
+        try:
+            client, plan = plan_partitions_for(site, r, desired, kind=kind_of(by_location))
+            planned(plan)
+            cp = change.build(site, r, partitions, plan)
+            result["change"] = cp.to_dict()
+            change.print_change(cp, dry_run=dry_run)
+            held = change.gate(site, cp, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run)
+        except MctlError as exc:
+            if quiet:
+                render.print_json({**result, "error": exc.message})
+            raise
     if dry_run:
-        if apply_it:
-            try:
-                apply_partitions(site, r, desired, kind=kind_of(by_location), dry_run=True, on_plan=planned)
-            except MctlError as exc:
-                if quiet:
-                    render.print_json({**result, "error": exc.message})
-                raise
         if quiet:
             render.print_json(result)
         return
     write_edit(edit)                    # under the rack lock taken above
-    if apply_it:
+    if apply_it and client is not None and plan is not None:
         try:
-            apply_partitions(site, r, desired, kind=kind_of(by_location), on_plan=planned, on_step=show.step)
+            apply_plan(client, plan, r.gpus_per_tray, on_step=show.step)
             result["applied"] = True
         except MctlError as exc:
             exc.hint = ((exc.hint + "; ") if exc.hint else "") + \
-                f"the inventory is updated; run 'mctl partition apply {rack}' once fixed"
+                f"the inventory is updated; run 'mctl partition apply {rack}' once fixed" + change.held_hint(held)
             if quiet:
                 render.print_json({**result, "error": exc.message})
             raise
+        change.release(site, held)
     if quiet:
         render.print_json(result)
     elif result["applied"]:
@@ -449,8 +485,12 @@ def _create_gpu_partition(site, r, name, gpus, no_apply, by_location, dry_run, j
 @app.command()
 def delete(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition name.", show_default=False)],
            no_apply: Annotated[bool, typer.Option("--no-apply", help="Only remove it from the inventory.")] = False,
+           drain: DrainOpt = False, wait: WaitOpt = None, force: ForceOpt = False, yes: YesOpt = False,
            dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
     """Delete a partition: remove it from the inventory and from NMX-M; its GPUs return to the default partition.
+
+    The plan covers every layer (see 'partition apply'); running jobs or pods on its trays
+    refuse it (exit 2) unless --drain or --force.
 
     Example: mctl -i inventories/lab partition delete lab-r1 p1 --dry-run
     """
@@ -461,6 +501,7 @@ def delete(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition na
 
     site = options().site()
     r = _rack(site, rack)
+    change.check_flags(drain, wait, force, yes)
     hold_racks([r.name], "partition delete", dry_run=dry_run)   # before anything is printed or asked
     declared = any(p.name == name for p in r.partitions)
     edit = edit_partitions(site, r.name, [p for p in r.partitions if p.name != name]) if declared else None
@@ -489,12 +530,23 @@ def delete(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition na
             _print_plan(plan, r.gpus_per_tray, dry_run=dry_run)
         elif not no_apply and r.nmx is not None:
             _say(f"rack {rack}: NMX-M holds no partition {name!r}")
+    cp = None
+    held: list[str] = []
+    if not no_apply:
+        cp = change.build(site, r, [p for p in r.partitions if p.name != name], plan)
+        change.print_change(cp, dry_run=dry_run)
+        held = change.gate(site, cp, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run)
     if not dry_run:                     # under the rack lock taken above
         if edit is not None:
             write_edit(edit)
         if plan is not None and client is not None:
-            _apply(client, plan, r)
+            try:
+                _apply(client, plan, r)
+            except MctlError as exc:
+                exc.hint = (exc.hint or "") + change.held_hint(held)
+                raise
+        change.release(site, held)
     if quiet:
         render.print_json({"rack": rack, "name": name, "inventory_changed": edit is not None,
-                           "plan": plan.to_dict() if plan else None, "applied": plan is not None and not dry_run,
-                           "dry_run": dry_run})
+                           "plan": plan.to_dict() if plan else None, "change": cp.to_dict() if cp else None,
+                           "applied": plan is not None and not dry_run, "dry_run": dry_run})

@@ -13,6 +13,7 @@ import socket
 import ssl
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,7 @@ class Kind:
 
 KINDS: dict[str, Kind] = {
     "Namespace": Kind("", "v1", "namespaces", False),
+    "Pod": Kind("", "v1", "pods", True),
     "Node": Kind("", "v1", "nodes", False),
     "ComputeDomain": Kind("resource.nvidia.com", "v1beta1", "computedomains", True),
     "Topology": Kind("kai.scheduler", "v1alpha1", "topologies", False),
@@ -137,6 +139,16 @@ class KubeClient:
         if status == 404:
             return None
         return self._check(status, body, f"GET {path}")
+
+    def list(self, kind: str, namespace: str | None = None, *, field_selector: str | None = None) -> list[dict]:
+        """The items of a collection (every namespace when *namespace* is None), optionally filtered."""
+        k = KINDS[kind]
+        path = k.collection(namespace) if namespace or not k.namespaced else f"{k.base}/{k.plural}"
+        if field_selector:
+            path += "?" + urllib.parse.urlencode({"fieldSelector": field_selector})
+        status, body = self._request("GET", path)
+        body = self._check(status, body, f"GET {path}")
+        return list((body or {}).get("items") or [])
 
     def create(self, obj: dict) -> dict:
         meta = obj["metadata"]

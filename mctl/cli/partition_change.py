@@ -1,0 +1,197 @@
+"""The cross-layer plan of a partition change, as `mctl partition create|apply|delete` print and gate it.
+
+The plan comes from mctl.fabric.change (pure) over the work mctl.fabric.work
+discovers; here it is printed and the jobs rule is applied: running work on the
+affected trays refuses the change, unless --drain (hold the trays in Slurm, wait
+for their jobs) or --force (say what breaks, ask unless --yes). See
+docs/partitions.md and docs/decisions.md (D22).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Annotated, Optional, Sequence
+
+import typer
+
+from mctl.cli import render
+from mctl.cli.context import options
+from mctl.cli.options import finite
+from mctl.errors import PartialFailure, UsageError
+
+if TYPE_CHECKING:
+    from mctl.model.change import ChangePlan
+    from mctl.model.fabric import PartitionPlan
+    from mctl.model.site import Partition, Rack, Site
+
+DrainOpt = Annotated[bool, typer.Option("--drain", help="When jobs run on the trays the change touches: hold those "
+                                                        "trays in Slurm (reason 'mctl: partition change ...'), wait "
+                                                        "for the jobs to end (--wait), then go on.")]
+WaitOpt = Annotated[Optional[float], typer.Option("--wait", click_type=finite(min=0.0), metavar="SECONDS",
+                                        help="With --drain: how long to wait for the jobs on the held trays (default 600).")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Go ahead although work runs on the trays the change "
+                                                        "touches (it is named and broken); asks unless --yes.")]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="With --force: do not ask.")]
+DEFAULT_WAIT = 600.0
+
+
+def _say(text: str) -> None:
+    render.console().print(text, markup=False, highlight=False)
+
+
+def check_flags(drain: bool, wait: float | None, force: bool, yes: bool) -> None:
+    if drain and force:
+        raise UsageError("--drain and --force exclude each other",
+                         hint="--drain waits for the jobs to end; --force breaks them")
+    if wait is not None and not drain:
+        raise UsageError("--wait goes with --drain", hint="e.g. --drain --wait 900")
+    if yes and not force:
+        raise UsageError("--yes goes with --force", hint="it skips the question --force asks")
+
+
+def build(site: "Site", rack: "Rack", after: Sequence["Partition"], nmx: "PartitionPlan | None") -> "ChangePlan":
+    """The plan with the work discovered on the trays it touches (the scheduler is asked only when needed)."""
+    from mctl.fabric.change import plan_change
+    from mctl.fabric.service import imex_settings
+    from mctl.fabric.work import discover
+
+    settings = imex_settings(site)
+    first = plan_change(site, rack, after, nmx, settings=settings)
+    if not first.affected:
+        return first
+    work, error = discover(site, first.affected)
+    return plan_change(site, rack, after, nmx, settings=settings, work=work, work_known=error is None,
+                       work_error=error)
+
+
+def print_change(cp: "ChangePlan", *, dry_run: bool) -> None:
+    from mctl.model.site import fold
+
+    if options().json:
+        return
+    if not cp.affected:
+        _say(f"rack {cp.rack}: no tray changes partition")
+        return
+    keep = f"; {len(cp.unaffected)} keep running untouched ({fold(cp.unaffected)})" if cp.unaffected else ""
+    _say(f"rack {cp.rack}: the change {'would touch' if dry_run else 'touches'} {len(cp.affected)} tray"
+         f"{'s' if len(cp.affected) > 1 else ''} ({fold(cp.affected)}){keep}")
+    _say("  trays (partition before -> after):")
+    for t in cp.trays:
+        _say(f"    {t.tray}: {_part(t.before, t.before_trays)} -> {_part(t.after, t.after_trays)}")
+    _say("  IMEX (follows: 'mctl imex apply " + cp.rack + "'):")
+    for d in cp.imex:
+        nodes = ", ".join(d.nodes_after.split()) or "none"
+        _say(f"    domain {d.domain} ({fold(d.trays)}): nodes_config {nodes}")
+        for tray, files in d.files.items():
+            before = ", ".join(d.nodes_before.get(tray, "").split()) or "none"
+            _say(f"      {tray}: {', '.join(files)} change (node list before: {before})")
+        if d.restart:
+            _say(f"      restart nvidia-imex on {fold(d.restart)}")
+    if cp.slurm is not None:
+        _say("  Slurm topology.conf (follows: 'mctl deploy slurm --topology-only'):")
+        for b in cp.slurm.blocks_before:
+            _say(f"    before: BlockName={b['name']} Nodes={b['nodes']}")
+        for b in cp.slurm.blocks_after:
+            _say(f"    after:  BlockName={b['name']} Nodes={b['nodes']}")
+        _say("    then: scontrol reconfigure" if cp.slurm.reconfigure else "    blocks unchanged: no reconfigure")
+    if cp.scheduler == "k8s":
+        _say("  Kubernetes labels (follows: 'mctl deploy k8s'):")
+        for lab in cp.labels:
+            _say(f"    {lab.node}: {lab.label} {lab.before or '(none)'} -> {lab.after or '(none)'}")
+        if not cp.labels:
+            _say("    unchanged")
+    if not cp.work_known:
+        render.warn(f"the work on the trays could not be read: {cp.work_error}")
+    elif cp.scheduler is None:
+        _say("  running work: the site names no scheduler, so none is known")
+    elif cp.work:
+        _say("  running on the affected trays:")
+        for w in cp.work:
+            _say(f"    {w.describe()}")
+    else:
+        _say("  running on the affected trays: nothing")
+
+
+def _part(name: str | None, trays: Sequence[str]) -> str:
+    from mctl.model.site import fold
+
+    return f"{name} ({fold(trays)})" if name else "default partition"
+
+
+def _named(cp: "ChangePlan") -> str:
+    return "; ".join(w.describe() for w in cp.work) or f"unknown ({cp.work_error})"
+
+
+def gate(site: "Site", cp: "ChangePlan", *, drain: bool, wait: float | None, force: bool, yes: bool,
+         dry_run: bool) -> list[str]:
+    """Apply the jobs rule; returns the trays held in Slurm for the change (release them once it is done)."""
+    from mctl.fabric.change import DRAIN, FORCE, GO, decide
+    from mctl.fabric.work import HOLD_PREFIX, hold_trays, release_command, wait_for_jobs
+    from mctl.model.site import fold
+
+    verdict = decide(cp, drain=drain, force=force)
+    if verdict == GO:
+        return []
+    trays = fold(cp.affected)
+    if dry_run:
+        word = {DRAIN: f"would hold {trays} in Slurm and wait for the jobs", FORCE: "would break the work named",
+                }.get(verdict, "would be refused (--drain or --force)")
+        if not options().json:
+            _say(f"  the change {word}")
+        return []
+    if verdict == FORCE:
+        what = _named(cp)
+        render.warn(f"--force: the change of {trays} breaks what runs there: {what} (their NVLink partition and "
+                    "IMEX domain change under them)")
+        if not yes:
+            if not sys.stdin.isatty():
+                raise UsageError("--force needs a confirmation and there is no terminal to ask; nothing was changed",
+                                 hint="give --yes as well to go ahead without a question")
+            if not typer.confirm("go ahead and break it?", default=False, err=True):
+                raise UsageError("not confirmed; nothing was changed")
+        return []
+    if verdict != DRAIN:
+        hint = ("wait for them to end, or give --drain [--wait SECONDS] to hold the trays and wait, or --force to "
+                "break them" if cp.work_known else "fix the scheduler's answer, or give --force")
+        if cp.work_known and any(w.kind == "k8s" for w in cp.work) and drain:
+            hint = "--drain holds trays in Slurm only; move the pods off the trays, or give --force"
+        raise UsageError(f"rack {cp.rack}: the change touches trays with running work: {_named(cp)}; "
+                         "nothing was changed", hint=hint)
+    busy = sorted({n for w in cp.work for n in w.nodes if n in set(cp.affected)})
+    held, refused = hold_trays(site, list(cp.affected), cp.rack)
+    for tray, why in refused.items():
+        render.warn(f"{tray} was not held by mctl: {why} (left as it is)")
+    seconds = DEFAULT_WAIT if wait is None else wait
+    if not options().json:
+        _say(f"  held in Slurm: {fold(held) if held else 'none'}; waiting up to {seconds:g}s for the jobs on "
+             f"{fold(busy)} to end")
+    left = wait_for_jobs(site, list(cp.affected), seconds)
+    if left:
+        raise PartialFailure(f"rack {cp.rack}: the jobs on the trays did not end within {seconds:g}s: "
+                             f"{'; '.join(w.describe() for w in left)}; nothing was changed, and "
+                             f"{fold(held) if held else 'no tray'} stay held (reason '{HOLD_PREFIX} ...')",
+                             hint="run the same command again (with --drain) to go on waiting, or release the trays: "
+                                  + (release_command(held) if held else "nothing to release"))
+    return held
+
+
+def release(site: "Site", held: Sequence[str]) -> None:
+    from mctl.fabric.work import release_command, release_trays
+    from mctl.model.site import fold
+
+    if not held:
+        return
+    failed = release_trays(site, held)
+    if failed:
+        raise PartialFailure(f"the change is done but {fold(failed)} could not be released: "
+                             + "; ".join(f"{t}: {w}" for t, w in failed.items()),
+                             hint=release_command(list(failed)))
+    if not options().json:
+        _say(f"  released {fold(held)} in Slurm")
+
+
+def held_hint(held: Sequence[str]) -> str:
+    from mctl.fabric.work import release_command
+
+    return f"; {', '.join(held)} stay held in Slurm: once fixed run the command again, or release them: " \
+           f"{release_command(held)}" if held else ""

@@ -1,0 +1,174 @@
+"""One partition change, one plan: NMX-M, IMEX, Slurm blocks, Kubernetes labels and the work on the trays (pure).
+
+`plan_change` takes the rack's partitions before and after (whole trays, as the
+inventory holds them), the NMX-M plan already computed by partitions.plan_partitions,
+and the work the schedulers run (discovered by mctl.fabric.work), and derives
+every layer from the same two partition lists with the code that renders it:
+IMEX files from fabric.imex, Slurm blocks from sched.slurm.topology, labels from
+sched.k8s.manifests. Nothing here does I/O.
+
+A tray is affected when its partition changes: its name or its set of trays
+(so its IMEX domain's node list). Only affected trays get IMEX files rewritten,
+daemons restarted, labels changed, and only work on them matters to the change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+from mctl.model.change import ChangePlan, ImexDomainChange, LabelChange, RunningWork, SlurmChange, TrayChange
+
+if TYPE_CHECKING:
+    from mctl.fabric.imex import ImexSettings
+    from mctl.model.fabric import PartitionPlan
+    from mctl.model.site import Partition, Rack, Site
+
+
+def with_partitions(site: "Site", rack: "Rack", partitions: Sequence["Partition"]) -> tuple["Site", "Rack"]:
+    """The site and rack as they are once *partitions* replace the rack's."""
+    new_rack = replace(rack, partitions=tuple(partitions))
+    racks = dict(site.racks)
+    racks[rack.name] = new_rack
+    return replace(site, racks=racks), new_rack
+
+
+def before_from_plan(rack: "Rack", plan: "PartitionPlan | None") -> tuple["Partition", ...]:
+    """The rack's partitions as NMX-M holds them, as far as the plan tells: the inventory's, corrected by
+    each change's members before (a partition the plan creates did not exist; one it updates or deletes
+    held the trays it lists before). Partitions that split a tray are left out (IMEX and Slurm follow trays)."""
+    from mctl.model.site import Partition
+
+    parts = {p.name: tuple(p.trays) for p in rack.partitions}
+    if plan is not None:
+        for c in plan.changes:
+            if c.action == "create":
+                parts.pop(c.name, None)
+                continue
+            by_tray: dict[str, int] = {}
+            for g in c.before:
+                by_tray[g.tray] = by_tray.get(g.tray, 0) + 1
+            whole = tuple(t for t, n in by_tray.items() if n >= rack.gpus_per_tray)
+            if whole:
+                parts[c.name] = whole
+            else:
+                parts.pop(c.name, None)
+    order = {h.name: i for i, h in enumerate(rack.compute)}
+    return tuple(Partition(n, rack.name, tuple(sorted(t, key=lambda x: order.get(x, len(order)))))
+                 for n, t in parts.items() if t)
+
+
+def tray_changes(rack: "Rack", before: Sequence["Partition"], after: Sequence["Partition"]) -> tuple[TrayChange, ...]:
+    everyone = tuple(h.name for h in rack.compute)
+
+    def where(parts: Sequence["Partition"], tray: str) -> tuple[str | None, tuple[str, ...]]:
+        if not parts:       # no partition declared: the whole rack is one IMEX domain and one Slurm block
+            return None, everyone
+        for p in parts:
+            if tray in p.trays:
+                return p.name, tuple(p.trays)
+        return None, ()
+
+    out = []
+    for h in rack.compute:
+        b, bt = where(before, h.name)
+        a, at = where(after, h.name)
+        if (b, set(bt)) != (a, set(at)):
+            out.append(TrayChange(h.name, b, a, bt, at))
+    return tuple(out)
+
+
+def imex_changes(rack_before: "Rack", rack_after: "Rack", settings: "ImexSettings",
+                 affected: Iterable[str]) -> tuple[ImexDomainChange, ...]:
+    """The IMEX domains of the affected trays after the change: node lists before/after, files that change."""
+    from mctl.fabric.imex import CONFIG_FILE, expected_files, imex_domains, render_nodes_config
+
+    nodes_file = settings.node_config_file
+    before = expected_files(rack_before, settings)
+    after = expected_files(rack_after, settings)
+    wanted = set(affected)
+    out: list[ImexDomainChange] = []
+    groups = [(d.name, d.trays, render_nodes_config(d)) for d in imex_domains(rack_after)]
+    seen = {t for _, trays, _ in groups for t in trays}
+    left = tuple(t for t in (h.name for h in rack_after.compute) if t in wanted and t not in seen)
+    if left:        # trays that leave every IMEX domain: no files are rendered for them afterwards
+        groups.append(("(none)", left, ""))
+    for name, trays, nodes in groups:
+        mine = [t for t in trays if t in wanted]
+        if not mine:
+            continue
+        files: dict[str, tuple[str, ...]] = {}
+        for t in mine:
+            old, new = before.get(t, {}), after.get(t, {})
+            changed = tuple(p for p in (CONFIG_FILE, nodes_file) if p in new and old.get(p) != new.get(p))
+            if changed:
+                files[t] = changed
+        out.append(ImexDomainChange(name, tuple(trays), {t: before.get(t, {}).get(nodes_file, "") for t in mine},
+                                    nodes, files, tuple(files)))
+    return tuple(out)
+
+
+def slurm_change(site_before: "Site", site_after: "Site", rack: str) -> SlurmChange:
+    from mctl.sched.slurm.topology import blocks_for
+
+    b = tuple(x.to_dict() for x in blocks_for(site_before) if x.rack == rack)
+    a = tuple(x.to_dict() for x in blocks_for(site_after) if x.rack == rack)
+    strip = lambda blocks: [(x["name"], x["nodes"]) for x in blocks]    # noqa: E731
+    return SlurmChange(b, a, strip(b) != strip(a))
+
+
+def label_changes(site_before: "Site", site_after: "Site", affected: Iterable[str]) -> tuple[LabelChange, ...]:
+    from mctl.sched.k8s.manifests import PARTITION_LABEL, node_objects
+    from mctl.sched.slurm.topology import blocks_for
+
+    def labels(site: "Site") -> dict[str, str | None]:
+        return {o["metadata"]["name"]: o["metadata"]["labels"].get(PARTITION_LABEL)
+                for o in node_objects(site, blocks_for(site))}
+
+    b, a = labels(site_before), labels(site_after)
+    return tuple(LabelChange(t, PARTITION_LABEL, b.get(t), a.get(t)) for t in affected if b.get(t) != a.get(t))
+
+
+def work_on(work: Iterable[RunningWork], trays: Iterable[str]) -> tuple[RunningWork, ...]:
+    """The jobs and pods that run on at least one of *trays*."""
+    wanted = set(trays)
+    return tuple(w for w in work if wanted.intersection(w.nodes))
+
+
+def plan_change(site: "Site", rack: "Rack", after: Sequence["Partition"], nmx: "PartitionPlan | None", *,
+                settings: "ImexSettings", work: Sequence[RunningWork] = (), work_known: bool = True,
+                work_error: str | None = None) -> ChangePlan:
+    """Everything a partition change of *rack* to *after* does, layer by layer."""
+    before = before_from_plan(rack, nmx)
+    site_b, rack_b = with_partitions(site, rack, before)
+    site_a, rack_a = with_partitions(site, rack, after)
+    trays = tray_changes(rack, before, after)
+    affected = [t.tray for t in trays]
+    scheduler = site.scheduler.type if site.scheduler else None
+    return ChangePlan(
+        rack=rack.name, scheduler=scheduler, trays=trays, nmx=nmx,
+        imex=imex_changes(rack_b, rack_a, settings, affected) if affected else (),
+        slurm=slurm_change(site_b, site_a, rack.name) if scheduler == "slurm" else None,
+        labels=label_changes(site_b, site_a, affected) if scheduler == "k8s" else (),
+        work=work_on(work, affected), work_known=work_known, work_error=work_error,
+        unaffected=tuple(h.name for h in rack.compute if h.name not in set(affected)))
+
+
+# ------------------------------------------------------------------ the jobs rule
+
+REFUSE, DRAIN, FORCE, GO = "refuse", "drain", "force", "go"
+
+
+def decide(plan: ChangePlan, *, drain: bool, force: bool) -> str:
+    """What a change does about the work on its trays: go (none), refuse, drain first, or force through.
+
+    Work that could not be read counts as work (a change never goes ahead blind) unless --force;
+    --drain holds Slurm trays, so Kubernetes pods (or unreadable work) are refused with it too.
+    """
+    if not plan.affected or (plan.work_known and not plan.work):
+        return GO
+    if force:
+        return FORCE
+    if drain and plan.work_known and all(w.kind == "slurm" for w in plan.work):
+        return DRAIN        # --drain holds trays in Slurm; pods are not drained by it
+    return REFUSE
