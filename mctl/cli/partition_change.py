@@ -4,7 +4,7 @@ The plan comes from mctl.fabric.change (pure) over the work mctl.fabric.work
 discovers; here it is printed and the jobs rule is applied: running work on the
 affected trays refuses the change, unless --drain (hold the trays in Slurm, wait
 for their jobs) or --force (say what breaks, ask unless --yes). See
-docs/partitions.md and docs/decisions.md (D22).
+docs/partitions.md and docs/decisions.md (D24).
 """
 
 from __future__ import annotations
