@@ -345,7 +345,8 @@ class Soak:
                 poller.join(timeout=30)
             self.ssh(self.head, f"scontrol update NodeName={self.operator_tray} State=RESUME", timeout=30)
             nodes = self.sinfo() or {}
-            for n in self.mctl_drained(nodes):
+            rebooted = {n for n, (st, r) in nodes.items() if "down" in st and "reboot" in r.lower()}
+            for n in sorted(self.mctl_drained(nodes) | rebooted):       # the lab as the soak found it
                 self.ssh(self.head, f"scontrol update NodeName={n} State=RESUME", timeout=30)
         return self.report(faults, globals_, final)
 
