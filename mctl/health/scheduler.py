@@ -56,7 +56,8 @@ class SlurmAdapter:
     async def apply(self, decisions: Sequence[Decision], *, deadline: float | None = None) -> list[ActResult]:
         if not decisions:
             return []
-        result = await self.pool.run_one(self.target, apply_script(decisions), timeout=self.timeout,
+        limit = min(self.timeout, deadline) if deadline else self.timeout
+        result = await self.pool.run_one(self.target, apply_script(decisions, limit_s=limit), timeout=self.timeout,
                                          deadline=min(self.timeout, deadline) if deadline else None)
         if not result.status.reached:
             return [ActResult(d, False, f"{self.target.name}: {result.summary()}", unreachable=True)

@@ -81,16 +81,39 @@ def _resume_lines(host: str) -> list[str]:
     ]
 
 
-def apply_script(decisions: Sequence[Decision]) -> str:
-    """One script for every drain and resume of a sweep; each prints its own result marker."""
-    lines = []
+def _bounded_scontrol(limit_s: float) -> list[str]:
+    """`sc`, scontrol bounded on the controller by what is left of *limit_s* from the script's start.
+
+    mctl's deadline drops the connection, but a command cut off that way goes on running on the
+    controller: scontrol keeps retrying a slurmctld that is down and applies the update when it
+    comes back, long after mctl logged the action as queued (seen in the chaos soak: a resume
+    done in Slurm, logged as failed, then forgotten as "resumed outside mctl"). So every scontrol
+    of the script is killed at the deadline; a killed one reads as the controller not answering
+    (queued, re-decided on the next sweep)."""
+    n = max(1, int(limit_s) - 2)          # a margin for the trip there and the 1 s steps of date +%s
+    return [
+        f"mctl_end=$(( $(date +%s) + {n} ))",
+        "sc() { left=$(( mctl_end - $(date +%s) )); [ \"$left\" -ge 1 ] || left=1; "
+        "timeout -s KILL \"$left\" scontrol \"$@\"; r=$?; "
+        f"[ \"$r\" -ne 137 ] || echo 'Socket timed out: scontrol killed at the {n}s deadline of mctl'; "
+        "return $r; }",
+    ]
+
+
+def apply_script(decisions: Sequence[Decision], limit_s: float | None = None) -> str:
+    """One script for every drain and resume of a sweep; each prints its own result marker. With
+    *limit_s*, no scontrol of it runs past that many seconds from the script's start."""
+    lines = _bounded_scontrol(limit_s) if limit_s else []
     for d in decisions:
         if d.action not in (DRAIN, RESUME):
             raise ValueError(f"not a scheduler action: {d.action}")
         lines.append("rc=")
         lines += _drain_lines(d.host, d.reason or REASON_PREFIX) if d.action == DRAIN else _resume_lines(d.host)
         lines.append(f"printf '\\n{MARK} %s rc=%d\\n' {shlex.quote(d.host)} \"$rc\"")
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    if limit_s:
+        text = text.replace("$(scontrol ", "$(sc ").replace("{ scontrol ", "{ sc ")
+    return text
 
 
 @dataclass(frozen=True)

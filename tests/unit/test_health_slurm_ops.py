@@ -35,6 +35,8 @@ if args[:3] == ["show", "node", "-o"]:
               f"State={n['state']} ThreadsPerCore=1 Partitions=gpu  CurrentWatts=0 AveWatts=0 {reason}")
     sys.exit(0)
 if args[:1] == ["update"]:
+    if nodes.get("_slow_update"):       # scontrol retrying a slurmctld that is down, then applying
+        import time; time.sleep(nodes["_slow_update"])
     kv = dict(a.split("=", 1) for a in args[1:])
     n = nodes[kv["NodeName"]]
     if kv["State"] == "DRAIN":
@@ -137,3 +139,23 @@ def test_controller_down_texts():
     assert controller_down("slurm_load_node error: Unable to contact slurm controller (connect failure)")
     assert controller_down("scontrol: error: Socket timed out on send/recv operation")
     assert not controller_down("Node t9 not found")
+
+
+def test_no_scontrol_outlives_the_deadline_on_the_controller(slurm):
+    """Dropping the connection at mctl's deadline does not stop a command on the controller: an
+    scontrol retrying a slurmctld that is down would apply the resume when it comes back, after mctl
+    logged it queued (found by bench/chaos.py). With limit_s the script kills it there, and the
+    result reads as the controller not answering (queued)."""
+    import time
+
+    slurm.set(t1={"state": "IDLE+DRAIN", "reason": "mctl: xid 79 gpu0 (fell off bus)"}, _slow_update=8)
+    ds = [Decision("t1", RESUME, "healthy")]
+    started = time.monotonic()
+    (r,) = parse_apply(slurm.run(apply_script(ds, limit_s=3)), ds)
+    assert time.monotonic() - started < 6
+    assert not r.ok and r.unreachable and "deadline" in r.error
+    time.sleep(0.5)
+    assert slurm.nodes()["t1"]["state"] == "IDLE+DRAIN"          # killed before it applied
+    slurm.set(t1={"state": "IDLE+DRAIN", "reason": "mctl: xid 79 gpu0 (fell off bus)"})
+    (r,) = parse_apply(slurm.run(apply_script(ds, limit_s=5)), ds)
+    assert r.ok and slurm.nodes()["t1"]["state"] == "IDLE"        # a quick scontrol is not cut

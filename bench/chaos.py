@@ -1,0 +1,683 @@
+#!/usr/bin/env python3
+"""Chaos soak: `mctl health watch --remediate` on a lab rack with real Slurm while a seeded schedule of faults runs.
+
+The real watch (`mctl health watch --interval I --remediate`, a subprocess, plain log lines) runs
+on an N-tray lab rack with Slurm deployed. A schedule drawn from --seed injects and clears the lab
+faults (docs/lab.md "Faults") on several trays at once: GPU faults that must drain (XID 79, a GPU
+fallen off the bus, an NVLink down), tray faults that must drain after the unreachable misses
+(freeze, hang, nvidia-smi hang), faults that may drain (a flapping link, an XID storm, slurmd
+down), faults that must never drain (slow commands below the deadline, sshd restarted, a reboot,
+the IMEX daemon killed, a non-fatal XID), the scheduler (slurmctld killed and kept down), the
+rack's NMX-M (500, timeout, slow) and a `kill -9` of the watch, restarted a few seconds later on
+the same state directory. One tray is drained by "an operator" at the start (reason `ops: ...`).
+
+Checked throughout and reported (JSON with --out, a summary on stdout):
+  sweeps          duration of every sweep the watch printed (max, p99, over interval + 2 s)
+  fault_to_drain  for every must-drain fault, injection to Slurm showing the tray drained with an
+                  `mctl:` reason (p50, p99, max), GPU faults and unreachable faults apart
+  false_drains    mctl drains of trays that had no fault that may drain (nor its after-effects)
+  flaps           drain/resume cycles per tray that had a flapping link
+  breaker         trips, and the most trays drained within the window against the threshold
+  lost_actions    every drain and resume Slurm showed, and every DRAIN/RESUME/SKIP the watch
+                  printed, matched by an action-log line (state dir health/actions.jsonl),
+                  across the kill -9
+  final           once every fault is cleared: each tray mctl drained is resumed, the operator
+                  drain is untouched
+  rss             the watch's VmRSS (/proc/PID/status) over the soak, per process
+
+    sudo python3 bench/chaos.py                                   # 18 trays, 10 min, seed 1
+    sudo python3 bench/chaos.py --trays 18 --minutes 30 --seed 7 --out chaos.json
+    sudo python3 bench/chaos.py --lab /var/lib/mctl/lab           # a lab with Slurm deployed
+
+Exit 0 when every invariant holds and the targets are met, 1 when one is missed, 2 on a setup
+problem. The bench always clears its faults, stops the watch and takes down the lab it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+_SWEEP = re.compile(r" SWEEP   #(\d+): .* (\d+\.\d+)s$")
+_EVENT = re.compile(r"^\S+ \S+ (DRAIN|RESUME|SKIP)\s+(\S+) ")
+OPERATOR_REASON = "ops: chaos operator drain"
+
+# fault kind -> (class, FaultRequest fields given a GPU index)
+#   drain: must drain within one sweep (confirm_sweeps 1); unreach: must drain after the misses;
+#   may: may drain, must resume after; none: a drain is a false drain.
+KINDS = {
+    "xid79": ("drain", lambda g: {"xid": 79, "gpu": g}),
+    "fell_off_bus": ("drain", lambda g: {"fell_off_bus": True, "gpu": g}),
+    "nvlink_down": ("drain", lambda g: {"nvlink_down": f"{g}:{g + 2}"}),
+    "freeze": ("unreach", lambda g: {"unreachable": True}),
+    "hang": ("unreach", lambda g: {"hang": True}),
+    "smi_hang": ("unreach", lambda g: {"smi_hang": True}),
+    "nvlink_flap": ("may", lambda g: {"nvlink_flap": f"{g}:1"}),
+    "xid_storm": ("may", lambda g: {"xid_storm": 145, "gpu": g, "nonfatal": True}),
+    "slurmd_down": ("may", lambda g: {"slurmd_down": True}),
+    "slow": ("none", lambda g: {"slow": 1.0}),
+    "sshd_restart": ("none", lambda g: {"sshd_restart": True}),
+    "reboot": ("none", lambda g: {"reboot": True}),
+    "imex_crash": ("none", lambda g: {"imex_crash": True}),
+    "xid_nonfatal": ("none", lambda g: {"xid": 145, "gpu": g, "nonfatal": True}),
+}
+EVENTS = {"sshd_restart", "reboot"}       # one-shot: nothing to clear
+
+
+def chaos_health(interval: float, share: float, window: str) -> dict:
+    """The `health:` block the soak's watch runs with (short, so a 10-minute soak sees many cycles)."""
+    return {"interval": interval, "resume_after_healthy_sweeps": 1, "unreachable_sweeps_before_drain": 2,
+            "xid_window": "20s", "imex": "ignore",
+            "breaker": {"max_drained_share": share, "window": window},
+            "hysteresis": {"clear_sweeps": 1, "window_sweeps": 4, "max_hold_sweeps": 8}}
+
+
+def write_site(inventory: Path, folder: Path, health: dict) -> Path:
+    import yaml
+
+    doc = yaml.safe_load(Path(inventory).read_text())
+    doc["health"] = health
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return folder
+
+
+@dataclass
+class Fault:
+    start: float                     # seconds from the soak's start
+    end: float
+    kind: str
+    cls: str
+    tray: str | None = None
+    request: dict = field(default_factory=dict)
+    injected: float | None = None    # monotonic, before the call
+    cleared: float | None = None
+    drained: float | None = None     # monotonic, first Slurm poll showing it drained by mctl
+    overlaps: list[str] = field(default_factory=list)   # scheduler down / watch killed while it waited
+    error: str | None = None
+
+
+def schedule(rng: random.Random, trays: list[str], seconds: float, interval: float,
+             max_concurrent: int) -> tuple[list[Fault], list[Fault]]:
+    """(tray faults, global faults) for a soak of *seconds*: a new tray fault every ~1.5 intervals while
+    fewer than *max_concurrent* run; each tray rests after a fault (its XID window, the hold) before the
+    next. Globals: slurmctld down at 30 %, NMX-M faults at 15 % and 60 %, kill -9 of the watch at 45 %."""
+    kinds = list(KINDS)
+    weights = [3 if KINDS[k][0] == "drain" else 2 if KINDS[k][0] == "unreach" else 1 for k in kinds]
+    rest = 20 + 10 * interval
+    faults: list[Fault] = []
+    busy_until = {t: 0.0 for t in trays}
+    t = 2 * interval
+    stop = seconds - 6 * interval            # the last faults end before the final clear
+    while t < stop:
+        running = [f for f in faults if f.start <= t < f.end]
+        free = [x for x in trays if busy_until[x] <= t]
+        if len(running) < max_concurrent and free:
+            kind = rng.choices(kinds, weights)[0]
+            cls = KINDS[kind][0]
+            hold = 0.0 if kind in EVENTS else rng.uniform(4, 8) * interval
+            tray = rng.choice(free)
+            if t + hold > stop:              # never cut a fault short: an unreachable one needs its misses
+                t += rng.uniform(1.0, 2.0) * interval
+                continue
+            end = t + hold
+            faults.append(Fault(t, end, kind, cls, tray, KINDS[kind][1](rng.randrange(4))))
+            busy_until[tray] = end + rest
+        t += rng.uniform(1.0, 2.0) * interval
+    globals_ = [Fault(0.3 * seconds, 0.3 * seconds + 4 * interval, "slurmctld_down", "sched"),
+                Fault(0.15 * seconds, 0.15 * seconds + 6 * interval, "nmx", "nmx", request={"kind": "500"}),
+                Fault(0.6 * seconds, 0.6 * seconds + 6 * interval, "nmx", "nmx",
+                      request={"kind": rng.choice(["timeout", "slow"])}),
+                Fault(0.45 * seconds, 0.45 * seconds + 3, "kill9", "kill")]
+    return faults, globals_
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return round(s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))], 3)
+
+
+class WatchProc:
+    """One `mctl health watch` process: its stdout lines (with arrival times) and VmRSS samples."""
+
+    def __init__(self, argv: list[str], env: dict):
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                     stdin=subprocess.DEVNULL, bufsize=1)
+        self.lines: list[tuple[float, str]] = []
+        self.rss: list[tuple[float, int]] = []
+        self.started = time.monotonic()
+        self.stderr = ""
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self._errs = threading.Thread(target=self._read_err, daemon=True)
+        self._errs.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def _read_err(self):
+        self.stderr = self.proc.stderr.read()
+
+    def sample_rss(self) -> None:
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    self.rss.append((time.monotonic(), int(line.split()[1])))
+        except OSError:
+            pass
+
+    def sweeps(self) -> list[float]:
+        return [float(m[2]) for m in (_SWEEP.search(l) for _, l in self.lines) if m]
+
+    def kill9(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+        self._reader.join(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        self._reader.join(timeout=10)
+        self._errs.join(timeout=10)
+
+
+class Soak:
+    """The soak on a running lab with Slurm deployed. `run()` returns the report; it always cleans up its
+    faults, its watch and its operator drain (the lab itself is the caller's)."""
+
+    def __init__(self, lab_dir: Path, inventory: Path, workdir: Path, *, seconds: float, seed: int,
+                 interval: float = 5.0, share: float = 0.5, window: str = "1m", max_concurrent: int | None = None,
+                 env: dict | None = None, log=None):
+        from mctl.inventory import load_site
+
+        self.lab_dir, self.workdir, self.seconds, self.seed, self.interval = lab_dir, workdir, seconds, seed, interval
+        self.share, self.window = share, window
+        self.health = chaos_health(interval, share, window)
+        self.site_dir = write_site(inventory, workdir / "chaos-site", self.health)
+        self.state = workdir / "chaos-state"
+        site = load_site(str(self.site_dir))
+        rack = next(iter(site.racks.values()))
+        self.rack, self.head = rack.name, rack.head.name
+        self.trays = [h.name for h in rack.compute]
+        self.operator_tray = self.trays[-1]
+        self.faultable = [t for t in self.trays if t != self.operator_tray]
+        self.max_concurrent = max_concurrent or max(2, len(self.trays) // 4)
+        self.env = dict(env or os.environ, NO_COLOR="1")
+        self.log = log or (lambda m: sys.stderr.write(f"[chaos] {m}\n"))
+        self.watches: list[WatchProc] = []
+        self.polls: list[tuple[float, dict[str, tuple[str, str]]]] = []
+        self.poll_errors = 0
+        self._stop = threading.Event()
+        self.t0 = 0.0
+        self.sched_down: list[tuple[float, float]] = []
+        self.kills: list[tuple[float, float]] = []
+        self.operator_resumes: list[str] = []
+        self.rebooted: dict[str, float] = {}
+
+    # --- the lab -----------------------------------------------------------------------------------
+    def ssh(self, host: str, cmd: str, timeout: float = 20) -> subprocess.CompletedProcess:
+        from mctl.lab import control
+
+        argv = control.ssh_argv(self.lab_dir, host, [cmd], tty=False)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def sinfo(self) -> dict[str, tuple[str, str]] | None:
+        try:
+            out = self.ssh(self.head, "sinfo -h -N -o '%N|%T|%E'", timeout=10)
+        except subprocess.TimeoutExpired:
+            return None
+        if out.returncode != 0:
+            return None
+        rows = [l.split("|", 2) for l in out.stdout.splitlines() if l.count("|") >= 2]
+        return {n: (s, "" if r == "none" or not any(w in s for w in ("drain", "down", "fail")) else r)
+                for n, s, r in rows}
+
+    def fault(self, host: str, **request) -> None:
+        from mctl.lab import control
+        from mctl.lab.faults import FaultRequest
+
+        control.fault(self.lab_dir, host, FaultRequest(**request))
+
+    def nmx(self, kind: str) -> None:
+        from mctl.lab import nmx_faults
+
+        nmx_faults.apply(self.lab_dir, self.rack, kind)
+
+    def clear_everything(self) -> None:
+        for host in [self.head, *self.trays]:
+            try:
+                self.fault(host, clear=True)
+            except Exception as exc:          # cleanup goes on with the next host
+                self.log(f"clear {host}: {exc}")
+        try:
+            self.nmx("clear")
+        except Exception as exc:
+            self.log(f"nmx clear: {exc}")
+
+    # --- threads -----------------------------------------------------------------------------------
+    def _poller(self) -> None:
+        while not self._stop.is_set():
+            nodes = self.sinfo()
+            if nodes is None:
+                self.poll_errors += 1
+            else:
+                self.polls.append((time.monotonic(), nodes))
+                self._operator_after_reboot(nodes)
+            for w in self.watches[-1:]:
+                w.sample_rss()
+            self._stop.wait(1.0)
+
+    def start_watch(self) -> WatchProc:
+        argv = [sys.executable, "-m", "mctl", "-i", str(self.site_dir), "--state-dir", str(self.state),
+                "health", "watch", "--interval", f"{self.interval:g}", "--remediate"]
+        w = WatchProc(argv, self.env)
+        self.watches.append(w)
+        return w
+
+    def wait(self, what: str, check, timeout: float, every: float = 1.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            value = check()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+            time.sleep(every)
+
+    def mctl_drained(self, nodes: dict) -> set[str]:
+        return {n for n, (s, r) in nodes.items() if "drain" in s and r.startswith("mctl:")}
+
+    # --- the soak ----------------------------------------------------------------------------------
+    def run(self) -> dict:
+        rng = random.Random(self.seed)
+        faults, globals_ = schedule(rng, self.faultable, self.seconds, self.interval, self.max_concurrent)
+        self.log(f"{len(faults)} tray faults and {len(globals_)} others over {self.seconds:g}s, seed {self.seed}, "
+                 f"{len(self.trays)} trays, at most {self.max_concurrent} at once")
+        poller = threading.Thread(target=self._poller, daemon=True)
+        final: dict = {}
+        try:
+            nodes = self.wait("Slurm answering", self.sinfo, 60)
+            held = self.mctl_drained(nodes)
+            if held:
+                raise SystemExit(f"trays already drained by mctl before the soak: {sorted(held)}")
+            out = self.ssh(self.head, f"scontrol update NodeName={self.operator_tray} State=DRAIN "
+                                      f"Reason='{OPERATOR_REASON}'")
+            if out.returncode != 0:
+                raise SystemExit(f"operator drain failed: {out.stderr}")
+            poller.start()
+            self.start_watch()
+            self.wait("the watch's first sweep", lambda: self.watches[-1].sweeps(),
+                      60 + 3 * self.interval, every=0.5)
+            self.t0 = time.monotonic()
+            self._play(faults, globals_)
+            final = self._finish(faults)
+        finally:
+            self._stop.set()
+            for w in self.watches:
+                w.stop()
+            self.clear_everything()
+            if poller.is_alive():
+                poller.join(timeout=30)
+            self.ssh(self.head, f"scontrol update NodeName={self.operator_tray} State=RESUME", timeout=30)
+            nodes = self.sinfo() or {}
+            rebooted = {n for n, (st, r) in nodes.items() if "down" in st and "reboot" in r.lower()}
+            for n in sorted(self.mctl_drained(nodes) | rebooted):       # the lab as the soak found it
+                self.ssh(self.head, f"scontrol update NodeName={n} State=RESUME", timeout=30)
+        return self.report(faults, globals_, final)
+
+    def _play(self, faults: list[Fault], globals_: list[Fault]) -> None:
+        steps = []
+        for f in faults + globals_:
+            steps.append((f.start, 0, f))
+            if f.kind not in EVENTS:
+                steps.append((f.end, 1, f))
+        steps.sort(key=lambda s: (s[0], s[1]))
+        for at, is_clear, f in steps:
+            delay = self.t0 + at - time.monotonic()
+            while delay > 0:
+                self._check_drains(faults)
+                time.sleep(min(delay, 0.5))
+                delay = self.t0 + at - time.monotonic()
+            if is_clear and f.cls not in ("kill", "nmx", "sched") and f.injected is None:
+                continue                             # its injection was skipped or refused
+            try:
+                self._step(f, bool(is_clear))
+            except Exception as exc:                # a fault the lab refused: reported, the soak goes on
+                f.error = f"{'clear' if is_clear else 'inject'}: {exc}"
+                self.log(f"{f.kind} on {f.tray}: {f.error}")
+        deadline = self.t0 + self.seconds
+        while time.monotonic() < deadline:
+            self._check_drains(faults)
+            time.sleep(0.5)
+
+    def _step(self, f: Fault, clear: bool) -> None:
+        now = time.monotonic()
+        where = f.tray or self.head
+        self.log(f"{now - self.t0:7.1f}s {'clear ' if clear else 'inject'} {f.kind} {f.tray or ''} "
+                 f"{f.request if not clear else ''}")
+        if f.cls == "kill":
+            if not clear:
+                self.watches[-1].kill9()
+                f.injected = now
+            else:
+                self.start_watch()
+                f.cleared = now
+                self.kills.append((f.injected, now))
+            return
+        if f.cls == "nmx":
+            self.nmx("clear" if clear else f.request["kind"])
+        elif f.cls == "sched":
+            self.fault(where, **({"clear": True} if clear else {"slurmctld_down": True}))
+        elif clear:
+            self.fault(where, clear=True)
+        else:
+            last = self.polls[-1][1] if self.polls else {}
+            st = last.get(f.tray, ("", ""))[0]
+            if f.tray in self.mctl_drained(last) or any(w in st for w in ("drain", "down")):
+                # a drain of an earlier fault still holds (its hold, its XID window): a fault now would
+                # measure nothing; the schedule stays the seed's, this step is reported as skipped
+                f.error = f"skipped: the tray is {st} in Slurm (an earlier fault's drain, a reboot)"
+                return
+            f.injected = now
+            self.fault(where, **f.request)
+            if f.kind == "reboot":
+                f.end = time.monotonic() - self.t0
+        if clear:
+            f.cleared = time.monotonic()
+            if f.cls == "sched":
+                self.sched_down.append((f.injected or now, f.cleared))
+        elif f.cls == "sched":
+            f.injected = now
+        if f.kind == "reboot" and not clear:
+            # the operator's part after a reboot: slurmctld marks the node DOWN (unexpectedly rebooted)
+            # some time after it registers again; the poller resumes it then (for 120 s)
+            self.rebooted[f.tray] = time.monotonic() + 120
+
+    def _operator_after_reboot(self, nodes: dict) -> None:
+        for tray, until in list(self.rebooted.items()):
+            s, r = nodes.get(tray, ("", ""))
+            if "down" in s and "reboot" in r.lower():
+                self.ssh(self.head, f"scontrol update NodeName={tray} State=RESUME", timeout=30)
+                self.operator_resumes.append(tray)
+                del self.rebooted[tray]
+            elif time.monotonic() > until:
+                del self.rebooted[tray]
+
+    def _check_drains(self, faults: list[Fault]) -> None:
+        if not self.polls:
+            return
+        at, nodes = self.polls[-1]
+        drained = self.mctl_drained(nodes)
+        for f in faults:
+            if f.cls in ("drain", "unreach") and f.injected and f.drained is None and f.tray in drained:
+                # the first poll after the injection that shows it
+                first = next((t for t, n in self.polls if t >= f.injected and f.tray in self.mctl_drained(n)), at)
+                f.drained = first
+
+    def _finish(self, faults: list[Fault]) -> dict:
+        """Clear everything, then wait (with a deadline) for every mctl drain to be resumed."""
+        self.clear_everything()
+        cleared = time.monotonic()
+        for f in faults:
+            if f.cleared is None and f.kind not in EVENTS:
+                f.cleared = cleared
+        limit = 20 + (8 + 4) * self.interval + 60
+        ok, err = True, None
+        try:
+            self.wait("every mctl drain resumed", lambda: (self.polls and self.polls[-1][0] > cleared
+                                                           and not self.mctl_drained(self.polls[-1][1])), limit)
+        except TimeoutError as exc:
+            ok, err = False, str(exc)
+        time.sleep(2 * self.interval)            # one more sweep, so a late action shows
+        nodes = self.polls[-1][1] if self.polls else {}
+        op = nodes.get(self.operator_tray, ("", ""))
+        return {"all_resumed": ok, "error": err, "seconds_to_resume_all": round(time.monotonic() - cleared, 1),
+                "still_drained_by_mctl": sorted(self.mctl_drained(nodes)),
+                "operator_drain": {"tray": self.operator_tray, "state": op[0], "reason": op[1],
+                                   "untouched": "drain" in op[0] and op[1] == OPERATOR_REASON}}
+
+    # --- the figures -------------------------------------------------------------------------------
+    def transitions(self) -> dict[str, list[tuple[float, str]]]:
+        """Per tray, the drains and resumes by mctl Slurm showed: (time, 'drain'|'resume')."""
+        out: dict[str, list[tuple[float, str]]] = {t: [] for t in self.trays}
+        prev: set[str] = set()
+        for at, nodes in self.polls:
+            now = self.mctl_drained(nodes)
+            for t in sorted(now - prev):
+                out.setdefault(t, []).append((at, "drain"))
+            for t in sorted(prev - now):
+                out.setdefault(t, []).append((at, "resume"))
+            prev = now
+        return out
+
+    def report(self, faults: list[Fault], globals_: list[Fault], final: dict) -> dict:
+        from mctl.health import store
+
+        from mctl.health.settings import parse_duration
+
+        entries = store.read_actions(self.state, damaged=[])
+        ok = [e for e in entries if e.get("result") == "ok"]
+        logged = {t: {"drain": 0, "resume": 0, "skip": 0} for t in self.trays}
+        logged_any = {t: {"drain": 0, "resume": 0, "skip": 0} for t in self.trays}   # any result: what was printed
+        for e in entries:
+            if e.get("tray") in logged_any and e.get("action") in ("drain", "resume", "skip"):
+                logged_any[e["tray"]][e["action"]] += 1
+            if e.get("tray") in logged and e.get("action") in ("drain", "resume") and e.get("result") == "ok":
+                logged[e["tray"]][e["action"]] += 1
+            if e.get("tray") in logged and e.get("action") == "skip":
+                logged[e["tray"]]["skip"] += 1
+        seen = self.transitions()
+        printed = {t: {"drain": 0, "resume": 0, "skip": 0} for t in self.trays}
+        for w in self.watches:
+            for _, line in w.lines:
+                m = _EVENT.match(line)
+                if m and m[2] in printed:
+                    printed[m[2]][m[1].lower()] += 1
+        lost = []
+        for t in self.trays:
+            for action in ("drain", "resume"):
+                n_slurm = sum(1 for _, a in seen[t] if a == action)
+                if n_slurm != logged[t][action]:
+                    lost.append(f"{t}: Slurm showed {n_slurm} {action}(s) by mctl, the action log has "
+                                f"{logged[t][action]}")
+            for action in ("drain", "resume", "skip"):
+                if printed[t][action] > logged_any[t][action]:
+                    lost.append(f"{t}: the watch printed {printed[t][action]} {action}(s), the action log has "
+                                f"{logged_any[t][action]}")
+        # false drains: a drain of a tray with no fault that may drain, nor its after-effects, at that time
+        grace = 20 + (8 + 3) * self.interval
+        false = []
+        for t, events in seen.items():
+            for at, action in events:
+                if action != "drain":
+                    continue
+                cause = [f for f in faults if f.tray == t and f.cls in ("drain", "unreach", "may") and f.injected
+                         and f.injected - 2 <= at <= (f.cleared or at) + grace]
+                if not cause:
+                    false.append({"tray": t, "at_s": round(at - self.t0, 1),
+                                  "faults": [f"{f.kind}@{f.start:.0f}s" for f in faults if f.tray == t]})
+        # fault-to-drain
+        def ftd(cls: str) -> dict:
+            done = [f for f in faults if f.cls == cls and f.injected and not f.error]
+            clean = [f.drained - f.injected for f in done if f.drained and not self._overlap(f)]
+            disturbed = [f.drained - f.injected for f in done if f.drained and self._overlap(f)]
+            missed = [f"{f.kind} {f.tray} @{f.start:.0f}s" for f in done if f.drained is None and not self._overlap(f)]
+            # a fault that lasted no longer than a scheduler outage or a watch restart may end before its drain
+            excused = [f"{f.kind} {f.tray} @{f.start:.0f}s" for f in done if f.drained is None and self._overlap(f)]
+            return {"faults": len(done), "drained": len(clean) + len(disturbed), "missed": missed,
+                    "not_drained_during_outage": excused,
+                    "p50_s": pct(clean, 0.5), "p99_s": pct(clean, 0.99), "max_s": pct(clean, 1.0),
+                    "samples_s": [round(x, 2) for x in sorted(clean)],
+                    "during_scheduler_outage_or_watch_kill_s": [round(x, 2) for x in sorted(disturbed)]}
+        # flaps
+        flaps = {}
+        for f in faults:
+            if f.kind == "nvlink_flap" and f.injected:
+                ev = [a for at, a in seen[f.tray] if f.injected - 2 <= at <= (f.cleared or at) + grace]
+                flaps[f"{f.tray}@{f.start:.0f}s"] = {"drains": ev.count("drain"), "resumes": ev.count("resume"),
+                                                     "held_s": round((f.cleared or 0) - f.injected, 1)}
+        # breaker
+        window_s = parse_duration(self.window)
+        allowed = math.floor(self.share * len(self.trays) + 1e-9)
+        drains = sorted((e["time"], e["tray"]) for e in ok if e.get("action") == "drain")
+        from datetime import datetime
+
+        ts = [(datetime.fromisoformat(t).timestamp(), h) for t, h in drains]
+        most = max((len({h for t2, h in ts if t - window_s <= t2 <= t}) for t, _ in ts), default=0)
+        trips = [e for e in entries if e.get("action") == "breaker-trip"]
+        # sweeps and memory
+        durations = [d for w in self.watches for d in w.sweeps()]
+        bound = self.interval + 2
+        rss = []
+        for i, w in enumerate(self.watches):
+            samples = [kb for at, kb in w.rss if at - w.started > 3 * self.interval]
+            if samples:
+                rss.append({"process": i + 1, "samples": len(samples), "first_mib": round(samples[0] / 1024, 1),
+                            "max_mib": round(max(samples) / 1024, 1), "last_mib": round(samples[-1] / 1024, 1),
+                            "growth_mib": round((samples[-1] - samples[0]) / 1024, 1),
+                            "minutes": round((w.rss[-1][0] - w.started) / 60, 1)})
+        growth = max((r["growth_mib"] for r in rss), default=None)
+        gpu, unreach = ftd("drain"), ftd("unreach")
+        result = {
+            "conditions": {"trays": len(self.trays), "seconds": self.seconds, "seed": self.seed,
+                           "interval_s": self.interval, "health": self.health, "cpus": os.cpu_count(),
+                           "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+                           "max_concurrent_tray_faults": self.max_concurrent,
+                           "faults_by_kind": {k: sum(f.kind == k for f in faults) for k in KINDS},
+                           "fault_errors": [f"{f.kind} {f.tray}: {f.error}" for f in faults + globals_ if f.error],
+                           "operator_resumes_after_reboot": self.operator_resumes,
+                           "slurm_polls": len(self.polls), "slurm_poll_failures": self.poll_errors},
+            "sweeps": {"count": len(durations), "max_s": pct(durations, 1.0), "p99_s": pct(durations, 0.99),
+                       "p50_s": pct(durations, 0.5), "bound_s": bound,
+                       "over_bound": sum(d > bound for d in durations)},
+            "fault_to_drain": {"gpu": gpu, "unreachable": unreach,
+                               "target_gpu_s": self.interval + 2,
+                               "target_unreachable_s": 2 * self.interval + self.interval + 2},
+            "false_drains": false,
+            "flaps": flaps,
+            "breaker": {"trips": len(trips), "allowed_trays_in_window": allowed, "window": self.window,
+                        "most_trays_drained_in_window": most,
+                        "consistent": (most <= allowed) and (bool(trips) <= (most >= allowed))},
+            "actions": {"logged": len(entries), "by_action": {a: sum(e.get("action") == a for e in entries)
+                                                              for a in ("drain", "resume", "skip", "queue", "forget",
+                                                                        "breaker-trip")},
+                        "lost": lost, "watch_processes": len(self.watches),
+                        "kill9_at_s": [round(a - self.t0, 1) for a, _ in self.kills]},
+            "final": final,
+            "rss": {"per_process": rss, "max_growth_mib": growth},
+        }
+        result["invariants"] = {
+            "sweep_max_le_interval_plus_2s": not durations or max(durations) <= bound,
+            "fault_to_drain_p99_le_interval_plus_2s": gpu["p99_s"] is None or gpu["p99_s"] <= self.interval + 2,
+            "every_must_drain_fault_drained": not gpu["missed"] and not unreach["missed"],
+            "no_false_drains": not false,
+            "no_lost_actions": not lost,
+            "breaker_consistent": result["breaker"]["consistent"],
+            "all_mctl_drains_resumed": bool(final.get("all_resumed")),
+            "operator_drain_untouched": bool(final.get("operator_drain", {}).get("untouched")),
+            "rss_growth_lt_10mib": growth is None or growth < 10,
+        }
+        return result
+
+    def _overlap(self, f: Fault) -> bool:
+        end = f.drained or f.cleared or time.monotonic()
+        spans = self.sched_down + self.kills
+        return any(a <= end and b >= f.injected for a, b in spans)
+
+
+def summary(r: dict) -> str:
+    c, s, ftd = r["conditions"], r["sweeps"], r["fault_to_drain"]
+    lines = [f"chaos soak: {c['trays']} trays, {c['seconds'] / 60:.1f} min, seed {c['seed']}, interval "
+             f"{c['interval_s']:g}s, {sum(c['faults_by_kind'].values())} tray faults "
+             f"(at most {c['max_concurrent_tray_faults']} at once), load {c['loadavg_end']} on {c['cpus']} CPUs",
+             f"  sweeps: {s['count']}, max {s['max_s']}s, p99 {s['p99_s']}s, p50 {s['p50_s']}s; "
+             f"{s['over_bound']} over {s['bound_s']:g}s"]
+    for name in ("gpu", "unreachable"):
+        d = ftd[name]
+        lines.append(f"  fault-to-drain ({name}): {d['drained']}/{d['faults']} drained, p50 {d['p50_s']}s, "
+                     f"p99 {d['p99_s']}s, max {d['max_s']}s; missed {d['missed'] or 'none'}; "
+                     f"during an outage/kill {d['during_scheduler_outage_or_watch_kill_s']}")
+    lines.append(f"  false drains: {len(r['false_drains'])} {r['false_drains'] or ''}")
+    lines.append(f"  flapping trays (drains/resumes): "
+                 f"{ {k: (v['drains'], v['resumes']) for k, v in r['flaps'].items()} or 'none'}")
+    b = r["breaker"]
+    lines.append(f"  breaker: {b['trips']} trips; at most {b['most_trays_drained_in_window']} trays drained within "
+                 f"{b['window']}, threshold {b['allowed_trays_in_window']}")
+    a = r["actions"]
+    lines.append(f"  actions logged: {a['by_action']}; lost: {len(a['lost'])} {a['lost'] or ''}; "
+                 f"{a['watch_processes']} watch processes (kill -9 at {a['kill9_at_s']}s)")
+    f = r["final"]
+    lines.append(f"  after clearing: all mctl drains resumed: {f.get('all_resumed')} "
+                 f"({f.get('seconds_to_resume_all')}s); operator drain untouched: "
+                 f"{f.get('operator_drain', {}).get('untouched')}")
+    lines.append(f"  watch VmRSS: {r['rss']['per_process']}")
+    lines.append("  invariants: " + ", ".join(f"{k} {'ok' if v else 'MISSED'}" for k, v in r["invariants"].items()))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lab", type=Path, help="an existing lab folder with Slurm deployed (else one is started)")
+    ap.add_argument("--trays", type=int, default=18)
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--interval", type=float, default=5.0)
+    ap.add_argument("--out", type=Path, help="write the JSON report here")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.stderr.write("the lab needs root\n")
+        return 2
+    if args.trays < 3 or args.minutes <= 0 or args.interval < 1:
+        sys.stderr.write("--trays >= 3, --minutes > 0, --interval >= 1\n")
+        return 2
+    from bench.health_bench import start_lab
+
+    workdir = Path(tempfile.mkdtemp(prefix="mctl-chaos-"))
+    env = dict(os.environ, MCTL_STATE_DIR=str(workdir / "state"), NO_COLOR="1")
+    started = None
+    try:
+        if args.lab:
+            lab_dir = args.lab.resolve()
+        else:
+            lab_dir = started = start_lab(args.trays, workdir, env)
+        soak = Soak(lab_dir, lab_dir / "mctl.yml", workdir, seconds=args.minutes * 60, seed=args.seed,
+                    interval=args.interval, env=env)
+        report = soak.run()
+    finally:
+        if started is not None:
+            from mctl.lab import control
+
+            control.down(started)
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(summary(report))
+    return 0 if all(report["invariants"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""A short chaos soak on the shared lab: bench/chaos.py's Soak for two minutes, invariants asserted.
+
+`mctl health watch --interval 5 --remediate` runs against real Slurm (the health site of
+test_health, Slurm deployed once per session) while a seeded schedule injects and clears lab
+faults on the trays (two at once at most), kills slurmctld for four sweeps, puts NMX-M faults on
+the rack and `kill -9`s the watch (restarted on the same state directory). One tray is drained
+by an operator (`ops: ...`) at the start. The Soak cleans up after itself (faults cleared, watch
+stopped, its drains and the operator's resumed), since the lab is shared by the session.
+
+Asserted: no false drains, no lost actions (every drain and resume Slurm showed and every
+DRAIN/RESUME/SKIP the watch printed is in the action log, across the kill -9), every
+must-drain fault drained, every mctl drain resumed once the faults are cleared, the operator
+drain untouched, the breaker consistent with its threshold, and every sweep within
+SWEEP_BOUND. What the soak waits for it waits for with deadlines (bench/chaos.py).
+
+SWEEP_BOUND: by construction a sweep ends within its tray deadline (the interval, 5 s here)
+plus, when it acts, the scheduler's action deadline (max(5 s, tray deadline):
+engine.ACT_DEADLINE_MIN); 6 s more is slack for a loaded 2-core CI machine (the lab's sshd,
+slurmctld and 4 GPU emulators share those cores with the watch), as in test_health_deadlines.
+The failure it catches is a sweep stuck on a frozen or hung tray: 60-120 s before issue 15.
+The soak's own report (interval + 2 s, bench/README.md "Chaos soak") is the tighter target.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.chaos import Soak, summary
+from tests.integration.test_health import site  # noqa: F401 - the fixture: health site, Slurm deployed
+
+INTERVAL = 5.0
+SWEEP_BOUND = INTERVAL + 5.0 + 6.0
+SECONDS = 120
+SEED = 15
+
+
+def test_chaos_soak_keeps_the_invariants(lab, site, tmp_path):  # noqa: F811 - the fixture
+    soak = Soak(lab.dir, site / "mctl.yml", tmp_path, seconds=SECONDS, seed=SEED, interval=INTERVAL,
+                share=0.75, window="1m", max_concurrent=2, env=lab._env)
+    report = soak.run()
+    text = summary(report)
+    print(text)
+    inv = report["invariants"]
+    assert report["sweeps"]["count"] >= SECONDS / INTERVAL / 2, text
+    assert report["sweeps"]["max_s"] <= SWEEP_BOUND, text
+    assert inv["no_false_drains"], text
+    assert inv["no_lost_actions"], text
+    assert inv["every_must_drain_fault_drained"], text
+    assert report["fault_to_drain"]["gpu"]["drained"] + report["fault_to_drain"]["unreachable"]["drained"] >= 1, text
+    assert inv["all_mctl_drains_resumed"], text
+    assert inv["operator_drain_untouched"], text
+    assert inv["breaker_consistent"], text
+    assert report["actions"]["watch_processes"] == 2, text          # the kill -9 happened, the watch came back
