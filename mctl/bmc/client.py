@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mctl.errors import UsageError
-from mctl.transport.credentials import BasicCredentials, read_credentials
+from mctl.transport.credentials import BasicCredentials, origin as _origin, read_credentials
 
 ROOT = "/redfish/v1"
 BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "y", "n", "t", "f", "0", "1")
@@ -65,16 +65,6 @@ class BMCCredentials(BasicCredentials):
 def load_credentials(path: str | Path) -> BMCCredentials:
     """Read `username:password` from *path*, refusing a file others could read."""
     return read_credentials(path, "BMC", BMCCredentials)
-
-
-def _origin(url: str) -> tuple[str, str, int]:
-    parts = urllib.parse.urlsplit(url)
-    scheme = parts.scheme.lower()
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    return scheme, (parts.hostname or "").lower(), port or (443 if scheme == "https" else 80)
 
 
 def base_url(address: str, *, scheme: str = "https", port: int | None = None) -> str:

@@ -49,7 +49,7 @@ from tenacity import (RetryError, Retrying, retry_if_exception_type, stop_after_
 
 from mctl.errors import PartialFailure, UsageError
 from mctl.model.fabric import NmxComputeNode, NmxGpu, NmxOperation, NmxPartition
-from mctl.transport.credentials import BasicCredentials, read_credentials
+from mctl.transport.credentials import BasicCredentials, origin as _origin, read_credentials
 
 if TYPE_CHECKING:
     from mctl.model.site import Rack, Site
@@ -145,16 +145,6 @@ def is_loopback(host: str | None) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-def _origin(url: str) -> tuple[str, str, int]:
-    parts = urllib.parse.urlsplit(url)
-    scheme = parts.scheme.lower()
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    return scheme, (parts.hostname or "").lower(), port or (443 if scheme == "https" else 80)
 
 
 def _default_warn(message: str) -> None:

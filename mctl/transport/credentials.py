@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import stat
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -59,3 +60,14 @@ def read_credentials(path: str | Path, service: str, kind: type[C]) -> C:
                          hint="blank lines and lines starting with '#' are ignored")
     user, password = lines[0].split(":", 1)
     return kind(user, password)
+
+
+def origin(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of *url*: credentials go only where all three equal the configured endpoint's."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return scheme, (parts.hostname or "").lower(), port or (443 if scheme == "https" else 80)
