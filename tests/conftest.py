@@ -13,12 +13,12 @@ E2E = Path(__file__).resolve().parent / "e2e"
 
 
 def pytest_collection_modifyitems(config, items):
-    """End-to-end tests run last: they bring the shared lab's rack fully up, which no integration test expects;
-    the chaos run just before them."""
+    """End-to-end tests run after the integration tests: they bring the shared lab's rack fully up, which no
+    integration test expects; the chaos run goes last of all (it faults the shared lab at random)."""
     def is_e2e(item) -> bool:
         return E2E in Path(str(item.fspath)).resolve().parents
 
-    def is_chaos(item) -> bool:      # it deploys Slurm and faults the shared lab at random: after the others
+    def is_chaos(item) -> bool:
         return Path(str(item.fspath)).name == "test_chaos.py"
 
-    items[:] = sorted(items, key=lambda i: 2 if is_e2e(i) else 1 if is_chaos(i) else 0)   # stable: order kept
+    items[:] = sorted(items, key=lambda i: 2 if is_chaos(i) else 1 if is_e2e(i) else 0)   # stable: order kept

@@ -74,6 +74,13 @@ def site(lab, tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.fixture(autouse=True)
+def _clean_kernel_logs(lab, site):
+    """Each test starts from empty kernel logs: XIDs other tests left on the shared lab must not count here."""
+    for tray in lab.trays:
+        lab.run(tray, ": > /var/log/kern.log")
+
+
 @pytest.fixture
 def kern_log(lab):
     """Append to a tray's kern.log; the file is restored after the test."""
