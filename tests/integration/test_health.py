@@ -46,12 +46,6 @@ def wait_for(what, check, timeout: float, every: float = 0.5):
         time.sleep(every)
 
 
-def _node_check_on(lab) -> bool:
-    """Whether the running slurmctld has a HealthCheckProgram (another test's deploy left the default on)."""
-    out = lab.run(lab.head, "scontrol show config 2>/dev/null | grep -i '^HealthCheckProgram'", check=False).stdout
-    return "mctl-node-check" in out
-
-
 def settled(lab, tray: str) -> None:
     """The tray is idle with no reason. Right after a RESUME, slurmctld marks the node not responding
     (`idle*`) until its ping comes back; on a loaded machine that takes a moment."""
@@ -77,17 +71,13 @@ def site(lab, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("health-site")
     doc = yaml.safe_load(lab.inventory.read_text())
     doc["health"] = HEALTH
-    # Slurm's own HealthCheckProgram (mctl's node check, on by default) would drain trays in the middle
-    # of these tests on the faults they inject; they run mctl's checks themselves.
-    doc.setdefault("scheduler", {}).setdefault("slurm", {})["node_check"] = False
     (folder / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
     nodes = {}
     try:
         nodes = sinfo(lab)
     except AssertionError:
         pass
-    if sorted(nodes) != lab.trays or any(s.startswith(("down", "unk")) for s, _ in nodes.values()) or \
-            _node_check_on(lab):
+    if sorted(nodes) != lab.trays or any(s.startswith(("down", "unk")) for s, _ in nodes.values()):
         proc = lab.mctl("-i", str(folder), "deploy", "slurm", timeout=900)
         assert proc.returncode == 0, f"deploy slurm failed: {proc.stderr}\n{proc.stdout[-2000:]}"
         for node, (st, reason) in sinfo(lab).items():     # drains the node check made before it was turned off

@@ -18,7 +18,7 @@ import pytest
 
 import yaml
 
-from tests.integration.test_health import HEALTH, _node_check_on, fault, health, sinfo, wait_for  # noqa: F401  (health: a fixture)
+from tests.integration.test_health import HEALTH, fault, health, sinfo, wait_for  # noqa: F401  (health: a fixture)
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real"
 _DMESG_PREFIX = re.compile(r"^\s*(?:\[\s*\d+\.\d+\]\s*)?")
@@ -54,17 +54,13 @@ def site(lab, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("health-real-site")
     doc = yaml.safe_load(lab.inventory.read_text())
     doc["health"] = {**HEALTH, "xid_window": "10m"}
-    # Slurm's own HealthCheckProgram (mctl's node check, on by default) would drain trays in the middle
-    # of these tests on the faults they inject; they run mctl's checks themselves.
-    doc.setdefault("scheduler", {}).setdefault("slurm", {})["node_check"] = False
     (folder / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
     nodes = {}
     try:
         nodes = sinfo(lab)
     except AssertionError:
         pass
-    if sorted(nodes) != lab.trays or any(s.startswith(("down", "unk")) for s, _ in nodes.values()) or \
-            _node_check_on(lab):
+    if sorted(nodes) != lab.trays or any(s.startswith(("down", "unk")) for s, _ in nodes.values()):
         proc = lab.mctl("-i", str(folder), "deploy", "slurm", timeout=900)
         assert proc.returncode == 0, f"deploy slurm failed: {proc.stderr}\n{proc.stdout[-2000:]}"
         for node, (st, reason) in sinfo(lab).items():     # drains the node check made before it was turned off
