@@ -885,6 +885,21 @@ def _daemons_running(files: LabFiles, host: LabHost, current: dict, new: dict) -
     return {k: any(p.comm == DAEMON_FAULTS[k][0] for p in members) for k in starting}
 
 
+def _remove_keep_down(files: LabFiles, host: LabHost, dropin: str) -> None:
+    """Remove a keep-down drop-in and its folder when that is left empty: an empty
+    /etc/systemd/system/UNIT.d hides the unit's other drop-ins from the image's systemctl (the lab's
+    Type=forking one among them), and the next start of the daemon fails."""
+    path = hosts.host_path(files.dir, host.name, dropin)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    try:
+        path.parent.rmdir()
+    except OSError:
+        pass
+
+
 def _daemon_faults(files: LabFiles, host: LabHost, current: dict, new: dict, clear: bool) -> list[str]:
     problems: list[str] = []
     for key, (proc, unit, keep_down) in DAEMON_FAULTS.items():
@@ -902,11 +917,11 @@ def _daemon_faults(files: LabFiles, host: LabHost, current: dict, new: dict, cle
                 if p.comm == proc:
                     _signal(p.pid, signal.SIGKILL)
         elif current.get(key) and (clear or not new.get(key)):
-            try:
-                hosts.host_path(files.dir, host.name, dropin).unlink()
-            except FileNotFoundError:
-                pass
+            _remove_keep_down(files, host, dropin)
             restart = current[key].get("restart", True) if isinstance(current[key], dict) else True
+            # The image's systemctl keeps the failed start's ActiveState in /run/UNIT.status and reports any
+            # later start as failed ("forking start not active") although the daemon runs: forget it first.
+            _host_exec(files, host, ["rm", "-f", f"/run/{unit}.status"], timeout=30)
             if restart:
                 rc, said = _host_exec(files, host, ["systemctl", "start", unit], timeout=90)
                 # The image's systemctl may give up on a forking daemon that is slow to write its pid file
@@ -1019,10 +1034,7 @@ def _reboot(files: LabFiles, layout: LabLayout, record: dict, host: LabHost, cur
     except FileNotFoundError:
         pass
     for _key, (_proc, unit, _keep) in DAEMON_FAULTS.items():
-        try:
-            hosts.host_path(files.dir, host.name, f"/etc/systemd/system/{unit}.d/{KEEP_DOWN_DROPIN}").unlink()
-        except FileNotFoundError:
-            pass
+        _remove_keep_down(files, host, f"/etc/systemd/system/{unit}.d/{KEEP_DOWN_DROPIN}")
     write_json(hosts.host_path(files.dir, host.name, hosts.FAULTS_FILE), faultlib.without_host_faults(current))
     gpus = 0
     if host.kind == "tray":
