@@ -1071,15 +1071,11 @@ def main(argv=None, env=None, stdout=None, stderr=None, now=None):
             return EXIT_INVALID_ARG
     try:
         state, faults = load(env)
+        if faults.get("smi_hang"):
+            state, faults = hang_while_set(env)     # the driver may also go away under the wedge
     except DriverMissing:
         stdout.write(DRIVER_FAILURE_TEXT + "\n\n")
         return EXIT_DRIVER
-    if faults.get("smi_hang"):
-        try:
-            state, faults = hang_while_set(env)
-        except DriverMissing:
-            stdout.write(DRIVER_FAILURE_TEXT + "\n\n")
-            return EXIT_DRIVER
     if faults.get("xid_storm"):
         storm_append(state, faults, env, now)
     rack = Rack(state, faults, now)
