@@ -81,6 +81,35 @@ class LabHandle:
         return subprocess.run([sys.executable, "-m", "mctl", *args], capture_output=True, text=True,
                               timeout=timeout, env=self._env, stdin=subprocess.DEVNULL)
 
+    def kern_log_sizes(self) -> dict[str, int]:
+        """Each tray's kernel log size now (see restore_kern_logs)."""
+        from mctl.lab import hosts
+
+        paths = {t: hosts.host_path(self.dir, t, hosts.KERN_LOG) for t in self.trays}
+        return {t: (p.stat().st_size if p.exists() else 0) for t, p in paths.items()}
+
+    def restore_kern_logs(self, sizes: dict[str, int]) -> list[str]:
+        """Cut every tray's kernel log back to `sizes` (XID lines a test wrote must not count in a later
+        test's sweeps or in the node check slurmd runs); the trays whose log was cut, and their drains
+        by the node check ("mctl: ..." reasons) lifted."""
+        from mctl.lab import hosts
+
+        cut = []
+        for t, size in sizes.items():
+            p = hosts.host_path(self.dir, t, hosts.KERN_LOG)
+            if p.exists() and p.stat().st_size > size:
+                with open(p, "r+b") as fh:
+                    fh.truncate(size)
+                cut.append(t)
+        if cut:
+            out = self.run(self.head, "sinfo -h -N -o '%N|%T|%E' 2>/dev/null", check=False).stdout
+            for line in out.splitlines():
+                node, state, reason = (line.split("|", 2) + ["", ""])[:3]
+                if node in cut and "drain" in state and reason.startswith("mctl:"):
+                    sys.stderr.write(f"[lab] {node} was drained by the node check ({reason}): resumed\n")
+                    self.run(self.head, f"scontrol update NodeName={node} State=RESUME", check=False)
+        return cut
+
     def clear_faults(self, host: str | None = None) -> None:
         from mctl.lab import control
         from mctl.lab.faults import FaultRequest

@@ -21,3 +21,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.lab)
 
 
+
+
+@pytest.fixture(autouse=True)
+def _kern_logs_as_found(request):
+    """Every test on the shared lab leaves the trays' kernel logs as it found them: a test's XID lines would
+    otherwise make slurmd's node check drain that tray under a later test's jobs."""
+    if "lab" not in request.fixturenames:
+        yield
+        return
+    lab = request.getfixturevalue("lab")
+    sizes = lab.kern_log_sizes()
+    yield
+    lab.restore_kern_logs(sizes)

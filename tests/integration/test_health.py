@@ -96,18 +96,12 @@ def health(lab, site, tmp_path):
         return lab.mctl("-i", str(site), "--state-dir", str(state), *args, timeout=timeout)
 
     mctl.state = state
-    from mctl.lab import hosts
-
-    logs = {t: hosts.host_path(lab.dir, t, hosts.KERN_LOG) for t in lab.trays}
-    sizes = {t: (p.stat().st_size if p.exists() else 0) for t, p in logs.items()}
+    sizes = lab.kern_log_sizes()
     try:
         yield mctl
     finally:
         lab.clear_faults()
-        for t, p in logs.items():       # XID lines a test wrote must not count in the next test's sweeps
-            if p.exists() and p.stat().st_size > sizes[t]:
-                with open(p, "r+b") as fh:
-                    fh.truncate(sizes[t])
+        lab.restore_kern_logs(sizes)     # XID lines a test wrote must not count in the next test's sweeps
         for node, (st, reason) in sinfo(lab).items():
             if ("drain" in st and reason.startswith(("mctl:", "ops:"))) or st.startswith("down"):
                 # a tray frozen during the test is DOWN (not responding) in Slurm: the next test starts clean

@@ -81,7 +81,11 @@ def _start_job(lab, trays: str) -> str:
     out = lab.run(lab.head, f"sbatch --parsable -N2 -w {trays} -o /dev/null --job-name=mctl-test "
                             "--wrap 'sleep 600'").stdout.strip()
     job = out.split(";")[0]
-    _wait(f"job {job} RUNNING", lambda: _job_state(lab, job) == "RUNNING")
+    try:
+        _wait(f"job {job} RUNNING", lambda: _job_state(lab, job) == "RUNNING")
+    except AssertionError as exc:
+        why = lab.run(lab.head, f"squeue -h -j {job} -o '%T %r'; sinfo -N -o '%N %T %E'", check=False).stdout
+        raise AssertionError(f"{exc}\n{why}") from None
     return job
 
 
