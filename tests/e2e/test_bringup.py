@@ -16,7 +16,7 @@ import time
 import pytest
 
 from mctl.bringup.journal import Journal
-from mctl.bringup.trays import MARKER
+from mctl.provision.markers import MARKER
 
 TIMEOUT = 1800
 GPUS_JSON = "/var/lib/mctl-lab/gpus.json"

@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from mctl.bringup import burnin, journal as jr, slurm_nodes, trays
+from mctl.bringup import journal as jr, slurm_nodes
 from mctl.bringup.context import PHASES, Options, Outcome, PhaseFailed
 from mctl.bringup.digest import provision_digest, tree_digest
 from mctl.bringup.journal import Journal
 from mctl.errors import UsageError
+from mctl.health import burnin
 from mctl.inventory import load_site
+from mctl.provision import markers
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -111,9 +113,10 @@ class Recorder:
 @pytest.fixture()
 def recorded(monkeypatch):
     from mctl.bringup import phases
+    from mctl.bringup.phases.base import Phase
 
     rec = Recorder([])
-    fake = {n: phases.Phase(n, lambda ctx: [], rec.phase(n)) for n in PHASES}
+    fake = {n: Phase(n, lambda ctx: [], rec.phase(n)) for n in PHASES}
     monkeypatch.setattr(phases, "REGISTRY", fake)
     return rec
 
@@ -213,12 +216,12 @@ def test_scripts_guard_every_update_and_report_per_node():
 # ------------------------------------------------------------------ trays, digests, burn-in
 
 def test_markers_and_tools_parse_what_the_trays_print():
-    assert trays.parse_marker('{"digest": "abc", "run_id": "r"}') == {"digest": "abc", "run_id": "r"}
-    assert trays.parse_marker("garbage") is None and trays.parse_marker('{"x": 1}') is None
-    assert trays.parse_tools("dcgmi=/usr/bin/dcgmi\nfoo=/bin/foo\nall_reduce_perf=relative\n") == {
+    assert markers.parse_marker('{"digest": "abc", "run_id": "r"}') == {"digest": "abc", "run_id": "r"}
+    assert markers.parse_marker("garbage") is None and markers.parse_marker('{"x": 1}') is None
+    assert burnin.parse_tools("dcgmi=/usr/bin/dcgmi\nfoo=/bin/foo\nall_reduce_perf=relative\n") == {
         "dcgmi": "/usr/bin/dcgmi"}
-    command = trays.write_command({"digest": "d"})
-    assert trays.MARKER in command and "mv -f" in command
+    command = markers.write_command({"digest": "d"})
+    assert markers.MARKER in command and "mv -f" in command
 
 
 def test_digest_follows_the_inputs_of_provisioning(site, tmp_path):
@@ -244,7 +247,7 @@ def test_burn_in_verdicts():
 
 
 def test_health_exceptions_match_check_or_host_and_check():
-    from mctl.bringup.phases import accepted
+    from mctl.bringup.phases.health import accepted
     from mctl.model.findings import Finding, Severity
 
     f = Finding(Severity.WARN, "lab-r1-tray03", "thermal.temperature", "hot")

@@ -1,4 +1,8 @@
-"""What bring-up reads from and leaves on the trays over SSH: provisioning markers and burn-in tools.
+"""Provisioning markers: what `mctl rack bring-up` leaves on a host it provisioned, read back over SSH.
+
+    read_markers(site, hosts) -> MarkerRead
+    write_markers(site, hosts, markers) -> {host: why it failed}
+    clear_markers(site, hosts) -> {host: why it failed}
 
 A marker (`/var/lib/mctl-bringup/provisioned.json` on the host) records the
 digest of what provisioned it: the playbooks, its image and its inventory
@@ -20,7 +24,6 @@ if TYPE_CHECKING:
     from mctl.transport.results import HostResult
 
 MARKER = "/var/lib/mctl-bringup/provisioned.json"
-TOOLS = ("dcgmi", "all_reduce_perf")
 
 
 @dataclass(frozen=True)
@@ -71,24 +74,3 @@ def write_markers(site: "Site", hosts: Sequence["Host"], markers: Mapping[str, M
 def clear_markers(site: "Site", hosts: Sequence["Host"]) -> dict[str, str]:
     results = _run(site, hosts, f"rm -f {MARKER}")
     return {r.host: r.summary() for r in results if not r.ok}
-
-
-def parse_tools(text: str) -> dict[str, str]:
-    """Lines `tool=path` -> {tool: path}, only for the tools bring-up knows."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        tool, sep, path = line.strip().partition("=")
-        if sep and tool in TOOLS and path.startswith("/"):
-            out[tool] = path
-    return out
-
-
-TOOLS_COMMAND = "for t in " + " ".join(TOOLS) + "; do p=$(command -v \"$t\") && echo \"$t=$p\"; done; true"
-
-
-def probe_tools(site: "Site", hosts: Sequence["Host"]) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
-    """Which burn-in tools each host has on its PATH, and the hosts that could not be asked."""
-    results = _run(site, hosts, TOOLS_COMMAND)
-    found = {r.host: parse_tools(r.stdout) for r in results if r.ok}
-    failed = {r.host: r.summary() for r in results if not r.ok}
-    return found, failed
