@@ -252,10 +252,11 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
 
     Example: mctl -i inventories/lab partition apply lab-r1 --dry-run
     """
-    from mctl.fabric.partition_service import change_plan, held_hint
+    from contextlib import nullcontext
+
+    from mctl.fabric import partition_service as ps
     from mctl.fabric.partitions import desired_from_rack, validate_desired
-    from mctl.fabric.reconcile import apply_plan
-    from mctl.fabric.service import apply_partitions, kind_of, plan_partitions_for
+    from mctl.fabric.service import kind_of
 
     want_json(json_)                    # before any plan is shown: --json may follow the subcommand
     change.check_flags(drain, wait, force, yes)
@@ -273,27 +274,14 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
         validate_desired(r, desired, site=site)
         show = _Show(r, dry_run=dry_run)
         try:
-            if dry_run:
-                res = apply_partitions(site, r, desired, prune=prune, kind=kind_of(by_location), dry_run=True,
-                                       on_plan=show.plan)
-                cp = change_plan(site, r, r.partitions, res.plan)
-                change.print_change(cp, dry_run=True)
-                change.gate(site, cp, drain=drain, wait=wait, force=force, yes=yes, dry_run=True)
-                out.append({"rack": r.name, "plan": res.plan.to_dict(), "change": cp.to_dict(), "applied": False})
-                continue
-            with _locked(r, "partition apply"):
-                client, plan = plan_partitions_for(site, r, desired, prune=prune, kind=kind_of(by_location))
-                show.plan(plan)
-                cp = change_plan(site, r, r.partitions, plan)
-                change.print_change(cp, dry_run=False)
-                held = change.gate(site, cp, drain=drain, wait=wait, force=force, yes=yes, dry_run=False)
-                try:
-                    apply_plan(client, plan, r.gpus_per_tray, on_step=show.step)
-                except MctlError as exc:
-                    exc.hint = (exc.hint or "") + held_hint(held)
-                    raise
-                change.release(site, held)
-            out.append({"rack": r.name, "plan": plan.to_dict(), "change": cp.to_dict(), "applied": True})
+            with nullcontext() if dry_run else _locked(r, "partition apply"):
+                op = ps.plan_apply(site, r, desired, prune=prune, kind=kind_of(by_location), on_plan=show.plan)
+                change.print_change(op.change, dry_run=dry_run)
+                held = change.gate(site, op.change, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run)
+                if not dry_run:
+                    ps.commit_apply(op, held=held, on_step=show.step)
+                    change.release(site, held)
+            out.append(op.to_dict())
         except MctlError as exc:
             if len(racks) == 1:
                 raise

@@ -101,6 +101,47 @@ def held_hint(held: Sequence[str]) -> str:
            f"{release_command(held)}" if held else ""
 
 
+# ------------------------------------------------------------------ apply (the inventory's partitions)
+
+@dataclass
+class PartitionApply:
+    """`partition apply` on one rack: NMX-M made to hold the inventory's partitions."""
+
+    rack: "Rack"
+    client: "NMXClient"
+    plan: "PartitionPlan"
+    change: "ChangePlan"
+    applied: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rack": self.rack.name, "plan": self.plan.to_dict(), "change": self.change.to_dict(),
+                "applied": self.applied}
+
+
+def plan_apply(site: "Site", rack: "Rack", desired: Sequence["DesiredPartition"], *, prune: bool, kind: str,
+               on_plan: OnPlan | None = None) -> PartitionApply:
+    """Ask NMX-M for the plan towards *desired* (on_plan is told it), then the change across layers."""
+    from mctl.fabric.service import plan_partitions_for
+
+    client, plan = plan_partitions_for(site, rack, desired, prune=prune, kind=kind)
+    if on_plan is not None:
+        on_plan(plan)
+    return PartitionApply(rack, client, plan, change_plan(site, rack, rack.partitions, plan))
+
+
+def commit_apply(op: PartitionApply, *, held: Sequence[str] = (), on_step: OnStep | None = None) -> PartitionApply:
+    """Apply the NMX-M plan; under the caller's lock. An error's hint names the trays still held."""
+    from mctl.fabric.reconcile import apply_plan
+
+    try:
+        apply_plan(op.client, op.plan, op.rack.gpus_per_tray, on_step=on_step)
+    except MctlError as exc:
+        exc.hint = (exc.hint or "") + held_hint(held)
+        raise
+    op.applied = True
+    return op
+
+
 # ------------------------------------------------------------------ create
 
 @dataclass

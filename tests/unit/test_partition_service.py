@@ -94,3 +94,15 @@ def test_busy_trays_and_held_hint(tmp_path):
     assert ps.held_hint([]) == ""
     assert ps.held_hint(["r1-tray03"]).startswith("; r1-tray03 stay held in Slurm")
     assert "scontrol update NodeName=r1-tray03 State=RESUME" in ps.held_hint(["r1-tray03"])
+
+
+def test_apply_result_is_the_racks_json_entry(tmp_path):
+    from mctl.model.fabric import PartitionPlan
+
+    site = site_with(tmp_path, parts=[{"name": "p0", "trays": "r1-tray[01-04]"}])
+    r = site.racks["r1"]
+    plan = PartitionPlan("r1", "https://nmx", ())
+    op = ps.PartitionApply(r, client=None, plan=plan, change=plan_for(site, r.partitions, nmx=plan))
+    d = op.to_dict()
+    assert list(d) == ["rack", "plan", "change", "applied"] and d["applied"] is False
+    assert d["plan"] == plan.to_dict() and d["change"]["affected_trays"] == []
