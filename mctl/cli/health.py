@@ -81,7 +81,7 @@ def _print_check(result, all_findings: bool) -> None:
 
     from rich.text import Text
 
-    from mctl.health.screen import STYLE
+    from mctl.cli.health_screen import STYLE
 
     con = render.console()
     table = render.data_table(title=f"health sweep #{result.number}: {len(result.verdicts)} trays in {result.elapsed:.2f}s",
@@ -162,103 +162,38 @@ def watch(
 
     Example: mctl -i inventories/lab health watch lab-r1 --interval 10 --metrics-port 9464
     """
-    import asyncio
-
-    from mctl.health import store
-    from mctl.health.site_view import resolve_scope, settings_of
-    from mctl.health.watch import WatchView, run_watch
+    from mctl.health.session import WatchSession
 
     opts = options()
-    site = opts.site()
-    scope = resolve_scope(site, target)
-    settings = settings_of(site)
-    every = float(interval if interval is not None else settings.interval)
-    acting = settings.remediate if remediate is None else remediate
-    if acting and site.scheduler is None:
-        acting = False
-        render.warn("the inventory names no scheduler: watching without remediation")
-    textfile = metrics_textfile or (Path(site.health.metrics_textfile) if site.health.metrics_textfile else None)
-    port = metrics_port or site.health.metrics_port
-    listen_text = metrics_listen if metrics_listen is not None else site.health.metrics_listen
-    from mctl.health.metrics import listen_address
+    session = WatchSession.configure(opts.site(), opts.state_dir, target, interval=interval, remediate=remediate,
+                                     metrics_textfile=metrics_textfile, metrics_port=metrics_port,
+                                     metrics_listen=metrics_listen, sweeps=sweeps, timeout=timeout, dry_run=dry_run,
+                                     on_warning=render.warn)
+    if not render.interactive():
+        session.run(_plain_lines)
+        return
+    from rich.live import Live
 
-    try:
-        listen = listen_address(listen_text)
-    except ValueError as exc:
-        where = "--metrics-listen" if metrics_listen is not None else "health.metrics_listen"
-        raise UsageError(f"{where}: {exc}", hint="give an IP address of this machine; 127.0.0.1 keeps /metrics "
-                                                 "local, 0.0.0.0 or :: opens it to the network") from None
-    if metrics_listen is not None and not port:
-        raise UsageError("--metrics-listen needs a port to listen on",
-                         hint="add --metrics-port PORT (or set health.metrics_port)")
-    racks: dict[str, list[str]] = {}
-    for h in scope.hosts:
-        racks.setdefault(h.rack or "-", []).append(h.name)
-    view = WatchView(site=site.name, racks=racks, interval=every, remediate=acting, dry_run=dry_run)
-    server = None
-    if port:
-        from mctl.health.metrics import MetricsServer
+    from mctl.cli.health_screen import WatchScreen
 
-        try:
-            server = MetricsServer(port, listen).start()
-        except OSError as exc:
-            shown = f"[{listen}]" if ":" in listen else listen
-            raise UsageError(f"cannot serve metrics on {shown}:{port}: {exc.strerror}",
-                             hint="pick another --metrics-port, or an address of this machine for "
-                                  "--metrics-listen") from None
-    live = None
-    plain = not render.interactive()
+    live = Live(WatchScreen(session.view), console=render.console(), screen=True, auto_refresh=True,
+                refresh_per_second=2, redirect_stdout=False, redirect_stderr=False)
+    session.run(lambda view, events, swept: live.refresh(), display=live)
+    render.console().print(f"mctl health watch stopped after {session.sweeps_done} sweeps",
+                           markup=False, highlight=False)
 
-    def on_update(v: WatchView, events, swept: bool) -> None:
-        from mctl.health import metrics, screen
 
-        if v.last is not None and (textfile or server):
-            text = metrics.render(v.last, site=site.name, counters=v.counters, interval=every)
-            if textfile:
-                metrics.write_textfile(textfile, text)
-            if server:
-                server.update(text)
-        if plain:
-            import sys
+def _plain_lines(view, events, swept: bool) -> None:
+    """Off a terminal: one log line per event and per sweep."""
+    import sys
 
-            for line in screen.event_lines(events):
-                sys.stdout.write(line + "\n")
-            if swept:
-                sys.stdout.write(screen.sweep_line(v) + "\n")
-            sys.stdout.flush()
-        elif live is not None:
-            live.refresh()
+    from mctl.cli.health_screen import event_lines, sweep_line
 
-    async def main() -> None:
-        await run_watch(site, scope, settings, opts.state_dir, interval=every, remediate=acting, dry_run=dry_run,
-                        view=view, on_update=on_update, timeout=timeout, max_sweeps=sweeps)
-
-    def go() -> None:
-        nonlocal live
-        if plain:
-            asyncio.run(main())
-            return
-        from rich.live import Live
-
-        from mctl.health.screen import WatchScreen
-
-        with Live(WatchScreen(view), console=render.console(), screen=True, auto_refresh=True,
-                  refresh_per_second=2, redirect_stdout=False, redirect_stderr=False) as live:
-            asyncio.run(main())
-
-    try:
-        if acting and not dry_run:
-            with store.watch_lock(opts.state_dir, "mctl health watch"):
-                store.load_state(opts.state_dir)    # a damaged state file stops the watch before it starts
-                go()
-        else:
-            go()
-    finally:
-        if server is not None:
-            server.close()
-    if not plain:
-        render.console().print(f"mctl health watch stopped after {view.last.number if view.last else 0} sweeps",
-                               markup=False, highlight=False)
+    for line in event_lines(events):
+        sys.stdout.write(line + "\n")
+    if swept:
+        sys.stdout.write(sweep_line(view) + "\n")
+    sys.stdout.flush()
 
 
 @app.command()

@@ -190,10 +190,10 @@ def templates(rack: Annotated[Optional[str], typer.Argument(help="Show what each
 class _Show:
     """Prints a plan and then each step as it runs; silent with --json."""
 
-    def __init__(self, r: "Rack", *, dry_run: bool):
+    def __init__(self, r: "Rack", *, dry_run: bool, total: int = 0):
         self.rack = r
         self.dry_run = dry_run
-        self.total = 0
+        self.total = total
 
     def plan(self, plan: "PartitionPlan") -> None:
         self.total = len(plan.changes)
@@ -227,15 +227,6 @@ def _print_plan(plan: "PartitionPlan", gpus_per_tray: int, *, dry_run: bool) -> 
         render.warn(w)
 
 
-def _apply(client, plan: "PartitionPlan", r: "Rack") -> None:
-    """Run a plan built here (delete, GPU-granularity create); the rest goes through fabric.service."""
-    from mctl.fabric.reconcile import apply_plan
-
-    show = _Show(r, dry_run=False)
-    show.total = len(plan.changes)
-    apply_plan(client, plan, r.gpus_per_tray, on_step=show.step)
-
-
 def _locked(r: "Rack", purpose: str):
     from mctl.state.lock import rack_lock
     return rack_lock(options().state_dir, r.name, purpose=purpose)
@@ -261,9 +252,11 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
 
     Example: mctl -i inventories/lab partition apply lab-r1 --dry-run
     """
+    from contextlib import nullcontext
+
+    from mctl.fabric import partition_service as ps
     from mctl.fabric.partitions import desired_from_rack, validate_desired
-    from mctl.fabric.reconcile import apply_plan
-    from mctl.fabric.service import apply_partitions, kind_of, plan_partitions_for
+    from mctl.fabric.service import kind_of
 
     want_json(json_)                    # before any plan is shown: --json may follow the subcommand
     change.check_flags(drain, wait, force, yes)
@@ -281,27 +274,14 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
         validate_desired(r, desired, site=site)
         show = _Show(r, dry_run=dry_run)
         try:
-            if dry_run:
-                res = apply_partitions(site, r, desired, prune=prune, kind=kind_of(by_location), dry_run=True,
-                                       on_plan=show.plan)
-                cp = change.build(site, r, r.partitions, res.plan)
-                change.print_change(cp, dry_run=True)
-                change.gate(site, cp, drain=drain, wait=wait, force=force, yes=yes, dry_run=True)
-                out.append({"rack": r.name, "plan": res.plan.to_dict(), "change": cp.to_dict(), "applied": False})
-                continue
-            with _locked(r, "partition apply"):
-                client, plan = plan_partitions_for(site, r, desired, prune=prune, kind=kind_of(by_location))
-                show.plan(plan)
-                cp = change.build(site, r, r.partitions, plan)
-                change.print_change(cp, dry_run=False)
-                held = change.gate(site, cp, drain=drain, wait=wait, force=force, yes=yes, dry_run=False)
-                try:
-                    apply_plan(client, plan, r.gpus_per_tray, on_step=show.step)
-                except MctlError as exc:
-                    exc.hint = (exc.hint or "") + change.held_hint(held)
-                    raise
-                change.release(site, held)
-            out.append({"rack": r.name, "plan": plan.to_dict(), "change": cp.to_dict(), "applied": True})
+            with nullcontext() if dry_run else _locked(r, "partition apply"):
+                op = ps.plan_apply(site, r, desired, prune=prune, kind=kind_of(by_location), on_plan=show.plan)
+                change.print_change(op.change, dry_run=dry_run)
+                held = change.gate(site, op.change, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run)
+                if not dry_run:
+                    ps.commit_apply(op, held=held, on_step=show.step)
+                    change.release(site, held)
+            out.append(op.to_dict())
         except MctlError as exc:
             if len(racks) == 1:
                 raise
@@ -340,13 +320,9 @@ def create(rack: RackArg,
 
     Example: mctl -i inventories/lab partition create lab-r1 --template 2x9
     """
-    from mctl.fabric.partitions import (check_partition_name, desired_from_rack, parse_gpu_members, parse_trays,
-                                        template_partitions, validate_desired)
-    from mctl.fabric.reconcile import apply_plan
-    from mctl.fabric.record import edit_partitions, write_edit
-    from mctl.fabric.service import kind_of, plan_partitions_for
-    from mctl.model.fabric import DesiredPartition
-    from mctl.model.site import Partition
+    from mctl.fabric import partition_service as ps
+    from mctl.fabric.partitions import check_partition_name, parse_gpu_members, parse_trays
+    from mctl.fabric.service import kind_of
 
     site = options().site()
     r = _rack(site, rack)
@@ -367,119 +343,69 @@ def create(rack: RackArg,
     # the arguments are read; the lock comes before anything is printed or planned
     hold_racks([r.name], "partition create", dry_run=dry_run)
     if gpus:
-        per_tray: dict[str, int] = {}
-        for tray, _ in members:
-            per_tray[tray] = per_tray.get(tray, 0) + 1
-        if all(n == r.gpus_per_tray for n in per_tray.values()):
-            tray_list = tuple(per_tray)         # whole trays after all: an ordinary, recorded partition
-        elif not gpu_granularity:
-            validate_desired(r, [DesiredPartition(name or "", r.name, (), members)], site=site)
-        else:
-            return _create_gpu_partition(site, r, name or "", gpus, no_apply, by_location, dry_run, json_)
+        whole = ps.whole_trays(site, r, name or "", members, gpu_granularity=gpu_granularity)
+        if whole is None:
+            return _create_gpu_partition(site, r, name or "", members, no_apply, by_location, dry_run, json_)
+        tray_list = whole                   # whole trays after all: an ordinary, recorded partition
 
-    if template:
-        partitions = list(template_partitions(r, template))
-    else:
-        if any(p.name == name for p in r.partitions):
-            raise UsageError(f"rack {rack} already has a partition {name!r}",
-                             hint=f"delete it first ('mctl partition delete {rack} {name}') or pick another name")
-        partitions = list(r.partitions) + [Partition(name or "", r.name, tray_list)]
-    desired = [DesiredPartition(p.name, r.name, tuple(p.trays)) for p in partitions]
-    warnings = validate_desired(r, desired, site=site)
-    edit = edit_partitions(site, r.name, partitions)
-    apply_it = not no_apply and r.nmx is not None
-    result: dict = {"rack": rack, "inventory": str(edit.path), "inventory_changed": edit.changed,
-                    "partitions": [{"name": p.name, "trays": str(p.nodeset)} for p in partitions],
-                    "plan": None, "applied": False, "dry_run": dry_run}
+    op = ps.plan_create(site, r, name=name, template=template, trays=tray_list, no_apply=no_apply, dry_run=dry_run)
     quiet = want_json(json_)
-    for w in warnings:
+    for w in op.warnings:
         render.warn(w)
     if not quiet:
-        before = "; ".join(f"{p.name}={p.nodeset}" for p in r.partitions) or "none (default partition)"
-        after = "; ".join(f"{p.name}={p.nodeset}" for p in partitions)
-        _say(f"rack {rack} partitions in {edit.path}: {before} -> {after}" if edit.changed
+        before = "; ".join(f"{p.name}={p.nodeset}" for p in op.before) or "none (default partition)"
+        after = "; ".join(f"{p.name}={p.nodeset}" for p in op.partitions)
+        _say(f"rack {rack} partitions in {op.edit.path}: {before} -> {after}" if op.edit.changed
              else f"rack {rack}: the inventory already declares {after}")
     if r.nmx is None and not no_apply and not quiet:
         render.warn(f"rack {rack} has no NMX-Manager endpoint: recorded in the inventory only")
     show = _Show(r, dry_run=dry_run)
-
-    def planned(plan: "PartitionPlan") -> None:
-        result["plan"] = plan.to_dict()
-        show.plan(plan)
-
-    client = plan = None
     held: list[str] = []
-    if apply_it:
+    if op.apply:
         try:
-            client, plan = plan_partitions_for(site, r, desired, kind=kind_of(by_location))
-            planned(plan)
-            cp = change.build(site, r, partitions, plan)
-            result["change"] = cp.to_dict()
+            cp = ps.plan_create_on_nmx(site, op, kind=kind_of(by_location), on_plan=show.plan)
             change.print_change(cp, dry_run=dry_run)
             held = change.gate(site, cp, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run)
         except MctlError as exc:
             if quiet:
-                render.print_json({**result, "error": exc.message})
+                render.print_json(op.to_dict(error=exc.message))
             raise
     if dry_run:
         if quiet:
-            render.print_json(result)
+            render.print_json(op.to_dict())
         return
-    write_edit(edit)                    # under the rack lock taken above
-    if apply_it and client is not None and plan is not None:
-        try:
-            apply_plan(client, plan, r.gpus_per_tray, on_step=show.step)
-            result["applied"] = True
-        except MctlError as exc:
-            exc.hint = ((exc.hint + "; ") if exc.hint else "") + \
-                f"the inventory is updated; run 'mctl partition apply {rack}' once fixed" + change.held_hint(held)
-            if quiet:
-                render.print_json({**result, "error": exc.message})
-            raise
+    ps.record_create(op)                # under the rack lock taken above
+    try:
+        ps.apply_create(op, held=held, on_step=show.step)
+    except MctlError as exc:
+        if quiet:
+            render.print_json(op.to_dict(error=exc.message))
+        raise
+    if op.apply:
         change.release(site, held)
     if quiet:
-        render.print_json(result)
-    elif result["applied"]:
+        render.print_json(op.to_dict())
+    elif op.applied:
         _say(f"rack {rack}: partitions applied on NMX-M")
 
 
-def _create_gpu_partition(site, r, name, gpus, no_apply, by_location, dry_run, json_) -> None:
-    from mctl.fabric.partitions import parse_gpu_members, validate_desired
-    from mctl.model.fabric import DesiredPartition
+def _create_gpu_partition(site, r, name, members, no_apply, by_location, dry_run, json_) -> None:
+    from mctl.fabric import partition_service as ps
+    from mctl.fabric.service import kind_of
 
-    if no_apply:
-        raise UsageError("a GPU-granularity partition cannot be recorded in the inventory (it holds whole trays)",
-                         hint="drop --no-apply to create it on NMX-M, or partition whole trays with --trays")
-    if r.nmx is None:
-        raise UsageError(f"rack {r.name} has no NMX-Manager endpoint",
-                         hint=f"add racks.{r.name}.nmx with url and credentials_file to the inventory")
-    members = parse_gpu_members(r, gpus)
-    new = DesiredPartition(name, r.name, (), members)
-    declared = [DesiredPartition(p.name, r.name, tuple(p.trays)) for p in r.partitions]
-    if any(d.name == name for d in declared):
-        raise UsageError(f"rack {r.name} already declares a partition {name!r}")
-    warnings = validate_desired(r, declared + [new], site=site, allow_gpu_granularity=True)
-    for w in warnings:
+    op = ps.check_gpu_partition(site, r, name, members, no_apply=no_apply, dry_run=dry_run)
+    for w in op.warnings:
         render.warn(w)
     render.warn(f"partition {name!r} is created on NMX-M only: it is not recorded in the inventory, and IMEX domains "
                 "and Slurm blocks are derived from whole trays")
-    from mctl.fabric.nmx import NMXClient
-    from mctl.fabric.partitions import plan_partitions
-    from mctl.fabric.reconcile import discover
-
-    client = NMXClient.for_rack(site, r)
-    state = discover(client, r)
-    from mctl.fabric.service import kind_of
-
-    plan = plan_partitions(r, [new], state.fabric, state.partitions, kind=kind_of(by_location), endpoint=client.url)
+    plan = ps.plan_gpu_partition(site, op, kind=kind_of(by_location))
     quiet = want_json(json_)
     if not quiet:
         _print_plan(plan, r.gpus_per_tray, dry_run=dry_run)
     if not dry_run:
-        _apply(client, plan, r)         # under the rack lock taken by create()
+        ps.commit_gpu_partition(op, on_step=_Show(r, dry_run=False, total=len(plan.changes)).step)
     if quiet:
-        render.print_json({"rack": r.name, "name": name, "plan": plan.to_dict(), "applied": not dry_run,
-                           "recorded": False, "dry_run": dry_run})
+        render.print_json(op.to_dict())
 
 
 @app.command()
@@ -494,59 +420,29 @@ def delete(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition na
 
     Example: mctl -i inventories/lab partition delete lab-r1 p1 --dry-run
     """
-    from mctl.fabric.nmx import NMXClient
-    from mctl.fabric.record import edit_partitions, write_edit
-    from mctl.fabric.reconcile import discover
-    from mctl.model.fabric import PartitionChange, PartitionPlan
+    from mctl.fabric import partition_service as ps
 
     site = options().site()
     r = _rack(site, rack)
     change.check_flags(drain, wait, force, yes)
     hold_racks([r.name], "partition delete", dry_run=dry_run)   # before anything is printed or asked
-    declared = any(p.name == name for p in r.partitions)
-    edit = edit_partitions(site, r.name, [p for p in r.partitions if p.name != name]) if declared else None
-    client = None
-    plan = None
-    if not no_apply and r.nmx is not None:
-        client = NMXClient.for_rack(site, r)
-        state = discover(client, r)
-        found = next((p for p in state.partitions if p.name == name and not p.is_default), None)
-        if found is not None:
-            have, _ = state.fabric.resolve(found)
-            plan = PartitionPlan(r.name, client.url, (PartitionChange("delete", found.name, found.type, (),
-                                                                      tuple(sorted(have)), "deleted by the operator",
-                                                                      nmx_id=found.id,
-                                                                      partition_id=found.partition_id),),
-                                 released=tuple(sorted(have)))
-    if edit is None and plan is None:
-        raise UsageError(f"rack {rack} has no partition {name!r}" + ("" if r.nmx is None or no_apply
-                                                                     else " in the inventory or on NMX-M"),
-                         hint=f"see 'mctl partition list {rack}'")
+    op = ps.plan_delete(site, r, name, no_apply=no_apply, dry_run=dry_run)
     quiet = want_json(json_)
     if not quiet:
-        if edit is not None:
-            _say(f"rack {rack}: {'would remove' if dry_run else 'removing'} partition {name} from {edit.path}")
-        if plan is not None:
-            _print_plan(plan, r.gpus_per_tray, dry_run=dry_run)
-        elif not no_apply and r.nmx is not None:
+        if op.edit is not None:
+            _say(f"rack {rack}: {'would remove' if dry_run else 'removing'} partition {name} from {op.edit.path}")
+        if op.plan is not None:
+            _print_plan(op.plan, r.gpus_per_tray, dry_run=dry_run)
+        elif op.asked_nmx:
             _say(f"rack {rack}: NMX-M holds no partition {name!r}")
-    cp = None
     held: list[str] = []
     if not no_apply:
-        cp = change.build(site, r, [p for p in r.partitions if p.name != name], plan)
+        cp = ps.plan_delete_change(site, op)
         change.print_change(cp, dry_run=dry_run)
         held = change.gate(site, cp, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run)
     if not dry_run:                     # under the rack lock taken above
-        if edit is not None:
-            write_edit(edit)
-        if plan is not None and client is not None:
-            try:
-                _apply(client, plan, r)
-            except MctlError as exc:
-                exc.hint = (exc.hint or "") + change.held_hint(held)
-                raise
+        ps.commit_delete(op, held=held,
+                         on_step=_Show(r, dry_run=False, total=len(op.plan.changes) if op.plan else 0).step)
         change.release(site, held)
     if quiet:
-        render.print_json({"rack": rack, "name": name, "inventory_changed": edit is not None,
-                           "plan": plan.to_dict() if plan else None, "change": cp.to_dict() if cp else None,
-                           "applied": plan is not None and not dry_run, "dry_run": dry_run})
+        render.print_json(op.to_dict())

@@ -1,10 +1,11 @@
 """The cross-layer plan of a partition change, as `mctl partition create|apply|delete` print and gate it.
 
-The plan comes from mctl.fabric.change (pure) over the work mctl.fabric.work
-discovers; here it is printed and the jobs rule is applied: running work on the
-affected trays refuses the change, unless --drain (hold the trays in Slurm, wait
-for their jobs) or --force (say what breaks, ask unless --yes). See
-docs/partitions.md and docs/decisions.md (D24).
+The plan comes from mctl.fabric.partition_service.change_plan (mctl.fabric.change
+over the work mctl.fabric.work discovers); here it is printed and the jobs rule
+is applied: running work on the affected trays refuses the change, unless
+--drain (the service holds the trays in Slurm and waits for their jobs) or
+--force (say what breaks, ask unless --yes). See docs/partitions.md and
+docs/decisions.md (D24).
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import typer
 from mctl.cli import render
 from mctl.cli.context import options
 from mctl.cli.options import finite
-from mctl.errors import PartialFailure, UsageError
+from mctl.errors import UsageError
+from mctl.fabric.partition_service import DEFAULT_WAIT
 
 if TYPE_CHECKING:
     from mctl.model.change import ChangePlan
-    from mctl.model.fabric import PartitionPlan
-    from mctl.model.site import Partition, Rack, Site
+    from mctl.model.site import Site
 
 DrainOpt = Annotated[bool, typer.Option("--drain", help="When jobs run on the trays the change touches: hold those "
                                                         "trays in Slurm (reason 'mctl: partition change ...'), wait "
@@ -32,7 +33,6 @@ WaitOpt = Annotated[Optional[float], typer.Option("--wait", click_type=finite(mi
 ForceOpt = Annotated[bool, typer.Option("--force", help="Go ahead although work runs on the trays the change "
                                                         "touches (it is named and broken); asks unless --yes.")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="With --force: do not ask.")]
-DEFAULT_WAIT = 600.0
 
 
 def _say(text: str) -> None:
@@ -47,21 +47,6 @@ def check_flags(drain: bool, wait: float | None, force: bool, yes: bool) -> None
         raise UsageError("--wait goes with --drain", hint="e.g. --drain --wait 900")
     if yes and not force:
         raise UsageError("--yes goes with --force", hint="it skips the question --force asks")
-
-
-def build(site: "Site", rack: "Rack", after: Sequence["Partition"], nmx: "PartitionPlan | None") -> "ChangePlan":
-    """The plan with the work discovered on the trays it touches (the scheduler is asked only when needed)."""
-    from mctl.fabric.change import plan_change
-    from mctl.fabric.service import imex_settings
-    from mctl.fabric.work import discover
-
-    settings = imex_settings(site)
-    first = plan_change(site, rack, after, nmx, settings=settings)
-    if not first.affected:
-        return first
-    work, error = discover(site, first.affected)
-    return plan_change(site, rack, after, nmx, settings=settings, work=work, work_known=error is None,
-                       work_error=error)
 
 
 def print_change(cp: "ChangePlan", *, dry_run: bool) -> None:
@@ -126,7 +111,7 @@ def gate(site: "Site", cp: "ChangePlan", *, drain: bool, wait: float | None, for
          dry_run: bool) -> list[str]:
     """Apply the jobs rule; returns the trays held in Slurm for the change (release them once it is done)."""
     from mctl.fabric.change import DRAIN, FORCE, GO, decide
-    from mctl.fabric.work import HOLD_PREFIX, hold_trays, release_command, wait_for_jobs
+    from mctl.fabric.partition_service import busy_trays, hold_for_change
     from mctl.model.site import fold
 
     verdict = decide(cp, drain=drain, force=force)
@@ -157,41 +142,25 @@ def gate(site: "Site", cp: "ChangePlan", *, drain: bool, wait: float | None, for
             hint = "--drain holds trays in Slurm only; move the pods off the trays, or give --force"
         raise UsageError(f"rack {cp.rack}: the change touches trays with running work: {_named(cp)}; "
                          "nothing was changed", hint=hint)
-    busy = sorted({n for w in cp.work for n in w.nodes if n in set(cp.affected)})
-    held, refused = hold_trays(site, list(cp.affected), cp.rack)
-    for tray, why in refused.items():
-        render.warn(f"{tray} was not held by mctl: {why} (left as it is)")
+    busy = busy_trays(cp)
     seconds = DEFAULT_WAIT if wait is None else wait
-    if not options().json:
-        _say(f"  held in Slurm: {fold(held) if held else 'none'}; waiting up to {seconds:g}s for the jobs on "
-             f"{fold(busy)} to end")
-    left = wait_for_jobs(site, list(cp.affected), seconds)
-    if left:
-        raise PartialFailure(f"rack {cp.rack}: the jobs on the trays did not end within {seconds:g}s: "
-                             f"{'; '.join(w.describe() for w in left)}; nothing was changed, and "
-                             f"{fold(held) if held else 'no tray'} stay held (reason '{HOLD_PREFIX} ...')",
-                             hint="run the same command again (with --drain) to go on waiting, or release the trays: "
-                                  + (release_command(held) if held else "nothing to release"))
-    return held
+
+    def on_held(held: list[str], refused: dict[str, str]) -> None:
+        for tray, why in refused.items():
+            render.warn(f"{tray} was not held by mctl: {why} (left as it is)")
+        if not options().json:
+            _say(f"  held in Slurm: {fold(held) if held else 'none'}; waiting up to {seconds:g}s for the jobs on "
+                 f"{fold(busy)} to end")
+
+    return hold_for_change(site, cp, seconds, on_held=on_held)
 
 
 def release(site: "Site", held: Sequence[str]) -> None:
-    from mctl.fabric.work import release_command, release_trays
+    from mctl.fabric.partition_service import release_held
     from mctl.model.site import fold
 
     if not held:
         return
-    failed = release_trays(site, held)
-    if failed:
-        raise PartialFailure(f"the change is done but {fold(failed)} could not be released: "
-                             + "; ".join(f"{t}: {w}" for t, w in failed.items()),
-                             hint=release_command(list(failed)))
+    release_held(site, held)
     if not options().json:
         _say(f"  released {fold(held)} in Slurm")
-
-
-def held_hint(held: Sequence[str]) -> str:
-    from mctl.fabric.work import release_command
-
-    return f"; {', '.join(held)} stay held in Slurm: once fixed run the command again, or release them: " \
-           f"{release_command(held)}" if held else ""

@@ -12,7 +12,7 @@ from mctl.health.engine import SweepResult
 from mctl.health.facts import TrayHealthFacts
 from mctl.health.metrics import MetricsServer, render, write_textfile
 from mctl.health.policy import NodeView, TrayRecord, TrayVerdict
-from mctl.health.screen import WatchScreen, sweep_line
+from mctl.cli.health_screen import WatchScreen, sweep_line
 from mctl.health.watch import Event, WatchView, events_of
 from mctl.model.findings import Finding, Severity
 

@@ -822,7 +822,7 @@ def test_markup_in_tray_and_rack_names_on_the_watch_screen():
     from mctl.health.engine import SweepResult
     from mctl.health.facts import TrayHealthFacts
     from mctl.health.policy import NodeView, TrayVerdict
-    from mctl.health.screen import WatchScreen
+    from mctl.cli.health_screen import WatchScreen
     from mctl.health.watch import WatchView
     from mctl.model.findings import Severity
 
