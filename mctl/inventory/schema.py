@@ -10,7 +10,7 @@ reads these classes. Their defaults agree with the model's (tests/unit/test_sett
 from __future__ import annotations
 
 from mctl.inventory.spec import ANY, DictOf, Either, F, ListOf, OneOf, Opt, Spec
-from mctl.model.settings import DEFAULT_HYSTERESIS_CHECKS, FABRIC_FLAG_DEFAULTS
+from mctl.model.settings import DEFAULT_HYSTERESIS_CHECKS, FABRIC_FLAG_DEFAULTS, subcode_texts
 from mctl.model.xid import DEFAULT_DRAIN_XIDS, DEFAULT_NVLINK5_NO_DRAIN
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -164,7 +164,7 @@ class HealthSpec(Spec):
     # NVLink5 XIDs 144-150 (docs/health.md): drain on the line's Fatal word ("fatal") or on every line ("all");
     # Fatal XID.subcode pairs that never drain (NVIDIA's catalogue: ignore).
     nvlink5_drain = F(OneOf("fatal", "all"), "fatal")
-    nvlink5_no_drain = F(ListOf(str), factory=lambda: [f"{x}.{c}" for x, c in sorted(DEFAULT_NVLINK5_NO_DRAIN)])
+    nvlink5_no_drain = F(ListOf(str), factory=lambda: subcode_texts(DEFAULT_NVLINK5_NO_DRAIN))
     resume_after_healthy_sweeps = F(int, 3, ge=1)
     unreachable_sweeps_before_drain = F(int, 3, ge=1)
     max_gpu_temp_c = F(float, 90)

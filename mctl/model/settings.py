@@ -51,7 +51,7 @@ def parse_subcodes(values) -> frozenset[tuple[int, int]]:
     return frozenset(out)
 
 
-def _subcode_texts(pairs) -> list[str]:
+def subcode_texts(pairs) -> list[str]:
     return [f"{x}.{s}" for x, s in sorted(pairs)]
 
 
@@ -147,7 +147,7 @@ class HealthSettings:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["drain_xids"] = sorted(self.drain_xids)
-        data["nvlink5_no_drain"] = _subcode_texts(self.nvlink5_no_drain)
+        data["nvlink5_no_drain"] = subcode_texts(self.nvlink5_no_drain)
         data["fabric_flags"] = {k: Severity(v).value for k, v in self.fabric_flags.items()}
         data["driver_mismatch"] = self.driver_mismatch.value
         data["disk_paths"] = list(self.disk_paths)
