@@ -478,7 +478,7 @@ class Soak:
     def report(self, faults: list[Fault], globals_: list[Fault], final: dict) -> dict:
         from mctl.health import store
 
-        from mctl.health.settings import parse_duration
+        from mctl.model.settings import parse_duration
 
         entries = store.read_actions(self.state, damaged=[])
         ok = [e for e in entries if e.get("result") == "ok"]

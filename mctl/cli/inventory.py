@@ -65,7 +65,7 @@ def show(rack: str = typer.Argument(None, help="Only this rack."), json_: JsonOp
                         "image": h.image, "partition": (r.partition_of(h.name).name if r.partition_of(h.name) else None),
                         "vars": h.vars} for h in r.hosts],
              "partitions": [{"name": p.name, "trays": p.nodeset} for p in r.partitions]} for r in racks],
-            "scheduler": site.scheduler.model_dump() if site.scheduler else None})
+            "scheduler": site.scheduler.to_dict() if site.scheduler else None})
         return
     con = render.console()
     con.print(f"site {site.name} ({site.file})", markup=False, highlight=False)

@@ -22,7 +22,7 @@ from mctl.health.breaker import BreakerState
 from mctl.health.facts import TrayHealthFacts
 from mctl.health.policy import Decision, NodeView, TrayVerdict
 from mctl.health.probe import parse_probe, probe_script, ssh_command, unreached
-from mctl.health.settings import HealthSettings
+from mctl.model.settings import HealthSettings
 from mctl.health.site_view import Scope, expectations, partition_plan, rack_sizes
 from mctl.health.slurm_ops import SchedulerUnreachable
 from mctl.model.findings import Finding, Severity, sort_findings, worst

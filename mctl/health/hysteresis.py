@@ -21,30 +21,11 @@ The state is a small JSON-able dict per check (kept in the tray's policy record 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 from mctl.model.findings import Finding, Severity
-
-DEFAULT_CHECKS = frozenset({"nvlink.links", "gpu.xid", "fabric.state"})
-
-
-@dataclass(frozen=True)
-class HysteresisSettings:
-    clear_sweeps: int = 1               # clear sweeps that release a latch that never flapped
-    max_hold_sweeps: int = 64           # the longest hold, however often it flapped
-    checks: frozenset[str] = DEFAULT_CHECKS
-    window_sweeps: int = 10             # a finding back within this many sweeps after its release flapped
-
-    def hold(self, flaps: int) -> int:
-        """Clear sweeps in a row that release a latch: clear_sweeps for a steady fault; once it came back,
-        window_sweeps, doubling with every further return, at most max_hold_sweeps."""
-        flaps = int(flaps)
-        if flaps <= 0:
-            n = self.clear_sweeps
-        else:
-            n = max(self.clear_sweeps, self.window_sweeps, 1) * (2 ** min(flaps - 1, 20))
-        return max(1, min(n, self.max_hold_sweeps))
+from mctl.model.settings import HysteresisSettings
 
 
 def step(latches: Mapping[str, Mapping[str, Any]] | None, findings: Sequence[Finding],

@@ -33,7 +33,7 @@ from mctl.health import checks, policy, store
 from mctl.health.breaker import BreakerState
 from mctl.health.facts import TrayExpectation, TrayHealthFacts
 from mctl.health.probe import parse_probe, probe_script
-from mctl.health.settings import HealthSettings
+from mctl.model.settings import HealthSettings
 from mctl.health.slurm_ops import apply_script, controller_down, parse_apply, read_nodes, show_node_command
 from mctl.model.findings import Severity, sort_findings, worst
 

@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 from mctl.health import breaker as breakerlib
 from mctl.health.breaker import BreakerState
 from mctl.health.checks import compose_reason, drain_reason
-from mctl.health.settings import REASON_PREFIX, HealthSettings
+from mctl.model.settings import REASON_PREFIX, HealthSettings
 from mctl.model.findings import Finding, Severity
 
 DRAIN, RESUME, SKIP, FORGET, QUEUE = "drain", "resume", "skip", "forget", "queue"

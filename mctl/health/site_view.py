@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from mctl.health.facts import TrayExpectation
-from mctl.health.settings import HealthSettings
+from mctl.model.settings import HealthSettings
 
 if TYPE_CHECKING:
     from mctl.model.site import Host, Rack, Site
@@ -65,7 +65,7 @@ def rack_sizes(site: "Site") -> dict[str, int]:
 
 
 def settings_of(site: "Site") -> HealthSettings:
-    return HealthSettings.from_spec(site.health)
+    return site.health                  # converted once, by the inventory loader
 
 
 @dataclass(frozen=True)

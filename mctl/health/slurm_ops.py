@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from mctl.health.policy import DRAIN, RESUME, Decision, NodeView
-from mctl.health.settings import REASON_PREFIX
+from mctl.model.settings import REASON_PREFIX
 from mctl.sched.slurm.facts import NodeState, parse_show_nodes
 
 SHOW_NODES = "scontrol show node -o"

@@ -27,7 +27,7 @@ from mctl.health.policy import DRAIN, FORGET, QUEUE, RESUME, SKIP
 
 if TYPE_CHECKING:
     from mctl.health.engine import SweepResult
-    from mctl.health.settings import HealthSettings
+    from mctl.model.settings import HealthSettings
     from mctl.health.site_view import Scope
     from mctl.model.site import Site
 

@@ -1,6 +1,6 @@
 """Site inventory: load, validate, and expose to Ansible.
 
-Imports are lazy so that mctl.model.site can use the schema types without a cycle.
+Imports are lazy: `import mctl.inventory` costs nothing until the loader is used.
 """
 
 from __future__ import annotations

@@ -14,11 +14,14 @@ from typing import Any
 from ClusterShell.NodeSet import NodeSet, NodeSetParseError, RangeSetParseError
 
 from mctl.errors import InventoryError, Problem, UsageError
+from mctl.inventory.convert import (bmc_settings, health_settings, nmx_settings, scheduler_settings,
+                                    ssh_settings)
 from mctl.inventory.schema import RackSpec, SiteSpec, TrayGroup
 from mctl.inventory.spec import DictOf, ListOf, Opt, Spec, SpecError
 from mctl.inventory.yamlsrc import Located, dotted, load_yaml
 from mctl.model.names import (CLUSTER_GRAMMAR, HOST_GRAMMAR, PARTITION_GRAMMAR, is_cluster_name, is_host_name,
                               is_partition_name, nodeset_too_big, path_problem, shown)
+from mctl.model.settings import HealthSettings
 from mctl.model.site import MODEL_SHAPES, Host, Partition, Rack, Site
 
 INVENTORY_NAMES = ("mctl.yml", "mctl.yaml")
@@ -382,7 +385,7 @@ def _build_site(spec: SiteSpec, file: Path, doc: Located) -> tuple[Site | None, 
         partitions = _partitions(rs, rack_name, compute, spec, doc, problems)
         racks[rack_name] = Rack(name=rack_name, model=rs.model, compute_trays=want_c, switch_trays=want_s,
                                 nvlink_domain=rs.nvlink_domain.lower() if rs.nvlink_domain else None,
-                                nmx=rs.nmx, head=head, compute=tuple(compute), switches=tuple(switches),
+                                nmx=nmx_settings(rs.nmx), head=head, compute=tuple(compute), switches=tuple(switches),
                                 partitions=tuple(partitions))
 
     domains: dict[str, str] = {}
@@ -400,8 +403,9 @@ def _build_site(spec: SiteSpec, file: Path, doc: Located) -> tuple[Site | None, 
         problems.append(Problem(doc.file, doc.line_of(path), dotted(path),
                                 f"unknown host {spec.scheduler.controller!r}", "name a head node of one of the racks"))
 
-    site = Site(name=spec.site, file=file.resolve(), ssh=spec.ssh, racks=racks, scheduler=spec.scheduler,
-                health=spec.health, images_dir=images_dir, vars=dict(spec.vars), bmc=spec.bmc)
+    site = Site(name=spec.site, file=file.resolve(), ssh=ssh_settings(spec.ssh), racks=racks,
+                scheduler=scheduler_settings(spec.scheduler), health=_health(spec, doc, problems),
+                images_dir=images_dir, vars=dict(spec.vars), bmc=bmc_settings(spec.bmc))
     if spec.bmc is not None:
         _check_path(spec.bmc.credentials_file, doc, ("bmc", "credentials_file"), problems)
         if spec.bmc.scheme == "http" and any(not _loopback(h.bmc) for h in site.hosts() if h.bmc):
@@ -414,6 +418,17 @@ def _build_site(spec: SiteSpec, file: Path, doc: Located) -> tuple[Site | None, 
                                     f"verify_tls is the string {spec.bmc.verify_tls!r}, not a boolean or a CA "
                                     "bundle path", "write verify_tls: false (without quotes), or the CA path"))
     return site, problems
+
+
+def _health(spec: SiteSpec, doc: Located, problems: list[Problem]) -> HealthSettings:
+    """The health settings; a value only the conversion can judge is a problem at its line (the site is refused)."""
+    try:
+        return health_settings(spec.health)
+    except UsageError as exc:
+        path = ("health", "nvlink5_no_drain")
+        problems.append(Problem(doc.file, doc.line_of(path), dotted(path),
+                                exc.message.removeprefix("inventory health.nvlink5_no_drain: "), exc.hint))
+        return HealthSettings()
 
 
 _BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "y", "n", "t", "f", "0", "1")

@@ -2,23 +2,25 @@
 
 mctl.inventory.spec checks types, bounds and unknown keys; cross-field rules (tray
 counts, overlaps, references) live in the loader and validate.py so each can say
-exactly what is wrong.
+exactly what is wrong. Each section is converted once, by the loader, into the model's
+settings (mctl.model.settings, via mctl.inventory.convert); nothing after the loader
+reads these classes. Their defaults agree with the model's (tests/unit/test_settings_model.py).
 """
 
 from __future__ import annotations
 
 from mctl.inventory.spec import ANY, DictOf, Either, F, ListOf, OneOf, Opt, Spec
+from mctl.model.settings import DEFAULT_HYSTERESIS_CHECKS, FABRIC_FLAG_DEFAULTS, subcode_texts
+from mctl.model.xid import DEFAULT_DRAIN_XIDS, DEFAULT_NVLINK5_NO_DRAIN
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 DURATION_PATTERN = r"^[0-9]+[smhd]$"
-FABRIC_FLAGS = ("degraded_bandwidth", "route_recovery_in_progress", "route_unhealthy", "access_timeout_recovery",
-                "incorrect_configuration", "summary_unhealthy", "summary_limited_capacity")
-DEFAULT_DRAIN_XIDS = (46, 48, 64, 74, 79, 95, 119, 120, 136, 140, 144, 145, 146, 147, 148, 149, 150, 155, 158)
+FABRIC_FLAGS = tuple(FABRIC_FLAG_DEFAULTS)
 
 
 # Defaults are taken as written, as pydantic did (it never validated them): `interval` stays 60, not 60.0.
 
-class SSHSettings(Spec):
+class SSHSpec(Spec):
     user = F(str, "root")
     port = F(int, 22, ge=1, le=65535)
     identity_file = F(Opt(str), None)
@@ -28,14 +30,14 @@ class SSHSettings(Spec):
     concurrency = F(int, 64, ge=1, le=4096)
 
 
-class NMXSettings(Spec):
+class NMXSpec(Spec):
     url = F(str)
     credentials_file = F(str)
     verify_tls = F(Either(bool, str), True)     # true, false, or a CA bundle path (loader: _nmx_problems)
     allow_http = F(bool, False)                 # plain http:// on a routed address (else loopback only)
 
 
-class BMCSettings(Spec):
+class BMCSpec(Spec):
     """How mctl reaches the trays' BMCs over Redfish (docs/bmc.md); the addresses are each group's `bmc`."""
 
     credentials_file = F(str)                   # one line username:password, mode 0600
@@ -79,14 +81,14 @@ class RackSpec(Spec):
     model = F(OneOf("nvl72"), "nvl72")
     shape = F(Opt(RackShape), None)
     nvlink_domain = F(Opt(str), None, pattern=r"^[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$")
-    nmx = F(Opt(NMXSettings), None)
+    nmx = F(Opt(NMXSpec), None)
     head = F(Opt(HeadNode), None)
     compute = F(TrayGroup)
     switches = F(Opt(TrayGroup), None)
     partitions = F(ListOf(PartitionSpec), factory=list)
 
 
-class SlurmSettings(Spec):
+class SlurmSpec(Spec):
     partition_name = F(str, "gpu")
     imex_channel_count = F(int, 2048, ge=1)
     health_check_interval = F(int, 300, ge=0)
@@ -117,7 +119,7 @@ class SlurmSettings(Spec):
     verify_timeout = F(float, 120, gt=0)                        # seconds for every tray to register
 
 
-class K8sSettings(Spec):
+class K8sSpec(Spec):
     kubeconfig = F(Opt(str), None)
     namespace = F(str, "gpu-operator")
     # Optional; see docs/scheduler.md.
@@ -137,8 +139,8 @@ class SchedulerSpec(Spec):
     type = F(OneOf("slurm", "k8s"))
     cluster_name = F(str, "mctl")
     controller = F(Opt(str), None)
-    slurm = F(SlurmSettings, factory=SlurmSettings)
-    k8s = F(K8sSettings, factory=K8sSettings)
+    slurm = F(SlurmSpec, factory=SlurmSpec)
+    k8s = F(K8sSpec, factory=K8sSpec)
 
 
 class BreakerSpec(Spec):
@@ -153,16 +155,16 @@ class HysteresisSpec(Spec):
     clear_sweeps = F(int, 1, ge=1)           # clear sweeps that release a finding that never came back
     max_hold_sweeps = F(int, 64, ge=1)       # the longest hold, however often it flapped
     window_sweeps = F(int, 10, ge=0)         # back within this many sweeps after its release: it flapped
-    checks = F(ListOf(str), factory=lambda: ["fabric.state", "gpu.xid", "nvlink.links"])
+    checks = F(ListOf(str), factory=lambda: sorted(DEFAULT_HYSTERESIS_CHECKS))
 
 
 class HealthSpec(Spec):
     interval = F(float, 60, gt=0)
-    drain_xids = F(ListOf(int), factory=lambda: list(DEFAULT_DRAIN_XIDS))
+    drain_xids = F(ListOf(int), factory=lambda: sorted(DEFAULT_DRAIN_XIDS))
     # NVLink5 XIDs 144-150 (docs/health.md): drain on the line's Fatal word ("fatal") or on every line ("all");
     # Fatal XID.subcode pairs that never drain (NVIDIA's catalogue: ignore).
     nvlink5_drain = F(OneOf("fatal", "all"), "fatal")
-    nvlink5_no_drain = F(ListOf(str), factory=lambda: ["149.38", "149.40"])
+    nvlink5_no_drain = F(ListOf(str), factory=lambda: subcode_texts(DEFAULT_NVLINK5_NO_DRAIN))
     resume_after_healthy_sweeps = F(int, 3, ge=1)
     unreachable_sweeps_before_drain = F(int, 3, ge=1)
     max_gpu_temp_c = F(float, 90)
@@ -195,9 +197,9 @@ class SiteSpec(Spec):
     plugin = F(OneOf("mctl"), "mctl")
     site = F(str, pattern=NAME_PATTERN)
     images_dir = F(Opt(str), None)
-    ssh = F(SSHSettings, factory=SSHSettings)
+    ssh = F(SSHSpec, factory=SSHSpec)
     racks = F(DictOf(str, RackSpec))
     scheduler = F(Opt(SchedulerSpec), None)
     health = F(HealthSpec, factory=HealthSpec)
     vars = F(DictOf(str, ANY), factory=dict)
-    bmc = F(Opt(BMCSettings), None)
+    bmc = F(Opt(BMCSpec), None)

@@ -1,6 +1,7 @@
-"""The site as mctl sees it once the inventory validated: racks, trays, partitions.
+"""The site as mctl sees it once the inventory validated: racks, trays, partitions, settings.
 
-Plain frozen objects with no I/O. Host lists are ClusterShell node sets.
+Plain frozen objects with no I/O, built once by mctl.inventory.loader. Host lists are
+ClusterShell node sets; the settings are mctl.model.settings.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any, Iterable, Literal
 
 from ClusterShell.NodeSet import NodeSet
 
-from mctl.inventory.schema import BMCSettings, HealthSpec, NMXSettings, SchedulerSpec, SSHSettings
+from mctl.model.settings import BMCSettings, HealthSettings, NMXSettings, SchedulerSettings, SSHSettings
 
 Role = Literal["compute", "switch", "head"]
 
@@ -78,8 +79,8 @@ class Site:
     file: Path
     ssh: SSHSettings
     racks: dict[str, Rack]
-    scheduler: SchedulerSpec | None
-    health: HealthSpec
+    scheduler: SchedulerSettings | None
+    health: HealthSettings
     images_dir: Path | None
     vars: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     bmc: BMCSettings | None = None

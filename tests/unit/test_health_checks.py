@@ -16,7 +16,7 @@ from mctl.health.checks import compose_reason, drain_reason
 from mctl.health.checks import fabric_identity
 from mctl.health.facts import (Clock, DiskUsage, ImexObservation, Memory, TrayExpectation, TrayHealthFacts,
                                observe_xid)
-from mctl.health.settings import REASON_MAX, HealthSettings
+from mctl.model.settings import REASON_MAX, HealthSettings
 from mctl.model.findings import Severity, worst
 from mctl.model.gpu import GpuNvLinks, NvLink
 from mctl.sched.slurm.facts import parse_show_nodes

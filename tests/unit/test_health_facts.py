@@ -15,9 +15,10 @@ from mctl.health import store
 from mctl.health.breaker import BreakerState
 from mctl.health.facts import Clock, TrayHealthFacts, observe_xid
 from mctl.health.policy import TrayRecord
-from mctl.health.settings import FABRIC_FLAG_DEFAULTS, HealthSettings, parse_duration
+from mctl.inventory.convert import health_settings
 from mctl.inventory.schema import HealthSpec
 from mctl.model.findings import Severity
+from mctl.model.settings import FABRIC_FLAG_DEFAULTS, HealthSettings, parse_duration
 from mctl.model.xid import DEFAULT_DRAIN_XIDS
 
 CLOCK = Clock(epoch=1_764_441_600.0, local=datetime(2025, 11, 29, 18, 40, 0), uptime=3_600.0)
@@ -69,7 +70,7 @@ def test_xids_before_an_acknowledgement_are_dropped():
 # --- settings -----------------------------------------------------------------------------------------
 
 def test_inventory_defaults_match_nvidias_fatal_column():
-    settings = HealthSettings.from_spec(HealthSpec())
+    settings = health_settings(HealthSpec())
     assert settings.drain_xids == DEFAULT_DRAIN_XIDS
     assert settings.flag_severity("route_unhealthy") is Severity.WARN
     assert settings.xid_window_s == 3600 and settings.breaker_window_s == 3600
@@ -80,7 +81,7 @@ def test_settings_from_the_inventory_and_json_round_trip():
     spec = HealthSpec(interval=5, drain_xids=[79, 63], fabric_flags={"route_unhealthy": "critical"},
                       xid_window="10m", breaker={"max_drained_share": 0.5, "window": "2h", "scope": "site"},
                       imex="required", disk_paths=["/"])
-    s = HealthSettings.from_spec(spec)
+    s = health_settings(spec)
     assert (s.interval, s.drain_xids, s.xid_window_s, s.breaker_window_s, s.breaker_scope, s.imex) == \
         (5.0, frozenset({79, 63}), 600.0, 7200.0, "site", "required")
     assert s.flag_severity("route_unhealthy") is Severity.CRITICAL

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from mctl.health.hysteresis import HysteresisSettings, step
+from mctl.health.hysteresis import step
 from mctl.health.policy import DRAIN, RESUME, TrayRecord, TrayVerdict
-from mctl.health.settings import HealthSettings
 from mctl.model.findings import Finding, Severity
+from mctl.model.settings import HealthSettings, HysteresisSettings
 from tests.unit.test_health_policy import S, Site
 
 H = HysteresisSettings()
@@ -136,9 +136,10 @@ def test_settings_round_trip_and_come_from_the_inventory():
     s = replace(S, hysteresis_clear_sweeps=2, hysteresis_checks=("nvlink.links",))
     assert HealthSettings.from_dict(json.loads(json.dumps(s.to_dict()))) == s
     assert s.hysteresis == HysteresisSettings(2, 64, frozenset({"nvlink.links"}))
+    from mctl.inventory.convert import health_settings
     from mctl.inventory.schema import HealthSpec
 
     spec = HealthSpec.from_dict({"hysteresis": {"clear_sweeps": 3, "checks": ["gpu.xid"]}}) \
         if hasattr(HealthSpec, "from_dict") else None
     if spec is not None:
-        assert HealthSettings.from_spec(spec).hysteresis == HysteresisSettings(3, 64, frozenset({"gpu.xid"}))
+        assert health_settings(spec).hysteresis == HysteresisSettings(3, 64, frozenset({"gpu.xid"}))

@@ -10,7 +10,7 @@ from mctl.health import breaker as breakerlib
 from mctl.health.breaker import BreakerState
 from mctl.health.policy import (DRAIN, FORGET, QUEUE, RESUME, SKIP, Decision, NodeView, TrayRecord, TrayVerdict,
                                 decide, settle)
-from mctl.health.settings import HealthSettings
+from mctl.model.settings import HealthSettings
 from mctl.model.findings import Finding, Severity
 from mctl.sched.slurm.facts import parse_show_nodes
 

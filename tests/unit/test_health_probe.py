@@ -20,7 +20,7 @@ from mctl.health import checks
 from mctl.health.facts import TrayExpectation
 from mctl.health.probe import (RC_ABSENT, imex_observation, parse_clock, parse_df, parse_meminfo, parse_probe,
                                probe_script, ssh_command)
-from mctl.health.settings import HealthSettings
+from mctl.model.settings import HealthSettings
 from mctl.lab.emulators import nvidia_smi as emu
 from mctl.model.findings import Severity
 

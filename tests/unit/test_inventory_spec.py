@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mctl.inventory.schema import HealthSpec, SiteSpec, SSHSettings
+from mctl.inventory.schema import HealthSpec, SiteSpec, SSHSpec
 from mctl.inventory.spec import ANY, DictOf, Either, F, ListOf, OneOf, Opt, Spec, SpecError
 
 
@@ -61,7 +61,7 @@ def test_every_problem_with_its_location_in_document_order():
                                         (None, "int_type"), ([1], "int_type")])
 def test_integers(value, kind):
     with pytest.raises(SpecError) as info:
-        SSHSettings.model_validate({"port": value})
+        SSHSpec.model_validate({"port": value})
     assert [e["type"] for e in info.value.errors()] == [kind]
 
 

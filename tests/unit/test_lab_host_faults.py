@@ -17,7 +17,7 @@ from mctl.health.boots import BootMemory
 from mctl.health.checks import boot
 from mctl.health.facts import Clock, TrayHealthFacts, TrayExpectation, observe_xid
 from mctl.health.probe import parse_boot_id
-from mctl.health.settings import HealthSettings
+from mctl.model.settings import HealthSettings
 from mctl.lab import control, faults, hostinit, hosts
 from mctl.lab.layout import LabLayout
 from mctl.model.findings import Severity

@@ -8,7 +8,7 @@ import pytest
 
 from mctl.health import checks, nvml
 from mctl.health.facts import TrayExpectation, TrayHealthFacts
-from mctl.health.settings import HealthSettings
+from mctl.model.settings import HealthSettings
 from mctl.model.findings import Severity
 
 UUID = bytes.fromhex("889d2be14bbf69e1d3f297c465ee31aa")

@@ -21,7 +21,7 @@ from mctl.facts.validate import validate_rack
 from mctl.health import checks
 from mctl.health.checks import ecc, gpu_count, nvlink, thermal, xid
 from mctl.health.facts import Clock, TrayExpectation, TrayHealthFacts, observe_xid
-from mctl.health.settings import HealthSettings, parse_subcodes
+from mctl.model.settings import HealthSettings, parse_subcodes
 from mctl.model.findings import Severity
 from mctl.model.inventory_snapshot import TrayFacts
 from mctl.model.xid import DEFAULT_DRAIN_XIDS, judge, nvlink5_detail, recovery_change
@@ -377,12 +377,13 @@ def test_nvlink5_settings_are_checked():
     with pytest.raises(ValueError, match="nvlink5_drain"):
         HealthSettings.from_dict({"nvlink5_drain": "some"})
     from mctl.errors import UsageError
+    from mctl.inventory.convert import health_settings
     from mctl.inventory.schema import HealthSpec
 
     with pytest.raises(UsageError, match="health.nvlink5_no_drain") as err:
-        HealthSettings.from_spec(HealthSpec(nvlink5_no_drain=["79.1"]))
+        health_settings(HealthSpec(nvlink5_no_drain=["79.1"]))
     assert err.value.exit_code == 2
-    assert HealthSettings.from_spec(HealthSpec()).nvlink5_no_drain == {(149, 38), (149, 40)}
+    assert health_settings(HealthSpec()).nvlink5_no_drain == {(149, 38), (149, 40)}
     back = HealthSettings.from_dict(HealthSettings().to_dict())
     assert back.nvlink5_no_drain == {(149, 38), (149, 40)} and back.nvlink5_drain == "fatal"
 

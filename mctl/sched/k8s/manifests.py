@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from mctl.inventory.schema import K8sSettings
+from mctl.model.settings import K8sSettings
 from mctl.model.site import Site
 from mctl.sched.slurm.topology import Block, blocks_for
 

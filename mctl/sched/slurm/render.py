@@ -17,7 +17,7 @@ from typing import Mapping
 from ClusterShell.NodeSet import NodeSet
 
 from mctl.errors import UsageError
-from mctl.inventory.schema import SlurmSettings
+from mctl.model.settings import SlurmSettings
 from mctl.model.site import Host, Site, fold
 from mctl.sched.slurm.facts import NodeHardware
 from mctl.sched.slurm.gpus import TrayGpus

@@ -1,0 +1,96 @@
+"""The inventory's validated sections (mctl.inventory.schema) into the model's settings, once.
+
+The loader calls these after the schema checked types and bounds; every command after it reads
+mctl.model.settings only. Sections whose keys are the model's fields are copied field by field
+(a field missing on either side is an error here, not a silent default); the health section is
+reshaped (durations in seconds, the breaker and hysteresis keys flattened, severities typed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any, TypeVar
+
+from mctl.errors import UsageError
+from mctl.inventory.schema import BMCSpec, HealthSpec, NMXSpec, SchedulerSpec, SSHSpec
+from mctl.model.findings import Severity
+from mctl.model.settings import (FABRIC_FLAG_DEFAULTS, BMCSettings, HealthSettings, K8sSettings, NMXSettings,
+                                 SchedulerSettings, SlurmSettings, SSHSettings, parse_duration, parse_subcodes)
+
+T = TypeVar("T")
+
+
+def same_fields(cls: type[T], spec: Any) -> T:
+    """*cls* built from the spec section with the same keys (values as validated)."""
+    names = [f.name for f in fields(cls)]
+    if set(names) != set(type(spec).model_fields):
+        raise TypeError(f"{type(spec).__name__} and {cls.__name__} disagree on their keys")
+    return cls(**{name: getattr(spec, name) for name in names})
+
+
+def ssh_settings(spec: SSHSpec) -> SSHSettings:
+    return same_fields(SSHSettings, spec)
+
+
+def nmx_settings(spec: NMXSpec | None) -> NMXSettings | None:
+    return None if spec is None else same_fields(NMXSettings, spec)
+
+
+def bmc_settings(spec: BMCSpec | None) -> BMCSettings | None:
+    return None if spec is None else same_fields(BMCSettings, spec)
+
+
+def scheduler_settings(spec: SchedulerSpec | None) -> SchedulerSettings | None:
+    if spec is None:
+        return None
+    return SchedulerSettings(type=spec.type, cluster_name=spec.cluster_name, controller=spec.controller,
+                             slurm=same_fields(SlurmSettings, spec.slurm), k8s=same_fields(K8sSettings, spec.k8s))
+
+
+def health_settings(spec: HealthSpec) -> HealthSettings:
+    """The `health:` section as the checks, the policy and the watch read it.
+
+    A bad `nvlink5_no_drain` entry (the only value the schema cannot check by itself) is a
+    UsageError naming the key; the loader reports it as a problem of the inventory."""
+    try:
+        no_drain = parse_subcodes(spec.nvlink5_no_drain)
+    except ValueError as exc:
+        raise UsageError(f"inventory health.nvlink5_no_drain: {exc}",
+                         hint="quote each entry in the inventory, e.g. nvlink5_no_drain: ['149.38', '149.40']"
+                         ) from None
+    flags = dict(FABRIC_FLAG_DEFAULTS)
+    flags.update({k: Severity(v) for k, v in spec.fabric_flags.items()})
+    breaker, hysteresis = spec.breaker, spec.hysteresis
+    return HealthSettings(
+        interval=float(spec.interval),
+        drain_xids=frozenset(int(x) for x in spec.drain_xids),
+        nvlink5_drain=str(spec.nvlink5_drain),
+        nvlink5_no_drain=no_drain,
+        resume_after_healthy_sweeps=int(spec.resume_after_healthy_sweeps),
+        unreachable_sweeps_before_drain=int(spec.unreachable_sweeps_before_drain),
+        confirm_sweeps=int(spec.confirm_sweeps),
+        max_gpu_temp_c=float(spec.max_gpu_temp_c),
+        gpu_temp_warn_c=None if spec.gpu_temp_warn_c is None else float(spec.gpu_temp_warn_c),
+        max_power_overshoot_pct=float(spec.max_power_overshoot_pct),
+        xid_window_s=parse_duration(spec.xid_window),
+        fabric_flags=flags,
+        driver_mismatch=Severity(spec.driver_mismatch),
+        imex=str(spec.imex),
+        disk_paths=tuple(spec.disk_paths),
+        disk_warn_pct=float(spec.disk_warn_pct),
+        disk_critical_pct=float(spec.disk_critical_pct),
+        memory_warn_available_pct=float(spec.memory_warn_available_pct),
+        breaker_max_share=float(breaker.max_drained_share),
+        breaker_window_s=parse_duration(breaker.window),
+        breaker_scope=str(breaker.scope),
+        remediate=bool(spec.remediate),
+        k8s_taint=str(spec.k8s_taint),
+        hysteresis_clear_sweeps=int(hysteresis.clear_sweeps),
+        hysteresis_max_hold_sweeps=int(hysteresis.max_hold_sweeps),
+        hysteresis_window_sweeps=int(hysteresis.window_sweeps),
+        hysteresis_checks=tuple(sorted(str(c) for c in hysteresis.checks)),
+        tray_deadline=None if spec.tray_deadline is None else float(spec.tray_deadline),
+        metrics_textfile=spec.metrics_textfile,
+        metrics_port=spec.metrics_port,
+        metrics_listen=str(spec.metrics_listen),
+    )

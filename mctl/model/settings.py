@@ -1,0 +1,278 @@
+"""The site's settings as mctl reads them: plain frozen objects, standard library only.
+
+The inventory's sections (`ssh:`, `bmc:`, `scheduler:`, `health:` and each rack's `nmx:`)
+are validated by mctl.inventory (schema.py, spec.py) and converted once, by the loader,
+into these (mctl.inventory.convert); everything after the loader reads only these. Nothing
+here knows the YAML: the model sits on no validator.
+
+Health settings also travel to a tray running `mctl node check`, which carries no inventory
+code: as JSON (HealthSettings.to_dict) and back (from_dict). Both paths end in the same
+object, which keeps the watch and the node check on one set of rules.
+
+Defaults here and in mctl.inventory.schema must agree (tests/unit/test_settings_model.py).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Mapping
+
+from mctl.model.findings import Severity
+from mctl.model.xid import DEFAULT_DRAIN_XIDS, DEFAULT_NVLINK5_NO_DRAIN, NVLINK5_MODES
+
+REASON_PREFIX = "mctl:"
+REASON_MAX = 40          # sinfo -R shows 20 by default; 40 reads whole in `sinfo -R -o "%40E %N"`
+
+_DURATION = re.compile(r"^(\d+)([smhd])$")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+FABRIC_FLAG_DEFAULTS: dict[str, Severity] = {
+    "degraded_bandwidth": Severity.WARN,
+    "route_recovery_in_progress": Severity.WARN,
+    # Real GB200 trays on driver 570 report route_unhealthy True while fabric is Completed/Success.
+    "route_unhealthy": Severity.WARN,
+    "access_timeout_recovery": Severity.WARN,
+    "incorrect_configuration": Severity.CRITICAL,
+    "summary_unhealthy": Severity.CRITICAL,
+    "summary_limited_capacity": Severity.WARN,
+}
+
+
+def parse_subcodes(values) -> frozenset[tuple[int, int]]:
+    """['149.38', '149.40'] -> {(149, 38), (149, 40)}: NVLink5 XID.subcode pairs."""
+    out = set()
+    for value in values:
+        text = str(value).strip()
+        match = re.fullmatch(r"(14[4-9]|150)\.(\d{1,2})", text)
+        if not match or int(match[2]) > 63:
+            raise ValueError(f"not an NVLink5 XID.subcode: {text!r} (use e.g. 149.38: XID 144-150, subcode 0-63)")
+        out.add((int(match[1]), int(match[2])))
+    return frozenset(out)
+
+
+def subcode_texts(pairs) -> list[str]:
+    return [f"{x}.{s}" for x, s in sorted(pairs)]
+
+
+def parse_duration(text: str | int | float) -> float:
+    """'90s', '5m', '1h', '2d' (or a number of seconds) -> seconds."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    match = _DURATION.match(str(text).strip())
+    if not match:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 90s, 5m, 1h, 2d)")
+    return float(int(match[1]) * _UNIT[match[2]])
+
+
+def _mode(value) -> str:
+    if value not in NVLINK5_MODES:
+        raise ValueError(f"nvlink5_drain is {value!r}; use one of {', '.join(NVLINK5_MODES)}")
+    return str(value)
+
+
+DEFAULT_HYSTERESIS_CHECKS = frozenset({"nvlink.links", "gpu.xid", "fabric.state"})
+
+
+@dataclass(frozen=True)
+class HysteresisSettings:
+    """How long a flapping finding is held (mctl/health/hysteresis.py; docs/health.md "Flapping and storms")."""
+
+    clear_sweeps: int = 1               # clear sweeps that release a latch that never flapped
+    max_hold_sweeps: int = 64           # the longest hold, however often it flapped
+    checks: frozenset[str] = DEFAULT_HYSTERESIS_CHECKS
+    window_sweeps: int = 10             # a finding back within this many sweeps after its release flapped
+
+    def hold(self, flaps: int) -> int:
+        """Clear sweeps in a row that release a latch: clear_sweeps for a steady fault; once it came back,
+        window_sweeps, doubling with every further return, at most max_hold_sweeps."""
+        flaps = int(flaps)
+        if flaps <= 0:
+            n = self.clear_sweeps
+        else:
+            n = max(self.clear_sweeps, self.window_sweeps, 1) * (2 ** min(flaps - 1, 20))
+        return max(1, min(n, self.max_hold_sweeps))
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    interval: float = 60.0
+    drain_xids: frozenset[int] = DEFAULT_DRAIN_XIDS
+    # NVLink5 XIDs 144-150: "fatal" drains on the line's Fatal word only (NVIDIA's catalogue), "all" on every line;
+    # nvlink5_no_drain: Fatal XID.subcode pairs the catalogue says to ignore.
+    nvlink5_drain: str = "fatal"
+    nvlink5_no_drain: frozenset[tuple[int, int]] = DEFAULT_NVLINK5_NO_DRAIN
+    resume_after_healthy_sweeps: int = 3
+    unreachable_sweeps_before_drain: int = 3
+    confirm_sweeps: int = 1
+    max_gpu_temp_c: float = 90.0
+    gpu_temp_warn_c: float | None = None
+    max_power_overshoot_pct: float = 5.0
+    xid_window_s: float = 3600.0
+    fabric_flags: Mapping[str, Severity] = field(default_factory=lambda: dict(FABRIC_FLAG_DEFAULTS))
+    driver_mismatch: Severity = Severity.WARN
+    imex: str = "auto"                      # auto | required | ignore
+    disk_paths: tuple[str, ...] = ("/", "/var", "/tmp")
+    disk_warn_pct: float = 90.0
+    disk_critical_pct: float = 98.0
+    memory_warn_available_pct: float = 5.0
+    breaker_max_share: float = 0.25
+    breaker_window_s: float = 3600.0
+    breaker_scope: str = "rack"             # rack | site
+    remediate: bool = True
+    k8s_taint: str = "mctl.io/unhealthy=true:NoSchedule"
+    # hysteresis for flapping findings (mctl/health/hysteresis.py; docs/health.md "Flapping and storms")
+    hysteresis_clear_sweeps: int = 1
+    hysteresis_max_hold_sweeps: int = 64
+    hysteresis_window_sweeps: int = 10
+    hysteresis_checks: tuple[str, ...] = tuple(sorted(DEFAULT_HYSTERESIS_CHECKS))
+    # Read on the operator's machine only (the watch, rack inventory, audit); travel with the rest all the same.
+    tray_deadline: float | None = None      # seconds per tray probe (default: from the interval, 5..15)
+    metrics_textfile: str | None = None     # Prometheus textfile (node_exporter collector)
+    metrics_port: int | None = None         # HTTP /metrics on metrics_listen
+    metrics_listen: str = "127.0.0.1"       # address /metrics binds (an IP; checked at the CLI)
+
+    @property
+    def hysteresis(self) -> "HysteresisSettings":
+        return HysteresisSettings(self.hysteresis_clear_sweeps, self.hysteresis_max_hold_sweeps,
+                                  frozenset(self.hysteresis_checks), self.hysteresis_window_sweeps)
+
+    @property
+    def temp_warn_c(self) -> float:
+        return self.gpu_temp_warn_c if self.gpu_temp_warn_c is not None else self.max_gpu_temp_c - 5.0
+
+    def flag_severity(self, flag: str) -> Severity:
+        return self.fabric_flags.get(flag, FABRIC_FLAG_DEFAULTS.get(flag, Severity.WARN))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["drain_xids"] = sorted(self.drain_xids)
+        data["nvlink5_no_drain"] = subcode_texts(self.nvlink5_no_drain)
+        data["fabric_flags"] = {k: Severity(v).value for k, v in self.fabric_flags.items()}
+        data["driver_mismatch"] = self.driver_mismatch.value
+        data["disk_paths"] = list(self.disk_paths)
+        data["hysteresis_checks"] = list(self.hysteresis_checks)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "HealthSettings":
+        """The JSON form (to_dict) back; unknown keys are refused so a typo cannot pass silently."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown health setting {unknown[0]!r}")
+        kwargs: dict[str, Any] = dict(data)
+        if "drain_xids" in kwargs:
+            kwargs["drain_xids"] = frozenset(int(x) for x in kwargs["drain_xids"])
+        if "nvlink5_drain" in kwargs:
+            kwargs["nvlink5_drain"] = _mode(kwargs["nvlink5_drain"])
+        if "nvlink5_no_drain" in kwargs:
+            kwargs["nvlink5_no_drain"] = parse_subcodes(kwargs["nvlink5_no_drain"])
+        if "fabric_flags" in kwargs:
+            flags = dict(FABRIC_FLAG_DEFAULTS)
+            flags.update({k: Severity(v) for k, v in kwargs["fabric_flags"].items()})
+            kwargs["fabric_flags"] = flags
+        if "driver_mismatch" in kwargs:
+            kwargs["driver_mismatch"] = Severity(kwargs["driver_mismatch"])
+        if "disk_paths" in kwargs:
+            kwargs["disk_paths"] = tuple(kwargs["disk_paths"])
+        if "hysteresis_checks" in kwargs:
+            kwargs["hysteresis_checks"] = tuple(kwargs["hysteresis_checks"])
+        return cls(**kwargs)
+
+
+# --- the rest of the site's settings (docs/inventory.md; bounds and choices: mctl.inventory.schema) ----------
+
+@dataclass(frozen=True)
+class SSHSettings:
+    user: str = "root"
+    port: int = 22
+    identity_file: str | None = None
+    known_hosts: str = "known_hosts"
+    connect_timeout: float = 10.0
+    command_timeout: float = 60.0
+    concurrency: int = 64
+
+
+@dataclass(frozen=True)
+class NMXSettings:
+    """One rack's NMX-Manager endpoint (docs/partitions.md)."""
+
+    url: str
+    credentials_file: str
+    verify_tls: bool | str = True               # true, false, or a CA bundle path
+    allow_http: bool = False                    # plain http:// on a routed address (else loopback only)
+
+
+@dataclass(frozen=True)
+class BMCSettings:
+    """How mctl reaches the trays' BMCs over Redfish (docs/bmc.md); the addresses are each group's `bmc`."""
+
+    credentials_file: str                       # one line username:password, mode 0600
+    verify_tls: bool | str = True               # true, false, or a CA bundle path
+    scheme: str = "https"                       # https | http
+    port: int | None = None
+    timeout_s: float = 10.0                     # each connect and each read
+    deadline_s: float = 60.0                    # one tray, every request together
+    concurrency: int = 32                       # trays read at once (one connection per BMC)
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """`scheduler.slurm` (docs/scheduler.md); the defaults are right for a real GB200 site."""
+
+    partition_name: str = "gpu"
+    imex_channel_count: int = 2048
+    health_check_interval: int = 300
+    conf_dir: str = "/etc/slurm"
+    extra: Mapping[str, str] = field(default_factory=dict, hash=False)
+    topology: str = "auto"                      # auto | block | tree (auto: block when Slurm supports it)
+    imex_dev_major: int | None = None           # else the plugin reads /proc/devices
+    slurmctld_port: int = 6817
+    slurmd_port: int = 6818                     # a tray's `slurmd_port` var overrides it
+    communication_parameters: str | None = None
+    cgroup_plugin: str = "autodetect"           # "disabled" where there is no cgroup fs
+    proctrack_type: str = "proctrack/cgroup"
+    task_plugin: str = "task/cgroup,task/affinity"
+    jobacct_gather_type: str = "jobacct_gather/cgroup"
+    gpu_device_nodes: str = "expect"            # expect: the driver made /dev/nvidia*; create: make them (major 195)
+    node_check: bool = True                     # HealthCheckProgram and the node check with the deployment
+    node_check_installed: bool | None = None    # deprecated: the old name of node_check
+    node_check_program: str = "/usr/local/sbin/mctl-node-check"
+    health_check_node_state: str = "ANY"
+    state_save_location: str = "/var/spool/slurmctld"
+    slurmd_spool_dir: str = "/var/spool/slurmd"
+    log_dir: str = "/var/log/slurm"
+    verify_timeout: float = 120                 # seconds for every tray to register
+
+
+@dataclass(frozen=True)
+class K8sSettings:
+    """`scheduler.k8s` (docs/scheduler.md)."""
+
+    kubeconfig: str | None = None
+    namespace: str = "gpu-operator"
+    context: str | None = None                  # kubeconfig context (default: its current-context)
+    dra_namespace: str = "nvidia-dra-driver-gpu"
+    workload_namespace: str = "default"         # ComputeDomains and example workloads
+    operator_manages_driver: bool = False       # False: the trays' image delivers the NVIDIA driver
+    dra_gpu_resources: bool = False             # True: the DRA driver also serves GPUs (not only IMEX channels)
+    helm_repo: str | None = None                # NVIDIA's Helm repository URL (install.sh asks when unset)
+    gpu_operator_version: str | None = None
+    dra_driver_version: str | None = None
+    example_image: str = "ubuntu:24.04"
+    kubernetes_version: str = "1.32"            # the cluster's: manifests are checked for it
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    type: str                                   # slurm | k8s
+    cluster_name: str = "mctl"
+    controller: str | None = None
+    slurm: SlurmSettings = field(default_factory=SlurmSettings)
+    k8s: K8sSettings = field(default_factory=K8sSettings)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data, fields in the inventory's order (`mctl inventory show --json`)."""
+        return asdict(self)
+
