@@ -20,7 +20,7 @@ from mctl.errors import UsageError
 from mctl.health.watch import Event, WatchView
 
 if TYPE_CHECKING:
-    from mctl.health.settings import HealthSettings
+    from mctl.model.settings import HealthSettings
     from mctl.health.site_view import Scope
     from mctl.model.site import Site
 
