@@ -27,9 +27,10 @@ from mctl.errors import MctlError
 from mctl.facts import FactsParseError, shell
 from mctl.facts.collect import Section, split_sections
 from mctl.facts.shell import RC_ABSENT
+from mctl.model.tray import smi_timeout_for
 
 if TYPE_CHECKING:
-    from mctl.facts.os_release import OsRelease
+    from mctl.model.tray import OsRelease
     from mctl.fabric.reconcile import FabricState
     from mctl.health.engine import SweepResult
     from mctl.model.site import Host, Rack, Site
@@ -352,7 +353,7 @@ def gather(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, files: Seq
     targets: list["SSHTarget"] = targets_for(site, trays)
     nonce = secrets.token_hex(8)
     # nvidia-smi runs once per tray: in the health probe, or here when there is no health sweep
-    probe = tray_command(nonce, files, smi_timeout=None if health else max(1.0, command_timeout - 3.0))
+    probe = tray_command(nonce, files, smi_timeout=None if health else smi_timeout_for(command_timeout))
 
     async def main() -> Actual:
         async with SSHPool(config) as pool:

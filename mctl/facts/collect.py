@@ -19,13 +19,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from mctl.facts import DriverUnavailable, FactsParseError, shell
-from mctl.model.inventory_snapshot import TrayFacts
+from mctl.model.tray import TrayFacts, smi_timeout_for
 
 if TYPE_CHECKING:
-    from mctl.facts.kernel_log import XidEvent
+    from mctl.model.tray import XidEvent
     from mctl.transport import HostResult, SSHPool, SSHTarget
 
-SMI_MARGIN = 3.0        # nvidia-smi's own timeout stays this far inside the SSH command timeout
 
 # imexsum: the IMEX config files' checksums ("absent": no /etc/nvidia-imex at all)
 _LOCAL = r"""
@@ -149,6 +148,7 @@ def smi_section(smi: Section | None, err: Section | None, smi_timeout: float):
 
 def tray_facts(result: "HostResult", nonce: str, *, smi_timeout: float) -> TrayFacts:
     """A tray's SSH result -> its facts. Never raises for bad output: problems are recorded."""
+    from mctl.facts.kernel_log import observe_xid
     from mctl.facts.os_release import parse_kernel_release, parse_os_release
     from mctl.facts.services import IMEX_UNIT, SLURMD_UNIT, parse_imex_config_sums, parse_service_probe
 
@@ -172,12 +172,12 @@ def tray_facts(result: "HostResult", nonce: str, *, smi_timeout: float) -> TrayF
     services = parsed("services", lambda s: parse_service_probe(s.text)) or {}
     imex_cfg = parsed("imex-config", lambda s: parse_imex_config_sums(s.text))
     xid_source, events = xid_section(sections, problems)
-    xids = tuple(events)
+    xids = tuple(observe_xid(e, None) for e in events)
     gpus, gpu_error, gpu_messages = smi_section(sections.get("nvidia-smi"),
                                                 split_sections(result.stderr, nonce).get("nvidia-smi"), smi_timeout)
     return TrayFacts(reach="ok", hostname=hostname, os=os_rel, kernel=kernel, gpus=gpus, gpu_error=gpu_error,
                      gpu_messages=gpu_messages,
-                     imex=services.get(IMEX_UNIT), imex_config=imex_cfg, slurmd=services.get(SLURMD_UNIT),
+                     imex_service=services.get(IMEX_UNIT), imex_config=imex_cfg, slurmd=services.get(SLURMD_UNIT),
                      xids=xids, xid_source=xid_source, problems=tuple(problems), **base)
 
 
@@ -189,7 +189,7 @@ async def collect_facts(pool: "SSHPool", targets: Sequence["SSHTarget"], *,
     command_timeout = pool.config.command_timeout if timeout is None else timeout
     if deadline is not None:
         command_timeout = min(command_timeout, deadline) if timeout is not None else deadline
-    smi_timeout = max(1.0, command_timeout - SMI_MARGIN)
+    smi_timeout = smi_timeout_for(command_timeout)
     nonce = secrets.token_hex(8)
     script = facts_script(nonce, smi_timeout=smi_timeout)
     facts: dict[str, TrayFacts] = {}

@@ -21,7 +21,7 @@ from mctl.model.findings import Finding, Severity, critical, warn
 from mctl.model.gpu import FABRIC_COMPLETED, FABRIC_SUCCESS
 
 if TYPE_CHECKING:
-    from mctl.model.inventory_snapshot import TrayFacts
+    from mctl.model.tray import TrayFacts
     from mctl.model.site import Rack
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from mctl.errors import MctlError
 from mctl.health import checks, policy, store
 from mctl.health.breaker import BreakerState
-from mctl.health.facts import TrayHealthFacts
+from mctl.model.tray import TrayFacts, smi_timeout_for
 from mctl.health.policy import Decision, NodeView, TrayVerdict
 from mctl.health.probe import parse_probe, probe_script, ssh_command, unreached
 from mctl.health.settings import HealthSettings
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from mctl.model.site import Site
     from mctl.transport import SSHPool
 
-SMI_MARGIN = 3.0
 # The scheduler's actions of one sweep get at least this long (drains must not be cut for a short interval).
 ACT_DEADLINE_MIN = 5.0
 
@@ -41,7 +40,7 @@ class SweepResult:
     number: int
     started: float
     elapsed: float
-    facts: dict[str, TrayHealthFacts]
+    facts: dict[str, TrayFacts]
     findings: list[Finding]
     verdicts: list[TrayVerdict]
     nodes: dict[str, NodeView] | None
@@ -146,9 +145,9 @@ class Engine:
         except TimeoutError:
             return None, None, f"{self.scheduler.where} did not answer within the {self.timeout:g}s deadline"
 
-    async def _probe(self) -> list[TrayHealthFacts]:
+    async def _probe(self) -> list[TrayFacts]:
         nonce = secrets.token_hex(8)
-        smi_timeout = max(1.0, self.timeout - SMI_MARGIN)
+        smi_timeout = smi_timeout_for(self.timeout)
         paths = self.settings.disk_paths
         command = ssh_command(probe_script(nonce, smi_timeout=smi_timeout, disk_paths=paths))
         # The deadline covers the whole of each tray's work; a tray that misses it comes back as
@@ -175,7 +174,7 @@ class Engine:
         t0 = time.monotonic()
         (facts_list, (views, states, sched_error)) = await asyncio.gather(self._probe(), self._read_scheduler())
         state = self._load_state()
-        facts: dict[str, TrayHealthFacts] = {}
+        facts: dict[str, TrayFacts] = {}
         for f in facts_list:
             rec = state.records.get(f.host)
             f = self.boots.see(f)

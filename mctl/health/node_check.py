@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 from mctl.health import checks, policy, store
 from mctl.health.breaker import BreakerState
-from mctl.health.facts import TrayExpectation, TrayHealthFacts
+from mctl.model.tray import TrayExpectation, TrayFacts
 from mctl.health.probe import parse_probe, probe_script
 from mctl.health.settings import HealthSettings
 from mctl.health.slurm_ops import apply_script, controller_down, parse_apply, read_nodes, show_node_command
@@ -112,7 +112,7 @@ def _run(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def gather(config: NodeCheckConfig, deadline: Deadline, *, use_nvml: bool = True) -> TrayHealthFacts:
+def gather(config: NodeCheckConfig, deadline: Deadline, *, use_nvml: bool = True) -> TrayFacts:
     """This tray's facts: NVML when it loads, the probe script for the rest (and nvidia-smi otherwise)."""
     from mctl.health import nvml
 
@@ -168,7 +168,7 @@ def _share_guard(config: NodeCheckConfig, views: dict) -> str | None:
 @dataclass
 class NodeCheckResult:
     node: str
-    facts: TrayHealthFacts
+    facts: TrayFacts
     findings: list
     decisions: list
     actions: list

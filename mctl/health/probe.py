@@ -18,7 +18,8 @@ from typing import Sequence
 from mctl.facts import FactsParseError, shell
 from mctl.facts.collect import Section, parse_section, smi_section, split_sections, xid_section
 from mctl.facts.shell import RC_ABSENT
-from mctl.health.facts import Clock, DiskUsage, ImexObservation, Memory, TrayHealthFacts, observe_xid
+from mctl.model.tray import Clock, DiskUsage, ImexObservation, Memory, TrayFacts
+from mctl.facts.kernel_log import observe_xid
 
 IMEX_CONFIG = "/etc/nvidia-imex/config.cfg"
 RC_NOT_INSTALLED = 127
@@ -208,7 +209,7 @@ def _link_problems(status) -> list[str]:
 
 def parse_probe(host: str, stdout: str, stderr: str, nonce: str, *, address: str | None = None,
                 smi_timeout: float = 30.0, disk_paths: Sequence[str] = ("/",), elapsed: float = 0.0,
-                gpu_facts: tuple | None = None) -> TrayHealthFacts:
+                gpu_facts: tuple | None = None) -> TrayFacts:
     """A tray's probe output -> facts. Never raises for bad output: problems are recorded.
 
     gpu_facts: (GpuReport | None, error | None, messages, nvlinks | None, nvlink_error | None, source)
@@ -220,7 +221,7 @@ def parse_probe(host: str, stdout: str, stderr: str, nonce: str, *, address: str
     sections = split_sections(stdout, nonce)
     errors = split_sections(stderr, nonce)
     if not sections:
-        return TrayHealthFacts(host=host, address=address, gpu_error="no facts: the probe printed no sections",
+        return TrayFacts(host=host, address=address, gpu_error="no facts: the probe printed no sections",
                                problems=("probe output unreadable",), elapsed=elapsed)
     problems: list[str] = []
 
@@ -260,12 +261,12 @@ def parse_probe(host: str, stdout: str, stderr: str, nonce: str, *, address: str
                         nvlinks = with_stderr(nvlinks, errors["nvlink"].text)
                 except FactsParseError as exc:
                     nvlink_error = f"nvlink --status unreadable: {exc.message}"
-    return TrayHealthFacts(host=host, address=address, hostname=hostname, clock=clock, gpus=gpus, gpu_error=gpu_error,
+    return TrayFacts(host=host, address=address, hostname=hostname, clock=clock, gpus=gpus, gpu_error=gpu_error,
                            gpu_messages=tuple(gpu_messages), gpu_source=source, nvlinks=nvlinks,
                            nvlink_error=nvlink_error, xids=xids, xid_source=xid_source, imex=imex,
                            slurmd=services.get(SLURMD_UNIT), disks=disks, memory=memory, problems=tuple(problems),
                            elapsed=elapsed, boot_id=boot_id)
 
 
-def unreached(host: str, address: str | None, reach: str, error: str | None, elapsed: float = 0.0) -> TrayHealthFacts:
-    return TrayHealthFacts(host=host, address=address, reach=reach, error=error, elapsed=elapsed)
+def unreached(host: str, address: str | None, reach: str, error: str | None, elapsed: float = 0.0) -> TrayFacts:
+    return TrayFacts(host=host, address=address, reach=reach, error=error, elapsed=elapsed)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from mctl.errors import UsageError
 from mctl.images.drift import DRIFT, MATCH, NOT_CHECKED, UNREPORTED, Comparison, compare, not_compared
+from mctl.model.tray import smi_timeout_for
 
 if TYPE_CHECKING:
     from mctl.audit.collect import TrayState
@@ -155,7 +156,7 @@ def diff(site: "Site", hosts: Sequence["Host"], *, timeout: float | None = None)
     asked = [h for h in hosts if h.name in images]
     nonce = secrets.token_hex(8)
     # nvidia-smi under its own deadline, inside the command's, so a hung driver is named as such
-    probe = tray_command(nonce, (), smi_timeout=max(1.0, command_timeout - 3.0))
+    probe = tray_command(nonce, (), smi_timeout=smi_timeout_for(command_timeout))
     results = run_sync(config, targets_for(site, asked), probe, timeout=command_timeout) if asked else []
     states = {r.host: parse_tray(r, nonce, ()) for r in results}
     slurm_expected = bool(site.scheduler and site.scheduler.type == "slurm")

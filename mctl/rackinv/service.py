@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Sequence
 
 from mctl.errors import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, UsageError
 from mctl.model.findings import Finding, Severity, sort_findings, worst
-from mctl.model.inventory_snapshot import SNAPSHOT_SCHEMA, Change, TrayFacts, diff_snapshots
+from mctl.model.inventory_snapshot import SNAPSHOT_SCHEMA, Change, diff_snapshots
+from mctl.model.tray import TrayFacts
 
 if TYPE_CHECKING:
     from mctl.model.site import Rack, Site
@@ -100,7 +101,7 @@ def _snapshot(site: "Site", rack: "Rack", trays: list[TrayFacts], findings: list
         "taken_at": taken_at.isoformat(timespec="seconds"),
         "expected": {"model": rack.model, "compute_trays": rack.compute_trays, "gpus_per_tray": rack.gpus_per_tray,
                      "nvlink_domain": rack.nvlink_domain},
-        "trays": [t.to_dict() for t in trays],
+        "trays": [t.snapshot_dict() for t in trays],
         "findings": [f.to_dict() for f in sort_findings(findings)],
     }
 

@@ -22,9 +22,9 @@ from mctl.audit.reporters import render
 from mctl.audit.service import AuditSettings, evaluate, plan_audit
 from mctl.errors import UsageError
 from mctl.fabric.imex import ImexSettings, expected_files
-from mctl.facts.os_release import OsRelease
+from mctl.model.tray import OsRelease
 from mctl.health.engine import SweepResult
-from mctl.health.facts import TrayHealthFacts
+from mctl.model.tray import TrayFacts
 from mctl.inventory import load_site
 from mctl.model.findings import Finding, Severity
 from mctl.model.gpu import GpuReport
@@ -57,7 +57,7 @@ def tray_state(host: str, address: str, files: dict) -> TrayState:
 
 def sweep(hosts: dict[str, str], findings: list[Finding]) -> SweepResult:
     """A health sweep's result as the engine returns it (driver/CUDA per tray, the catalogue's findings)."""
-    facts = {h: TrayHealthFacts(h, gpus=GpuReport(driver, "12.8", 4, ())) for h, driver in hosts.items()}
+    facts = {h: TrayFacts(h, gpus=GpuReport(driver, "12.8", 4, ())) for h, driver in hosts.items()}
     return SweepResult(1, STARTED, 1.0, facts, findings, [], None, "slurm")
 
 

@@ -88,7 +88,7 @@ def test_probe_on_real_gb200_capture(tmp_path):
     assert facts.gpus.clique_ids == (2,)
     assert facts.os is not None and facts.kernel == os.uname().release
     assert facts.hostname == os.uname().nodename
-    assert facts.imex is not None and facts.slurmd is not None
+    assert facts.imex_service is not None and facts.slurmd is not None
     assert facts.xid_source in ("/var/log/kern.log", "dmesg")
 
 
@@ -135,7 +135,7 @@ def test_lab_probe_healthy_tray():
     assert (facts.os.id, facts.os.version_id) == ("debian", "13")
     assert facts.gpu_count == 4 and len(facts.gpus.cluster_uuids) == 1 and facts.gpus.clique_ids == (32766,)
     assert all(g.fabric_attached for g in facts.gpus.gpus)
-    assert facts.slurmd.installed and not facts.imex.installed and facts.imex_config.present is False
+    assert facts.slurmd.installed and not facts.imex_service.installed and facts.imex_config.present is False
 
 
 def test_lab_probe_faulted_tray():
@@ -145,7 +145,7 @@ def test_lab_probe_faulted_tray():
     assert facts.gpu_messages == ("Unable to determine the device handle for GPU0: 0000:29:00.0: Unknown Error",)
     assert {g.fabric.state for g in facts.gpus.gpus} == {"In Progress"}
     assert facts.gpus.cluster_uuids == ()                  # N/A: no NVLink domain while in progress
-    assert [x.code for x in facts.xids] == [79] and facts.xid_source == "/var/log/kern.log"
+    assert [x.code for x in facts.xid_events] == [79] and facts.xid_source == "/var/log/kern.log"
 
 
 # --- what becomes of hosts that did not answer, and of garbage --------------------------------------

@@ -356,7 +356,7 @@ def _probe(tmp_path, faults, smi_timeout=20.0):
 
 def _judge(facts):
     from mctl.health import checks
-    from mctl.health.facts import TrayExpectation
+    from mctl.model.tray import TrayExpectation
     from mctl.health.settings import HealthSettings
 
     expect = TrayExpectation("lab-r1-tray03", "r1", driver_version="570.148.08",

@@ -17,7 +17,7 @@ import pytest
 
 from mctl.facts.collect import Section
 from mctl.health import checks
-from mctl.health.facts import TrayExpectation
+from mctl.model.tray import TrayExpectation
 from mctl.health.probe import (RC_ABSENT, imex_observation, parse_clock, parse_df, parse_meminfo, parse_probe,
                                probe_script, ssh_command)
 from mctl.health.settings import HealthSettings
