@@ -37,7 +37,7 @@ def _reach_finding(t: "TrayFacts") -> Finding:
     if t.reach == "host-key-mismatch":
         return critical(t.host, "ssh.host-key", t.error or "host key refused",
                         f"verify the key out of band; if the tray was reinstalled: mctl ssh trust {t.host} --replace",
-                        address=t.address, **(t.host_key or {}))
+                        address=t.address, **(t.host_key.to_dict() if t.host_key else {}))
     return critical(t.host, "ssh.unreachable", f"unreachable: {t.error}",
                     "check power, network and sshd on the tray (BMC console)", address=t.address)
 

@@ -21,7 +21,7 @@ from mctl.health import checks, policy, store
 from mctl.health.breaker import BreakerState
 from mctl.model.tray import TrayFacts, smi_timeout_for
 from mctl.health.policy import Decision, NodeView, TrayVerdict
-from mctl.health.probe import parse_probe, probe_script, ssh_command, unreached
+from mctl.facts.probe import HEALTH, from_result, probe_command
 from mctl.health.settings import HealthSettings
 from mctl.health.site_view import Scope, expectations, partition_plan, rack_sizes
 from mctl.health.slurm_ops import SchedulerUnreachable
@@ -149,19 +149,12 @@ class Engine:
         nonce = secrets.token_hex(8)
         smi_timeout = smi_timeout_for(self.timeout)
         paths = self.settings.disk_paths
-        command = ssh_command(probe_script(nonce, smi_timeout=smi_timeout, disk_paths=paths))
+        command = probe_command(HEALTH, nonce, smi_timeout=smi_timeout, disk_paths=paths)
         # The deadline covers the whole of each tray's work; a tray that misses it comes back as
         # timeout (the probe hung) or unreachable (no session) and its connection is reopened
         # in the background, so the next sweep is not delayed by it.
         results = await self.pool.run(self.targets, command, deadline=self.timeout)
-        out = []
-        for r in results:
-            if r.status.value in ("unreachable", "timeout", "host-key-mismatch"):
-                out.append(unreached(r.host, r.address, r.status.value, r.error, r.elapsed))
-            else:
-                out.append(parse_probe(r.host, r.stdout, r.stderr, nonce, address=r.address, smi_timeout=smi_timeout,
-                                       disk_paths=paths, elapsed=r.elapsed))
-        return out
+        return [from_result(HEALTH, r, nonce, smi_timeout=smi_timeout, disk_paths=paths) for r in results]
 
     def _load_state(self) -> store.HealthState:
         if self.dry_run and self._dry_state is not None:

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 from mctl.health import checks, policy, store
 from mctl.health.breaker import BreakerState
 from mctl.model.tray import TrayExpectation, TrayFacts
-from mctl.health.probe import parse_probe, probe_script
+from mctl.facts.probe import HEALTH, NODE_CHECK, parse_tray, probe_script
 from mctl.health.settings import HealthSettings
 from mctl.health.slurm_ops import apply_script, controller_down, parse_apply, read_nodes, show_node_command
 from mctl.model.findings import Severity, sort_findings, worst
@@ -131,9 +131,10 @@ def gather(config: NodeCheckConfig, deadline: Deadline, *, use_nvml: bool = True
     probe_timeout = deadline.left(35.0)
     smi_timeout = max(1.0, probe_timeout / 2 - 2)
     paths = config.settings.disk_paths
-    body = probe_script(nonce, smi_timeout=smi_timeout, disk_paths=paths, gpus=gpu_facts is None)
+    purpose = HEALTH if gpu_facts is None else NODE_CHECK       # NVML read the GPUs: no nvidia-smi sections
+    body = probe_script(purpose, nonce, smi_timeout=smi_timeout, disk_paths=paths)
     rc, out, err = _run(["/bin/sh", "-c", body], probe_timeout)
-    facts = parse_probe(config.node, out, err, nonce, smi_timeout=smi_timeout, disk_paths=paths,
+    facts = parse_tray(purpose, config.node, out, err, nonce, smi_timeout=smi_timeout, disk_paths=paths,
                         elapsed=time.monotonic() - started, gpu_facts=gpu_facts)
     if rc == 124:
         facts = replace(facts, problems=facts.problems + (f"probe timed out after {probe_timeout:g}s",))

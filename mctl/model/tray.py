@@ -241,7 +241,7 @@ class TrayFacts:
     address: str | None = None
     reach: str = REACH_OK                  # ok | unreachable | timeout | host-key-mismatch (HostStatus values)
     error: str | None = None               # why there are no facts (reach != ok)
-    host_key: Any = None                   # presented/recorded fingerprints on a refusal (inventory: a dict)
+    host_key: Any = None                   # the transport's HostKeyProblem on a refusal (presented/recorded keys)
     hostname: str | None = None
     os: OsRelease | None = None
     kernel: str | None = None
@@ -260,6 +260,10 @@ class TrayFacts:
     imex_service: ServiceState | None = None   # the nvidia-imex unit (inventory)
     imex_config: ImexConfig | None = None      # checksums of /etc/nvidia-imex/*.cfg (inventory)
     slurmd: ServiceState | None = None
+    slurmd_version: str | None = None      # `slurmd -V` (audit)
+    slurmd_error: str | None = None        # not installed, or unreadable (audit)
+    files: dict[str, str | None] = field(default_factory=dict)   # audit: path -> text (None: absent)
+    file_errors: dict[str, str] = field(default_factory=dict)    # audit: path -> why it could not be read
     slurm_node: "NodeState | None" = None  # the scheduler's view (controller or local scontrol)
     disks: tuple[DiskUsage, ...] = ()
     memory: Memory | None = None
@@ -335,7 +339,7 @@ class TrayFacts:
             "slurmd": self.slurmd.to_dict() if self.slurmd else None,
             "xids": [x.event.to_dict() for x in self.xids], "xid_source": self.xid_source,
             "problems": list(self.problems), "elapsed": round(self.elapsed, 3),
-            **({"host_key": self.host_key} if self.host_key else {}),
+            **({"host_key": self.host_key.to_dict()} if self.host_key else {}),
         }
 
 

@@ -151,7 +151,7 @@ def _latest(state_dir: Path, rack: str):
 
 def run_inventory(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, timeout: float | None = None,
                   save: bool = True, diff: bool = False) -> InventoryReport:
-    from mctl.facts.collect import collect_facts
+    from mctl.rackinv.collect import collect_facts
     from mctl.facts.validate import rack_domains, validate_rack
     from mctl.state import ensure_dir, latest_snapshot, save_snapshot
     from mctl.transport import SSHConfig, SSHPool, targets_for

@@ -10,14 +10,13 @@ from datetime import datetime
 import pytest
 
 from mctl.errors import UsageError
-from mctl.facts.collect import Section
 from mctl.facts.kernel_log import parse_xid_line
 from mctl.health import checks
 from mctl.health.boots import BootMemory
 from mctl.health.checks import boot
 from mctl.model.tray import Clock, TrayFacts, TrayExpectation
 from mctl.facts.kernel_log import observe_xid
-from mctl.health.probe import parse_boot_id
+from mctl.facts.probe import Section, parse_boot_id
 from mctl.health.settings import HealthSettings
 from mctl.lab import control, faults, hostinit, hosts
 from mctl.lab.layout import LabLayout

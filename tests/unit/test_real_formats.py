@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mctl.facts import FactsParseError
-from mctl.facts.collect import Section, smi_section
+from mctl.facts.probe import Section, smi_section
 from mctl.facts.kernel_log import (STAMP_CTIME, STAMP_ISO, STAMP_SYSLOG, parse_xid_events, parse_xid_line,
                                    stamp_age)
 from mctl.facts.nvidia_smi import parse_nvlink_status, parse_query_csv, parse_xml
@@ -495,7 +495,7 @@ def test_probe_grep_keeps_what_the_parser_needs(tmp_path, name):
     import subprocess
 
     from mctl.facts import shell
-    from mctl.facts.collect import xid_section
+    from mctl.facts.probe import xid_section
 
     log = tmp_path / "kern.log"
     log.write_bytes((REAL / name).read_bytes())
