@@ -30,17 +30,13 @@ from typing import TYPE_CHECKING, Sequence
 
 from mctl.facts import DriverUnavailable, FactsParseError, shell
 from mctl.facts.shell import RC_ABSENT
-from mctl.model.tray import Clock, DiskUsage, ImexObservation, Memory, TrayFacts
+from mctl.model.tray import (AUDIT, HEALTH, INVENTORY, NODE_CHECK, PURPOSES, Clock, DiskUsage, ImexObservation, Memory,
+                             TrayFacts)
 
 if TYPE_CHECKING:
     from mctl.model.tray import XidEvent
     from mctl.transport import HostResult
 
-INVENTORY = "inventory"
-HEALTH = "health"
-NODE_CHECK = "node-check"
-AUDIT = "audit"
-PURPOSES = (INVENTORY, HEALTH, NODE_CHECK, AUDIT)
 
 # Statuses whose host gave no output to read (HostStatus values)
 UNREACHED = ("unreachable", "timeout", "host-key-mismatch")

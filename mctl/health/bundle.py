@@ -52,12 +52,12 @@ MODULES = (
     "mctl.health", "mctl.health.settings", "mctl.health.policy",
     "mctl.health.breaker", "mctl.health.hysteresis", "mctl.health.store", "mctl.health.slurm_ops", "mctl.health.nvml",
     "mctl.health.node_check",
-    "mctl.health.checks", "mctl.health.checks._base", "mctl.health.checks.reachability",
-    "mctl.health.checks.gpu_count", "mctl.health.checks.driver", "mctl.health.checks.fabric_state",
-    "mctl.health.checks.fabric_health", "mctl.health.checks.fabric_identity", "mctl.health.checks.xid",
-    "mctl.health.checks.ecc", "mctl.health.checks.nvlink", "mctl.health.checks.thermal",
-    "mctl.health.checks.imex", "mctl.health.checks.slurmd", "mctl.health.checks.resources",
-    "mctl.health.checks.boot",
+    "mctl.checks", "mctl.checks._base", "mctl.checks.reachability",
+    "mctl.checks.gpu_count", "mctl.checks.driver", "mctl.checks.fabric_state",
+    "mctl.checks.fabric_health", "mctl.checks.fabric_identity", "mctl.checks.xid",
+    "mctl.checks.ecc", "mctl.checks.nvlink", "mctl.checks.thermal",
+    "mctl.checks.imex", "mctl.checks.slurmd", "mctl.checks.resources",
+    "mctl.checks.boot",
 )
 # Packages whose real __init__ imports what the node check must not need.
 STUB_PACKAGES = {

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mctl.errors import MctlError
-from mctl.health import checks, policy, store
+from mctl import checks
+from mctl.health import policy, store
 from mctl.health.breaker import BreakerState
 from mctl.model.tray import TrayFacts, smi_timeout_for
 from mctl.health.policy import Decision, NodeView, TrayVerdict

@@ -29,7 +29,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from mctl.health import checks, policy, store
+from mctl import checks
+from mctl.health import policy, store
 from mctl.health.breaker import BreakerState
 from mctl.model.tray import TrayExpectation, TrayFacts
 from mctl.facts.probe import HEALTH, NODE_CHECK, parse_tray, probe_script

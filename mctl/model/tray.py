@@ -26,6 +26,14 @@ if TYPE_CHECKING:
     from mctl.model.gpu import GpuNvLinks, GpuReport
     from mctl.sched.slurm.facts import NodeState
 
+# Why a tray is probed and checked: each purpose's probe reads its own sections (mctl.facts.probe) and
+# evaluates the checks of the catalogue tagged with it (mctl.checks.catalogue).
+INVENTORY = "inventory"     # mctl rack inventory: what the rack is, validated against an NVL72 rack
+HEALTH = "health"           # the health sweep (mctl health check / watch)
+NODE_CHECK = "node-check"   # mctl node check, on the tray itself (NVML when it loads)
+AUDIT = "audit"             # mctl audit (its health family is the health sweep's catalogue)
+PURPOSES = (INVENTORY, HEALTH, NODE_CHECK, AUDIT)
+
 # nvidia-smi's own timeout stays this far inside the SSH command's (every probe purpose)
 SMI_MARGIN = 3.0
 

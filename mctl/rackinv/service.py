@@ -152,7 +152,8 @@ def _latest(state_dir: Path, rack: str):
 def run_inventory(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, timeout: float | None = None,
                   save: bool = True, diff: bool = False) -> InventoryReport:
     from mctl.rackinv.collect import collect_facts
-    from mctl.facts.validate import rack_domains, validate_rack
+    from mctl.checks.inventory import rack_domains, validate_rack
+    from mctl.health.settings import HealthSettings
     from mctl.state import ensure_dir, latest_snapshot, save_snapshot
     from mctl.transport import SSHConfig, SSHPool, targets_for
 
@@ -175,6 +176,7 @@ def run_inventory(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, tim
 
     # Earlier snapshots are read (and a damaged one named) before any host is touched.
     known = _known_domains(site, Path(state_dir), racks)
+    settings = HealthSettings.from_spec(site.health)     # the shared rules' severities (fabric flags, driver)
     earlier = {rack.name: _latest(state_dir, rack.name) for rack in racks} if diff else {}
     facts = asyncio.run(gather())
     taken_at = datetime.now(timezone.utc)
@@ -188,7 +190,7 @@ def run_inventory(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, tim
             if other_name != rack.name:
                 for u in domains:
                     others.setdefault(u, other_name)
-        findings = sort_findings(validate_rack(rack, trays, other_domains=others))
+        findings = sort_findings(validate_rack(rack, trays, other_domains=others, settings=settings))
         snapshot = _snapshot(site, rack, trays, findings, taken_at)
         previous = earlier.get(rack.name)
         report = RackReport(rack, trays, findings, taken_at, snapshot)

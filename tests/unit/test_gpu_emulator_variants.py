@@ -355,7 +355,7 @@ def _probe(tmp_path, faults, smi_timeout=20.0):
 
 
 def _judge(facts):
-    from mctl.health import checks
+    from mctl import checks
     from mctl.model.tray import TrayExpectation
     from mctl.health.settings import HealthSettings
 

@@ -11,9 +11,9 @@ import pytest
 from mctl.facts.kernel_log import parse_xid_line
 from mctl.facts.nvidia_smi import parse_nvlink_status, parse_xml
 from mctl.model.tray import ServiceState
-from mctl.health import checks
-from mctl.health.checks import compose_reason, drain_reason
-from mctl.health.checks import fabric_identity
+from mctl import checks
+from mctl.checks import compose_reason, drain_reason
+from mctl.checks import fabric_identity
 from mctl.facts.kernel_log import observe_xid
 from mctl.model.tray import Clock, DiskUsage, ImexObservation, Memory, TrayExpectation, TrayFacts
 from mctl.health.settings import REASON_MAX, HealthSettings

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mctl.health import checks
+from mctl import checks
 from mctl.model.tray import TrayExpectation
 from mctl.facts import shell
 from mctl.facts.probe import (HEALTH, NODE_CHECK, RC_ABSENT, Section, imex_observation, parse_clock, parse_df,

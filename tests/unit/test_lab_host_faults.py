@@ -11,9 +11,9 @@ import pytest
 
 from mctl.errors import UsageError
 from mctl.facts.kernel_log import parse_xid_line
-from mctl.health import checks
+from mctl import checks
 from mctl.health.boots import BootMemory
-from mctl.health.checks import boot
+from mctl.checks import boot
 from mctl.model.tray import Clock, TrayFacts, TrayExpectation
 from mctl.facts.kernel_log import observe_xid
 from mctl.facts.probe import Section, parse_boot_id

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from mctl.health import checks, nvml
+from mctl import checks
+from mctl.health import nvml
 from mctl.model.tray import TrayExpectation, TrayFacts
 from mctl.health.settings import HealthSettings
 from mctl.model.findings import Severity

@@ -17,9 +17,9 @@ from mctl.facts.probe import Section, smi_section
 from mctl.facts.kernel_log import (STAMP_CTIME, STAMP_ISO, STAMP_SYSLOG, parse_xid_events, parse_xid_line,
                                    stamp_age)
 from mctl.facts.nvidia_smi import parse_nvlink_status, parse_query_csv, parse_xml
-from mctl.facts.validate import validate_rack
-from mctl.health import checks
-from mctl.health.checks import ecc, gpu_count, nvlink, thermal, xid
+from mctl.checks.inventory import validate_rack
+from mctl import checks
+from mctl.checks import ecc, gpu_count, nvlink, thermal, xid
 from mctl.model.tray import Clock, TrayExpectation, TrayFacts
 from mctl.facts.kernel_log import observe_xid
 from mctl.health.settings import HealthSettings, parse_subcodes

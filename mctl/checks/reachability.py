@@ -3,7 +3,7 @@ counts misses and drains only after several in a row."""
 
 from __future__ import annotations
 
-from mctl.health.checks._base import finding, ok
+from mctl.checks._base import finding, ok
 from mctl.model.findings import Finding, Severity
 
 CHECK = "tray.reachable"

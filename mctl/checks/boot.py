@@ -10,7 +10,7 @@ remembers it, `health check` reads the last one recorded in the state folder).
 
 from __future__ import annotations
 
-from mctl.health.checks._base import finding, ok
+from mctl.checks._base import finding, ok
 from mctl.model.findings import Finding, Severity
 
 CHECK = "tray.boot"

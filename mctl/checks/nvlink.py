@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from mctl.health.checks._base import finding, ok
+from mctl.checks._base import finding, ok
 from mctl.model.findings import Finding, Severity
 from mctl.model.gpu import NVLINKS_PER_GPU
 

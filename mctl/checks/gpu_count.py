@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mctl.health.checks._base import finding, ok
+from mctl.checks._base import finding, ok
 from mctl.model.findings import Finding, Severity
 
 CHECK = "gpu.count"
@@ -20,11 +20,17 @@ def check(facts, expect, settings) -> list[Finding]:
     report = facts.gpus
     have = len(report.gpus)
     want = expect.gpus_per_tray
-    if have != want or (report.attached_gpus is not None and report.attached_gpus != have):
-        driver = f", driver counts {report.attached_gpus}" if report.attached_gpus not in (None, have) else ""
-        said = f"; {facts.gpu_messages[0]}" if facts.gpu_messages else ""
-        return [finding(Severity.CRITICAL, facts.host, CHECK, f"{have} of {want} GPUs readable{driver}{said}",
+    attached = report.attached_gpus
+    if have != want or (attached is not None and attached != have):
+        said = f"; nvidia-smi: {facts.gpu_messages[0]}" if facts.gpu_messages else ""
+        if have != want:
+            text = f"{have} GPUs visible, expected {want}" + (f" (driver counts {attached})"
+                                                               if attached not in (None, have) else "")
+        else:
+            # fewer <gpu> blocks than attached_gpus: a GPU the driver knows but nvidia-smi could not read
+            text = f"driver counts {attached} GPUs but nvidia-smi lists {have}"
+        return [finding(Severity.CRITICAL, facts.host, CHECK, text + said,
                         "a GPU fell off the bus or failed: drain, check XIDs (79), reboot; reseat or replace if it "
                         "stays missing", short=f"gpu count {have}/{want}", visible=have, expected=want,
-                        attached=report.attached_gpus)]
+                        attached=attached, indexes=sorted(g.index for g in report.gpus))]
     return [ok(facts.host, CHECK, f"{have}/{want} GPUs")]

@@ -9,7 +9,7 @@ READY is the one that gets the critical finding.
 
 from __future__ import annotations
 
-from mctl.health.checks._base import finding, ok
+from mctl.checks._base import finding, ok
 from mctl.model.findings import Finding, Severity
 
 DAEMON = "imex.daemon"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mctl.health.checks._base import finding, ok
+from mctl.checks._base import finding, ok
 from mctl.model.findings import Finding, Severity
 
 DISK = "host.disk"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Mapping, Sequence
 
-from mctl.health.checks._base import finding, ok
+from mctl.checks._base import finding, ok
 from mctl.model.findings import Finding, Severity
 from mctl.model.gpu import FABRIC_COMPLETED
 

@@ -1,4 +1,8 @@
-"""Check what a rack really is against what an NVL72 rack must be.
+"""The rack inventory's rules: what a rack really is against what an NVL72 rack must be.
+
+The ids, severities and purposes are mctl.checks.catalogue's; gpu.facts, gpu.count,
+fabric.state and fabric.health are the health catalogue's own rules (the same
+modules), so a tray is judged alike by `mctl rack inventory` and a health sweep.
 
 Rules (each yields findings, never an exception; nothing is guessed):
 - every compute tray answered (unreachable, hung and refused trays are critical);
@@ -17,12 +21,14 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
+from mctl.checks import driver, fabric_health, fabric_state, gpu_count, partial
 from mctl.model.findings import Finding, Severity, critical, warn
-from mctl.model.gpu import FABRIC_COMPLETED, FABRIC_SUCCESS
+from mctl.model.tray import TrayExpectation
 
 if TYPE_CHECKING:
-    from mctl.model.tray import TrayFacts
+    from mctl.health.settings import HealthSettings
     from mctl.model.site import Rack
+    from mctl.model.tray import TrayFacts
 
 
 def _short(uuid: str) -> str:
@@ -42,7 +48,7 @@ def _reach_finding(t: "TrayFacts") -> Finding:
                     "check power, network and sshd on the tray (BMC console)", address=t.address)
 
 
-def _tray_findings(rack: "Rack", t: "TrayFacts") -> list[Finding]:
+def _tray_findings(rack: "Rack", t: "TrayFacts", settings: "HealthSettings") -> list[Finding]:
     out: list[Finding] = []
     if not t.reached:
         return [_reach_finding(t)]
@@ -50,38 +56,15 @@ def _tray_findings(rack: "Rack", t: "TrayFacts") -> list[Finding]:
         out.append(warn(t.host, "host.name", f"answers as {t.hostname!r}, not {t.host!r}",
                         "check the inventory's address list: the address may belong to another tray",
                         hostname=t.hostname))
-    for problem in t.problems:
-        out.append(warn(t.host, "facts.partial", f"fact probe: {problem}", "rerun the inventory; if it persists, "
-                                                                           "run the probe by hand with mctl exec"))
+    out.extend(partial(t))
+    expect = TrayExpectation(host=t.host, rack=rack.name, gpus_per_tray=rack.gpus_per_tray,
+                             nvlink_domain=rack.nvlink_domain)
+    # the rules the health catalogue shares: gpu.facts, gpu.count, fabric.state (the inventory reports problems only)
+    out.extend(f for f in gpu_count.check(t, expect, settings) if f.severity is not Severity.OK)
     if t.gpus is None:
-        out.append(critical(t.host, "gpu.facts", t.gpu_error or "no GPU facts",
-                            "run 'nvidia-smi -q -x' on the tray (mctl exec); check the driver"))
         return out
     report = t.gpus
-    want = rack.gpus_per_tray
-    have = len(report.gpus)
-    if have != want:
-        indexes = sorted(g.index for g in report.gpus)
-        out.append(critical(t.host, "gpu.count", f"{have} GPUs visible, expected {want}"
-                            + (f" (driver counts {report.attached_gpus})" if report.attached_gpus not in (None, have)
-                               else "") + (f"; nvidia-smi: {t.gpu_messages[0]}" if t.gpu_messages else ""),
-                            "a GPU fell off the bus or failed: drain the tray, check XIDs (79) and reseat/replace",
-                            visible=have, expected=want, indexes=indexes))
-    elif report.attached_gpus is not None and report.attached_gpus != have:
-        # fewer <gpu> blocks than attached_gpus: a GPU the driver knows but nvidia-smi could not read
-        out.append(critical(t.host, "gpu.count", f"driver counts {report.attached_gpus} GPUs but nvidia-smi lists "
-                            f"{have}" + (f"; nvidia-smi: {t.gpu_messages[0]}" if t.gpu_messages else ""),
-                            "a GPU the driver knows could not be read: check XIDs (79) and the kernel log; reboot, "
-                            "reseat or replace it if it stays unreadable",
-                            visible=have, expected=want, attached=report.attached_gpus))
-    bad_fabric = [g for g in report.gpus if g.fabric.state != FABRIC_COMPLETED or g.fabric.status != FABRIC_SUCCESS]
-    if bad_fabric:
-        states = Counter(f"{g.fabric.state or 'unknown'}/{g.fabric.status or 'unknown'}" for g in bad_fabric)
-        out.append(critical(t.host, "fabric.state",
-                            f"fabric not ready on GPU {','.join(str(g.index) for g in bad_fabric)}: "
-                            + ", ".join(f"{s}" for s in sorted(states)),
-                            "check NVLink switch trays and NMX-M (fabric manager); reset GPUs if it persists",
-                            gpus=[g.index for g in bad_fabric]))
+    out.extend(f for f in fabric_state.check(t, expect, settings) if f.severity is not Severity.OK)
     no_domain = [g for g in report.gpus if g.fabric.cluster_uuid is None]
     if no_domain:
         out.append(critical(t.host, "fabric.no-domain",
@@ -104,20 +87,21 @@ def _tray_findings(rack: "Rack", t: "TrayFacts") -> list[Finding]:
                             + "; ".join(f"clique {c} on GPU {','.join(map(str, ix))}" for c, ix in per_clique.items()),
                             "a tray belongs to one NVLink partition: fix the partition in NMX-M",
                             cliques={str(k): v for k, v in per_clique.items()}))
-    flagged = [(g.index, g.fabric.health.problems()) for g in report.gpus if g.fabric.health.problems()]
-    if flagged:
-        text = "; ".join(f"GPU {i}: {', '.join(p)}" for i, p in flagged)
-        out.append(warn(t.host, "fabric.health", f"fabric health flags: {text}",
-                        "watch it with 'mctl health check'; persistent route problems need NVLink service"))
+    out.extend(f for f in fabric_health.check(t, expect, settings) if f.severity is not Severity.OK)
     return out
 
 
 def validate_rack(rack: "Rack", trays: Sequence["TrayFacts"], *,
-                  other_domains: Mapping[str, str] | None = None) -> list[Finding]:
-    """Findings for one rack. *other_domains* maps cluster UUIDs seen on other racks to their names."""
+                  other_domains: Mapping[str, str] | None = None,
+                  settings: "HealthSettings | None" = None) -> list[Finding]:
+    """Findings for one rack. *other_domains* maps cluster UUIDs seen on other racks to their names;
+    *settings* (the site's health settings; defaults when None) set the shared rules' severities."""
+    from mctl.health.settings import HealthSettings
+
+    settings = settings if settings is not None else HealthSettings()
     findings: list[Finding] = []
     for t in trays:
-        findings.extend(_tray_findings(rack, t))
+        findings.extend(_tray_findings(rack, t, settings))
     reached = [t for t in trays if t.gpus is not None]
     # Rack-wide NVLink domain: one, the declared one, nobody else's.
     seen: dict[str, list[str]] = {}
@@ -158,8 +142,9 @@ def validate_rack(rack: "Rack", trays: Sequence["TrayFacts"], *,
         common = drivers.most_common(1)[0][0]
         for t in reached:
             if t.gpus.driver_version and t.gpus.driver_version != common:
-                findings.append(warn(t.host, "gpu.driver", f"driver {t.gpus.driver_version}, rack runs {common}",
-                                     "reprovision the tray with the rack's image (mctl provision)"))
+                findings.append(Finding(settings.driver_mismatch, t.host, driver.CHECK,
+                                        f"driver {t.gpus.driver_version}, the rack runs {common}",
+                                        "reprovision the tray with the rack's image (mctl provision)"))
     uuid_owner: dict[str, str] = {}
     for t in reached:
         for g in t.gpus.gpus:

@@ -3,7 +3,7 @@ recovery action."""
 
 from __future__ import annotations
 
-from mctl.health.checks._base import finding, gpu_list, ok
+from mctl.checks._base import finding, gpu_list, ok
 from mctl.model.findings import Finding, Severity
 
 ECC = "gpu.ecc"
