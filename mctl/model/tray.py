@@ -24,7 +24,6 @@ from mctl.model.xid import NvLink5Detail, RecoveryChange, XidInfo, describe
 
 if TYPE_CHECKING:
     from mctl.model.gpu import GpuNvLinks, GpuReport
-    from mctl.sched.slurm.facts import NodeState
 
 # Why a tray is probed and checked: each purpose's probe reads its own sections (mctl.facts.probe) and
 # evaluates the checks of the catalogue tagged with it (mctl.checks.catalogue).
@@ -272,7 +271,7 @@ class TrayFacts:
     slurmd_error: str | None = None        # not installed, or unreadable (audit)
     files: dict[str, str | None] = field(default_factory=dict)   # audit: path -> text (None: absent)
     file_errors: dict[str, str] = field(default_factory=dict)    # audit: path -> why it could not be read
-    slurm_node: "NodeState | None" = None  # the scheduler's view (controller or local scontrol)
+    slurm_node: Any = None                 # the scheduler's view (mctl.sched.slurm.facts.NodeState), set by the caller
     disks: tuple[DiskUsage, ...] = ()
     memory: Memory | None = None
     problems: tuple[str, ...] = ()         # probe sections that were missing or unreadable
@@ -290,7 +289,7 @@ class TrayFacts:
     def xid_events(self) -> tuple[XidEvent, ...]:
         return tuple(x.event for x in self.xids)
 
-    def with_slurm_node(self, node: "NodeState | None") -> "TrayFacts":
+    def with_slurm_node(self, node: Any) -> "TrayFacts":
         return replace(self, slurm_node=node)
 
     @property
