@@ -4,7 +4,8 @@ Each entry names one check id, its one severity (what the check reports when it
 fails), what it is about, and the purposes that evaluate it (mctl.model.tray:
 inventory, health, node check, audit). The evaluators (the modules of this
 package, one rule each; mctl.checks.inventory for the rack-wide inventory rules)
-build findings with these ids only, and unit tests hold them to it.
+build findings with these ids only, a failure at the entry's severity
+(mctl.checks._base.fail), and unit tests hold them to it.
 
 Two qualifiers keep "one severity" honest where a check has more than one
 outcome:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from mctl.checks._base import finding, ok
-from mctl.model.findings import Finding, Severity
+from mctl.checks._base import fail, ok
+from mctl.model.findings import Finding
 
 CHECK = "gpu.count"
 FACTS = "gpu.facts"
@@ -14,9 +14,9 @@ def check(facts, expect, settings) -> list[Finding]:
         error = facts.gpu_error or "no GPU facts"
         short = ("nvidia-smi hung" if "hung" in error else "no gpu driver" if "driver" in error
                  else "gpu facts unreadable")
-        return [finding(Severity.CRITICAL, facts.host, FACTS, error,
-                        "drain, then check the driver (lsmod | grep nvidia; nvidia-smi) and the kernel log",
-                        short=short)]
+        return [fail(facts.host, FACTS, error,
+                     "drain, then check the driver (lsmod | grep nvidia; nvidia-smi) and the kernel log",
+                     short=short)]
     report = facts.gpus
     have = len(report.gpus)
     want = expect.gpus_per_tray
@@ -29,8 +29,8 @@ def check(facts, expect, settings) -> list[Finding]:
         else:
             # fewer <gpu> blocks than attached_gpus: a GPU the driver knows but nvidia-smi could not read
             text = f"driver counts {attached} GPUs but nvidia-smi lists {have}"
-        return [finding(Severity.CRITICAL, facts.host, CHECK, text + said,
-                        "a GPU fell off the bus or failed: drain, check XIDs (79), reboot; reseat or replace if it "
-                        "stays missing", short=f"gpu count {have}/{want}", visible=have, expected=want,
-                        attached=attached, indexes=sorted(g.index for g in report.gpus))]
+        return [fail(facts.host, CHECK, text + said,
+                     "a GPU fell off the bus or failed: drain, check XIDs (79), reboot; reseat or replace if it "
+                     "stays missing", short=f"gpu count {have}/{want}", visible=have, expected=want,
+                     attached=attached, indexes=sorted(g.index for g in report.gpus))]
     return [ok(facts.host, CHECK, f"{have}/{want} GPUs")]

@@ -22,7 +22,8 @@ from collections import Counter
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from mctl.checks import driver, fabric_health, fabric_state, gpu_count, partial
-from mctl.model.findings import Finding, Severity, critical, warn
+from mctl.checks._base import fail
+from mctl.model.findings import Finding, Severity
 from mctl.model.tray import TrayExpectation
 
 if TYPE_CHECKING:
@@ -37,15 +38,15 @@ def _short(uuid: str) -> str:
 
 def _reach_finding(t: "TrayFacts") -> Finding:
     if t.reach == "timeout":
-        return critical(t.host, "ssh.timeout", f"tray hung: {t.error}",
-                        "check the tray's console (BMC); a host that accepts SSH but never answers is wedged",
-                        address=t.address)
+        return fail(t.host, "ssh.timeout", f"tray hung: {t.error}",
+                    "check the tray's console (BMC); a host that accepts SSH but never answers is wedged",
+                    address=t.address)
     if t.reach == "host-key-mismatch":
-        return critical(t.host, "ssh.host-key", t.error or "host key refused",
-                        f"verify the key out of band; if the tray was reinstalled: mctl ssh trust {t.host} --replace",
-                        address=t.address, **(t.host_key.to_dict() if t.host_key else {}))
-    return critical(t.host, "ssh.unreachable", f"unreachable: {t.error}",
-                    "check power, network and sshd on the tray (BMC console)", address=t.address)
+        return fail(t.host, "ssh.host-key", t.error or "host key refused",
+                    f"verify the key out of band; if the tray was reinstalled: mctl ssh trust {t.host} --replace",
+                    address=t.address, **(t.host_key.to_dict() if t.host_key else {}))
+    return fail(t.host, "ssh.unreachable", f"unreachable: {t.error}",
+                "check power, network and sshd on the tray (BMC console)", address=t.address)
 
 
 def _tray_findings(rack: "Rack", t: "TrayFacts", settings: "HealthSettings") -> list[Finding]:
@@ -53,7 +54,7 @@ def _tray_findings(rack: "Rack", t: "TrayFacts", settings: "HealthSettings") -> 
     if not t.reached:
         return [_reach_finding(t)]
     if t.hostname and t.hostname.split(".")[0] != t.host:
-        out.append(warn(t.host, "host.name", f"answers as {t.hostname!r}, not {t.host!r}",
+        out.append(fail(t.host, "host.name", f"answers as {t.hostname!r}, not {t.host!r}",
                         "check the inventory's address list: the address may belong to another tray",
                         hostname=t.hostname))
     out.extend(partial(t))
@@ -67,26 +68,26 @@ def _tray_findings(rack: "Rack", t: "TrayFacts", settings: "HealthSettings") -> 
     out.extend(f for f in fabric_state.check(t, expect, settings) if f.severity is not Severity.OK)
     no_domain = [g for g in report.gpus if g.fabric.cluster_uuid is None]
     if no_domain:
-        out.append(critical(t.host, "fabric.no-domain",
-                            f"GPU {','.join(str(g.index) for g in no_domain)} in no NVLink domain "
-                            "(cluster UUID absent or all-zero)",
-                            "an NVL72 tray's GPUs must join the rack's NVLink domain: check the fabric",
-                            gpus=[g.index for g in no_domain]))
+        out.append(fail(t.host, "fabric.no-domain",
+                        f"GPU {','.join(str(g.index) for g in no_domain)} in no NVLink domain "
+                        "(cluster UUID absent or all-zero)",
+                        "an NVL72 tray's GPUs must join the rack's NVLink domain: check the fabric",
+                        gpus=[g.index for g in no_domain]))
     uuids = report.cluster_uuids
     if len(uuids) > 1:
         per = {u: [g.index for g in report.gpus if g.fabric.cluster_uuid == u] for u in uuids}
-        out.append(critical(t.host, "fabric.cluster-uuid-conflict",
-                            "GPUs report different NVLink domains: "
-                            + "; ".join(f"{u} on GPU {','.join(map(str, ix))}" for u, ix in per.items()),
-                            "not resolvable from here: inspect the tray's fabric state with NMX-M", domains=per))
+        out.append(fail(t.host, "fabric.cluster-uuid-conflict",
+                        "GPUs report different NVLink domains: "
+                        + "; ".join(f"{u} on GPU {','.join(map(str, ix))}" for u, ix in per.items()),
+                        "not resolvable from here: inspect the tray's fabric state with NMX-M", domains=per))
     cliques = report.clique_ids
     if len(cliques) > 1:
         per_clique = {c: [g.index for g in report.gpus if g.fabric.clique_id == c] for c in cliques}
-        out.append(critical(t.host, "fabric.clique-split",
-                            "GPUs of one tray in different cliques: "
-                            + "; ".join(f"clique {c} on GPU {','.join(map(str, ix))}" for c, ix in per_clique.items()),
-                            "a tray belongs to one NVLink partition: fix the partition in NMX-M",
-                            cliques={str(k): v for k, v in per_clique.items()}))
+        out.append(fail(t.host, "fabric.clique-split",
+                        "GPUs of one tray in different cliques: "
+                        + "; ".join(f"clique {c} on GPU {','.join(map(str, ix))}" for c, ix in per_clique.items()),
+                        "a tray belongs to one NVLink partition: fix the partition in NMX-M",
+                        cliques={str(k): v for k, v in per_clique.items()}))
     out.extend(f for f in fabric_health.check(t, expect, settings) if f.severity is not Severity.OK)
     return out
 
@@ -112,19 +113,19 @@ def validate_rack(rack: "Rack", trays: Sequence["TrayFacts"], *,
         major = max(seen, key=lambda u: len(seen[u]))
         from mctl.model.site import fold
 
-        findings.append(critical(rack.name, "fabric.rack-domains",
-                                 f"{len(seen)} NVLink domains in one rack: "
-                                 + "; ".join(f"{_short(u)} on {fold(h)}" for u, h in sorted(seen.items())),
-                                 "an NVL72 rack is one NVLink domain: check the trays outside "
-                                 f"{_short(major)} and their NVLink cabling/switch trays",
-                                 domains={u: h for u, h in seen.items()}))
+        findings.append(fail(rack.name, "fabric.rack-domains",
+                             f"{len(seen)} NVLink domains in one rack: "
+                             + "; ".join(f"{_short(u)} on {fold(h)}" for u, h in sorted(seen.items())),
+                             "an NVL72 rack is one NVLink domain: check the trays outside "
+                             f"{_short(major)} and their NVLink cabling/switch trays",
+                             domains={u: h for u, h in seen.items()}))
     if rack.nvlink_domain:
         wrong = sorted(u for u in seen if u != rack.nvlink_domain)
         if wrong:
-            findings.append(critical(rack.name, "fabric.domain-mismatch",
-                                     f"inventory declares NVLink domain {rack.nvlink_domain}, trays report "
-                                     + ", ".join(wrong),
-                                     "fix nvlink_domain in the inventory, or find why the rack joined another domain"))
+            findings.append(fail(rack.name, "fabric.domain-mismatch",
+                                 f"inventory declares NVLink domain {rack.nvlink_domain}, trays report "
+                                 + ", ".join(wrong),
+                                 "fix nvlink_domain in the inventory, or find why the rack joined another domain"))
     elif len(seen) == 1:
         only = next(iter(seen))
         findings.append(Finding(Severity.OK, rack.name, "fabric.domain-undeclared",
@@ -133,10 +134,10 @@ def validate_rack(rack: "Rack", trays: Sequence["TrayFacts"], *,
     for u, hosts in sorted(seen.items()):
         other = (other_domains or {}).get(u)
         if other and other != rack.name:
-            findings.append(critical(rack.name, "fabric.domain-shared",
-                                     f"NVLink domain {u} is also rack {other}'s",
-                                     "two racks cannot share an NVLink domain: check which inventory entry is wrong",
-                                     domain=u, other_rack=other))
+            findings.append(fail(rack.name, "fabric.domain-shared",
+                                 f"NVLink domain {u} is also rack {other}'s",
+                                 "two racks cannot share an NVLink domain: check which inventory entry is wrong",
+                                 domain=u, other_rack=other))
     drivers = Counter(t.gpus.driver_version for t in reached if t.gpus.driver_version)
     if len(drivers) > 1:
         common = drivers.most_common(1)[0][0]
@@ -149,9 +150,9 @@ def validate_rack(rack: "Rack", trays: Sequence["TrayFacts"], *,
     for t in reached:
         for g in t.gpus.gpus:
             if g.uuid in uuid_owner and uuid_owner[g.uuid] != t.host:
-                findings.append(critical(t.host, "gpu.duplicate",
-                                         f"GPU {g.uuid} is also reported by {uuid_owner[g.uuid]}",
-                                         "two inventory addresses reach the same tray: fix the address list"))
+                findings.append(fail(t.host, "gpu.duplicate",
+                                     f"GPU {g.uuid} is also reported by {uuid_owner[g.uuid]}",
+                                     "two inventory addresses reach the same tray: fix the address list"))
             uuid_owner.setdefault(g.uuid, t.host)
     return findings
 

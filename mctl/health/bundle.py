@@ -52,7 +52,7 @@ MODULES = (
     "mctl.health", "mctl.health.settings", "mctl.health.policy",
     "mctl.health.breaker", "mctl.health.hysteresis", "mctl.health.store", "mctl.health.slurm_ops", "mctl.health.nvml",
     "mctl.health.node_check",
-    "mctl.checks", "mctl.checks._base", "mctl.checks.reachability",
+    "mctl.checks", "mctl.checks._base", "mctl.checks.catalogue", "mctl.checks.reachability",
     "mctl.checks.gpu_count", "mctl.checks.driver", "mctl.checks.fabric_state",
     "mctl.checks.fabric_health", "mctl.checks.fabric_identity", "mctl.checks.xid",
     "mctl.checks.ecc", "mctl.checks.nvlink", "mctl.checks.thermal",

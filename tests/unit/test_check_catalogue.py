@@ -166,6 +166,15 @@ def test_the_check_modules_define_only_catalogue_ids():
     assert checks.PARTIAL in CHECKS
 
 
+def test_failures_take_the_catalogues_severity():
+    from mctl.checks._base import fail
+
+    for c in CHECKS.values():
+        assert fail("t01", c.id, "x").severity is c.severity
+    with pytest.raises(KeyError):
+        fail("t01", "gpu.not-a-check", "x")
+
+
 def test_inventory_rules_use_catalogue_ids_only():
     """Every literal check id the inventory rules write is a catalogue id tagged inventory."""
     source = (Path(mctl.checks.__file__).parent / "inventory.py").read_text()
@@ -173,7 +182,7 @@ def test_inventory_rules_use_catalogue_ids_only():
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call) and len(node.args) >= 3:
             func = getattr(node.func, "id", None)
-            arg = node.args[2] if func == "Finding" else node.args[1] if func in ("critical", "warn") else None
+            arg = node.args[2] if func == "Finding" else node.args[1] if func in ("critical", "warn", "fail") else None
             if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                 literals.add(arg.value)
     assert len(literals) >= 10, literals
