@@ -1,7 +1,7 @@
 """Gather the actual state an audit compares with the inventory, read-only, in one pass.
 
-One SSH connection per host carries everything: the audit probe (OS release,
-kernel, slurmd version, the IMEX files) and the health sweep's probe run side
+One SSH connection per host carries everything: the audit probe (mctl.facts.probe,
+purpose AUDIT: OS release, kernel, slurmd version, the IMEX files) and the health sweep's probe run side
 by side on it, the controller answers one command for the whole of Slurm
 (nodes, topology, config, partitions, topology.conf, its clock), and NMX-M is
 asked over HTTP at the same time. Nothing here writes anywhere, takes a lock
@@ -10,7 +10,7 @@ command. The host-key comparison costs nothing extra: the pool connects with
 strict checking against the inventory's known_hosts, so a refused key comes
 back with the fingerprint the host presented.
 
-Parsing is pure (parse_tray, parse_controller) and tested on captured output.
+Parsing is pure (mctl.facts.probe.parse_tray, parse_controller) and tested on captured output.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from mctl.errors import MctlError
-from mctl.facts import FactsParseError, shell
-from mctl.facts.collect import Section, split_sections
+from mctl.facts import shell
+from mctl.facts.probe import AUDIT, from_result, last_line, probe_command, split_sections
 from mctl.facts.shell import RC_ABSENT
+from mctl.model.tray import TrayFacts, smi_timeout_for
 
 if TYPE_CHECKING:
-    from mctl.facts.os_release import OsRelease
     from mctl.fabric.reconcile import FabricState
     from mctl.health.engine import SweepResult
     from mctl.model.site import Host, Rack, Site
@@ -40,26 +40,11 @@ if TYPE_CHECKING:
 
 SCONTROL_TIMEOUT = 20    # seconds; slurmctld that does not answer makes scontrol wait its MessageTimeout
 
-# slurmd -V on a tray; scontrol on the controller (127 with the shell's words when it is not installed)
-_TRAY_LOCAL = r"""
-slurmdv() { command -v slurmd >/dev/null 2>&1 || return 127; to 10 slurmd -V; }
-"""
+# scontrol on the controller (127 with the shell's words when it is not installed)
 _CONTROLLER_LOCAL = r"""
 sc() { command -v scontrol >/dev/null 2>&1 || { echo 'scontrol: command not found' >&2; return 127; }; to @TO@ scontrol "$@"; }
 conf() { sc show config | grep -E '^(TopologyPlugin|SwitchType|SLURM_VERSION) '; }
 """
-
-
-def tray_command(nonce: str, files: Sequence[str], *, smi_timeout: float | None = None) -> str:
-    """The audit probe of a compute tray: versions, and each of *files* (the IMEX files) as it is.
-
-    With *smi_timeout* it also runs nvidia-smi, for when no health sweep does (--no-health).
-    """
-    steps = [shell.sec("os-release"), shell.sec("kernel"), shell.sec("slurmd", "slurmdv")]
-    steps += [shell.sec(f"file{i}", "file " + shlex.quote(p), needs=("file",)) for i, p in enumerate(files)]
-    if smi_timeout is not None:
-        steps.append(shell.sec("nvidia-smi"))
-    return shell.command(shell.script(nonce, steps, functions=("to",), local=_TRAY_LOCAL, smi_timeout=smi_timeout))
 
 
 def controller_command(nonce: str, conf_dir: str) -> str:
@@ -70,122 +55,6 @@ def controller_command(nonce: str, conf_dir: str) -> str:
                        needs=("file",))]
     return shell.command(shell.script(nonce, steps, functions=("to",), local=_CONTROLLER_LOCAL,
                                       values={"TO": SCONTROL_TIMEOUT}))
-
-
-# --------------------------------------------------------------------------- trays
-
-@dataclass(frozen=True)
-class TrayState:
-    """What one compute tray holds now (or why it could not be read)."""
-
-    host: str
-    address: str
-    reach: str                                     # a HostStatus value
-    error: str | None = None
-    host_key: "HostKeyProblem | None" = None
-    os: "OsRelease | None" = None
-    kernel: str | None = None
-    slurmd_version: str | None = None
-    slurmd_error: str | None = None                # not installed, or unreadable
-    files: dict[str, str | None] = field(default_factory=dict)   # path -> text (None: absent)
-    file_errors: dict[str, str] = field(default_factory=dict)    # path -> why it could not be read
-    gpus: "GpuReport | None" = None                # only when the probe ran nvidia-smi itself
-    gpu_error: str | None = None
-    problems: tuple[str, ...] = ()
-
-    @property
-    def reached(self) -> bool:
-        return self.reach in ("ok", "failed")
-
-
-def _last_line(text: str, fallback: str) -> str:
-    lines = [l.strip() for l in text.splitlines() if l.strip()]
-    return lines[-1] if lines else fallback
-
-
-def parse_tray(result: "HostResult", nonce: str, files: Sequence[str]) -> TrayState:
-    """A tray's probe result -> its state. Never raises: what cannot be read is recorded."""
-    from mctl.facts.os_release import parse_kernel_release, parse_os_release
-    from mctl.sched.slurm.version import parse_version
-
-    base: dict[str, Any] = dict(host=result.host, address=result.address, host_key=result.host_key)
-    if not result.status.reached:
-        return TrayState(reach=result.status.value, error=result.error or result.summary(), **base)
-    out = split_sections(result.stdout, nonce)
-    err = split_sections(result.stderr, nonce)
-    if not out:
-        return TrayState(reach=result.status.value, error=f"the audit probe printed nothing ({result.summary()})",
-                         problems=("probe output unreadable",), **base)
-    problems: list[str] = []
-
-    def complete(name: str) -> Section | None:
-        sec = out.get(name)
-        if sec is None or not sec.complete:
-            problems.append(f"{name}: output {'missing' if sec is None else 'cut off'}")
-            return None
-        return sec
-
-    os_rel = kernel = None
-    sec = complete("os-release")
-    if sec is not None:
-        try:
-            os_rel = parse_os_release(sec.text)
-        except FactsParseError as exc:
-            problems.append(f"os-release: {exc.message}")
-    sec = complete("kernel")
-    if sec is not None:
-        try:
-            kernel = parse_kernel_release(sec.text)
-        except FactsParseError as exc:
-            problems.append(f"kernel: {exc.message}")
-    slurmd_version = slurmd_error = None
-    sec = complete("slurmd")
-    if sec is not None:
-        if sec.rc == 127:
-            slurmd_error = "slurmd is not installed"
-        else:
-            try:
-                slurmd_version = str(parse_version(sec.text))
-            except ValueError:
-                said = err.get("slurmd")
-                slurmd_error = "slurmd -V: " + _last_line((said.text if said else "") or sec.text,
-                                                           f"exit {sec.rc}")
-    held: dict[str, str | None] = {}
-    file_errors: dict[str, str] = {}
-    for i, path in enumerate(files):
-        sec = complete(f"file{i}")
-        if sec is None:
-            file_errors[path] = "probe output missing or cut off"
-        elif sec.rc == RC_ABSENT:
-            held[path] = None
-        elif sec.rc != 0:
-            said = err.get(f"file{i}")
-            file_errors[path] = _last_line(said.text if said else "", f"cat exited {sec.rc}")
-        else:
-            held[path] = sec.text
-    gpus = gpu_error = None
-    smi = out.get("nvidia-smi")
-    if smi is not None:
-        gpus, gpu_error = _gpu_report(smi, err.get("nvidia-smi"))
-    return TrayState(reach=result.status.value, os=os_rel, kernel=kernel, slurmd_version=slurmd_version,
-                     slurmd_error=slurmd_error, files=held, file_errors=file_errors, gpus=gpus, gpu_error=gpu_error,
-                     problems=tuple(problems), **base)
-
-
-def _gpu_report(smi: Section, err: Section | None) -> tuple["GpuReport | None", str | None]:
-    from mctl.facts import DriverUnavailable
-    from mctl.facts.nvidia_smi import parse_xml
-
-    if not smi.complete:
-        return None, "nvidia-smi output cut off"
-    if smi.rc == 127:
-        return None, "nvidia-smi is not installed"
-    if smi.rc in (124, 137):
-        return None, "nvidia-smi hung"
-    try:
-        return parse_xml(smi.text), None
-    except (DriverUnavailable, FactsParseError) as exc:
-        return None, exc.message
 
 
 # --------------------------------------------------------------------------- controller
@@ -225,7 +94,7 @@ def parse_controller(result: "HostResult", nonce: str) -> ControllerState:
     def said(name: str, fallback: str) -> str:
         e = err.get(name)
         o = out.get(name)
-        return _last_line((e.text if e else "") or (o.text if o else ""), fallback)
+        return last_line((e.text if e else "") or (o.text if o else ""), fallback)
 
     nodes_sec = out.get("nodes")
     if nodes_sec is None or not nodes_sec.complete:
@@ -300,7 +169,7 @@ def discover_fabric(site: "Site", rack: "Rack") -> FabricView:
 
 @dataclass
 class Actual:
-    trays: dict[str, TrayState]
+    trays: dict[str, TrayFacts]
     controller: ControllerState | None
     fabric: dict[str, FabricView]
     health: "SweepResult | None" = None
@@ -352,7 +221,8 @@ def gather(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, files: Seq
     targets: list["SSHTarget"] = targets_for(site, trays)
     nonce = secrets.token_hex(8)
     # nvidia-smi runs once per tray: in the health probe, or here when there is no health sweep
-    probe = tray_command(nonce, files, smi_timeout=None if health else max(1.0, command_timeout - 3.0))
+    smi_timeout = None if health else smi_timeout_for(command_timeout)
+    probe = probe_command(AUDIT, nonce, files=files, smi_timeout=smi_timeout)
 
     async def main() -> Actual:
         async with SSHPool(config) as pool:
@@ -369,7 +239,8 @@ def gather(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, files: Seq
                 jobs.append(health_job)
             answers = await asyncio.gather(*jobs, return_exceptions=True)
         tray_results = _unwrap(answers[0])
-        states = {r.host: parse_tray(r, nonce, files) for r in tray_results}
+        states = {r.host: from_result(AUDIT, r, nonce, files=files, smi_timeout=smi_timeout or 30.0)
+                  for r in tray_results}
         i = 1
         ctl_state = None
         if controller is not None:

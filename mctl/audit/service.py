@@ -288,7 +288,7 @@ def _layer_entries(site: "Site", plan: Plan, actual: "Actual", rack_of: dict[str
 def _slurm_entries(site: "Site", plan: Plan, ctl, rack_of: dict[str, str]) -> list[Entry]:
     from mctl.sched.slurm.render import choose_plugin, settings_of
     from mctl.sched.slurm.topology import block_sizes, blocks_for
-    from mctl.sched.slurm.version import parse_version
+    from mctl.facts.slurm_version import parse_version
 
     controller = plan.controller.name
     settings = settings_of(site)

@@ -1,4 +1,4 @@
-"""Pure parsers: text a host printed -> model objects. No I/O here.
+"""Pure parsers and probe builders: text a host printed -> model objects (mctl.model.tray). No I/O here.
 
 A parser that cannot trust its input raises FactsParseError; the caller turns it
 into a finding for that host instead of guessing or crashing.

@@ -4,7 +4,7 @@ Only `NVRM: Xid` lines and the driver's "fallen off the bus" lines are read; eve
 other line is ignored, so a log of any size and mix can be passed in whole.
 
 Time stamps: every form a kernel log line comes with is read, and `stamp_age` turns
-it into an age on the tray's clock (mctl.health.facts.observe_xid):
+it into an age on the tray's clock (observe_xid, below):
 - rsyslog traditional `Nov 29 19:18:17 host kernel:` (no year: the latest year that
   is not in the future) and journalctl's `short-precise` `Nov 29 19:18:17.123456`;
 - ISO 8601 with a host (`2025-11-29T19:18:17.123456+00:00 host kernel:`, rsyslog
@@ -20,16 +20,11 @@ it into an age on the tray's clock (mctl.health.facts.observe_xid):
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 from mctl.model.gpu import pci_key
-from mctl.model.xid import NvLink5Detail, RecoveryChange, XidInfo, describe, nvlink5_detail, recovery_change
-
-# A stamp an age can be computed from, by kind:
-STAMP_SYSLOG = "syslog"        # 'Nov 29 19:18:17[.123]' local time, no year
-STAMP_ISO = "iso"              # ISO 8601, with or without an offset (none: local time)
-STAMP_CTIME = "ctime"          # dmesg -T 'Tue Mar  5 10:11:12 2024' local time
+from mctl.model.tray import STAMP_CTIME, STAMP_ISO, STAMP_SYSLOG, Clock, XidEvent, XidObservation, BOOT_TOLERANCE_S
+from mctl.model.xid import nvlink5_detail, recovery_change
 
 _ISO_TEXT = r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?"
 # rsyslog traditional / journalctl short(-precise), or ISO 8601, then the host and `kernel:`
@@ -59,43 +54,6 @@ _FELL_HEAD = re.compile(r"NVRM: The NVIDIA GPU (?P<pci>" + _PCI + r")\b")
 _FELL_TAIL = re.compile(r"NVRM:.*fallen off the bus")
 FELL_CONTINUATION_LINES = 3       # the message runs over at most this many lines after its first
 FELL_OFF_BUS_CODE = 79
-
-
-@dataclass(frozen=True)
-class XidEvent:
-    pci: str                          # as the kernel printed it, e.g. "0008:01:00"
-    code: int
-    message: str
-    timestamp: str | None = None      # the wall-clock stamp text, when the line had one
-    uptime: float | None = None       # seconds since boot from the `[  123.456]` or /dev/kmsg prefix
-    host: str | None = None
-    pid: int | None = None
-    process_name: str | None = None
-    stamp_kind: str | None = None     # STAMP_SYSLOG | STAMP_ISO | STAMP_CTIME when timestamp is set
-    # "xid": an `NVRM: Xid` line; "fell-off-bus": the driver said the GPU fell off the bus and
-    # logged no Xid for it (read as XID 79, which NVIDIA's catalogue gives for that state).
-    form: str = "xid"
-    nvlink5: NvLink5Detail | None = field(default=None, compare=False)
-    recovery: RecoveryChange | None = field(default=None, compare=False)
-
-    @property
-    def info(self) -> XidInfo | None:
-        return describe(self.code)
-
-    def on_gpu(self, pci_bus_id: str) -> bool:
-        """Whether this event is about the GPU nvidia-smi lists at `pci_bus_id` (00000008:01:00.0)."""
-        try:
-            return pci_key(self.pci) == pci_key(pci_bus_id)
-        except ValueError:
-            return False
-
-    def to_dict(self) -> dict:
-        data = asdict(self)
-        info = self.info
-        data["info"] = info.to_dict() if info else None
-        data["nvlink5"] = self.nvlink5.to_dict() if self.nvlink5 else None
-        data["recovery"] = self.recovery.to_dict() if self.recovery else None
-        return data
 
 
 def _pid(text: str) -> int | None:
@@ -238,3 +196,24 @@ def stamp_age(stamp: str, kind: str | None, now_local: datetime, now_epoch: floa
         if age >= -FUTURE_TOLERANCE_S:
             return max(age, 0.0)
     return None
+
+
+def observe_xid(event: "XidEvent", clock: Clock | None) -> XidObservation:
+    """Date an XID line. The uptime prefix is exact within one boot; the wall-clock stamp
+    tells whether the line belongs to this boot at all (kern.log outlives reboots)."""
+    if clock is None:
+        return XidObservation(event, None, None)
+    age = None
+    if event.timestamp:
+        # every wall-clock form the kernel log comes in (syslog, ISO, dmesg -T)
+        age = stamp_age(event.timestamp, getattr(event, "stamp_kind", None), clock.local, clock.epoch)
+    if event.uptime is not None:
+        uptime_age = clock.uptime - event.uptime
+        if uptime_age < -1.0:
+            return XidObservation(event, age, False)
+        if age is not None and age > clock.uptime + BOOT_TOLERANCE_S:
+            return XidObservation(event, age, False)
+        return XidObservation(event, max(uptime_age, 0.0), True)
+    if age is not None:
+        return XidObservation(event, age, age <= clock.uptime + BOOT_TOLERANCE_S)
+    return XidObservation(event, None, None)

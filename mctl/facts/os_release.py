@@ -8,33 +8,11 @@ ignored; a line that is not KEY=value makes the file untrustworthy.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any
-
 from mctl.facts import FactsParseError
+from mctl.model.tray import OsRelease
 
 _LINE = re.compile(r"^(?P<key>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>.*)$")
 _KERNEL = re.compile(r"^\d+\.\d+(\.\d+)?\S*$")
-
-
-@dataclass(frozen=True)
-class OsRelease:
-    id: str | None
-    version_id: str | None
-    pretty_name: str | None
-    version_codename: str | None = None
-    id_like: tuple[str, ...] = ()
-    fields: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
-
-    @property
-    def short(self) -> str:
-        """`ubuntu 24.04`, `debian 13`: what a table column has room for."""
-        parts = [p for p in (self.id, self.version_id) if p]
-        return " ".join(parts) if parts else (self.pretty_name or "unknown")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "version_id": self.version_id, "pretty_name": self.pretty_name,
-                "version_codename": self.version_codename, "id_like": list(self.id_like)}
 
 
 def _unquote(raw: str, lineno: int) -> str:

@@ -11,12 +11,10 @@ ServiceState, with `source` saying which kind of evidence it rests on.
 
 from __future__ import annotations
 
-import hashlib
 import re
-from dataclasses import dataclass, field
-from typing import Any
 
 from mctl.facts import FactsParseError
+from mctl.model.tray import ImexConfig, ServiceState
 
 IMEX_UNIT = "nvidia-imex.service"
 SLURMD_UNIT = "slurmd.service"
@@ -27,49 +25,6 @@ UNIT_PROCESS = {IMEX_UNIT: "nvidia-imex", SLURMD_UNIT: "slurmd"}
 _SHA_LINE = re.compile(r"^(?P<sum>[0-9a-f]{64}) [ *](?P<path>\S.*)$")
 _COMM_LINE = re.compile(r"^/proc/(?P<pid>\d+)/comm:(?P<comm>.*)$")
 _UNIT_LINE = re.compile(r"^unit=(?P<unit>\S+) file=(?P<file>\S*) enabled=(?P<enabled>yes|no)$")
-
-
-@dataclass(frozen=True)
-class ServiceState:
-    unit: str
-    installed: bool
-    active: str | None            # systemd ActiveState: active, inactive, failed, activating, ...
-    sub: str | None = None        # systemd SubState: running, dead, exited, ...
-    enabled: str | None = None    # systemd UnitFileState: enabled, disabled, static, masked, ...
-    source: str = "systemd"       # systemd | process-table
-    pids: tuple[int, ...] = ()
-
-    @property
-    def running(self) -> bool:
-        return self.active == "active"
-
-    @property
-    def short(self) -> str:
-        if not self.installed:
-            return "not installed"
-        return self.active or "unknown"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"unit": self.unit, "installed": self.installed, "active": self.active, "sub": self.sub,
-                "enabled": self.enabled, "source": self.source, "pids": list(self.pids)}
-
-
-@dataclass(frozen=True)
-class ImexConfig:
-    """sha256 of every /etc/nvidia-imex/*.cfg; `checksum` folds them into one value to compare trays."""
-
-    present: bool
-    files: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def checksum(self) -> str | None:
-        if not self.files:
-            return None
-        text = "".join(f"{path} {digest}\n" for path, digest in sorted(self.files.items()))
-        return hashlib.sha256(text.encode()).hexdigest()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"present": self.present, "files": dict(sorted(self.files.items())), "checksum": self.checksum}
 
 
 def _systemd_blocks(lines: list[str]) -> dict[str, ServiceState]:

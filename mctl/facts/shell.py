@@ -1,13 +1,12 @@
 """The POSIX sh that mctl runs on a host to read it: one function library and one builder.
 
-The fact probe (mctl.facts.collect), the health probe (mctl.health.probe, which
-`mctl node check` also runs on the tray itself) and the audit probes
-(mctl.audit.collect) are all built here, so they share one framing and one copy
+The tray probe (mctl.facts.probe: inventory, health, node check and audit
+purposes) and the audit's controller probe (mctl.audit.collect) are all built here, so they share one framing and one copy
 of each shell function:
 
 - every section runs as `sec NAME COMMAND...`, which prints the command's
   output, stdout and stderr alike, between marker lines carrying the per-run
-  nonce (mctl.facts.collect.split_sections cuts them apart again), so no file
+  nonce (mctl.facts.probe.split_sections cuts them apart again), so no file
   content can fake a section boundary;
 - a script takes from FUNCTIONS only what its sections call (and what those
   call in turn); a probe's own small functions are passed in beside them;

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mctl.health.facts import TrayHealthFacts, xid_key
+from mctl.model.tray import TrayFacts, xid_key
 
 FILE = "boots.json"
 
@@ -26,7 +26,7 @@ class BootMemory:
     _older: dict[str, frozenset] = field(default_factory=dict)       # lines read under an earlier boot
     _saved: dict[str, str] | None = None                              # what the file holds (None: unknown)
 
-    def see(self, facts: TrayHealthFacts) -> TrayHealthFacts:
+    def see(self, facts: TrayFacts) -> TrayFacts:
         """*facts* with the previous boot id and earlier boots' XIDs marked; remembers this sweep."""
         if not facts.reached or not facts.boot_id:
             return facts

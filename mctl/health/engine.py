@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mctl.errors import MctlError
-from mctl.health import checks, policy, store
+from mctl import checks
+from mctl.health import policy, store
 from mctl.health.breaker import BreakerState
-from mctl.health.facts import TrayHealthFacts
+from mctl.model.tray import TrayFacts, smi_timeout_for
 from mctl.health.policy import Decision, NodeView, TrayVerdict
-from mctl.health.probe import parse_probe, probe_script, ssh_command, unreached
+from mctl.facts.probe import HEALTH, from_result, probe_command
 from mctl.model.settings import HealthSettings
 from mctl.health.site_view import Scope, expectations, partition_plan, rack_sizes
 from mctl.health.slurm_ops import SchedulerUnreachable
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
     from mctl.model.site import Site
     from mctl.transport import SSHPool
 
-SMI_MARGIN = 3.0
 # The scheduler's actions of one sweep get at least this long (drains must not be cut for a short interval).
 ACT_DEADLINE_MIN = 5.0
 
@@ -41,7 +41,7 @@ class SweepResult:
     number: int
     started: float
     elapsed: float
-    facts: dict[str, TrayHealthFacts]
+    facts: dict[str, TrayFacts]
     findings: list[Finding]
     verdicts: list[TrayVerdict]
     nodes: dict[str, NodeView] | None
@@ -146,23 +146,16 @@ class Engine:
         except TimeoutError:
             return None, None, f"{self.scheduler.where} did not answer within the {self.timeout:g}s deadline"
 
-    async def _probe(self) -> list[TrayHealthFacts]:
+    async def _probe(self) -> list[TrayFacts]:
         nonce = secrets.token_hex(8)
-        smi_timeout = max(1.0, self.timeout - SMI_MARGIN)
+        smi_timeout = smi_timeout_for(self.timeout)
         paths = self.settings.disk_paths
-        command = ssh_command(probe_script(nonce, smi_timeout=smi_timeout, disk_paths=paths))
+        command = probe_command(HEALTH, nonce, smi_timeout=smi_timeout, disk_paths=paths)
         # The deadline covers the whole of each tray's work; a tray that misses it comes back as
         # timeout (the probe hung) or unreachable (no session) and its connection is reopened
         # in the background, so the next sweep is not delayed by it.
         results = await self.pool.run(self.targets, command, deadline=self.timeout)
-        out = []
-        for r in results:
-            if r.status.value in ("unreachable", "timeout", "host-key-mismatch"):
-                out.append(unreached(r.host, r.address, r.status.value, r.error, r.elapsed))
-            else:
-                out.append(parse_probe(r.host, r.stdout, r.stderr, nonce, address=r.address, smi_timeout=smi_timeout,
-                                       disk_paths=paths, elapsed=r.elapsed))
-        return out
+        return [from_result(HEALTH, r, nonce, smi_timeout=smi_timeout, disk_paths=paths) for r in results]
 
     def _load_state(self) -> store.HealthState:
         if self.dry_run and self._dry_state is not None:
@@ -175,7 +168,7 @@ class Engine:
         t0 = time.monotonic()
         (facts_list, (views, states, sched_error)) = await asyncio.gather(self._probe(), self._read_scheduler())
         state = self._load_state()
-        facts: dict[str, TrayHealthFacts] = {}
+        facts: dict[str, TrayFacts] = {}
         for f in facts_list:
             rec = state.records.get(f.host)
             f = self.boots.see(f)

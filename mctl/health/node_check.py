@@ -29,10 +29,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from mctl.health import checks, policy, store
+from mctl import checks
+from mctl.health import policy, store
 from mctl.health.breaker import BreakerState
-from mctl.health.facts import TrayExpectation, TrayHealthFacts
-from mctl.health.probe import parse_probe, probe_script
+from mctl.model.tray import TrayExpectation, TrayFacts
+from mctl.facts.probe import HEALTH, NODE_CHECK, parse_tray, probe_script
 from mctl.model.settings import HealthSettings
 from mctl.health.slurm_ops import apply_script, controller_down, parse_apply, read_nodes, show_node_command
 from mctl.model.findings import Severity, sort_findings, worst
@@ -112,7 +113,7 @@ def _run(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def gather(config: NodeCheckConfig, deadline: Deadline, *, use_nvml: bool = True) -> TrayHealthFacts:
+def gather(config: NodeCheckConfig, deadline: Deadline, *, use_nvml: bool = True) -> TrayFacts:
     """This tray's facts: NVML when it loads, the probe script for the rest (and nvidia-smi otherwise)."""
     from mctl.health import nvml
 
@@ -131,9 +132,10 @@ def gather(config: NodeCheckConfig, deadline: Deadline, *, use_nvml: bool = True
     probe_timeout = deadline.left(35.0)
     smi_timeout = max(1.0, probe_timeout / 2 - 2)
     paths = config.settings.disk_paths
-    body = probe_script(nonce, smi_timeout=smi_timeout, disk_paths=paths, gpus=gpu_facts is None)
+    purpose = HEALTH if gpu_facts is None else NODE_CHECK       # NVML read the GPUs: no nvidia-smi sections
+    body = probe_script(purpose, nonce, smi_timeout=smi_timeout, disk_paths=paths)
     rc, out, err = _run(["/bin/sh", "-c", body], probe_timeout)
-    facts = parse_probe(config.node, out, err, nonce, smi_timeout=smi_timeout, disk_paths=paths,
+    facts = parse_tray(purpose, config.node, out, err, nonce, smi_timeout=smi_timeout, disk_paths=paths,
                         elapsed=time.monotonic() - started, gpu_facts=gpu_facts)
     if rc == 124:
         facts = replace(facts, problems=facts.problems + (f"probe timed out after {probe_timeout:g}s",))
@@ -168,7 +170,7 @@ def _share_guard(config: NodeCheckConfig, views: dict) -> str | None:
 @dataclass
 class NodeCheckResult:
     node: str
-    facts: TrayHealthFacts
+    facts: TrayFacts
     findings: list
     decisions: list
     actions: list

@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 from mctl.health import breaker as breakerlib
 from mctl.health.breaker import BreakerState
-from mctl.health.checks import compose_reason, drain_reason
+from mctl.checks import compose_reason, drain_reason
 from mctl.model.settings import REASON_PREFIX, HealthSettings
 from mctl.model.findings import Finding, Severity
 

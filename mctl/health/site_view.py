@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from mctl.health.facts import TrayExpectation
+from mctl.model.tray import TrayExpectation
 from mctl.model.settings import HealthSettings
 
 if TYPE_CHECKING:

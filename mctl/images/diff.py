@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from mctl.errors import UsageError
 from mctl.images.drift import DRIFT, MATCH, NOT_CHECKED, UNREPORTED, Comparison, compare, not_compared
+from mctl.model.tray import smi_timeout_for
 
 if TYPE_CHECKING:
-    from mctl.audit.collect import TrayState
+    from mctl.model.tray import TrayFacts
     from mctl.model.image import SoftwareImage
     from mctl.model.site import Host, Site
 
@@ -88,7 +89,7 @@ class DiffReport:
                             "no_image": fold([t.host for t in self.trays if t.status == "no-image"]) or None}}
 
 
-def tray_facts(state: "TrayState", *, slurm_expected: bool) -> tuple[dict[str, Any], dict[str, str]]:
+def tray_facts(state: "TrayFacts", *, slurm_expected: bool) -> tuple[dict[str, Any], dict[str, str]]:
     """The facts `compare` reads, from the audit probe of one tray; and why a version is unknown."""
     from mctl.audit.rules.versions import version_facts
 
@@ -106,7 +107,7 @@ def tray_facts(state: "TrayState", *, slurm_expected: bool) -> tuple[dict[str, A
     return facts, notes
 
 
-def diff_tray(host: str, image: "SoftwareImage", state: "TrayState", *, slurm_expected: bool) -> TrayDiff:
+def diff_tray(host: str, image: "SoftwareImage", state: "TrayFacts", *, slurm_expected: bool) -> TrayDiff:
     if not state.reached:
         return TrayDiff(host, image.name, error=state.error or state.reach)
     if state.problems:
@@ -119,7 +120,7 @@ def diff_tray(host: str, image: "SoftwareImage", state: "TrayState", *, slurm_ex
     return TrayDiff(host, image.name, rows, unchecked, notes)
 
 
-def build_report(hosts: Sequence["Host"], images: dict[str, "SoftwareImage"], states: dict[str, "TrayState"],
+def build_report(hosts: Sequence["Host"], images: dict[str, "SoftwareImage"], states: dict[str, "TrayFacts"],
                  *, slurm_expected: bool, timeout: float) -> DiffReport:
     out = []
     for h in hosts:
@@ -146,7 +147,7 @@ def plan(site: "Site", hosts: Sequence["Host"]) -> dict[str, "SoftwareImage"]:
 
 def diff(site: "Site", hosts: Sequence["Host"], *, timeout: float | None = None) -> DiffReport:
     """Probe every tray of *hosts* at once (each under its own deadline) and compare."""
-    from mctl.audit.collect import parse_tray, tray_command
+    from mctl.facts.probe import AUDIT, from_result, probe_command
     from mctl.transport import SSHConfig, run_sync, targets_for
 
     images = plan(site, hosts)
@@ -155,8 +156,9 @@ def diff(site: "Site", hosts: Sequence["Host"], *, timeout: float | None = None)
     asked = [h for h in hosts if h.name in images]
     nonce = secrets.token_hex(8)
     # nvidia-smi under its own deadline, inside the command's, so a hung driver is named as such
-    probe = tray_command(nonce, (), smi_timeout=max(1.0, command_timeout - 3.0))
+    smi_timeout = smi_timeout_for(command_timeout)
+    probe = probe_command(AUDIT, nonce, smi_timeout=smi_timeout)
     results = run_sync(config, targets_for(site, asked), probe, timeout=command_timeout) if asked else []
-    states = {r.host: parse_tray(r, nonce, ()) for r in results}
+    states = {r.host: from_result(AUDIT, r, nonce, smi_timeout=smi_timeout) for r in results}
     slurm_expected = bool(site.scheduler and site.scheduler.type == "slurm")
     return build_report(hosts, images, states, slurm_expected=slurm_expected, timeout=command_timeout)

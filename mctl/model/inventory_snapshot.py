@@ -1,68 +1,16 @@
 """What one inventory run saw on a rack, and what changed since the last run.
 
-TrayFacts holds every fact of one compute tray (or why there are none: the tray
-was unreachable, hung, refused its host key). Snapshots are stored as plain
-JSON (the to_dict form) and compared as JSON, so a snapshot written by an older
+A tray's facts are mctl.model.tray.TrayFacts. Snapshots are stored as plain
+JSON (TrayFacts.snapshot_dict) and compared as JSON, so a snapshot written by an older
 mctl still diffs against a newer one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
-
-if TYPE_CHECKING:
-    from mctl.facts.kernel_log import XidEvent
-    from mctl.facts.os_release import OsRelease
-    from mctl.facts.services import ImexConfig, ServiceState
-    from mctl.model.gpu import GpuReport
+from typing import Any, Iterable
 
 SNAPSHOT_SCHEMA = 1
-
-
-@dataclass(frozen=True)
-class TrayFacts:
-    host: str
-    address: str
-    reach: str                                   # a HostStatus value: ok, unreachable, timeout, ...
-    error: str | None = None                     # why the tray gave no facts (reach != ok)
-    hostname: str | None = None
-    os: "OsRelease | None" = None
-    kernel: str | None = None
-    gpus: "GpuReport | None" = None
-    gpu_error: str | None = None                 # nvidia-smi missing, hung, garbled, driver down
-    gpu_messages: tuple[str, ...] = ()           # what nvidia-smi printed on stderr (lost GPUs, ...)
-    imex: "ServiceState | None" = None
-    imex_config: "ImexConfig | None" = None
-    slurmd: "ServiceState | None" = None
-    xids: tuple["XidEvent", ...] = ()
-    xid_source: str | None = None
-    problems: tuple[str, ...] = ()               # probe sections that were missing or unreadable
-    elapsed: float = 0.0
-    host_key: dict[str, Any] | None = None       # presented/recorded fingerprints on a refusal
-
-    @property
-    def reached(self) -> bool:
-        return self.reach == "ok"
-
-    @property
-    def gpu_count(self) -> int | None:
-        return len(self.gpus.gpus) if self.gpus is not None else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "host": self.host, "address": self.address, "reach": self.reach, "error": self.error,
-            "hostname": self.hostname, "os": self.os.to_dict() if self.os else None, "kernel": self.kernel,
-            "nvidia_smi": self.gpus.to_dict() if self.gpus else None, "gpu_error": self.gpu_error,
-            "gpu_messages": list(self.gpu_messages),
-            "gpu_count": self.gpu_count,
-            "imex": {"service": self.imex.to_dict() if self.imex else None,
-                     "config": self.imex_config.to_dict() if self.imex_config else None},
-            "slurmd": self.slurmd.to_dict() if self.slurmd else None,
-            "xids": [x.to_dict() for x in self.xids], "xid_source": self.xid_source,
-            "problems": list(self.problems), "elapsed": round(self.elapsed, 3),
-            **({"host_key": self.host_key} if self.host_key else {}),
-        }
 
 
 # --- comparing two snapshots (JSON form) --------------------------------------------------------

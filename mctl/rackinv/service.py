@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Sequence
 
 from mctl.errors import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, UsageError
 from mctl.model.findings import Finding, Severity, sort_findings, worst
-from mctl.model.inventory_snapshot import SNAPSHOT_SCHEMA, Change, TrayFacts, diff_snapshots
+from mctl.model.inventory_snapshot import SNAPSHOT_SCHEMA, Change, diff_snapshots
+from mctl.model.tray import TrayFacts
 
 if TYPE_CHECKING:
     from mctl.model.site import Rack, Site
@@ -100,7 +101,7 @@ def _snapshot(site: "Site", rack: "Rack", trays: list[TrayFacts], findings: list
         "taken_at": taken_at.isoformat(timespec="seconds"),
         "expected": {"model": rack.model, "compute_trays": rack.compute_trays, "gpus_per_tray": rack.gpus_per_tray,
                      "nvlink_domain": rack.nvlink_domain},
-        "trays": [t.to_dict() for t in trays],
+        "trays": [t.snapshot_dict() for t in trays],
         "findings": [f.to_dict() for f in sort_findings(findings)],
     }
 
@@ -150,8 +151,8 @@ def _latest(state_dir: Path, rack: str):
 
 def run_inventory(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, timeout: float | None = None,
                   save: bool = True, diff: bool = False) -> InventoryReport:
-    from mctl.facts.collect import collect_facts
-    from mctl.facts.validate import rack_domains, validate_rack
+    from mctl.rackinv.collect import collect_facts
+    from mctl.checks.inventory import rack_domains, validate_rack
     from mctl.state import ensure_dir, latest_snapshot, save_snapshot
     from mctl.transport import SSHConfig, SSHPool, targets_for
 
@@ -174,6 +175,7 @@ def run_inventory(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, tim
 
     # Earlier snapshots are read (and a damaged one named) before any host is touched.
     known = _known_domains(site, Path(state_dir), racks)
+    settings = site.health       # the shared rules' severities (fabric flags, driver); converted by the loader
     earlier = {rack.name: _latest(state_dir, rack.name) for rack in racks} if diff else {}
     facts = asyncio.run(gather())
     taken_at = datetime.now(timezone.utc)
@@ -187,7 +189,7 @@ def run_inventory(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, tim
             if other_name != rack.name:
                 for u in domains:
                     others.setdefault(u, other_name)
-        findings = sort_findings(validate_rack(rack, trays, other_domains=others))
+        findings = sort_findings(validate_rack(rack, trays, other_domains=others, settings=settings))
         snapshot = _snapshot(site, rack, trays, findings, taken_at)
         previous = earlier.get(rack.name)
         report = RackReport(rack, trays, findings, taken_at, snapshot)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from mctl.audit.collect import controller_command, parse_controller, parse_tray, tray_command
+from mctl.audit.collect import controller_command, parse_controller
+from mctl.facts.probe import AUDIT, from_result, probe_command
 from mctl.transport.results import HostKeyProblem, HostResult, HostStatus
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -31,8 +32,8 @@ def test_tray_probe_reads_files_versions_and_absence(tmp_path):
     unreadable.mkdir()                  # cat of a directory fails: unreadable, not absent
     files = [str(nodes), str(absent), str(unreadable)]
     nonce = "0123456789abcdef"
-    result = run_local(tray_command(nonce, files))
-    state = parse_tray(result, nonce, files)
+    result = run_local(probe_command(AUDIT, nonce, files=files))
+    state = from_result(AUDIT, result, nonce, files=files)
     assert state.reached and state.problems == ()
     assert state.files == {str(nodes): "127.83.1.1\n127.83.1.2\n", str(absent): None}
     assert "Is a directory" in state.file_errors[str(unreadable)]
@@ -44,7 +45,7 @@ def test_tray_probe_reads_files_versions_and_absence(tmp_path):
 def test_tray_that_did_not_answer_keeps_the_refused_host_key():
     problem = HostKeyProblem("ssh-ed25519 SHA256:new", ("ssh-ed25519 SHA256:old",), "kh")
     result = HostResult("t", "127.0.0.9", HostStatus.HOST_KEY_MISMATCH, error="HOST KEY CHANGED", host_key=problem)
-    state = parse_tray(result, "n", [])
+    state = from_result(AUDIT, result, "n")
     assert not state.reached and state.reach == "host-key-mismatch" and state.host_key is problem
 
 
@@ -109,13 +110,13 @@ def test_without_a_health_sweep_the_tray_probe_runs_nvidia_smi(tmp_path):
     smi.write_text(f"#!/bin/sh\n[ \"$1 $2\" = '-q -x' ] || exit 2\ncat {FIXTURES / 'lab' / 'healthy-q-x.xml'}\n")
     smi.chmod(0o755)
     nonce = "0123456789abcdef"
-    result = run_local(tray_command(nonce, [], smi_timeout=10), env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
-    state = parse_tray(result, nonce, [])
+    result = run_local(probe_command(AUDIT, nonce, smi_timeout=10), env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    state = from_result(AUDIT, result, nonce, smi_timeout=10)
     assert state.gpus is not None and state.gpu_error is None and len(state.gpus.gpus) == 4
     actual = Actual({state.host: state}, None, {})
     assert actual.gpu_versions(state.host) == (state.gpus.driver_version, state.gpus.cuda_version, None)
     assert state.gpus.driver_version == "570.148.08"
-    missing = parse_tray(run_local(tray_command(nonce, [], smi_timeout=10), env={"PATH": "/usr/bin:/bin"}), nonce, [])
-    assert missing.gpus is None and missing.gpu_error == "nvidia-smi is not installed"
+    missing = from_result(AUDIT, run_local(probe_command(AUDIT, nonce, smi_timeout=10), env={"PATH": "/usr/bin:/bin"}), nonce, smi_timeout=10)
+    assert missing.gpus is None and missing.gpu_error == "nvidia-smi is not installed (command not found)"
     assert Actual({state.host: missing}, None, {}).gpu_versions(state.host) == (None, None,
-                                                                                "nvidia-smi is not installed")
+                                                                                "nvidia-smi is not installed (command not found)")

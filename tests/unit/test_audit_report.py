@@ -16,15 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from mctl.audit.collect import Actual, ControllerState, FabricView, TrayState
+from mctl.audit.collect import Actual, ControllerState, FabricView
 from mctl.audit.model import AuditReport, parse_duration
 from mctl.audit.reporters import render
 from mctl.audit.service import AuditSettings, evaluate, plan_audit
 from mctl.errors import UsageError
 from mctl.fabric.imex import ImexSettings, expected_files
-from mctl.facts.os_release import OsRelease
+from mctl.model.tray import OsRelease, TrayFacts
 from mctl.health.engine import SweepResult
-from mctl.health.facts import TrayHealthFacts
 from mctl.inventory import load_site
 from mctl.model.findings import Finding, Severity
 from mctl.model.gpu import GpuReport
@@ -50,14 +49,14 @@ def site(tmp_path):
     return load_site(write_site(tmp_path / "site"))
 
 
-def tray_state(host: str, address: str, files: dict) -> TrayState:
-    return TrayState(host, address, "ok", os=OsRelease("debian", "13", "Debian GNU/Linux 13 (trixie)"),
+def tray_state(host: str, address: str, files: dict) -> TrayFacts:
+    return TrayFacts(host, address, "ok", os=OsRelease("debian", "13", "Debian GNU/Linux 13 (trixie)"),
                      kernel="6.1.0-37-amd64", slurmd_version="24.11.5", files=dict(files))
 
 
 def sweep(hosts: dict[str, str], findings: list[Finding]) -> SweepResult:
     """A health sweep's result as the engine returns it (driver/CUDA per tray, the catalogue's findings)."""
-    facts = {h: TrayHealthFacts(h, gpus=GpuReport(driver, "12.8", 4, ())) for h, driver in hosts.items()}
+    facts = {h: TrayFacts(h, gpus=GpuReport(driver, "12.8", 4, ())) for h, driver in hosts.items()}
     return SweepResult(1, STARTED, 1.0, facts, findings, [], None, "slurm")
 
 
@@ -68,7 +67,7 @@ def gathered(site, *, nmx_error: str | None = "NMX-M at http://127.83.1.200:8443
     trays = {h.name: tray_state(h.name, h.address, want[h.name]) for h in rack.compute}
     nodes_path = "/etc/nvidia-imex/nodes_config.cfg"
     trays["lab-r1-tray02"].files[nodes_path] = "127.83.1.1\n127.83.1.2\n127.83.1.3\n"      # edited by hand
-    trays["lab-r1-tray04"] = TrayState("lab-r1-tray04", "127.83.1.4", "unreachable", error="no SSH answer within 5s")
+    trays["lab-r1-tray04"] = TrayFacts("lab-r1-tray04", "127.83.1.4", "unreachable", error="no SSH answer within 5s")
     topo = render_topology(blocks_for(site), "block")
     ctl = ControllerState("lab-r1-head", "ok", now_local=datetime(2026, 11, 30, 20, 0, 0),
                           nodes=tuple(parse_show_nodes((CAPTURED / "scontrol-show-node-o.txt").read_text())),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mctl.facts.collect import facts_script, split_sections, tray_facts
+from mctl.facts.probe import INVENTORY, from_result, probe_command, split_sections
 from mctl.transport import HostKeyProblem, HostResult, HostStatus
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -32,7 +32,7 @@ def run_probe(tmp_path: Path, smi_body: str, *, smi_timeout: float = 10) -> Host
     smi.write_text("#!/bin/sh\n" + smi_body)
     smi.chmod(0o755)
     env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
-    proc = subprocess.run(facts_script(NONCE, smi_timeout=smi_timeout), shell=True, capture_output=True,
+    proc = subprocess.run(probe_command(INVENTORY, NONCE, smi_timeout=smi_timeout), shell=True, capture_output=True,
                           text=True, env=env, timeout=60)
     return HostResult("tray01", "127.0.0.1", HostStatus.OK if proc.returncode == 0 else HostStatus.FAILED,
                       proc.returncode, proc.stdout, proc.stderr)
@@ -81,20 +81,20 @@ def test_markers_with_another_nonce_are_content():
 def test_probe_on_real_gb200_capture(tmp_path):
     result = run_probe(tmp_path, f"cat '{REAL_XML}'\n")
     assert result.ok, result.stderr
-    facts = tray_facts(result, NONCE, smi_timeout=10)
+    facts = from_result(INVENTORY, result, NONCE, smi_timeout=10)
     assert facts.reached and facts.gpu_error is None and facts.problems == ()
     assert facts.gpu_count == 4 and facts.gpus.driver_version == "570.148.08"
     assert facts.gpus.cluster_uuids == ("889d2be1-4bbf-69e1-d3f2-97c465ee31aa",)
     assert facts.gpus.clique_ids == (2,)
     assert facts.os is not None and facts.kernel == os.uname().release
     assert facts.hostname == os.uname().nodename
-    assert facts.imex is not None and facts.slurmd is not None
+    assert facts.imex_service is not None and facts.slurmd is not None
     assert facts.xid_source in ("/var/log/kern.log", "dmesg")
 
 
 def test_probe_when_nvidia_smi_hangs(tmp_path):
     result = run_probe(tmp_path, "sleep 30\n", smi_timeout=1)
-    facts = tray_facts(result, NONCE, smi_timeout=1)
+    facts = from_result(INVENTORY, result, NONCE, smi_timeout=1)
     assert facts.reached and facts.gpus is None
     assert "hung" in facts.gpu_error
     assert facts.os is not None            # the rest of the facts still came back
@@ -102,7 +102,7 @@ def test_probe_when_nvidia_smi_hangs(tmp_path):
 
 def test_probe_when_nvidia_smi_prints_half_the_xml(tmp_path):
     result = run_probe(tmp_path, f"head -c 20000 '{REAL_XML}'\necho 'Unable to determine the device handle' >&2\nexit 15\n")
-    facts = tray_facts(result, NONCE, smi_timeout=10)
+    facts = from_result(INVENTORY, result, NONCE, smi_timeout=10)
     assert facts.gpus is None and facts.gpu_error.startswith("nvidia-smi output unreadable")
     assert facts.gpu_error.endswith("(exit 15: Unable to determine the device handle)")
     assert facts.gpu_messages == ("Unable to determine the device handle",)
@@ -111,14 +111,14 @@ def test_probe_when_nvidia_smi_prints_half_the_xml(tmp_path):
 def test_probe_when_driver_is_gone(tmp_path):
     result = run_probe(tmp_path, "echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
                                  "driver. Make sure that the latest NVIDIA driver is installed and running.\"\nexit 9\n")
-    facts = tray_facts(result, NONCE, smi_timeout=10)
+    facts = from_result(INVENTORY, result, NONCE, smi_timeout=10)
     assert facts.gpus is None and "could not communicate" in facts.gpu_error
 
 
 def test_probe_without_nvidia_smi(tmp_path):
     env = dict(os.environ, PATH="/usr/bin:/bin")
-    proc = subprocess.run(facts_script(NONCE, smi_timeout=5), shell=True, capture_output=True, text=True, env=env)
-    facts = tray_facts(ok(proc.stdout, proc.stderr), NONCE, smi_timeout=5)
+    proc = subprocess.run(probe_command(INVENTORY, NONCE, smi_timeout=5), shell=True, capture_output=True, text=True, env=env)
+    facts = from_result(INVENTORY, ok(proc.stdout, proc.stderr), NONCE, smi_timeout=5)
     assert facts.gpu_error == "nvidia-smi is not installed (command not found)"
 
 
@@ -130,22 +130,22 @@ def lab_capture(name: str, host: str) -> HostResult:
 
 
 def test_lab_probe_healthy_tray():
-    facts = tray_facts(lab_capture("healthy", "lab-r1-tray01"), NONCE, smi_timeout=20)
+    facts = from_result(INVENTORY, lab_capture("healthy", "lab-r1-tray01"), NONCE, smi_timeout=20)
     assert facts.problems == () and facts.hostname == "lab-r1-tray01" and facts.gpu_messages == ()
     assert (facts.os.id, facts.os.version_id) == ("debian", "13")
     assert facts.gpu_count == 4 and len(facts.gpus.cluster_uuids) == 1 and facts.gpus.clique_ids == (32766,)
     assert all(g.fabric_attached for g in facts.gpus.gpus)
-    assert facts.slurmd.installed and not facts.imex.installed and facts.imex_config.present is False
+    assert facts.slurmd.installed and not facts.imex_service.installed and facts.imex_config.present is False
 
 
 def test_lab_probe_faulted_tray():
-    facts = tray_facts(lab_capture("faulted", "lab-r1-tray04"), NONCE, smi_timeout=20)
+    facts = from_result(INVENTORY, lab_capture("faulted", "lab-r1-tray04"), NONCE, smi_timeout=20)
     assert facts.gpu_count == 2 and facts.gpus.attached_gpus == 3
     # the GPU that fell off the bus is named on nvidia-smi's stderr, which comes back framed too
     assert facts.gpu_messages == ("Unable to determine the device handle for GPU0: 0000:29:00.0: Unknown Error",)
     assert {g.fabric.state for g in facts.gpus.gpus} == {"In Progress"}
     assert facts.gpus.cluster_uuids == ()                  # N/A: no NVLink domain while in progress
-    assert [x.code for x in facts.xids] == [79] and facts.xid_source == "/var/log/kern.log"
+    assert [x.code for x in facts.xid_events] == [79] and facts.xid_source == "/var/log/kern.log"
 
 
 # --- what becomes of hosts that did not answer, and of garbage --------------------------------------
@@ -154,17 +154,17 @@ def test_lab_probe_faulted_tray():
 def test_unanswered_hosts_carry_their_status(status):
     hk = HostKeyProblem("ssh-ed25519 SHA256:new", ("ssh-ed25519 SHA256:old",), "/x/known_hosts") \
         if status is HostStatus.HOST_KEY_MISMATCH else None
-    facts = tray_facts(HostResult("t", "127.0.0.9", status, error="why", host_key=hk), NONCE, smi_timeout=5)
+    facts = from_result(INVENTORY, HostResult("t", "127.0.0.9", status, error="why", host_key=hk), NONCE, smi_timeout=5)
     assert facts.reach == status.value and facts.error == "why" and facts.gpus is None
     if hk:
-        assert facts.host_key["presented"] == "ssh-ed25519 SHA256:new"
+        assert facts.host_key.presented == "ssh-ed25519 SHA256:new"
 
 
 def test_garbage_output_is_recorded_not_raised():
-    facts = tray_facts(ok("\x00\x01 random bytes\n"), NONCE, smi_timeout=5)
+    facts = from_result(INVENTORY, ok("\x00\x01 random bytes\n"), NONCE, smi_timeout=5)
     assert facts.reached and facts.gpus is None and facts.problems
     out = (FIXTURES / "probe" / "lab-tray-healthy.txt").read_text()
     cut = out[: out.index("::end nvidia-smi")]               # connection dropped mid-XML
-    facts = tray_facts(ok(cut), NONCE, smi_timeout=5)
+    facts = from_result(INVENTORY, ok(cut), NONCE, smi_timeout=5)
     assert facts.gpus is None and "cut off" in facts.gpu_error
     assert any(p.startswith("services:") for p in facts.problems)

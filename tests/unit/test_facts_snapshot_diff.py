@@ -8,7 +8,8 @@ from pathlib import Path
 
 from mctl.facts.nvidia_smi import parse_xml
 from mctl.model.findings import critical
-from mctl.model.inventory_snapshot import TrayFacts, diff_snapshots
+from mctl.model.inventory_snapshot import diff_snapshots
+from mctl.model.tray import TrayFacts
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 REAL = parse_xml((FIXTURES / "gb200-nvidia-smi-q-x.xml").read_text())
@@ -16,7 +17,7 @@ REAL = parse_xml((FIXTURES / "gb200-nvidia-smi-q-x.xml").read_text())
 
 def snap(trays, findings=()):
     # through JSON, exactly as a stored snapshot is read back
-    return json.loads(json.dumps({"trays": [t.to_dict() for t in trays],
+    return json.loads(json.dumps({"trays": [t.snapshot_dict() for t in trays],
                                   "findings": [f.to_dict() for f in findings]}))
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from mctl.facts.nvidia_smi import parse_xml
-from mctl.facts.validate import validate_rack
+from mctl.checks.inventory import validate_rack
 from mctl.model.findings import Severity
-from mctl.model.inventory_snapshot import TrayFacts
+from mctl.model.tray import TrayFacts
 from mctl.model.site import Host, Rack
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

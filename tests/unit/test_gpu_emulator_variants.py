@@ -336,7 +336,7 @@ def test_a_storm_has_the_lasting_effect_of_its_code(tmp_path):
 def _probe(tmp_path, faults, smi_timeout=20.0):
     import sys
 
-    from mctl.health.probe import parse_probe, probe_script
+    from mctl.facts.probe import HEALTH, parse_tray, probe_script
 
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
@@ -349,14 +349,14 @@ def _probe(tmp_path, faults, smi_timeout=20.0):
                                                                emu.FAULTS_ENV: str(tmp_path / "faults.json"),
                                                                emu.KERN_LOG_ENV: str(tmp_path / "kern.log")})
     nonce = "0123456789abcdef"
-    body = probe_script(nonce, smi_timeout=smi_timeout, disk_paths=("/",))
+    body = probe_script(HEALTH, nonce, smi_timeout=smi_timeout, disk_paths=("/",))
     proc = subprocess.run(["/bin/sh", "-c", body], capture_output=True, text=True, env=env, timeout=120)
-    return parse_probe("lab-r1-tray03", proc.stdout, proc.stderr, nonce, disk_paths=("/",), smi_timeout=smi_timeout)
+    return parse_tray(HEALTH, "lab-r1-tray03", proc.stdout, proc.stderr, nonce, disk_paths=("/",), smi_timeout=smi_timeout)
 
 
 def _judge(facts):
-    from mctl.health import checks
-    from mctl.health.facts import TrayExpectation
+    from mctl import checks
+    from mctl.model.tray import TrayExpectation
     from mctl.model.settings import HealthSettings
 
     expect = TrayExpectation("lab-r1-tray03", "r1", driver_version="570.148.08",

@@ -10,12 +10,12 @@ import pytest
 
 from mctl.facts.kernel_log import parse_xid_line
 from mctl.facts.nvidia_smi import parse_nvlink_status, parse_xml
-from mctl.facts.services import ServiceState
-from mctl.health import checks
-from mctl.health.checks import compose_reason, drain_reason
-from mctl.health.checks import fabric_identity
-from mctl.health.facts import (Clock, DiskUsage, ImexObservation, Memory, TrayExpectation, TrayHealthFacts,
-                               observe_xid)
+from mctl.model.tray import ServiceState
+from mctl import checks
+from mctl.checks import compose_reason, drain_reason
+from mctl.checks import fabric_identity
+from mctl.facts.kernel_log import observe_xid
+from mctl.model.tray import Clock, DiskUsage, ImexObservation, Memory, TrayExpectation, TrayFacts
 from mctl.model.settings import REASON_MAX, HealthSettings
 from mctl.model.findings import Severity, worst
 from mctl.model.gpu import GpuNvLinks, NvLink
@@ -32,12 +32,12 @@ CLOCK = Clock(epoch=1_764_441_600.0, local=datetime(2025, 11, 29, 18, 40, 0), up
 S = HealthSettings()
 
 
-def tray(host="t01", gpus=REAL, **kw) -> TrayHealthFacts:
+def tray(host="t01", gpus=REAL, **kw) -> TrayFacts:
     base = dict(host=host, gpus=gpus, nvlinks=LINKS_OK, clock=CLOCK, xid_source="/var/log/kern.log",
                 slurmd=ServiceState("slurmd.service", True, "active", "running"),
                 disks=(DiskUsage("/", "/", 1000, 100, 900),), memory=Memory(1000, 800))
     base.update(kw)
-    return TrayHealthFacts(**base)
+    return TrayFacts(**base)
 
 
 def expect(host="t01", **kw) -> TrayExpectation:
@@ -101,7 +101,7 @@ def test_lab_healthy_capture_is_ok():
 # --- one check at a time ----------------------------------------------------------------------------
 
 def test_unreachable_tray_gets_only_the_reachability_finding():
-    facts = TrayHealthFacts("t01", address="10.0.0.1", reach="unreachable", error="no SSH answer within 10s")
+    facts = TrayFacts("t01", address="10.0.0.1", reach="unreachable", error="no SSH answer within 10s")
     found = run(facts)
     assert [(f.check, f.severity) for f in found] == [("tray.reachable", Severity.CRITICAL)]
     assert found[0].details["reach"] == "unreachable"

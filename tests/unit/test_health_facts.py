@@ -13,7 +13,8 @@ from mctl.errors import EnvironmentProblem
 from mctl.facts.kernel_log import parse_xid_line
 from mctl.health import store
 from mctl.health.breaker import BreakerState
-from mctl.health.facts import Clock, TrayHealthFacts, observe_xid
+from mctl.model.tray import Clock, TrayFacts
+from mctl.facts.kernel_log import observe_xid
 from mctl.health.policy import TrayRecord
 from mctl.inventory.convert import health_settings
 from mctl.inventory.schema import HealthSpec
@@ -60,7 +61,7 @@ def test_iso_stamp_age_uses_the_epoch():
 
 
 def test_xids_before_an_acknowledgement_are_dropped():
-    facts = TrayHealthFacts("t01", clock=CLOCK, xids=(observe_xid(event(uptime=3_000.0), CLOCK),
+    facts = TrayFacts("t01", clock=CLOCK, xids=(observe_xid(event(uptime=3_000.0), CLOCK),
                                                        observe_xid(event(uptime=3_500.0), CLOCK)))
     ack = CLOCK.epoch - 300              # between the two events (600 s and 100 s ago)
     assert [x.age_s for x in facts.without_xids_before(ack).xids] == [100.0]

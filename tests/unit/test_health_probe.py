@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from mctl.facts.collect import Section
-from mctl.health import checks
-from mctl.health.facts import TrayExpectation
-from mctl.health.probe import (RC_ABSENT, imex_observation, parse_clock, parse_df, parse_meminfo, parse_probe,
-                               probe_script, ssh_command)
+from mctl import checks
+from mctl.model.tray import TrayExpectation
+from mctl.facts import shell
+from mctl.facts.probe import (HEALTH, NODE_CHECK, RC_ABSENT, Section, imex_observation, parse_clock, parse_df,
+                               parse_meminfo, parse_tray, probe_script)
 from mctl.model.settings import HealthSettings
 from mctl.lab.emulators import nvidia_smi as emu
 from mctl.model.findings import Severity
@@ -56,9 +56,9 @@ def tray(tmp_path):
         faults.write_text(json.dumps(fault or {}))
         env = dict(os.environ, PATH=f"{bindir}:/usr/bin:/bin", **{emu.STATE_ENV: str(state),
                                                                    emu.FAULTS_ENV: str(faults)})
-        body = probe_script(NONCE, smi_timeout=20, disk_paths=paths)
+        body = probe_script(HEALTH, NONCE, smi_timeout=20, disk_paths=paths)
         proc = subprocess.run(["/bin/sh", "-c", body], capture_output=True, text=True, env=env, timeout=90)
-        return parse_probe("t01", proc.stdout, proc.stderr, NONCE, disk_paths=paths, smi_timeout=20)
+        return parse_tray(HEALTH, "t01", proc.stdout, proc.stderr, NONCE, disk_paths=paths, smi_timeout=20)
 
     return probe
 
@@ -99,11 +99,11 @@ def test_driver_gone(tray, tmp_path):
 
 
 def test_ssh_command_wraps_the_script_for_any_login_shell():
-    body = probe_script(NONCE, smi_timeout=5)
-    cmd = ssh_command(body)
+    body = probe_script(HEALTH, NONCE, smi_timeout=5)
+    cmd = shell.command(body)
     assert cmd.startswith("exec /bin/sh -c '") and "::mctl-" + NONCE in cmd
     assert "sec nvidia-smi smi -q -x" in body and "smi nvlink --status" in body and "sec nvlink nvl" in body
-    without = probe_script(NONCE, smi_timeout=5, gpus=False)     # the node check read NVML instead
+    without = probe_script(NODE_CHECK, NONCE, smi_timeout=5)     # the node check read NVML instead
     assert "sec nvidia-smi" not in without and "sec nvlink" not in without
 
 
@@ -154,10 +154,10 @@ def imex_tray(tmp_path, domain_status: str | None):
     ctl.chmod(0o755)
     config = tmp_path / "config.cfg"
     config.write_text("SERVER_PORT=50000\n")
-    body = probe_script(NONCE, smi_timeout=5, gpus=False, imex_config=str(config))
+    body = probe_script(NODE_CHECK, NONCE, smi_timeout=5, imex_config=str(config))
     env = dict(os.environ, PATH=f"{bindir}:/usr/bin:/bin")
     proc = subprocess.run(["/bin/sh", "-c", body], capture_output=True, text=True, env=env, timeout=60)
-    facts = parse_probe("t01", proc.stdout, proc.stderr, NONCE, gpu_facts=(None, None, (), None, None, "nvml"))
+    facts = parse_tray(NODE_CHECK, "t01", proc.stdout, proc.stderr, NONCE, gpu_facts=(None, None, (), None, None, "nvml"))
     return facts.imex, calls.read_text().splitlines()
 
 
@@ -176,7 +176,7 @@ def test_imex_daemon_asked_when_the_domain_is_not_up(tmp_path, status):
 
 
 def test_imex_ready_by_domain_is_checked_against_the_parsed_answer():
-    from mctl.health.probe import RC_READY_BY_DOMAIN
+    from mctl.facts.probe import RC_READY_BY_DOMAIN
 
     domain = json.dumps({"status": "DOWN", "nodes": {}, "note": '"status":"UP"'})
     obs = imex_observation(Section("imex-query", "", RC_READY_BY_DOMAIN), Section("imex-domain", domain, 0))

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from mctl.health.breaker import BreakerState
 from mctl.health.engine import SweepResult
-from mctl.health.facts import TrayHealthFacts
+from mctl.model.tray import TrayFacts
 from mctl.health.metrics import MetricsServer, render, write_textfile
 from mctl.health.policy import NodeView, TrayRecord, TrayVerdict
 from mctl.cli.health_screen import WatchScreen, sweep_line
@@ -32,7 +32,7 @@ def result(number=3, tripped=False) -> SweepResult:
                HOSTS[2]: TrayRecord(HOSTS[2], "lab-r1", misses=2)}
     logged = [{"action": "drain", "tray": HOSTS[1], "reason": "mctl: xid 79 gpu0 (fell off bus)", "result": "ok",
                "why": "1 of 4 trays of rack lab-r1 drained by mctl within 1h"}]
-    return SweepResult(number, time.time(), 0.42, {h: TrayHealthFacts(h, elapsed=0.1) for h in HOSTS}, [xid],
+    return SweepResult(number, time.time(), 0.42, {h: TrayFacts(h, elapsed=0.1) for h in HOSTS}, [xid],
                        verdicts, nodes, "slurm", remediate=True, logged=logged,
                        breaker=BreakerState(True, time.time(), "draining x would make 2 of 4") if tripped
                        else BreakerState(), records=records)

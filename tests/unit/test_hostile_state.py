@@ -820,7 +820,7 @@ def test_markup_in_tray_and_rack_names_on_the_watch_screen():
 
     from mctl.health.breaker import BreakerState
     from mctl.health.engine import SweepResult
-    from mctl.health.facts import TrayHealthFacts
+    from mctl.model.tray import TrayFacts
     from mctl.health.policy import NodeView, TrayVerdict
     from mctl.cli.health_screen import WatchScreen
     from mctl.health.watch import WatchView
@@ -828,7 +828,7 @@ def test_markup_in_tray_and_rack_names_on_the_watch_screen():
 
     rack, hosts = "[/rack]", ["[bold]t1", "t2[/]"]
     verdicts = [TrayVerdict(h, rack, "ok", Severity.OK) for h in hosts]
-    result = SweepResult(1, _time.time(), 0.1, {h: TrayHealthFacts(h, elapsed=0.1) for h in hosts}, [], verdicts,
+    result = SweepResult(1, _time.time(), 0.1, {h: TrayFacts(h, elapsed=0.1) for h in hosts}, [], verdicts,
                          {h: NodeView(h, state="IDLE", reason="[/reason]") for h in hosts}, "slurm",
                          remediate=False, logged=[], breaker=BreakerState(), records={})
     view = WatchView(site="[/site]", racks={rack: hosts}, interval=2, remediate=False, dry_run=False)

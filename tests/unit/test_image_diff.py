@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from mctl.audit.collect import TrayState, parse_tray, tray_command
+from mctl.facts.probe import AUDIT, from_result, probe_command
+from mctl.model.tray import TrayFacts
 from mctl.audit.rules import versions
 from mctl.images import load_image
 from mctl.images.diff import build_report, diff_tray
@@ -28,7 +29,7 @@ LAB = load_image(REPO / "images" / "lab-debian13.yml")
 GB200 = load_image(REPO / "images" / "gb200-ubuntu24.04.yml")
 
 
-def probe_here(tmp_path: Path, *, smi: str | None) -> TrayState:
+def probe_here(tmp_path: Path, *, smi: str | None) -> TrayFacts:
     """The audit's tray probe on this machine; *smi* is the stand-in nvidia-smi's body (None: none on PATH)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -37,11 +38,11 @@ def probe_here(tmp_path: Path, *, smi: str | None) -> TrayState:
         (bin_dir / "nvidia-smi").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
     nonce = "00112233445566aa"
-    proc = subprocess.run(["/bin/sh", "-c", tray_command(nonce, (), smi_timeout=20)], capture_output=True, text=True,
+    proc = subprocess.run(["/bin/sh", "-c", probe_command(AUDIT, nonce, smi_timeout=20)], capture_output=True, text=True,
                           timeout=60, env=env)
     result = HostResult("lab-r1-tray01", "127.0.0.1", HostStatus.OK if proc.returncode == 0 else HostStatus.FAILED,
                         proc.returncode, proc.stdout, proc.stderr)
-    return parse_tray(result, nonce, ())
+    return from_result(AUDIT, result, nonce, smi_timeout=20)
 
 
 def test_driver_drift_from_a_real_nvidia_smi_answer(tmp_path):
@@ -66,7 +67,7 @@ def test_no_nvidia_smi_is_unreported_drift_with_the_reason(tmp_path):
     tray = diff_tray("lab-r1-tray01", LAB, state, slurm_expected=False)
     rows = {r.component: r for r in tray.rows}
     assert rows["nvidia_driver"].status == UNREPORTED and rows["nvidia_driver"].found is None
-    assert tray.notes["nvidia_driver"] == "nvidia-smi is not installed"
+    assert tray.notes["nvidia_driver"] == "nvidia-smi is not installed (command not found)"
     assert tray.status == "drift"
 
 
@@ -81,7 +82,7 @@ def test_diff_and_audit_use_one_drift_function():
         GB200, "t", facts)} == {f.check for f in versions.check_tray("t", GB200, facts)
                                 if f.severity is not Severity.OK} == {"image.driver"}
     # a component the image declares but mctl reads no version of is never silently a match
-    state = TrayState("t", "127.0.0.1", "ok")
+    state = TrayFacts("t", "127.0.0.1", "ok")
     tray = diff_tray("t", GB200, state, slurm_expected=True)
     unchecked = {c["component"] for c in tray.to_dict()["components"] if c["status"] == NOT_CHECKED}
     assert unchecked == {"imex", "dcgm", "doca_ofed", "enroot", "pyxis"}
@@ -90,8 +91,8 @@ def test_diff_and_audit_use_one_drift_function():
 def test_unreadable_tray_is_reported_beside_the_others():
     hosts = [Host("t1", "127.0.0.1", "compute", "r"), Host("t2", "127.0.0.2", "compute", "r"),
              Host("t3", "127.0.0.3", "compute", "r")]
-    ok = TrayState("t1", "127.0.0.1", "ok")
-    down = TrayState("t2", "127.0.0.2", "timeout", error="no answer within 5s")
+    ok = TrayFacts("t1", "127.0.0.1", "ok")
+    down = TrayFacts("t2", "127.0.0.2", "timeout", error="no answer within 5s")
     report = build_report(hosts, {"t1": LAB, "t2": LAB}, {"t1": ok, "t2": down}, slurm_expected=False, timeout=5)
     assert [t.status for t in report.trays] == ["drift", "unreadable", "no-image"]
     assert report.unreadable == ["t2"] and report.drifted == ["t1"]

@@ -10,13 +10,13 @@ from datetime import datetime
 import pytest
 
 from mctl.errors import UsageError
-from mctl.facts.collect import Section
 from mctl.facts.kernel_log import parse_xid_line
-from mctl.health import checks
+from mctl import checks
 from mctl.health.boots import BootMemory
-from mctl.health.checks import boot
-from mctl.health.facts import Clock, TrayHealthFacts, TrayExpectation, observe_xid
-from mctl.health.probe import parse_boot_id
+from mctl.checks import boot
+from mctl.model.tray import Clock, TrayFacts, TrayExpectation
+from mctl.facts.kernel_log import observe_xid
+from mctl.facts.probe import Section, parse_boot_id
 from mctl.model.settings import HealthSettings
 from mctl.lab import control, faults, hostinit, hosts
 from mctl.lab.layout import LabLayout
@@ -164,7 +164,7 @@ LINE = "Nov 29 18:25:00 t01 kernel: [  400.000000] NVRM: Xid (PCI:0000:29:00): 4
 
 
 def facts(boot_id, xids=()):
-    return TrayHealthFacts("t01", clock=CLOCK, boot_id=boot_id, xid_source="/var/log/kern.log",
+    return TrayFacts("t01", clock=CLOCK, boot_id=boot_id, xid_source="/var/log/kern.log",
                            xids=tuple(observe_xid(parse_xid_line(l), CLOCK) for l in xids))
 
 
@@ -201,7 +201,7 @@ def test_a_reboot_is_seen_and_the_earlier_boots_xids_stop_counting():
     memory.see(facts(B2, []))
     assert memory._older["t01"] == frozenset()
     # An unreached tray or a probe without the boot id changes nothing.
-    assert memory.see(TrayHealthFacts("t01", reach="timeout")).previous_boot_id is None
+    assert memory.see(TrayFacts("t01", reach="timeout")).previous_boot_id is None
     assert memory.boot_ids["t01"] == B2
 
 

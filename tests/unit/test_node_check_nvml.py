@@ -6,8 +6,9 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from mctl.health import checks, nvml
-from mctl.health.facts import TrayExpectation, TrayHealthFacts
+from mctl import checks
+from mctl.health import nvml
+from mctl.model.tray import TrayExpectation, TrayFacts
 from mctl.model.settings import HealthSettings
 from mctl.model.findings import Severity
 
@@ -104,7 +105,7 @@ class FakeNvml:
 
 
 def judge(report, links, messages=()):
-    facts = TrayHealthFacts("t01", gpus=report, nvlinks=links, gpu_messages=messages, gpu_source="nvml")
+    facts = TrayFacts("t01", gpus=report, nvlinks=links, gpu_messages=messages, gpu_source="nvml")
     expect = TrayExpectation("t01", driver_version="570.148.08", nvlink_domain="889d2be1-4bbf-69e1-d3f2-97c465ee31aa")
     return checks.run_tray(facts, expect, HealthSettings())
 

@@ -12,10 +12,10 @@ import subprocess
 
 import pytest
 
-from mctl.audit.collect import controller_command, tray_command
+from mctl.audit.collect import controller_command
 from mctl.facts import shell
-from mctl.facts.collect import facts_script, split_sections
-from mctl.health.probe import probe_script, ssh_command
+from mctl.facts.probe import AUDIT, INVENTORY, NODE_CHECK, probe_command, probe_script, split_sections
+from mctl.facts.probe import HEALTH as HEALTH_PROBE
 
 NONCE = "0123456789abcdef"
 FACTS = ["hostname", "os-release", "kernel", "nvidia-smi", "services", "imex-config", "xid"]
@@ -40,13 +40,13 @@ def sh_syntax(text: str) -> subprocess.CompletedProcess:
 
 
 SCRIPTS = {
-    "facts": (lambda: facts_script(NONCE, smi_timeout=27), FACTS),
-    "health": (lambda: ssh_command(probe_script(NONCE, smi_timeout=20, disk_paths=("/", "/my disk"))), HEALTH),
-    "health-nvml": (lambda: ssh_command(probe_script(NONCE, smi_timeout=20, gpus=False)),
+    "facts": (lambda: probe_command(INVENTORY, NONCE, smi_timeout=27), FACTS),
+    "health": (lambda: probe_command(HEALTH_PROBE, NONCE, smi_timeout=20, disk_paths=("/", "/my disk")), HEALTH),
+    "health-nvml": (lambda: probe_command(NODE_CHECK, NONCE, smi_timeout=20),
                     [s for s in HEALTH if s not in ("nvidia-smi", "nvlink")]),
-    "audit-tray": (lambda: tray_command(NONCE, ["/etc/nvidia-imex/nodes_config.cfg", "/etc/a b@RC_ABSENT@"]),
+    "audit-tray": (lambda: probe_command(AUDIT, NONCE, files=["/etc/nvidia-imex/nodes_config.cfg", "/etc/a b@RC_ABSENT@"]),
                    AUDIT_TRAY),
-    "audit-tray-smi": (lambda: tray_command(NONCE, ["/x", "/y"], smi_timeout=10), AUDIT_TRAY + ["nvidia-smi"]),
+    "audit-tray-smi": (lambda: probe_command(AUDIT, NONCE, files=["/x", "/y"], smi_timeout=10), AUDIT_TRAY + ["nvidia-smi"]),
     "audit-controller": (lambda: controller_command(NONCE, "/etc/slurm/"), AUDIT_CONTROLLER),
 }
 
@@ -71,13 +71,13 @@ def test_script_sections_in_order_and_sh_parses_it(name):
 
 
 def test_timeouts_are_the_callers():
-    assert "to 27 nvidia-smi" in facts_script(NONCE, smi_timeout=27)
-    assert "to 1 nvidia-smi" in facts_script(NONCE, smi_timeout=0.2)          # one second at the least
-    assert "to 12.5 nvidia-smi" in probe_script(NONCE, smi_timeout=12.5)
-    assert "to 5 nvidia-imex-ctl -c /etc/nvidia-imex/config.cfg" in probe_script(NONCE, smi_timeout=5)
+    assert "to 27 nvidia-smi" in probe_command(INVENTORY, NONCE, smi_timeout=27)
+    assert "to 1 nvidia-smi" in probe_command(INVENTORY, NONCE, smi_timeout=0.2)          # one second at the least
+    assert "to 12.5 nvidia-smi" in probe_script(HEALTH_PROBE, NONCE, smi_timeout=12.5)
+    assert "to 5 nvidia-imex-ctl -c /etc/nvidia-imex/config.cfg" in probe_script(HEALTH_PROBE, NONCE, smi_timeout=5)
     assert "to 20 scontrol" in body_of(controller_command(NONCE, "/etc/slurm"))
-    assert "tail -n 200" in body_of(facts_script(NONCE, smi_timeout=5))
-    assert "nvidia-smi" not in body_of(tray_command(NONCE, []))                  # a health sweep runs it instead
+    assert "tail -n 200" in body_of(probe_command(INVENTORY, NONCE, smi_timeout=5))
+    assert "nvidia-smi" not in body_of(probe_command(AUDIT, NONCE))                  # a health sweep runs it instead
 
 
 def test_builder_fills_only_its_own_placeholders():

@@ -13,17 +13,18 @@ from pathlib import Path
 import pytest
 
 from mctl.facts import FactsParseError
-from mctl.facts.collect import Section, smi_section
+from mctl.facts.probe import Section, smi_section
 from mctl.facts.kernel_log import (STAMP_CTIME, STAMP_ISO, STAMP_SYSLOG, parse_xid_events, parse_xid_line,
                                    stamp_age)
 from mctl.facts.nvidia_smi import parse_nvlink_status, parse_query_csv, parse_xml
-from mctl.facts.validate import validate_rack
-from mctl.health import checks
-from mctl.health.checks import ecc, gpu_count, nvlink, thermal, xid
-from mctl.health.facts import Clock, TrayExpectation, TrayHealthFacts, observe_xid
+from mctl.checks.inventory import validate_rack
+from mctl import checks
+from mctl.checks import ecc, gpu_count, nvlink, thermal, xid
+from mctl.model.tray import Clock, TrayExpectation, TrayFacts
+from mctl.facts.kernel_log import observe_xid
 from mctl.model.settings import HealthSettings, parse_subcodes
 from mctl.model.findings import Severity
-from mctl.model.inventory_snapshot import TrayFacts
+from mctl.model.tray import TrayFacts
 from mctl.model.xid import DEFAULT_DRAIN_XIDS, judge, nvlink5_detail, recovery_change
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real"
@@ -106,11 +107,11 @@ def test_r535_power_draw_is_read_and_the_power_check_runs():
         assert "<gpu_power_readings>" in text(name) and "<average_power_draw>" not in text(name)
         assert report.gpus[0].power_draw_w is not None
     report = parse_xml(text("netdata-rtx-4090-driver-535.xml"))
-    tray = TrayHealthFacts(host="t01", gpus=report)
+    tray = TrayFacts(host="t01", gpus=report)
     power = [f for f in thermal.check(tray, None, S) if f.check == thermal.POWER]
     assert power[0].severity is Severity.OK
     over = report.gpus[0].__class__(**{**report.gpus[0].__dict__, "power_draw_w": 500.0})
-    hot = TrayHealthFacts(host="t01", gpus=report.__class__(**{**report.__dict__, "gpus": (over,)}))
+    hot = TrayFacts(host="t01", gpus=report.__class__(**{**report.__dict__, "gpus": (over,)}))
     power = [f for f in thermal.check(hot, None, S) if f.check == thermal.POWER]
     assert power[0].severity is Severity.WARN and "gpu0 draws 500 W over its 450 W limit" in power[0].message
 
@@ -129,7 +130,7 @@ def test_r580_memory_repair_fields_read_and_judged():
     report = parse_xml(doc)
     repair = report.gpus[0].repair
     assert (repair.channel_repair_pending, repair.unrepairable_memory, repair.sram_threshold_exceeded) == (True,) * 3
-    found = [f for f in ecc.check(TrayHealthFacts(host="t01", gpus=report), None, S) if f.check == ecc.REPAIR]
+    found = [f for f in ecc.check(TrayFacts(host="t01", gpus=report), None, S) if f.check == ecc.REPAIR]
     assert {(f.severity, f.message.split(" on ")[0].split(" (")[0]) for f in found} == {
         (Severity.CRITICAL, "memory the GPU could not repair"),
         (Severity.CRITICAL, "SRAM error threshold exceeded"),
@@ -140,7 +141,7 @@ def test_r580_memory_repair_fields_read_and_judged():
 def test_fewer_gpu_blocks_than_attached_gpus_is_a_finding():
     """The published A100 sample lists one <gpu> for attached_gpus 4."""
     report = parse_xml(text("telegraf-a100-sxm4-v12.xml"))
-    tray = TrayHealthFacts(host="t01", gpus=report)
+    tray = TrayFacts(host="t01", gpus=report)
     found = gpu_count.check(tray, TrayExpectation(host="t01", rack="r", gpus_per_tray=1), S)
     assert found[0].severity is Severity.CRITICAL and "driver counts 4" in found[0].message
     facts = TrayFacts(host="t01", address="127.0.0.1", reach="ok", gpus=report)
@@ -183,7 +184,7 @@ def test_a100_links_are_25_gbps():
 def test_all_links_down_is_critical_with_the_gpu_named():
     links = parse_nvlink_status(text("issue-gpud-1085-nvlink-all-inactive-b200.txt"))
     report = parse_xml((REAL.parent / "gb200-nvidia-smi-q-x.xml").read_text())
-    found = nvlink.check(TrayHealthFacts(host="t01", gpus=report, nvlinks=links), None, S)
+    found = nvlink.check(TrayFacts(host="t01", gpus=report, nvlinks=links), None, S)
     assert found[0].severity is Severity.CRITICAL
     assert "gpu2 all 18 links down" in found[0].message
     assert found[0].details["short"] == "nvlink gpu2 all links down"
@@ -322,7 +323,7 @@ def test_fell_off_bus_forms():
 def test_fell_off_bus_without_xid_drains_like_xid_79():
     event = parse_xid_events(text("issue-nvsentinel-155-dmesg-fell-off-bus-no-xid.txt"))[0]
     clock = Clock(epoch=1e9, local=datetime(2025, 1, 1), uptime=1900.0)
-    facts = TrayHealthFacts(host="t01", xids=(observe_xid(event, clock),), xid_source="dmesg", clock=clock)
+    facts = TrayFacts(host="t01", xids=(observe_xid(event, clock),), xid_source="dmesg", clock=clock)
     found = xid.check(facts, None, S)
     assert found[0].severity is Severity.CRITICAL and found[0].details["drains"] is True
     assert found[0].details["code"] == 79 and "no Xid line" in found[0].message
@@ -334,7 +335,7 @@ def test_fell_off_bus_without_xid_drains_like_xid_79():
 def _xid_findings(lines, settings=S):
     clock = Clock(epoch=1e9, local=datetime(2025, 1, 1), uptime=1e6)
     events = [observe_xid(e, clock) for e in parse_xid_events("\n".join(lines))]
-    return xid.check(TrayHealthFacts(host="t01", xids=tuple(events), xid_source="dmesg", clock=clock), None, settings)
+    return xid.check(TrayFacts(host="t01", xids=tuple(events), xid_source="dmesg", clock=clock), None, settings)
 
 
 def test_real_nvlink5_lines_judged_by_their_word_and_subcode():
@@ -459,7 +460,7 @@ def test_bad_documents_make_the_tray_facts_unreadable_never_healthy(case):
     doc, words = BAD[case]
     gpus, error, _ = smi_section(Section("nvidia-smi", doc, 0), None, 30.0)
     assert gpus is None and error.startswith("nvidia-smi output unreadable") and words in error
-    facts = TrayHealthFacts(host="gb-t07", gpus=None, gpu_error=error)
+    facts = TrayFacts(host="gb-t07", gpus=None, gpu_error=error)
     found = checks.run_tray(facts, TrayExpectation(host="gb-t07", rack="rack-a"), S)
     facts_finding = [f for f in found if f.check == gpu_count.FACTS]
     assert facts_finding[0].host == "gb-t07" and facts_finding[0].severity is Severity.CRITICAL
@@ -495,7 +496,7 @@ def test_probe_grep_keeps_what_the_parser_needs(tmp_path, name):
     import subprocess
 
     from mctl.facts import shell
-    from mctl.facts.collect import xid_section
+    from mctl.facts.probe import xid_section
 
     log = tmp_path / "kern.log"
     log.write_bytes((REAL / name).read_bytes())

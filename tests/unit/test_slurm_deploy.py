@@ -160,7 +160,7 @@ def test_topology_only_needs_a_running_slurm(tmp_path, monkeypatch):
 
 def test_gpus_from_the_last_rack_inventory_snapshot_reach_the_playbook(tmp_path):
     from mctl.model.gpu import Gpu, GpuReport
-    from mctl.model.inventory_snapshot import TrayFacts
+    from mctl.model.tray import TrayFacts
     from mctl.rackinv.service import SNAPSHOT_KIND
     from mctl.state import save_snapshot
 
@@ -171,7 +171,7 @@ def test_gpus_from_the_last_rack_inventory_snapshot_reach_the_playbook(tmp_path)
 
     def tray(h, minors):
         g = tuple(Gpu(i, f"GPU-{h.name}-{m}", f"0000000{m}:01:00.0", minor_number=m) for i, m in enumerate(minors))
-        return TrayFacts(h.name, h.address, "ok", gpus=GpuReport("570.148.08", "12.8", len(g), g)).to_dict()
+        return TrayFacts(h.name, h.address, "ok", gpus=GpuReport("570.148.08", "12.8", len(g), g)).snapshot_dict()
 
     trays = site.racks["lab-r1"].compute
     save_snapshot(state, SNAPSHOT_KIND, "lab-r1", {"schema": 1, "rack": "lab-r1", "trays": [

@@ -8,7 +8,7 @@ import pytest
 
 from mctl.sched.slurm import parse_show_nodes, parse_show_topology, parse_slurmd_c, parse_version
 from mctl.sched.slurm.facts import key_values
-from mctl.sched.slurm.version import SlurmVersion
+from mctl.facts.slurm_version import SlurmVersion
 
 CAPTURED = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "golden" / "slurm" / "captured"
 

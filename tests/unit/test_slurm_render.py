@@ -192,18 +192,18 @@ def test_topology_only_renders_topology_alone(example):
 # ------------------------------------------------------------------ GPUs from the trays' facts
 
 def _snapshot_of(site, rack: str, minors_by_tray: dict, *, unreached: tuple = ()) -> dict:
-    """A rack inventory snapshot as mctl rack inventory writes it (TrayFacts.to_dict per tray)."""
+    """A rack inventory snapshot as mctl rack inventory writes it (TrayFacts.snapshot_dict per tray)."""
     from mctl.model.gpu import Gpu, GpuReport
-    from mctl.model.inventory_snapshot import TrayFacts
+    from mctl.model.tray import TrayFacts
 
     trays = []
     for h in site.racks[rack].compute:
         if h.name in unreached:
-            trays.append(TrayFacts(h.name, h.address, "timeout", error="no answer").to_dict())
+            trays.append(TrayFacts(h.name, h.address, "timeout", error="no answer").snapshot_dict())
             continue
         minors = minors_by_tray.get(h.name, (0, 1, 2, 3))
         gpus = tuple(Gpu(i, f"GPU-{h.name}-{m}", f"0000000{m}:01:00.0", minor_number=m) for i, m in enumerate(minors))
-        trays.append(TrayFacts(h.name, h.address, "ok", gpus=GpuReport("570.148.08", "12.8", len(gpus), gpus)).to_dict())
+        trays.append(TrayFacts(h.name, h.address, "ok", gpus=GpuReport("570.148.08", "12.8", len(gpus), gpus)).snapshot_dict())
     return {"schema": 1, "kind": "rack-inventory", "rack": rack, "taken_at": "2026-12-01T09:00:00+00:00",
             "trays": trays}
 

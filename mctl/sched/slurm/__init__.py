@@ -14,7 +14,7 @@ from mctl.sched.slurm.facts import (NodeHardware, NodeState, TopologyEntry, pars
                                     parse_slurmd_c)
 from mctl.sched.slurm.render import SlurmConfig, controller_of, render
 from mctl.sched.slurm.topology import Block, block_sizes, blocks_for, render_topology
-from mctl.sched.slurm.version import SlurmVersion, parse_version
+from mctl.facts.slurm_version import SlurmVersion, parse_version
 
 __all__ = [
     "DeployResult", "DryRun", "SlurmPlan", "apply", "check_scheduler", "dry_run", "plan_slurm",

@@ -19,7 +19,7 @@ from mctl.errors import EnvironmentProblem, PartialFailure
 from mctl.model.site import Host, Site, fold
 from mctl.sched.slurm.facts import (NodeHardware, TopologyEntry, key_values, parse_show_nodes, parse_show_topology,
                                     parse_slurmd_c)
-from mctl.sched.slurm.version import SlurmVersion, parse_version
+from mctl.facts.slurm_version import SlurmVersion, parse_version
 
 if TYPE_CHECKING:
     from mctl.sched.slurm.render import SlurmConfig

@@ -22,7 +22,7 @@ from mctl.model.site import Host, Site, fold
 from mctl.sched.slurm.facts import NodeHardware
 from mctl.sched.slurm.gpus import TrayGpus
 from mctl.sched.slurm.topology import Block, Plugin, block_sizes, blocks_for, render_topology
-from mctl.sched.slurm.version import (BLOCK_SIZES, BLOCK_TOPOLOGY, NVIDIA_IMEX, SlurmVersion, release_name,
+from mctl.facts.slurm_version import (BLOCK_SIZES, BLOCK_TOPOLOGY, NVIDIA_IMEX, SlurmVersion, release_name,
                                       require_supported)
 
 HEADER = "# Managed by mctl (mctl deploy slurm) from the site inventory; local edits are overwritten."

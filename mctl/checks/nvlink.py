@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from mctl.health.checks._base import finding, ok
+from mctl.checks._base import fail, finding, ok
 from mctl.model.findings import Finding, Severity
 from mctl.model.gpu import NVLINKS_PER_GPU
 
@@ -34,8 +34,8 @@ def check(facts, expect, settings) -> list[Finding]:
                  else f"nvlink gpu{','.join(map(str, all_down))} all down" if all_down
                  else f"nvlink {down[0]} down" if len(down) == 1 else f"nvlink {len(down)} links down" if down
                  else "nvlink count")
-        return [finding(Severity.CRITICAL, facts.host, CHECK, f"NVLinks not up: {text}",
-                        "drain, reset the GPU; if the link stays down, reboot, then service the tray or cable",
-                        short=short, inactive=down, all_inactive=[f"gpu{i}" for i in all_down])]
+        return [fail(facts.host, CHECK, f"NVLinks not up: {text}",
+                     "drain, reset the GPU; if the link stays down, reboot, then service the tray or cable",
+                     short=short, inactive=down, all_inactive=[f"gpu{i}" for i in all_down])]
     total = sum(len(g.links) for g in facts.nvlinks)
     return [ok(facts.host, CHECK, f"{total} NVLinks active ({len(facts.nvlinks)} GPUs x {NVLINKS_PER_GPU})")]

@@ -3,7 +3,7 @@ recovery action."""
 
 from __future__ import annotations
 
-from mctl.health.checks._base import finding, gpu_list, ok
+from mctl.checks._base import fail, finding, gpu_list, ok
 from mctl.model.findings import Finding, Severity
 
 ECC = "gpu.ecc"
@@ -21,11 +21,11 @@ def check(facts, expect, settings) -> list[Finding]:
     lifetime = [(g.index, g.ecc.aggregate_uncorrectable) for g in facts.gpus.gpus
                 if g.ecc.aggregate_uncorrectable and not g.ecc.volatile_uncorrectable]
     if volatile:
-        out.append(finding(Severity.CRITICAL, host, ECC, "uncorrectable ECC errors since the driver loaded: "
-                           + ", ".join(f"gpu{i} {n}" for i, n in volatile),
-                           "drain, reset the GPU (or reboot) so pending row remaps apply; replace it if errors return",
-                           short=f"ecc uncorrectable {gpu_list(i for i, _ in volatile)}",
-                           gpus={str(i): n for i, n in volatile}))
+        out.append(fail(host, ECC, "uncorrectable ECC errors since the driver loaded: "
+                        + ", ".join(f"gpu{i} {n}" for i, n in volatile),
+                        "drain, reset the GPU (or reboot) so pending row remaps apply; replace it if errors return",
+                        short=f"ecc uncorrectable {gpu_list(i for i, _ in volatile)}",
+                        gpus={str(i): n for i, n in volatile}))
     if lifetime:
         out.append(finding(Severity.WARN, host, ECC, "uncorrectable ECC errors in the GPU's lifetime (none since "
                            "the driver loaded): " + ", ".join(f"gpu{i} {n}" for i, n in lifetime),
@@ -33,9 +33,9 @@ def check(facts, expect, settings) -> list[Finding]:
     failed = [g.index for g in facts.gpus.gpus if g.remapped_rows.failure]
     pending = [g.index for g in facts.gpus.gpus if g.remapped_rows.pending and not g.remapped_rows.failure]
     if failed:
-        out.append(finding(Severity.CRITICAL, host, ROWS, f"row remapping failed on {gpu_list(failed)}",
-                           "the GPU ran out of spare rows: drain and replace it (RMA)",
-                           short=f"row remap failure {gpu_list(failed)}"))
+        out.append(fail(host, ROWS, f"row remapping failed on {gpu_list(failed)}",
+                        "the GPU ran out of spare rows: drain and replace it (RMA)",
+                        short=f"row remap failure {gpu_list(failed)}"))
     if pending:
         out.append(finding(Severity.WARN, host, ROWS, f"row remap pending on {gpu_list(pending)}",
                            "reset the GPU when it is idle so the remap takes effect"))
@@ -45,14 +45,14 @@ def check(facts, expect, settings) -> list[Finding]:
                                                             ("TPC", g.repair.tpc_repair_pending)) if on))
                       for g in facts.gpus.gpus if g.repair.channel_repair_pending or g.repair.tpc_repair_pending]
     if unrepairable:
-        out.append(finding(Severity.CRITICAL, host, REPAIR,
-                           f"memory the GPU could not repair on {gpu_list(unrepairable)}",
-                           "the GPU's memory repair is exhausted: drain and replace it (RMA)",
-                           short=f"unrepairable memory {gpu_list(unrepairable)}"))
+        out.append(fail(host, REPAIR,
+                        f"memory the GPU could not repair on {gpu_list(unrepairable)}",
+                        "the GPU's memory repair is exhausted: drain and replace it (RMA)",
+                        short=f"unrepairable memory {gpu_list(unrepairable)}"))
     if sram:
-        out.append(finding(Severity.CRITICAL, host, REPAIR, f"SRAM error threshold exceeded on {gpu_list(sram)}",
-                           "drain; NVIDIA treats a GPU over its SRAM uncorrectable-error threshold as a replacement "
-                           "(RMA) case", short=f"sram threshold {gpu_list(sram)}"))
+        out.append(fail(host, REPAIR, f"SRAM error threshold exceeded on {gpu_list(sram)}",
+                        "drain; NVIDIA treats a GPU over its SRAM uncorrectable-error threshold as a replacement "
+                        "(RMA) case", short=f"sram threshold {gpu_list(sram)}"))
     if repair_pending:
         out.append(finding(Severity.WARN, host, REPAIR, "memory repair pending (applies at the next GPU reset): "
                            + ", ".join(f"gpu{i} {what}" for i, what in repair_pending),
@@ -61,10 +61,10 @@ def check(facts, expect, settings) -> list[Finding]:
              if g.gpu_recovery_action and g.gpu_recovery_action.strip().lower() not in ("none", "n/a")]
     if reset:
         action = reset[0][1]
-        out.append(finding(Severity.CRITICAL, host, RECOVERY,
-                           "driver asks for recovery: " + ", ".join(f"gpu{i} {a}" for i, a in reset),
-                           f"drain, then {action.lower()} the GPU (nvidia-smi -r) or reboot the tray",
-                           short=f"{gpu_list(i for i, _ in reset)} needs {action.lower()}"))
+        out.append(fail(host, RECOVERY,
+                        "driver asks for recovery: " + ", ".join(f"gpu{i} {a}" for i, a in reset),
+                        f"drain, then {action.lower()} the GPU (nvidia-smi -r) or reboot the tray",
+                        short=f"{gpu_list(i for i, _ in reset)} needs {action.lower()}"))
     if not out:
         out.append(ok(host, ECC, "no uncorrectable ECC errors, no remap or repair pending, no recovery action"))
     return out

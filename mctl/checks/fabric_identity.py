@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Mapping, Sequence
 
-from mctl.health.checks._base import finding, ok
+from mctl.checks._base import fail, finding, ok
 from mctl.model.findings import Finding, Severity
 from mctl.model.gpu import FABRIC_COMPLETED
 
@@ -29,24 +29,24 @@ def check(facts, expect, settings) -> list[Finding]:
     uuids = sorted({g.fabric.cluster_uuid for g in ready if g.fabric.cluster_uuid})
     no_domain = [g.index for g in ready if not g.fabric.cluster_uuid]
     if no_domain:
-        out.append(finding(Severity.CRITICAL, facts.host, DOMAIN,
-                           f"GPU {','.join(map(str, no_domain))} in no NVLink domain (cluster UUID all-zero or N/A)",
-                           "an NVL72 tray's GPUs must join the rack's NVLink domain: check NMX-M and the cabling",
-                           short="no nvlink domain"))
+        out.append(fail(facts.host, DOMAIN,
+                        f"GPU {','.join(map(str, no_domain))} in no NVLink domain (cluster UUID all-zero or N/A)",
+                        "an NVL72 tray's GPUs must join the rack's NVLink domain: check NMX-M and the cabling",
+                        short="no nvlink domain"))
     if len(uuids) > 1:
-        out.append(finding(Severity.CRITICAL, facts.host, DOMAIN, f"GPUs report {len(uuids)} NVLink domains: "
-                           + ", ".join(uuids), "inspect the tray's fabric with NMX-M", short="nvlink domain split"))
+        out.append(fail(facts.host, DOMAIN, f"GPUs report {len(uuids)} NVLink domains: "
+                        + ", ".join(uuids), "inspect the tray's fabric with NMX-M", short="nvlink domain split"))
     elif uuids and expect.nvlink_domain and uuids[0] != expect.nvlink_domain.lower():
-        out.append(finding(Severity.CRITICAL, facts.host, DOMAIN,
-                           f"in NVLink domain {uuids[0]}, rack {expect.rack} is {expect.nvlink_domain}",
-                           "the tray is cabled into another rack's fabric, or the inventory is wrong",
-                           short="wrong nvlink domain", have=uuids[0], want=expect.nvlink_domain))
+        out.append(fail(facts.host, DOMAIN,
+                        f"in NVLink domain {uuids[0]}, rack {expect.rack} is {expect.nvlink_domain}",
+                        "the tray is cabled into another rack's fabric, or the inventory is wrong",
+                        short="wrong nvlink domain", have=uuids[0], want=expect.nvlink_domain))
     cliques = sorted({g.fabric.clique_id for g in ready if g.fabric.clique_id is not None})
     if len(cliques) > 1:
-        out.append(finding(Severity.CRITICAL, facts.host, CLIQUE,
-                           "GPUs of one tray in different cliques: " + ", ".join(map(str, cliques)),
-                           "a tray belongs to one NVLink partition: re-apply the partition (mctl partition apply)",
-                           short="clique split"))
+        out.append(fail(facts.host, CLIQUE,
+                        "GPUs of one tray in different cliques: " + ", ".join(map(str, cliques)),
+                        "a tray belongs to one NVLink partition: re-apply the partition (mctl partition apply)",
+                        short="clique split"))
     if not out:
         clique = f", clique {cliques[0]}" if cliques else ""
         out.append(ok(facts.host, DOMAIN, f"NVLink domain {uuids[0] if uuids else 'unknown'}{clique}"))
@@ -82,11 +82,11 @@ def rack_check(rack: str, trays: Sequence, plan: Mapping[str, str]) -> list[Find
         majority[part] = top
         for host, clique in sorted(members.items()):
             if clique != top:
-                out.append(finding(Severity.CRITICAL, host, CLIQUE,
-                                   f"in clique {clique}, its partition {part} is in clique {top}",
-                                   "the tray left its NVLink partition: re-apply the plan (mctl partition apply) "
-                                   "or check the tray's NVLinks", short=f"clique {clique} not {top}",
-                                   clique=clique, partition=part, expected=top))
+                out.append(fail(host, CLIQUE,
+                                f"in clique {clique}, its partition {part} is in clique {top}",
+                                "the tray left its NVLink partition: re-apply the plan (mctl partition apply) "
+                                "or check the tray's NVLinks", short=f"clique {clique} not {top}",
+                                clique=clique, partition=part, expected=top))
     shared: dict[int, list[str]] = {}
     for part, clique in majority.items():
         shared.setdefault(clique, []).append(part)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mctl.checks.catalogue import spec
 from mctl.model.findings import Finding, Severity
 
 
@@ -16,6 +17,12 @@ def finding(severity: Severity, host: str, check: str, message: str, action: str
     if short:
         details["short"] = short
     return Finding(severity, host, check, message, action, details)
+
+
+def fail(host: str, check: str, message: str, action: str | None = None, short: str | None = None,
+         **details: Any) -> Finding:
+    """A failure of *check*, at the one severity mctl.checks.catalogue gives it."""
+    return finding(spec(check).severity, host, check, message, action, short, **details)
 
 
 def ok(host: str, check: str, message: str, **details: Any) -> Finding:

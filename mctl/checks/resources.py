@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mctl.health.checks._base import finding, ok
+from mctl.checks._base import fail, finding, ok
 from mctl.model.findings import Finding, Severity
 
 DISK = "host.disk"
@@ -20,9 +20,9 @@ def check(facts, expect, settings) -> list[Finding]:
         pct = d.used_pct
         where = d.path if d.path == d.mount or not d.path else f"{d.path} ({d.mount})"
         if pct >= settings.disk_critical_pct:
-            out.append(finding(Severity.CRITICAL, host, DISK, f"{where} is {pct:.0f}% full",
-                               "free space (logs, core dumps, /tmp) before jobs fail to start",
-                               short=f"disk {d.mount} {pct:.0f}% full"))
+            out.append(fail(host, DISK, f"{where} is {pct:.0f}% full",
+                            "free space (logs, core dumps, /tmp) before jobs fail to start",
+                            short=f"disk {d.mount} {pct:.0f}% full"))
         elif pct >= settings.disk_warn_pct:
             out.append(finding(Severity.WARN, host, DISK, f"{where} is {pct:.0f}% full", "free some space"))
     if facts.disks and not any(f.check == DISK for f in out):
@@ -30,9 +30,9 @@ def check(facts, expect, settings) -> list[Finding]:
     mem = facts.memory
     if mem is not None:
         if mem.available_pct < settings.memory_warn_available_pct:
-            out.append(finding(Severity.WARN, host, MEMORY, f"only {mem.available_pct:.1f}% of memory available "
-                               f"({mem.available_kib // 1024} of {mem.total_kib // 1024} MiB)",
-                               "look for leaked processes outside jobs (ps aux --sort=-rss)"))
+            out.append(fail(host, MEMORY, f"only {mem.available_pct:.1f}% of memory available "
+                            f"({mem.available_kib // 1024} of {mem.total_kib // 1024} MiB)",
+                            "look for leaked processes outside jobs (ps aux --sort=-rss)"))
         else:
             out.append(ok(host, MEMORY, f"{mem.available_pct:.0f}% of memory available"))
     return out

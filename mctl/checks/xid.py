@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from mctl.health.checks._base import finding, ok
+from mctl.checks._base import finding, ok
 from mctl.model.findings import Finding, Severity
 from mctl.model.gpu import pci_key
 from mctl.model.xid import DEFAULT_NVLINK5_NO_DRAIN, describe, judge

@@ -1,4 +1,10 @@
-"""The health check catalogue: one module per check, each a pure function of a tray's facts.
+"""The tray checks: one module per rule, each a pure function of a tray's facts (mctl.model.tray.TrayFacts).
+
+Every check id, with its one severity and the purposes that evaluate it, is defined
+once in mctl.checks.catalogue; the health sweep, `mctl node check` and the audit run
+CATALOGUE below (run_tray), the rack inventory runs mctl.checks.inventory, which
+evaluates the shared rules (gpu.facts, gpu.count, fabric.state, fabric.health) with
+these same modules.
 
 Every check has the signature `check(facts, expect, settings) -> list[Finding]`
 and returns an OK finding when all is well (so a report shows what was
@@ -13,7 +19,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from mctl.health.checks import (boot, driver, ecc, fabric_health, fabric_identity, fabric_state, gpu_count, imex,
+from mctl.checks import (boot, driver, ecc, fabric_health, fabric_identity, fabric_state, gpu_count, imex,
                                 nvlink, reachability, resources, slurmd, thermal, xid)
 from mctl.model.settings import REASON_MAX, REASON_PREFIX
 from mctl.model.findings import Finding, Severity, sort_findings
@@ -35,6 +41,7 @@ CATALOGUE = (
     ("boot", boot),
 )
 CHECK_NAMES = tuple(name for name, _ in CATALOGUE)
+PARTIAL = "probe.partial"
 
 
 def run_tray(facts, expect, settings, *, skip: Sequence[str] = ()) -> list[Finding]:
@@ -46,10 +53,14 @@ def run_tray(facts, expect, settings, *, skip: Sequence[str] = ()) -> list[Findi
         if name in skip:
             continue
         out.extend(module.check(facts, expect, settings))
-    for problem in facts.problems:
-        out.append(Finding(Severity.WARN, facts.host, "probe.partial", f"probe: {problem}",
-                           "rerun the check; if it persists, run the probe by hand with mctl exec"))
+    out.extend(partial(facts))
     return out
+
+
+def partial(facts) -> list[Finding]:
+    """probe.partial: one warning per probe section that was missing or unreadable."""
+    return [Finding(Severity.WARN, facts.host, PARTIAL, f"probe: {problem}",
+                    "rerun; if it persists, run the probe by hand with mctl exec") for problem in facts.problems]
 
 
 def run_rack(rack: str, trays: Sequence, plan: Mapping[str, str]) -> list[Finding]:

@@ -10,8 +10,8 @@ remembers it, `health check` reads the last one recorded in the state folder).
 
 from __future__ import annotations
 
-from mctl.health.checks._base import finding, ok
-from mctl.model.findings import Finding, Severity
+from mctl.checks._base import fail, ok
+from mctl.model.findings import Finding
 
 CHECK = "tray.boot"
 
@@ -21,10 +21,10 @@ def check(facts, expect, settings) -> list[Finding]:
         return []           # nothing to compare with (first sweep, or a probe without the boot id)
     up = f", up {facts.clock.uptime:.0f}s" if facts.clock is not None else ""
     if facts.rebooted:
-        return [finding(Severity.WARN, facts.host, CHECK,
-                        f"tray rebooted since the last sweep (boot id {facts.previous_boot_id[:8]} -> "
-                        f"{facts.boot_id[:8]}{up})",
-                        "if no one rebooted it: look for a kernel panic, a watchdog or a power event in its logs "
-                        "and the BMC event log; XIDs logged before this boot no longer count",
-                        short="rebooted", boot_id=facts.boot_id, previous_boot_id=facts.previous_boot_id)]
+        return [fail(facts.host, CHECK,
+                     f"tray rebooted since the last sweep (boot id {facts.previous_boot_id[:8]} -> "
+                     f"{facts.boot_id[:8]}{up})",
+                     "if no one rebooted it: look for a kernel panic, a watchdog or a power event in its logs "
+                     "and the BMC event log; XIDs logged before this boot no longer count",
+                     short="rebooted", boot_id=facts.boot_id, previous_boot_id=facts.previous_boot_id)]
     return [ok(facts.host, CHECK, f"same boot as the last sweep ({facts.boot_id[:8]}{up})", boot_id=facts.boot_id)]

@@ -6,7 +6,7 @@ a warning, because it passes by itself; anything else is critical.
 
 from __future__ import annotations
 
-from mctl.health.checks._base import finding, gpu_list, ok
+from mctl.checks._base import finding, gpu_list, ok
 from mctl.model.findings import Finding, Severity
 from mctl.model.gpu import FABRIC_COMPLETED, FABRIC_IN_PROGRESS, FABRIC_SUCCESS
 
@@ -22,7 +22,7 @@ def check(facts, expect, settings) -> list[Finding]:
     by_state: dict[str, list[int]] = {}
     for g in bad:
         by_state.setdefault(f"{g.fabric.state or 'unknown'}/{g.fabric.status or 'N/A'}", []).append(g.index)
-    text = "; ".join(f"{s} on {gpu_list(ix)}" for s, ix in sorted(by_state.items()))
+    text = "; ".join(f"{s} on GPU {','.join(map(str, sorted(ix)))}" for s, ix in sorted(by_state.items()))
     transient = all(g.fabric.state == FABRIC_IN_PROGRESS for g in bad)
     severity = Severity.WARN if transient else Severity.CRITICAL
     first = bad[0]

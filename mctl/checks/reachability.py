@@ -3,8 +3,8 @@ counts misses and drains only after several in a row."""
 
 from __future__ import annotations
 
-from mctl.health.checks._base import finding, ok
-from mctl.model.findings import Finding, Severity
+from mctl.checks._base import fail, ok
+from mctl.model.findings import Finding
 
 CHECK = "tray.reachable"
 
@@ -16,5 +16,5 @@ def check(facts, expect, settings) -> list[Finding]:
             "host-key-mismatch": "refused: its SSH host key does not match known_hosts"}.get(facts.reach, "unreachable")
     action = ("verify the key out of band, then 'mctl ssh trust HOST --replace'" if facts.reach == "host-key-mismatch"
               else "check power, network and sshd on the tray (BMC console)")
-    return [finding(Severity.CRITICAL, facts.host, CHECK, f"{what}: {facts.error}" if facts.error else what, action,
-                    short="unreachable", reach=facts.reach)]
+    return [fail(facts.host, CHECK, f"{what}: {facts.error}" if facts.error else what, action,
+                 short="unreachable", reach=facts.reach)]

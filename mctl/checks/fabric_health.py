@@ -4,7 +4,7 @@ real GB200 trays on driver 570 report route_unhealthy True while Completed/Succe
 
 from __future__ import annotations
 
-from mctl.health.checks._base import finding, gpu_list, ok
+from mctl.checks._base import finding, gpu_list, ok
 from mctl.model.findings import Finding, Severity, worst
 
 CHECK = "fabric.health"
