@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,11 +20,11 @@ from mctl.errors import MctlError
 from mctl.health import checks, policy, store
 from mctl.health.breaker import BreakerState
 from mctl.health.facts import TrayHealthFacts
-from mctl.health.policy import Decision, NodeView, TrayVerdict
+from mctl.health.policy import TrayVerdict
 from mctl.health.probe import parse_probe, probe_script, ssh_command, unreached
 from mctl.health.settings import HealthSettings
 from mctl.health.site_view import Scope, expectations, partition_plan, rack_sizes
-from mctl.health.slurm_ops import SchedulerUnreachable
+from mctl.model.drain import DRAIN, Decision, NodeView, SchedulerUnreachable
 from mctl.model.findings import Finding, Severity, sort_findings, worst
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ class SweepResult:
     remediate: bool = False
     dry_run: bool = False
     decisions: list[Decision] = field(default_factory=list)
-    logged: list[dict[str, Any]] = field(default_factory=list)   # action-log entries of this sweep
+    logged: list[store.ActionEntry] = field(default_factory=list)   # action-log entries of this sweep
     breaker: BreakerState = field(default_factory=BreakerState)
     records: dict[str, policy.TrayRecord] = field(default_factory=dict)
 
@@ -85,7 +85,7 @@ class SweepResult:
                       for v in self.verdicts],
             "findings": [f.to_dict() for f in self.findings],
             "decisions": [d.to_dict() for d in self.decisions],
-            "actions": self.logged,
+            "actions": [e.to_dict() for e in self.logged],
             "breaker": self.breaker.to_dict(),
         }
 
@@ -94,7 +94,7 @@ class Engine:
     def __init__(self, site: "Site", scope: Scope, settings: HealthSettings, state_dir: Path, pool: "SSHPool", *,
                  remediate: bool = False, dry_run: bool = False, timeout: float | None = None,
                  who: str | None = None, interval: float | None = None):
-        from mctl.health.scheduler import adapter_for
+        from mctl.sched.adapter import adapter_for
         from mctl.transport import targets_for
 
         self.site = site
@@ -234,29 +234,19 @@ class Engine:
             now = time.time()
             outcome = policy.decide(state.records, result.verdicts, result.nodes, self.settings, state.breaker,
                                     self.sizes, now=now)
-            entries: list[dict[str, Any]] = []
+            entries: list[store.ActionEntry] = []
             actions = outcome.actions
             if actions:
                 applied = await self.scheduler.apply(actions, deadline=self.act_deadline)
                 by_host = {v.host: v for v in result.verdicts}
                 for r in applied:
-                    d = r.decision
-                    policy.settle(outcome, d, r.ok, r.error, unreachable=r.unreachable)
-                    if r.not_ours and d.action == policy.RESUME:
-                        rec = outcome.records[d.host]
-                        outcome.records[d.host] = replace(rec, drained=False, reason=None, full_reason=None,
-                                                          drained_at=None)
-                    v = by_host.get(d.host)
-                    entries.append(store.action_entry(
-                        d.action if not (r.unreachable and not r.ok) else policy.QUEUE, d.host, d.reason,
-                        who=self.who, full=d.full, at=d.at,
-                        result="ok" if r.ok else ("refused: " if r.refused else "failed: ") + (r.error or ""),
-                        why=d.why, rack=d.rack, scheduler=self.scheduler.where,
+                    policy.settle(outcome, r)
+                    v = by_host.get(r.decision.host)
+                    entries.append(store.result_entry(
+                        r, who=self.who, scheduler=self.scheduler.where,
                         findings=[f.to_dict() for f in v.findings if f.severity is not Severity.OK] if v and
-                        d.action == policy.DRAIN else None))
-            for n in outcome.notes:
-                entries.append(store.action_entry(n.action, n.host, n.reason, who=self.who, full=n.full, at=n.at,
-                                                  result="noted", why=n.why, rack=n.rack))
+                        r.decision.action == DRAIN else None))
+            entries += [store.note_entry(n, who=self.who) for n in outcome.notes]
             if outcome.breaker.tripped and not tripped_before:
                 entries.append(store.action_entry("breaker-trip", None, outcome.breaker.reason, who=self.who,
                                                   at=outcome.breaker.tripped_at, result="tripped",

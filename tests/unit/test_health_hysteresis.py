@@ -6,7 +6,8 @@ import json
 from dataclasses import replace
 
 from mctl.health.hysteresis import HysteresisSettings, step
-from mctl.health.policy import DRAIN, RESUME, TrayRecord, TrayVerdict
+from mctl.health.policy import TrayRecord, TrayVerdict
+from mctl.model.drain import DRAIN, RESUME
 from mctl.health.settings import HealthSettings
 from mctl.model.findings import Finding, Severity
 from tests.unit.test_health_policy import S, Site
