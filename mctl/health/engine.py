@@ -24,7 +24,7 @@ from mctl.health.policy import TrayVerdict
 from mctl.health.probe import parse_probe, probe_script, ssh_command, unreached
 from mctl.health.settings import HealthSettings
 from mctl.health.site_view import Scope, expectations, partition_plan, rack_sizes
-from mctl.model.drain import DRAIN, Decision, NodeView, SchedulerUnreachable
+from mctl.model.drain import DRAIN, RESUME, Decision, NodeView, SchedulerUnreachable
 from mctl.model.findings import Finding, Severity, sort_findings, worst
 
 if TYPE_CHECKING:
@@ -131,6 +131,9 @@ class Engine:
         self.boots = BootMemory.load(self.state_dir)     # a reboot between sweeps (tray.boot, gpu.xid)
         # --dry-run keeps its records in memory only, so it never writes the state directory.
         self._dry_state: store.HealthState | None = None
+        # Intents a killed mctl left without a result are reconciled once, on the first sweep that reads
+        # the scheduler (docs/health.md, "Action log").
+        self._reconciled = False
 
     # --- discover + check ------------------------------------------------------------------------
 
@@ -230,20 +233,33 @@ class Engine:
             return
         with store.state_lock(self.state_dir):
             state = store.load_state(self.state_dir)
+            entries: list[store.ActionEntry] = []
+            if not self._reconciled and result.nodes is not None:
+                entries += self._reconcile(state, result.nodes)
+                self._reconciled = True
             tripped_before = state.breaker.tripped
             now = time.time()
             outcome = policy.decide(state.records, result.verdicts, result.nodes, self.settings, state.breaker,
                                     self.sizes, now=now)
-            entries: list[store.ActionEntry] = []
             actions = outcome.actions
+            reconciled: list[store.ActionEntry] = []
             if actions:
+                # The intents go to the log (fsynced) before scontrol runs: killed in between, the
+                # next start finds them without a result and asks the scheduler what happened.
+                ids = {d.host: f"{d.host}@{d.at:.3f}:{secrets.token_hex(4)}" for d in actions}
+                store.append_actions(self.state_dir, entries + [
+                    store.intent_entry(d, who=self.who, intent_id=ids[d.host], scheduler=self.scheduler.where)
+                    for d in actions])
+                if entries:
+                    store.save_state(self.state_dir, state)     # the reconciled records, before acting
+                reconciled, entries = entries, []
                 applied = await self.scheduler.apply(actions, deadline=self.act_deadline)
                 by_host = {v.host: v for v in result.verdicts}
                 for r in applied:
                     policy.settle(outcome, r)
                     v = by_host.get(r.decision.host)
                     entries.append(store.result_entry(
-                        r, who=self.who, scheduler=self.scheduler.where,
+                        r, who=self.who, scheduler=self.scheduler.where, intent_id=ids[r.decision.host],
                         findings=[f.to_dict() for f in v.findings if f.severity is not Severity.OK] if v and
                         r.decision.action == DRAIN else None))
             entries += [store.note_entry(n, who=self.who) for n in outcome.notes]
@@ -257,6 +273,38 @@ class Engine:
             store.append_actions(self.state_dir, entries)
             store.save_state(self.state_dir, state)
         result.decisions = outcome.decisions
-        result.logged = entries
+        result.logged = reconciled + entries
         result.records = dict(outcome.records)
         result.breaker = outcome.breaker
+
+    def _reconcile(self, state: store.HealthState, nodes: dict[str, NodeView]) -> list[store.ActionEntry]:
+        """Settle the intents a killed mctl left without a result against the scheduler's view now:
+        one action-log line each (the action, `ok` or `failed`, reconciled) and records to match."""
+        out = []
+        for intent in store.unresolved_intents(self.state_dir):
+            host = intent.tray
+            if not host or intent.intent not in (DRAIN, RESUME):
+                continue
+            at = _epoch(intent.time)
+            d = Decision(host, intent.intent, intent.why or "", reason=intent.reason, full=intent.full_reason,
+                         rack=intent.rack, at=at)
+            rec, state.breaker, applied = policy.reconcile(state.records.get(host), state.breaker, d, nodes.get(host))
+            if rec is not None:
+                state.records[host] = rec
+            node = nodes.get(host)
+            seen = f"{node.state}, reason {node.reason!r}" if node else "not a node of the scheduler"
+            out.append(store.action_entry(
+                d.action, host, d.reason, who=self.who, full=d.full, at=at,
+                result="ok" if applied else f"failed: not applied (the scheduler shows {seen})",
+                why=f"reconciled after an interrupted run ({seen}): {intent.why or d.action}", rack=d.rack, scheduler=self.scheduler.where if self.scheduler else None,
+                intent_id=intent.intent_id))
+        return out
+
+
+def _epoch(stamp: str) -> float:
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        return time.time()

@@ -270,6 +270,29 @@ def decide(records: Mapping[str, TrayRecord], verdicts: Sequence[TrayVerdict], n
     return Outcome(out, decisions, state, notes)
 
 
+def reconcile(rec: TrayRecord | None, breaker: BreakerState, intent: Decision,
+              node: NodeView | None) -> tuple[TrayRecord | None, BreakerState, bool]:
+    """An intent a killed mctl left without a result, against the scheduler now: (the record, the breaker,
+    whether the action took effect). A drain took effect when the node is drained with the intent's
+    reason; a resume when the node is no longer drained by mctl. The records then say what Slurm says."""
+    host = intent.host
+    if intent.action == DRAIN:
+        applied = node is not None and node.drained and (node.reason or "") == (intent.reason or "")
+        if not applied:
+            return rec, breaker, False
+        base = rec or TrayRecord(host, intent.rack)
+        if base.drained:
+            return base, breaker, True
+        drains = breaker.drains if any(d[1] == host and d[0] == intent.at for d in breaker.drains) else \
+            breaker.drains + ((intent.at, host, intent.rack),)
+        return (replace(base, drained=True, reason=intent.reason, full_reason=intent.full, drained_at=intent.at,
+                        healthy_streak=0, pending=None, note=None), replace(breaker, drains=drains), True)
+    applied = node is not None and not node.mctl_drain
+    if applied and rec is not None and rec.drained:
+        return rec.released(note=None, pending=None), breaker, True
+    return rec, breaker, applied
+
+
 def settle(outcome: Outcome, result: ActResult) -> None:
     """Fold an executed (or failed) action back into the records and the breaker."""
     d, error = result.decision, result.error

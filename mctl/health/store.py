@@ -224,6 +224,8 @@ class ActionEntry:
     scope: str | None = None
     was_tripped: bool | None = None
     cleared_drains: int | None = None
+    intent: str | None = None              # on an intent line: the drain or resume about to be sent
+    intent_id: str | None = None           # an intent and the line of its result share it
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -265,13 +267,38 @@ def action_entry(action: str, host: str | None, reason: str | None, *, who: str,
 
 
 def result_entry(r: "ActResult", *, who: str, scheduler: str | None = None,
-                 findings: list[dict[str, Any]] | None = None, manual: bool | None = None) -> ActionEntry:
+                 findings: list[dict[str, Any]] | None = None, manual: bool | None = None,
+                 intent_id: str | None = None) -> ActionEntry:
     """The action-log line of an executed drain or resume (queued when the scheduler did not answer)."""
     d = r.decision
     result = "ok" if r.ok else ("refused: " if r.refused else "failed: ") + (r.error or "")
     return action_entry(d.action if r.ok or not r.unreachable else QUEUE, d.host, d.reason, who=who, full=d.full,
                         at=d.at, result=result, why=d.why, rack=d.rack, scheduler=scheduler, findings=findings,
-                        manual=manual)
+                        manual=manual, intent_id=intent_id)
+
+
+def intent_entry(d: "Decision", *, who: str, intent_id: str, scheduler: str | None = None) -> ActionEntry:
+    """The line written (and fsynced) before a drain or resume is sent: if mctl dies before it logs the
+    result, the next start finds the intent without a result and reconciles it with the scheduler."""
+    return action_entry("intent", d.host, d.reason, who=who, full=d.full, at=d.at, result="pending", why=d.why,
+                        rack=d.rack, scheduler=scheduler, intent=d.action, intent_id=intent_id)
+
+
+INTENT_SCAN = 20000        # the action-log lines a start looks through for intents left without a result
+
+
+def unresolved_intents(state_dir: Path, *, limit: int = INTENT_SCAN) -> list[ActionEntry]:
+    """Intent lines whose drain or resume has no result line (mctl was killed between the two)."""
+    intents: dict[str, ActionEntry] = {}
+    settled: set[str] = set()
+    for e in read_actions(state_dir, limit=limit):
+        if not e.intent_id:
+            continue
+        if e.action == "intent":
+            intents[e.intent_id] = e
+        else:
+            settled.add(e.intent_id)
+    return [e for i, e in intents.items() if i not in settled]
 
 
 def note_entry(n: "Decision", *, who: str) -> ActionEntry:
