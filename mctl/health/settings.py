@@ -15,7 +15,6 @@ from typing import Any, Mapping
 from mctl.model.findings import Severity
 from mctl.model.xid import DEFAULT_DRAIN_XIDS, DEFAULT_NVLINK5_NO_DRAIN, NVLINK5_MODES
 
-from mctl.model.drain import REASON_PREFIX  # noqa: E402,F401 - one home: the drain vocabulary
 REASON_MAX = 40          # sinfo -R shows 20 by default; 40 reads whole in `sinfo -R -o "%40E %N"`
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")

@@ -20,7 +20,6 @@ from typing import Any, Mapping
 REASON_PREFIX = "mctl:"          # every drain reason mctl sets starts with this
 
 DRAIN, RESUME, SKIP, FORGET, QUEUE = "drain", "resume", "skip", "forget", "queue"
-ACTIONS = (DRAIN, RESUME, SKIP, FORGET, QUEUE)
 
 
 def is_mctl_reason(reason: str | None) -> bool:
@@ -52,11 +51,11 @@ class NodeView:
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why a guard says no: kind is unknown | down | drained (drain) or unknown | down | not-drained |
-    not-ours (resume); the message is what the scheduler-side guard says."""
+    """Why a guard says no: unknown | down | drained (a drain) or unknown | down | not-drained |
+    not-ours (a resume). Each caller words it (the watch's notes, `health resume`, the Kubernetes
+    adapter); the Slurm script re-checks the same on the controller."""
 
     kind: str
-    message: str
 
     @property
     def not_ours(self) -> bool:
@@ -66,24 +65,24 @@ class Refusal:
 def drain_refusal(view: NodeView | None) -> Refusal | None:
     """None when mctl may drain the node now: known, not down, not drained by anyone."""
     if view is None or not view.known:
-        return Refusal("unknown", "refused: no such node")
+        return Refusal("unknown")
     if view.down:
-        return Refusal("down", f"refused: the node is {view.state}")
+        return Refusal("down")
     if view.drained:
-        return Refusal("drained", f"refused: the node is already drained ({view.reason})")
+        return Refusal("drained")
     return None
 
 
 def resume_refusal(view: NodeView | None) -> Refusal | None:
     """None when mctl may resume the node now: known, not down, drained with an `mctl:` reason."""
     if view is None or not view.known:
-        return Refusal("unknown", "refused: no such node")
+        return Refusal("unknown")
     if view.down:
-        return Refusal("down", f"refused: the node is {view.state}")
+        return Refusal("down")
     if not view.drained:
-        return Refusal("not-drained", "refused: the node is not drained")
+        return Refusal("not-drained")
     if not view.mctl_drain:
-        return Refusal("not-ours", f"refused: the drain is no longer mctl's ({view.reason})")
+        return Refusal("not-ours")
     return None
 
 
@@ -109,10 +108,6 @@ class ActResult:
     unreachable: bool = False      # the scheduler did not answer: the action is queued
     refused: bool = False          # the guard said no at the last moment
     not_ours: bool = False         # ... because the drain is someone else's now (or gone)
-
-    @classmethod
-    def refusal(cls, decision: Decision, why: Refusal) -> "ActResult":
-        return cls(decision, False, why.message, refused=True, not_ours=why.not_ours)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from typing import Mapping, Sequence
 
 from mctl.health.checks import (boot, driver, ecc, fabric_health, fabric_identity, fabric_state, gpu_count, imex,
                                 nvlink, reachability, resources, slurmd, thermal, xid)
-from mctl.health.settings import REASON_MAX, REASON_PREFIX
+from mctl.health.settings import REASON_MAX
+from mctl.model.drain import REASON_PREFIX
 from mctl.model.findings import Finding, Severity, sort_findings
 
 CATALOGUE = (
