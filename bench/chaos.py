@@ -480,7 +480,7 @@ class Soak:
 
         from mctl.model.settings import parse_duration
 
-        entries = store.read_actions(self.state, damaged=[])
+        entries = [e.to_dict() for e in store.read_actions(self.state, damaged=[])]
         ok = [e for e in entries if e.get("result") == "ok"]
         logged = {t: {"drain": 0, "resume": 0, "skip": 0} for t in self.trays}
         logged_any = {t: {"drain": 0, "resume": 0, "skip": 0} for t in self.trays}   # any result: what was printed

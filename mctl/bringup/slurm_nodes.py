@@ -4,16 +4,16 @@ Bring-up drains the trays it has just deployed Slurm on, with a reason that
 starts `mctl: bring-up`, so no job lands before the health gate and burn-in
 pass; the open phase resumes exactly those. A tray drained or down for any
 other reason (an operator's, the health watch's) is never touched: each action
-re-checks its guard on the controller right before `scontrol update`.
+re-checks its guard on the controller right before `scontrol update` (the one guarded
+script of mctl.sched.slurm.drain, with bring-up's reason prefix and guards).
 """
 
 from __future__ import annotations
 
-import re
-import shlex
 from dataclasses import dataclass
 from typing import Sequence
 
+from mctl.sched.slurm import drain as sd
 from mctl.sched.slurm.facts import NodeState, parse_show_nodes
 
 REASON_PREFIX = "mctl: bring-up"
@@ -22,9 +22,6 @@ REASON_PREFIX = "mctl: bring-up"
 # it), so the resume sets this one in the same `scontrol update`: the hold reason is gone, and
 # the text does not start with 'mctl:', so no guard of mctl ever takes the tray for held.
 REASON_OPENED = "opened by mctl bring-up"
-MARK = "@@mctl-bringup"
-RC_REFUSED = 3
-_RESULT = re.compile(re.escape(MARK) + r" (?P<host>\S+) rc=(?P<rc>\d+)$")
 
 
 def reason(run_id: str) -> str:
@@ -32,7 +29,7 @@ def reason(run_id: str) -> str:
 
 
 def ours(node: NodeState) -> bool:
-    return (node.reason or "").startswith(REASON_PREFIX)
+    return node.owned_by(REASON_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -60,12 +57,11 @@ def classify(text: str, trays: Sequence[str]) -> RackNodes:
             out.unknown.append(t)
             continue
         out.states[t] = n.state
-        down = "DOWN" in n.flags or "FAIL" in n.flags
-        if ours(n) and (n.drained or down):
+        if ours(n):
             out.held.append(t)
         elif n.drained:
             out.operator[t] = n.reason or "(no reason)"
-        elif down:
+        elif n.down:
             out.down[t] = n.state + (f" ({n.reason})" if n.reason else "")
         else:
             out.open.append(t)
@@ -73,64 +69,33 @@ def classify(text: str, trays: Sequence[str]) -> RackNodes:
 
 
 def show_command(trays: Sequence[str]) -> str:
-    return "scontrol show node -o " + shlex.quote(",".join(trays))
-
-
-def _guarded(host: str, action: str, guard: str) -> list[str]:
-    q = shlex.quote(host)
-    return [
-        "rc=",
-        f"s=$(scontrol show node -o {q} 2>&1) || {{ printf '%s\\n' \"$s\"; rc=1; }}",
-        f"[ -n \"$rc\" ] || {guard}",
-        f"[ -n \"$rc\" ] || {{ {action} 2>&1; rc=$?; }}",
-        f"printf '\\n{MARK} %s rc=%d\\n' {q} \"$rc\"",
-    ]
+    return sd.show_node_command(trays)
 
 
 def drain_script(trays: Sequence[str], why: str) -> str:
     """Drain each tray unless something else holds it already (drained or down by anyone)."""
-    lines: list[str] = []
-    for t in trays:
-        guard = ("{ st=${s#* State=}; st=${st%% *}; case \"$st\" in *DRAIN*|*DOWN*|*FAIL*) "
-                 f"echo \"left alone: the node is $st\"; rc={RC_REFUSED};; esac; }}")
-        lines += _guarded(t, f"scontrol update NodeName={shlex.quote(t)} State=DRAIN Reason={shlex.quote(why)}",
-                          guard)
-    return "\n".join(lines) + "\n"
+    return sd.script([sd.drain_step(t, why, verb="left alone") for t in trays])
 
 
 def resume_script(trays: Sequence[str]) -> str:
     """Resume each tray only while it is held and its reason is still bring-up's; the resume
-    replaces the hold reason (REASON_OPENED) in the same update, so it is never left behind."""
-    lines: list[str] = []
-    for t in trays:
-        guard = (f"case \"$s\" in *' Reason={REASON_PREFIX}'*) ;; *) echo 'left alone: the reason is no longer "
-                 f"bring-up'\"'\"'s'; rc={RC_REFUSED};; esac; "
-                 "[ -n \"$rc\" ] || { st=${s#* State=}; st=${st%% *}; case \"$st\" in *DRAIN*) ;; "
-                 f"*) echo \"left alone: the node is $st, not drained\"; rc={RC_REFUSED};; esac; }}")
-        lines += _guarded(t, f"scontrol update NodeName={shlex.quote(t)} State=RESUME "
-                             f"Reason={shlex.quote(REASON_OPENED)}", guard)
-    return "\n".join(lines) + "\n"
+    replaces the hold reason (REASON_OPENED) in the same update, so it is never left behind.
+    Unlike the watch's, bring-up's resume opens a held tray that is also down (a restarted slurmd)."""
+    return sd.script([sd.resume_step(t, prefix=REASON_PREFIX, reason=REASON_OPENED, owner="bring-up",
+                                     verb="left alone", not_down=False, held=True) for t in trays])
 
 
 def parse_actions(stdout: str, trays: Sequence[str]) -> dict[str, tuple[str, str]]:
     """tray -> (done | refused | failed, what the controller said)."""
-    said: dict[str, tuple[int, str]] = {}
-    chunk: list[str] = []
-    for line in stdout.splitlines():
-        m = _RESULT.match(line.strip())
-        if m:
-            said[m["host"]] = (int(m["rc"]), " ".join(x.strip() for x in chunk if x.strip()))
-            chunk = []
-        else:
-            chunk.append(line)
     out: dict[str, tuple[str, str]] = {}
-    for t in trays:
-        if t not in said:
-            out[t] = ("failed", "no answer (the script was cut short)")
-            continue
-        rc, text = said[t]
-        out[t] = ("done", text) if rc == 0 else ("refused" if rc == RC_REFUSED else "failed",
-                                                   text or f"scontrol exited {rc}")
+    for t, r in sd.parse(stdout, trays).items():
+        text = " ".join(line.strip() for line in r.text.splitlines() if line.strip())
+        if r.status == "done":
+            out[t] = ("done", text)
+        elif r.status in ("refused", "not-ours"):
+            out[t] = ("refused", text)
+        else:
+            out[t] = ("failed", text or "no answer (the script was cut short)")
     return out
 
 

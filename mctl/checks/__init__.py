@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 
 from mctl.checks import (boot, driver, ecc, fabric_health, fabric_identity, fabric_state, gpu_count, imex,
                                 nvlink, reachability, resources, slurmd, thermal, xid)
-from mctl.model.settings import REASON_MAX, REASON_PREFIX
+from mctl.model.drain import REASON_MAX, REASON_PREFIX
 from mctl.model.findings import Finding, Severity, sort_findings
 
 CATALOGUE = (

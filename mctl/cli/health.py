@@ -115,8 +115,8 @@ def _print_check(result, all_findings: bool) -> None:
             what = f"{verb}{d.action}" if d.action in ("drain", "resume") else d.action
             con.print(f"  {what.upper():13} {d.host}  {d.reason or ''}  ({d.why})", markup=False, highlight=False)
         for e in result.logged:
-            if e.get("action") == "breaker-trip":
-                con.print(f"  BREAKER TRIPPED: {e.get('reason')}", markup=False, highlight=False)
+            if e.action == "breaker-trip":
+                con.print(f"  BREAKER TRIPPED: {e.reason}", markup=False, highlight=False)
     counts = {s: sum(1 for f in result.findings if f.severity.value == s) for s in ("critical", "warn")}
     con.print(f"{counts['critical']} critical, {counts['warn']} warn" +
               (f"; scheduler: {result.scheduler_error}" if result.scheduler_error else ""),

@@ -167,13 +167,12 @@ def hold_trays(site: "Site", trays: Sequence[str], rack: str) -> tuple[list[str]
     Returns (trays held by this change, including those an earlier run of it holds still;
     {tray: why not} for the others: drained or down for someone else, whom mctl never overrides).
     """
-    from mctl.health.policy import DRAIN, Decision
-    from mctl.health.slurm_ops import apply_script, parse_apply, read_nodes, show_node_command
+    from mctl.model.drain import DRAIN, Decision
+    from mctl.sched.slurm.drain import apply_script, parse_apply, read_nodes, show_node_command
 
     shown = _controller_run(site, show_node_command())
     _, states = read_nodes(shown.stdout)
-    already = [t for t in trays if t in states and (states[t].reason or "").startswith(HOLD_PREFIX)
-               and states[t].drained]
+    already = [t for t in trays if t in states and states[t].drained and states[t].owned_by(HOLD_PREFIX)]
     todo = [Decision(t, DRAIN, "partition change", reason=hold_reason(rack)) for t in trays if t not in already]
     held, refused = list(already), {}
     if todo:
@@ -189,8 +188,8 @@ def hold_trays(site: "Site", trays: Sequence[str], rack: str) -> tuple[list[str]
 
 def release_trays(site: "Site", trays: Sequence[str]) -> dict[str, str]:
     """Resume the trays this change holds (only while the reason is still mctl's); {tray: why not}."""
-    from mctl.health.policy import RESUME, Decision
-    from mctl.health.slurm_ops import apply_script, parse_apply
+    from mctl.model.drain import RESUME, Decision
+    from mctl.sched.slurm.drain import apply_script, parse_apply
 
     if not trays:
         return {}

@@ -44,13 +44,13 @@ TARBALL = "mctl-node-check.tar"
 MODULES = (
     "mctl", "mctl.errors",
     "mctl.model", "mctl.model.findings", "mctl.model.gpu", "mctl.model.xid", "mctl.model.fabric",
-    "mctl.model.inventory_snapshot", "mctl.model.tray",
+    "mctl.model.inventory_snapshot", "mctl.model.tray", "mctl.model.drain",
     "mctl.facts", "mctl.facts.probe", "mctl.facts.shell", "mctl.facts.kernel_log", "mctl.facts.nvidia_smi",
     "mctl.facts.services", "mctl.facts.imex", "mctl.facts.os_release",
     "mctl.state", "mctl.state.files", "mctl.state.lock", "mctl.state.snapshots",
-    "mctl.sched", "mctl.sched.slurm", "mctl.sched.slurm.facts",
+    "mctl.sched", "mctl.sched.slurm", "mctl.sched.slurm.facts", "mctl.sched.slurm.drain",
     "mctl.health", "mctl.model.settings", "mctl.health.policy",
-    "mctl.health.breaker", "mctl.health.hysteresis", "mctl.health.store", "mctl.health.slurm_ops", "mctl.health.nvml",
+    "mctl.health.breaker", "mctl.health.hysteresis", "mctl.health.store", "mctl.health.nvml",
     "mctl.health.node_check",
     "mctl.checks", "mctl.checks._base", "mctl.checks.catalogue", "mctl.checks.reachability",
     "mctl.checks.gpu_count", "mctl.checks.driver", "mctl.checks.fabric_state",
@@ -61,7 +61,7 @@ MODULES = (
 )
 # Packages whose real __init__ imports what the node check must not need.
 STUB_PACKAGES = {
-    "mctl.sched.slurm": '"""Slurm (node-check subset: only facts.py, the scontrol parsers)."""\n',
+    "mctl.sched.slurm": '"""Slurm (node-check subset: only facts.py and drain.py, the scontrol parsers and scripts)."""\n',
 }
 THIRD_PARTY = ("ClusterShell", "ClusterShell.Defaults", "ClusterShell.NodeSet", "ClusterShell.NodeUtils",
                "ClusterShell.RangeSet", "pynvml")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,11 +21,11 @@ from mctl import checks
 from mctl.health import policy, store
 from mctl.health.breaker import BreakerState
 from mctl.model.tray import TrayFacts, smi_timeout_for
-from mctl.health.policy import Decision, NodeView, TrayVerdict
+from mctl.health.policy import TrayVerdict
 from mctl.facts.probe import HEALTH, from_result, probe_command
 from mctl.model.settings import HealthSettings
 from mctl.health.site_view import Scope, expectations, partition_plan, rack_sizes
-from mctl.health.slurm_ops import SchedulerUnreachable
+from mctl.model.drain import DRAIN, RESUME, Decision, NodeView, SchedulerUnreachable
 from mctl.model.findings import Finding, Severity, sort_findings, worst
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ class SweepResult:
     remediate: bool = False
     dry_run: bool = False
     decisions: list[Decision] = field(default_factory=list)
-    logged: list[dict[str, Any]] = field(default_factory=list)   # action-log entries of this sweep
+    logged: list[store.ActionEntry] = field(default_factory=list)   # action-log entries of this sweep
     breaker: BreakerState = field(default_factory=BreakerState)
     records: dict[str, policy.TrayRecord] = field(default_factory=dict)
 
@@ -85,7 +85,7 @@ class SweepResult:
                       for v in self.verdicts],
             "findings": [f.to_dict() for f in self.findings],
             "decisions": [d.to_dict() for d in self.decisions],
-            "actions": self.logged,
+            "actions": [e.to_dict() for e in self.logged],
             "breaker": self.breaker.to_dict(),
         }
 
@@ -94,7 +94,7 @@ class Engine:
     def __init__(self, site: "Site", scope: Scope, settings: HealthSettings, state_dir: Path, pool: "SSHPool", *,
                  remediate: bool = False, dry_run: bool = False, timeout: float | None = None,
                  who: str | None = None, interval: float | None = None):
-        from mctl.health.scheduler import adapter_for
+        from mctl.sched.adapter import adapter_for
         from mctl.transport import targets_for
 
         self.site = site
@@ -131,6 +131,9 @@ class Engine:
         self.boots = BootMemory.load(self.state_dir)     # a reboot between sweeps (tray.boot, gpu.xid)
         # --dry-run keeps its records in memory only, so it never writes the state directory.
         self._dry_state: store.HealthState | None = None
+        # Intents a killed mctl left without a result are reconciled once, on the first sweep that reads
+        # the scheduler (docs/health.md, "Action log").
+        self._reconciled = False
 
     # --- discover + check ------------------------------------------------------------------------
 
@@ -223,33 +226,36 @@ class Engine:
             return
         with store.state_lock(self.state_dir):
             state = store.load_state(self.state_dir)
+            entries: list[store.ActionEntry] = []
+            if not self._reconciled and result.nodes is not None:
+                entries += self._reconcile(state, result.nodes)
+                self._reconciled = True
             tripped_before = state.breaker.tripped
             now = time.time()
             outcome = policy.decide(state.records, result.verdicts, result.nodes, self.settings, state.breaker,
                                     self.sizes, now=now)
-            entries: list[dict[str, Any]] = []
             actions = outcome.actions
+            reconciled: list[store.ActionEntry] = []
             if actions:
+                # The intents go to the log (fsynced) before scontrol runs: killed in between, the
+                # next start finds them without a result and asks the scheduler what happened.
+                ids = {d.host: f"{d.host}@{d.at:.3f}:{secrets.token_hex(4)}" for d in actions}
+                store.append_actions(self.state_dir, entries + [
+                    store.intent_entry(d, who=self.who, intent_id=ids[d.host], scheduler=self.scheduler.where)
+                    for d in actions])
+                if entries:
+                    store.save_state(self.state_dir, state)     # the reconciled records, before acting
+                reconciled, entries = entries, []
                 applied = await self.scheduler.apply(actions, deadline=self.act_deadline)
                 by_host = {v.host: v for v in result.verdicts}
                 for r in applied:
-                    d = r.decision
-                    policy.settle(outcome, d, r.ok, r.error, unreachable=r.unreachable)
-                    if r.not_ours and d.action == policy.RESUME:
-                        rec = outcome.records[d.host]
-                        outcome.records[d.host] = replace(rec, drained=False, reason=None, full_reason=None,
-                                                          drained_at=None)
-                    v = by_host.get(d.host)
-                    entries.append(store.action_entry(
-                        d.action if not (r.unreachable and not r.ok) else policy.QUEUE, d.host, d.reason,
-                        who=self.who, full=d.full, at=d.at,
-                        result="ok" if r.ok else ("refused: " if r.refused else "failed: ") + (r.error or ""),
-                        why=d.why, rack=d.rack, scheduler=self.scheduler.where,
+                    policy.settle(outcome, r)
+                    v = by_host.get(r.decision.host)
+                    entries.append(store.result_entry(
+                        r, who=self.who, scheduler=self.scheduler.where, intent_id=ids[r.decision.host],
                         findings=[f.to_dict() for f in v.findings if f.severity is not Severity.OK] if v and
-                        d.action == policy.DRAIN else None))
-            for n in outcome.notes:
-                entries.append(store.action_entry(n.action, n.host, n.reason, who=self.who, full=n.full, at=n.at,
-                                                  result="noted", why=n.why, rack=n.rack))
+                        r.decision.action == DRAIN else None))
+            entries += [store.note_entry(n, who=self.who) for n in outcome.notes]
             if outcome.breaker.tripped and not tripped_before:
                 entries.append(store.action_entry("breaker-trip", None, outcome.breaker.reason, who=self.who,
                                                   at=outcome.breaker.tripped_at, result="tripped",
@@ -260,6 +266,38 @@ class Engine:
             store.append_actions(self.state_dir, entries)
             store.save_state(self.state_dir, state)
         result.decisions = outcome.decisions
-        result.logged = entries
+        result.logged = reconciled + entries
         result.records = dict(outcome.records)
         result.breaker = outcome.breaker
+
+    def _reconcile(self, state: store.HealthState, nodes: dict[str, NodeView]) -> list[store.ActionEntry]:
+        """Settle the intents a killed mctl left without a result against the scheduler's view now:
+        one action-log line each (the action, `ok` or `failed`, reconciled) and records to match."""
+        out = []
+        for intent in store.unresolved_intents(self.state_dir):
+            host = intent.tray
+            if not host or intent.intent not in (DRAIN, RESUME):
+                continue
+            at = _epoch(intent.time)
+            d = Decision(host, intent.intent, intent.why or "", reason=intent.reason, full=intent.full_reason,
+                         rack=intent.rack, at=at)
+            rec, state.breaker, applied = policy.reconcile(state.records.get(host), state.breaker, d, nodes.get(host))
+            if rec is not None:
+                state.records[host] = rec
+            node = nodes.get(host)
+            seen = f"{node.state}, reason {node.reason!r}" if node else "not a node of the scheduler"
+            out.append(store.action_entry(
+                d.action, host, d.reason, who=self.who, full=d.full, at=at,
+                result="ok" if applied else f"failed: not applied (the scheduler shows {seen})",
+                why=f"reconciled after an interrupted run ({seen}): {intent.why or d.action}", rack=d.rack, scheduler=self.scheduler.where if self.scheduler else None,
+                intent_id=intent.intent_id))
+        return out
+
+
+def _epoch(stamp: str) -> float:
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        return time.time()

@@ -35,7 +35,8 @@ from mctl.health.breaker import BreakerState
 from mctl.model.tray import TrayExpectation, TrayFacts
 from mctl.facts.probe import HEALTH, NODE_CHECK, parse_tray, probe_script
 from mctl.model.settings import HealthSettings
-from mctl.health.slurm_ops import apply_script, controller_down, parse_apply, read_nodes, show_node_command
+from mctl.model.drain import DRAIN, RESUME, SKIP, Decision
+from mctl.sched.slurm.drain import apply_script, controller_down, parse_apply, read_nodes, show_node_command
 from mctl.model.findings import Severity, sort_findings, worst
 
 DEFAULT_CONFIG = "/etc/mctl/node-check.json"
@@ -186,7 +187,8 @@ class NodeCheckResult:
         return {"node": self.node, "worst": self.worst.value, "elapsed": round(self.elapsed, 3),
                 "gpu_source": self.facts.gpu_source, "scheduler_error": self.scheduler_error,
                 "dry_run": self.dry_run, "findings": [f.to_dict() for f in self.findings],
-                "decisions": [d.to_dict() for d in self.decisions], "actions": self.actions}
+                "decisions": [d.to_dict() for d in self.decisions],
+                "actions": [a.to_dict() for a in self.actions]}
 
 
 def run(config: NodeCheckConfig, *, drain: bool | None = None, dry_run: bool = False, use_nvml: bool = True,
@@ -216,14 +218,13 @@ def run(config: NodeCheckConfig, *, drain: bool | None = None, dry_run: bool = F
     if acting and config.scheduler == "slurm":
         outcome = policy.decide(state.records, [verdict], views, config.settings, BreakerState(),
                                 {config.expect.rack or "": max(1, len(config.rack_nodes))}, now=time.time())
-        drains = [d for d in outcome.decisions if d.action == policy.DRAIN]
+        drains = [d for d in outcome.decisions if d.action == DRAIN]
         guard = _share_guard(config, views) if drains and views is not None else None
         if guard:
-            outcome.records[config.node] = replace(outcome.records[config.node], drained=False, reason=None,
-                                                   full_reason=None, drained_at=None, note=guard)
-            skip = policy.Decision(config.node, policy.SKIP, guard, reason=drains[0].reason, full=drains[0].full,
-                                   rack=config.expect.rack, at=time.time())
-            outcome.decisions = [d for d in outcome.decisions if d.action != policy.DRAIN] + [skip]
+            outcome.records[config.node] = outcome.records[config.node].released(note=guard)
+            skip = Decision(config.node, SKIP, guard, reason=drains[0].reason, full=drains[0].full,
+                            rack=config.expect.rack, at=time.time())
+            outcome.decisions = [d for d in outcome.decisions if d.action != DRAIN] + [skip]
             if rec is None or rec.note != guard:
                 outcome.notes.append(skip)
         decisions = outcome.decisions
@@ -233,8 +234,9 @@ def run(config: NodeCheckConfig, *, drain: bool | None = None, dry_run: bool = F
             if todo:
                 rc, out, err = _run(["/bin/sh", "-c", apply_script(todo)], deadline.left(SCONTROL_TIMEOUT))
                 for r in parse_apply(out, todo):
-                    policy.settle(outcome, r.decision, r.ok, r.error or (err.strip() if rc else None),
-                                  unreachable=r.unreachable)
+                    if not r.ok and not r.error and rc:
+                        r = replace(r, error=err.strip() or None)
+                    policy.settle(outcome, r)
                     actions.append(store.action_entry(r.decision.action, config.node, r.decision.reason, who=who,
                                                       full=r.decision.full, at=r.decision.at, why=r.decision.why,
                                                       result="ok" if r.ok else f"failed: {r.error}"))
@@ -261,7 +263,7 @@ def render_text(result: NodeCheckResult, *, verbose: bool = False) -> str:
         if f.action and f.severity is not Severity.OK:
             lines.append(f"           action: {f.action}")
     for d in result.decisions:
-        verb = f"would {d.action}" if result.dry_run and d.action in (policy.DRAIN, policy.RESUME) else d.action
+        verb = f"would {d.action}" if result.dry_run and d.action in (DRAIN, RESUME) else d.action
         lines.append(f"  {verb.upper()}: {d.reason or ''} ({d.why})".replace(" ()", ""))
     if result.scheduler_error:
         lines.append(f"  scheduler: {result.scheduler_error}")

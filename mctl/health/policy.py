@@ -23,54 +23,16 @@ resume own drains, never touch down nodes.
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from mctl.health import breaker as breakerlib
 from mctl.health.breaker import BreakerState
 from mctl.checks import compose_reason, drain_reason
-from mctl.model.settings import REASON_PREFIX, HealthSettings
+from mctl.model.settings import HealthSettings
+from mctl.model.drain import (DRAIN, FORGET, QUEUE, RESUME, SKIP, ActResult, Decision, NodeView, PendingAction,
+                              drain_refusal, is_mctl_reason, resume_refusal)
 from mctl.model.findings import Finding, Severity
-
-DRAIN, RESUME, SKIP, FORGET, QUEUE = "drain", "resume", "skip", "forget", "queue"
-ACTIONS = (DRAIN, RESUME, SKIP, FORGET, QUEUE)
-
-_SLURM_STAMP = re.compile(r"\s*\[[^\]\s]*@[^\]\s]*\]\s*$")
-
-
-def is_mctl_reason(reason: str | None) -> bool:
-    return bool(reason) and reason.strip().startswith(REASON_PREFIX)
-
-
-@dataclass(frozen=True)
-class NodeView:
-    """The scheduler's view of one tray, whatever the scheduler."""
-
-    name: str
-    known: bool = True
-    drained: bool = False          # Slurm DRAIN/DRAINING/DRAINED/FAIL; Kubernetes cordoned
-    down: bool = False             # Slurm DOWN; Kubernetes NotReady
-    reason: str | None = None      # without Slurm's ' [user@time]' suffix
-    state: str = ""
-
-    @property
-    def mctl_drain(self) -> bool:
-        return self.drained and is_mctl_reason(self.reason)
-
-    @classmethod
-    def from_slurm(cls, node) -> "NodeView":
-        """From mctl.sched.slurm.facts.NodeState (`scontrol show node -o`)."""
-        flags = node.flags
-        drained = bool(flags & {"DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING"})
-        down = "DOWN" in flags
-        # Slurm keeps a resumed node's last reason; like `sinfo -R`, it counts only while the
-        # node is drained, down or failing (scontrol(1): the reason a node is in those states).
-        reason = _SLURM_STAMP.sub("", node.reason) if node.reason and (drained or down) else None
-        return cls(node.name, True, drained, down, reason or None, node.state)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -104,32 +66,27 @@ class TrayRecord:
     reason: str | None = None              # the exact reason mctl set
     full_reason: str | None = None
     drained_at: float | None = None
-    pending: dict[str, Any] | None = None  # {"action", "reason", "full", "since"} while the scheduler is away
+    pending: PendingAction | None = None   # a drain or resume waiting for the scheduler to answer
     note: str | None = None                # the last skip/queue message (logged once per change)
     xid_ack: float | None = None           # XIDs before this time were dealt with (a resume by hand)
     latches: dict[str, Any] | None = None  # flapping findings held by mctl.health.hysteresis
 
+    def released(self, **changes: Any) -> "TrayRecord":
+        """The record once mctl no longer owns a drain on the tray (resumed, lifted or taken over, failed)."""
+        return replace(self, drained=False, reason=None, full_reason=None, drained_at=None, **changes)
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["pending"] = self.pending.to_dict() if self.pending else None
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "TrayRecord":
         known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-
-@dataclass(frozen=True)
-class Decision:
-    host: str
-    action: str
-    why: str
-    reason: str | None = None              # the scheduler reason (drain) or the one lifted (resume)
-    full: str | None = None                # the full text for the action log
-    rack: str | None = None
-    at: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        fields = {k: v for k, v in data.items() if k in known}
+        if isinstance(fields.get("pending"), Mapping):
+            fields["pending"] = PendingAction.from_dict(fields["pending"])
+        return cls(**fields)
 
 
 @dataclass
@@ -182,118 +139,178 @@ def _wanted_drain(rec: TrayRecord, v: TrayVerdict, s: HealthSettings) -> tuple[s
     return None
 
 
+@dataclass
+class TrayStep:
+    """What the policy makes of one tray this sweep, before the breaker: its new record, its decisions
+    (the notes among them: skips, queues and forgets that are new), and the drain it wants."""
+
+    record: TrayRecord
+    decisions: list[Decision] = field(default_factory=list)
+    notes: list[Decision] = field(default_factory=list)
+    want: tuple[str, str] | None = None         # (reason, full) of a drain the breaker must admit
+
+    def note(self, action: str, why: str, now: float, **kw: Any) -> "TrayStep":
+        """A skip or queue: decided every sweep, logged once per change of its message."""
+        d = Decision(self.record.host, action, why, rack=self.record.rack, at=now, **kw)
+        self.decisions.append(d)
+        if self.record.note != why:
+            self.notes.append(d)
+        self.record = replace(self.record, note=why)
+        return self
+
+    def forget(self, why: str, now: float) -> "TrayStep":
+        """mctl's drain was lifted or taken over: mctl no longer owns it (always logged)."""
+        d = Decision(self.record.host, FORGET, why, reason=self.record.reason, rack=self.record.rack, at=now)
+        self.decisions.append(d)
+        self.notes.append(d)
+        self.record = self.record.released(note=None)
+        return self
+
+
+def _queued(step: TrayStep, want: tuple[str, str] | None, s: HealthSettings, now: float) -> TrayStep:
+    """The scheduler did not answer: the action it would get waits in the record."""
+    rec = step.record
+    since = rec.pending.since if rec.pending and rec.pending.since is not None else now
+    if rec.drained and rec.healthy_streak >= s.resume_after_healthy_sweeps:
+        step.record = replace(rec, pending=PendingAction(RESUME, rec.reason, since))
+        return step.note(QUEUE, "scheduler unreachable: resume queued", now, reason=rec.reason)
+    if want and not rec.drained:
+        step.record = replace(rec, pending=PendingAction(DRAIN, want[0], since, want[1]))
+        return step.note(QUEUE, "scheduler unreachable: drain queued", now, reason=want[0], full=want[1])
+    step.record = replace(rec, pending=None)
+    return step
+
+
+def _own_drain(step: TrayStep, node: NodeView, s: HealthSettings, now: float) -> bool:
+    """A tray mctl drained: forget the drain if it is gone or someone else's, resume it once healthy.
+    False when the drain was lifted outside mctl: the tray may be drained again this very sweep."""
+    rec = step.record
+    if not node.drained:
+        step.forget("resumed outside mctl", now)
+        return False
+    if not is_mctl_reason(node.reason):
+        step.forget(f"reason changed to {node.reason!r}: the drain is someone else's now", now)
+        return True
+    if rec.healthy_streak < s.resume_after_healthy_sweeps:
+        return True
+    if resume_refusal(node) is not None:          # down (the ownership was checked above)
+        step.note(SKIP, "healthy again but the node is DOWN; mctl never touches down nodes", now, reason=node.reason)
+        return True
+    step.decisions.append(Decision(rec.host, RESUME, f"healthy for {rec.healthy_streak} sweeps", reason=node.reason,
+                                   full=rec.full_reason, rack=rec.rack, at=now))
+    step.record = replace(rec, note=None)
+    return True
+
+
+def decide_tray(prev: TrayRecord, verdict: TrayVerdict, node: NodeView | None, settings: HealthSettings, *,
+                answered: bool, now: float) -> TrayStep:
+    """One tray's sweep: advance its record, then drain, resume, skip, forget or queue.
+
+    *answered* False: the scheduler did not answer (actions are queued); else *node* is its view of
+    the tray (None: not a node of the scheduler). A drain is only wanted here; `decide` passes it
+    through the circuit breaker."""
+    v, latches = _held(prev, verdict, settings)
+    step = TrayStep(_advance(replace(prev, latches=latches), v))
+    want = _wanted_drain(step.record, v, settings)
+    if not answered:
+        return _queued(step, want, settings, now)
+    step.record = replace(step.record, pending=None)
+    if node is None or not node.known:
+        return step.note(SKIP, "not a node of the scheduler", now) if want else step
+    if step.record.drained and _own_drain(step, node, settings, now):
+        return step
+    if not want:
+        if step.record.note:
+            step.record = replace(step.record, note=None)
+        return step
+    refusal = drain_refusal(node)
+    if refusal is not None and refusal.kind == "down":
+        return step.note(SKIP, f"node is {node.state or 'DOWN'}; mctl never touches down nodes", now)
+    if refusal is not None:
+        who = "mctl elsewhere (node check or another watch)" if node.mctl_drain else "an operator or another tool"
+        return step.note(SKIP, f"already drained by {who}: {node.reason or 'no reason'}", now)
+    step.want = want
+    return step
+
+
 def decide(records: Mapping[str, TrayRecord], verdicts: Sequence[TrayVerdict], nodes: Mapping[str, NodeView] | None,
            settings: HealthSettings, breaker: BreakerState, rack_sizes: Mapping[str, int], *,
            now: float) -> Outcome:
     """Decisions for this sweep. *nodes* None: the scheduler did not answer (actions are queued)."""
-    out = {h: r for h, r in records.items()}
+    out = dict(records)
     decisions: list[Decision] = []
     notes: list[Decision] = []
     state = breaker.pruned(now, settings.breaker_window_s) if not breaker.tripped else breaker
-    wanted: list[tuple[TrayVerdict, TrayRecord, str, str]] = []
-
-    def note(rec: TrayRecord, action: str, why: str, **kw) -> TrayRecord:
-        d = Decision(rec.host, action, why, rack=rec.rack, at=now, **kw)
-        decisions.append(d)
-        if rec.note != why:
-            notes.append(d)
-        return replace(rec, note=why)
-
+    wanted: list[tuple[TrayVerdict, TrayStep]] = []
     for v in verdicts:
-        prev = out.get(v.host) or TrayRecord(v.host, v.rack)
-        v, latches = _held(prev, v, settings)
-        rec = _advance(replace(prev, latches=latches), v)
-        want = _wanted_drain(rec, v, settings)
-        if nodes is None:
-            if rec.drained and rec.healthy_streak >= settings.resume_after_healthy_sweeps:
-                pending = {"action": RESUME, "reason": rec.reason, "since": (rec.pending or {}).get("since", now)}
-                rec = note(replace(rec, pending=pending), QUEUE, "scheduler unreachable: resume queued",
-                           reason=rec.reason)
-            elif want and not rec.drained:
-                pending = {"action": DRAIN, "reason": want[0], "full": want[1],
-                           "since": (rec.pending or {}).get("since", now)}
-                rec = note(replace(rec, pending=pending), QUEUE, "scheduler unreachable: drain queued",
-                           reason=want[0], full=want[1])
-            else:
-                rec = replace(rec, pending=None)
-            out[v.host] = rec
-            continue
-        rec = replace(rec, pending=None)
-        node = nodes.get(v.host)
-        if node is None or not node.known:
-            out[v.host] = note(rec, SKIP, "not a node of the scheduler") if want else rec
-            continue
-        if rec.drained:
-            if not node.drained:
-                d = Decision(v.host, FORGET, "resumed outside mctl", reason=rec.reason, rack=rec.rack, at=now)
-                decisions.append(d)
-                notes.append(d)
-                rec = replace(rec, drained=False, reason=None, full_reason=None, drained_at=None, note=None)
-            elif not is_mctl_reason(node.reason):
-                d = Decision(v.host, FORGET, f"reason changed to {node.reason!r}: the drain is someone else's now",
-                             reason=rec.reason, rack=rec.rack, at=now)
-                decisions.append(d)
-                notes.append(d)
-                out[v.host] = replace(rec, drained=False, reason=None, full_reason=None, drained_at=None, note=None)
-                continue
-            else:
-                if rec.healthy_streak >= settings.resume_after_healthy_sweeps:
-                    if node.down:
-                        out[v.host] = note(rec, SKIP, "healthy again but the node is DOWN; mctl never touches down "
-                                                      "nodes", reason=node.reason)
-                        continue
-                    decisions.append(Decision(v.host, RESUME, f"healthy for {rec.healthy_streak} sweeps",
-                                              reason=node.reason, full=rec.full_reason, rack=rec.rack, at=now))
-                    rec = replace(rec, note=None)
-                out[v.host] = rec
-                continue
-        if not want:
-            out[v.host] = replace(rec, note=None) if rec.note else rec
-            continue
-        if node.down:
-            out[v.host] = note(rec, SKIP, f"node is {node.state or 'DOWN'}; mctl never touches down nodes")
-            continue
-        if node.drained:
-            who = "mctl elsewhere (node check or another watch)" if node.mctl_drain else "an operator or another tool"
-            out[v.host] = note(rec, SKIP, f"already drained by {who}: {node.reason or 'no reason'}")
-            continue
-        out[v.host] = rec
-        wanted.append((v, rec, want[0], want[1]))
-
+        step = decide_tray(out.get(v.host) or TrayRecord(v.host, v.rack), v,
+                           (nodes or {}).get(v.host), settings, answered=nodes is not None, now=now)
+        out[v.host] = step.record
+        decisions += step.decisions
+        notes += step.notes
+        if step.want:
+            wanted.append((v, step))
     # Critical trays before unreachable ones, then by name: who gets drained first is reproducible.
     wanted.sort(key=lambda w: (not w[0].reached, w[0].host))
-    for v, rec, reason, full in wanted:
+    for v, step in wanted:
+        reason, full = step.want
         adm = breakerlib.admit(state, v.host, v.rack, rack_sizes, max_share=settings.breaker_max_share,
                                window_s=settings.breaker_window_s, scope=settings.breaker_scope, now=now)
         state = adm.state
         if not adm.allowed:
-            out[v.host] = note(rec, SKIP, adm.why, reason=reason, full=full)
+            seen = len(step.decisions), len(step.notes)
+            step.note(SKIP, adm.why, now, reason=reason, full=full)
+            decisions += step.decisions[seen[0]:]
+            notes += step.notes[seen[1]:]
+            out[v.host] = step.record
             continue
         decisions.append(Decision(v.host, DRAIN, adm.why, reason=reason, full=full, rack=v.rack, at=now))
-        out[v.host] = replace(rec, drained=True, reason=reason, full_reason=full, drained_at=now, note=None,
+        out[v.host] = replace(step.record, drained=True, reason=reason, full_reason=full, drained_at=now, note=None,
                               healthy_streak=0)
     return Outcome(out, decisions, state, notes)
 
 
-def settle(outcome: Outcome, decision: Decision, ok: bool, error: str | None = None, *,
-           unreachable: bool = False) -> None:
+def reconcile(rec: TrayRecord | None, breaker: BreakerState, intent: Decision,
+              node: NodeView | None) -> tuple[TrayRecord | None, BreakerState, bool]:
+    """An intent a killed mctl left without a result, against the scheduler now: (the record, the breaker,
+    whether the action took effect). A drain took effect when the node is drained with the intent's
+    reason; a resume when the node is no longer drained by mctl. The records then say what Slurm says."""
+    host = intent.host
+    if intent.action == DRAIN:
+        applied = node is not None and node.drained and (node.reason or "") == (intent.reason or "")
+        if not applied:
+            return rec, breaker, False
+        base = rec or TrayRecord(host, intent.rack)
+        if base.drained:
+            return base, breaker, True
+        drains = breaker.drains if any(d[1] == host and d[0] == intent.at for d in breaker.drains) else \
+            breaker.drains + ((intent.at, host, intent.rack),)
+        return (replace(base, drained=True, reason=intent.reason, full_reason=intent.full, drained_at=intent.at,
+                        healthy_streak=0, pending=None, note=None), replace(breaker, drains=drains), True)
+    applied = node is not None and not node.mctl_drain
+    if applied and rec is not None and rec.drained:
+        return rec.released(note=None, pending=None), breaker, True
+    return rec, breaker, applied
+
+
+def settle(outcome: Outcome, result: ActResult) -> None:
     """Fold an executed (or failed) action back into the records and the breaker."""
-    rec = outcome.records[decision.host]
-    if decision.action == DRAIN:
-        if ok:
+    d, error = result.decision, result.error
+    rec = outcome.records[d.host]
+    if d.action == DRAIN:
+        if result.ok:
             return
-        outcome.breaker = breakerlib.discard(outcome.breaker, decision.host, decision.at)
-        pending = {"action": DRAIN, "reason": decision.reason, "full": decision.full, "since": decision.at} \
-            if unreachable else None
-        outcome.records[decision.host] = replace(rec, drained=False, reason=None, full_reason=None, drained_at=None,
-                                                 pending=pending, note=f"drain failed: {error}")
-    elif decision.action == RESUME:
-        if ok:
-            outcome.records[decision.host] = replace(rec, drained=False, reason=None, full_reason=None,
-                                                     drained_at=None, healthy_streak=rec.healthy_streak, note=None)
-        elif unreachable:
-            outcome.records[decision.host] = replace(rec, pending={"action": RESUME, "reason": decision.reason,
-                                                                   "since": decision.at},
-                                                     note=f"resume failed: {error}")
+        outcome.breaker = breakerlib.discard(outcome.breaker, d.host, d.at)
+        pending = PendingAction(DRAIN, d.reason, d.at, d.full) if result.unreachable else None
+        outcome.records[d.host] = rec.released(pending=pending, note=f"drain failed: {error}")
+    elif d.action == RESUME:
+        if result.ok:
+            outcome.records[d.host] = rec.released(note=None)
+        elif result.unreachable:
+            outcome.records[d.host] = replace(rec, pending=PendingAction(RESUME, d.reason, d.at),
+                                              note=f"resume failed: {error}")
+        elif result.not_ours:
+            # the guard found the drain gone or someone else's: mctl no longer owns it
+            outcome.records[d.host] = rec.released(note=f"resume failed: {error}")
         else:
-            outcome.records[decision.host] = replace(rec, note=f"resume failed: {error}")
+            outcome.records[d.host] = replace(rec, note=f"resume failed: {error}")

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mctl.errors import EnvironmentProblem, PartialFailure, UsageError
 from mctl.health import store
 from mctl.health.breaker import reset as breaker_reset_state
-from mctl.health.policy import RESUME, Decision, is_mctl_reason
+from mctl.health.policy import TrayRecord
 from mctl.health.site_view import resolve_scope, settings_of
-from mctl.health.slurm_ops import SchedulerUnreachable
+from mctl.model.drain import RESUME, Decision, SchedulerUnreachable, resume_refusal
 
 if TYPE_CHECKING:
     from mctl.health.engine import SweepResult
@@ -77,7 +77,7 @@ class DrainReport:
 
 def _on_scheduler(site: "Site", names: list[str], work):
     """Run `work(adapter)` (async) against the site's scheduler adapter, with a pool for Slurm's SSH."""
-    from mctl.health.scheduler import adapter_for
+    from mctl.sched.adapter import adapter_for
     from mctl.transport import SSHConfig, SSHPool
 
     if site.scheduler is None:
@@ -86,7 +86,7 @@ def _on_scheduler(site: "Site", names: list[str], work):
 
     async def main():
         async with SSHPool(SSHConfig.from_site(site)) as pool:
-            return await work(adapter_for(site, pool, names))
+            return await work(adapter_for(site, pool, names, store.actor()))
 
     return asyncio.run(main())
 
@@ -147,18 +147,19 @@ def resume_by_hand(site: "Site", expr: str, state_dir: Path, *, dry_run: bool = 
     rows: list[ResumeRow] = []
     todo: list[Decision] = []
     now = time.time()
+    # The watch's guards (mctl.model.drain.resume_refusal); the scheduler re-checks them right before acting.
+    words = {"unknown": ("refused", "not a node of the scheduler"),
+             "down": ("refused", "node is {v.state}; mctl never touches down nodes"),
+             "not-drained": ("skipped", "not drained ({v.state})"),
+             "not-ours": ("refused", "drained by someone else: {v.reason!r}; lift it with the scheduler's own tools "
+                                     "if that is what you mean")}
     for host in scope.names:
         node = views.get(host)
-        if node is None or not node.known:
-            rows.append(ResumeRow(host, "refused", "not a node of the scheduler"))
-        elif node.down:
-            rows.append(ResumeRow(host, "refused", f"node is {node.state}; mctl never touches down nodes", node.reason))
-        elif not node.drained:
-            rows.append(ResumeRow(host, "skipped", f"not drained ({node.state})"))
-        elif not is_mctl_reason(node.reason):
-            rows.append(ResumeRow(host, "refused", f"drained by someone else: {node.reason!r}; "
-                                                   "lift it with the scheduler's own tools if that is what you "
-                                                   "mean", node.reason))
+        refusal = resume_refusal(node)
+        if refusal is not None:
+            result, detail = words[refusal.kind]
+            rows.append(ResumeRow(host, result, detail.format(v=node),
+                                  node.reason if refusal.kind in ("down", "not-ours") else None))
         else:
             todo.append(Decision(host, RESUME, "resumed by hand", reason=node.reason,
                                  rack=(site.host(host).rack if site.host(host) else None), at=now))
@@ -177,14 +178,8 @@ def resume_by_hand(site: "Site", expr: str, state_dir: Path, *, dry_run: bool = 
         for r in results:
             d = r.decision
             if r.ok:
-                rec = state.records.get(d.host)
-                if rec is not None:
-                    state.records[d.host] = replace(rec, drained=False, reason=None, full_reason=None,
-                                                    drained_at=None, xid_ack=now, note=None, bad_streak=0)
-                else:
-                    from mctl.health.policy import TrayRecord
-
-                    state.records[d.host] = TrayRecord(d.host, d.rack, xid_ack=now)
+                rec = state.records.get(d.host) or TrayRecord(d.host, d.rack)
+                state.records[d.host] = rec.released(xid_ack=now, note=None, bad_streak=0)
                 rows.append(ResumeRow(d.host, "resumed", "", d.reason))
             else:
                 rows.append(ResumeRow(d.host, "refused" if r.refused else "failed", r.error or "", d.reason))

@@ -21,7 +21,7 @@ import socket
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
@@ -29,6 +29,7 @@ from typing import Any, Iterator
 from mctl.errors import EnvironmentProblem
 from mctl.health.breaker import BreakerState
 from mctl.health.policy import TrayRecord
+from mctl.model.drain import QUEUE, ActResult, Decision
 from mctl.state.files import DamagedState, check_shape, ensure_dir, read_json, write_json
 from mctl.state.lock import file_lock
 
@@ -163,7 +164,7 @@ def actor() -> str:
     return f"{user}@{socket.gethostname()} pid {os.getpid()} ({command})"
 
 
-def append_actions(state_dir: Path, entries: list[dict[str, Any]]) -> None:
+def append_actions(state_dir: Path, entries: "list[ActionEntry]") -> None:
     """Append entries to the action log under an exclusive lock, then fsync: one line each, never rewritten.
 
     Whole or not at all: all entries go in one write() of whole lines with O_APPEND; if the file does not
@@ -175,7 +176,7 @@ def append_actions(state_dir: Path, entries: list[dict[str, Any]]) -> None:
         return
     path = actions_path(state_dir)
     ensure_dir(path.parent)
-    payload = "".join(json.dumps(e, sort_keys=False, default=str, ensure_ascii=True) + "\n"
+    payload = "".join(json.dumps(e.to_dict(), sort_keys=False, default=str, ensure_ascii=True) + "\n"
                       for e in entries).encode()
     try:
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
@@ -202,19 +203,112 @@ def append_actions(state_dir: Path, entries: list[dict[str, Any]]) -> None:
         os.close(fd)
 
 
+@dataclass(frozen=True)
+class ActionEntry:
+    """One line of the action log. On disk a JSON object with these keys; the optional ones only when
+    set (the format of every mctl so far: older lines read back the same, unknown keys are kept)."""
+
+    time: str                              # ISO 8601, UTC, milliseconds
+    tray: str | None
+    action: str                            # drain resume skip forget queue intent breaker-trip breaker-reset
+    reason: str | None = None
+    full_reason: str | None = None
+    result: str = "ok"                     # ok | noted | tripped | refused: ... | failed: ...
+    who: str = ""
+    dry_run: bool = False
+    why: str | None = None
+    rack: str | None = None
+    scheduler: str | None = None
+    findings: list[dict[str, Any]] | None = None
+    manual: bool | None = None
+    scope: str | None = None
+    was_tripped: bool | None = None
+    cleared_drains: int | None = None
+    intent: str | None = None              # on an intent line: the drain or resume about to be sent
+    intent_id: str | None = None           # an intent and the line of its result share it
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.result in ("ok", "noted", "tripped")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"time": self.time, "tray": self.tray, "action": self.action, "reason": self.reason,
+                               "full_reason": self.full_reason, "result": self.result, "who": self.who}
+        if self.dry_run:
+            out["dry_run"] = True
+        for f in fields(self)[8:-1]:
+            value = getattr(self, f.name)
+            if value is not None:
+                out[f.name] = value
+        out.update({k: v for k, v in self.extra.items() if v is not None and k not in out})
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ActionEntry":
+        known = {f.name for f in fields(cls)} - {"extra"}
+        return cls(**{"time": str(data.get("time", "")), "tray": data.get("tray"),
+                      "action": str(data.get("action", "")), "who": str(data.get("who", "")),
+                      **{k: v for k, v in data.items() if k in known - {"time", "tray", "action", "who"}},
+                      "extra": {k: v for k, v in data.items() if k not in known}})
+
+
+def _stamp(at: float | None) -> str:
+    return datetime.fromtimestamp(at if at is not None else time.time(), timezone.utc).isoformat(
+        timespec="milliseconds")
+
+
 def action_entry(action: str, host: str | None, reason: str | None, *, who: str, full: str | None = None,
-                 result: str = "ok", dry_run: bool = False, at: float | None = None, **extra: Any) -> dict[str, Any]:
-    when = datetime.fromtimestamp(at if at is not None else time.time(), timezone.utc)
-    entry: dict[str, Any] = {"time": when.isoformat(timespec="milliseconds"), "tray": host, "action": action,
-                             "reason": reason, "full_reason": full, "result": result, "who": who}
-    if dry_run:
-        entry["dry_run"] = True
-    entry.update({k: v for k, v in extra.items() if v is not None})
-    return entry
+                 result: str = "ok", dry_run: bool = False, at: float | None = None, **extra: Any) -> ActionEntry:
+    known = {f.name for f in fields(ActionEntry)}
+    typed = {k: v for k, v in extra.items() if k in known and k != "extra"}
+    rest = {k: v for k, v in extra.items() if k not in known}
+    return ActionEntry(_stamp(at), host, action, reason, full, result, who, dry_run, **typed, extra=rest)
+
+
+def result_entry(r: "ActResult", *, who: str, scheduler: str | None = None,
+                 findings: list[dict[str, Any]] | None = None, manual: bool | None = None,
+                 intent_id: str | None = None) -> ActionEntry:
+    """The action-log line of an executed drain or resume (queued when the scheduler did not answer)."""
+    d = r.decision
+    result = "ok" if r.ok else ("refused: " if r.refused else "failed: ") + (r.error or "")
+    return action_entry(d.action if r.ok or not r.unreachable else QUEUE, d.host, d.reason, who=who, full=d.full,
+                        at=d.at, result=result, why=d.why, rack=d.rack, scheduler=scheduler, findings=findings,
+                        manual=manual, intent_id=intent_id)
+
+
+def intent_entry(d: "Decision", *, who: str, intent_id: str, scheduler: str | None = None) -> ActionEntry:
+    """The line written (and fsynced) before a drain or resume is sent: if mctl dies before it logs the
+    result, the next start finds the intent without a result and reconciles it with the scheduler."""
+    return action_entry("intent", d.host, d.reason, who=who, full=d.full, at=d.at, result="pending", why=d.why,
+                        rack=d.rack, scheduler=scheduler, intent=d.action, intent_id=intent_id)
+
+
+INTENT_SCAN = 20000        # the action-log lines a start looks through for intents left without a result
+
+
+def unresolved_intents(state_dir: Path, *, limit: int = INTENT_SCAN) -> list[ActionEntry]:
+    """Intent lines whose drain or resume has no result line (mctl was killed between the two)."""
+    intents: dict[str, ActionEntry] = {}
+    settled: set[str] = set()
+    for e in read_actions(state_dir, limit=limit):
+        if not e.intent_id:
+            continue
+        if e.action == "intent":
+            intents[e.intent_id] = e
+        else:
+            settled.add(e.intent_id)
+    return [e for i, e in intents.items() if i not in settled]
+
+
+def note_entry(n: "Decision", *, who: str) -> ActionEntry:
+    """The action-log line of a skip, queue or forget that is new this sweep."""
+    return action_entry(n.action, n.host, n.reason, who=who, full=n.full, at=n.at, result="noted", why=n.why,
+                        rack=n.rack)
 
 
 def read_actions(state_dir: Path, *, limit: int | None = None,
-                 damaged: list[str] | None = None) -> list[dict[str, Any]]:
+                 damaged: list[str] | None = None) -> list[ActionEntry]:
     """The action log's entries, oldest first (the last *limit*).
 
     A line that is not a JSON object (a torn last line after a crash, a line that is not UTF-8) is
@@ -247,7 +341,7 @@ def read_actions(state_dir: Path, *, limit: int | None = None,
             why = "torn last line (no newline)" if torn_last and number == len(lines) else "not JSON"
         else:
             if isinstance(entry, dict):
-                out.append(entry)
+                out.append(ActionEntry.from_dict(entry))
                 continue
             why = "not a JSON object"
         if damaged is not None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from mctl.errors import MctlError
-from mctl.health.policy import DRAIN, FORGET, QUEUE, RESUME, SKIP
+from mctl.model.drain import DRAIN, FORGET, QUEUE, RESUME, SKIP
 
 if TYPE_CHECKING:
     from mctl.health.engine import SweepResult
@@ -87,7 +87,7 @@ def events_of(result: "SweepResult", previous: dict[str, str], *, dry_run: bool)
             elif d.action in (SKIP, QUEUE, FORGET):
                 out.append(Event(now, d.action, d.host, f"(dry run) {d.why}"))
         return out
-    for e in result.logged:
+    for e in (entry.to_dict() for entry in result.logged):
         action = e.get("action")
         host = e.get("tray")
         result_text = e.get("result", "")
@@ -155,8 +155,7 @@ async def run_watch(site: "Site", scope: "Scope", settings: "HealthSettings", st
                     view.error = None
                     events = events_of(result, view.statuses, dry_run=dry_run)
                     for e in result.logged:
-                        view.count(str(e.get("action")), "ok" if e.get("result") in ("ok", "noted", "tripped")
-                                   else "failed")
+                        view.count(e.action, "ok" if e.ok else "failed")
                     view.statuses = {v.host: result.tray_status(v.host) for v in result.verdicts}
                     view.last = result
                 finally:

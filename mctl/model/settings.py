@@ -21,8 +21,6 @@ from typing import Any, Mapping
 from mctl.model.findings import Severity
 from mctl.model.xid import DEFAULT_DRAIN_XIDS, DEFAULT_NVLINK5_NO_DRAIN, NVLINK5_MODES
 
-REASON_PREFIX = "mctl:"
-REASON_MAX = 40          # sinfo -R shows 20 by default; 40 reads whole in `sinfo -R -o "%40E %N"`
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}

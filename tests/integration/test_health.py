@@ -112,8 +112,12 @@ def health(lab, site, tmp_path):
 
 
 def actions(state: Path) -> list[dict]:
+    """The action log without the intent lines (each drain and resume is preceded by one)."""
     path = state / "health" / "actions.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    log = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    intents = {e["intent_id"] for e in log if e["action"] == "intent"}
+    assert intents <= {e.get("intent_id") for e in log if e["action"] != "intent"}, "an intent without its result"
+    return [e for e in log if e["action"] != "intent"]
 
 
 class Watch:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from mctl.health.policy import DRAIN, RESUME, Decision
-from mctl.health.scheduler import K8sAdapter
+from mctl.model.drain import DRAIN, RESUME, Decision
+from mctl.sched.k8s.cordon import K8sAdapter
 from mctl.sched.k8s import kubeconfig
 from mctl.sched.k8s.client import KubeClient
 from tests.kube_apiserver import gb200_node

@@ -16,7 +16,8 @@ from mctl.checks import compose_reason, drain_reason
 from mctl.checks import fabric_identity
 from mctl.facts.kernel_log import observe_xid
 from mctl.model.tray import Clock, DiskUsage, ImexObservation, Memory, TrayExpectation, TrayFacts
-from mctl.model.settings import REASON_MAX, HealthSettings
+from mctl.model.drain import REASON_MAX
+from mctl.model.settings import HealthSettings
 from mctl.model.findings import Severity, worst
 from mctl.model.gpu import GpuNvLinks, NvLink
 from mctl.sched.slurm.facts import parse_show_nodes

@@ -55,7 +55,7 @@ def test_breaker_status_and_reset_work_on_the_state_alone(capsys, tmp_path):
     assert r.code == 0 and "reset the circuit breaker" in r.out
     assert store.load_state(tmp_path).breaker == BreakerState()
     (entry,) = store.read_actions(tmp_path)
-    assert entry["action"] == "breaker-reset" and entry["was_tripped"] is True and entry["cleared_drains"] == 1
+    assert entry.action == "breaker-reset" and entry.was_tripped is True and entry.cleared_drains == 1
 
 
 def test_node_check_with_a_missing_config_is_a_usage_error(capsys, tmp_path):

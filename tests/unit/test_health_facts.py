@@ -131,8 +131,8 @@ def test_action_log_only_appends(tmp_path):
     assert json.loads(first) == {"time": "1970-01-01T00:00:00.000+00:00", "tray": "t1", "action": "drain",
                                  "reason": "mctl: x", "full_reason": "long", "result": "ok", "who": "me"}
     entries = store.read_actions(tmp_path)
-    assert [e["action"] for e in entries] == ["drain", "resume", "skip"]
-    assert entries[1]["manual"] is True and entries[2]["dry_run"] is True
+    assert [e.action for e in entries] == ["drain", "resume", "skip"]
+    assert entries[1].manual is True and entries[2].dry_run is True
     with open(store.actions_path(tmp_path), "a") as fh:        # a crash mid-line leaves a torn line
         fh.write('{"time": "19')
     assert len(store.read_actions(tmp_path)) == 3

@@ -6,7 +6,10 @@ import json
 from dataclasses import replace
 
 from mctl.health.hysteresis import step
-from mctl.health.policy import DRAIN, RESUME, TrayRecord, TrayVerdict
+from mctl.model.settings import HysteresisSettings
+from mctl.health.policy import TrayRecord, TrayVerdict
+from mctl.model.drain import DRAIN, RESUME
+from mctl.model.settings import HealthSettings
 from mctl.model.findings import Finding, Severity
 from mctl.model.settings import HealthSettings, HysteresisSettings
 from tests.unit.test_health_policy import S, Site

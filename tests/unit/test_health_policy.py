@@ -8,8 +8,8 @@ import pytest
 
 from mctl.health import breaker as breakerlib
 from mctl.health.breaker import BreakerState
-from mctl.health.policy import (DRAIN, FORGET, QUEUE, RESUME, SKIP, Decision, NodeView, TrayRecord, TrayVerdict,
-                                decide, settle)
+from mctl.health.policy import TrayRecord, TrayVerdict, decide, settle
+from mctl.model.drain import DRAIN, FORGET, QUEUE, RESUME, SKIP, ActResult, Decision, NodeView, PendingAction
 from mctl.model.settings import HealthSettings
 from mctl.model.findings import Finding, Severity
 from mctl.sched.slurm.facts import parse_show_nodes
@@ -62,7 +62,7 @@ class Site:
                      self.sizes, now=self.now)
         if apply:
             for d in out.actions:
-                settle(out, d, True)
+                settle(out, ActResult(d, True))
                 node = self.nodes[d.host]
                 self.nodes[d.host] = replace(node, drained=d.action == DRAIN,
                                              reason=d.reason if d.action == DRAIN else None,
@@ -217,10 +217,10 @@ def test_actions_queue_while_the_scheduler_is_unreachable_then_happen():
     site = Site(trays(4))
     out = site.sweep([bad("r1-tray01")], scheduler_up=False)
     assert out.actions == [] and [(d.action, d.host) for d in out.notes] == [(QUEUE, "r1-tray01")]
-    assert site.records["r1-tray01"].pending["action"] == DRAIN
-    since = site.records["r1-tray01"].pending["since"]
+    assert site.records["r1-tray01"].pending.action == DRAIN
+    since = site.records["r1-tray01"].pending.since
     out = site.sweep([bad("r1-tray01")], scheduler_up=False)
-    assert out.notes == [] and site.records["r1-tray01"].pending["since"] == since
+    assert out.notes == [] and site.records["r1-tray01"].pending.since == since
     assert actions(site.sweep([bad("r1-tray01")])) == [(DRAIN, "r1-tray01")]
     assert site.records["r1-tray01"].pending is None
 
@@ -236,11 +236,11 @@ def test_settle_failures():
     site = Site(trays(4))
     out = decide({}, [bad("r1-tray01")], idle("r1-tray01"), S, BreakerState(), {"r1": 4}, now=NOW)
     (d,) = out.actions
-    settle(out, d, False, "slurmctld: Unable to contact slurm controller", unreachable=True)
+    settle(out, ActResult(d, False, "slurmctld: Unable to contact slurm controller", unreachable=True))
     rec = out.records["r1-tray01"]
-    assert not rec.drained and rec.pending["action"] == DRAIN and out.breaker.drains == ()
+    assert not rec.drained and rec.pending.action == DRAIN and out.breaker.drains == ()
     out = decide({}, [bad("r1-tray01")], idle("r1-tray01"), S, BreakerState(), {"r1": 4}, now=NOW)
-    settle(out, out.actions[0], False, "Invalid node name")
+    settle(out, ActResult(out.actions[0], False, "Invalid node name"))
     assert out.records["r1-tray01"].pending is None and "Invalid node name" in out.records["r1-tray01"].note
     del site
 
@@ -319,13 +319,13 @@ def test_node_view_from_real_scontrol_output():
             "CurrentWatts=0 AveWatts=0  Reason=mctl: xid 79 gpu0 (fell off bus) [root@2026-11-29T20:25:10]\n"
             "NodeName=lab-r1-tray01 Arch=x86_64 State=DOWN* ThreadsPerCore=1 Reason=Not responding "
             "[slurm@2026-11-29T20:30:00]\n")
-    a, b = (NodeView.from_slurm(n) for n in parse_show_nodes(text))
+    a, b = (n.view() for n in parse_show_nodes(text))
     assert (a.drained, a.down, a.reason, a.mctl_drain) == (True, False, "mctl: xid 79 gpu0 (fell off bus)", True)
     assert (b.drained, b.down, b.reason, b.mctl_drain) == (False, True, "Not responding", False)
 
 
 def test_record_round_trip_ignores_unknown_keys():
-    rec = TrayRecord("h", "r", drained=True, reason="mctl: x", pending={"action": DRAIN})
+    rec = TrayRecord("h", "r", drained=True, reason="mctl: x", pending=PendingAction(DRAIN, None, None))
     data = rec.to_dict() | {"added_in_a_later_mctl": 1}
     assert TrayRecord.from_dict(data) == rec
 

@@ -11,7 +11,9 @@ from mctl.health.breaker import BreakerState
 from mctl.health.engine import SweepResult
 from mctl.model.tray import TrayFacts
 from mctl.health.metrics import MetricsServer, render, write_textfile
-from mctl.health.policy import NodeView, TrayRecord, TrayVerdict
+from mctl.health.policy import TrayRecord, TrayVerdict
+from mctl.health.store import ActionEntry
+from mctl.model.drain import NodeView
 from mctl.cli.health_screen import WatchScreen, sweep_line
 from mctl.health.watch import Event, WatchView, events_of
 from mctl.model.findings import Finding, Severity
@@ -30,8 +32,8 @@ def result(number=3, tripped=False) -> SweepResult:
     nodes[HOSTS[1]] = NodeView(HOSTS[1], drained=True, reason="mctl: xid 79 gpu0 (fell off bus)", state="IDLE+DRAIN")
     records = {HOSTS[1]: TrayRecord(HOSTS[1], "lab-r1", drained=True, reason="mctl: xid 79 gpu0 (fell off bus)"),
                HOSTS[2]: TrayRecord(HOSTS[2], "lab-r1", misses=2)}
-    logged = [{"action": "drain", "tray": HOSTS[1], "reason": "mctl: xid 79 gpu0 (fell off bus)", "result": "ok",
-               "why": "1 of 4 trays of rack lab-r1 drained by mctl within 1h"}]
+    logged = [ActionEntry.from_dict({"action": "drain", "tray": HOSTS[1], "reason": "mctl: xid 79 gpu0 (fell off bus)",
+                                     "result": "ok", "why": "1 of 4 trays of rack lab-r1 drained by mctl within 1h"})]
     return SweepResult(number, time.time(), 0.42, {h: TrayFacts(h, elapsed=0.1) for h in HOSTS}, [xid],
                        verdicts, nodes, "slurm", remediate=True, logged=logged,
                        breaker=BreakerState(True, time.time(), "draining x would make 2 of 4") if tripped
@@ -88,7 +90,7 @@ def test_events_and_plain_lines():
 
 def test_dry_run_events_say_would():
     r = result()
-    from mctl.health.policy import Decision
+    from mctl.model.drain import Decision
 
     r.dry_run = True
     r.decisions = [Decision(HOSTS[1], "drain", "1 of 4", reason="mctl: x")]

@@ -317,13 +317,13 @@ def test_torn_last_line_is_skipped_and_the_next_entry_starts_on_its_own_line(sta
     with open(path, "ab") as fh:                 # a crash mid-write leaves half a line, no newline
         fh.write(b'{"time": "1970-01-01T00:00:00.000+00:00", "tray": "t2", "act')
     damaged: list[str] = []
-    assert [e["action"] for e in store.read_actions(state, damaged=damaged)] == ["drain"]
+    assert [e.action for e in store.read_actions(state, damaged=damaged)] == ["drain"]
     assert damaged == [f"{path}:2: torn last line (no newline); skipped"]
     store.append_actions(state, [_entry("resume")])
     lines = path.read_bytes().split(b"\n")
     assert lines[-1] == b"" and json.loads(lines[-2])["action"] == "resume"      # not merged into the torn line
     damaged = []
-    assert [e["action"] for e in store.read_actions(state, damaged=damaged)] == ["drain", "resume"]
+    assert [e.action for e in store.read_actions(state, damaged=damaged)] == ["drain", "resume"]
     assert damaged == [f"{path}:2: not JSON; skipped"]
 
 
@@ -338,7 +338,7 @@ def test_damaged_action_log_lines_are_flagged_not_fatal(state, line, why):
         fh.write(line + b"\n")
     store.append_actions(state, [_entry("resume")])
     damaged: list[str] = []
-    assert [e["action"] for e in store.read_actions(state, damaged=damaged)] == ["drain", "resume"]
+    assert [e.action for e in store.read_actions(state, damaged=damaged)] == ["drain", "resume"]
     assert damaged == [f"{path}:2: {why}; skipped"]
 
 
@@ -346,7 +346,7 @@ def test_action_log_entries_are_one_line_each_whatever_they_hold(state):
     store.append_actions(state, [store.action_entry("drain", "t\n1", "reason\nwith\nnewlines \u2028", who="me")])
     lines = store.actions_path(state).read_bytes().split(b"\n")
     assert len(lines) == 2 and lines[1] == b""
-    assert store.read_actions(state)[0]["tray"] == "t\n1"
+    assert store.read_actions(state)[0].tray == "t\n1"
 
 
 def test_action_log_that_is_a_link_is_refused(state, tmp_path):
@@ -821,7 +821,8 @@ def test_markup_in_tray_and_rack_names_on_the_watch_screen():
     from mctl.health.breaker import BreakerState
     from mctl.health.engine import SweepResult
     from mctl.model.tray import TrayFacts
-    from mctl.health.policy import NodeView, TrayVerdict
+    from mctl.health.policy import TrayVerdict
+    from mctl.model.drain import NodeView
     from mctl.cli.health_screen import WatchScreen
     from mctl.health.watch import WatchView
     from mctl.model.findings import Severity

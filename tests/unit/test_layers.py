@@ -52,9 +52,6 @@ LAB_ENTRY = "mctl.cli.lab"          # the lab tool's command group
 # (importer module, imported module). Must shrink to empty: each entry is an arrow still to be
 # turned around by the part of issue 14 that owns the importer.
 KNOWN_VIOLATIONS: set[tuple[str, str]] = {
-    # drainlayer (deliverable 3): partition holds reuse the health engine's drain script and vocabulary.
-    ("mctl.fabric.work", "mctl.health.policy"),
-    ("mctl.fabric.work", "mctl.health.slurm_ops"),
     # traymodel (deliverable 1): the image diff reads trays with audit's probe and version facts.
     ("mctl.images.diff", "mctl.audit.rules.versions"),
     # the Slurm deployment names rack inventory's snapshot kind (a constant to move below sched/).

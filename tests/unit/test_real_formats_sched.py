@@ -16,7 +16,6 @@ import pytest
 from mctl.audit.rules import drains
 from mctl.facts import FactsParseError
 from mctl.facts.imex import parse_domain, parse_nodes_config, parse_query
-from mctl.health.policy import NodeView
 from mctl.model.fabric import DAEMON_STATES
 from ClusterShell.NodeSet import NodeSet
 
@@ -177,7 +176,7 @@ def test_multi_line_show_node_powered_down_cloud_node():
     assert node.fields["FreeMem"] == "N/A" and node.fields["BootTime"] == "None"
     assert node.reason == "Static node maintenance: unhealthy node is being replaced [root@2026-03-13T04:18:07]"
     assert not node.registered and not node.drained
-    view = NodeView.from_slurm(node)
+    view = node.view()
     assert view.down and not view.drained
     assert view.reason == "Static node maintenance: unhealthy node is being replaced"
     assert not view.mctl_drain
@@ -193,7 +192,7 @@ def test_multi_line_show_node_registered_cloud_node():
     # slurmd started and registered (SlurmdStartTime, Version): CLOUD alone is not "unregistered"
     assert node.registered
     # an idle node's leftover reason does not count (scontrol(1): only while drained, down or failing)
-    assert NodeView.from_slurm(node).reason is None
+    assert node.view().reason is None
 
 
 def test_one_line_and_multi_line_forms_read_the_same():
@@ -226,7 +225,7 @@ def test_real_reason_stamps_are_split_off():
         # the real reasons on a drained node (variant: the state is set here, the reason is the real one)
         drain = drains.drain_of(NodeState("n1", "IDLE+DRAIN", raw))
         assert (drain.reason, drain.who, drain.since) == (reason, who, since), name
-        assert NodeView.from_slurm(NodeState("n1", "DOWN+DRAIN", raw)).reason == reason
+        assert NodeState("n1", "DOWN+DRAIN", raw).view().reason == reason
 
 
 # --- Slurm: state words with suffixes ---------------------------------------------------------------
@@ -243,7 +242,7 @@ def test_real_sinfo_states_with_suffixes():
     assert nodes["down$"].flags == {"DOWN"} and nodes["down*"].flags == {"DOWN"}
     assert nodes["fail*"].flags == {"FAIL"} and nodes["maint"].flags == {"MAINT"}
     assert not nodes["down*"].registered and not nodes["fail*"].registered
-    assert NodeView.from_slurm(nodes["fail*"]).drained and NodeView.from_slurm(nodes["down$"]).down
+    assert nodes["fail*"].view().drained and nodes["down$"].view().down
 
 
 def test_powered_off_suffix_is_not_registered():

@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 
 from mctl.bringup import slurm_nodes
-from mctl.health.policy import NodeView
 from mctl.sched.slurm.facts import parse_show_nodes
 
 
@@ -38,7 +37,7 @@ def test_a_resumed_nodes_stale_reason_does_not_count():
     text = ("NodeName=t1 State=IDLE ThreadsPerCore=1 Reason=mctl: bring-up RUN: opens when health [root@2026-12-01]\n"
             "NodeName=t2 State=IDLE+DRAIN ThreadsPerCore=1 Reason=mctl: xid 79 [root@2026-12-01T08:58:57]\n"
             "NodeName=t3 State=DOWN+NOT_RESPONDING ThreadsPerCore=1 Reason=Not responding [slurm@2026-12-01]\n")
-    views = {n.name: NodeView.from_slurm(n) for n in parse_show_nodes(text)}
+    views = {n.name: n.view() for n in parse_show_nodes(text)}
     assert views["t1"].reason is None and not views["t1"].drained and not views["t1"].mctl_drain
     assert views["t2"].reason == "mctl: xid 79" and views["t2"].mctl_drain
     assert views["t3"].reason == "Not responding" and views["t3"].down

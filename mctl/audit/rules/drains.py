@@ -8,7 +8,6 @@ time zones nor the audit host's clock matter.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Mapping, Sequence
@@ -20,8 +19,6 @@ FAMILY = "drains"
 AGE = "drain.age"
 REASON = "drain.reason"
 DEFAULT_MAX_AGE = 86400.0
-
-_STAMP = re.compile(r"\s*\[(?P<who>[^@\]\s]*)@(?P<at>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})\]\s*$")
 
 
 @dataclass(frozen=True)
@@ -37,18 +34,8 @@ def drain_of(node: NodeState) -> Drain | None:
     """The drain on *node* with its stamp split off, or None when it is not drained."""
     if not node.drained:
         return None
-    raw = (node.reason or "").strip()
-    if raw in ("", "none", "(null)"):
-        return Drain(node.name, node.state, None)
-    m = _STAMP.search(raw)
-    if not m:
-        return Drain(node.name, node.state, raw)
-    reason = raw[:m.start()].strip() or None
-    try:
-        since = datetime.fromisoformat(m["at"])
-    except ValueError:
-        since = None
-    return Drain(node.name, node.state, reason, m["who"] or None, since)
+    stamp = node.stamp
+    return Drain(node.name, node.state, node.reason_text, stamp.who if stamp else None, stamp.since if stamp else None)
 
 
 def human_age(seconds: float) -> str:

@@ -1,5 +1,9 @@
 """Parsers for what Slurm prints (pure): `slurmd -C`, `scontrol show node -o`, `scontrol show topology`.
 
+A node's state is read here once for all of mctl (health, bring-up, audit, deploy):
+whether it is drained (DRAIN, DRAINING, DRAINED, FAIL, FAILING), down, its reason
+with Slurm's ` [user@time]` stamp split off, and who stamped it when.
+
 The hardware of a tray comes from `slurmd -C` on the tray itself, so the node
 lines of slurm.conf say exactly what slurmd will report when it registers (a
 mismatch would leave the node INVALID). Memory is rounded down to whole GiB so
@@ -11,9 +15,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
+
+from mctl.model.drain import NodeView
 
 _KEY = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/]*)=")
 MEMORY_STEP_MIB = 1024
+# The drain flags: FAIL is a drain an administrator expects to fail (scontrol(1)), held like DRAIN.
+DRAIN_FLAGS = frozenset({"DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING"})
+# Slurm stamps a reason with who set it and when (controller local time): `xid 79 [root@2026-11-29T19:51:38]`.
+_STAMP = re.compile(r"\s*\[(?P<who>[^@\]\s]*)@(?P<at>[^\]\s]*)\]\s*$")
+_NO_REASON = ("", "none", "(null)")
 
 
 def key_values(line: str) -> dict[str, str]:
@@ -61,6 +73,30 @@ def parse_slurmd_c(text: str) -> tuple[str, NodeHardware]:
 
 
 @dataclass(frozen=True)
+class ReasonStamp:
+    """The ` [user@time]` Slurm appends to a reason."""
+
+    who: str | None
+    at: str
+    since: datetime | None         # None when the time is not ISO 8601 (an older format, a truncation)
+
+
+def split_reason(raw: str | None) -> tuple[str | None, ReasonStamp | None]:
+    """A reason as `scontrol show node` prints it -> (the text without the stamp, the stamp)."""
+    text = (raw or "").strip()
+    if text in _NO_REASON:
+        return None, None
+    m = _STAMP.search(text)
+    if not m:
+        return text, None
+    try:
+        since = datetime.fromisoformat(m["at"])
+    except ValueError:
+        since = None
+    return text[:m.start()].strip() or None, ReasonStamp(m["who"] or None, m["at"], since)
+
+
+@dataclass(frozen=True)
 class NodeState:
     """One node of `scontrol show node -o`."""
 
@@ -92,7 +128,35 @@ class NodeState:
 
     @property
     def drained(self) -> bool:
-        return bool(self.flags & {"DRAIN", "DRAINED", "DRAINING"})
+        """Held out of scheduling: DRAIN, DRAINING, DRAINED, FAIL or FAILING on any part of the state."""
+        return bool(self.flags & DRAIN_FLAGS)
+
+    @property
+    def down(self) -> bool:
+        return "DOWN" in self.flags
+
+    @property
+    def reason_text(self) -> str | None:
+        """The reason without Slurm's stamp; None when Slurm holds none."""
+        return split_reason(self.reason)[0]
+
+    @property
+    def stamp(self) -> ReasonStamp | None:
+        return split_reason(self.reason)[1]
+
+    @property
+    def current_reason(self) -> str | None:
+        """The reason while it counts: Slurm keeps a resumed node's last reason, but like `sinfo -R`
+        it is the reason only while the node is drained, down or failing (scontrol(1))."""
+        return self.reason_text if (self.drained or self.down) else None
+
+    def owned_by(self, prefix: str) -> bool:
+        """Drained or down with a reason that starts with *prefix* (whose hold it is)."""
+        return (self.drained or self.down) and (self.current_reason or "").startswith(prefix)
+
+    def view(self) -> NodeView:
+        """The node as the remediation policy sees any scheduler's node."""
+        return NodeView(self.name, True, self.drained, self.down, self.current_reason, self.state)
 
 
 def parse_show_nodes(text: str) -> list[NodeState]:

@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from mctl.health.policy import DRAIN, RESUME, Decision
-from mctl.health.slurm_ops import RESUMED_REASON, apply_script, controller_down, parse_apply, read_nodes
+from mctl.model.drain import DRAIN, RESUME, Decision
+from mctl.sched.slurm.drain import RESUMED_REASON, apply_script, controller_down, parse_apply, read_nodes
 
 SCONTROL = r'''#!PYTHON
 import json, sys

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mctl.health.k8s_ops import (AT, BY, MESSAGE, REASON, cordon_patch, guard, node_view, parse_taint,
-                                 uncordon_patch)
+from mctl.sched.k8s.cordon import (AT, BY, MESSAGE, REASON, cordon_patch, guard, node_view, parse_taint,
+                                   uncordon_patch)
 
 TAINT = parse_taint("mctl.io/unhealthy=true:NoSchedule")
 
