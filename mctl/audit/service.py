@@ -19,6 +19,7 @@ from mctl.audit.model import AuditReport, Entry, Gap, Skip, tag
 from mctl.audit.rules import drains, hostkeys, imex, layers, nmx, slurm, versions
 from mctl.errors import MctlError, UsageError
 from mctl.model.findings import Finding, Severity
+from mctl.images import drift
 
 if TYPE_CHECKING:
     from mctl.audit.collect import Actual
@@ -145,8 +146,8 @@ def evaluate(site: "Site", plan: Plan, actual: "Actual", settings: AuditSettings
             continue
         st = actual.trays[h.name]
         driver, cuda, _why = actual.gpu_versions(h.name)
-        facts = versions.version_facts(st.os.version_id if st.os else None, st.kernel, driver, cuda,
-                                       st.slurmd_version, slurm_expected=slurm_site)
+        facts = drift.version_facts(st.os.version_id if st.os else None, st.kernel, driver, cuda,
+                                    st.slurmd_version, slurm_expected=slurm_site)
         entries += tag(versions.FAMILY, versions.check_tray(h.name, image, facts), rack_of=rack_of)
 
     # IMEX files

@@ -91,7 +91,7 @@ class DiffReport:
 
 def tray_facts(state: "TrayFacts", *, slurm_expected: bool) -> tuple[dict[str, Any], dict[str, str]]:
     """The facts `compare` reads, from the audit probe of one tray; and why a version is unknown."""
-    from mctl.audit.rules.versions import version_facts
+    from mctl.images.drift import version_facts
 
     driver = cuda = None
     notes: dict[str, str] = {}

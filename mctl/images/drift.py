@@ -49,6 +49,16 @@ class Comparison:
                 "found": self.found, "status": self.status, "severity": self.severity.value}
 
 
+def version_facts(os_version_id: str | None, kernel: str | None, driver: str | None, cuda: str | None,
+                  slurm_version: str | None, *, slurm_expected: bool) -> dict[str, Any]:
+    """The facts image_drift compares; Slurm only where the site runs slurmd on its trays."""
+    facts: dict[str, Any] = {"os_version_id": os_version_id, "kernel": kernel, "driver_version": driver,
+                             "cuda_version": cuda}
+    if slurm_expected:
+        facts["slurm_version"] = slurm_version
+    return facts
+
+
 def compare(image: SoftwareImage, facts: dict[str, Any]) -> list[Comparison]:
     """Every comparison of *image* with *facts* (keys: os_version_id, kernel, driver_version,
     cuda_version, slurm_version, imex_version). Slurm and IMEX are compared only when their

@@ -16,11 +16,11 @@ from mctl.errors import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, UsageError
 from mctl.model.findings import Finding, Severity, sort_findings, worst
 from mctl.model.inventory_snapshot import SNAPSHOT_SCHEMA, Change, diff_snapshots
 from mctl.model.tray import TrayFacts
+from mctl.state.snapshots import RACK_INVENTORY as SNAPSHOT_KIND
 
 if TYPE_CHECKING:
     from mctl.model.site import Rack, Site
 
-SNAPSHOT_KIND = "inventory"
 
 
 @dataclass

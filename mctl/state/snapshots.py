@@ -16,6 +16,8 @@ from typing import Any
 from mctl.errors import UsageError
 from mctl.state.files import ensure_dir, read_json, write_json
 
+RACK_INVENTORY = "inventory"        # the kind `mctl rack inventory` writes and the Slurm deployment reads
+
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _STAMP = "%Y%m%dT%H%M%S.%fZ"
 

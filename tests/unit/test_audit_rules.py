@@ -14,6 +14,7 @@ from mctl.fabric.imex import CONFIG_FILE, NODES_CONFIG_FILE, ImexSettings, expec
 from mctl.fabric.partitions import map_fabric
 from mctl.fabric.reconcile import FabricState
 from mctl.images.catalog import load_image
+from mctl.images import drift
 from mctl.inventory import load_site
 from mctl.model.fabric import DEFAULT_PARTITION_ID, NmxComputeNode, NmxPartition
 from mctl.model.findings import Severity
@@ -148,19 +149,19 @@ def test_config_cfg_severity_depends_on_the_key(site):
 
 def test_versions_against_the_lab_image():
     image = load_image(REPO / "images" / "lab-debian13.yml")
-    facts = versions.version_facts("13", "6.1.0", "570.148.08", "12.8", "24.11.5", slurm_expected=True)
+    facts = drift.version_facts("13", "6.1.0", "570.148.08", "12.8", "24.11.5", slurm_expected=True)
     found = versions.check_tray("lab-r1-tray01", image, facts)
     assert {(f.check, f.severity) for f in found} == {
         ("image.os", Severity.OK), ("image.driver", Severity.OK), ("image.cuda", Severity.OK),
         ("image.slurm", Severity.OK)}       # kernel: "host" in the lab image, not compared
-    drift = versions.version_facts("13", "6.1.0", "570.172.08", "12.8", None, slurm_expected=True)
+    drift = drift.version_facts("13", "6.1.0", "570.172.08", "12.8", None, slurm_expected=True)
     found = by_check(versions.check_tray("lab-r1-tray03", image, drift))
     assert found["image.driver"][0].severity is Severity.CRITICAL
     assert found["image.driver"][0].message == "NVIDIA driver: image wants 570.148.08, tray has 570.172.08"
     assert found["image.driver"][0].details["image"] == "lab-debian13"
     assert found["image.slurm"][0].severity is Severity.WARN and "did not report" in found["image.slurm"][0].message
     # a site without Slurm on its trays does not ask for slurmd
-    quiet = versions.version_facts("13", "6.1.0", "570.148.08", "12.8", None, slurm_expected=False)
+    quiet = drift.version_facts("13", "6.1.0", "570.148.08", "12.8", None, slurm_expected=False)
     assert "image.slurm" not in by_check(versions.check_tray("t", image, quiet))
 
 

@@ -19,6 +19,7 @@ from mctl.audit.rules import versions
 from mctl.images import load_image
 from mctl.images.diff import build_report, diff_tray
 from mctl.images.drift import DRIFT, MATCH, NOT_CHECKED, UNREPORTED, compare, image_drift
+from mctl.images import drift
 from mctl.model.findings import Severity
 from mctl.model.site import Host
 from mctl.transport.results import HostResult, HostStatus
@@ -72,7 +73,7 @@ def test_no_nvidia_smi_is_unreported_drift_with_the_reason(tmp_path):
 
 
 def test_diff_and_audit_use_one_drift_function():
-    facts = versions.version_facts("24.04", "6.8.0-1025-nvidia-64k", "570.172.08", "12.8", "24.11.5",
+    facts = drift.version_facts("24.04", "6.8.0-1025-nvidia-64k", "570.172.08", "12.8", "24.11.5",
                                    slurm_expected=True)
     rows = compare(GB200, facts)
     by = {r.check: r for r in rows}

@@ -13,16 +13,6 @@ if TYPE_CHECKING:
 FAMILY = "versions"
 
 
-def version_facts(os_version_id: str | None, kernel: str | None, driver: str | None, cuda: str | None,
-                  slurm_version: str | None, *, slurm_expected: bool) -> dict[str, Any]:
-    """The facts image_drift compares; Slurm only where the site runs slurmd on its trays."""
-    facts: dict[str, Any] = {"os_version_id": os_version_id, "kernel": kernel, "driver_version": driver,
-                             "cuda_version": cuda}
-    if slurm_expected:
-        facts["slurm_version"] = slurm_version
-    return facts
-
-
 def check_tray(host: str, image: "SoftwareImage", facts: dict[str, Any]) -> list[Finding]:
     """Drift findings from image_drift, and an OK finding for each component that matches."""
     drift = image_drift(image, host, facts)

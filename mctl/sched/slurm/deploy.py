@@ -86,7 +86,7 @@ def plan_slurm(site: Site, state_dir: Path, *, topology_only: bool = False) -> S
 
 def gpus_from_inventory(site: Site, state_dir: Path) -> tuple[dict, list[str]]:
     """Each tray's GPUs from its rack's last `mctl rack inventory` snapshot, else the rack model."""
-    from mctl.rackinv.service import SNAPSHOT_KIND
+    from mctl.state.snapshots import RACK_INVENTORY as SNAPSHOT_KIND
     from mctl.sched.slurm.gpus import tray_gpus
     from mctl.state import latest_snapshot
 
