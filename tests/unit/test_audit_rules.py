@@ -154,8 +154,8 @@ def test_versions_against_the_lab_image():
     assert {(f.check, f.severity) for f in found} == {
         ("image.os", Severity.OK), ("image.driver", Severity.OK), ("image.cuda", Severity.OK),
         ("image.slurm", Severity.OK)}       # kernel: "host" in the lab image, not compared
-    drift = drift.version_facts("13", "6.1.0", "570.172.08", "12.8", None, slurm_expected=True)
-    found = by_check(versions.check_tray("lab-r1-tray03", image, drift))
+    drifted_facts = drift.version_facts("13", "6.1.0", "570.172.08", "12.8", None, slurm_expected=True)
+    found = by_check(versions.check_tray("lab-r1-tray03", image, drifted_facts))
     assert found["image.driver"][0].severity is Severity.CRITICAL
     assert found["image.driver"][0].message == "NVIDIA driver: image wants 570.148.08, tray has 570.172.08"
     assert found["image.driver"][0].details["image"] == "lab-debian13"
