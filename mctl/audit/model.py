@@ -176,11 +176,24 @@ def _fold(names: Sequence[str]) -> str:
     return fold(names) if names else ""
 
 
+def _catalogued(f: Finding) -> None:
+    """Every audit finding carries a check id of the catalogue (mctl.checks.catalogue) tagged for the
+    audit, at a severity its entry allows: an id defined nowhere else is a bug, never a quiet new check."""
+    from mctl.checks.catalogue import CHECKS
+    from mctl.model.tray import AUDIT
+
+    entry = CHECKS.get(f.check)
+    if entry is None or AUDIT not in entry.purposes or not entry.allows(f.severity):
+        raise RuntimeError(f"audit finding {f.check!r} at {f.severity.value} is not in the check catalogue "
+                           "for the audit (mctl/checks/catalogue.py)")
+
+
 def tag(family: str, findings: Iterable[Finding], *, rack_of: dict[str, str], subject_key: str = "subject",
         default_rack: str | None = None) -> list[Entry]:
     """Findings of one family as entries; the subject is taken from details[subject_key] (and kept out of them)."""
     out = []
     for f in findings:
+        _catalogued(f)
         details = dict(f.details)
         subject = str(details.pop(subject_key, "") or "")
         finding = Finding(f.severity, f.host, f.check, f.message, f.action, details)

@@ -127,7 +127,7 @@ def evaluate(site: "Site", plan: Plan, actual: "Actual", settings: AuditSettings
     for h in trays:
         st = actual.trays[h.name]
         if not st.reached:
-            why = ("SSH host key refused (see the ssh.host_key finding)" if st.reach == "host-key-mismatch"
+            why = ("SSH host key refused (see the ssh.host-key finding)" if st.reach == "host-key-mismatch"
                    else st.error or st.reach)
             gaps.append(Gap("reach", h.name, why, (h.name,)))
 

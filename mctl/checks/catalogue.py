@@ -50,6 +50,8 @@ class Check:
 _TRAY = frozenset({HEALTH, NODE_CHECK, AUDIT})
 _ALL = frozenset(PURPOSES)
 _INV = frozenset({INVENTORY})
+_AUD = frozenset({AUDIT})               # the audit's own rule families (mctl.audit.rules, mctl.images.drift)
+_INV_AUD = frozenset({INVENTORY, AUDIT})
 C, W, OK = Severity.CRITICAL, Severity.WARN, Severity.OK
 
 _ENTRIES = (
@@ -57,7 +59,8 @@ _ENTRIES = (
     Check("tray.reachable", C, "the tray answered the probe (SSH, or the node check ran on it)", _TRAY),
     Check("ssh.unreachable", C, "the inventory could not reach the tray over SSH", _INV),
     Check("ssh.timeout", C, "the tray accepted SSH but the inventory probe never finished (wedged)", _INV),
-    Check("ssh.host-key", C, "the tray's SSH host key does not match known_hosts", _INV),
+    Check("ssh.host-key", C, "the host's SSH key is the one known_hosts holds (a key not recorded warns)", _INV_AUD,
+          milder=True),
     Check("probe.partial", W, "a probe section was missing, cut off or unreadable", _ALL),
     Check("host.name", W, "the tray answers with the inventory's host name", _INV),
     Check("tray.boot", W, "the tray did not reboot since the last sweep (boot id)", _TRAY),
@@ -100,6 +103,33 @@ _ENTRIES = (
     Check("host.disk", C, "local file systems under the critical fill level (over the warning level warns)", _TRAY,
           milder=True),
     Check("host.memory", W, "enough memory available", _TRAY),
+    # -- the audit's families: the layers above the tray (Slurm, NMX-M, IMEX files, partitions, drains, image)
+    Check("drain.reason", W, "a drained tray says why (a reason is recorded)", _AUD),
+    Check("drain.age", W, "no tray stays drained longer than the audit's limit", _AUD),
+    Check("imex.nodes_config", C, "each tray's IMEX node list is its partition's, as mctl renders it", _AUD),
+    Check("imex.config", C, "each tray's IMEX config.cfg is what mctl renders (harmless keys warn)", _AUD,
+          milder=True),
+    Check("partition.layers", C, "NMX-M, the cliques, IMEX, Slurm and the labels follow one partition plan "
+          "(no layer compared warns)", _AUD, milder=True),
+    Check("nmx.partition", C, "NMX-M holds each planned partition with its GPUs (an extra one warns)", _AUD,
+          milder=True),
+    Check("nmx.partition_health", C, "NMX-M reports each partition HEALTHY (DEGRADED warns)", _AUD, milder=True),
+    Check("nmx.compute_nodes", W, "NMX-M knows every compute tray of the rack", _AUD),
+    Check("slurm.nodes", C, "every tray is a Slurm node (a node the inventory does not list warns)", _AUD,
+          milder=True),
+    Check("slurm.node_address", C, "Slurm reaches each tray at its inventory address", _AUD),
+    Check("slurm.partition", C, "the Slurm partition mctl renders exists, is UP and holds every tray", _AUD),
+    Check("slurm.topology", C, "the live topology has the partitions' blocks (unreadable warns)", _AUD,
+          milder=True),
+    Check("slurm.topology_conf", C, "topology.conf has the partitions' blocks (unreadable warns)", _AUD,
+          milder=True),
+    Check("image.os", W, "the tray runs its image's OS release", _AUD),
+    Check("image.kernel", W, "the tray runs its image's kernel", _AUD),
+    Check("image.driver", C, "the tray's NVIDIA driver is its image's (a driver not reported warns)", _AUD,
+          milder=True),
+    Check("image.cuda", W, "the tray's CUDA is its image's", _AUD),
+    Check("image.slurm", W, "the tray's slurmd is its image's Slurm", _AUD),
+    Check("image.imex", W, "the tray's IMEX is its image's", _AUD),
 )
 
 CHECKS: Mapping[str, Check] = {c.id: c for c in _ENTRIES}

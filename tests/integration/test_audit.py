@@ -274,7 +274,7 @@ def test_unreachable_tray_changed_host_key_and_nmx_down_are_exit_3_with_the_rest
         gaps = {(g["family"], g["scope"]) for g in report["incomplete"]}
         assert gaps == {("reach", "lab-r1-tray03"), ("reach", "lab-r1-tray04"), ("nmx", lab.rack)}
         assert "audit incomplete" in proc.stderr
-        (key,) = [f for f in report["findings"] if f["check"] == "ssh.host_key"]
+        (key,) = [f for f in report["findings"] if f["check"] == "ssh.host-key"]
         assert key["host"] == "lab-r1-tray03" and key["severity"] == "critical"
         assert key["message"].startswith("host key changed: presents ssh-ed25519 SHA256:")
         # what could be checked was: the other trays, Slurm, drains, host keys

@@ -207,7 +207,9 @@ def test_each_purpose_emits_only_its_catalogue_ids_at_their_severity(purpose):
 def test_the_faults_exercise_most_of_each_purposes_checks(purpose):
     """The battery above is not a formality: it makes the evaluator emit nearly every check it is tagged with."""
     emitted = {f.check for f in EVALUATED[purpose]() if f.severity is not Severity.OK}
-    tagged = {c.id for c in for_purpose(purpose) if c.severity is not Severity.OK}
+    # the audit's own families (audit-only ids) judge Slurm, NMX-M and files, not a tray's probe:
+    # test_audit_only_ids_are_the_audit_rules_ids and tests/unit/test_audit_rules.py exercise them
+    tagged = {c.id for c in for_purpose(purpose) if c.severity is not Severity.OK and c.purposes != {AUDIT}}
     assert len(emitted & tagged) >= 0.8 * len(tagged), sorted(tagged - emitted)
 
 
@@ -235,3 +237,37 @@ def test_gpu_count_attached_but_unlisted_is_critical_everywhere():
     (i,) = [f for f in validate_rack(rack, [replace(facts, host=rack.compute[0].name, hostname=None)])
             if f.check == "gpu.count"]
     assert (i.severity, i.message) == (h.severity, h.message)
+
+
+def test_audit_only_ids_are_the_audit_rules_ids():
+    """Every id the audit's rule families and the image drift use is a catalogue entry for the audit, and
+    every audit-only entry is used by one of them (no entry left behind)."""
+    import re
+    from types import ModuleType
+
+    from mctl.audit.rules import drains, hostkeys, imex, layers, nmx, slurm
+    from mctl.images import drift
+    from mctl.images.catalog import load_image
+
+    used = set()
+    for module in (drains, hostkeys, imex, layers, nmx, slurm):
+        assert isinstance(module, ModuleType)
+        used |= {v for k, v in vars(module).items() if k.isupper() and isinstance(v, str)
+                 and re.fullmatch(r"[a-z]+\.[a-z_-]+", v)}
+    image = load_image(Path(__file__).resolve().parents[2] / "images" / "gb200-ubuntu24.04.yml")
+    used |= {c.check for c in drift.compare(image, {"slurm_version": None, "imex_version": None})}
+    for check_id in used:
+        assert check_id in CHECKS and AUDIT in CHECKS[check_id].purposes, check_id
+    audit_only = {c.id for c in CHECKS.values() if c.purposes == {AUDIT}}
+    assert audit_only <= used, sorted(audit_only - used)
+
+
+def test_an_audit_finding_outside_the_catalogue_is_refused():
+    from mctl.audit.model import tag
+    from mctl.model.findings import Finding
+
+    with pytest.raises(RuntimeError, match="not in the check catalogue"):
+        tag("x", [Finding(Severity.WARN, "h", "made.up", "m", None, {})], rack_of={})
+    with pytest.raises(RuntimeError, match="at critical"):
+        tag("x", [Finding(Severity.CRITICAL, "h", "drain.age", "m", None, {})], rack_of={})
+    assert tag("x", [Finding(Severity.WARN, "h", "drain.age", "m", None, {})], rack_of={})

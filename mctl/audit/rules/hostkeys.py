@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from mctl.transport.results import HostKeyProblem
 
 FAMILY = "hostkeys"
-CHECK = "ssh.host_key"
+CHECK = "ssh.host-key"          # the inventory's id for the same check (one id: docs/decisions.md)
 
 
 def check_host(host: str, reach: str, problem: "HostKeyProblem | None") -> list[Finding]:
