@@ -19,7 +19,12 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from mctl.fabric.imex import CONFIG_FILE, NODES_CONFIG_FILE
+from mctl.fabric.imex import CONFIG_FILE, NODES_CONFIG_FILE, ImexSettings, render_config
+from mctl.model.fabric import ImexDomain, ImexMember
+
+# Where the Slurm deployment installs the scripts, under scheduler.slurm.conf_dir (slurm.conf names them).
+PROLOG_NAME = "prolog.d/90-mctl-imex.sh"
+EPILOG_NAME = "epilog.d/90-mctl-imex.sh"
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,11 @@ class JobScopeSettings:
     restart: str = "systemctl restart nvidia-imex"
     stop: str = "systemctl stop nvidia-imex"
     ready_timeout_s: int = 60
+
+    @classmethod
+    def from_imex(cls, imex: ImexSettings) -> "JobScopeSettings":
+        """The site's vars.imex: the node list the daemon reads and how it is restarted."""
+        return cls(nodes_config=imex.node_config_file, restart=imex.restart_command)
 
 
 _COMMON = r'''NODES_CONFIG=@@NODES_CONFIG@@
@@ -148,3 +158,12 @@ def render_prolog(settings: JobScopeSettings = JobScopeSettings()) -> str:
 
 def render_epilog(settings: JobScopeSettings = JobScopeSettings()) -> str:
     return _fill(_EPILOG, _values(settings, "epilog"))
+
+
+def render_job_config(settings: ImexSettings, rack: str, tray: str, address: str) -> str:
+    """config.cfg of *tray* under the per-job scope: the same keys as a static domain's, bound to the
+    tray's address; the node list it names is written by the prolog and emptied by the epilog."""
+    text = render_config(settings, ImexMember(tray, address), ImexDomain("per-job", rack, (ImexMember(tray, address),)))
+    first, rest = text.split("\n", 1)
+    return (f"# nvidia-imex configuration for {tray} of rack {rack}, IMEX per-job scope (Slurm prolog/epilog).\n"
+            + rest.replace("edits are overwritten by 'mctl imex apply'", "edits are overwritten by 'mctl deploy slurm'"))
