@@ -6,7 +6,9 @@ allocation on all nodes at once). For exclusive jobs only, since restarting
 IMEX would break another job's memory imports, it writes the job's node
 addresses (Slurm's NodeAddr, sorted by node name so every node writes the same
 list), creates channel0 and restarts the daemon, then waits for the domain to be
-UP. The epilog empties the node list, removes channel0 and stops the daemon.
+UP. The epilog empties the node list, stops the daemon and removes channel0.
+Between jobs a tray's IMEX config names an empty node list: the health probe
+reads that as no domain wanted (not checked).
 
 Both always exit 0: a failing prolog or epilog drains the node in Slurm, and an
 IMEX domain that did not form is a job problem the health checks report, not a
@@ -122,13 +124,14 @@ exit 0
 
 _EPILOG = r'''#!/bin/bash
 # mctl: IMEX per-job scope, Slurm epilog. Rendered by 'mctl imex render --scope job'; do not edit by hand.
-# Undoes the prolog for an exclusive job: stops the daemon, empties nodes_config.cfg, removes channel0.
+# Undoes the prolog for an exclusive job: empties nodes_config.cfg (first: a node check that runs meanwhile
+# then expects no daemon), stops the daemon, removes channel0.
 # Always exits 0 (a failing epilog would drain the node).
 set -u
 STOP=(@@STOP@@)
 ''' + _COMMON + r'''
-"${STOP[@]}" || log "stopping the IMEX daemon failed: ${STOP[*]}"
 write_nodes_config "" || log "cannot empty $NODES_CONFIG"
+"${STOP[@]}" || log "stopping the IMEX daemon failed: ${STOP[*]}"
 rm -f "$CHANNEL_DIR/channel0" || log "cannot remove $CHANNEL_DIR/channel0"
 log "IMEX job scope removed"
 exit 0

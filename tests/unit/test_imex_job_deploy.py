@@ -170,3 +170,37 @@ def test_real_proc_devices_line_parses_like_ours():
     line = next(l for l in ours.splitlines() if l.endswith("nvidia-caps-imex-channels"))
     real_line = next(l for l in real.splitlines() if l.endswith("nvidia-caps-imex-channels"))
     assert re.fullmatch(r"[ \d]{3} \S+", line) and re.fullmatch(r"[ \d]{3} \S+", real_line)
+
+
+# ------------------------------------------------------------------ the health probe between jobs
+
+def _probe_imex(tmp_path: Path, nodes: str | None) -> int:
+    """The health probe's imex() (mctl/health/probe.py) against a config whose node list is *nodes*."""
+    from mctl.facts.shell import RC_ABSENT
+    from mctl.health import probe
+
+    cfg = tmp_path / "config.cfg"
+    cfg.write_text(f"LOG_LEVEL=4\nIMEX_NODE_CONFIG_FILE={tmp_path / 'nodes.cfg'}\nIMEX_CMD_PORT=50005\n")
+    if nodes is not None:
+        (tmp_path / "nodes.cfg").write_text(nodes)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "nvidia-imex-ctl").write_text("#!/bin/sh\necho READY\n")
+    (bin_dir / "nvidia-imex-ctl").chmod(0o755)
+    local = probe._LOCAL.replace("@IMEX_CONFIG@", str(cfg)).replace("@RC_ABSENT@", str(RC_ABSENT)) \
+        .replace("@RC_READY_BY_DOMAIN@", str(probe.RC_READY_BY_DOMAIN))
+    script = "to() { shift; \"$@\"; }\n" + local + "imex -q >/dev/null\necho $?\n"
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin"}).stdout
+    return int(out.strip()), RC_ABSENT
+
+
+def test_probe_reads_an_empty_node_list_as_no_domain_wanted(tmp_path):
+    rc, absent = _probe_imex(tmp_path, "")
+    assert rc == absent                          # per-job scope between jobs: not checked
+    (tmp_path / "b").mkdir()
+    rc, _ = _probe_imex(tmp_path / "b", "10.0.0.1\n10.0.0.2\n")
+    assert rc == 0                               # a job's domain (or a static one): asked
+    (tmp_path / "c").mkdir()
+    rc, _ = _probe_imex(tmp_path / "c", None)    # a node list that is missing: asked, as before
+    assert rc == 0
