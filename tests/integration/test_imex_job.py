@@ -129,6 +129,40 @@ def _channel_of(lab, tray: str, path: str):
     return lines if lines and lines[-1] == "end" else None
 
 
+# What a job sees in the channel folder: one `path|type|major hex|minor hex` line per entry.
+LIST_CHANNELS = f"""#!/bin/sh
+for f in {CHANNELS}/*; do [ -e "$f" ] && stat -c '%n|%F|%t|%T' "$f"; done
+true
+"""
+JOB = """#!/bin/sh
+out=$1
+{ echo batch; /tmp/mctl-list-channels.sh; echo step; srun -n1 /tmp/mctl-list-channels.sh; echo end; } > "$out.tmp"
+mv "$out.tmp" "$out"
+sleep 300
+"""
+
+
+def _parse(lines: list[str], major: int) -> dict[str, int]:
+    """batch/step -> the one channel minor that part of the job sees (asserting it is the plugin's device)."""
+    seen: dict[str, list[str]] = {}
+    part = None
+    for line in lines[:-1]:
+        if line in ("batch", "step"):
+            part = line
+            seen[part] = []
+        elif part:
+            seen[part].append(line)
+    out = {}
+    for part, entries in seen.items():
+        assert len(entries) == 1, f"the job's {part} sees not exactly one channel: {lines}"
+        name, kind, hex_major, hex_minor = entries[0].split("|")
+        assert kind == "character special file" and int(hex_major, 16) == major, lines
+        assert name == f"{CHANNELS}/channel{int(hex_minor, 16)}", lines
+        out[part] = int(hex_minor, 16)
+    assert set(out) == {"batch", "step"}, lines
+    return out
+
+
 def test_two_jobs_see_their_own_channel(lab, site):
     major = lab.run(lab.trays[2], "awk '$2 == \"nvidia-caps-imex-channels\" {print $1}' /proc/devices").stdout.split()
     assert len(major) == 1 and major[0].isdigit(), "the tray's /proc/devices lists no nvidia-caps-imex-channels"
@@ -136,11 +170,13 @@ def test_two_jobs_see_their_own_channel(lab, site):
     try:
         for tray in lab.trays[2:4]:
             path = f"/tmp/mctl-imex-channel.{tray}"
-            lab.run(tray, f"rm -f {path}")
-            wrap = (f"for f in {CHANNELS}/*; do stat -c '%n|%F|%t|%T' $f; done > {path}.tmp; "
-                    f"echo end >> {path}.tmp; mv {path}.tmp {path}; sleep 300")
+            lab.run(tray, f"rm -f {path}; cat > /tmp/mctl-list-channels.sh <<'EOF'\n{LIST_CHANNELS}EOF\n"
+                          f"cat > /tmp/mctl-channel-job.sh <<'EOF'\n{JOB}EOF\n"
+                          "chmod 755 /tmp/mctl-list-channels.sh /tmp/mctl-channel-job.sh")
+            # the batch script must exist where sbatch runs (the head) too
+            lab.run(lab.head, f"cat > /tmp/mctl-channel-job.sh <<'EOF'\n{JOB}EOF")
             jobs.append(lab.run(lab.head, f"sbatch --parsable -N1 -n1 -w {tray} -o /dev/null "
-                                          f"--wrap \"{wrap}\"").stdout.strip().split(";")[0])
+                                          f"/tmp/mctl-channel-job.sh {path}").stdout.strip().split(";")[0])
             seen[tray] = path
         got = {t: _wait(f"the job's channel list on {t}", lambda t=t, p=p: _channel_of(lab, t, p), deadline=120)
                for t, p in seen.items()}
@@ -148,12 +184,11 @@ def test_two_jobs_see_their_own_channel(lab, site):
         assert all(_squeue_state(lab, j) == "RUNNING" for j in jobs)
     finally:
         lab.run(lab.head, f"scancel {' '.join(jobs)}; true", check=False)
-    channels = {}
-    for tray, lines in got.items():
-        assert len(lines) == 2, f"{tray}: the job sees not exactly one channel: {lines}"
-        name, kind, hex_major, hex_minor = lines[0].split("|")
-        assert kind == "character special file", lines
-        assert int(hex_major, 16) == int(major[0]), lines
-        assert name == f"{CHANNELS}/channel{int(hex_minor, 16)}", lines
-        channels[tray] = int(hex_minor, 16)
-    assert len(set(channels.values())) == 2 and 0 not in channels.values(), channels
+    channels = {t: _parse(lines, int(major[0])) for t, lines in got.items()}
+    # every step of one job sees the job's channel; the two jobs' channels differ, and none is channel 0
+    assert all(c["batch"] == c["step"] for c in channels.values()), channels
+    minors = {c["batch"] for c in channels.values()}
+    assert len(minors) == 2 and 0 not in minors, channels
+    # outside the jobs the tray's own folder holds no job channel (slurmstepd's tmpfs is the job's)
+    out = lab.run(lab.trays[2], f"ls -A {CHANNELS}", check=False).stdout.split()
+    assert not (set(out) & {f"channel{m}" for m in minors}), out
