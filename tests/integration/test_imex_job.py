@@ -5,7 +5,8 @@ them in slurm.conf with PrologFlags=Alloc. An exclusive two-tray job then finds,
 batch script (its first task), an IMEX domain UP of exactly its two trays; after it ends the
 epilog has stopped both daemons and emptied the node list. With switch/nvidia_imex, the lab's
 trays list `nvidia-caps-imex-channels` in /proc/devices as a loaded driver does, so slurmstepd
-makes each job its own channel device: two jobs running at once see different channels.
+makes each job its own channel device: two jobs running at once see different channels
+(in their srun steps; Slurm 24.11 sets none up for the batch step).
 """
 
 from __future__ import annotations
@@ -153,13 +154,18 @@ def _parse(lines: list[str], major: int) -> dict[str, int]:
         elif part:
             seen[part].append(line)
     out = {}
+    assert set(seen) == {"batch", "step"}, lines
+    # Slurm 24.11 sets the channel up for srun steps only: the batch step sees the tray's (empty)
+    # folder. Later releases set it up for every step (switch_p_setup_special_steps); then the same one.
+    if not seen["batch"]:
+        del seen["batch"]
     for part, entries in seen.items():
         assert len(entries) == 1, f"the job's {part} sees not exactly one channel: {lines}"
         name, kind, hex_major, hex_minor = entries[0].split("|")
         assert kind == "character special file" and int(hex_major, 16) == major, lines
         assert name == f"{CHANNELS}/channel{int(hex_minor, 16)}", lines
         out[part] = int(hex_minor, 16)
-    assert set(out) == {"batch", "step"}, lines
+    assert out.get("batch", out["step"]) == out["step"], lines
     return out
 
 
@@ -185,9 +191,8 @@ def test_two_jobs_see_their_own_channel(lab, site):
     finally:
         lab.run(lab.head, f"scancel {' '.join(jobs)}; true", check=False)
     channels = {t: _parse(lines, int(major[0])) for t, lines in got.items()}
-    # every step of one job sees the job's channel; the two jobs' channels differ, and none is channel 0
-    assert all(c["batch"] == c["step"] for c in channels.values()), channels
-    minors = {c["batch"] for c in channels.values()}
+    # the two jobs' channels differ, and none is channel 0 (Slurm keeps it back)
+    minors = {c["step"] for c in channels.values()}
     assert len(minors) == 2 and 0 not in minors, channels
     # outside the jobs the tray's own folder holds no job channel (slurmstepd's tmpfs is the job's)
     out = lab.run(lab.trays[2], f"ls -A {CHANNELS}", check=False).stdout.split()
