@@ -13,26 +13,16 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.integration.test_partition_jobs import _wait
+
 CHANNELS = "/dev/nvidia-caps-imex-channels"
 IMEX_CONFIG = "/etc/nvidia-imex/config.cfg"
 NODES_CONFIG = "/etc/nvidia-imex/nodes_config.cfg"
-
-
-def _wait(what: str, probe, deadline: float = 120.0, every: float = 1.0):
-    end = time.monotonic() + deadline
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {deadline:g}s waiting for {what}")
-        time.sleep(every)
 
 
 def _deploy(lab, site: Path):
