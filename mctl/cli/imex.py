@@ -56,7 +56,7 @@ def render_(rack: Annotated[str, typer.Argument(help="Rack name.", show_default=
     Example: mctl -i inventories/lab imex render lab-r1 --tray lab-r1-tray01
     """
     from mctl.fabric.imex import domains_summary, imex_domains, local_path, render_rack
-    from mctl.fabric.imex_job import render_epilog, render_prolog
+    from mctl.fabric.imex_job import EPILOG_NAME, PROLOG_NAME, JobScopeSettings, render_epilog, render_prolog
     from mctl.state.files import atomic_write
 
     site = options().site()
@@ -64,7 +64,8 @@ def render_(rack: Annotated[str, typer.Argument(help="Rack name.", show_default=
     if scope not in ("partition", "job"):
         raise UsageError(f"unknown scope {scope!r}", hint="use --scope partition or --scope job")
     if scope == "job":
-        scripts = {"prolog.d/90-mctl-imex.sh": render_prolog(), "epilog.d/90-mctl-imex.sh": render_epilog()}
+        job = JobScopeSettings.from_imex(_settings(site))     # what `mctl deploy slurm` installs (imex_scope: job)
+        scripts = {PROLOG_NAME: render_prolog(job), EPILOG_NAME: render_epilog(job)}
         if out is not None:
             for rel, text in scripts.items():
                 atomic_write(out / rel, text, mode=0o755)

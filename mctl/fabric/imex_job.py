@@ -6,7 +6,9 @@ allocation on all nodes at once). For exclusive jobs only, since restarting
 IMEX would break another job's memory imports, it writes the job's node
 addresses (Slurm's NodeAddr, sorted by node name so every node writes the same
 list), creates channel0 and restarts the daemon, then waits for the domain to be
-UP. The epilog empties the node list, removes channel0 and stops the daemon.
+UP. The epilog empties the node list, stops the daemon and removes channel0.
+Between jobs a tray's IMEX config names an empty node list: the health probe
+reads that as no domain wanted (not checked).
 
 Both always exit 0: a failing prolog or epilog drains the node in Slurm, and an
 IMEX domain that did not form is a job problem the health checks report, not a
@@ -19,7 +21,12 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from mctl.fabric.imex import CONFIG_FILE, NODES_CONFIG_FILE
+from mctl.fabric.imex import CONFIG_FILE, NODES_CONFIG_FILE, ImexSettings, render_config
+from mctl.model.fabric import ImexDomain, ImexMember
+
+# Where the Slurm deployment installs the scripts, under scheduler.slurm.conf_dir (slurm.conf names them).
+PROLOG_NAME = "prolog.d/90-mctl-imex.sh"
+EPILOG_NAME = "epilog.d/90-mctl-imex.sh"
 
 
 @dataclass(frozen=True)
@@ -31,6 +38,11 @@ class JobScopeSettings:
     restart: str = "systemctl restart nvidia-imex"
     stop: str = "systemctl stop nvidia-imex"
     ready_timeout_s: int = 60
+
+    @classmethod
+    def from_imex(cls, imex: ImexSettings) -> "JobScopeSettings":
+        """The site's vars.imex: the node list the daemon reads and how it is restarted."""
+        return cls(nodes_config=imex.node_config_file, restart=imex.restart_command)
 
 
 _COMMON = r'''NODES_CONFIG=@@NODES_CONFIG@@
@@ -112,13 +124,14 @@ exit 0
 
 _EPILOG = r'''#!/bin/bash
 # mctl: IMEX per-job scope, Slurm epilog. Rendered by 'mctl imex render --scope job'; do not edit by hand.
-# Undoes the prolog for an exclusive job: stops the daemon, empties nodes_config.cfg, removes channel0.
+# Undoes the prolog for an exclusive job: empties nodes_config.cfg (first: a node check that runs meanwhile
+# then expects no daemon), stops the daemon, removes channel0.
 # Always exits 0 (a failing epilog would drain the node).
 set -u
 STOP=(@@STOP@@)
 ''' + _COMMON + r'''
-"${STOP[@]}" || log "stopping the IMEX daemon failed: ${STOP[*]}"
 write_nodes_config "" || log "cannot empty $NODES_CONFIG"
+"${STOP[@]}" || log "stopping the IMEX daemon failed: ${STOP[*]}"
 rm -f "$CHANNEL_DIR/channel0" || log "cannot remove $CHANNEL_DIR/channel0"
 log "IMEX job scope removed"
 exit 0
@@ -148,3 +161,12 @@ def render_prolog(settings: JobScopeSettings = JobScopeSettings()) -> str:
 
 def render_epilog(settings: JobScopeSettings = JobScopeSettings()) -> str:
     return _fill(_EPILOG, _values(settings, "epilog"))
+
+
+def render_job_config(settings: ImexSettings, rack: str, tray: str, address: str) -> str:
+    """config.cfg of *tray* under the per-job scope: the same keys as a static domain's, bound to the
+    tray's address; the node list it names is written by the prolog and emptied by the epilog."""
+    text = render_config(settings, ImexMember(tray, address), ImexDomain("per-job", rack, (ImexMember(tray, address),)))
+    first, rest = text.split("\n", 1)
+    return (f"# nvidia-imex configuration for {tray} of rack {rack}, IMEX per-job scope (Slurm prolog/epilog).\n"
+            + rest.replace("edits are overwritten by 'mctl imex apply'", "edits are overwritten by 'mctl deploy slurm'"))

@@ -48,13 +48,16 @@ RC_NOT_INSTALLED = 127
 RC_READY_BY_DOMAIN = 201
 
 # The health probe's own functions (node check too): the clock with the uptime, nvidia-imex-ctl against the config
-# (RC_ABSENT when IMEX is not set up here), MemTotal and MemAvailable read by the shell itself.
+# (RC_ABSENT when IMEX is not set up here, or its node list is empty), MemTotal and MemAvailable read by the shell itself.
 # IMEX is asked once per sweep when all is well: the domain status (-N -j) first, kept in $io, then the
 # local daemon (-q) only when that answer is not an UP domain (see RC_READY_BY_DOMAIN).
 _HEALTH_LOCAL = r"""
 clock() { date '+%s %Y-%m-%dT%H:%M:%S'; IFS=' ' read -r up _ < /proc/uptime && echo "$up"; }
 imex() {
   [ -r @IMEX_CONFIG@ ] || return @RC_ABSENT@
+  # an empty node list is no domain wanted here (IMEX per-job scope between jobs): not checked
+  nf=; while IFS='=' read -r ik iv; do [ "$ik" = IMEX_NODE_CONFIG_FILE ] && nf=$iv; done < @IMEX_CONFIG@
+  [ -z "$nf" ] || [ ! -e "$nf" ] || [ -s "$nf" ] || return @RC_ABSENT@
   command -v nvidia-imex-ctl >/dev/null 2>&1 || return 127
   to 5 nvidia-imex-ctl -c @IMEX_CONFIG@ "$@"
 }

@@ -210,7 +210,7 @@ def _start_hosts(files: LabFiles, layout: LabLayout, rootfs: Path,
                                             images_dir=REPO_IMAGES,
                                             rack_extra=_rack_inventory(files, layout, rack_svcs)))
     for h in layout.hosts():
-        hosts.spawn(files.host(h.name), rootfs)
+        hosts.spawn(files.host(h.name), rootfs, char_devices=hosts.TRAY_CHAR_DEVICES if h.kind == "tray" else ())
     return sorted(missing)
 
 
@@ -1050,7 +1050,8 @@ def _reboot(files: LabFiles, layout: LabLayout, record: dict, host: LabHost, cur
     if not rootfs.is_dir():
         raise EnvironmentProblem(f"cannot boot {host.name} again: its image {rootfs} is gone",
                                  hint="mctl lab down, then mctl lab up")
-    hosts.spawn(paths, rootfs, fresh_clock=True)
+    hosts.spawn(paths, rootfs, fresh_clock=True,
+                char_devices=hosts.TRAY_CHAR_DEVICES if host.kind == "tray" else ())
     _wait_ready(files, layout, 60.0, only=[host.name])
     if host.kind == "tray" and any(s.get("name") == services.NMX_SERVICE.name
                                    for s in record.get("rack_services", [])):

@@ -142,7 +142,13 @@ HANG_SCRIPT = (
 )
 
 
-def spawn(paths: HostPaths, lower: Path, *, fresh_clock: bool = False) -> None:
+# The character devices a tray's NVIDIA driver registers that mctl's tools and Slurm look up by name in
+# /proc/devices (the emulated GPUs' 195 is fixed and needs no line): nsinit adds them to the tray's view.
+TRAY_CHAR_DEVICES = ("nvidia-caps-imex-channels",)
+PROC_DEVICES_FILE = "proc_devices"
+
+
+def spawn(paths: HostPaths, lower: Path, *, fresh_clock: bool = False, char_devices: tuple[str, ...] = ()) -> None:
     """Start the host detached from the caller (setsid -f): it outlives `mctl lab up`.
 
     Each start is a boot: the host reads a new boot id in /proc/sys/kernel/random/boot_id.
@@ -157,6 +163,8 @@ def spawn(paths: HostPaths, lower: Path, *, fresh_clock: bool = False) -> None:
     spec = {"hostname": paths.name, "lower": str(lower), "upper": str(paths.upper), "work": str(paths.work),
             "root": str(paths.root), "pidfile": str(paths.pidfile), "boot_id_file": str(paths.dir / BOOT_ID_FILE),
             "init": [INIT_IN_HOST]}
+    if char_devices:
+        spec["proc_devices"] = {"file": str(paths.dir / PROC_DEVICES_FILE), "char": list(char_devices)}
     paths.spec.write_text(json.dumps(spec, indent=2) + "\n")
     try:
         paths.pidfile.unlink()

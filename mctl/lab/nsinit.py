@@ -61,6 +61,7 @@ def setup(spec):
         mount(path, path, None, MS_BIND)
         mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
     bind_boot_id(root, spec.get("boot_id_file"))
+    bind_proc_devices(root, spec.get("proc_devices"))
     mount("sysfs", os.path.join(root, "sys"), "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
     dev = os.path.join(root, "dev")
     mount("tmpfs", dev, "tmpfs", MS_NOSUID, "mode=755,size=64k")
@@ -105,6 +106,55 @@ def bind_boot_id(root, path):
     write_atomic(path, str(uuid.uuid4()) + "\n")
     target = os.path.join(root, "proc/sys/kernel/random/boot_id")
     mount(path, target, None, MS_BIND)
+    mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+
+
+def free_char_major(taken):
+    """The major the kernel would hand a driver that asks for a dynamic one (alloc_chrdev_region):
+    the highest free of 254..234, then of 511..384."""
+    for major in list(range(254, 233, -1)) + list(range(511, 383, -1)):
+        if major not in taken:
+            return major
+    raise OSError("no free character device major for the lab's /proc/devices")
+
+
+def proc_devices_text(text, names):
+    """The machine's /proc/devices with a line `MAJOR NAME` added under "Character devices:" for each
+    of *names*, in major order, as a loaded driver's registration (register_chrdev) shows there."""
+    char, rest, section = [], [], None
+    for line in text.splitlines():
+        if line.endswith(":"):
+            section = line
+            (char if section == "Character devices:" else rest).append(line)
+            continue
+        (char if section == "Character devices:" else rest).append(line)
+    entries = []
+    for line in char[1:]:
+        parts = line.split(None, 1)
+        if len(parts) == 2 and parts[0].isdigit():
+            entries.append((int(parts[0]), parts[1]))
+    for name in names:
+        if any(n == name for _, n in entries):
+            continue
+        entries.append((free_char_major({m for m, _ in entries}), name))
+    entries.sort(key=lambda e: e[0])      # stable: names sharing a major keep their order
+    lines = ["Character devices:"] + [f"{m:3d} {n}" for m, n in entries] + [""]
+    tail = rest if rest and rest[0] else rest[1:]
+    return "\n".join(lines + tail).rstrip("\n") + "\n"
+
+
+def bind_proc_devices(root, spec):
+    """/proc/devices as the host sees it: the machine's, plus the character devices of the drivers the
+    host emulates (a tray: nvidia-caps-imex-channels, which the NVIDIA driver registers and Slurm's
+    switch/nvidia_imex and the IMEX prolog read), bound read-only over the host's /proc/devices.
+    Fixed at boot: a driver the machine loads later does not appear in the host's view."""
+    if not spec or not spec.get("char"):
+        return
+    target = os.path.join(root, "proc/devices")
+    with open(target) as fh:
+        text = fh.read()
+    write_atomic(spec["file"], proc_devices_text(text, [str(n) for n in spec["char"]]))
+    mount(spec["file"], target, None, MS_BIND)
     mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
 
 

@@ -226,6 +226,7 @@ class SlurmSettings:
     extra: Mapping[str, str] = field(default_factory=dict, hash=False)
     topology: str = "auto"                      # auto | block | tree (auto: block when Slurm supports it)
     imex_dev_major: int | None = None           # else the plugin reads /proc/devices
+    imex_scope: str = "partition"               # partition: static IMEX domains; job: the per-job prolog/epilog
     slurmctld_port: int = 6817
     slurmd_port: int = 6818                     # a tray's `slurmd_port` var overrides it
     communication_parameters: str | None = None

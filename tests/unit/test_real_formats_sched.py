@@ -31,6 +31,7 @@ IMEX = {
     "jpsnips-imex-daemon-log-570-node0.txt": "IMEX 570.00 daemon log, node 0 of a 2-node domain",
     "issue-dra-driver-pr1465-imex-580-daemon-log.txt": "IMEX 580.159.04 daemon log start (stderr, host names)",
     "issue-dra-driver-pr298-imex-570-nodes-config-and-log.txt": "nodes_config.cfg and IMEX 570.124.06 log start",
+    "issue-dra-driver-pr304-proc-devices-excerpt.txt": "/proc/devices with nvidia-caps-imex-channels (test_imex_job_deploy)",
 }
 SLURM = {
     "slurm-on-aws-scontrol-show-node-down-cloud-powered-down.txt": "scontrol show node (no -o), Slurm 24.11",

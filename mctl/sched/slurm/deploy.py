@@ -217,7 +217,18 @@ def _extravars(plan: SlurmPlan) -> dict:
         "slurm_gpu_device_nodes": s.gpu_device_nodes,
         "slurm_node_check": node_check_enabled(s),
         "node_check_program": s.node_check_program,
+        "slurm_imex_job": _imex_job_vars(plan),
     }
+
+
+def _imex_job_vars(plan: SlurmPlan) -> dict | None:
+    """scheduler.slurm.imex_scope job: what the slurm_node role installs on each tray (imex_job.yml)."""
+    job = plan.config.imex_job
+    if job is None or plan.topology_only:
+        return None
+    return {"prolog_path": job.prolog_path, "epilog_path": job.epilog_path, "prolog": job.prolog,
+            "epilog": job.epilog, "config_path": job.config_path, "nodes_config_path": job.nodes_config_path,
+            "configs": dict(job.configs)}
 
 
 @contextlib.contextmanager

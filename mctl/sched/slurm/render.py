@@ -44,13 +44,65 @@ class SlurmConfig:
     nodes: list[str]
     warnings: list[str] = field(default_factory=list)
     partition: str = "gpu"
+    imex_job: "ImexJobFiles | None" = None   # scheduler.slurm.imex_scope: job
 
     def to_dict(self) -> dict:
         return {"version": str(self.version), "topology_plugin": f"topology/{self.plugin}",
                 "switch_nvidia_imex": self.imex, "controller": self.controller.name,
+                "imex_scope": "job" if self.imex_job else "partition",
+                "imex_job": self.imex_job.to_dict() if self.imex_job else None,
                 "nodes": fold(self.nodes), "node_count": len(self.nodes),
                 "blocks": [b.to_dict() for b in self.blocks], "block_sizes": self.block_sizes,
                 "warnings": self.warnings, "files": self.files}
+
+
+@dataclass(frozen=True)
+class ImexJobFiles:
+    """The IMEX per-job scope on the trays: the prolog and epilog slurm.conf names, and each tray's
+    config.cfg (the node list is the prolog's to write)."""
+
+    prolog_path: str
+    epilog_path: str
+    prolog: str
+    epilog: str
+    config_path: str
+    nodes_config_path: str
+    configs: dict[str, str]              # tray -> config.cfg
+
+    def to_dict(self) -> dict:
+        return {"prolog": self.prolog_path, "epilog": self.epilog_path, "config": self.config_path,
+                "nodes_config": self.nodes_config_path, "trays": fold(self.configs)}
+
+
+def render_imex_job(site: Site, settings: SlurmSettings, trays: list[Host]) -> ImexJobFiles:
+    """The per-job IMEX files from the site's vars.imex (mctl/fabric/imex_job.py renders the scripts)."""
+    from mctl.fabric.imex import CONFIG_FILE, ImexSettings
+    from mctl.fabric.imex_job import EPILOG_NAME, PROLOG_NAME, JobScopeSettings, render_epilog, render_job_config, \
+        render_prolog
+
+    imex = ImexSettings.from_vars((site.vars or {}).get("imex"))
+    job = JobScopeSettings.from_imex(imex)
+    conf_dir = settings.conf_dir.rstrip("/")
+    return ImexJobFiles(f"{conf_dir}/{PROLOG_NAME}", f"{conf_dir}/{EPILOG_NAME}", render_prolog(job),
+                        render_epilog(job), CONFIG_FILE, imex.node_config_file,
+                        {t.name: render_job_config(imex, t.rack or site.name, t.name, t.address) for t in trays})
+
+
+def _check_job_scope_keys(settings: SlurmSettings) -> None:
+    """scheduler.slurm.extra may not undo what the per-job scope needs in slurm.conf."""
+    extra = {k.lower(): str(v) for k, v in settings.extra.items()}
+    for key in ("prolog", "epilog"):
+        if key in extra:
+            raise UsageError(f"scheduler.slurm.imex_scope is 'job' but scheduler.slurm.extra sets {key.capitalize()}: "
+                             "the IMEX per-job script would never run",
+                             hint=f"remove {key.capitalize()} from scheduler.slurm.extra (mctl names its own "
+                                  "script), or set imex_scope: partition; nothing was changed")
+    flags = extra.get("prologflags")
+    if flags is not None and "alloc" not in [f.strip().lower() for f in flags.split(",")]:
+        raise UsageError(f"scheduler.slurm.imex_scope is 'job' but scheduler.slurm.extra sets PrologFlags={flags} "
+                         "without Alloc: the prolog would run on each node only at its first step, not on every "
+                         "node of the job at allocation",
+                         hint="add Alloc to PrologFlags, or drop PrologFlags from extra; nothing was changed")
 
 
 def settings_of(site: Site) -> SlurmSettings:
@@ -145,15 +197,20 @@ def render(site: Site, version: SlurmVersion, hardware: Mapping[str, NodeHardwar
                         f"{sizes[0]}, so a job larger than that may be given trays of two partitions; equal "
                         "partitions (mctl partition templates) avoid this")
     with_sizes = plugin == "block" and version.block_sizes
+    imex_job = None
+    if settings.imex_scope == "job" and not topology_only:
+        _check_job_scope_keys(settings)
+        imex_job = render_imex_job(site, settings, trays)
     files: dict[str, str] = {}
     if not topology_only:
-        files["slurm.conf"] = render_slurm_conf(site, settings, controller, trays, hardware, plugin, imex, gpus)
+        files["slurm.conf"] = render_slurm_conf(site, settings, controller, trays, hardware, plugin, imex, gpus,
+                                                imex_job)
         files["gres.conf"] = render_gres_conf(site, gpus)
         files["cgroup.conf"] = render_cgroup_conf(settings)
     files["topology.conf"] = render_topology(blocks, plugin, with_block_sizes=with_sizes,
                                              top_switch=_top_switch(site, blocks))
     return SlurmConfig(files, version, plugin, blocks, block_sizes(blocks) if with_sizes else [], imex, controller,
-                       [t.name for t in trays], warnings, settings.partition_name)
+                       [t.name for t in trays], warnings, settings.partition_name, imex_job)
 
 
 def _top_switch(site: Site, blocks: list[Block]) -> str:
@@ -166,7 +223,8 @@ def _top_switch(site: Site, blocks: list[Block]) -> str:
 
 # ------------------------------------------------------------------ slurm.conf
 
-def _globals(site: Site, settings: SlurmSettings, controller: Host, plugin: Plugin, imex: bool) -> list[tuple[str, str]]:
+def _globals(site: Site, settings: SlurmSettings, controller: Host, plugin: Plugin, imex: bool,
+             imex_job: ImexJobFiles | None = None) -> list[tuple[str, str]]:
     cluster = (site.scheduler.cluster_name if site.scheduler else site.name).lower()
     g: list[tuple[str, str]] = [
         ("ClusterName", cluster),
@@ -201,6 +259,10 @@ def _globals(site: Site, settings: SlurmSettings, controller: Host, plugin: Plug
         if settings.imex_dev_major is not None:
             params += f",imex_dev_major={settings.imex_dev_major}"
         g += [("SwitchType", "switch/nvidia_imex"), ("SwitchParameters", params)]
+    if imex_job is not None:
+        # IMEX per-job scope: the prolog runs as root on every node of the job at allocation (Alloc),
+        # before the first task; the epilog after the job on every node.
+        g += [("Prolog", imex_job.prolog_path), ("Epilog", imex_job.epilog_path), ("PrologFlags", "Alloc")]
     if node_check_enabled(settings):
         g += [("HealthCheckProgram", settings.node_check_program),
               ("HealthCheckInterval", str(settings.health_check_interval)),
@@ -291,8 +353,8 @@ def _word(key: str, value: object) -> str:
 
 def render_slurm_conf(site: Site, settings: SlurmSettings, controller: Host, trays: list[Host],
                       hardware: Mapping[str, NodeHardware], plugin: Plugin, imex: bool,
-                      gpus: "Mapping[str, TrayGpus] | None" = None) -> str:
-    params = _merge_extra(_globals(site, settings, controller, plugin, imex), settings.extra)
+                      gpus: "Mapping[str, TrayGpus] | None" = None, imex_job: ImexJobFiles | None = None) -> str:
+    params = _merge_extra(_globals(site, settings, controller, plugin, imex, imex_job), settings.extra)
     lines = [HEADER, ""]
     lines += [_word(k, v) for k, v in params]
     # one text whatever the source, so a new snapshot with the same counts changes nothing
