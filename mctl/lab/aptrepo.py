@@ -93,6 +93,11 @@ def key_file(lab_dir: Path) -> Path:
     return repo_dir(lab_dir) / KEY_NAME
 
 
+def signing_key_file(lab_dir: Path) -> Path:
+    """The lab's secret signing key (0600, outside the served folder; `lab down` removes it)."""
+    return Path(lab_dir) / "aptrepo-signing.key"
+
+
 def repositories(packages: list[Package]) -> list[str]:
     return sorted({p.repository for p in packages})
 
@@ -196,6 +201,37 @@ class _Gpg:
         shutil.rmtree(self.home, ignore_errors=True)
 
 
+def _index(g: "_Gpg", d: Path, name: str, arch: str, withheld: set[str]) -> None:
+    """Packages (less the withheld "name=version"s), Release, and both signatures of repository *d*."""
+    index = _run(["dpkg-scanpackages", "--multiversion", ".", "/dev/null"], f"dpkg-scanpackages {name}",
+                 cwd=d).stdout.decode()
+    kept = []
+    for stanza in index.strip().split("\n\n"):
+        fields = dict(re.findall(r"^([A-Za-z-]+): (.*)$", stanza, re.M))
+        if f"{fields.get('Package')}={fields.get('Version')}" not in withheld:
+            kept.append(stanza)
+    data = ("\n\n".join(kept) + "\n").encode() if kept else b""
+    (d / "Packages").write_bytes(data)
+    (d / "Packages.gz").write_bytes(gzip.compress(data, mtime=0))
+    (d / "Release").write_text(_release(d, name, arch))
+    g.gpg("--yes", "--digest-algo", "SHA512", "--clearsign", "-o", str(d / "InRelease"), str(d / "Release"))
+    g.gpg("--yes", "--digest-algo", "SHA512", "--armor", "--detach-sign", "-o", str(d / "Release.gpg"),
+          str(d / "Release"))
+
+
+def withhold(lab_dir: Path, repository: str, packages: set[str]) -> None:
+    """Re-index and re-sign *repository* without the given "name=version"s (their .deb files stay):
+    to apt on every tray the version is then missing, as when a repository drops it. An empty set
+    restores the full index."""
+    root = repo_dir(lab_dir)
+    d = root / repository
+    if not (root / ".built").is_file() or not d.is_dir():
+        raise EnvironmentProblem(f"the lab has no apt repository {repository!r} (is the lab up?)")
+    with _Gpg() as g:
+        g.gpg("--import", str(signing_key_file(lab_dir)))
+        _index(g, d, repository, _arch(), set(packages))
+
+
 def build(lab_dir: Path, images_dir: Path, ctx) -> Path:
     """Build the lab's repositories under <lab>/aptrepo (once; a complete build has its `.built`)."""
     root = repo_dir(lab_dir)
@@ -221,16 +257,12 @@ def build(lab_dir: Path, images_dir: Path, ctx) -> Path:
             g.gpg("--passphrase", "", "--quick-gen-key", f"mctl lab archive ({Path(lab_dir).name}) <lab@mctl.invalid>",
                   "ed25519", "sign", "never")
             (tmp / KEY_NAME).write_bytes(g.gpg("--armor", "--export"))
+            secret = signing_key_file(lab_dir)
+            fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(g.gpg("--pinentry-mode", "loopback", "--passphrase", "", "--armor", "--export-secret-keys"))
             for name in repositories(pkgs):
-                d = tmp / name
-                index = _run(["dpkg-scanpackages", "--multiversion", ".", "/dev/null"], f"dpkg-scanpackages {name}",
-                             cwd=d).stdout
-                (d / "Packages").write_bytes(index)
-                (d / "Packages.gz").write_bytes(gzip.compress(index, mtime=0))
-                (d / "Release").write_text(_release(d, name, arch))
-                g.gpg("--yes", "--digest-algo", "SHA512", "--clearsign", "-o", str(d / "InRelease"), str(d / "Release"))
-                g.gpg("--yes", "--digest-algo", "SHA512", "--armor", "--detach-sign", "-o", str(d / "Release.gpg"),
-                      str(d / "Release"))
+                _index(g, tmp / name, name, arch, set())
         (tmp / ".built").write_text(f"builder {BUILDER_VERSION}\n")
         os.chmod(tmp, 0o755)
         os.rename(tmp, root)

@@ -427,7 +427,7 @@ def _remove_lab_files(files: LabFiles) -> bool:
         if p.exists():
             shutil.rmtree(p)
             removed = True
-    for p in (files.inventory, files.known_hosts, files.record):
+    for p in (files.inventory, files.known_hosts, files.record, files.dir / "aptrepo-signing.key"):
         if p.exists():
             p.unlink()
             removed = True
