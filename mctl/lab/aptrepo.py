@@ -237,7 +237,7 @@ def build(lab_dir: Path, images_dir: Path, ctx) -> Path:
     root = repo_dir(lab_dir)
     if (root / ".built").is_file():
         return root
-    gaps = missing_programs()
+    gaps = missing_programs()      # prereq.require checked these at `lab up`; a direct caller gets them named
     if gaps:
         raise EnvironmentProblem("the lab's apt repository cannot be built here: missing " + "; ".join(gaps),
                                  hint="apt-get install dpkg-dev gpg")
