@@ -147,3 +147,53 @@ def test_rerun_changes_nothing(oslab, first_run):
     sys.stderr.write(f"[oslab] re-run on {len(oslab.trays)} provisioned trays: {took:.1f} s\n")
     assert code == 0, result
     assert {h: r["changed"] for h, r in result["hosts"].items()} == {t: 0 for t in oslab.trays}
+
+
+def test_boot_parameters_through_update_grub_and_reboot_required(oslab, first_run):
+    """Image lab-debian13-bootparams declares kernel parameters. A tray without update-grub fails,
+    named; with it (a stand-in here: lab trays share the machine's kernel and have no boot loader,
+    so the stand-in only records that it ran) the boot configuration is regenerated once, and the
+    tray is flagged, and audited, "reboot required" while its running kernel lacks them."""
+    tray = oslab.trays[0]
+    image = "lab-debian13-bootparams"
+    code, result, _ = provision(oslab, tray, "--image", image, "--tags", "base")
+    assert code == 3, result
+    assert "no update-grub or grub2-mkconfig on this tray" in result["hosts"][tray]["message"]
+    oslab.run(tray, "printf '#!/bin/sh\\necho \"$(date +%s) $*\" >> /var/log/update-grub.calls\\n' "
+                    "> /usr/local/sbin/update-grub && chmod 0755 /usr/local/sbin/update-grub")
+    try:
+        code, result, _ = provision(oslab, tray, "--image", image, "--tags", "base")
+        assert code == 0, result
+        # regenerated although the grub.d file was already written by the failed run
+        assert len(oslab.run(tray, "cat /var/log/update-grub.calls").stdout.splitlines()) == 1
+        assert 'iommu.passthrough=1"' in oslab.run(tray, "cat /etc/default/grub.d/90-mctl.cfg").stdout
+        assert oslab.run(tray, "tail -1 /var/lib/mctl/reboot-required").stdout.split() == [
+            "init_on_alloc=0", "iommu.passthrough=1"]
+        code, result, _ = provision(oslab, tray, "--image", image, "--tags", "base")
+        assert code == 0 and result["hosts"][tray]["changed"] == 0, result
+        assert len(oslab.run(tray, "cat /var/log/update-grub.calls").stdout.splitlines()) == 1
+        # the audit reads the running kernel's command line and the flag
+        inv = oslab.dir / "mctl.yml"
+        inv.write_text(inv.read_text().replace("image: lab-debian13\n", f"image: {image}\n"))
+        proc = oslab.mctl("audit", "--json", timeout=300)
+        found = [f for f in _findings(json.loads(proc.stdout)) if f.get("check") == "boot.kernel_parameters"]
+        by_host = {f["host"]: f for f in found}
+        assert by_host[tray]["message"].startswith("reboot required: boot configuration has init_on_alloc=0")
+        assert by_host[tray]["details"]["reboot_required"] is True
+        other = oslab.trays[-1]
+        assert by_host[other]["message"].startswith("kernel parameters not applied")
+    finally:
+        inv = oslab.dir / "mctl.yml"
+        inv.write_text(inv.read_text().replace(f"image: {image}\n", "image: lab-debian13\n"))
+        oslab.run(tray, "rm -f /usr/local/sbin/update-grub /var/log/update-grub.calls", check=False)
+
+
+def _findings(doc):
+    if isinstance(doc, dict):
+        if "check" in doc and "host" in doc:
+            yield doc
+        for v in doc.values():
+            yield from _findings(v)
+    elif isinstance(doc, list):
+        for v in doc:
+            yield from _findings(v)
