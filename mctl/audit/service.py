@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from mctl.audit.model import AuditReport, Entry, Gap, Skip, tag
-from mctl.audit.rules import drains, hostkeys, imex, layers, nmx, slurm, versions
+from mctl.audit.rules import boot, drains, hostkeys, imex, layers, nmx, slurm, versions
 from mctl.errors import MctlError, UsageError
 from mctl.model.findings import Finding, Severity
 from mctl.images import drift
@@ -109,6 +109,8 @@ def plan_audit(site: "Site", racks: Sequence["Rack"]) -> Plan:
     for r in racks:
         if r.nmx is None:
             skipped.append(Skip("nmx", r.name, "no NMX-Manager endpoint (racks.<rack>.nmx) in the inventory"))
+    if any(img.kernel_parameters for img in images.values()):
+        files += boot.FILES              # the running kernel's command line, provisioning's reboot flag
     return Plan(list(racks), images, imex_settings, files, controller, conf_dir, skipped)
 
 
@@ -149,6 +151,14 @@ def evaluate(site: "Site", plan: Plan, actual: "Actual", settings: AuditSettings
         facts = drift.version_facts(st.os.version_id if st.os else None, st.kernel, driver, cuda,
                                     st.slurmd_version, slurm_expected=slurm_site)
         entries += tag(versions.FAMILY, versions.check_tray(h.name, image, facts), rack_of=rack_of)
+
+    # boot configuration: the running kernel's command line against the image's kernel parameters
+    for h in reached:
+        image = plan.images.get(h.name)
+        if image is not None and image.kernel_parameters:
+            st = actual.trays[h.name]
+            entries += tag(boot.FAMILY, boot.check_tray(h.name, image.kernel_parameters, st.files, st.file_errors),
+                           rack_of=rack_of)
 
     # IMEX files
     if plan.imex_settings is not None:

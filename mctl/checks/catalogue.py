@@ -130,6 +130,8 @@ _ENTRIES = (
     Check("image.cuda", W, "the tray's CUDA is its image's", _AUD),
     Check("image.slurm", W, "the tray's slurmd is its image's Slurm", _AUD),
     Check("image.imex", W, "the tray's IMEX is its image's", _AUD),
+    Check("boot.kernel_parameters", W, "the tray booted with its image's kernel parameters (else: reboot required)",
+          _AUD),
 )
 
 CHECKS: Mapping[str, Check] = {c.id: c for c in _ENTRIES}

@@ -45,6 +45,8 @@ def up(
                                      help="Second address octet: hosts get 127.NET.RACK.TRAY.")] = 77,
     timeout: Annotated[float, typer.Option("--timeout", click_type=finite(),
                                            help="Seconds to wait for every host's sshd.")] = 180.0,
+    os_only: Annotated[bool, typer.Option("--os-only", help="Trays start with the OS image only: the GPU tools "
+                                          "come with provisioning, through the lab's apt repository.")] = False,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:
@@ -79,7 +81,7 @@ def up(
         for h in plan["hosts"]:
             con.print(f"  {h['name']:<18} {h['kind']:<5} {h['address']}", markup=False, highlight=False)
         return
-    result = control.up(path, racks=racks, trays=trays, net=net, timeout=timeout,
+    result = control.up(path, racks=racks, trays=trays, net=net, timeout=timeout, os_only=os_only,
                         progress=(lambda _m: None) if as_json else _say)
     flag = _dir_flag(result.dir)
     for dest in result.missing_files:

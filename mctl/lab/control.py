@@ -127,8 +127,12 @@ def lab_processes(lab_dir: Path, table: dict[int, procs.Proc] | None = None) -> 
 
 def up(lab_dir: Path, *, racks: int = 1, trays: int = 18, name: str = "lab", net: int = DEFAULT_NET,
        images_dir: Path = REPO_IMAGES, progress: Progress = _quiet, timeout: float = 180.0,
-       rack_services: Sequence[services.RackService] | None = None) -> UpResult:
-    """Start a lab in *lab_dir*. *rack_services* defaults to the registry (services.RACK_SERVICES)."""
+       rack_services: Sequence[services.RackService] | None = None, os_only: bool = False) -> UpResult:
+    """Start a lab in *lab_dir*. *rack_services* defaults to the registry (services.RACK_SERVICES).
+
+    *os_only*: the trays start with the OS image only; the files of the lab's packages (the GPU
+    tools, mctl/lab/aptrepo.py) come only with provisioning, through apt, as on a fresh real tray.
+    """
     from mctl.state.lock import file_lock
 
     started = time.monotonic()
@@ -158,11 +162,11 @@ def up(lab_dir: Path, *, racks: int = 1, trays: int = 18, name: str = "lab", net
             write_json(files.record, {
                 "name": name, "racks": racks, "trays": trays, "net": net,
                 "image": {"name": spec.name, "key": spec.key, "dir": str(image_dir)},
-                "rack_services": [{"name": s.name, "port": s.port} for s in rack_svcs],
+                "rack_services": [{"name": s.name, "port": s.port} for s in rack_svcs], "os_only": os_only,
                 "created_at": time.time(), "state": "starting", "pid": os.getpid()})
             try:
                 progress(f"starting {len(layout.hosts())} hosts ({racks} rack(s) x {trays} trays + head)")
-                missing = _start_hosts(files, layout, rootfs, rack_svcs)
+                missing = _start_hosts(files, layout, rootfs, rack_svcs, os_only=os_only)
                 _wait_ready(files, layout, timeout)
                 _start_rack_services(files, layout, rack_svcs)
                 record = load_record(files.dir) or {}
@@ -188,7 +192,7 @@ def _check_addresses(layout: LabLayout, rack_svcs: Sequence[services.RackService
 
 
 def _start_hosts(files: LabFiles, layout: LabLayout, rootfs: Path,
-                 rack_svcs: Sequence[services.RackService]) -> list[str]:
+                 rack_svcs: Sequence[services.RackService], os_only: bool = False) -> list[str]:
     lab_key = keys.ed25519(f"mctl-lab@{layout.name}")
     atomic_write(files.key, lab_key.private_openssh, mode=0o600)
     atomic_write(files.key.with_suffix(".pub"), lab_key.public_line + "\n")
@@ -203,7 +207,7 @@ def _start_hosts(files: LabFiles, layout: LabLayout, rootfs: Path,
         known.append(keys.known_hosts_line([h.name, h.address], host_key))
         w = hosts.UpperWriter(rootfs, paths.upper)
         ctx = services.HostContext(layout, h, files.dir)
-        _write_host_files(w, ctx, h, hosts_text, lab_key, host_key, hostinit, missing)
+        _write_host_files(w, ctx, h, hosts_text, lab_key, host_key, hostinit, missing, os_only=os_only)
     # known_hosts before any host starts: the first connection is already verified.
     atomic_write(files.known_hosts, "\n".join(known) + "\n")
     atomic_write(files.inventory, inventory(layout, identity_file=files.key, known_hosts=files.known_hosts,
@@ -215,7 +219,8 @@ def _start_hosts(files: LabFiles, layout: LabLayout, rootfs: Path,
 
 
 def _write_host_files(w: hosts.UpperWriter, ctx: services.HostContext, h: LabHost, hosts_text: str,
-                      lab_key: keys.KeyPair, host_key: keys.KeyPair, hostinit: str, missing: set[str]) -> None:
+                      lab_key: keys.KeyPair, host_key: keys.KeyPair, hostinit: str, missing: set[str],
+                      os_only: bool = False) -> None:
     w.put("/etc/hostname", h.name + "\n")
     w.put("/etc/hosts", hosts_text)
     w.put("/etc/machine-id", uuid.uuid4().hex + "\n", 0o444)
@@ -235,6 +240,8 @@ def _write_host_files(w: hosts.UpperWriter, ctx: services.HostContext, h: LabHos
         w.put(hosts.KERN_LOG, "", 0o640)
         os.chown(w.upper / hosts.KERN_LOG.lstrip("/"), 0, 4)       # root:adm, as rsyslog makes it
     for f in services.host_files(h.kind):
+        if os_only and f.package:
+            continue                    # comes with provisioning, through the lab's apt repository
         data = f.content(ctx)
         if data is None:
             missing.add(f.dest)
@@ -416,11 +423,11 @@ def _remove_lab_files(files: LabFiles) -> bool:
     import shutil
 
     removed = False
-    for p in (files.dir / "hosts", files.dir / "racks", files.dir / "ssh"):
+    for p in (files.dir / "hosts", files.dir / "racks", files.dir / "ssh", files.dir / "aptrepo"):
         if p.exists():
             shutil.rmtree(p)
             removed = True
-    for p in (files.inventory, files.known_hosts, files.record):
+    for p in (files.inventory, files.known_hosts, files.record, files.dir / "aptrepo-signing.key"):
         if p.exists():
             p.unlink()
             removed = True

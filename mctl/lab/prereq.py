@@ -18,6 +18,11 @@ HOST_PROGRAMS = {
     "chroot": "coreutils",
     "ssh": "openssh-client",
     "ssh-keygen": "openssh-client",
+    # the lab's apt repository (mctl/lab/aptrepo.py)
+    "dpkg-deb": "dpkg",
+    "dpkg-scanpackages": "dpkg-dev",
+    "gpg": "gpg",
+    "gpgconf": "gpgconf",
 }
 BUILD_PROGRAMS = {"debootstrap": "debootstrap"}
 

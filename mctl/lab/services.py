@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from mctl.lab.aptrepo import APT_PORT
 from mctl.lab.layout import Kind, LabHost, LabLayout
 
 EMULATORS = Path(__file__).resolve().parent / "emulators"
@@ -57,6 +58,10 @@ class HostFile:
     kinds: tuple[Kind, ...]
     content: Callable[[HostContext], bytes | None]   # None: not available (yet); `lab up` says so
     mode: int = 0o644
+    # The lab package (mctl/lab/aptrepo.py) that holds this file, named without its driver branch
+    # (nvidia-utils for nvidia-utils-570): provisioning installs it through apt; `lab up --os-only`
+    # leaves it off the tray, a default `lab up` puts it there at once (the GPU tools right after `up`).
+    package: str | None = None
 
 
 @dataclass(frozen=True)
@@ -168,15 +173,21 @@ def _slurm_dropin(daemon: str) -> Callable[[HostContext], bytes]:
 HOST_FILES: tuple[HostFile, ...] = (
     HostFile("/etc/systemd/system/slurmctld.service.d/10-mctl-lab.conf", ("head",), _slurm_dropin("slurmctld")),
     HostFile("/etc/systemd/system/slurmd.service.d/10-mctl-lab.conf", ("tray",), _slurm_dropin("slurmd")),
-    HostFile(f"{EMULATOR_LIB}/nvidia_smi.py", ("tray",), python_module(EMULATORS / "nvidia_smi.py")),
-    HostFile("/usr/bin/nvidia-smi", ("tray",), _smi_launcher, 0o755),
-    HostFile("/usr/bin/nvidia-imex", ("tray",), python_script(EMULATORS / "imex_daemon.py"), 0o755),
-    HostFile(f"{EMULATOR_LIB}/imex_ctl.py", ("tray",), python_module(EMULATORS / "imex_ctl.py")),
-    HostFile("/usr/bin/nvidia-imex-ctl", ("tray",), python_launcher("imex_ctl"), 0o755),
+    HostFile(f"{EMULATOR_LIB}/nvidia_smi.py", ("tray",), python_module(EMULATORS / "nvidia_smi.py"),
+             package='nvidia-utils'),
+    HostFile("/usr/bin/nvidia-smi", ("tray",), _smi_launcher, 0o755,
+             package='nvidia-utils'),
+    HostFile("/usr/bin/nvidia-imex", ("tray",), python_script(EMULATORS / "imex_daemon.py"), 0o755,
+             package='nvidia-imex'),
+    HostFile(f"{EMULATOR_LIB}/imex_ctl.py", ("tray",), python_module(EMULATORS / "imex_ctl.py"),
+             package='nvidia-imex'),
+    HostFile("/usr/bin/nvidia-imex-ctl", ("tray",), python_launcher("imex_ctl"), 0o755,
+             package='nvidia-imex'),
     # /usr/lib, not /lib: the image has a merged /usr (/lib -> usr/lib), and a file written below /lib
     # into the host's upper layer would make /lib a real folder there, hiding every unit and library of
     # the image's /lib. On the running tray both paths name this file.
-    HostFile("/usr/lib/systemd/system/nvidia-imex.service", ("tray",), _imex_unit, 0o644),
+    HostFile("/usr/lib/systemd/system/nvidia-imex.service", ("tray",), _imex_unit, 0o644,
+             package='nvidia-imex'),
 )
 
 HOST_SERVICES: tuple[HostService, ...] = (
@@ -242,7 +253,35 @@ def _nmx_inventory(ctx: RackContext) -> dict:
 
 NMX_SERVICE = RackService("nmx", _nmx_argv, port=NMX_PORT, prepare=_nmx_prepare, inventory=_nmx_inventory)
 
-RACK_SERVICES: tuple[RackService, ...] = (NMX_SERVICE,)
+# --- the lab's apt repository, served on each rack's service address ------------------------------
+
+def _apt_prepare(ctx: RackContext) -> None:
+    from mctl.lab import aptrepo
+    from mctl.lab.site import REPO_IMAGES
+
+    tray = ctx.layout.trays_of(ctx.rack)[0]
+    aptrepo.build(ctx.lab_dir, REPO_IMAGES, HostContext(ctx.layout, tray, ctx.lab_dir))
+
+
+def _apt_argv(ctx: RackContext) -> list[str]:
+    from mctl.lab import aptrepo
+
+    return [sys.executable, "-m", "mctl.lab.aptrepo", "serve", "--root", str(aptrepo.repo_dir(ctx.lab_dir)),
+            "--address", ctx.address, "--port", str(aptrepo.APT_PORT),
+            "--log-file", str(ctx.log_dir / "aptrepo-requests.log")]
+
+
+def _apt_inventory(ctx: RackContext) -> dict:
+    from mctl.lab import aptrepo
+    from mctl.lab.site import REPO_IMAGES
+
+    repos = aptrepo.repositories(aptrepo.packages_of(REPO_IMAGES))
+    return {"compute_vars": {"apt_repositories": aptrepo.inventory_vars(ctx.lab_dir, ctx.address, repos)}}
+
+
+APT_SERVICE = RackService("aptrepo", _apt_argv, port=APT_PORT, prepare=_apt_prepare, inventory=_apt_inventory)
+
+RACK_SERVICES: tuple[RackService, ...] = (NMX_SERVICE, APT_SERVICE)
 
 
 def refresh_nmx(ctx: RackContext) -> int | None:

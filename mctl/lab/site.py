@@ -58,7 +58,9 @@ def inventory(layout: LabLayout, *, identity_file: Path, known_hosts: Path, imag
                 "vars": {"slurmd_port": slurmd_ports(layout, r)},
             },
         }
-        spec.update((rack_extra or {}).get(rack, {}))
+        extra = dict((rack_extra or {}).get(rack, {}))
+        spec["compute"]["vars"].update(extra.pop("compute_vars", {}))    # e.g. the lab's apt repositories
+        spec.update(extra)
         racks[rack] = spec
     doc = {
         "plugin": "mctl",

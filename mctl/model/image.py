@@ -20,7 +20,11 @@ class Component(BaseModel):
     version: str
     delivery: Literal["repository", "image"] = "repository"
     branch: str | None = None
+    # Debian packages at their exact versions, as apt takes them: "name=version".
     packages: list[str] = Field(default_factory=list)
+    # delivery: repository: the site repository (inventory `apt_repositories.<name>`) they come from.
+    repository: str | None = None
+    hold: bool = False                # apt-mark hold (an upgrade would break the tray: driver, IMEX)
 
 
 class OSSpec(BaseModel):

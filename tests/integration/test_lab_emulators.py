@@ -39,7 +39,8 @@ def test_nmx_emulator_knows_the_racks_trays_and_domain(lab):
     status = lab.mctl("lab", "status", "--dir", str(lab.dir), "--json")
     assert status.returncode == 0, status.stderr
     svc = json.loads(status.stdout)["rack_services"]
-    assert [(s["rack"], s["name"], s["running"], s["listening"]) for s in svc] == [(lab.rack, "nmx", True, True)]
+    assert [(s["rack"], s["name"], s["running"], s["listening"]) for s in svc] == [
+        (lab.rack, "nmx", True, True), (lab.rack, "aptrepo", True, True)]     # + the lab's apt repository (issue 21)
 
 
 def test_imex_emulator_is_installed_as_the_nvidia_imex_unit(lab):

@@ -1,0 +1,56 @@
+"""The components role's apt module: its pure parts (package lists, version rules, apt's errors)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+PATH = Path(__file__).resolve().parents[2] / "playbooks/roles/components/library/mctl_apt_components.py"
+spec = importlib.util.spec_from_file_location("mctl_apt_components", PATH)
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+
+
+def test_repository_packages_need_an_exact_version():
+    assert mod.parse_packages("dcgm", {"packages": ["datacenter-gpu-manager-4-core=1:4.3.1-1"]}) == [
+        ("datacenter-gpu-manager-4-core", "1:4.3.1-1")]
+    with pytest.raises(mod.Failed, match="component dcgm: 'datacenter-gpu-manager-4-core' has no version"):
+        mod.parse_packages("dcgm", {"packages": ["datacenter-gpu-manager-4-core"]})
+    with pytest.raises(mod.Failed, match="component cuda: the image names no packages"):
+        mod.parse_packages("cuda", {"delivery": "repository"})
+    with pytest.raises(mod.Failed, match="is not name=version"):
+        mod.parse_packages("x", {"packages": ["bad name=1; rm -rf /"]})
+    # an OS-image package may be named alone: verified at the component's upstream version
+    assert mod.parse_packages("slurm", {"delivery": "image", "packages": ["slurmd"]}) == [("slurmd", None)]
+
+
+def test_version_rules():
+    assert mod.version_ok("570.148.08-0ubuntu1", "570.148.08-0ubuntu1", "570.148.08")
+    assert not mod.version_ok("570.148.08-0ubuntu1", "570.172.08-0ubuntu1", "570.148.08")
+    assert not mod.version_ok("1.0-1", None, "1.0")
+    assert mod.version_ok(None, "24.11.5-4+deb13u1", "24.11")
+    assert mod.version_ok(None, "1:24.11.5-4", "24.11")
+    assert not mod.version_ok(None, "24.05.1-1", "24.11")
+    assert not mod.version_ok(None, "24.110-1", "24.11")
+
+
+def test_apt_errors_keep_apts_own_lines():
+    out = ("Reading package lists...\nBuilding dependency tree...\n"
+           "E: Version '1:4.3.1-1' for 'datacenter-gpu-manager-4-core' was not found\n")
+    assert mod.apt_errors(out) == "E: Version '1:4.3.1-1' for 'datacenter-gpu-manager-4-core' was not found"
+    assert mod.apt_errors("no error lines here at all") == "no error lines here at all"
+
+
+def test_sources_and_pins():
+    keyring, _key, src, line = mod.source_files("cuda", {"url": "http://127.77.1.200:8080/cuda/", "suite": "/",
+                                                         "key": "-----BEGIN PGP PUBLIC KEY BLOCK-----\n..."})
+    assert src == "/etc/apt/sources.list.d/mctl-cuda.list"
+    assert line.endswith("deb [signed-by=/etc/apt/keyrings/mctl-cuda.asc] http://127.77.1.200:8080/cuda/ /\n")
+    with pytest.raises(mod.Failed, match="no signing key"):
+        mod.source_files("cuda", {"url": "http://127.0.0.1/", "key": ""})
+    with pytest.raises(mod.Failed, match="not an http"):
+        mod.source_files("cuda", {"url": "http://x/ ] trusted=yes", "key": "-----BEGIN PGP PUBLIC KEY BLOCK-----"})
+    pin = mod.pin_text("imex", [("nvidia-imex-570", "570.148.08-1")])
+    assert "Package: nvidia-imex-570\nPin: version 570.148.08-1\nPin-Priority: 1001\n" in pin
