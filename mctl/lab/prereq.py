@@ -23,6 +23,7 @@ HOST_PROGRAMS = {
     "dpkg-scanpackages": "dpkg-dev",
     "gpg": "gpg",
     "gpgconf": "gpgconf",
+    "gpg-agent": "gpg-agent",            # gpg signs through its agent
 }
 BUILD_PROGRAMS = {"debootstrap": "debootstrap"}
 
