@@ -63,13 +63,11 @@ import base64
 import hashlib
 import hmac
 import json
-import os
 import queue
 import secrets
 import signal
 import ssl
 import sys
-import tempfile
 import threading
 import time
 import urllib.parse
@@ -78,6 +76,8 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from mctl.state.files import atomic_write
 
 DEFAULT_ID = 32766
 DEFAULT_NAME = "Default Partition"
@@ -329,7 +329,7 @@ class NMXState:
             return
         data = {"schema": 1, "domain_uuid": self.cfg.domain_uuid,
                 "partitions": [p.to_state() for p in sorted(self.partitions.values(), key=lambda p: p.pid)]}
-        _atomic_write(self.cfg.state_file, json.dumps(data, indent=2) + "\n")
+        atomic_write(self.cfg.state_file, json.dumps(data, indent=2) + "\n")
 
     # ---- helpers
 
@@ -747,7 +747,7 @@ class NMXState:
                 for e in entries:
                     e["clique_id"] = cliques.get(e.get("index"), DEFAULT_ID)
             try:
-                _atomic_write(tray.gpus_json, json.dumps(data, indent=2) + "\n")
+                atomic_write(tray.gpus_json, json.dumps(data, indent=2) + "\n")
             except OSError as exc:
                 self.log(f"cannot write {tray.gpus_json}: {exc}")
                 return False
@@ -768,27 +768,6 @@ def _worst(values) -> str:
         if order.index(v) > order.index(worst):
             worst = v
     return worst
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    try:
-        mode = path.stat().st_mode & 0o7777
-    except FileNotFoundError:
-        mode = 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fchmod(fh.fileno(), mode)
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 class Handler(BaseHTTPRequestHandler):
