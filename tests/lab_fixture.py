@@ -34,12 +34,14 @@ because the lab is shared by the session.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -141,23 +143,23 @@ def lab_skip_reason() -> str | None:
     return ("the virtual lab needs " + "; ".join(gaps)) if gaps else None
 
 
-@pytest.fixture(scope="session")
-def lab(tmp_path_factory) -> LabHandle:
+@contextlib.contextmanager
+def own_lab(state_dir: Path, *, trays: int, label: str = "lab", **up_options) -> Iterator[LabHandle]:
+    """A lab of its own in *state_dir* (one rack of *trays*), on a free address block, taken down after.
+
+    For modules that change what the shared session lab must keep (its partitions, its software):
+    *up_options* go to `mctl.lab.control.up` (e.g. os_only=True)."""
     reason = lab_skip_reason()
     if reason:
         pytest.skip(reason)
-    from mctl.lab import control
-
-    trays = int(os.environ.get(TRAYS_ENV) or 4)
-    state_dir = tmp_path_factory.mktemp("mctl-state")
-    lab_dir = state_dir / "lab"
     from mctl.errors import UsageError
+    from mctl.lab import control
 
     for attempt in range(3):
         net = _free_net()
         try:
-            result = control.up(lab_dir, racks=1, trays=trays, net=net,
-                                progress=lambda m: sys.stderr.write(f"[lab] {m}\n"))
+            result = control.up(state_dir / "lab", racks=1, trays=trays, net=net,
+                                progress=lambda m: sys.stderr.write(f"[{label}] {m}\n"), **up_options)
             break
         except UsageError as exc:          # another session took the block meanwhile
             if "already in use" not in exc.message or attempt == 2:
@@ -167,11 +169,17 @@ def lab(tmp_path_factory) -> LabHandle:
     handle = LabHandle(
         dir=result.dir, state_dir=state_dir, inventory=result.inventory, rack="lab-r1",
         trays=[h.name for h in layout.trays_of("lab-r1")], head="lab-r1-head",
-        addresses={h.name: h.address for h in layout.hosts()}, net=net, _env=env)
+        addresses={h.name: h.address for h in layout.hosts()}, net=layout.net, _env=env)
     try:
         yield handle
     finally:
         if os.environ.get(KEEP_ENV):
-            sys.stderr.write(f"[lab] kept for debugging ({KEEP_ENV}): mctl lab down --dir {result.dir}\n")
+            sys.stderr.write(f"[{label}] kept for debugging ({KEEP_ENV}): mctl lab down --dir {result.dir}\n")
         else:
             control.down(result.dir)
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory) -> LabHandle:
+    with own_lab(tmp_path_factory.mktemp("mctl-state"), trays=int(os.environ.get(TRAYS_ENV) or 4)) as handle:
+        yield handle

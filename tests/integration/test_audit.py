@@ -25,7 +25,7 @@ from typing import Callable
 
 import pytest
 
-from tests.integration.conftest import TRAYS_ENV, LabHandle, _free_net, lab_skip_reason
+from tests.lab_fixture import TRAYS_ENV, LabHandle, own_lab
 from tests.integration.test_deploy_slurm import PARTITIONS, _deploy, _write_site
 
 FORMATS = ("table", "json", "junit", "prometheus")
@@ -48,30 +48,9 @@ class Audited:
 
 @pytest.fixture(scope="module")
 def audited(tmp_path_factory) -> Audited:
-    reason = lab_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    from mctl.errors import UsageError
-    from mctl.lab import control
-
-    trays = 4
     if int(os.environ.get(TRAYS_ENV) or 4) < 4:
         pytest.skip("needs 4 trays")
-    state_dir = tmp_path_factory.mktemp("mctl-audit-state")
-    for attempt in range(3):
-        try:
-            result = control.up(state_dir / "lab", racks=1, trays=trays, net=_free_net(),
-                                progress=lambda m: sys.stderr.write(f"[audit lab] {m}\n"))
-            break
-        except UsageError as exc:
-            if "already in use" not in exc.message or attempt == 2:
-                raise
-    layout = result.layout
-    env = dict(os.environ, MCTL_STATE_DIR=str(state_dir), MCTL_INVENTORY=str(result.dir), NO_COLOR="1")
-    lab = LabHandle(dir=result.dir, state_dir=state_dir, inventory=result.inventory, rack="lab-r1",
-                    trays=[h.name for h in layout.trays_of("lab-r1")], head="lab-r1-head",
-                    addresses={h.name: h.address for h in layout.hosts()}, net=layout.net, _env=env)
-    try:
+    with own_lab(tmp_path_factory.mktemp("mctl-audit-state"), trays=4, label="audit lab") as lab:
         tmp = tmp_path_factory.mktemp("audit")
         site = _write_site(lab, tmp / "site", PARTITIONS)
         for args in (("partition", "apply", lab.rack), ("imex", "apply", lab.rack, "--wait", "30")):
@@ -80,8 +59,6 @@ def audited(tmp_path_factory) -> Audited:
         proc, _ = _deploy(lab, site)
         assert proc.returncode == 0, f"deploy failed ({proc.returncode}): {proc.stderr}\n{proc.stdout[-3000:]}"
         yield Audited(lab, site, tmp)
-    finally:
-        control.down(result.dir)
 
 
 def test_a_rack_in_its_desired_state_audits_clean(audited):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import TRAYS_ENV, LabHandle, _free_net, lab_skip_reason
+from tests.lab_fixture import TRAYS_ENV, LabHandle, own_lab
 from tests.integration.test_deploy_slurm import PARTITIONS, _write_site
 
 NODES = "/etc/nvidia-imex/nodes_config.cfg"
@@ -42,33 +42,11 @@ class Rack:
 
 @pytest.fixture(scope="module")
 def rack(tmp_path_factory) -> Rack:
-    reason = lab_skip_reason()
-    if reason:
-        pytest.skip(reason)
     if int(os.environ.get(TRAYS_ENV) or 4) < 4:
         pytest.skip("needs 4 trays")
-    from mctl.errors import UsageError
-    from mctl.lab import control
-
-    state_dir = tmp_path_factory.mktemp("mctl-imex-state")
-    for attempt in range(3):
-        try:
-            result = control.up(state_dir / "lab", racks=1, trays=4, net=_free_net(),
-                                progress=lambda m: sys.stderr.write(f"[imex lab] {m}\n"))
-            break
-        except UsageError as exc:
-            if "already in use" not in exc.message or attempt == 2:
-                raise
-    layout = result.layout
-    env = dict(os.environ, MCTL_STATE_DIR=str(state_dir), MCTL_INVENTORY=str(result.dir), NO_COLOR="1")
-    lab = LabHandle(dir=result.dir, state_dir=state_dir, inventory=result.inventory, rack="lab-r1",
-                    trays=[h.name for h in layout.trays_of("lab-r1")], head="lab-r1-head",
-                    addresses={h.name: h.address for h in layout.hosts()}, net=layout.net, _env=env)
-    try:
+    with own_lab(tmp_path_factory.mktemp("mctl-imex-state"), trays=4, label="imex lab") as lab:
         tmp = tmp_path_factory.mktemp("imex-sites")
-        yield Rack(lab, result.inventory.parent, _write_site(lab, tmp / "split", PARTITIONS))
-    finally:
-        control.down(result.dir)
+        yield Rack(lab, lab.inventory.parent, _write_site(lab, tmp / "split", PARTITIONS))
 
 
 def _up(rack: Rack, site: Path) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab_fixture import TRAYS_ENV, LabHandle, _free_net, lab_skip_reason
+from tests.lab_fixture import TRAYS_ENV, own_lab
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER_PKGS = ["nvidia-driver-570-open", "nvidia-utils-570", "libnvidia-compute-570", "nvidia-compute-utils-570"]
@@ -26,32 +26,9 @@ PROXY_FAULT = "/etc/apt/apt.conf.d/99-mctl-test-unreachable"
 
 @pytest.fixture(scope="module")
 def oslab(tmp_path_factory):
-    reason = lab_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    from mctl.errors import UsageError
-    from mctl.lab import control
-
-    trays = int(os.environ.get(TRAYS_ENV) or 4)
-    state_dir = tmp_path_factory.mktemp("mctl-state-apt")
-    for attempt in range(3):
-        net = _free_net()
-        try:
-            result = control.up(state_dir / "lab", racks=1, trays=trays, net=net, os_only=True,
-                                progress=lambda m: sys.stderr.write(f"[oslab] {m}\n"))
-            break
-        except UsageError as exc:
-            if "already in use" not in exc.message or attempt == 2:
-                raise
-    layout = result.layout
-    env = dict(os.environ, MCTL_STATE_DIR=str(state_dir), MCTL_INVENTORY=str(result.dir), NO_COLOR="1")
-    handle = LabHandle(dir=result.dir, state_dir=state_dir, inventory=result.inventory, rack="lab-r1",
-                       trays=[h.name for h in layout.trays_of("lab-r1")], head="lab-r1-head",
-                       addresses={h.name: h.address for h in layout.hosts()}, net=net, _env=env)
-    try:
+    with own_lab(tmp_path_factory.mktemp("mctl-state-apt"), trays=int(os.environ.get(TRAYS_ENV) or 4),
+                 label="oslab", os_only=True) as handle:
         yield handle
-    finally:
-        control.down(result.dir)
 
 
 def provision(lab, *args: str) -> tuple[int, dict, float]:
