@@ -161,3 +161,16 @@ def test_every_import_of_mctl_names_a_module_that_exists():
     known = set(graph)
     missing = {(importer, target) for importer, targets in graph.items() for target in targets if target not in known}
     assert not missing, sorted(missing)
+
+
+def test_only_the_cli_draws():
+    """rich (the terminal drawing library) is the CLI's: services return results, they never draw."""
+    drawing = []
+    for name, path in _modules().items():
+        if _package(name) in ("cli", LAB):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            drawing += [name for n in names if n.split(".")[0] == "rich"]
+    assert not drawing, sorted(set(drawing))
