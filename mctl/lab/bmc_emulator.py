@@ -127,18 +127,22 @@ class LabSystemsDriver(_driver_base()):  # type: ignore[misc]
         self._lock = threading.Lock()
         self._transition: str | None = None          # PoweringOn / PoweringOff while a Reset runs
         self._boot = {i: "Hdd" for i in self._ids}
+        self._lab_cache = None
 
     # -- the lab tray
     def _lab(self):
-        from mctl.lab import control
+        """The lab's record and the tray, read once (the lab's shape does not change while it is up)."""
+        if self._lab_cache is None:
+            from mctl.lab import control
 
-        files = control.LabFiles(Path(self._config["lab_dir"]))
-        record = control.load_record(files.dir) or {}
-        layout = control.layout_of(record)
-        host = layout.host(self._config["tray"])
-        if host is None:
-            raise RuntimeError(f"{self._config['tray']} is not in the lab record")
-        return control, files, layout, record, host
+            files = control.LabFiles(Path(self._config["lab_dir"]))
+            record = control.load_record(files.dir) or {}
+            layout = control.layout_of(record)
+            host = layout.host(self._config["tray"])
+            if host is None:
+                raise RuntimeError(f"{self._config['tray']} is not in the lab record")
+            self._lab_cache = (control, files, layout, record, host)
+        return self._lab_cache
 
     def host_power(self) -> str:
         with self._lock:
@@ -242,6 +246,7 @@ def build_app(config: dict[str, Any], tree: dict[str, dict[str, Any]] | None = N
     add_missing(tree)
     driver = LabSystemsDriver(config, tree)
     app = st.app
+    _remember_good_logins()
     type(app).systems = property(lambda self: driver)      # sushy-tools' backend list is hard-coded
     app.configure(extra_config={"SUSHY_EMULATOR_AUTH_FILE": config["auth_file"],
                                 "SUSHY_EMULATOR_FEATURE_SET": "full"})
@@ -288,10 +293,32 @@ def build_app(config: dict[str, Any], tree: dict[str, dict[str, Any]] | None = N
     return app
 
 
+def _remember_good_logins() -> None:
+    """sushy-tools checks bcrypt on every request (~7 ms each on a loaded lab machine, most of a GET);
+    a login that passed once is remembered by this process (the htpasswd file's mtime is part of the
+    key), a wrong one is checked every time. A real BMC keeps sessions for the same reason."""
+    import functools
+    import os
+
+    from sushy_tools.emulator import auth_basic
+
+    check = auth_basic.authenticate
+    if getattr(check, "_mctl_remembers", False):
+        return
+
+    @functools.lru_cache(maxsize=64)
+    def good(auth_file: str, mtime: float, username: str, password: bytes) -> tuple:
+        return tuple(check(auth_file, username, password).items())
+
+    def authenticate(auth_file, username, password):
+        return dict(good(auth_file, os.stat(auth_file).st_mtime, username, bytes(password)))
+
+    authenticate._mctl_remembers = True  # type: ignore[attr-defined]
+    auth_basic.authenticate = authenticate
+
+
 def main(argv: list[str] | None = None) -> int:
     import ssl
-
-    from werkzeug.serving import WSGIRequestHandler
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
@@ -300,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     config = json.loads(Path(args[0]).read_text())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app = build_app(config)
-    WSGIRequestHandler.protocol_version = "HTTP/1.1"       # keep-alive: one TLS handshake per client
+
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(config["cert"], config["key"])

@@ -158,3 +158,100 @@ def test_every_bmc_is_a_lab_process_lab_down_ends(lab):
     # Every BMC is one of the lab's processes (found by its launcher), so `lab down` ends it.
     found = [p for p in control.lab_processes(lab.dir) if p.comm != "unshare" and "mctl.lab.bmc_emulator" in p.cmdline]
     assert len(found) == len(lab.trays)
+
+
+# ------------------------------------------------------------------ mctl power / mctl rack power
+
+def _boot_id(lab, tray):
+    return lab.run(tray, "cat /proc/sys/kernel/random/boot_id").stdout.strip()
+
+
+def _power_json(proc):
+    try:
+        return json.loads(proc.stdout)
+    except ValueError:
+        raise AssertionError(f"exit {proc.returncode}, not JSON: {proc.stdout[-1500:]!r} {proc.stderr[-1500:]!r}")
+
+
+def _restore(lab):
+    """Every tray on and, if Slurm runs on the lab, back in service (a real slurmctld marks the reboot DOWN)."""
+    from tests.integration.test_lab_faults import _resume_if_slurm_says_rebooted
+
+    files = control.LabFiles(lab.dir)
+    layout = control.layout_of(control.load_record(lab.dir))
+    for tray in lab.trays:
+        if not control.host_running(files, layout.host(tray)):
+            redfish(lab, tray, "/redfish/v1/Systems/System_0/Actions/ComputerSystem.Reset", method="POST",
+                    body={"ResetType": "On"})
+    for tray in lab.trays:
+        wait_for(f"SSH on {tray}", lambda: ssh_ok(lab, tray))
+        _resume_if_slurm_says_rebooted(lab, tray)
+
+
+def test_rack_power_off_then_on_in_order_each_stage_checked_through_redfish_and_ssh(lab):
+    boots = {t: _boot_id(lab, t) for t in lab.trays}
+    try:
+        plan = _power_json(lab.mctl("rack", "power", "off", lab.rack, "--dry-run", "--json"))
+        assert plan["dry_run"] and all(power_state(lab, t) == "On" for t in lab.trays)
+
+        start = time.monotonic()
+        off = lab.mctl("rack", "power", "off", lab.rack, "--json", timeout=900)
+        off_s = time.monotonic() - start
+        data = _power_json(off)
+        assert off.returncode == 0, off.stderr
+        assert [s["name"] for s in data["stages"]] == ["compute", "switch", "power_shelf"]
+        compute = data["stages"][0]
+        assert compute["state"] == "done" and sorted(t["host"] for t in compute["trays"]) == sorted(lab.trays)
+        for t in compute["trays"]:
+            assert t["ok"] and t["before"] == "On" and t["after"] == "Off"
+            assert t["os_answered"] is True and t["os_after"] is False
+            assert t["sent"][0] == "GracefulShutdown"      # the OS answered: graceful first
+        for tray in lab.trays:                              # checked again here, by other clients
+            assert power_state(lab, tray) == "Off" and not ssh_ok(lab, tray)
+
+        start = time.monotonic()
+        on = lab.mctl("rack", "power", "on", lab.rack, "--json", timeout=900)
+        on_s = time.monotonic() - start
+        data = _power_json(on)
+        assert on.returncode == 0, on.stderr
+        assert [s["name"] for s in data["stages"]] == ["power_shelf", "switch", "compute"]
+        for t in data["stages"][2]["trays"]:
+            assert t["ok"] and t["sent"] == ["On"] and t["after"] == "On" and t["os_after"] is True
+        for tray in lab.trays:
+            assert power_state(lab, tray) == "On" and ssh_ok(lab, tray)
+            assert _boot_id(lab, tray) != boots[tray]
+        print(f"\nrack power off {off_s:.1f}s, on {on_s:.1f}s ({len(lab.trays)} trays)")
+    finally:
+        _restore(lab)
+
+
+def test_power_under_a_held_rack_lock_is_refused_and_sends_nothing(lab):
+    from mctl.state.lock import rack_lock
+
+    tray = lab.trays[0]
+    with rack_lock(lab.state_dir, lab.rack, purpose="test holds the rack"):
+        proc = lab.mctl("power", "off", tray, "--json", timeout=120)
+    assert proc.returncode != 0 and "lock" in (proc.stderr + proc.stdout).lower()
+    assert power_state(lab, tray) == "On" and ssh_ok(lab, tray)
+
+
+def test_power_status_and_bmcs_refusing_the_credentials_reported_exit_3(lab, tmp_path):
+    import shutil
+
+    import yaml
+
+    site = tmp_path / "site"
+    site.mkdir()
+    doc = yaml.safe_load(lab.inventory.read_text())
+    cred = tmp_path / "bad.cred"
+    cred.write_text("root:not-the-password\n")
+    cred.chmod(0o600)
+    doc["bmc"]["credentials_file"] = str(cred)
+    (site / "mctl.yml").write_text(yaml.safe_dump(doc))
+    proc = lab.mctl("-i", str(site), "power", "status", lab.rack, "--json")
+    data = _power_json(proc)
+    assert proc.returncode == 3
+    assert {t["error_kind"] for s in data["stages"] for t in s["trays"]} == {"auth"}
+    good = _power_json(lab.mctl("power", "status", lab.rack, "--json"))
+    assert all(t["ok"] and t["before"] == "On" and t["os_answered"] for s in good["stages"] for t in s["trays"])
+    shutil.rmtree(site)
