@@ -188,6 +188,38 @@ def _restore(lab):
         _resume_if_slurm_says_rebooted(lab, tray)
 
 
+from tests.integration.test_lab_faults import slurm_site  # noqa: E402,F401 - the module's Slurm deploy
+
+
+def test_power_off_refuses_a_tray_with_a_running_slurm_job_unless_force(lab, slurm_site):
+    tray = lab.trays[1]
+    out = lab.run(lab.head, f"sbatch --parsable -N1 -w {tray} -o /dev/null --job-name=mctl-power-test "
+                            "--wrap 'sleep 600'").stdout.strip()
+    job = out.split(";")[0]
+    try:
+        wait_for(f"job {job} RUNNING", lambda: lab.run(lab.head, f"squeue -h -j {job} -o %T",
+                                                       check=False).stdout.strip() == "RUNNING")
+        plan = _power_json(lab.mctl("-i", str(slurm_site), "power", "off", tray, "--dry-run", "--json"))
+        (t,) = [t for s in plan["stages"] for t in s["trays"]]
+        assert t["error_kind"] == "refused" and f"slurm {job}" in t["error"]
+        proc = lab.mctl("-i", str(slurm_site), "power", "off", tray, "--json", timeout=300)
+        data = _power_json(proc)
+        assert proc.returncode == 3
+        (t,) = [t for s in data["stages"] for t in s["trays"]]
+        assert t["error_kind"] == "refused" and t["sent"] == [] and any(w["id"] == job for w in data["work"])
+        assert power_state(lab, tray) == "On" and ssh_ok(lab, tray)
+        whole = _power_json(lab.mctl("-i", str(slurm_site), "rack", "power", "off", lab.rack, "--json"))
+        assert all(t["error_kind"] == "refused" and t["sent"] == [] for s in whole["stages"] for t in s["trays"])
+        assert all(power_state(lab, t) == "On" for t in lab.trays)
+        forced = lab.mctl("-i", str(slurm_site), "power", "off", tray, "--force", "--json", timeout=300)
+        (t,) = [t for s in _power_json(forced)["stages"] for t in s["trays"]]
+        assert forced.returncode == 0 and t["ok"] and t["sent"][0] == "GracefulShutdown" and t["after"] == "Off"
+        assert not ssh_ok(lab, tray)
+    finally:
+        lab.run(lab.head, f"scancel {job}; true", check=False)
+        _restore(lab)
+
+
 def test_rack_power_off_then_on_in_order_each_stage_checked_through_redfish_and_ssh(lab):
     boots = {t: _boot_id(lab, t) for t in lab.trays}
     try:
@@ -255,3 +287,4 @@ def test_power_status_and_bmcs_refusing_the_credentials_reported_exit_3(lab, tmp
     good = _power_json(lab.mctl("power", "status", lab.rack, "--json"))
     assert all(t["ok"] and t["before"] == "On" and t["os_answered"] for s in good["stages"] for t in s["trays"])
     shutil.rmtree(site)
+
