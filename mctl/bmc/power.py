@@ -192,14 +192,6 @@ class OSProbe:
 
 # ------------------------------------------------------------------ one tray
 
-class Clock:
-    def __init__(self, deadline: float):
-        self.deadline = deadline
-
-    def left(self) -> float:
-        return self.deadline - time.monotonic()
-
-
 def _wait_state(client: RedfishClient, system: HostSystem, want: tuple[str, ...], until: float,
                 tray: TrayPower) -> str | None:
     """Poll PowerState until it is one of *want* or *until* passes; the last state read."""

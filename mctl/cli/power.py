@@ -9,7 +9,7 @@ import typer
 from mctl.cli import render
 from mctl.cli.context import options, want_json
 from mctl.cli.options import DryRunOpt, JsonOpt, finite
-from mctl.errors import EXIT_PARTIAL, PartialFailure, UsageError
+from mctl.errors import EXIT_PARTIAL, UsageError
 
 app = typer.Typer(help="Tray power through the BMCs (Redfish): status, on, off, cycle.", no_args_is_help=True)
 rack_power_app = typer.Typer(help="A whole rack's power in order: shelves, switch trays, compute trays "
@@ -54,16 +54,11 @@ def _run(action: str, hosts, *, force: bool, dry_run: bool, json_: bool, gracefu
     else:
         _print(report)
     if report.exit_code == EXIT_PARTIAL:
-        from mctl.model.site import fold
+        from mctl.cli.bmc import partial_failure
 
-        kinds: dict[str, list[str]] = {}
-        for t in report.failed:
-            kinds.setdefault(t.error_kind or "error", []).append(t.host)
-        n = len(report.failed)
-        raise PartialFailure(f"{n} tray{'s' if n > 1 else ''} not {'read' if action == 'status' else 'done'}: "
-                             + "; ".join(f"{k} {fold(v)}" for k, v in sorted(kinds.items())),
-                             hint="every other tray went on; see the errors above"
-                             + ("; --force acts on busy trays" if "refused" in kinds else ""))
+        raise partial_failure(report.failed, "tray", "not read" if action == "status" else "not done",
+                              hint="every other tray went on; see the errors above",
+                              kinds_hint={"refused": "--force acts on busy trays"})
 
 
 def _print(report) -> None:

@@ -32,7 +32,6 @@ import json
 import logging
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
