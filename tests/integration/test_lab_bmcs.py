@@ -1,6 +1,9 @@
 """The lab trays' BMCs (sushy-tools with mctl's systems driver): `mctl bmc inventory` over real HTTPS and
-Basic auth, and a tray powered off and on through its BMC: the host goes away (SSH refused, no
-process left) and comes back with a new boot id."""
+Basic auth, a tray powered off and on through its BMC (the host goes away: SSH refused, no process
+left; it comes back with a new boot id), and `mctl power` / `mctl rack power` on them.
+
+The file is named to sort after test_deploy_slurm.py: that file expects to be the first to deploy
+Slurm in a session, and the job test here deploys it (test_lab_faults' module fixture)."""
 
 from __future__ import annotations
 
