@@ -1,4 +1,4 @@
-"""A read-only Redfish client for one tray's BMC, on DMTF's `redfish` library.
+"""A Redfish client for one tray's BMC (GET, and actions POSTed once), on DMTF's `redfish` library.
 
 The library (python-redfish-library, `redfish.rest.v1`) does the HTTP; this
 module fixes the library defaults that do not fit a datacenter tool
@@ -104,7 +104,8 @@ def check_path(path: str) -> str:
 
 
 class RedfishClient:
-    """GET-only access to one BMC. Use `get(path)`; it returns the JSON object or raises BMCError."""
+    """Access to one BMC: `get(path)` returns the JSON object, `post_action(path, body)` sends an action
+    once; both raise BMCError."""
 
     def __init__(self, url: str, credentials: BMCCredentials, *, verify_tls: bool | str = True,
                  timeout_s: float = 10.0, deadline: float | None = None,
@@ -186,6 +187,35 @@ class RedfishClient:
                 raise BMCError("malformed", f"GET {target}: the answer is a JSON {type(doc).__name__}, not an object")
             return doc
         raise BMCError("http", f"GET {path} was redirected more than 3 times")
+
+    def post_action(self, path: str, body: dict[str, Any]) -> int:
+        """POST an action, sent exactly once (no retry, no redirect followed: a reset is never re-sent).
+
+        Returns the HTTP status (2xx); raises BMCError otherwise. A timeout says the action may have
+        been applied: the caller reads the state, it does not send the action again."""
+        import requests
+        from redfish.rest.v1 import RetriesExhaustedError
+
+        target = check_path(path)
+        self.requests += 1
+        try:
+            resp = self._client.post(target, body=body, timeout=self._timeout())
+        except RetriesExhaustedError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, requests.TooManyRedirects):
+                raise BMCError("origin", f"POST {target} was redirected; mctl does not follow a redirect "
+                                         "of an action (it could run twice)") from None
+            err = _transport_error(cause, target)
+            if err.kind == "timeout":
+                err.message = f"POST {target} timed out: the action may have been applied; it is not sent again"
+                err.args = (err.message,)
+            raise err from None
+        status = resp.status
+        if status in (401, 403):
+            raise BMCError("auth", f"the BMC refused the credentials (HTTP {status} on POST {target})", status=status)
+        if not 200 <= status < 300:
+            raise BMCError("http", f"POST {target} answered HTTP {status}{_message(resp.text)}", status=status)
+        return status
 
     def _redirect(self, here: str, status: int, location: str) -> str:
         url = urllib.parse.urljoin(self.url + here, location)

@@ -52,15 +52,20 @@ def inventory(
     else:
         _print(report, diff)
     if report.exit_code == EXIT_PARTIAL:
-        from mctl.model.site import fold
+        raise partial_failure(report.failed, "BMC", "not read", hint="every other tray was read; see the errors above")
 
-        kinds: dict[str, list[str]] = {}
-        for t in report.failed:
-            kinds.setdefault(t.error_kind or "error", []).append(t.host)
-        n = len(report.failed)
-        raise PartialFailure(f"{n} BMC{'s' if n > 1 else ''} not read: "
-                             + "; ".join(f"{k} {fold(v)}" for k, v in sorted(kinds.items())),
-                             hint="every other tray was read; see the errors above")
+
+def partial_failure(failed, noun: str, what: str, *, hint: str, kinds_hint: dict[str, str] | None = None):
+    """Exit 3 naming the trays that failed by kind of trouble ("2 BMCs not read: auth t[1-2]")."""
+    from mctl.model.site import fold
+
+    kinds: dict[str, list[str]] = {}
+    for t in failed:
+        kinds.setdefault(t.error_kind or "error", []).append(t.host)
+    n = len(failed)
+    extra = "".join(f"; {h}" for k, h in (kinds_hint or {}).items() if k in kinds)
+    return PartialFailure(f"{n} {noun}{'s' if n > 1 else ''} {what}: "
+                          + "; ".join(f"{k} {fold(v)}" for k, v in sorted(kinds.items())), hint=hint + extra)
 
 
 def _hosts(site, target: str | None):

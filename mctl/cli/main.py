@@ -41,6 +41,7 @@ NOUNS: tuple[tuple[str, str], ...] = (
     ("node", "mctl.cli.node"),
     ("audit", "mctl.cli.audit"),
     ("bmc", "mctl.cli.bmc"),
+    ("power", "mctl.cli.power"),
 )
 
 ROOT_HELP = ("Manage NVIDIA GB200/GB300 NVL72 racks: inventory, provisioning, NVLink partitions, "

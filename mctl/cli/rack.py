@@ -136,3 +136,7 @@ def _print_changes(r) -> None:
     render.line(f"diff since {since}: {len(r.changes)} change{'s' if len(r.changes) > 1 else ''}")
     for c in r.changes:
         render.line(f"  {c.host}  {c.kind}: {c.message}")
+
+from mctl.cli.power import rack_power_app as _rack_power  # noqa: E402
+
+app.add_typer(_rack_power, name="power")

@@ -22,7 +22,7 @@ from ClusterShell.NodeSet import NodeSet
 
 from mctl.errors import EnvironmentProblem, UsageError
 from mctl.lab import faults as faultlib
-from mctl.lab import hosts, image, keys, prereq, procs, services
+from mctl.lab import bmcs, hosts, image, keys, prereq, procs, services
 from mctl.lab.gpus import gpu_state
 from mctl.lab.layout import DEFAULT_NET, LabHost, LabLayout, etc_hosts
 from mctl.lab.site import IMAGE_NAME, REPO_IMAGES, inventory
@@ -118,6 +118,10 @@ def lab_processes(lab_dir: Path, table: dict[int, procs.Proc] | None = None) -> 
     for launcher in lab_launchers(lab_dir, table):
         out[launcher.pid] = launcher
         for child in procs.children(table, launcher.pid):
+            if child.pidns == launcher.pidns:       # a tray's BMC: no PID namespace (it boots hosts)
+                for p in procs.descendants(table, child):
+                    out[p.pid] = p
+                continue
             for p in procs.in_namespace(table, child):
                 out[p.pid] = p
     return [p for p in out.values() if p.state != "Z"]
@@ -143,6 +147,7 @@ def up(lab_dir: Path, *, racks: int = 1, trays: int = 18, name: str = "lab", net
     rack_svcs = list(services.RACK_SERVICES if rack_services is None else rack_services)
     spec = image.load_spec(images_dir / f"{IMAGE_NAME}.yml")
     prereq.require(need_build=not image.is_built(spec))
+    bmcs.require_emulator()
     files = LabFiles(Path(lab_dir).resolve())
     files.dir.mkdir(parents=True, exist_ok=True)
     with file_lock(files.lock, purpose="mctl lab up", label=f"lab {files.dir}"):
@@ -169,6 +174,8 @@ def up(lab_dir: Path, *, racks: int = 1, trays: int = 18, name: str = "lab", net
                 missing = _start_hosts(files, layout, rootfs, rack_svcs, os_only=os_only)
                 _wait_ready(files, layout, timeout)
                 _start_rack_services(files, layout, rack_svcs)
+                progress(f"starting {len(bmcs.trays(layout))} tray BMCs (Redfish, sushy-tools)")
+                bmcs.start(files.dir, layout, MARKER_ENV)
                 record = load_record(files.dir) or {}
                 record["state"] = "up"
                 record["up_seconds"] = round(time.monotonic() - started, 2)
@@ -184,6 +191,7 @@ def _check_addresses(layout: LabLayout, rack_svcs: Sequence[services.RackService
     listening = procs.listening_tcp()
     wanted = [(h.address, 22) for h in layout.hosts()]
     wanted += [(layout.service_address(r), s.port) for r in range(1, layout.racks + 1) for s in rack_svcs if s.port]
+    wanted += [(layout.bmc_address(h), bmcs.PORT) for h in bmcs.trays(layout)]
     busy = [f"{a}:{p}" for a, p in wanted if (a, p) in listening or ("0.0.0.0", p) in listening and p != 22]
     if busy:
         raise UsageError(f"address {busy[0]} is already in use on this machine (another lab?)",
@@ -210,9 +218,11 @@ def _start_hosts(files: LabFiles, layout: LabLayout, rootfs: Path,
         _write_host_files(w, ctx, h, hosts_text, lab_key, host_key, hostinit, missing, os_only=os_only)
     # known_hosts before any host starts: the first connection is already verified.
     atomic_write(files.known_hosts, "\n".join(known) + "\n")
+    bmcs.prepare(files.dir, layout)
     atomic_write(files.inventory, inventory(layout, identity_file=files.key, known_hosts=files.known_hosts,
                                             images_dir=REPO_IMAGES,
-                                            rack_extra=_rack_inventory(files, layout, rack_svcs)))
+                                            rack_extra=_rack_inventory(files, layout, rack_svcs),
+                                            bmc=bmcs.inventory_section(files.dir)))
     for h in layout.hosts():
         hosts.spawn(files.host(h.name), rootfs, char_devices=hosts.TRAY_CHAR_DEVICES if h.kind == "tray" else ())
     return sorted(missing)
@@ -423,7 +433,7 @@ def _remove_lab_files(files: LabFiles) -> bool:
     import shutil
 
     removed = False
-    for p in (files.dir / "hosts", files.dir / "racks", files.dir / "ssh", files.dir / "aptrepo"):
+    for p in (files.dir / "hosts", files.dir / "racks", files.dir / "ssh", files.dir / "aptrepo", files.dir / "bmc"):
         if p.exists():
             shutil.rmtree(p)
             removed = True
@@ -993,7 +1003,7 @@ def _read_boot_id(files: LabFiles, name: str) -> str | None:
         return None
 
 
-def _stop_host(files: LabFiles, host: LabHost) -> None:
+def _stop_host(files: LabFiles, host: LabHost, *, force: bool = False) -> None:
     """Every process of one host ends (init first, as at shutdown), and with them its namespaces and mounts."""
     paths = files.host(host.name)
     table = procs.scan()
@@ -1008,9 +1018,10 @@ def _stop_host(files: LabFiles, host: LabHost) -> None:
         lp = t.get(launcher)
         return out + ([lp] if lp is not None and lp.comm == "unshare" and lp.state != "Z" else [])
 
-    _signal(init.pid, signal.SIGTERM)
-    _signal(init.pid, signal.SIGCONT)
-    for wait, sig in ((8.0, signal.SIGKILL), (5.0, None)):
+    if not force:
+        _signal(init.pid, signal.SIGTERM)
+        _signal(init.pid, signal.SIGCONT)
+    for wait, sig in ((0.0 if force else 8.0, signal.SIGKILL), (5.0, None)):
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline and alive():
             time.sleep(0.05)
@@ -1030,8 +1041,21 @@ def _reboot(files: LabFiles, layout: LabLayout, record: dict, host: LabHost, cur
             down_for: float | None) -> None:
     """The host goes away (every process ends, SSH refused) and boots again: new boot id, uptime from 0,
     /run and /tmp empty, kern.log kept (it is on disk), enabled units started as at boot."""
-    paths = files.host(host.name)
-    # What a reboot ends: a freeze, hung or slow commands, daemons kept down (GPU faults are hardware: they stay).
+    power_off(files, host, current)
+    time.sleep(faultlib.REBOOT_DOWN_S if down_for is None else down_for)
+    power_on(files, layout, record, host)
+
+
+def power_off(files: LabFiles, host: LabHost, current: dict | None = None, *, force: bool = False) -> None:
+    """The host loses power: its process faults end with it (a freeze, hung or slow commands, daemons kept
+    down; GPU faults are hardware: they stay), every process ends, SSH is refused. Used by --reboot and by
+    the tray's BMC (mctl.lab.bmc_emulator); *force* kills at once instead of SIGTERM first."""
+    if current is None:
+        try:
+            current = faultlib.normalize(json.loads(
+                hosts.host_path(files.dir, host.name, hosts.FAULTS_FILE).read_text()))
+        except (OSError, ValueError):
+            current = faultlib.empty()
     if current["unreachable"] or _is_frozen(files, host):
         _freeze(files, host, False)
     sshrc = hosts.host_path(files.dir, host.name, SSHRC)
@@ -1051,8 +1075,14 @@ def _reboot(files: LabFiles, layout: LabLayout, record: dict, host: LabHost, cur
             gpus = 0
     atomic_write(hosts.host_path(files.dir, host.name, hosts.BOOT_UNITS_FILE),
                  json.dumps({"units": BOOT_UNITS[host.kind], "gpus": gpus}) + "\n")
-    _stop_host(files, host)
-    time.sleep(faultlib.REBOOT_DOWN_S if down_for is None else down_for)
+    _stop_host(files, host, force=force)
+
+
+def power_on(files: LabFiles, layout: LabLayout, record: dict, host: LabHost) -> None:
+    """The host boots (new boot id, uptime from 0, enabled units started) and waits until it listens."""
+    paths = files.host(host.name)
+    if hosts.init_proc(paths) is not None:
+        return
     rootfs = Path((record.get("image") or {}).get("dir", "")) / "rootfs"
     if not rootfs.is_dir():
         raise EnvironmentProblem(f"cannot boot {host.name} again: its image {rootfs} is gone",
@@ -1063,6 +1093,14 @@ def _reboot(files: LabFiles, layout: LabLayout, record: dict, host: LabHost, cur
     if host.kind == "tray" and any(s.get("name") == services.NMX_SERVICE.name
                                    for s in record.get("rack_services", [])):
         services.refresh_nmx(_rack_context(files, layout, host.rack))      # its files moved to a new /proc/<pid>
+
+
+def host_running(files: LabFiles, host: LabHost) -> bool:
+    return hosts.init_proc(files.host(host.name)) is not None
+
+
+def host_frozen(files: LabFiles, host: LabHost) -> bool:
+    return _is_frozen(files, host)
 
 
 # --- ssh ----------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ MAX_RACKS = 99
 MAX_TRAYS = 18          # an NVL72 rack holds 18 compute trays
 HEAD_OCTET = 100
 SERVICE_OCTET = 200
+BMC_RACK_OFFSET = 100   # tray N of rack R has its BMC at 127.net.(100+R).N (docs/lab.md, "BMCs")
 DEFAULT_NET = 77
 
 Kind = Literal["tray", "head"]
@@ -75,6 +76,10 @@ class LabLayout:
 
     def nvlink_domain(self, rack: str) -> str:
         return str(uuid.uuid5(uuid.NAMESPACE_URL, f"mctl-lab/{self.name}/{rack}"))
+
+    def bmc_address(self, host: LabHost) -> str:
+        """The tray's BMC: its own loopback address, as a real BMC has its own port and address."""
+        return f"127.{self.net}.{BMC_RACK_OFFSET + host.rack_index}.{host.slot}"
 
     def service_address(self, rack_index: int) -> str:
         return f"127.{self.net}.{rack_index}.{SERVICE_OCTET}"

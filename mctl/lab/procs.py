@@ -63,6 +63,17 @@ def children(procs: dict[int, Proc], pid: int) -> list[Proc]:
     return [p for p in procs.values() if p.ppid == pid]
 
 
+def descendants(procs: dict[int, Proc], root: Proc) -> list[Proc]:
+    """*root* and every process below it."""
+    out, todo = [root], [root.pid]
+    while todo:
+        pid = todo.pop()
+        for c in children(procs, pid):
+            out.append(c)
+            todo.append(c.pid)
+    return out
+
+
 def in_namespace(procs: dict[int, Proc], init: Proc) -> list[Proc]:
     """Every process in *init*'s PID namespace (the whole lab host), init first."""
     return sorted((p for p in procs.values() if p.pidns == init.pidns), key=lambda p: (p.pid != init.pid, p.pid))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from mctl.lab.layout import LabLayout
+from mctl.lab.layout import BMC_RACK_OFFSET, LabLayout
 
 IMAGE_NAME = "lab-debian13"
 REPO_IMAGES = Path(__file__).resolve().parents[2] / "images"
@@ -40,7 +40,7 @@ def slurmd_ports(layout: LabLayout, rack_index: int) -> str | int:
 
 
 def inventory(layout: LabLayout, *, identity_file: Path, known_hosts: Path, images_dir: Path = REPO_IMAGES,
-              rack_extra: dict[str, dict] | None = None) -> str:
+              rack_extra: dict[str, dict] | None = None, bmc: dict | None = None) -> str:
     racks: dict[str, dict] = {}
     for r, rack in enumerate(layout.rack_names(), start=1):
         trays = layout.trays_of(rack)
@@ -54,6 +54,8 @@ def inventory(layout: LabLayout, *, identity_file: Path, known_hosts: Path, imag
                 "nodes": f"{rack}-tray[01-{layout.trays:02d}]" if layout.trays > 1 else trays[0].name,
                 "addresses": (f"127.{layout.net}.{r}.[1-{layout.trays}]" if layout.trays > 1 else trays[0].address),
                 "image": IMAGE_NAME,
+                **({"bmc": (f"127.{layout.net}.{BMC_RACK_OFFSET + r}.[1-{layout.trays}]" if layout.trays > 1
+                            else layout.bmc_address(trays[0]))} if bmc else {}),
                 # Every lab host shares the machine's network stack, so each slurmd needs its own port.
                 "vars": {"slurmd_port": slurmd_ports(layout, r)},
             },
@@ -69,6 +71,7 @@ def inventory(layout: LabLayout, *, identity_file: Path, known_hosts: Path, imag
         "ssh": {"user": "root", "port": 22, "identity_file": str(identity_file), "known_hosts": str(known_hosts),
                 "connect_timeout": 5, "command_timeout": 60},
         "racks": racks,
+        **({"bmc": bmc} if bmc else {}),
         "scheduler": {"type": "slurm", "cluster_name": layout.name, "controller": f"{layout.rack_names()[0]}-head",
                       "slurm": LAB_SLURM},
     }

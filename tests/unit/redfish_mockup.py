@@ -30,6 +30,7 @@ class MockupServer:
         self.overrides = dict(overrides or {})      # path -> body: a variant made in memory, files untouched
         self.expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
         self.requests: list[tuple[str, str, str | None]] = []    # (method, path, Authorization)
+        self.posts: list[tuple[str, bytes]] = []                  # (path, body) of every POST
         self.release = threading.Event()
         owner = self
 
@@ -81,6 +82,25 @@ class MockupServer:
                         self.wfile.flush()
                     return
                 self._send(200, body)
+
+            def do_POST(self):
+                """An action: recorded (with its body) and answered 204, or the fault; the tree is not changed."""
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                owner.requests.append(("POST", self.path, self.headers.get("Authorization")))
+                owner.posts.append((self.path, body))
+                path = self.path.split("?", 1)[0].rstrip("/") or "/"
+                hit = owner.fault_path is None or path == owner.fault_path
+                if self.headers.get("Authorization") != owner.expected:
+                    return self._send(401, b'{"error": {"message": "unauthorized"}}')
+                if owner.fault == "slow" and hit:
+                    owner.release.wait(owner.hold_s)
+                    return self._send(204, b"")
+                if owner.fault in ("401", "500") and hit:
+                    return self._send(int(owner.fault), b'{"error": {"message": "refused"}}')
+                if owner.fault in ("redirect-port", "redirect-same") and hit:
+                    return self._send(307, b"", extra={"Location": self.path + "/moved"})
+                self._send(204, b"")
 
             def _send(self, code, body, extra=None):
                 self.send_response(code)

@@ -1,0 +1,197 @@
+"""mctl power: tray power through the BMCs (docs/bmc.md, "Power"); `mctl rack power` is here too."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from mctl.cli import render
+from mctl.cli.context import options, want_json
+from mctl.cli.options import DryRunOpt, JsonOpt, finite
+from mctl.errors import EXIT_PARTIAL, UsageError
+
+app = typer.Typer(help="Tray power through the BMCs (Redfish): status, on, off, cycle.", no_args_is_help=True)
+rack_power_app = typer.Typer(help="A whole rack's power in order: shelves, switch trays, compute trays "
+                                  "(off: the reverse).", no_args_is_help=True)
+
+NodesArg = Annotated[str, typer.Argument(help="Trays (node set) or a rack name.", show_default=False)]
+RackArg = Annotated[str, typer.Argument(help="Rack name (see 'mctl inventory show').", show_default=False)]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Act on trays with running jobs or pods too "
+                                                        "(or when the queue cannot be read).")]
+GracefulOpt = Annotated[Optional[float], typer.Option(
+    "--graceful-wait", click_type=finite(min=0.0),
+    help="Seconds a GracefulShutdown may take before ForceOff (default 60).")]
+DeadlineOpt = Annotated[Optional[float], typer.Option(
+    "--deadline", click_type=finite(min=1.0),
+    help="Seconds each stage may take to report its state (Redfish and SSH; default 600).")]
+
+
+def _hosts(site, target: str):
+    from mctl.cli.bmc import _hosts as bmc_hosts
+
+    return bmc_hosts(site, target)
+
+
+def _run(action: str, hosts, *, force: bool, dry_run: bool, json_: bool, graceful: float | None,
+         deadline: float | None, whole_rack: bool = False, rack: str | None = None) -> None:
+    from mctl.bmc import power
+    from mctl.bmc.inventory import settings_for
+    from mctl.cli.locking import hold_racks
+
+    opts = options()
+    site = opts.site()
+    settings = settings_for(site)
+    if action != "status":
+        racks = sorted({h.rack for h in hosts if h.rack})
+        hold_racks(racks, f"power {action}" if not rack else f"rack power {action} {rack}", dry_run=dry_run)
+    progress = None if want_json(json_) else (lambda m: render.line(m))
+    report = power.run(site, action, power.groups_of(hosts), settings=settings, force=force, dry_run=dry_run,
+                       stage_s=deadline or power.DEFAULT_STAGE_S, graceful_s=power.DEFAULT_GRACEFUL_S
+                       if graceful is None else graceful, all_or_nothing=whole_rack, progress=progress)
+    if want_json(json_):
+        render.print_json(report.to_dict())
+    else:
+        _print(report)
+    if report.exit_code == EXIT_PARTIAL:
+        from mctl.cli.bmc import partial_failure
+
+        raise partial_failure(report.failed, "tray", "not read" if action == "status" else "not done",
+                              hint="every other tray went on; see the errors above",
+                              kinds_hint={"refused": "--force acts on busy trays"})
+
+
+def _print(report) -> None:
+    rows = []
+    for s in report.stages:
+        if not s.trays:
+            rows.append((s.name, "-", "-", "-", "-", "-", s.note or s.state))
+        for t in s.trays:
+            if report.dry_run:
+                what = t.error if t.error else {"status": "read", "on": "On", "off": "GracefulShutdown if the OS "
+                                                "answers, else ForceOff", "cycle": "PowerCycle (On if off)"}[report.action]
+                rows.append((s.name, t.host, t.bmc or "-", "-", "-", "-", ("would: " if not t.error else "") + what))
+                continue
+            os_word = {True: "up", False: "down", None: "-"}
+            rows.append((s.name, t.host, t.bmc or "-", t.before or "-", t.after or "-",
+                         f"{os_word[t.os_answered]} -> {os_word[t.os_after]}" if report.action != "status"
+                         else os_word[t.os_answered],
+                         ", ".join(t.sent) + (" " if t.sent else "") + ("ok" if t.ok else f"{t.error_kind}: {t.error}")))
+    title = f"power {report.action}" + (" (dry run)" if report.dry_run else "")
+    render.table(title, ("stage", "tray", "bmc", "before", "after", "OS (ssh)", "result"), rows)
+    if report.work_error:
+        render.line(f"work: cannot be read: {report.work_error}")
+    for w in report.work:
+        render.line(f"work: {w['kind']} {w['id']} ({w['state']}) on {','.join(w['nodes'])}")
+    stages = "; ".join(f"{s.name} {s.state}" + (f" {s.elapsed:.1f}s" if s.elapsed else "") for s in report.stages)
+    render.line(f"{len(report.trays)} trays, {len(report.failed)} not done; stages: {stages} "
+                f"({report.elapsed:.1f}s)")
+
+
+@app.command()
+def status(nodes: NodesArg, json_: JsonOpt = False) -> None:
+    """Each tray's power as its BMC reports it (Redfish PowerState of System_0) and whether the OS answers SSH.
+
+    Exit 0 every BMC read, 2 bad input, 3 some BMCs refused the credentials, timed out, answered an
+    error or a malformed document (every other tray was read).
+
+    Example: mctl power status lab-r1
+    """
+    site = options().site()
+    _run("status", _hosts(site, nodes), force=False, dry_run=False, json_=json_, graceful=None, deadline=None)
+
+
+@app.command()
+def on(nodes: NodesArg, dry_run: DryRunOpt = False, deadline: DeadlineOpt = None, json_: JsonOpt = False) -> None:
+    """Power trays on through their BMCs (ResetType On), switch trays before compute trays.
+
+    Waits until Redfish says On and each compute tray's OS answers SSH (--deadline). Under the
+    rack lock; a reset is sent once and never again if its answer is lost.
+
+    Exit 0 done, 2 bad input, 3 some trays failed (BMC refused, timed out, error, or no state by
+    the deadline; every other tray went on).
+
+    Example: mctl power on lab-r1-tray[01-04]
+    """
+    site = options().site()
+    _run("on", _hosts(site, nodes), force=False, dry_run=dry_run, json_=json_, graceful=None, deadline=deadline)
+
+
+@app.command()
+def off(nodes: NodesArg, force: ForceOpt = False, dry_run: DryRunOpt = False, graceful_wait: GracefulOpt = None,
+        deadline: DeadlineOpt = None, json_: JsonOpt = False) -> None:
+    """Power trays off through their BMCs: GracefulShutdown where the OS answers, ForceOff otherwise.
+
+    A tray still on after --graceful-wait gets ForceOff. Compute trays before switch trays. Trays
+    with running Slurm jobs (or GPU pods) are refused unless --force; drain them and let the work
+    end first. Waits until Redfish says Off and SSH no longer reaches the tray.
+
+    Exit 0 done, 2 bad input, 3 some trays refused or failed (every other tray went on).
+
+    Example: mctl power off lab-r1-tray03 --dry-run
+    """
+    site = options().site()
+    _run("off", _hosts(site, nodes), force=force, dry_run=dry_run, json_=json_, graceful=graceful_wait,
+         deadline=deadline)
+
+
+@app.command()
+def cycle(nodes: NodesArg, force: ForceOpt = False, dry_run: DryRunOpt = False, deadline: DeadlineOpt = None,
+          json_: JsonOpt = False) -> None:
+    """Power-cycle trays through their BMCs (PowerCycle; On for a tray that is off).
+
+    Waits until Redfish says On and the OS answers SSH with a new boot id. Busy trays are refused
+    unless --force.
+
+    Exit 0 done, 2 bad input, 3 some trays refused or failed (every other tray went on).
+
+    Example: mctl power cycle lab-r1-tray02
+    """
+    site = options().site()
+    _run("cycle", _hosts(site, nodes), force=force, dry_run=dry_run, json_=json_, graceful=None, deadline=deadline)
+
+
+def _rack_hosts(site, rack: str):
+    name = rack.strip()
+    if name not in site.racks:
+        raise UsageError(f"unknown rack {rack!r}", hint="racks: " + ", ".join(sorted(site.racks)))
+    r = site.racks[name]
+    hosts = list(r.switches + r.compute)
+    if not hosts:
+        raise UsageError(f"rack {name} has no compute or switch trays")
+    return name, hosts
+
+
+@rack_power_app.command("on")
+def rack_on(rack: RackArg, dry_run: DryRunOpt = False, deadline: DeadlineOpt = None, json_: JsonOpt = False) -> None:
+    """Power a rack on in order: power shelves, switch trays, compute trays; each stage waits for its state.
+
+    A stage starts when every tray of the one before reports On (compute trays: and the OS answers
+    SSH); a failed stage stops the rest. Under the rack lock.
+
+    Exit 0 done, 2 bad input, 3 a tray failed (the later stages were not started).
+
+    Example: mctl rack power on lab-r1
+    """
+    site = options().site()
+    name, hosts = _rack_hosts(site, rack)
+    _run("on", hosts, force=False, dry_run=dry_run, json_=json_, graceful=None, deadline=deadline, rack=name)
+
+
+@rack_power_app.command("off")
+def rack_off(rack: RackArg, force: ForceOpt = False, dry_run: DryRunOpt = False, graceful_wait: GracefulOpt = None,
+             deadline: DeadlineOpt = None, json_: JsonOpt = False) -> None:
+    """Power a rack off in order: compute trays, switch trays, power shelves; each stage waits for its state.
+
+    Compute trays get GracefulShutdown where the OS answers, ForceOff otherwise or after
+    --graceful-wait. A tray with running jobs refuses the whole rack unless --force. Under the
+    rack lock.
+
+    Exit 0 done, 2 bad input, 3 refused or a tray failed (the later stages were not started).
+
+    Example: mctl rack power off lab-r1 --dry-run
+    """
+    site = options().site()
+    name, hosts = _rack_hosts(site, rack)
+    _run("off", hosts, force=force, dry_run=dry_run, json_=json_, graceful=graceful_wait, deadline=deadline,
+         whole_rack=True, rack=name)

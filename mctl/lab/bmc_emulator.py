@@ -1,0 +1,340 @@
+"""One lab tray's BMC: OpenStack's sushy-tools Redfish emulator, shaped like a real GB200 tray BMC.
+
+`python -m mctl.lab.bmc_emulator CONFIG.json` (started by `mctl lab up`, one process per tray on the
+tray's own BMC address, port 443, TLS from the lab's CA, HTTP Basic from a bcrypt htpasswd file).
+
+What sushy-tools does here: the HTTP service (Flask), authentication (its Basic middleware over an
+htpasswd file), routing, its error documents, `Systems`, `Systems/{id}` and the
+`ComputerSystem.Reset` action, all through a systems driver of mctl's (`LabSystemsDriver`) that acts on
+the lab tray: ForceOff / GracefulShutdown stop the tray's host (SSH, Slurm and IMEX go away), On boots
+it again (a new boot id), PowerCycle / ForceRestart / GracefulRestart do both.
+
+What sushy-tools lacks, added here (docs/decisions.md, D-bmclab-1): the resource tree and ids of the
+real GB200 compute-tray capture (tests/fixtures/real/redfish/nvidia_gb200: service root, `BMC_0` and
+`HGX_BMC_0` managers, `Chassis_0` and the other chassis, `UpdateService/FirmwareInventory` with the
+`FW_*`/`HGX_FW_*` ids, PowerSubsystem, ThermalSubsystem, Sensors), per tray (serial numbers, tray
+index and slot, power state), plus `Chassis_0/ThermalSubsystem/LeakDetection` with its four leak
+detectors (ids and fields of the capture, docs: ../shared/reference/redfish.md) and
+`Systems/System_0/ResetActionInfo` with the capture's allowed ResetType values. sushy-tools picks its
+systems backend from a hard-coded list (`Application.systems`); that property is replaced here, the
+only way to give it a driver of one's own.
+
+Power semantics as on a real tray: a Reset is answered 204 at once and runs in the background;
+PowerState says PoweringOff / PoweringOn meanwhile; a second Reset while one runs gets 409. A
+GracefulShutdown (or GracefulRestart) of a tray whose OS does not answer (`mctl lab fault --freeze`)
+does nothing, as an ACPI request to a hung OS does; ForceOff always works.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+CAPTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "real" / "redfish" / "nvidia_gb200"
+ROOT = "/redfish/v1"
+HOST_SYSTEM = "System_0"
+# The capture's System_0 ResetActionInfo (shared/reference/redfish.md, "Power actions").
+RESET_TYPES = ("ForceOff", "PowerCycle", "Nmi", "GracefulShutdown", "On", "ForceOn", "GracefulRestart",
+               "ForceRestart")
+# Chassis that keep standby power when the host is off (the BMC and its root of trust).
+STANDBY_CHASSIS = ("BMC_0", "ERoT_BMC_0")
+LEAK_DETECTORS = ("Chassis_0_LeakDetector_0_ColdPlate", "Chassis_0_LeakDetector_0_Manifold",
+                  "Chassis_0_LeakDetector_1_ColdPlate", "Chassis_0_LeakDetector_1_Manifold")
+LOG = logging.getLogger("mctl-lab-bmc")
+
+
+# ------------------------------------------------------------------ the resource tree
+
+def load_tree(capture: Path = CAPTURE) -> dict[str, dict[str, Any]]:
+    """Every captured document by its path (`/redfish/v1/X`), as Mockup Creator stored it (`X/index.json`)."""
+    tree: dict[str, dict[str, Any]] = {}
+    base = capture / "redfish" / "v1"
+    for f in sorted(base.rglob("index.json")):
+        rel = f.parent.relative_to(base).as_posix()
+        tree[ROOT if rel == "." else f"{ROOT}/{rel}"] = json.loads(f.read_text())
+    if ROOT not in tree:
+        raise SystemExit(f"mctl lab bmc: no Redfish capture under {capture}")
+    return tree
+
+
+def serial_for(tray_id: str, item: str) -> str:
+    """A per-tray serial in the capture's style (a swapped tray changes it; a restart does not)."""
+    return "0x" + hashlib.sha256(f"{tray_id}/{item}".encode()).hexdigest()[:16].upper()
+
+
+def add_missing(tree: dict[str, dict[str, Any]]) -> None:
+    """Resources the capture links and mctl reads that were not captured (or sushy-tools lacks)."""
+    leak = f"{ROOT}/Chassis/Chassis_0/ThermalSubsystem/LeakDetection"
+    tree.setdefault(leak, {
+        "@odata.id": leak, "@odata.type": "#LeakDetection.v1_0_1.LeakDetection", "Id": "LeakDetection",
+        "Name": "Leak Detection Systems", "LeakDetectors": {"@odata.id": f"{leak}/LeakDetectors"},
+        "Status": {"Health": "OK", "State": "Enabled"}})
+    tree.setdefault(f"{leak}/LeakDetectors", {
+        "@odata.id": f"{leak}/LeakDetectors", "@odata.type": "#LeakDetectorCollection.LeakDetectorCollection",
+        "Name": "Leak Detector Collection", "Members@odata.count": len(LEAK_DETECTORS),
+        "Members": [{"@odata.id": f"{leak}/LeakDetectors/{d}"} for d in LEAK_DETECTORS]})
+    for d in LEAK_DETECTORS:
+        tree.setdefault(f"{leak}/LeakDetectors/{d}", {
+            "@odata.id": f"{leak}/LeakDetectors/{d}", "@odata.type": "#LeakDetector.v1_1_0.LeakDetector",
+            "Id": d, "Name": d.replace("_", " "), "DetectorState": "OK", "LeakDetectorType": "Moisture",
+            "Status": {"Health": "OK", "State": "Enabled"}})
+    info = f"{ROOT}/Systems/{HOST_SYSTEM}/ResetActionInfo"
+    tree.setdefault(info, {
+        "@odata.id": info, "@odata.type": "#ActionInfo.v1_2_0.ActionInfo", "Id": "ResetActionInfo",
+        "Name": "Reset Action Info",
+        "Parameters": [{"AllowableValues": list(RESET_TYPES), "DataType": "String", "Name": "ResetType",
+                        "Required": True}]})
+
+
+def personalize(doc: dict[str, Any], *, tray_id: str, tray_index: int, slot: int, power: str) -> dict[str, Any]:
+    """The captured document as this tray's BMC answers it now."""
+    out = json.loads(json.dumps(doc))
+    item = str(out.get("Id") or out.get("@odata.id"))
+    if isinstance(out.get("SerialNumber"), str) and out["SerialNumber"].strip():
+        out["SerialNumber"] = serial_for(tray_id, item)
+    oem = (out.get("Oem") or {}).get("Nvidia") if isinstance(out.get("Oem"), dict) else None
+    if isinstance(oem, dict) and "ComputeTrayIndex" in oem:
+        oem["ComputeTrayIndex"] = tray_index
+        oem["ChassisPhysicalSlotNumber"] = slot
+    odata = str(out.get("@odata.id", ""))
+    if "PowerState" in out and (odata.startswith(f"{ROOT}/Chassis/") or odata.startswith(f"{ROOT}/Systems/")) \
+            and out.get("Id") not in STANDBY_CHASSIS:
+        out["PowerState"] = power
+    return out
+
+
+# ------------------------------------------------------------------ the systems driver
+
+def _driver_base():
+    from sushy_tools.emulator.resources.systems.base import AbstractSystemsDriver
+    return AbstractSystemsDriver
+
+
+class LabSystemsDriver(_driver_base()):  # type: ignore[misc]
+    """sushy-tools systems driver acting on one lab tray (mctl.lab.control power_off / power_on)."""
+
+    def __init__(self, config: dict[str, Any], tree: dict[str, dict[str, Any]]):
+        self._config = config
+        self._tree = tree
+        self._ids = [p.rsplit("/", 1)[-1] for p in
+                     (m["@odata.id"] for m in tree[f"{ROOT}/Systems"].get("Members", []))]
+        self._lock = threading.Lock()
+        self._transition: str | None = None          # PoweringOn / PoweringOff while a Reset runs
+        self._boot = {i: "Hdd" for i in self._ids}
+        self._lab_cache = None
+
+    # -- the lab tray
+    def _lab(self):
+        """The lab's record and the tray, read once (the lab's shape does not change while it is up)."""
+        if self._lab_cache is None:
+            from mctl.lab import control
+
+            files = control.LabFiles(Path(self._config["lab_dir"]))
+            record = control.load_record(files.dir) or {}
+            layout = control.layout_of(record)
+            host = layout.host(self._config["tray"])
+            if host is None:
+                raise RuntimeError(f"{self._config['tray']} is not in the lab record")
+            self._lab_cache = (control, files, layout, record, host)
+        return self._lab_cache
+
+    def host_power(self) -> str:
+        with self._lock:
+            if self._transition:
+                return self._transition
+        control, files, _layout, _record, host = self._lab()
+        return "On" if control.host_running(files, host) else "Off"
+
+    # -- AbstractSystemsDriver
+    @property
+    def driver(self) -> str:
+        return "<mctl lab tray>"
+
+    @property
+    def systems(self) -> list[str]:
+        return list(self._ids)
+
+    def uuid(self, identity: str) -> str:
+        from sushy_tools import error
+        if identity not in self._ids:
+            raise error.NotFound(f"no system {identity}")
+        return identity
+
+    def name(self, identity: str) -> str:
+        return self.uuid(identity)
+
+    def get_power_state(self, identity: str) -> str:
+        self.uuid(identity)
+        return self.host_power()
+
+    def set_power_state(self, identity: str, state: str) -> None:
+        from sushy_tools import error
+
+        if self.uuid(identity) != HOST_SYSTEM:
+            raise error.BadRequest(f"{identity} has no Reset action")
+        if state not in RESET_TYPES:
+            raise error.BadRequest(f"ResetType {state!r} is not one of {', '.join(RESET_TYPES)}")
+        control, files, layout, record, host = self._lab()
+        with self._lock:
+            if self._transition:
+                raise error.FishyError(f"a reset is already in progress ({self._transition})", code=409)
+            running = control.host_running(files, host)
+            frozen = control.host_frozen(files, host)
+            plan: list[str] = []
+            if state in ("On", "ForceOn"):
+                plan = [] if running else ["on"]
+            elif state == "ForceOff":
+                plan = ["force-off"] if running else []
+            elif state == "GracefulShutdown":
+                plan = ["off"] if running and not frozen else []
+            elif state in ("PowerCycle", "ForceRestart"):
+                plan = (["force-off"] if running else []) + ["on"]
+            elif state == "GracefulRestart":
+                plan = ["off", "on"] if running and not frozen else []
+            if running and frozen and state.startswith("Graceful"):
+                LOG.warning("%s: %s not answered: the OS does not respond", host.name, state)
+            if not plan:
+                LOG.info("%s: %s: nothing to do", host.name, state)
+                return
+            self._transition = "PoweringOn" if plan[0] == "on" else "PoweringOff"
+        threading.Thread(target=self._run, args=(state, plan), name=f"reset-{state}", daemon=True).start()
+
+    def _run(self, state: str, plan: list[str]) -> None:
+        try:
+            control, files, layout, record, host = self._lab()
+            for step in plan:
+                with self._lock:
+                    self._transition = "PoweringOn" if step == "on" else "PoweringOff"
+                LOG.info("%s: %s: %s", host.name, state, step)
+                if step == "on":
+                    control.power_on(files, layout, record, host)
+                else:
+                    control.power_off(files, host, force=step == "force-off")
+        except Exception:                           # the state read next says what the tray is
+            LOG.exception("%s failed", state)
+        finally:
+            with self._lock:
+                self._transition = None
+
+    def get_boot_device(self, identity: str) -> str:
+        return self._boot[self.uuid(identity)]
+
+    def set_boot_device(self, identity: str, boot_source: str) -> None:
+        self._boot[self.uuid(identity)] = boot_source
+
+    def get_versions(self, identity: str) -> dict[str, str]:
+        bios = self._tree.get(f"{ROOT}/Systems/{self.uuid(identity)}", {}).get("BiosVersion")
+        return {"BiosVersion": bios} if bios else {}
+
+
+# ------------------------------------------------------------------ the service
+
+def build_app(config: dict[str, Any], tree: dict[str, dict[str, Any]] | None = None):
+    """sushy-tools' Flask app with this tray's driver and the GB200 resources it lacks."""
+    import flask
+    from sushy_tools import error
+    from sushy_tools.emulator import api_utils
+    from sushy_tools.emulator import main as st
+
+    tree = tree if tree is not None else load_tree(Path(config.get("capture") or CAPTURE))
+    add_missing(tree)
+    driver = LabSystemsDriver(config, tree)
+    app = st.app
+    _remember_good_logins()
+    type(app).systems = property(lambda self: driver)      # sushy-tools' backend list is hard-coded
+    app.configure(extra_config={"SUSHY_EMULATOR_AUTH_FILE": config["auth_file"],
+                                "SUSHY_EMULATOR_FEATURE_SET": "full"})
+    tray_id = f"{config.get('lab', 'lab')}/{config['tray']}"
+
+    def doc(path: str) -> dict[str, Any]:
+        path = path.rstrip("/") or "/"
+        if path not in tree:
+            raise error.NotFound(f"{path} not found")
+        return personalize(tree[path], tray_id=tray_id, tray_index=int(config["tray_index"]),
+                           slot=int(config["slot"]), power=driver.host_power())
+
+    def serve(path: str):
+        return flask.Response(json.dumps(doc(path), indent=2), 200, content_type="application/json")
+
+    # Replace sushy-tools' own documents by the capture's where the GB200 tree differs.
+    views = app.view_functions
+    views["root_resource"] = lambda: serve(ROOT)
+    views["chassis_collection_resource"] = lambda: serve(f"{ROOT}/Chassis")
+    views["chassis_resource"] = lambda identity: serve(f"{ROOT}/Chassis/{identity}")
+    views["manager_collection_resource"] = lambda: serve(f"{ROOT}/Managers")
+    views["manager_resource"] = lambda identity: serve(f"{ROOT}/Managers/{identity}")
+    for name in list(views):
+        if name.endswith("update_service_resource"):
+            views[name] = lambda: serve(f"{ROOT}/UpdateService")
+    sushy_system = views["system_resource"]
+
+    def system_resource(identity):
+        answer = sushy_system(identity=identity)
+        if flask.request.method != "GET" or answer.status_code != 200:
+            return answer
+        served = json.loads(answer.get_data())
+        mine = doc(f"{ROOT}/Systems/{identity}")
+        mine["PowerState"] = served.get("PowerState", mine.get("PowerState"))
+        return flask.Response(json.dumps(mine, indent=2), 200, content_type="application/json")
+
+    views["system_resource"] = system_resource
+
+    @app.route(f"{ROOT}/<path:rest>", methods=["GET"])
+    @api_utils.returns_json
+    def captured(rest):
+        return json.dumps(doc(f"{ROOT}/{rest}"), indent=2)
+
+    return app
+
+
+def _remember_good_logins() -> None:
+    """sushy-tools checks bcrypt on every request (~7 ms each on a loaded lab machine, most of a GET);
+    a login that passed once is remembered by this process (the htpasswd file's mtime is part of the
+    key), a wrong one is checked every time. A real BMC keeps sessions for the same reason."""
+    import functools
+    import os
+
+    from sushy_tools.emulator import auth_basic
+
+    check = auth_basic.authenticate
+    if getattr(check, "_mctl_remembers", False):
+        return
+
+    @functools.lru_cache(maxsize=64)
+    def good(auth_file: str, mtime: float, username: str, password: bytes) -> tuple:
+        return tuple(check(auth_file, username, password).items())
+
+    def authenticate(auth_file, username, password):
+        return dict(good(auth_file, os.stat(auth_file).st_mtime, username, bytes(password)))
+
+    authenticate._mctl_remembers = True  # type: ignore[attr-defined]
+    auth_basic.authenticate = authenticate
+
+
+def main(argv: list[str] | None = None) -> int:
+    import ssl
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.stderr.write("usage: python -m mctl.lab.bmc_emulator CONFIG.json\n")
+        return 2
+    config = json.loads(Path(args[0]).read_text())
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    app = build_app(config)
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(config["cert"], config["key"])
+    LOG.info("BMC of %s on https://%s:%s", config["tray"], config["address"], config["port"])
+    app.run(host=config["address"], port=int(config["port"]), ssl_context=ctx, threaded=True,
+            use_reloader=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""The lab trays' BMCs: credentials, a lab CA and one sushy-tools Redfish service per tray (docs/lab.md, "BMCs").
+
+`mctl lab up` calls `prepare` before the inventory is written (it names the credentials file and
+the CA) and `start` once the hosts are up. Each tray's BMC listens on its own loopback address
+(`LabLayout.bmc_address`, port 443) and runs outside the tray's host, as a real BMC does: powering the
+host off leaves the BMC answering. Files, under the lab folder:
+
+    bmc/credentials     root:<random>, mode 0600 (the inventory's bmc.credentials_file)
+    bmc/htpasswd        the same user, bcrypt (sushy-tools accepts bcrypt only), mode 0600
+    bmc/ca.pem          the lab CA (the inventory's bmc.verify_tls); its key is not kept
+    hosts/<tray>/bmc/   cert.pem, key.pem (0600), bmc.json (the emulator's config), bmc.log
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mctl.errors import EnvironmentProblem
+from mctl.lab.layout import LabHost, LabLayout
+from mctl.state.files import atomic_write
+
+PORT = 443
+USER = "root"
+BCRYPT_ROUNDS = 4       # the lab's BMCs check every request; 12 rounds would cost ~0.2 s per GET
+MODULE = "mctl.lab.bmc_emulator"
+
+
+def lab_bmc_dir(lab_dir: Path) -> Path:
+    return Path(lab_dir) / "bmc"
+
+
+def tray_bmc_dir(lab_dir: Path, tray: str) -> Path:
+    return Path(lab_dir) / "hosts" / tray / "bmc"
+
+
+def trays(layout: LabLayout) -> list[LabHost]:
+    return [h for h in layout.hosts() if h.kind == "tray"]
+
+
+def require_emulator() -> None:
+    """sushy-tools must be importable by the interpreter that starts the BMCs; say how to get it if not."""
+    import importlib.util
+
+    if importlib.util.find_spec("sushy_tools") is None or importlib.util.find_spec("bcrypt") is None:
+        raise EnvironmentProblem(f"the lab's BMCs need OpenStack's sushy-tools, which {sys.executable} cannot import",
+                                 hint="run ./scripts/install (it installs the 'lab' extra), "
+                                      "or: .venv/bin/pip install -e '.[lab]'") from None
+
+
+def inventory_section(lab_dir: Path) -> dict:
+    d = lab_bmc_dir(lab_dir)
+    return {"credentials_file": str(d / "credentials"), "verify_tls": str(d / "ca.pem"), "scheme": "https",
+            "timeout_s": 10.0, "deadline_s": 60.0}
+
+
+def prepare(lab_dir: Path, layout: LabLayout) -> None:
+    """Credentials, the CA and every tray's certificate and emulator config."""
+    import bcrypt
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    d = lab_bmc_dir(lab_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    password = secrets.token_urlsafe(18)
+    atomic_write(d / "credentials", f"{USER}:{password}\n", mode=0o600)
+    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=BCRYPT_ROUNDS)).decode()
+    atomic_write(d / "htpasswd", f"{USER}:{hashed}\n", mode=0o600)
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"mctl lab {layout.name} BMC CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+          .not_valid_after(now + datetime.timedelta(days=30))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    atomic_write(d / "ca.pem", ca.public_bytes(serialization.Encoding.PEM).decode())
+    for h in trays(layout):
+        address = layout.bmc_address(h)
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (x509.CertificateBuilder()
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{h.name}-bmc")]))
+                .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=30))
+                .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(address)),
+                                                            x509.DNSName(f"{h.name}-bmc")]), critical=False)
+                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                .sign(ca_key, hashes.SHA256()))
+        td = tray_bmc_dir(lab_dir, h.name)
+        td.mkdir(parents=True, exist_ok=True)
+        atomic_write(td / "cert.pem", cert.public_bytes(serialization.Encoding.PEM).decode())
+        atomic_write(td / "key.pem", key.private_bytes(serialization.Encoding.PEM,
+                                                       serialization.PrivateFormat.PKCS8,
+                                                       serialization.NoEncryption()).decode(), mode=0o600)
+        atomic_write(td / "bmc.json", json.dumps({
+            "lab": layout.name, "lab_dir": str(lab_dir), "tray": h.name, "tray_index": h.tray_index,
+            "slot": h.slot, "address": address, "port": PORT, "cert": str(td / "cert.pem"),
+            "key": str(td / "key.pem"), "auth_file": str(d / "htpasswd")}, indent=2) + "\n")
+
+
+def start(lab_dir: Path, layout: LabLayout, marker_env: str, *, timeout: float = 60.0) -> None:
+    """One emulator per tray, detached; returns once every one listens (or raises, naming the first)."""
+    from mctl.lab import procs
+
+    wanted: dict[tuple[str, int], str] = {}
+    for h in trays(layout):
+        td = tray_bmc_dir(lab_dir, h.name)
+        with open(td / "bmc.log", "ab") as log:
+            # `unshare` with no namespace: the launcher `mctl lab down` finds by the lab's marker. The BMC
+            # needs the machine's PID namespace: the hosts it boots must outlive it.
+            proc = subprocess.Popen(
+                ["setsid", "-f", "unshare", "--fork", "--", "env", f"{marker_env}={lab_dir}",
+                 f"MCTL_LAB_SERVICE={h.name}/bmc", sys.executable, "-m", MODULE, str(td / "bmc.json")],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, close_fds=True)
+        proc.wait()
+        wanted[(layout.bmc_address(h), PORT)] = h.name
+    deadline = time.monotonic() + timeout
+    while wanted and time.monotonic() < deadline:
+        listening = procs.listening_tcp()
+        wanted = {w: n for w, n in wanted.items() if w not in listening}
+        time.sleep(0.1)
+    if wanted:
+        (addr, port), name = next(iter(wanted.items()))
+        log = tray_bmc_dir(lab_dir, name) / "bmc.log"
+        try:
+            tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
+        except OSError:
+            tail = ""
+        raise EnvironmentProblem(f"the BMC of {name} did not start on {addr}:{port}"
+                                 + (f" (and {len(wanted) - 1} more)" if len(wanted) > 1 else ""),
+                                 hint=f"its log {log} ends: {tail}" if tail else f"see {log}")

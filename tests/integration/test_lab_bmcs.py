@@ -1,0 +1,293 @@
+"""The lab trays' BMCs (sushy-tools with mctl's systems driver): `mctl bmc inventory` over real HTTPS and
+Basic auth, a tray powered off and on through its BMC (the host goes away: SSH refused, no process
+left; it comes back with a new boot id), and `mctl power` / `mctl rack power` on them.
+
+The file is named to sort after test_deploy_slurm.py: that file expects to be the first to deploy
+Slurm in a session, and the job test here deploys it (test_lab_faults' module fixture)."""
+
+from __future__ import annotations
+
+import json
+import stat
+import subprocess
+import time
+
+from mctl.lab import bmcs, control
+
+
+def wait_for(what, predicate, timeout=120.0, every=0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(every)
+
+
+def bmc_address(lab, tray):
+    record = control.load_record(lab.dir)
+    layout = control.layout_of(record)
+    return layout.bmc_address(layout.host(tray))
+
+
+def redfish(lab, tray, path, *, method="GET", body=None, password=None):
+    """One Redfish request with curl (an independent client): (HTTP status, JSON or None)."""
+    d = bmcs.lab_bmc_dir(lab.dir)
+    user, _, pw = (d / "credentials").read_text().strip().partition(":")
+    argv = ["curl", "-sS", "--max-time", "20", "--cacert", str(d / "ca.pem"), "-u", f"{user}:{password or pw}",
+            "-o", "-", "-w", "\n%{http_code}", "-X", method, f"https://{bmc_address(lab, tray)}{path}"]
+    if body is not None:
+        argv += ["-H", "Content-Type: application/json", "-d", json.dumps(body)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    text, _, code = out.stdout.rpartition("\n")
+    try:
+        doc = json.loads(text) if text.strip() else None
+    except ValueError:
+        doc = None
+    return int(code), doc
+
+
+def power_state(lab, tray):
+    code, doc = redfish(lab, tray, "/redfish/v1/Systems/System_0")
+    assert code == 200, (code, doc)
+    return doc["PowerState"]
+
+
+def ssh_ok(lab, tray):
+    return lab.run(tray, "true", check=False, timeout=20, connect_timeout=3).returncode == 0
+
+
+def test_lab_inventory_names_each_bmc_and_a_private_credentials_file(lab):
+    import yaml
+
+    doc = yaml.safe_load(lab.inventory.read_text())
+    n = len(lab.trays)
+    assert doc["racks"][lab.rack]["compute"]["bmc"] == (f"127.{lab.net}.101.[1-{n}]" if n > 1 else f"127.{lab.net}.101.1")
+    cred = bmcs.lab_bmc_dir(lab.dir) / "credentials"
+    assert doc["bmc"]["credentials_file"] == str(cred) and doc["bmc"]["verify_tls"].endswith("ca.pem")
+    assert stat.S_IMODE(cred.stat().st_mode) == 0o600
+    assert stat.S_IMODE((bmcs.lab_bmc_dir(lab.dir) / "htpasswd").stat().st_mode) == 0o600
+
+
+def test_bmc_inventory_reads_every_lab_tray_like_a_gb200_tray(lab):
+    proc = lab.mctl("bmc", "inventory", lab.rack, "--json", "--no-save", timeout=120)
+    assert proc.returncode == 0, proc.stderr + proc.stdout[-2000:]
+    data = json.loads(proc.stdout)
+    trays = {t["host"]: t for t in data["trays"]}
+    assert sorted(trays) == sorted(lab.trays)
+    for n, name in enumerate(sorted(lab.trays)):
+        t = trays[name]
+        assert t["ok"] and t["bmc"] == bmc_address(lab, name)
+        assert (t["vendor"], t["product"], t["tray_chassis"]) == ("NVIDIA", "GB200 NVL", "Chassis_0")
+        assert t["tray_index"] == n and t["slot"] == n + 1
+        assert t["power_state"] == "On"
+        assert t["versions"]["bmc"] == ["GB200Nvl-24.12-8"] and "FW_BMC_0" in t["firmware"]
+        assert t["thermal"]["leak_detection"] is True
+    assert len({t["serial"] for t in trays.values()}) == len(lab.trays)
+
+
+def test_leak_detectors_and_reset_action_info_as_on_the_capture(lab):
+    tray = lab.trays[0]
+    base = "/redfish/v1/Chassis/Chassis_0/ThermalSubsystem/LeakDetection/LeakDetectors"
+    code, coll = redfish(lab, tray, base)
+    assert code == 200 and len(coll["Members"]) == 4
+    code, det = redfish(lab, tray, coll["Members"][0]["@odata.id"])
+    assert code == 200 and det["DetectorState"] == "OK" and det["Id"].startswith("Chassis_0_LeakDetector_")
+    code, info = redfish(lab, tray, "/redfish/v1/Systems/System_0/ResetActionInfo")
+    assert code == 200 and "GracefulShutdown" in info["Parameters"][0]["AllowableValues"]
+    code, _ = redfish(lab, tray, "/redfish/v1/Systems", password="wrong-password")
+    assert code == 401
+    code, err = redfish(lab, tray, "/redfish/v1/Systems/System_0/Actions/ComputerSystem.Reset", method="POST",
+                        body={"ResetType": "PushPowerButton"})
+    assert code == 400 and "ResetType" in json.dumps(err)
+
+
+def test_power_off_through_the_bmc_stops_the_host_and_on_boots_it_again(lab):
+    tray = lab.trays[-1]
+    paths = control.LabFiles(lab.dir)
+    host = control.layout_of(control.load_record(lab.dir)).host(tray)
+    old_boot = lab.run(tray, "cat /proc/sys/kernel/random/boot_id").stdout.strip()
+    try:
+        code, _ = redfish(lab, tray, "/redfish/v1/Systems/System_0/Actions/ComputerSystem.Reset", method="POST",
+                          body={"ResetType": "ForceOff"})
+        assert code == 204
+        wait_for("PowerState Off", lambda: power_state(lab, tray) == "Off")
+        assert not control.host_running(paths, host)
+        assert not ssh_ok(lab, tray)
+        # The BMC keeps answering with the host off, as a real one on standby power does.
+        code, chassis = redfish(lab, tray, "/redfish/v1/Chassis/Chassis_0")
+        assert code == 200 and chassis["PowerState"] == "Off"
+        code, _ = redfish(lab, tray, "/redfish/v1/Systems/System_0/Actions/ComputerSystem.Reset", method="POST",
+                          body={"ResetType": "On"})
+        assert code == 204
+        wait_for("PowerState On", lambda: power_state(lab, tray) == "On")
+        wait_for("SSH back", lambda: ssh_ok(lab, tray))
+        assert lab.run(tray, "cat /proc/sys/kernel/random/boot_id").stdout.strip() != old_boot
+    finally:
+        if not control.host_running(paths, host):
+            redfish(lab, tray, "/redfish/v1/Systems/System_0/Actions/ComputerSystem.Reset", method="POST",
+                    body={"ResetType": "On"})
+            wait_for("SSH back", lambda: ssh_ok(lab, tray))
+
+
+def test_graceful_shutdown_of_a_frozen_tray_is_not_answered_force_off_is(lab):
+    tray = lab.trays[0]
+    paths = control.LabFiles(lab.dir)
+    host = control.layout_of(control.load_record(lab.dir)).host(tray)
+    frozen = lab.mctl("lab", "fault", tray, "--freeze", "--dir", str(lab.dir))
+    assert frozen.returncode == 0, frozen.stderr
+    try:
+        code, _ = redfish(lab, tray, "/redfish/v1/Systems/System_0/Actions/ComputerSystem.Reset", method="POST",
+                          body={"ResetType": "GracefulShutdown"})
+        assert code == 204
+        assert power_state(lab, tray) == "On" and control.host_running(paths, host)
+        code, _ = redfish(lab, tray, "/redfish/v1/Systems/System_0/Actions/ComputerSystem.Reset", method="POST",
+                          body={"ResetType": "PowerCycle"})
+        assert code == 204
+        wait_for("SSH back after the power cycle (the freeze ends with the power)", lambda: ssh_ok(lab, tray))
+        assert power_state(lab, tray) == "On"
+    finally:
+        lab.clear_faults(tray)
+        if not control.host_running(paths, host):
+            redfish(lab, tray, "/redfish/v1/Systems/System_0/Actions/ComputerSystem.Reset", method="POST",
+                    body={"ResetType": "On"})
+        wait_for("SSH back", lambda: ssh_ok(lab, tray))
+
+
+def test_every_bmc_is_a_lab_process_lab_down_ends(lab):
+    # Every BMC is one of the lab's processes (found by its launcher), so `lab down` ends it.
+    found = [p for p in control.lab_processes(lab.dir) if p.comm != "unshare" and "mctl.lab.bmc_emulator" in p.cmdline]
+    assert len(found) == len(lab.trays)
+
+
+# ------------------------------------------------------------------ mctl power / mctl rack power
+
+def _boot_id(lab, tray):
+    return lab.run(tray, "cat /proc/sys/kernel/random/boot_id").stdout.strip()
+
+
+def _power_json(proc):
+    try:
+        return json.loads(proc.stdout)
+    except ValueError:
+        raise AssertionError(f"exit {proc.returncode}, not JSON: {proc.stdout[-1500:]!r} {proc.stderr[-1500:]!r}")
+
+
+def _restore(lab):
+    """Every tray on and, if Slurm runs on the lab, back in service (a real slurmctld marks the reboot DOWN)."""
+    from tests.integration.test_lab_faults import _resume_if_slurm_says_rebooted
+
+    files = control.LabFiles(lab.dir)
+    layout = control.layout_of(control.load_record(lab.dir))
+    for tray in lab.trays:
+        if not control.host_running(files, layout.host(tray)):
+            redfish(lab, tray, "/redfish/v1/Systems/System_0/Actions/ComputerSystem.Reset", method="POST",
+                    body={"ResetType": "On"})
+    for tray in lab.trays:
+        wait_for(f"SSH on {tray}", lambda: ssh_ok(lab, tray))
+        _resume_if_slurm_says_rebooted(lab, tray)
+
+
+from tests.integration.test_lab_faults import slurm_site  # noqa: E402,F401 - the module's Slurm deploy
+
+
+def test_power_off_refuses_a_tray_with_a_running_slurm_job_unless_force(lab, slurm_site):
+    tray = lab.trays[1]
+    out = lab.run(lab.head, f"sbatch --parsable -N1 -w {tray} -o /dev/null --job-name=mctl-power-test "
+                            "--wrap 'sleep 600'").stdout.strip()
+    job = out.split(";")[0]
+    try:
+        wait_for(f"job {job} RUNNING", lambda: lab.run(lab.head, f"squeue -h -j {job} -o %T",
+                                                       check=False).stdout.strip() == "RUNNING")
+        plan = _power_json(lab.mctl("-i", str(slurm_site), "power", "off", tray, "--dry-run", "--json"))
+        (t,) = [t for s in plan["stages"] for t in s["trays"]]
+        assert t["error_kind"] == "refused" and f"slurm {job}" in t["error"]
+        proc = lab.mctl("-i", str(slurm_site), "power", "off", tray, "--json", timeout=300)
+        data = _power_json(proc)
+        assert proc.returncode == 3
+        (t,) = [t for s in data["stages"] for t in s["trays"]]
+        assert t["error_kind"] == "refused" and t["sent"] == [] and any(w["id"] == job for w in data["work"])
+        assert power_state(lab, tray) == "On" and ssh_ok(lab, tray)
+        whole = _power_json(lab.mctl("-i", str(slurm_site), "rack", "power", "off", lab.rack, "--json"))
+        assert all(t["error_kind"] == "refused" and t["sent"] == [] for s in whole["stages"] for t in s["trays"])
+        assert all(power_state(lab, t) == "On" for t in lab.trays)
+        forced = lab.mctl("-i", str(slurm_site), "power", "off", tray, "--force", "--json", timeout=300)
+        (t,) = [t for s in _power_json(forced)["stages"] for t in s["trays"]]
+        assert forced.returncode == 0 and t["ok"] and t["sent"][0] == "GracefulShutdown" and t["after"] == "Off"
+        assert not ssh_ok(lab, tray)
+    finally:
+        lab.run(lab.head, f"scancel {job}; true", check=False)
+        _restore(lab)
+
+
+def test_rack_power_off_then_on_in_order_each_stage_checked_through_redfish_and_ssh(lab):
+    boots = {t: _boot_id(lab, t) for t in lab.trays}
+    try:
+        plan = _power_json(lab.mctl("rack", "power", "off", lab.rack, "--dry-run", "--json"))
+        assert plan["dry_run"] and all(power_state(lab, t) == "On" for t in lab.trays)
+
+        start = time.monotonic()
+        off = lab.mctl("rack", "power", "off", lab.rack, "--json", timeout=900)
+        off_s = time.monotonic() - start
+        data = _power_json(off)
+        assert off.returncode == 0, off.stderr
+        assert [s["name"] for s in data["stages"]] == ["compute", "switch", "power_shelf"]
+        compute = data["stages"][0]
+        assert compute["state"] == "done" and sorted(t["host"] for t in compute["trays"]) == sorted(lab.trays)
+        for t in compute["trays"]:
+            assert t["ok"] and t["before"] == "On" and t["after"] == "Off"
+            assert t["os_answered"] is True and t["os_after"] is False
+            assert t["sent"][0] == "GracefulShutdown"      # the OS answered: graceful first
+        for tray in lab.trays:                              # checked again here, by other clients
+            assert power_state(lab, tray) == "Off" and not ssh_ok(lab, tray)
+
+        start = time.monotonic()
+        on = lab.mctl("rack", "power", "on", lab.rack, "--json", timeout=900)
+        on_s = time.monotonic() - start
+        data = _power_json(on)
+        assert on.returncode == 0, on.stderr
+        assert [s["name"] for s in data["stages"]] == ["power_shelf", "switch", "compute"]
+        for t in data["stages"][2]["trays"]:
+            assert t["ok"] and t["sent"] == ["On"] and t["after"] == "On" and t["os_after"] is True
+        for tray in lab.trays:
+            assert power_state(lab, tray) == "On" and ssh_ok(lab, tray)
+            assert _boot_id(lab, tray) != boots[tray]
+        print(f"\nrack power off {off_s:.1f}s, on {on_s:.1f}s ({len(lab.trays)} trays)")
+    finally:
+        _restore(lab)
+
+
+def test_power_under_a_held_rack_lock_is_refused_and_sends_nothing(lab):
+    from mctl.state.lock import rack_lock
+
+    tray = lab.trays[0]
+    with rack_lock(lab.state_dir, lab.rack, purpose="test holds the rack"):
+        proc = lab.mctl("power", "off", tray, "--json", timeout=120)
+    assert proc.returncode != 0 and "lock" in (proc.stderr + proc.stdout).lower()
+    assert power_state(lab, tray) == "On" and ssh_ok(lab, tray)
+
+
+def test_power_status_and_bmcs_refusing_the_credentials_reported_exit_3(lab, tmp_path):
+    import shutil
+
+    import yaml
+
+    site = tmp_path / "site"
+    site.mkdir()
+    doc = yaml.safe_load(lab.inventory.read_text())
+    cred = tmp_path / "bad.cred"
+    cred.write_text("root:not-the-password\n")
+    cred.chmod(0o600)
+    doc["bmc"]["credentials_file"] = str(cred)
+    (site / "mctl.yml").write_text(yaml.safe_dump(doc))
+    proc = lab.mctl("-i", str(site), "power", "status", lab.rack, "--json")
+    data = _power_json(proc)
+    assert proc.returncode == 3
+    assert {t["error_kind"] for s in data["stages"] for t in s["trays"]} == {"auth"}
+    good = _power_json(lab.mctl("power", "status", lab.rack, "--json"))
+    assert all(t["ok"] and t["before"] == "On" and t["os_answered"] for s in good["stages"] for t in s["trays"])
+    shutil.rmtree(site)
+
