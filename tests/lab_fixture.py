@@ -112,6 +112,27 @@ class LabHandle:
                     self.run(self.head, f"scontrol update NodeName={node} State=RESUME", check=False)
         return cut
 
+    def settle_slurm(self, timeout: float = 120) -> None:
+        """Every tray idle in Slurm: drains with an mctl reason (the node check's, a health test's) and
+        DOWN nodes resumed, then a bounded wait until none is drained, down or busy."""
+        import time
+
+        def rows() -> list[list[str]]:
+            out = self.run(self.head, "sinfo -h -N -o '%N|%T|%E'", check=False).stdout
+            return [(line.split("|", 2) + ["", ""])[:3] for line in out.splitlines() if line.strip()]
+
+        for node, state, reason in rows():
+            if ("drain" in state and reason.startswith("mctl:")) or state.startswith("down"):
+                self.run(self.head, f"scontrol update NodeName={node} State=RESUME", check=False)
+        end = time.monotonic() + timeout
+        while True:
+            states = {node: state for node, state, _ in rows()}
+            if states and all(st == "idle" for st in states.values()):
+                return
+            if time.monotonic() > end:
+                raise AssertionError(f"trays not idle in Slurm within {timeout:g} s: {states}")
+            time.sleep(1)
+
     def clear_faults(self, host: str | None = None) -> None:
         from mctl.lab import control
         from mctl.lab.faults import FaultRequest
