@@ -9,7 +9,7 @@ htpasswd file), routing, its error documents, `Systems`, `Systems/{id}` and the
 the lab tray: ForceOff / GracefulShutdown stop the tray's host (SSH, Slurm and IMEX go away), On boots
 it again (a new boot id), PowerCycle / ForceRestart / GracefulRestart do both.
 
-What sushy-tools lacks, added here (docs/decisions.md, D-bmclab-1): the resource tree and ids of the
+What sushy-tools lacks, added here (docs/decisions.md, D42): the resource tree and ids of the
 real GB200 compute-tray capture (tests/fixtures/real/redfish/nvidia_gb200: service root, `BMC_0` and
 `HGX_BMC_0` managers, `Chassis_0` and the other chassis, `UpdateService/FirmwareInventory` with the
 `FW_*`/`HGX_FW_*` ids, PowerSubsystem, ThermalSubsystem, Sensors), per tray (serial numbers, tray
