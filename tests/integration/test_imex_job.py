@@ -39,7 +39,12 @@ def site(lab, tmp_path_factory):
     doc = yaml.safe_load(lab.inventory.read_text())
     doc["scheduler"].setdefault("slurm", {})["imex_scope"] = "job"
     (folder / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    # A site switching to the job scope starts with no static domain: an earlier test's partitions left
+    # node lists and running daemons, which the deployment keeps (it never changes a running job's domain)
+    for tray in lab.trays:
+        lab.run(tray, f"systemctl stop nvidia-imex >/dev/null 2>&1; rm -f {NODES_CONFIG}; true", check=False)
     data = _deploy(lab, folder)
+    lab.settle_slurm()
     try:
         yield {"dir": folder, "deploy": data}
     finally:
