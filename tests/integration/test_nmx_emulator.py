@@ -197,8 +197,10 @@ def test_retries_faults_and_deadlines(emu):
     with pytest.raises(NMXUnavailable, match="may or may not have been accepted"):
         slow.create_partition("late", list(client.compute_nodes()[0].gpu_ids))
     raw(emu, "POST", "/_lab/faults", {"delay_s": 0})
-    time.sleep(0.5)                                                # the slow POST still went through
-    assert client.partition_named("late") is not None
+    end = time.monotonic() + 30                                    # the slow POST still went through
+    while client.partition_named("late") is None:
+        assert time.monotonic() < end, "the POST the client gave up on never made its partition"
+        time.sleep(0.1)
     emu.state.cfg.operation_delay_s = 1.0
     impatient = client_for(emu, RetryPolicy(operation_deadline_s=0.2, poll_s=0.05))
     with pytest.raises(NMXOperationFailed, match="still pending"):
