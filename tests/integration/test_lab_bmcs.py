@@ -219,8 +219,27 @@ def test_power_off_refuses_a_tray_with_a_running_slurm_job_unless_force(lab, slu
         assert forced.returncode == 0 and t["ok"] and t["sent"][0] == "GracefulShutdown" and t["after"] == "Off"
         assert not ssh_ok(lab, tray)
     finally:
-        lab.run(lab.head, f"scancel {job}; true", check=False)
         _restore(lab)
+        _job_gone(lab, job, tray)
+
+
+def _job_gone(lab, job: str, tray: str) -> None:
+    """The test's job over and every tray idle again. A job whose tray lost power can stay RUNNING in
+    slurmctld after the tray is back (its new slurmd knows nothing of it); setting the node DOWN is how an
+    operator makes Slurm give such a job up, then the node is resumed."""
+    def gone() -> bool:
+        return not lab.run(lab.head, f"squeue -h -j {job} -o %T 2>/dev/null", check=False).stdout.strip()
+
+    lab.run(lab.head, f"scancel {job}; true", check=False)
+    end = time.monotonic() + 30
+    while not gone() and time.monotonic() < end:
+        time.sleep(1)
+    if not gone():
+        lab.run(lab.head, f"scontrol update NodeName={tray} State=DOWN Reason='test: power cut under a job'; "
+                          f"scancel {job}; true", check=False)
+        wait_for(f"job {job} gone after its node was set DOWN", gone)
+    lab.run(lab.head, f"scontrol update NodeName={tray} State=RESUME 2>/dev/null; true", check=False)
+    lab.settle_slurm()
 
 
 def test_rack_power_off_then_on_in_order_each_stage_checked_through_redfish_and_ssh(lab):
