@@ -113,24 +113,46 @@ class LabHandle:
         return cut
 
     def settle_slurm(self, timeout: float = 120) -> None:
-        """Every tray idle in Slurm: drains with an mctl reason (the node check's, a health test's) and
-        DOWN nodes resumed, then a bounded wait until none is drained, down or busy."""
+        """No job left and every tray idle in Slurm (nothing to do where the lab runs no Slurm yet).
+
+        Jobs an earlier test left are cancelled; one Slurm still counts as running on a tray that lost
+        power (the tray's new slurmd knows nothing of it) is given up the way an operator does it, node
+        DOWN then RESUME; drains with an mctl reason (the node check's, a health test's) and DOWN nodes
+        are resumed; then a bounded wait."""
         import time
 
         def rows() -> list[list[str]]:
-            out = self.run(self.head, "sinfo -h -N -o '%N|%T|%E'", check=False).stdout
+            out = self.run(self.head, "sinfo -h -N -o '%N|%T|%E' 2>/dev/null", check=False).stdout
             return [(line.split("|", 2) + ["", ""])[:3] for line in out.splitlines() if line.strip()]
 
-        for node, state, reason in rows():
-            if ("drain" in state and reason.startswith("mctl:")) or state.startswith("down"):
-                self.run(self.head, f"scontrol update NodeName={node} State=RESUME", check=False)
-        end = time.monotonic() + timeout
+        def jobs() -> list[str]:
+            out = self.run(self.head, "squeue -h -o '%i %T %N' 2>/dev/null", check=False).stdout
+            return [line for line in out.splitlines() if line.strip()]
+
+        def resume() -> None:
+            for node, state, reason in rows():
+                if ("drain" in state and reason.startswith("mctl:")) or state.startswith("down"):
+                    self.run(self.head, f"scontrol update NodeName={node} State=RESUME", check=False)
+
+        if not rows():
+            return                          # no Slurm on the lab (yet)
+        self.run(self.head, "scancel --user=root 2>/dev/null; true", check=False)
+        resume()
+        start = time.monotonic()
+        forced = False
         while True:
-            states = {node: state for node, state, _ in rows()}
-            if states and all(st == "idle" for st in states.values()):
+            left, states = jobs(), {node: state for node, state, _ in rows()}
+            if not left and states and all(st == "idle" for st in states.values()):
                 return
-            if time.monotonic() > end:
-                raise AssertionError(f"trays not idle in Slurm within {timeout:g} s: {states}")
+            if left and not forced and time.monotonic() - start > 30:
+                stuck = sorted({n for line in left for n in line.split()[2:]})
+                for node in stuck:
+                    self.run(self.head, f"scontrol update NodeName={node} State=DOWN Reason='test: settle'; "
+                                        f"scontrol update NodeName={node} State=RESUME", check=False)
+                self.run(self.head, "scancel --user=root 2>/dev/null; true", check=False)
+                forced = True
+            if time.monotonic() - start > timeout:
+                raise AssertionError(f"Slurm not settled within {timeout:g} s: jobs {left}, trays {states}")
             time.sleep(1)
 
     def clear_faults(self, host: str | None = None) -> None:

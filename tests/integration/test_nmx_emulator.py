@@ -348,6 +348,7 @@ def test_partitions_reach_the_trays_nvidia_smi(lab, tmp_path, capsys):
 
     from mctl.lab.hosts import host_path
 
+    lab.settle_slurm()                           # no job an earlier test left refuses the partition change
     doc = yaml.safe_load(lab.inventory.read_text())
     rack = doc["racks"][lab.rack]
     emulator = None
