@@ -196,7 +196,7 @@ from tests.integration.test_lab_faults import slurm_site  # noqa: E402,F401 - th
 
 def test_power_off_refuses_a_tray_with_a_running_slurm_job_unless_force(lab, slurm_site):
     tray = lab.trays[1]
-    out = lab.run(lab.head, f"sbatch --parsable -N1 -w {tray} -o /dev/null --job-name=mctl-power-test "
+    out = lab.run(lab.head, f"sbatch --parsable --no-requeue -N1 -w {tray} -o /dev/null --job-name=mctl-power-test "
                             "--wrap 'sleep 600'").stdout.strip()
     job = out.split(";")[0]
     try:
