@@ -62,6 +62,7 @@ def audited(tmp_path_factory) -> Audited:
 
 
 def test_a_rack_in_its_desired_state_audits_clean(audited):
+    audited.lab.settle_slurm()
     code, report = audited.audit_json("--fail-on", "warn")
     assert report["findings"] == [], report["findings"]
     assert code == 0 and report["complete"] and report["incomplete"] == []
@@ -190,6 +191,9 @@ def test_drift_shows_in_every_format_and_resolves(audited, drift):
             assert code == 0 and any(f["check"] == drift.check for f in report["findings"])
     finally:
         drift.restore(lab, saved)
+    # Resolved means clean again: wait for the state the audit judges (every slurmd heard from, every tray
+    # idle; a resumed tray or a slurmd ping lost on a loaded machine shows "idle*" for a moment).
+    lab.settle_slurm()
     code, report = audited.audit_json(*drift.args)
     assert code == 0 and report["findings"] == [], report["findings"]
     assert set(fingerprints) <= set(report["history"]["resolved_fingerprints"])
@@ -219,6 +223,7 @@ def test_a_stale_imex_node_list_is_one_finding_per_partition_naming_the_imex_lay
         assert finding["action"] == f"run 'mctl imex apply {lab.rack}'"
     finally:
         _restore_nodes_config(lab, saved)
+    lab.settle_slurm()
     code, report = audited.audit_json("--no-history")
     assert code == 0 and report["findings"] == [], report["findings"]
 
