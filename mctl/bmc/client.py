@@ -53,6 +53,9 @@ from mctl.errors import UsageError
 from mctl.transport.credentials import BasicCredentials, origin as _origin, read_credentials
 
 ROOT = "/redfish/v1"
+# Switches for bench/bmc_bench.py (before/after in the same minutes); always on otherwise.
+RESUME_TLS = True
+USE_EXPAND = True
 BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "y", "n", "t", "f", "0", "1")
 
 
@@ -146,7 +149,8 @@ class RedfishClient:
         self.expand: str | None = None                   # the $expand value, once the root says it is supported
         self.tls_handshakes = 0                          # full TLS handshakes, and resumed ones (bench, tests)
         self.tls_resumed = 0
-        adapter = _resuming_adapter(cafile, self) if cafile is not None and self.origin[0] == "https" else None
+        adapter = _resuming_adapter(cafile, self) if RESUME_TLS and cafile is not None \
+            and self.origin[0] == "https" else None
         self._client = redfish.redfish_client(base_url=self.url, cafile=cafile, timeout=timeout_s, max_retry=0,
                                               check_connectivity=False, https_adapter=adapter)
         session = self._client._session                  # the library's requests.Session
@@ -249,6 +253,8 @@ class RedfishClient:
 
     def use_expand(self, root: dict[str, Any]) -> None:
         """Read collections with $expand where the service root says the BMC supports it."""
+        if not USE_EXPAND:
+            return
         features = root.get("ProtocolFeaturesSupported")
         expand = features.get("ExpandQuery") if isinstance(features, dict) else None
         if not isinstance(expand, dict) or expand.get("Levels") is not True:

@@ -111,3 +111,35 @@ def test_an_image_firmware_section_is_checked_at_load(tmp_path):
 def test_playbooks_do_not_get_the_firmware_section():
     image = load_image(REPO / "images" / "lab-debian13.yml")
     assert "firmware" not in image.ansible_vars() and image.firmware["bmc"] == {"FW_BMC_0": "GB200Nvl-24.12-8"}
+
+
+def _probed(tmp_path):
+    from tests.unit.test_image_diff import probe_here
+
+    return probe_here(tmp_path, smi=None)
+
+
+def test_image_diff_shows_each_firmware_item_wanted_and_found(captured, tmp_path):
+    from dataclasses import replace
+
+    from mctl.images.diff import diff_tray
+
+    tray = captured[0]
+    image = load_image(REPO / "images" / "lab-debian13.yml")
+    state = _probed(tmp_path)
+    bmc = replace(tray, ok=True, firmware={**tray.firmware, "UEFI": "buildbrain-gcid-1"})
+    d = diff_tray("lab-r1-tray01", image, state, slurm_expected=False, bmc=bmc)
+    rows = {r["component"]: r for r in d.to_dict()["components"]}
+    assert rows["firmware:FW_BMC_0"]["status"] == "match" and rows["firmware:FW_BMC_0"]["found"] == "GB200Nvl-24.12-8"
+    assert (rows["firmware:UEFI"]["wanted"], rows["firmware:UEFI"]["found"], rows["firmware:UEFI"]["status"]) == (
+        "buildbrain-gcid-38635631", "buildbrain-gcid-1", "drift")
+    assert rows["firmware:UEFI"]["label"] == "BIOS/UEFI firmware UEFI" and d.status == "drift"
+    # a BMC that could not be read: every firmware row unreported, with the reason
+    down = replace(tray, ok=False, firmware={}, error="GET /redfish/v1 timed out")
+    d = diff_tray("lab-r1-tray01", image, state, slurm_expected=False, bmc=down)
+    fw = [r for r in d.to_dict()["components"] if r["component"].startswith("firmware:")]
+    assert fw and all(r["status"] == "unreported" and "timed out" in r["note"] for r in fw)
+    # a site without a bmc section: said, not compared
+    d = diff_tray("lab-r1-tray01", image, state, slurm_expected=False, bmc_missing="no bmc section")
+    fw = [r for r in d.to_dict()["components"] if r["component"].startswith("firmware:")]
+    assert fw and all(r["status"] == "not-checked" and r["note"] == "no bmc section" for r in fw)
