@@ -294,6 +294,22 @@ def build_app(config: dict[str, Any], tree: dict[str, dict[str, Any]] | None = N
         return flask.Response(json.dumps(mine, indent=2), 200, content_type="application/json")
 
     views["system_resource"] = system_resource
+    sushy_systems = views["system_collection_resource"]
+
+    def system_collection_resource():
+        """sushy-tools' Systems collection; with $expand, each member as system_resource answers it."""
+        answer = sushy_systems()
+        if answer.status_code != 200 or not expand_levels(flask.request.args.get("$expand")):
+            return answer
+        served = json.loads(answer.get_data())
+        members = []
+        for m in served.get("Members", []):
+            one = system_resource(str(m.get("@odata.id", "")).rstrip("/").rsplit("/", 1)[-1])
+            members.append(json.loads(one.get_data()) if one.status_code == 200 else m)
+        served["Members"] = members
+        return flask.Response(json.dumps(served, indent=2), 200, content_type="application/json")
+
+    views["system_collection_resource"] = system_collection_resource
 
     @app.route(f"{ROOT}/<path:rest>", methods=["GET"])
     @api_utils.returns_json
