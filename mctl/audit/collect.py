@@ -175,6 +175,8 @@ class Actual:
     health: "SweepResult | None" = None
     health_error: str | None = None
     elapsed: float = 0.0
+    bmc: "dict[str, Any] | None" = None            # host -> mctl.bmc.inventory.TrayBMC (firmware only)
+    bmc_error: str | None = None
 
     def gpu_versions(self, host: str) -> tuple[str | None, str | None, str | None]:
         """(driver, CUDA, why unknown) from the health sweep's nvidia-smi on that tray, else the audit probe's."""
@@ -203,8 +205,11 @@ async def _health_sweep(site: "Site", hosts: Sequence["Host"], state_dir: Path, 
 
 
 def gather(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, files: Sequence[str],
-           controller: "Host | None", conf_dir: str, timeout: float | None = None, health: bool = True) -> Actual:
-    """Everything an audit compares, from every tray of *racks*, the controller and NMX-M, concurrently."""
+           controller: "Host | None", conf_dir: str, timeout: float | None = None, health: bool = True,
+           bmc: "tuple[Sequence[Host], Any] | None" = None) -> Actual:
+    """Everything an audit compares, from every tray of *racks*, the controller and NMX-M, concurrently;
+    *bmc* = (trays, mctl.bmc.inventory.Settings): their BMCs' FirmwareInventory too, each under the BMC
+    tray deadline."""
     import time
 
     from mctl.transport import SSHConfig, SSHPool, targets_for
@@ -237,6 +242,10 @@ def gather(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, files: Seq
             health_job = _health_sweep(site, trays, state_dir, pool, command_timeout) if health and trays else None
             if health_job is not None:
                 jobs.append(health_job)
+            if bmc is not None:
+                from mctl.bmc.inventory import collect as read_bmcs, read_firmware
+
+                jobs.append(asyncio.to_thread(read_bmcs, list(bmc[0]), bmc[1], reader=read_firmware))
             answers = await asyncio.gather(*jobs, return_exceptions=True)
         tray_results = _unwrap(answers[0])
         states = {r.host: from_result(AUDIT, r, nonce, files=files, smi_timeout=smi_timeout or 30.0)
@@ -259,7 +268,10 @@ def gather(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, files: Seq
                 sweep = _unwrap(got)
         elif health and not trays:
             sweep_error = "no compute trays to check"
-        return Actual(states, ctl_state, fabric, sweep, sweep_error)
+        bmc_trays = None
+        if bmc is not None:
+            bmc_trays = {t.host: t for t in _unwrap(answers[-1])}
+        return Actual(states, ctl_state, fabric, sweep, sweep_error, bmc=bmc_trays)
 
     actual = asyncio.run(main())
     actual.elapsed = time.monotonic() - start

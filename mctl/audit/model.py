@@ -22,7 +22,7 @@ from mctl.errors import EXIT_FINDINGS, EXIT_OK, EXIT_PARTIAL, UsageError
 from mctl.model.findings import Finding, Severity
 
 # Rule families, in report order. "health" is the health check catalogue.
-FAMILIES = ("versions", "imex", "slurm", "nmx", "layers", "drains", "hostkeys", "health")
+FAMILIES = ("versions", "firmware", "imex", "slurm", "nmx", "layers", "drains", "hostkeys", "health")
 FAIL_ON = ("warn", "critical")
 REPORT_SCHEMA = 1
 

@@ -11,12 +11,12 @@ what was checked anyway and the exit code is 3.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from mctl.audit.model import AuditReport, Entry, Gap, Skip, tag
-from mctl.audit.rules import boot, drains, hostkeys, imex, layers, nmx, slurm, versions
+from mctl.audit.rules import boot, drains, firmware, hostkeys, imex, layers, nmx, slurm, versions
 from mctl.errors import MctlError, UsageError
 from mctl.model.findings import Finding, Severity
 from mctl.images import drift
@@ -63,6 +63,8 @@ class Plan:
     controller: "Host | None"
     conf_dir: str
     skipped: list[Skip]
+    firmware_trays: list["Host"] = field(default_factory=list)   # trays whose image names firmware
+    bmc: Any | None = None                        # mctl.bmc.inventory.Settings; None: no bmc section
 
 
 def plan_audit(site: "Site", racks: Sequence["Rack"]) -> Plan:
@@ -111,7 +113,20 @@ def plan_audit(site: "Site", racks: Sequence["Rack"]) -> Plan:
             skipped.append(Skip("nmx", r.name, "no NMX-Manager endpoint (racks.<rack>.nmx) in the inventory"))
     if any(img.kernel_parameters for img in images.values()):
         files += boot.FILES              # the running kernel's command line, provisioning's reboot flag
-    return Plan(list(racks), images, imex_settings, files, controller, conf_dir, skipped)
+    firmware_trays = [h for h in trays if h.name in images and images[h.name].firmware]
+    bmc = None
+    if firmware_trays and getattr(site, "bmc", None) is None:
+        from mctl.model.site import fold
+
+        # as a rack without an NMX-M endpoint: said in the report, not a gap the site cannot close
+        skipped.append(Skip("firmware", fold([h.name for h in firmware_trays]),
+                            "the images name firmware versions but the inventory has no bmc section"))
+        firmware_trays = []
+    elif firmware_trays:
+        from mctl.bmc.inventory import settings_for
+
+        bmc = settings_for(site)          # a credentials file others can read is exit 2, before any host
+    return Plan(list(racks), images, imex_settings, files, controller, conf_dir, skipped, firmware_trays, bmc)
 
 
 def evaluate(site: "Site", plan: Plan, actual: "Actual", settings: AuditSettings
@@ -151,6 +166,9 @@ def evaluate(site: "Site", plan: Plan, actual: "Actual", settings: AuditSettings
         facts = drift.version_facts(st.os.version_id if st.os else None, st.kernel, driver, cuda,
                                     st.slurmd_version, slurm_expected=slurm_site)
         entries += tag(versions.FAMILY, versions.check_tray(h.name, image, facts), rack_of=rack_of)
+
+    # firmware: each tray's BMC against its image, and every tray of a rack alike
+    gaps += _firmware(plan, actual, entries, rack_of)
 
     # boot configuration: the running kernel's command line against the image's kernel parameters
     for h in reached:
@@ -222,6 +240,34 @@ def evaluate(site: "Site", plan: Plan, actual: "Actual", settings: AuditSettings
                 looked.add(plan.controller.name)
             coverage["health"] = sorted(looked)
     return entries, gaps, coverage
+
+
+def _firmware(plan: Plan, actual: "Actual", entries: list[Entry], rack_of: dict[str, str]) -> list[Gap]:
+    """Firmware entries (appended to *entries*) and the gaps: trays whose BMC was not read."""
+    if not plan.firmware_trays:
+        return []
+    if plan.bmc is None:                     # a Plan made by hand: nothing to read the BMCs with
+        return [Gap(firmware.FAMILY, "site", "no BMC settings", tuple(h.name for h in plan.firmware_trays))]
+    gaps: list[Gap] = []
+    read = actual.bmc or {}
+    listed: dict[str, dict[str, str | None]] = {}
+    for h in plan.firmware_trays:
+        tray = read.get(h.name)
+        if tray is None or not tray.ok:
+            why = (f"BMC {tray.bmc or '(no address)'}: {tray.error}" if tray is not None
+                   else actual.bmc_error or "the BMC was not asked")
+            gaps.append(Gap(firmware.FAMILY, h.name, why, (h.name,)))
+            continue
+        listed[h.name] = dict(tray.firmware)
+        entries += tag(firmware.FAMILY, firmware.check_tray(h.name, plan.images[h.name], tray.firmware),
+                       rack_of=rack_of)
+    for rack in plan.racks:
+        members = {h.name: listed[h.name] for h in rack.compute if h.name in listed}
+        ids = list(dict.fromkeys(fid for h in rack.compute if h.name in members
+                                 for _k, fid, _v in plan.images[h.name].firmware_items()))
+        if members and ids:
+            entries += tag(firmware.FAMILY, firmware.check_rack(rack.name, members, ids), rack_of=rack_of)
+    return gaps
 
 
 def _tray_gpus(actual: "Actual", host: str):
@@ -358,7 +404,8 @@ def run_audit(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, setting
     try:
         actual = collect.gather(site, plan.racks, state_dir=Path(state_dir), files=plan.imex_files,
                                 controller=plan.controller, conf_dir=plan.conf_dir, timeout=settings.timeout,
-                                health=settings.health)
+                                health=settings.health,
+                                bmc=(plan.firmware_trays, plan.bmc) if plan.bmc is not None else None)
         entries, gaps, coverage = evaluate(site, plan, actual, settings)
         report = AuditReport(site.name, [r.name for r in plan.racks], started, time.time() - started, entries,
                              coverage, gaps, plan.skipped, settings.fail_on, settings.to_dict())

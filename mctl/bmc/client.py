@@ -21,6 +21,16 @@ module fixes the library defaults that do not fit a datacenter tool
   followed here (at most 3), one to another scheme, host or port is refused and
   the credentials are not sent there. Environment proxies and ~/.netrc are off
   (`trust_env=False`).
+- TLS session resumption: a tray's GETs share one client SSL context, and each new connection to
+  the BMC offers the session of the previous one (`SSLContext.wrap_socket(session=...)`), so a BMC
+  that closes every connection (the lab's Werkzeug, under sushy-tools) costs an abbreviated
+  handshake per GET, not a full one (no certificate chain to verify again). Verification is the
+  same context's (CERT_REQUIRED, host name checked); a BMC that declines resumption gets full
+  handshakes, nothing else changes (docs/decisions.md, D47).
+- Fewer round trips: where the service root says `ProtocolFeaturesSupported.ExpandQuery.Levels`
+  (the real GB200 BMC: MaxLevels 6), a collection's members are read with one
+  `$expand=.($levels=1)`; a member the answer leaves as a bare link or without a field mctl needs
+  (AMI answers null fields under $expand) is read by its own GET.
 - Credentials: HTTP Basic from a file of one line `username:password` that must
   not be readable by group or others; no session is created (a GB200 BMC allows
   few client connections and sessions outlive a crashed client). The password
@@ -43,6 +53,9 @@ from mctl.errors import UsageError
 from mctl.transport.credentials import BasicCredentials, origin as _origin, read_credentials
 
 ROOT = "/redfish/v1"
+# Switches for bench/bmc_bench.py (before/after in the same minutes); always on otherwise.
+RESUME_TLS = True
+USE_EXPAND = True
 BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "y", "n", "t", "f", "0", "1")
 
 
@@ -133,8 +146,13 @@ class RedfishClient:
             if self.origin[0] == "https":
                 (warn or _default_warn)(f"TLS verification of the BMC at {self.url} is off (bmc.verify_tls: false)")
         self._credentials = credentials
+        self.expand: str | None = None                   # the $expand value, once the root says it is supported
+        self.tls_handshakes = 0                          # full TLS handshakes, and resumed ones (bench, tests)
+        self.tls_resumed = 0
+        adapter = _resuming_adapter(cafile, self) if RESUME_TLS and cafile is not None \
+            and self.origin[0] == "https" else None
         self._client = redfish.redfish_client(base_url=self.url, cafile=cafile, timeout=timeout_s, max_retry=0,
-                                              check_connectivity=False)
+                                              check_connectivity=False, https_adapter=adapter)
         session = self._client._session                  # the library's requests.Session
         session.trust_env = False                        # no environment proxies, no ~/.netrc
         session.max_redirects = 0                        # the library never follows a redirect itself
@@ -157,7 +175,7 @@ class RedfishClient:
             raise BMCError("timeout", "the tray's deadline passed")
         return min(self.timeout_s, left)
 
-    def get(self, path: str) -> dict[str, Any]:
+    def get(self, path: str, *, query: dict[str, str] | None = None) -> dict[str, Any]:
         import requests
         from redfish.rest.v1 import RetriesExhaustedError
 
@@ -165,7 +183,7 @@ class RedfishClient:
         for _hop in range(4):
             self.requests += 1
             try:
-                resp = self._client.get(target, timeout=self._timeout())
+                resp = self._client.get(target, args=query, timeout=self._timeout())
             except RetriesExhaustedError as exc:
                 cause = exc.__cause__
                 if isinstance(cause, requests.TooManyRedirects) and cause.response is not None:
@@ -232,6 +250,97 @@ class RedfishClient:
         if not isinstance(members, list):
             raise BMCError("malformed", f"{path} is not a collection (no Members list)")
         return [link(m, f"{path} Members") for m in members]
+
+    def use_expand(self, root: dict[str, Any]) -> None:
+        """Read collections with $expand where the service root says the BMC supports it."""
+        if not USE_EXPAND:
+            return
+        features = root.get("ProtocolFeaturesSupported")
+        expand = features.get("ExpandQuery") if isinstance(features, dict) else None
+        if not isinstance(expand, dict) or expand.get("Levels") is not True:
+            return
+        if expand.get("NoLinks") is True:
+            self.expand = ".($levels=1)"
+        elif expand.get("ExpandAll") is True:
+            self.expand = "*($levels=1)"
+
+    def member_docs(self, path: str, need: tuple[str, ...] = ("Id",)) -> list[tuple[str, dict[str, Any]]]:
+        """(path, document) of every member of a collection: one $expand GET where the BMC supports it,
+        a GET per member otherwise or for a member the expanded answer left incomplete."""
+        if self.expand is None:
+            return [(p, self.get(p)) for p in self.members(path)]
+        doc = self.get(path, query={"$expand": self.expand})
+        members = doc.get("Members")
+        if not isinstance(members, list):
+            raise BMCError("malformed", f"{path} is not a collection (no Members list)")
+        out = []
+        for m in members:
+            p = link(m, f"{path} Members")
+            whole = isinstance(m, dict) and len(m) > 1 and all(m.get(k) is not None for k in need)
+            out.append((p, m if whole else self.get(p)))
+        return out
+
+
+def _resuming_adapter(cafile: str, owner: "RedfishClient"):
+    """A requests adapter whose connections share one verifying SSL context that resumes the last TLS
+    session with this BMC (urllib3 makes a context per connection otherwise, and a session can only be
+    resumed by the context that made it)."""
+    import requests.adapters
+
+    class ResumingSocket(ssl.SSLSocket):
+        _kept = False
+
+        def _keep(self) -> None:                     # TLS 1.3 tickets arrive after the handshake, with data
+            if not self._kept:
+                self._kept = True
+                try:
+                    owner._tls_session = self.session or owner._tls_session
+                except (ValueError, OSError):
+                    pass
+
+        def recv_into(self, *args, **kwargs):
+            n = super().recv_into(*args, **kwargs)
+            self._keep()
+            return n
+
+        def read(self, *args, **kwargs):
+            data = super().read(*args, **kwargs)
+            self._keep()
+            return data
+
+    class ResumingContext(ssl.SSLContext):
+        def wrap_socket(self, sock, *args, session=None, **kwargs):
+            offered = session or owner._tls_session
+            if offered is not None and offered.id == b"" and not offered.has_ticket:
+                offered = None                       # nothing to resume with
+            wrapped = super().wrap_socket(sock, *args, session=offered, **kwargs)
+            if wrapped.session_reused:
+                owner.tls_resumed += 1
+            else:
+                owner.tls_handshakes += 1
+            return wrapped
+
+    ctx = ResumingContext(ssl.PROTOCOL_TLS_CLIENT)   # CERT_REQUIRED, check_hostname on
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_verify_locations(cafile=cafile)
+    ctx.sslsocket_class = ResumingSocket
+    owner._tls_session = None
+
+    class Adapter(requests.adapters.HTTPAdapter):
+        def init_poolmanager(self, connections, maxsize, block=False, **pool_kwargs):
+            pool_kwargs["ssl_context"] = ctx
+            super().init_poolmanager(connections, maxsize, block=block, **pool_kwargs)
+
+        def build_connection_pool_key_attributes(self, request, verify, cert=None):
+            host_params, pool_kwargs = super().build_connection_pool_key_attributes(request, verify, cert)
+            # The context above already holds the CA; urllib3 would load the file again for each connection.
+            if verify is not False:
+                pool_kwargs.pop("ca_certs", None)
+                pool_kwargs.pop("ca_cert_dir", None)
+                pool_kwargs["cert_reqs"] = "CERT_REQUIRED"
+            return host_params, pool_kwargs
+
+    return Adapter(max_retries=0)
 
 
 def link(value: Any, where: str) -> str:

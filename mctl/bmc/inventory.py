@@ -76,7 +76,10 @@ class TrayBMC:
     power: dict[str, Any] | None = None
     thermal: dict[str, Any] | None = None
     sensors: int | None = None
+    firmware_listed: bool = False               # the BMC has a FirmwareInventory (even an empty one)
     requests: int = 0
+    tls_handshakes: int = 0                     # full TLS handshakes, and resumed ones
+    tls_resumed: int = 0
     elapsed: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -139,14 +142,14 @@ def _link_of(doc: dict[str, Any], key: str) -> str | None:
 def read_tray(client: RedfishClient, tray: TrayBMC) -> None:
     """Fill *tray* from its BMC; raises BMCError on the first thing that cannot be read."""
     root = client.get(ROOT)
+    client.use_expand(root)
     tray.vendor, tray.product = _text(root, "Vendor"), _text(root, "Product")
     tray.redfish_version = _text(root, "RedfishVersion")
 
     systems_link = _link_of(root, "Systems")
     if systems_link is None:
         raise BMCError("malformed", "the service root links no Systems")
-    for path in client.members(systems_link):
-        doc = client.get(path)
+    for path, doc in client.member_docs(systems_link, ("Id", "PowerState")):
         tray.systems.append({"id": _text(doc, "Id"), "power_state": _text(doc, "PowerState"),
                              "serial": _text(doc, "SerialNumber"), "model": _text(doc, "Model"),
                              "bios_version": _text(doc, "BiosVersion"), **_status(doc)})
@@ -156,19 +159,11 @@ def read_tray(client: RedfishClient, tray: TrayBMC) -> None:
 
     managers_link = _link_of(root, "Managers")
     if managers_link is not None:
-        for path in client.members(managers_link):
-            doc = client.get(path)
+        for path, doc in client.member_docs(managers_link, ("Id", "FirmwareVersion")):
             tray.managers.append({"id": _text(doc, "Id"), "firmware_version": _text(doc, "FirmwareVersion"),
                                   "type": _text(doc, "ManagerType"), "model": _text(doc, "Model"), **_status(doc)})
 
-    update_link = _link_of(root, "UpdateService")
-    if update_link is not None:
-        fw_link = _link_of(client.get(update_link), "FirmwareInventory")
-        if fw_link is not None:
-            for path in client.members(fw_link):
-                doc = client.get(path)
-                fid = _text(doc, "Id") or path.rsplit("/", 1)[-1]
-                tray.firmware[fid] = _text(doc, "Version")
+    read_firmware_inventory(client, root, tray)
     for kind, pattern in FIRMWARE_KINDS:
         found = sorted({v.strip() for k, v in tray.firmware.items() if pattern.match(k) and v and v.strip()})
         if found:
@@ -188,8 +183,7 @@ def read_tray(client: RedfishClient, tray: TrayBMC) -> None:
     chassis_link = _link_of(root, "Chassis")
     docs: dict[str, dict[str, Any]] = {}
     if chassis_link is not None:
-        for path in client.members(chassis_link):
-            doc = client.get(path)
+        for path, doc in client.member_docs(chassis_link, ("Id", "ChassisType")):
             cid = _text(doc, "Id") or path.rsplit("/", 1)[-1]
             docs[cid] = doc
             oem = doc.get("Oem", {}).get("Nvidia", {}) if isinstance(doc.get("Oem"), dict) else {}
@@ -217,6 +211,30 @@ def read_tray(client: RedfishClient, tray: TrayBMC) -> None:
             tray.sensors = len(client.members(sensors_link))
     if tray.power_state is None and main is not None:
         tray.power_state = main["power_state"]
+
+
+def read_firmware_inventory(client: RedfishClient, root: dict[str, Any], tray: TrayBMC) -> None:
+    """Every item of UpdateService/FirmwareInventory into tray.firmware (id -> Version)."""
+    update_link = _link_of(root, "UpdateService")
+    if update_link is None:
+        return
+    fw_link = _link_of(client.get(update_link), "FirmwareInventory")
+    if fw_link is None:
+        return
+    tray.firmware_listed = True
+    for path, doc in client.member_docs(fw_link, ("Id", "Version")):
+        fid = _text(doc, "Id") or path.rsplit("/", 1)[-1]
+        tray.firmware[fid] = _text(doc, "Version")
+
+
+def read_firmware(client: RedfishClient, tray: TrayBMC) -> None:
+    """Only what a firmware baseline needs (mctl audit, mctl image diff): the root and FirmwareInventory."""
+    root = client.get(ROOT)
+    client.use_expand(root)
+    tray.vendor, tray.product = _text(root, "Vendor"), _text(root, "Product")
+    read_firmware_inventory(client, root, tray)
+    if not tray.firmware_listed:
+        raise BMCError("malformed", "the BMC lists no UpdateService/FirmwareInventory")
 
 
 def _tray_chassis(tray: TrayBMC) -> dict[str, Any] | None:
@@ -262,8 +280,10 @@ def settings_for(site: "Site") -> Settings:
 
 
 def collect(hosts: list["Host"], settings: Settings, *, timeout_s: float | None = None,
-            warn: Callable[[str], None] | None = None) -> list[TrayBMC]:
-    """Read every host's BMC; each within its own deadline. Never raises for one tray's trouble."""
+            warn: Callable[[str], None] | None = None,
+            reader: Callable[[RedfishClient, TrayBMC], None] = read_tray) -> list[TrayBMC]:
+    """Read every host's BMC with *reader* (the whole tray, or only its firmware: read_firmware);
+    each within its own deadline. Never raises for one tray's trouble."""
     deadline_s = timeout_s or settings.deadline_s
     warned: list[str] = []
     lock = threading.Lock()
@@ -282,7 +302,7 @@ def collect(hosts: list["Host"], settings: Settings, *, timeout_s: float | None 
             client = RedfishClient(tray.url or "", settings.credentials, verify_tls=settings.verify_tls,
                                    timeout_s=min(settings.timeout_s, deadline_s),
                                    deadline=start + deadline_s, warn=once)
-            read_tray(client, tray)
+            reader(client, tray)
             tray.ok = True
         except BMCError as exc:
             tray.error_kind, tray.error = exc.kind, exc.message
@@ -293,6 +313,7 @@ def collect(hosts: list["Host"], settings: Settings, *, timeout_s: float | None 
         finally:
             if client is not None:
                 tray.requests = client.requests
+                tray.tls_handshakes, tray.tls_resumed = client.tls_handshakes, client.tls_resumed
                 client.close()
             tray.elapsed = round(time.monotonic() - start, 3)
             done.set()

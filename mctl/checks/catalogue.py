@@ -130,6 +130,10 @@ _ENTRIES = (
     Check("image.cuda", W, "the tray's CUDA is its image's", _AUD),
     Check("image.slurm", W, "the tray's slurmd is its image's Slurm", _AUD),
     Check("image.imex", W, "the tray's IMEX is its image's", _AUD),
+    Check("firmware.version", W, "each firmware item the tray's image names is listed by its BMC at that version",
+          _AUD),
+    Check("firmware.rack", W, "every tray of a rack reports the same version of each firmware item its image names",
+          _AUD),
     Check("boot.kernel_parameters", W, "the tray booted with its image's kernel parameters (else: reboot required)",
           _AUD),
 )

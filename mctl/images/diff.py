@@ -107,7 +107,9 @@ def tray_facts(state: "TrayFacts", *, slurm_expected: bool) -> tuple[dict[str, A
     return facts, notes
 
 
-def diff_tray(host: str, image: "SoftwareImage", state: "TrayFacts", *, slurm_expected: bool) -> TrayDiff:
+def diff_tray(host: str, image: "SoftwareImage", state: "TrayFacts", *, slurm_expected: bool,
+              bmc: Any | None = None, bmc_missing: str | None = None) -> TrayDiff:
+    """*bmc*: the tray's mctl.bmc.inventory.TrayBMC (firmware read), or None with *bmc_missing* saying why."""
     if not state.reached:
         return TrayDiff(host, image.name, error=state.error or state.reach)
     if state.problems:
@@ -117,18 +119,32 @@ def diff_tray(host: str, image: "SoftwareImage", state: "TrayFacts", *, slurm_ex
     unchecked = {name: (image.components[name].version,
                         NOT_READ.get(name, f"mctl reads no {name} version from a tray"))
                  for name in not_compared(image, rows)}
+    if image.firmware:
+        from mctl.images import firmware
+
+        if bmc is None and bmc_missing:             # the site cannot read BMCs: said, not compared
+            unchecked.update({f"firmware:{fid}": (version, bmc_missing) for _k, fid, version in image.firmware_items()})
+        else:
+            listed = bmc.firmware if bmc is not None and bmc.ok else {}
+            fw_rows = firmware.compare(image, listed)
+            rows += fw_rows
+            if bmc is None or not bmc.ok:
+                why = f"BMC not read: {bmc.error}" if bmc is not None else "BMC not read"
+                notes.update({r.component: why for r in fw_rows})
     return TrayDiff(host, image.name, rows, unchecked, notes)
 
 
 def build_report(hosts: Sequence["Host"], images: dict[str, "SoftwareImage"], states: dict[str, "TrayFacts"],
-                 *, slurm_expected: bool, timeout: float) -> DiffReport:
+                 *, slurm_expected: bool, timeout: float, bmcs: dict[str, Any] | None = None,
+                 bmc_missing: str | None = None) -> DiffReport:
     out = []
     for h in hosts:
         image = images.get(h.name)
         if image is None:
             out.append(TrayDiff(h.name, None))
             continue
-        out.append(diff_tray(h.name, image, states[h.name], slurm_expected=slurm_expected))
+        out.append(diff_tray(h.name, image, states[h.name], slurm_expected=slurm_expected,
+                             bmc=(bmcs or {}).get(h.name), bmc_missing=bmc_missing))
     return DiffReport(out, timeout)
 
 
@@ -158,7 +174,24 @@ def diff(site: "Site", hosts: Sequence["Host"], *, timeout: float | None = None)
     # nvidia-smi under its own deadline, inside the command's, so a hung driver is named as such
     smi_timeout = smi_timeout_for(command_timeout)
     probe = probe_command(AUDIT, nonce, smi_timeout=smi_timeout)
+    # the BMCs' FirmwareInventory, read beside the SSH probe, for the trays whose image names firmware
+    bmc_hosts = [h for h in asked if images[h.name].firmware]
+    bmc_missing = None
+    reading = None
+    if bmc_hosts and getattr(site, "bmc", None) is None:
+        bmc_missing = "the inventory has no bmc section (mctl reads firmware from the BMC)"
+    elif bmc_hosts:
+        import concurrent.futures
+
+        from mctl.bmc.inventory import collect, read_firmware, settings_for
+
+        settings = settings_for(site)             # a bad credentials file is exit 2 before any tray is asked
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="bmc")
+        reading = pool.submit(collect, bmc_hosts, settings, reader=read_firmware)
+        pool.shutdown(wait=False)
     results = run_sync(config, targets_for(site, asked), probe, timeout=command_timeout) if asked else []
     states = {r.host: from_result(AUDIT, r, nonce, smi_timeout=smi_timeout) for r in results}
+    bmcs = {t.host: t for t in reading.result()} if reading is not None else None
     slurm_expected = bool(site.scheduler and site.scheduler.type == "slurm")
-    return build_report(hosts, images, states, slurm_expected=slurm_expected, timeout=command_timeout)
+    return build_report(hosts, images, states, slurm_expected=slurm_expected, timeout=command_timeout,
+                        bmcs=bmcs, bmc_missing=bmc_missing)

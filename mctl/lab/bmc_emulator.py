@@ -258,8 +258,19 @@ def build_app(config: dict[str, Any], tree: dict[str, dict[str, Any]] | None = N
         return personalize(tree[path], tray_id=tray_id, tray_index=int(config["tray_index"]),
                            slot=int(config["slot"]), power=driver.host_power())
 
+    firmware = FirmwareOverrides(config.get("firmware_file"))
+
+    def answer(path: str) -> dict[str, Any]:
+        """The document, with the lab's firmware versions, and its members where $expand asks for them."""
+        out = firmware.apply(doc(path))
+        if expand_levels(flask.request.args.get("$expand")) and isinstance(out.get("Members"), list):
+            out["Members"] = [firmware.apply(doc(m["@odata.id"]))
+                              if isinstance(m, dict) and str(m.get("@odata.id", "")).rstrip("/") in tree else m
+                              for m in out["Members"]]
+        return out
+
     def serve(path: str):
-        return flask.Response(json.dumps(doc(path), indent=2), 200, content_type="application/json")
+        return flask.Response(json.dumps(answer(path), indent=2), 200, content_type="application/json")
 
     # Replace sushy-tools' own documents by the capture's where the GB200 tree differs.
     views = app.view_functions
@@ -283,13 +294,76 @@ def build_app(config: dict[str, Any], tree: dict[str, dict[str, Any]] | None = N
         return flask.Response(json.dumps(mine, indent=2), 200, content_type="application/json")
 
     views["system_resource"] = system_resource
+    sushy_systems = views["system_collection_resource"]
+
+    def system_collection_resource():
+        """sushy-tools' Systems collection; with $expand, each member as system_resource answers it."""
+        answer = sushy_systems()
+        if answer.status_code != 200 or not expand_levels(flask.request.args.get("$expand")):
+            return answer
+        served = json.loads(answer.get_data())
+        members = []
+        for m in served.get("Members", []):
+            one = system_resource(str(m.get("@odata.id", "")).rstrip("/").rsplit("/", 1)[-1])
+            members.append(json.loads(one.get_data()) if one.status_code == 200 else m)
+        served["Members"] = members
+        return flask.Response(json.dumps(served, indent=2), 200, content_type="application/json")
+
+    views["system_collection_resource"] = system_collection_resource
 
     @app.route(f"{ROOT}/<path:rest>", methods=["GET"])
     @api_utils.returns_json
     def captured(rest):
-        return json.dumps(doc(f"{ROOT}/{rest}"), indent=2)
+        return json.dumps(answer(f"{ROOT}/{rest}"), indent=2)
 
     return app
+
+
+def expand_levels(value: str | None) -> bool:
+    """Whether a `$expand` query asks for one level of members (the subset of DSP0266 the lab serves:
+    `.`, `*` or `~`, with `($levels=1)` or without levels). Other levels are answered unexpanded, which a
+    client must handle anyway (a member left as a link is read by its own GET)."""
+    if not value:
+        return False
+    value = value.strip()
+    return value[:1] in (".", "*", "~") and value[1:] in ("", "($levels=1)")
+
+
+class FirmwareOverrides:
+    """The lab's firmware versions (`mctl.lab.bmcs.set_firmware`): {FirmwareInventory id: Version} in a
+    JSON file next to the emulator's config, read again whenever it changes. The item's document in
+    UpdateService/FirmwareInventory then reports that Version, as a real BMC does after an update."""
+
+    def __init__(self, path: str | None):
+        self.path = Path(path) if path else None
+        self._seen: tuple[int, int, int] | None = None
+        self._versions: dict[str, str] = {}
+
+    def versions(self) -> dict[str, str]:
+        if self.path is None:
+            return {}
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            self._seen, self._versions = None, {}
+            return {}
+        if self._seen != (st.st_ino, st.st_mtime_ns, st.st_size):
+            try:
+                data = json.loads(self.path.read_text())
+                self._versions = {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+            except (OSError, ValueError):
+                LOG.warning("%s is unreadable: firmware as captured", self.path)
+                self._versions = {}
+            self._seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+        return self._versions
+
+    def apply(self, doc: dict[str, Any]) -> dict[str, Any]:
+        odata = str(doc.get("@odata.id", ""))
+        if odata.startswith(f"{ROOT}/UpdateService/FirmwareInventory/"):
+            version = self.versions().get(odata.rsplit("/", 1)[-1])
+            if version is not None:
+                doc = {**doc, "Version": version}
+        return doc
 
 
 def _remember_good_logins() -> None:

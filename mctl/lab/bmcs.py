@@ -30,6 +30,7 @@ PORT = 443
 USER = "root"
 BCRYPT_ROUNDS = 4       # the lab's BMCs check every request; 12 rounds would cost ~0.2 s per GET
 MODULE = "mctl.lab.bmc_emulator"
+FIRMWARE_FILE = "firmware.json"     # the tray BMC's firmware versions that differ from the capture
 
 
 def lab_bmc_dir(lab_dir: Path) -> Path:
@@ -107,7 +108,37 @@ def prepare(lab_dir: Path, layout: LabLayout) -> None:
         atomic_write(td / "bmc.json", json.dumps({
             "lab": layout.name, "lab_dir": str(lab_dir), "tray": h.name, "tray_index": h.tray_index,
             "slot": h.slot, "address": address, "port": PORT, "cert": str(td / "cert.pem"),
-            "key": str(td / "key.pem"), "auth_file": str(d / "htpasswd")}, indent=2) + "\n")
+            "key": str(td / "key.pem"), "auth_file": str(d / "htpasswd"),
+            "firmware_file": str(td / FIRMWARE_FILE)}, indent=2) + "\n")
+
+
+def set_firmware(lab_dir: Path, tray: str, firmware_id: str, version: str | None) -> dict[str, str]:
+    """Make the tray's BMC report *version* for FirmwareInventory item *firmware_id* (None: as captured),
+    as after a firmware update; returns the tray's overrides now. The emulator reads the file on each
+    request, so the next GET answers the new version."""
+    import re
+
+    td = tray_bmc_dir(lab_dir, tray)
+    if not (td / "bmc.json").is_file():
+        raise EnvironmentProblem(f"{tray} has no BMC in the lab at {lab_dir}")
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", firmware_id):
+        raise ValueError(f"{firmware_id!r} is not a FirmwareInventory id")
+    path = td / FIRMWARE_FILE
+    try:
+        current = json.loads(path.read_text())
+    except (OSError, ValueError):
+        current = {}
+    if version is None:
+        current.pop(firmware_id, None)
+    else:
+        current[firmware_id] = version
+    atomic_write(path, json.dumps(current, indent=2, sort_keys=True) + "\n")
+    return current
+
+
+def reset_firmware(lab_dir: Path, tray: str) -> None:
+    """Every firmware item of the tray's BMC as captured again."""
+    (tray_bmc_dir(lab_dir, tray) / FIRMWARE_FILE).unlink(missing_ok=True)
 
 
 def start(lab_dir: Path, layout: LabLayout, marker_env: str, *, timeout: float = 60.0) -> None:

@@ -66,7 +66,10 @@ def test_a_rack_in_its_desired_state_audits_clean(audited):
     code, report = audited.audit_json("--fail-on", "warn")
     assert report["findings"] == [], report["findings"]
     assert code == 0 and report["complete"] and report["incomplete"] == []
-    assert set(report["coverage"]) == {"versions", "imex", "slurm", "nmx", "layers", "drains", "hostkeys", "health"}
+    assert set(report["coverage"]) == {"versions", "firmware", "imex", "slurm", "nmx", "layers", "drains",
+                                       "hostkeys", "health"}
+    # every tray's BMC read, its firmware the image's (the capture's), one version across the rack
+    assert report["coverage"]["firmware"]["hosts"] == "lab-r1,lab-r1-tray[01-04]"
     assert report["coverage"]["hostkeys"]["hosts"] == "lab-r1-head,lab-r1-tray[01-04]"
     assert report["coverage"]["imex"]["hosts"] == "lab-r1-tray[01-04]"
 
@@ -82,6 +85,7 @@ class Drift:
     host: str
     args: tuple[str, ...] = ()                     # extra audit options
     code: int = 1
+    also: tuple[tuple[str, str], ...] = ()         # more (check, host) the JSON report must name
 
 
 NODES = "/etc/nvidia-imex/nodes_config.cfg"
@@ -146,6 +150,19 @@ def _resume(lab: LabHandle, _: object) -> None:
     lab.run(lab.head, "scontrol update NodeName=lab-r1-tray04 State=RESUME")
 
 
+def _update_bmc_firmware(lab: LabHandle) -> None:
+    """tray02's BMC now reports another BMC firmware build (the lab's firmware file, read by its emulator)."""
+    from mctl.lab import bmcs
+
+    bmcs.set_firmware(lab.dir, "lab-r1-tray02", "FW_BMC_0", "GB200Nvl-24.12-9")
+
+
+def _restore_bmc_firmware(lab: LabHandle, _: object) -> None:
+    from mctl.lab import bmcs
+
+    bmcs.reset_firmware(lab.dir, "lab-r1-tray02")
+
+
 DRIFTS = [
     Drift("nodes_config edited by hand", _edit_nodes_config, _restore_nodes_config, "imex.nodes_config",
           "lab-r1-tray02"),
@@ -154,6 +171,8 @@ DRIFTS = [
     Drift("Slurm block no longer matches", _swap_blocks, _restore_blocks, "slurm.topology", "lab-r1"),
     Drift("drained longer than the threshold", _drain, _resume, "drain.age", "lab-r1-tray04",
           ("--drain-age", "1s", "--fail-on", "warn")),
+    Drift("BMC firmware updated on one tray", _update_bmc_firmware, _restore_bmc_firmware, "firmware.version",
+          "lab-r1-tray02", ("--fail-on", "warn"), also=(("firmware.rack", "lab-r1"),)),
 ]
 
 
@@ -186,6 +205,8 @@ def test_drift_shows_in_every_format_and_resolves(audited, drift):
             if fmt == "json":
                 fingerprints = [f["fingerprint"] for f in json.loads(text)["findings"]
                                 if f["check"] == drift.check and f["host"] == drift.host]
+                for check, host in drift.also:
+                    assert _seen_in(fmt, text, check, host), f"{check} on {host} not in {fmt}:\n{text}"
         if drift.args:         # the drain is a warning: below the default --fail-on it does not fail the run
             code, report = audited.audit_json("--drain-age", "1s", "--no-history")
             assert code == 0 and any(f["check"] == drift.check for f in report["findings"])

@@ -31,6 +31,9 @@ def test_clean_lab_matches_its_image(lab):
         assert tray["status"] == "match" and tray["image"] == "lab-debian13"
         assert comps["nvidia_driver"]["found"] == "570.148.08" and comps["nvidia_driver"]["status"] == "match"
         assert comps["os"]["found"] == "13" and comps["munge"]["status"] == "not-checked"
+        # firmware from the tray's BMC (the lab serves the capture the image was written from)
+        assert comps["firmware:FW_BMC_0"]["found"] == "GB200Nvl-24.12-8"
+        assert {c["status"] for name, c in comps.items() if name.startswith("firmware:")} == {"match"}
 
 
 def test_drift_and_a_hung_tray(lab):

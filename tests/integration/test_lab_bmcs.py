@@ -72,8 +72,11 @@ def test_lab_inventory_names_each_bmc_and_a_private_credentials_file(lab):
     assert stat.S_IMODE((bmcs.lab_bmc_dir(lab.dir) / "htpasswd").stat().st_mode) == 0o600
 
 
-def test_bmc_inventory_reads_every_lab_tray_like_a_gb200_tray(lab):
-    proc = lab.mctl("bmc", "inventory", lab.rack, "--json", "--no-save", timeout=120)
+def test_bmc_inventory_reads_every_lab_tray_like_a_gb200_tray(lab, tmp_path):
+    """... with collections read by $expand (the capture's root says ExpandQuery) over resumed TLS
+    sessions; a firmware version changed in one tray's BMC (mctl.lab.bmcs.set_firmware) is a --diff change."""
+    state = ("--state-dir", str(tmp_path))              # snapshots of this test's own
+    proc = lab.mctl(*state, "bmc", "inventory", lab.rack, "--json", timeout=120)
     assert proc.returncode == 0, proc.stderr + proc.stdout[-2000:]
     data = json.loads(proc.stdout)
     trays = {t["host"]: t for t in data["trays"]}
@@ -86,7 +89,23 @@ def test_bmc_inventory_reads_every_lab_tray_like_a_gb200_tray(lab):
         assert t["power_state"] == "On"
         assert t["versions"]["bmc"] == ["GB200Nvl-24.12-8"] and "FW_BMC_0" in t["firmware"]
         assert t["thermal"]["leak_detection"] is True
+        assert t["requests"] < 20, (name, t["requests"])      # 85 GETs one by one
+        assert t["tls_handshakes"] <= 2 and t["tls_resumed"] >= t["requests"] - t["tls_handshakes"] - 1
     assert len({t["serial"] for t in trays.values()}) == len(lab.trays)
+
+    tray = lab.trays[-1]
+    code, coll = redfish(lab, tray, "/redfish/v1/UpdateService/FirmwareInventory?$expand=.($levels=1)")
+    assert code == 200 and {m["Id"]: m["Version"] for m in coll["Members"]}["FW_BMC_0"] == "GB200Nvl-24.12-8"
+    bmcs.set_firmware(lab.dir, tray, "FW_BMC_0", "GB200Nvl-24.12-9")
+    try:
+        proc = lab.mctl(*state, "bmc", "inventory", lab.rack, "--diff", "--json", timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["changes"][lab.rack] == [
+            {"host": tray, "kind": "firmware", "message": "FW_BMC_0 version GB200Nvl-24.12-8 -> GB200Nvl-24.12-9"}]
+    finally:
+        bmcs.reset_firmware(lab.dir, tray)
+    code, doc = redfish(lab, tray, "/redfish/v1/UpdateService/FirmwareInventory/FW_BMC_0")
+    assert code == 200 and doc["Version"] == "GB200Nvl-24.12-8"
 
 
 def test_leak_detectors_and_reset_action_info_as_on_the_capture(lab):

@@ -185,7 +185,7 @@ def test_junit_report_is_one_suite_per_family_one_case_per_host_and_check(site):
     root = ET.fromstring(text)
     assert root.tag == "testsuites"
     suites = {s.get("name"): s for s in root.findall("testsuite")}
-    assert list(suites) == ["mctl-audit.versions", "mctl-audit.imex", "mctl-audit.slurm", "mctl-audit.nmx",
+    assert list(suites) == ["mctl-audit.versions", "mctl-audit.firmware", "mctl-audit.imex", "mctl-audit.slurm", "mctl-audit.nmx",
                             "mctl-audit.layers", "mctl-audit.drains", "mctl-audit.hostkeys", "mctl-audit.health", "mctl-audit.reach"]
     total = {k: 0 for k in ("tests", "failures", "errors", "skipped")}
     for suite in root.findall("testsuite"):

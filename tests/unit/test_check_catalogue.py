@@ -245,12 +245,12 @@ def test_audit_only_ids_are_the_audit_rules_ids():
     import re
     from types import ModuleType
 
-    from mctl.audit.rules import boot, drains, hostkeys, imex, layers, nmx, slurm
+    from mctl.audit.rules import boot, drains, firmware, hostkeys, imex, layers, nmx, slurm
     from mctl.images import drift
     from mctl.images.catalog import load_image
 
     used = set()
-    for module in (boot, drains, hostkeys, imex, layers, nmx, slurm):
+    for module in (boot, drains, firmware, hostkeys, imex, layers, nmx, slurm):
         assert isinstance(module, ModuleType)
         used |= {v for k, v in vars(module).items() if k.isupper() and isinstance(v, str)
                  and re.fullmatch(r"[a-z]+\.[a-z_-]+", v)}
