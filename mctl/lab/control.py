@@ -577,6 +577,10 @@ def fault(lab_dir: Path, host_name: str, req: faultlib.FaultRequest, *, dry_run:
         new = faultlib.without_host_faults(new)
     actions = _fault_actions(host, current, new, req)
     result = FaultResult(host.name, faultlib.active(current), faultlib.active(new), actions, not dry_run)
+    if req.clear and host.kind == "tray":           # the tray's BMC faults too (mctl/lab/bmc_faults.py)
+        from mctl.lab import bmc_faults
+        bres = bmc_faults.apply(files.dir, host.name, clear=True, dry_run=dry_run)
+        result.actions.extend(bres.actions)
     if dry_run:
         return result
     if req.reboot:
