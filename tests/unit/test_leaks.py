@@ -310,3 +310,18 @@ def test_leak_settings_from_the_inventory():
     short = health_settings(HealthSpec(leak=LeakSpec(power_off_after="5s", clear_sweeps=2), bmc_checks="off"))
     assert (short.leak_power_off_after_s, short.leak_clear_sweeps, short.bmc_checks) == (5.0, 2, "off")
     assert HealthSettings.from_dict(short.to_dict()) == short
+
+
+def test_a_damaged_leak_episode_in_the_state_file_is_refused_with_its_field(tmp_path):
+    from mctl.health import store
+    from mctl.state.files import DamagedState
+
+    recs, _, _ = sweep({}, verdict(BMC_CASES["leak-critical"]), NODE, HealthSettings(), T0)
+    store.save_state(tmp_path, store.HealthState("site", recs, BreakerState()))
+    assert store.load_state(tmp_path).records["t01"].leak["since"] == T0
+    path = store.state_path(tmp_path)
+    data = json.loads(path.read_text())
+    data["trays"]["t01"]["leak"]["since"] = "yesterday"
+    path.write_text(json.dumps(data))
+    with pytest.raises(DamagedState, match="trays.t01.leak.since"):
+        store.load_state(tmp_path)
