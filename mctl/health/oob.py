@@ -43,9 +43,11 @@ def settings_of(site: "Site"):
     from mctl.bmc.inventory import settings_for
 
     try:
-        return settings_for(site), None
+        settings = settings_for(site)
     except MctlError as exc:
         return None, exc.message
+    import redfish  # noqa: F401 - the client library's import (~1 s) is paid here, not inside a sweep's deadline
+    return settings, None
 
 
 def read_tray(client) -> BmcHealth:
