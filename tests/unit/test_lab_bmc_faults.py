@@ -70,3 +70,13 @@ def test_watched_file_is_reread_when_it_changes(tmp_path):
 def test_apply_refuses_bad_input_without_a_lab(tmp_path):
     with pytest.raises(UsageError, match="no lab"):
         bmc_faults.apply(tmp_path, "t", leak="critical")
+
+
+def test_the_cli_refuses_bmc_faults_mixed_with_others_or_clear(capsys, tmp_path):
+    from tests.unit.cli_helpers import run_cli
+
+    for extra in (["--xid", "79", "--gpu", "0"], ["--hang"], ["--slow", "2"]):
+        r = run_cli(capsys, "lab", "fault", "lab-r1-tray01", "--leak", "critical", *extra, "--dir", str(tmp_path))
+        assert r.code == 2 and "act on the tray's BMC" in r.err + r.out, (extra, r)
+    r = run_cli(capsys, "lab", "fault", "lab-r1-tray01", "--psu-fail", "--dir", str(tmp_path))
+    assert r.code == 2 and "no lab" in r.err + r.out and "Traceback" not in r.err
