@@ -392,7 +392,7 @@ def test_a_bmc_that_does_not_listen_is_unreachable():
 
 
 def test_health_sweep_reads_leaks_and_power_of_the_real_capture_over_verified_tls(pki):
-    """mctl.health.oob against the GB200 capture served as a static mockup: what the sweep judges, 8 GETs, and a
+    """mctl.health.oob against the GB200 capture served as a static mockup: what the sweep judges, 7 GETs, and a
     BMC that hangs is reported at the deadline, not taken as healthy."""
     from mctl.health import oob
     from mctl.model.site import Host
@@ -404,7 +404,7 @@ def test_health_sweep_reads_leaks_and_power_of_the_real_capture_over_verified_tl
         bmc = got["tray01"]
         assert bmc.answered, bmc.error
         assert [d.state for d in bmc.detectors] == ["OK", "OK", "Critical", "OK"] and bmc.power_health == "OK"
-        assert len([r for r in srv.requests if r[0] == "GET"]) == 8
+        assert len([r for r in srv.requests if r[0] == "GET"]) == 7
     with MockupServer(GB200, tls=tls, fault="slow", hold_s=10) as srv:
         host = Host("tray01", srv.host, "compute", "rack-a", bmc=srv.host)
         start = time.monotonic()
