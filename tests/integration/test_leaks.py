@@ -65,7 +65,9 @@ def test_critical_leak_drains_then_powers_off_after_the_timeout_once_and_is_rest
         # after the timeout the watch powers it off through the BMC: checked through Redfish and SSH
         wait_for(f"{tray} powered off for the leak", lambda: power_state(lab, tray) == "Off", 90, every=0.5)
         wait_for(f"{tray} gone from SSH", lambda: not ssh_ok(lab, tray), 60)
-        (off,) = [e for e in actions(state) if e["action"] == "power-off"]
+        # the watch logs the power-off once PowerState read Off (its sweep may still be polling now)
+        (off,) = wait_for("the power-off in the action log",
+                          lambda: [e for e in actions(state) if e["action"] == "power-off"], 60, every=0.3)
         assert off["tray"] == tray and off["result"] == "ok" and off["sent"] is True
         assert "critical leak since" in off["why"] and f"power_off_after {AFTER_S}s" in off["why"]
         assert off["time"] >= drain["time"]
