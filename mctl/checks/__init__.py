@@ -21,10 +21,12 @@ from typing import Mapping, Sequence
 
 from mctl.checks import (boot, driver, ecc, fabric_health, fabric_identity, fabric_state, gpu_count, imex,
                                 nvlink, reachability, resources, slurmd, thermal, xid)
+from mctl.checks import leak
 from mctl.model.drain import REASON_MAX, REASON_PREFIX
 from mctl.model.findings import Finding, Severity, sort_findings
 
 CATALOGUE = (
+    ("leak", leak),                 # first: a leak names the drain whatever else is wrong (docs/health.md)
     ("reachability", reachability),
     ("xid", xid),
     ("gpu-count", gpu_count),
@@ -45,9 +47,10 @@ PARTIAL = "probe.partial"
 
 
 def run_tray(facts, expect, settings, *, skip: Sequence[str] = ()) -> list[Finding]:
-    """Every check of the catalogue on one tray; an unreached tray gets only the reachability finding."""
+    """Every check of the catalogue on one tray; an unreached tray gets only the reachability finding
+    (and what its BMC said, read out of band)."""
     if not facts.reached:
-        return reachability.check(facts, expect, settings)
+        return reachability.check(facts, expect, settings) + leak.check(facts, expect, settings)
     out: list[Finding] = []
     for name, module in CATALOGUE:
         if name in skip:

@@ -52,6 +52,7 @@ _ALL = frozenset(PURPOSES)
 _INV = frozenset({INVENTORY})
 _AUD = frozenset({AUDIT})               # the audit's own rule families (mctl.audit.rules, mctl.images.drift)
 _INV_AUD = frozenset({INVENTORY, AUDIT})
+_OOB = frozenset({HEALTH, AUDIT})          # read from the tray's BMC by the sweep (mctl.health.oob), not on the tray
 C, W, OK = Severity.CRITICAL, Severity.WARN, Severity.OK
 
 _ENTRIES = (
@@ -64,6 +65,11 @@ _ENTRIES = (
     Check("probe.partial", W, "a probe section was missing, cut off or unreadable", _ALL),
     Check("host.name", W, "the tray answers with the inventory's host name", _INV),
     Check("tray.boot", W, "the tray did not reboot since the last sweep (boot id)", _TRAY),
+    # -- out of band: the tray's BMC over Redfish (mctl/checks/leak.py)
+    Check("bmc.reachable", W, "the tray's BMC answered within its deadline (leaks and power read out of band)", _OOB),
+    Check("leak.detectors", C, "no leak detector reports Critical (Warning, unknown or unread detectors warn)", _OOB,
+          milder=True),
+    Check("power.supplies", W, "the tray's power subsystem and power supplies report OK", _OOB),
     # -- GPUs
     Check("gpu.facts", C, "nvidia-smi (or NVML) answered with readable GPU facts", _ALL),
     Check("gpu.count", C, "the tray shows all its GPUs, as many as the driver counts", _ALL),

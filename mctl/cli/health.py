@@ -108,11 +108,11 @@ def _print_check(result, all_findings: bool) -> None:
                 con.print(f"           action: {f.action}", markup=False, highlight=False)
     if result.remediate:
         verb = "would " if result.dry_run else ""
-        acts = [d for d in result.decisions if d.action in ("drain", "resume", "skip", "queue", "forget")]
+        acts = [d for d in result.decisions if d.action in ("drain", "resume", "skip", "queue", "forget", "power-off")]
         if not acts:
             con.print("remediation: nothing to do", markup=False, highlight=False)
         for d in acts:
-            what = f"{verb}{d.action}" if d.action in ("drain", "resume") else d.action
+            what = f"{verb}{d.action}" if d.action in ("drain", "resume", "power-off") else d.action
             con.print(f"  {what.upper():13} {d.host}  {d.reason or ''}  ({d.why})", markup=False, highlight=False)
         for e in result.logged:
             if e.action == "breaker-trip":

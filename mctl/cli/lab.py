@@ -233,6 +233,12 @@ def fault(
         "--driver-branch", help="535 | 570 | 580: nvidia-smi answers in that branch's XML shape.")] = None,
     nmx: Annotated[Optional[str], typer.Option(
         "--nmx", help="500 | timeout | slow | clear: the NMX-M emulator of the rack (TRAY may be a rack name).")] = None,
+    leak: Annotated[Optional[str], typer.Option(
+        "--leak", help="warning | critical: a leak detector of the tray's BMC reads so (Redfish LeakDetection).")] = None,
+    leak_detector: Annotated[Optional[str], typer.Option(
+        "--leak-detector", help="With --leak: which detector (default Chassis_0_LeakDetector_0_ColdPlate).")] = None,
+    psu_fail: Annotated[bool, typer.Option(
+        "--psu-fail", help="The tray's BMC reports its power subsystem Critical (a failed supply).")] = False,
     lab_dir: DirOpt = None,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
@@ -270,6 +276,30 @@ def fault(
             con.print(f"{nres.rack} nmx: {', '.join(nres.after) or 'no faults'}", markup=False, highlight=False)
             return
     # --- end of the NMX-M block ---
+
+    # --- BMC faults act on the tray's Redfish data (self-contained: mctl/lab/bmc_faults.py); --clear clears them too ---
+    if leak is not None or psu_fail or leak_detector is not None:
+        from mctl.errors import UsageError
+        from mctl.lab import bmc_faults
+
+        if clear or unreachable or hang or nonfatal or fell_off_bus or smi_hang or sshd_restart or reboot \
+                or slurmd_down or imex_crash or slurmctld_down or nmx is not None or any(
+                v is not None for v in (xid, gpu, fabric, gpu_missing, nvlink_down, ecc_uncorrectable,
+                                        recovery_action, nvlink_flap, xid_storm, driver_branch, slow, down_for)):
+            raise UsageError("--leak and --psu-fail act on the tray's BMC; give other faults (or --clear) "
+                             "in a separate call")
+        bres = bmc_faults.apply(_lab_dir(lab_dir), tray, leak=leak, detector=leak_detector, psu_fail=psu_fail,
+                                dry_run=dry_run)
+        if want_json(json_):
+            render.print_json({"host": bres.host, "dry_run": dry_run, "before": bres.before, "after": bres.after,
+                               "actions": bres.actions})
+            return
+        con = render.console()
+        for act in bres.actions:
+            con.print(f"{'would' if dry_run else 'did'}: {act}", markup=False, highlight=False)
+        con.print(f"{bres.host} bmc: {', '.join(bres.after) or 'no faults'}", markup=False, highlight=False)
+        return
+    # --- end of the BMC block ---
 
     req = FaultRequest(xid=xid, gpu=gpu, fabric=fabric, gpu_missing=gpu_missing, nvlink_down=nvlink_down,
                        ecc_uncorrectable=ecc_uncorrectable, unreachable=unreachable, hang=hang, clear=clear,

@@ -57,7 +57,7 @@ MODULES = (
     "mctl.checks.fabric_health", "mctl.checks.fabric_identity", "mctl.checks.xid",
     "mctl.checks.ecc", "mctl.checks.nvlink", "mctl.checks.thermal",
     "mctl.checks.imex", "mctl.checks.slurmd", "mctl.checks.resources",
-    "mctl.checks.boot",
+    "mctl.checks.boot", "mctl.checks.leak", "mctl.health.leaks",
 )
 # Packages whose real __init__ imports what the node check must not need.
 STUB_PACKAGES = {
@@ -68,7 +68,7 @@ THIRD_PARTY = ("ClusterShell", "ClusterShell.Defaults", "ClusterShell.NodeSet", 
 # The distribution each third-party module comes from (named when it is missing here).
 DISTRIBUTIONS = {"pynvml": "nvidia-ml-py", "ClusterShell": "ClusterShell"}
 # Modules the node check reaches lazily (function-level imports); the bundle test imports them all.
-LAZY = ("mctl.health.nvml", "mctl.health.hysteresis", "mctl.facts.imex", "mctl.model.fabric", "mctl.facts.kernel_log",
+LAZY = ("mctl.health.nvml", "mctl.health.hysteresis", "mctl.health.leaks", "mctl.facts.imex", "mctl.model.fabric", "mctl.facts.kernel_log",
         "mctl.facts.nvidia_smi", "mctl.facts.services")
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 # The scheduler's actions of one sweep get at least this long (drains must not be cut for a short interval).
 ACT_DEADLINE_MIN = 5.0
+# The out-of-band read of the trays' BMCs (leaks, power) gets at least this long (docs/health.md, "Leaks and power").
+BMC_DEADLINE_MIN = 10.0
 
 
 @dataclass
@@ -127,6 +129,11 @@ class Engine:
             self.scheduler = None
             self.scheduler_problem = exc.message
         self.sweeps = 0
+        # Leaks and power, read from each tray's BMC beside the probe (mctl/health/oob.py, docs/health.md).
+        self.oob_settings, self.oob_problem = None, None
+        if settings.bmc_checks != "off":
+            from mctl.health import oob
+            self.oob_settings, self.oob_problem = oob.settings_of(site)
         from mctl.health.boots import BootMemory
         self.boots = BootMemory.load(self.state_dir)     # a reboot between sweeps (tray.boot, gpu.xid)
         # --dry-run keeps its records in memory only, so it never writes the state directory.
@@ -149,6 +156,27 @@ class Engine:
         except TimeoutError:
             return None, None, f"{self.scheduler.where} did not answer within the {self.timeout:g}s deadline"
 
+    async def _read_bmcs(self) -> dict[str, Any] | None:
+        """host -> mctl.checks.leak.BmcHealth, each BMC within the tray deadline; None: not configured."""
+        if self.oob_settings is None and self.oob_problem is None:
+            return None
+        from mctl.checks.leak import BmcHealth
+        from mctl.health import oob
+
+        hosts = list(self.scope.hosts)
+        if self.oob_problem:
+            return {h.name: BmcHealth(error=f"the inventory's bmc settings: {self.oob_problem}", error_kind="config")
+                    for h in hosts}
+        # A GB200 BMC answers a GET in 0.22 s on average, 2.9 s at worst (shared/reference/redfish.md): its 7
+        # GETs get the tray deadline, but at least BMC_DEADLINE_MIN (at most bmc.deadline_s).
+        deadline = max(self.timeout, min(self.oob_settings.deadline_s, BMC_DEADLINE_MIN))
+        try:
+            async with asyncio.timeout(deadline + 2.0):
+                return await asyncio.to_thread(oob.read, hosts, self.oob_settings, deadline)
+        except TimeoutError:
+            return {h.name: BmcHealth(error=f"no answer within {deadline:g}s", error_kind="timeout")
+                    for h in hosts}
+
     async def _probe(self) -> list[TrayFacts]:
         nonce = secrets.token_hex(8)
         smi_timeout = smi_timeout_for(self.timeout)
@@ -169,7 +197,8 @@ class Engine:
         self.sweeps += 1
         started = time.time()
         t0 = time.monotonic()
-        (facts_list, (views, states, sched_error)) = await asyncio.gather(self._probe(), self._read_scheduler())
+        (facts_list, (views, states, sched_error), bmcs) = await asyncio.gather(
+            self._probe(), self._read_scheduler(), self._read_bmcs())
         state = self._load_state()
         facts: dict[str, TrayFacts] = {}
         for f in facts_list:
@@ -177,6 +206,8 @@ class Engine:
             f = self.boots.see(f)
             f = f.without_xids_before(rec.xid_ack if rec else None)
             facts[f.host] = f.with_slurm_node((states or {}).get(f.host))
+            if bmcs is not None:
+                facts[f.host] = replace(facts[f.host], bmc=bmcs.get(f.host))
         findings: list[Finding] = []
         verdicts: list[TrayVerdict] = []
         per_host: dict[str, list[Finding]] = {}
@@ -220,7 +251,7 @@ class Engine:
             outcome = policy.decide(state.records, result.verdicts, result.nodes, self.settings, state.breaker,
                                     self.sizes, now=time.time())
             self._dry_state = store.HealthState(self.site.name, outcome.records, outcome.breaker)
-            result.decisions = outcome.decisions
+            result.decisions = outcome.decisions + [d for d, _h in self._leak_power_due(outcome, time.time())]
             result.records = outcome.records
             result.breaker = outcome.breaker
             return
@@ -256,6 +287,7 @@ class Engine:
                         findings=[f.to_dict() for f in v.findings if f.severity is not Severity.OK] if v and
                         r.decision.action == DRAIN else None))
             entries += [store.note_entry(n, who=self.who) for n in outcome.notes]
+            entries += await self._leak_power_off(outcome, now)
             if outcome.breaker.tripped and not tripped_before:
                 entries.append(store.action_entry("breaker-trip", None, outcome.breaker.reason, who=self.who,
                                                   at=outcome.breaker.tripped_at, result="tripped",
@@ -269,6 +301,69 @@ class Engine:
         result.logged = reconciled + entries
         result.records = dict(outcome.records)
         result.breaker = outcome.breaker
+
+    # --- leaks: the power-off after the timeout (mctl/health/leaks.py) -----------------------------
+
+    def _leak_power_due(self, outcome: policy.Outcome, now: float) -> list[tuple[Decision, Any]]:
+        """(power-off decision, host) for every tray whose leak timeout passed; notes why one is blocked
+        (once per change, in the episode) into outcome.notes."""
+        from mctl.health import leaks
+
+        s = self.settings
+        hosts = {h.name: h for h in self.scope.hosts}
+        out = []
+        for name, rec in sorted(outcome.records.items()):
+            ep = rec.leak
+            if ep is None or ep.get("sent") or name not in hosts:
+                continue
+            if now < float(ep.get("since", now)) + s.leak_power_off_after_s:
+                continue
+            why = leaks.power_off_due(ep, drained=rec.drained, breaker_tripped=outcome.breaker.tripped,
+                                      enabled=s.leak_power_off, after_s=s.leak_power_off_after_s, now=now)
+            if why is None:
+                blocked = leaks.blocked(ep, drained=rec.drained, breaker_tripped=outcome.breaker.tripped,
+                                        enabled=s.leak_power_off)
+                if blocked and ep.get("blocked") != blocked:
+                    d = Decision(name, "skip", f"leak: not powered off: {blocked}", reason=rec.reason, rack=rec.rack,
+                                 at=now)
+                    outcome.decisions.append(d)
+                    outcome.notes.append(d)
+                    outcome.records[name] = replace(rec, leak={**ep, "blocked": blocked})
+                continue
+            out.append((Decision(name, leaks.POWER_OFF, why, reason=rec.reason, full=rec.full_reason, rack=rec.rack,
+                                 at=now), hosts[name]))
+        return out
+
+    async def _leak_power_off(self, outcome: policy.Outcome, now: float) -> list[store.ActionEntry]:
+        """Power off, through the BMC, every drained tray whose leak timeout passed: ForceOff sent once."""
+        from mctl.health import leaks, oob
+
+        due = self._leak_power_due(outcome, now)
+        entries = [store.note_entry(n, who=self.who) for n in outcome.notes if n.why.startswith("leak: not powered")]
+        outcome.notes = [n for n in outcome.notes if not n.why.startswith("leak: not powered")]
+        if not due:
+            return entries
+        deadline = max(self.act_deadline, 20.0)
+        if self.oob_settings is None:
+            results = {h.name: oob.PowerOffResult(h.name, False, False, None,
+                                                  f"no BMC settings ({self.oob_problem or 'no bmc section'})")
+                       for _d, h in due}
+        else:
+            results = await asyncio.to_thread(oob.power_off, [h for _d, h in due], self.oob_settings, deadline)
+        for d, h in due:
+            r = results[h.name]
+            rec = outcome.records[h.name]
+            ep = rec.leak or {}
+            if r.sent or r.ok:
+                ep = leaks.sent(ep, at=now, result=r.result, power_state=r.power_state)
+            else:                                   # nothing was POSTed: tried again next sweep
+                ep = {**ep, "power_off": {"at": now, "result": r.result, "power_state": r.power_state}}
+            outcome.records[h.name] = replace(rec, leak=ep)
+            outcome.decisions.append(d)
+            entries.append(store.action_entry(leaks.POWER_OFF, h.name, d.reason, who=self.who, full=d.full, at=now,
+                                              result=r.result, why=d.why, rack=d.rack, power_state=r.power_state,
+                                              sent=r.sent))
+        return entries
 
     def _reconcile(self, state: store.HealthState, nodes: dict[str, NodeView]) -> list[store.ActionEntry]:
         """Settle the intents a killed mctl left without a result against the scheduler's view now:

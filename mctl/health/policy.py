@@ -70,6 +70,7 @@ class TrayRecord:
     note: str | None = None                # the last skip/queue message (logged once per change)
     xid_ack: float | None = None           # XIDs before this time were dealt with (a resume by hand)
     latches: dict[str, Any] | None = None  # flapping findings held by mctl.health.hysteresis
+    leak: dict[str, Any] | None = None     # an open leak episode (mctl.health.leaks)
 
     def released(self, **changes: Any) -> "TrayRecord":
         """The record once mctl no longer owns a drain on the tray (resumed, lifted or taken over, failed)."""
@@ -122,8 +123,26 @@ def _held(rec: TrayRecord, v: TrayVerdict, s: HealthSettings) -> tuple[TrayVerdi
     return replace(v, findings=tuple(findings), worst=level), latches or None
 
 
+def _leak_held(rec: TrayRecord, v: TrayVerdict, s: HealthSettings, now: float
+               ) -> tuple[TrayVerdict, dict[str, Any] | None]:
+    """This sweep's verdict with an open leak episode's finding held critical (mctl.health.leaks)."""
+    from mctl.health import leaks
+    from mctl.model.findings import worst
+
+    findings, episode = leaks.step(rec.leak, v.findings, reached=v.reached, now=now, clear_sweeps=s.leak_clear_sweeps)
+    if findings == list(v.findings):
+        return v, episode
+    level = v.worst if v.worst.rank >= worst(findings).rank else worst(findings)
+    return replace(v, findings=tuple(findings), worst=level), episode
+
+
 def _wanted_drain(rec: TrayRecord, v: TrayVerdict, s: HealthSettings) -> tuple[str, str] | None:
     """(reason, full text) when the tray should be drained now, else None."""
+    from mctl.health import leaks
+
+    if leaks.drain_now(v.findings):          # a critical leak drains at once, reached or not (docs/health.md)
+        crit = v.findings if v.reached else leaks.drain_now(v.findings)
+        return drain_reason(crit)
     if v.reached:
         if v.worst is Severity.CRITICAL and rec.bad_streak >= s.confirm_sweeps:
             reason, full = drain_reason(v.findings)
@@ -210,7 +229,8 @@ def decide_tray(prev: TrayRecord, verdict: TrayVerdict, node: NodeView | None, s
     the tray (None: not a node of the scheduler). A drain is only wanted here; `decide` passes it
     through the circuit breaker."""
     v, latches = _held(prev, verdict, settings)
-    step = TrayStep(_advance(replace(prev, latches=latches), v))
+    v, leak = _leak_held(prev, v, settings, now)
+    step = TrayStep(_advance(replace(prev, latches=latches, leak=leak), v))
     want = _wanted_drain(step.record, v, settings)
     if not answered:
         return _queued(step, want, settings, now)

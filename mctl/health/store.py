@@ -74,7 +74,7 @@ _RECORD_TYPES: dict[str, tuple[type, ...]] = {
     "host": (str,), "rack": (str, type(None)), "status": (str,), "misses": (int,), "bad_streak": (int,),
     "healthy_streak": (int,), "drained": (bool,), "reason": (str, type(None)), "full_reason": (str, type(None)),
     "drained_at": (int, float, type(None)), "pending": (dict, type(None)), "note": (str, type(None)),
-    "xid_ack": (int, float, type(None)),
+    "xid_ack": (int, float, type(None)), "leak": (dict, type(None)),
 }
 
 
@@ -110,6 +110,11 @@ def check_state_shape(path: Path, data: dict[str, Any]) -> None:
                     check_shape(path, rec[key], types, f"trays.{host}.{key}")
             if not isinstance(rec.get("host"), str):
                 raise DamagedState(path, f"trays.{host}.host is missing")
+            leak = rec.get("leak") or {}              # a leak episode (mctl.health.leaks)
+            for key, types in (("since", (int, float)), ("clear", (int,)), ("flaps", (int,)), ("sent", (bool,)),
+                               ("finding", (dict,))):
+                if key in leak:
+                    check_shape(path, leak[key], types, f"trays.{host}.leak.{key}")
             pending = rec.get("pending") or {}
             for key, types in (("action", (str,)), ("reason", (str, type(None))), ("full", (str, type(None))),
                                ("since", (int, float))):

@@ -82,7 +82,7 @@ def events_of(result: "SweepResult", previous: dict[str, str], *, dry_run: bool)
             out.append(Event(now, "status", v.host, f"{before} -> {status}{why}"))
     if dry_run:
         for d in result.decisions:
-            if d.action in (DRAIN, RESUME):
+            if d.action in (DRAIN, RESUME, "power-off"):
                 out.append(Event(now, d.action, d.host, f"would {d.action} (dry run): {d.reason or ''} — {d.why}"))
             elif d.action in (SKIP, QUEUE, FORGET):
                 out.append(Event(now, d.action, d.host, f"(dry run) {d.why}"))

@@ -161,6 +161,13 @@ class HysteresisSpec(Spec):
     checks = F(ListOf(str), factory=lambda: sorted(DEFAULT_HYSTERESIS_CHECKS))
 
 
+class LeakSpec(Spec):
+    # Leaks read from the trays' BMCs (docs/health.md "Leaks and power"; mctl/health/leaks.py).
+    power_off = F(bool, True)                                 # power a tray with a critical leak off ...
+    power_off_after = F(str, "10m", pattern=DURATION_PATTERN)  # ... this long after it was first seen
+    clear_sweeps = F(int, 3, ge=1)                            # sweeps without Critical that end the episode
+
+
 class HealthSpec(Spec):
     interval = F(float, 60, gt=0)
     drain_xids = F(ListOf(int), factory=lambda: sorted(DEFAULT_DRAIN_XIDS))
@@ -194,6 +201,8 @@ class HealthSpec(Spec):
     k8s_taint = F(str, "mctl.io/unhealthy=true:NoSchedule",
                   pattern=r"^[A-Za-z0-9./_-]+(=[A-Za-z0-9._-]*)?:(NoSchedule|PreferNoSchedule|NoExecute)$")
     hysteresis = F(HysteresisSpec, factory=HysteresisSpec)
+    bmc_checks = F(OneOf("auto", "off"), "auto")              # leaks and power from the BMCs (auto: bmc section)
+    leak = F(LeakSpec, factory=LeakSpec)
 
 
 class SiteSpec(Spec):

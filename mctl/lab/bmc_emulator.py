@@ -250,13 +250,17 @@ def build_app(config: dict[str, Any], tree: dict[str, dict[str, Any]] | None = N
     app.configure(extra_config={"SUSHY_EMULATOR_AUTH_FILE": config["auth_file"],
                                 "SUSHY_EMULATOR_FEATURE_SET": "full"})
     tray_id = f"{config.get('lab', 'lab')}/{config['tray']}"
+    # `mctl lab fault TRAY --leak/--psu-fail` (mctl/lab/bmc_faults.py): laid over what the BMC serves
+    from mctl.lab import bmc_faults
+    bmc_fault = bmc_faults.Watched(Path(config["lab_dir"]) / "hosts" / config["tray"] / "bmc" / bmc_faults.FAULTS_NAME)
 
     def doc(path: str) -> dict[str, Any]:
         path = path.rstrip("/") or "/"
         if path not in tree:
             raise error.NotFound(f"{path} not found")
-        return personalize(tree[path], tray_id=tray_id, tray_index=int(config["tray_index"]),
-                           slot=int(config["slot"]), power=driver.host_power())
+        return bmc_faults.overlay(path, personalize(tree[path], tray_id=tray_id, tray_index=int(config["tray_index"]),
+                                                    slot=int(config["slot"]), power=driver.host_power()),
+                                  bmc_fault.get())
 
     firmware = FirmwareOverrides(config.get("firmware_file"))
 

@@ -504,6 +504,9 @@ def _host_status(files: LabFiles, layout: LabLayout, h: LabHost, table: dict[int
     except (OSError, ValueError):
         fdoc = {}
     row["faults"] = faultlib.active(fdoc)
+    if h.kind == "tray":                            # the tray's BMC faults (mctl/lab/bmc_faults.py)
+        from mctl.lab import bmc_faults
+        row["faults"] += bmc_faults.describe(bmc_faults.read(bmc_faults.faults_path(files.dir, h.name)))
     sshd = next((s for s in row["services"] if s["name"] == "sshd"), None)
     hang = Path(f"/proc/{init.pid}/root{hosts.SSHD_FAULT_DROPIN}").exists() or fdoc.get("hang") is True
     if sshd is None or sshd["state"] == "down" or not sshd["listening"]:
@@ -577,6 +580,10 @@ def fault(lab_dir: Path, host_name: str, req: faultlib.FaultRequest, *, dry_run:
         new = faultlib.without_host_faults(new)
     actions = _fault_actions(host, current, new, req)
     result = FaultResult(host.name, faultlib.active(current), faultlib.active(new), actions, not dry_run)
+    if req.clear and host.kind == "tray":           # the tray's BMC faults too (mctl/lab/bmc_faults.py)
+        from mctl.lab import bmc_faults
+        bres = bmc_faults.apply(files.dir, host.name, clear=True, dry_run=dry_run)
+        result.actions.extend(bres.actions)
     if dry_run:
         return result
     if req.reboot:

@@ -124,6 +124,11 @@ class HealthSettings:
     hysteresis_max_hold_sweeps: int = 64
     hysteresis_window_sweeps: int = 10
     hysteresis_checks: tuple[str, ...] = tuple(sorted(DEFAULT_HYSTERESIS_CHECKS))
+    # leaks and power read from each tray's BMC (mctl/health/leaks.py; docs/health.md "Leaks and power")
+    bmc_checks: str = "auto"                # auto: where the inventory has a bmc section | off
+    leak_power_off: bool = True             # power a tray with a critical leak off through its BMC ...
+    leak_power_off_after_s: float = 600.0   # ... this long after the leak was first seen (BCM: 10 min)
+    leak_clear_sweeps: int = 3              # sweeps without a critical reading that end a leak episode
     # Read on the operator's machine only (the watch, rack inventory, audit); travel with the rest all the same.
     tray_deadline: float | None = None      # seconds per tray probe (default: from the interval, 5..15)
     metrics_textfile: str | None = None     # Prometheus textfile (node_exporter collector)

@@ -272,6 +272,7 @@ class TrayFacts:
     files: dict[str, str | None] = field(default_factory=dict)   # audit: path -> text (None: absent)
     file_errors: dict[str, str] = field(default_factory=dict)    # audit: path -> why it could not be read
     slurm_node: Any = None                 # the scheduler's view (mctl.sched.slurm.facts.NodeState), set by the caller
+    bmc: Any = None                        # what the tray's BMC said (mctl.checks.leak.BmcHealth), set by the sweep
     disks: tuple[DiskUsage, ...] = ()
     memory: Memory | None = None
     problems: tuple[str, ...] = ()         # probe sections that were missing or unreadable
@@ -331,6 +332,7 @@ class TrayFacts:
             "memory": self.memory.to_dict() if self.memory else None,
             "problems": list(self.problems), "elapsed": round(self.elapsed, 3),
             "boot_id": self.boot_id, "previous_boot_id": self.previous_boot_id,
+            **({"bmc": self.bmc.to_dict()} if self.bmc is not None else {}),
         }
 
     def snapshot_dict(self) -> dict[str, Any]:

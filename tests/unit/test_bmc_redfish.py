@@ -40,7 +40,7 @@ def _blob(data: bytes) -> str:
 
 def test_captures_are_byte_exact_copies():
     rows = [ln.split(" ", 1) for ln in (REAL / "MANIFEST").read_text().splitlines() if ln.strip()]
-    assert len(rows) == 119
+    assert len(rows) == 127
     listed = {path for _blob_id, path in rows}
     on_disk = {str(p.relative_to(REAL)) for p in REAL.rglob("index.json")}
     assert listed == on_disk
@@ -389,3 +389,25 @@ def test_a_bmc_that_does_not_listen_is_unreachable():
     with pytest.raises(BMCError) as exc:
         client.get("/redfish/v1")
     assert exc.value.kind == "unreachable" and "0penBmc" not in exc.value.message
+
+
+def test_health_sweep_reads_leaks_and_power_of_the_real_capture_over_verified_tls(pki):
+    """mctl.health.oob against the GB200 capture served as a static mockup: what the sweep judges, 7 GETs, and a
+    BMC that hangs is reported at the deadline, not taken as healthy."""
+    from mctl.health import oob
+    from mctl.model.site import Host
+
+    ca, tls = pki
+    with MockupServer(GB200, tls=tls) as srv:
+        host = Host("tray01", srv.host, "compute", "rack-a", bmc=srv.host)
+        got = oob.read([host], Settings(CRED, verify_tls=str(ca), port=srv.port, timeout_s=5, deadline_s=5), 5.0)
+        bmc = got["tray01"]
+        assert bmc.answered, bmc.error
+        assert [d.state for d in bmc.detectors] == ["OK", "OK", "Critical", "OK"] and bmc.power_health == "OK"
+        assert len([r for r in srv.requests if r[0] == "GET"]) == 7
+    with MockupServer(GB200, tls=tls, fault="slow", hold_s=10) as srv:
+        host = Host("tray01", srv.host, "compute", "rack-a", bmc=srv.host)
+        start = time.monotonic()
+        bmc = oob.read([host], Settings(CRED, verify_tls=str(ca), port=srv.port, timeout_s=5, deadline_s=5), 1.5)["tray01"]
+        srv.release.set()
+        assert not bmc.answered and bmc.error_kind == "timeout" and time.monotonic() - start < 4.0

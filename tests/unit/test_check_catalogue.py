@@ -130,7 +130,20 @@ def inventory_findings():
     return out
 
 
-EVALUATED = {HEALTH: tray_findings, NODE_CHECK: tray_findings, AUDIT: tray_findings, INVENTORY: inventory_findings}
+def bmc_findings():
+    """The out-of-band checks (mctl.checks.leak): the sweep reads them from each tray's BMC, node check never."""
+    from tests.unit.test_leaks import BMC_CASES
+
+    out = []
+    for settings in SETTINGS:
+        for bmc in BMC_CASES.values():
+            out += checks.run_tray(_tray(bmc=bmc), _expect(), settings)
+            out += checks.run_tray(_tray(reach="unreachable", error="no SSH answer", bmc=bmc), _expect(), settings)
+    return out
+
+
+EVALUATED = {HEALTH: lambda: tray_findings() + bmc_findings(), NODE_CHECK: tray_findings,
+             AUDIT: lambda: tray_findings() + bmc_findings(), INVENTORY: inventory_findings}
 
 
 # --- the catalogue itself -------------------------------------------------------------------------

@@ -1,0 +1,118 @@
+"""The leak policy (pure): a critical leak drains a tray at once and powers it off after a timeout, once.
+
+A *leak episode* starts with the first sweep whose BMC reading has a detector in Critical
+(mctl.checks.leak, `leak.detectors`). While it is open:
+
+- the tray's leak finding stays critical in every sweep (held, like mctl.health.hysteresis: a reading that
+  flaps Critical -> OK -> Critical neither resumes the tray nor restarts anything), so the policy drains
+  it at once (whatever `confirm_sweeps` and whether SSH reaches it) and never resumes it;
+- `power_off_after` (`health.leak.power_off_after`, default 600 s as BCM's "going down timeout") after
+  the episode started, a tray mctl holds drained is powered off through its BMC (ForceOff, POSTed once:
+  `sent`); an episode powers a tray off at most once, however often the signal flaps, and mctl never
+  powers a tray on;
+- it ends after `clear_sweeps` BMC readings in a row without Critical (sweeps whose BMC did not answer
+  count neither way) and, once the tray was powered off, only when SSH reaches the tray again (a person
+  powered it on after the repair). Then the tray is healthy again and resumed as usual; a later Critical
+  opens a new episode.
+
+The episode is a small JSON-able dict in the tray's policy record (`TrayRecord.leak`), kept across
+restarts. Time is passed in (`now`), never read here. Standard library only (travels with `mctl node
+check`, whose trays have no BMC facts: nothing here fires there).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any, Mapping, Sequence
+
+from mctl.model.findings import Finding, Severity
+
+LEAK = "leak.detectors"              # mctl.checks.leak.LEAK (not imported: the policy imports this module)
+POWER_OFF = "power-off"              # the action (decision, action log, metrics)
+
+
+def _critical(findings: Sequence[Finding]) -> list[Finding]:
+    return [f for f in findings if f.check == LEAK and f.severity is Severity.CRITICAL]
+
+
+def _read(findings: Sequence[Finding]) -> bool:
+    """Whether this sweep read the detectors (a finding from real readings, not 'not read')."""
+    return any(f.check == LEAK and f.details.get("read") for f in findings)
+
+
+def _clock(at: float | None) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(at)) if at is not None else "?"
+
+
+def step(prev: Mapping[str, Any] | None, findings: Sequence[Finding], *, reached: bool, now: float,
+         clear_sweeps: int) -> tuple[list[Finding], dict[str, Any] | None]:
+    """(findings with the held leak finding, the new episode or None) for one sweep of one tray.
+
+    *reached*: SSH reached the tray this sweep (ends an episode whose tray was powered off)."""
+    crit = _critical(findings)
+    out = list(findings)
+    if crit:
+        if prev is None:
+            return out, {"since": now, "last_critical": now, "clear": 0, "flaps": 0, "finding": crit[0].to_dict(),
+                         "sent": False, "power_off": None}
+        flaps = int(prev.get("flaps", 0)) + (1 if int(prev.get("clear", 0)) > 0 else 0)
+        return out, {**prev, "last_critical": now, "clear": 0, "flaps": flaps, "finding": crit[0].to_dict()}
+    if prev is None:
+        return out, None
+    state = dict(prev)
+    if _read(findings):
+        state["clear"] = int(prev.get("clear", 0)) + 1
+        if state["clear"] >= clear_sweeps and (not prev.get("sent") or reached):
+            return out, None                    # the episode is over: the findings stand as read
+    held = Finding.from_dict(prev["finding"])
+    off = state.get("power_off") or {}
+    note = (f" (held: leak since {_clock(state.get('since'))}, came back {state.get('flaps', 0)} time(s); "
+            f"ends after {clear_sweeps} clear readings in a row, {state.get('clear', 0)} so far"
+            + (f"; powered off {_clock(off.get('at'))}, ends once it is powered on again" if state.get("sent")
+               else "") + ")")
+    out = [f for f in out if f.check != LEAK]
+    out.append(replace(held, message=held.message + note,
+                       details={**held.details, "held": True, "clear_readings": state.get("clear", 0)}))
+    return out, state
+
+
+def drain_now(findings: Sequence[Finding]) -> list[Finding]:
+    """The critical leak findings that drain the tray at once (held ones included)."""
+    return _critical(findings)
+
+
+def power_off_due(episode: Mapping[str, Any] | None, *, drained: bool, breaker_tripped: bool, enabled: bool,
+                  after_s: float, now: float) -> str | None:
+    """Why the tray is powered off now, or None. Only a tray mctl holds drained, never twice an episode,
+    never while the breaker is tripped."""
+    if episode is None or episode.get("sent") or not enabled or not drained or breaker_tripped:
+        return None
+    since = float(episode.get("since", now))
+    if now < since + after_s:
+        return None
+    return f"critical leak since {_clock(since)}, {now - since:.0f}s >= health.leak.power_off_after {after_s:g}s"
+
+
+def blocked(episode: Mapping[str, Any] | None, *, drained: bool, breaker_tripped: bool, enabled: bool) -> str | None:
+    """Why an open episode will not power the tray off (said in the action log once), or None."""
+    if episode is None or episode.get("sent"):
+        return None
+    if not enabled:
+        return "health.leak.power_off is false: the tray stays on"
+    if breaker_tripped:
+        return "the circuit breaker is tripped: no automatic power-off"
+    if not drained:
+        return "mctl holds no drain on the tray (drained by someone else, down, or refused): no power-off"
+    return None
+
+
+def sent(episode: Mapping[str, Any], *, at: float, result: str, power_state: str | None) -> dict[str, Any]:
+    """The episode once its power-off was sent (or found done): never sent again this episode."""
+    return {**episode, "sent": True, "power_off": {"at": at, "result": result, "power_state": power_state}}
+
+
+def powered_off_for_leak(episode: Mapping[str, Any] | None) -> bool:
+    """The tray was powered off for a leak and not yet powered on by a person: nothing in mctl may power it
+    on (the recovery ladder's power cycle included)."""
+    return bool(episode and episode.get("sent"))

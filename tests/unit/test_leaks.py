@@ -1,0 +1,327 @@
+"""Leaks and power out of band: parsing the real GB200 capture's leak and power documents, the checks, and the
+leak policy (drain at once, power off after the timeout, once per episode, flapping held) with injected time."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from mctl import checks
+from mctl.bmc.client import BMCError
+from mctl.checks import leak
+from mctl.checks.leak import BmcHealth, parse_detector, parse_power_subsystem, parse_supply
+from mctl.health import leaks, oob
+from mctl.health.breaker import BreakerState
+from mctl.health.policy import TrayRecord, TrayVerdict, decide
+from mctl.model.drain import NodeView
+from mctl.model.findings import Severity, worst
+from mctl.model.settings import HealthSettings
+from mctl.model.tray import TrayExpectation, TrayFacts
+
+CAPTURE = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "redfish" / "nvidia_gb200"
+DETECTORS = ("Chassis_0_LeakDetector_0_ColdPlate", "Chassis_0_LeakDetector_0_Manifold",
+             "Chassis_0_LeakDetector_1_ColdPlate", "Chassis_0_LeakDetector_1_Manifold")
+
+
+def doc(path: str) -> dict:
+    """A document of the real capture by its Redfish path."""
+    rel = path.removeprefix("/redfish/v1").strip("/")
+    return json.loads((CAPTURE / "redfish" / "v1" / rel / "index.json").read_text())
+
+
+class CaptureClient:
+    """The capture as a BMC answers it (GET only), with *changes* laid over some documents: a pure stand-in
+    for mctl.bmc.client.RedfishClient (the client itself is tested against the capture over HTTPS in
+    test_bmc_redfish.py)."""
+
+    def __init__(self, changes: dict[str, dict] | None = None, missing: tuple[str, ...] = (),
+                 silent: str | None = None):
+        self.changes, self.missing, self.silent, self.paths = changes or {}, missing, silent, []
+
+    def get(self, path: str) -> dict:
+        self.paths.append(path)
+        if self.silent:
+            raise BMCError(self.silent, f"GET {path} timed out")
+        if any(path.startswith(m) for m in self.missing):
+            raise BMCError("http", f"GET {path} answered HTTP 404", status=404)
+        out = doc(path)
+        for key, value in self.changes.get(path, {}).items():
+            out[key] = value
+        return out
+
+    def members(self, path: str) -> list[str]:
+        return [m["@odata.id"] for m in self.get(path)["Members"]]
+
+
+def detector_path(d: str) -> str:
+    return f"{leak.LEAK_DETECTORS}/{d}"
+
+
+def state(d: str, value: str) -> dict:
+    return {detector_path(d): {"DetectorState": value, "Status": {"Health": value, "State": "Enabled"}}}
+
+
+# --- parsing the real capture ------------------------------------------------------------------------
+
+def test_the_real_capture_lists_four_moisture_detectors_one_critical():
+    """The captured tray's BMC reported 1_ColdPlate Critical (Status Critical/Degraded) while that detector's
+    twin voltage sensor read 1.7353 V, above its LowerCritical 1.617 V: a real Critical reading."""
+    coll = doc(leak.LEAK_DETECTORS)
+    assert [m["@odata.id"].rsplit("/", 1)[-1] for m in coll["Members"]] == list(DETECTORS)
+    parsed = [parse_detector(doc(m["@odata.id"])) for m in coll["Members"]]
+    assert [(d.id, d.state, d.kind, d.health, d.enabled) for d in parsed] == [
+        (i, "Critical", "Moisture", "Critical", "Degraded") if i.endswith("1_ColdPlate") else
+        (i, "OK", "Moisture", "OK", "Enabled") for i in DETECTORS]
+    assert parsed[0].short == "0_ColdPlate" and parsed[3].short == "1_Manifold"
+
+
+def test_the_real_capture_power_subsystem_is_ok_and_lists_no_supply():
+    health, link = parse_power_subsystem(doc(leak.POWER_SUBSYSTEM))
+    assert (health, link) == ("OK", "/redfish/v1/Chassis/Chassis_0/PowerSubsystem/PowerSupplies")
+    assert doc(link)["Members"] == []
+
+
+def test_the_capture_policy_names_the_same_detectors_as_critical_triggers():
+    """The BMC's own LeakDetectionPolicy (off in the capture) reacts to these four DetectorState = Critical."""
+    policy = doc("/redfish/v1/Chassis/Chassis_0/Oem/Nvidia/Policies/LeakDetectionPolicy")
+    props = [c["Property"] for c in policy["PolicyConditions"]]
+    assert props == [f"{detector_path(d)}/#DetectorState" for d in DETECTORS]
+    assert {c["PropertyStringValue"] for c in policy["PolicyConditions"]} == {"Critical"}
+    assert policy["PolicyEnabled"] is False
+
+
+def test_read_tray_on_the_capture():
+    client = CaptureClient()
+    bmc = oob.read_tray(client)
+    assert bmc.answered and bmc.power_health == "OK" and bmc.supplies == ()
+    assert [d.id for d in bmc.detectors] == list(DETECTORS)
+    assert [d.state for d in bmc.detectors] == ["OK", "OK", "Critical", "OK"]
+    assert len(client.paths) == 7          # collection + 4 detectors, power subsystem, supplies
+
+
+def test_read_tray_a_missing_leak_tree_is_said_not_guessed():
+    bmc = oob.read_tray(CaptureClient(missing=(leak.LEAK_DETECTORS,)))
+    assert bmc.answered and bmc.detectors is None and "404" in bmc.leak_error and bmc.power_health == "OK"
+
+
+def test_read_tray_a_silent_bmc_raises():
+    with pytest.raises(BMCError) as exc:
+        oob.read_tray(CaptureClient(silent="timeout"))
+    assert exc.value.kind == "timeout"
+
+
+def test_a_supply_in_the_dmtf_shape_is_parsed():
+    """No GB200 tray capture lists a PSU; this document is made here in DMTF's PowerSupply v1_6 shape."""
+    s = parse_supply({"@odata.id": "/x", "Id": "PSU_3", "LineInputStatus": "LossOfInput",
+                      "Status": {"Health": "Critical", "State": "Enabled"}})
+    assert (s.id, s.health, s.line_input) == ("PSU_3", "Critical", "LossOfInput")
+    with pytest.raises(ValueError):
+        parse_supply({"Status": {}})
+    with pytest.raises(ValueError):
+        parse_detector({"DetectorState": "OK"})
+
+
+def reading(**changes) -> BmcHealth:
+    return oob.read_tray(CaptureClient(**changes))
+
+
+DRY = state(DETECTORS[2], "OK")          # the capture with its one Critical detector reading OK
+
+
+BMC_CASES = {
+    "capture": reading(changes=DRY),
+    "leak-critical": reading(),                                        # the capture as it is
+    "leak-warning": reading(changes={**DRY, **state(DETECTORS[3], "Warning")}),
+    "leak-unavailable": reading(changes={**DRY, **state(DETECTORS[1], "Unavailable")}),
+    "leak-unread": reading(missing=(leak.LEAK_DETECTORS,)),
+    "psu-fail": reading(changes={**DRY, leak.POWER_SUBSYSTEM: {"Status": {"Health": "Critical", "State": "Enabled"}}}),
+    "silent": BmcHealth(error="GET /redfish/v1/Systems/System_0 timed out", error_kind="timeout"),
+}
+
+
+def _facts(bmc: BmcHealth | None, **kw) -> TrayFacts:
+    return TrayFacts(host="t01", bmc=bmc, **kw)
+
+
+def _findings(name: str, **kw):
+    return {f.check: f for f in leak.check(_facts(BMC_CASES[name], **kw), None, HealthSettings())}
+
+
+# --- the checks ---------------------------------------------------------------------------------------
+
+def test_the_capture_is_healthy_and_says_what_was_read():
+    f = _findings("capture")
+    assert {k: v.severity for k, v in f.items()} == {leak.BMC: Severity.OK, leak.LEAK: Severity.OK,
+                                                     leak.POWER: Severity.OK}
+    assert f[leak.LEAK].message == "4 leak detectors OK"
+    assert "lists no power supply" in f[leak.POWER].message
+
+
+def test_the_captures_critical_detector_is_a_critical_finding_with_a_short_reason():
+    f = _findings("leak-critical")[leak.LEAK]
+    assert f.severity is Severity.CRITICAL and f.message == "leak: Chassis_0_LeakDetector_1_ColdPlate Critical (Moisture)"
+    assert f.details["short"] == "leak critical 1_ColdPlate"
+    reason, full = checks.drain_reason([f])
+    assert reason == "mctl: leak critical 1_ColdPlate" and len(reason) <= 40
+
+
+def test_a_warning_detector_warns_and_a_silent_bmc_is_never_healthy():
+    assert _findings("leak-warning")[leak.LEAK].severity is Severity.WARN
+    assert _findings("leak-unavailable")[leak.LEAK].severity is Severity.WARN
+    assert _findings("leak-unread")[leak.LEAK].severity is Severity.WARN
+    silent = _findings("silent")
+    assert {k: v.severity for k, v in silent.items()} == {k: Severity.WARN for k in (leak.BMC, leak.LEAK, leak.POWER)}
+    assert "did not answer" in silent[leak.BMC].message
+
+
+def test_a_psu_fault_warns_and_does_not_drain():
+    f = _findings("psu-fail")[leak.POWER]
+    assert f.severity is Severity.WARN and "PowerSubsystem Critical" in f.message
+
+
+def test_no_bmc_facts_no_findings_and_a_leak_on_an_unreached_tray_is_still_seen():
+    assert leak.check(_facts(None), None, HealthSettings()) == []
+    fs = checks.run_tray(_facts(BMC_CASES["leak-critical"], reach="unreachable", error="no SSH"),
+                         TrayExpectation(host="t01"), HealthSettings())
+    assert {f.check for f in fs} >= {"tray.reachable", leak.LEAK}
+    # the leak names the drain, before the unreachable tray
+    assert checks.drain_reason(fs)[0] == "mctl: leak critical 1_ColdPlate +1"
+
+
+# --- the leak episode (pure, time injected) --------------------------------------------------------
+
+T0 = 1_800_000_000.0
+
+
+def leak_findings(name: str):
+    return [f for f in leak.check(_facts(BMC_CASES[name]), None, HealthSettings()) if f.check == leak.LEAK]
+
+
+def test_an_episode_holds_the_leak_through_a_flap_and_ends_after_clear_readings():
+    crit, ok = leak_findings("leak-critical"), leak_findings("capture")
+    out, ep = leaks.step(None, crit, reached=True, now=T0, clear_sweeps=3)
+    assert ep["since"] == T0 and not ep["sent"]
+    out, ep = leaks.step(ep, ok, reached=True, now=T0 + 10, clear_sweeps=3)       # OK once: still held
+    assert worst(out) is Severity.CRITICAL and out[0].details["held"] and "held: leak since" in out[0].message
+    out, ep = leaks.step(ep, crit, reached=True, now=T0 + 20, clear_sweeps=3)     # back: a flap, same episode
+    assert ep["since"] == T0 and ep["flaps"] == 1
+    _, ep = leaks.step(ep, BMC_silent := [f for f in leak.check(_facts(BMC_CASES["silent"]), None, HealthSettings())
+                                          if f.check == leak.LEAK], reached=True, now=T0 + 25, clear_sweeps=3)
+    assert ep["clear"] == 0                                          # an unread BMC counts neither way
+    assert BMC_silent[0].severity is Severity.WARN
+    for i in range(2):
+        out, ep = leaks.step(ep, ok, reached=True, now=T0 + 30 + i, clear_sweeps=3)
+        assert ep is not None and worst(out) is Severity.CRITICAL
+    out, ep = leaks.step(ep, ok, reached=True, now=T0 + 40, clear_sweeps=3)
+    assert ep is None and worst(out) is Severity.OK
+
+
+def test_power_off_is_due_once_after_the_timeout_and_only_for_mctls_drain():
+    _, ep = leaks.step(None, leak_findings("leak-critical"), reached=True, now=T0, clear_sweeps=3)
+    due = lambda e, now, **kw: leaks.power_off_due(e, **{"drained": True, "breaker_tripped": False,  # noqa: E731
+                                                         "enabled": True, "after_s": 600.0, "now": now, **kw})
+    assert due(ep, T0 + 599.9) is None
+    assert "600s >= health.leak.power_off_after 600s" in due(ep, T0 + 600)
+    assert due(ep, T0 + 600, drained=False) is None and due(ep, T0 + 600, breaker_tripped=True) is None
+    assert due(ep, T0 + 600, enabled=False) is None
+    assert "someone else" in leaks.blocked(ep, drained=False, breaker_tripped=False, enabled=True)
+    off = leaks.sent(ep, at=T0 + 600, result="ok", power_state="Off")
+    assert due(off, T0 + 10_000) is None and leaks.powered_off_for_leak(off)
+    # powered off: the episode outlives clear readings until SSH reaches the tray again (a person powered it on)
+    for i in range(5):
+        _, off = leaks.step(off, leak_findings("capture"), reached=False, now=T0 + 700 + i, clear_sweeps=3)
+        assert off is not None and off["sent"]
+    _, off = leaks.step(off, leak_findings("capture"), reached=True, now=T0 + 800, clear_sweeps=3)
+    assert off is None
+
+
+# --- through the policy ---------------------------------------------------------------------------------
+
+def verdict(bmc: BmcHealth, *, reached: bool = True) -> TrayVerdict:
+    facts = _facts(bmc) if reached else _facts(bmc, reach="unreachable", error="no SSH")
+    fs = tuple(checks.run_tray(facts, TrayExpectation(host="t01"), HealthSettings()) if not reached
+               else leak.check(facts, None, HealthSettings()))
+    return TrayVerdict("t01", "rack-a", "ok" if reached else "unreachable", worst(fs), fs)
+
+
+NODE = NodeView("t01", known=True, state="idle")
+DRAINED = NodeView("t01", known=True, drained=True, reason="mctl: leak critical 1_ColdPlate", state="drained")
+
+
+def sweep(records, v, node, s, now, breaker=None):
+    out = decide(records, [v], {"t01": node}, s, breaker or BreakerState(), {"rack-a": 4}, now=now)
+    return out.records, [d.action for d in out.decisions], out
+
+
+def test_a_critical_leak_drains_at_once_whatever_confirm_sweeps_and_reachability():
+    s = HealthSettings(confirm_sweeps=3, unreachable_sweeps_before_drain=5)
+    for reached in (True, False):
+        recs, acts, out = sweep({}, verdict(BMC_CASES["leak-critical"], reached=reached), NODE, s, T0)
+        assert acts == ["drain"], reached
+        assert out.decisions[0].reason.startswith("mctl: leak critical 1_ColdPlate")
+        assert recs["t01"].drained and recs["t01"].leak["since"] == T0
+
+
+def test_a_warning_leak_is_a_finding_not_a_drain():
+    recs, acts, _ = sweep({}, verdict(BMC_CASES["leak-warning"]), NODE, HealthSettings(), T0)
+    assert acts == [] and recs["t01"].leak is None
+
+
+def test_a_flapping_leak_is_drained_once_held_and_never_resumed_while_open():
+    s = HealthSettings(resume_after_healthy_sweeps=1, leak_clear_sweeps=3)
+    recs, acts, _ = sweep({}, verdict(BMC_CASES["leak-critical"]), NODE, s, T0)
+    assert acts == ["drain"]
+    seen = []
+    for i, name in enumerate(["capture", "leak-critical", "capture", "leak-critical", "capture"]):
+        recs, acts, _ = sweep(recs, verdict(BMC_CASES[name]), DRAINED, s, T0 + 10 * (i + 1))
+        seen += acts
+    assert seen == [] and recs["t01"].drained and recs["t01"].leak["flaps"] == 2
+    assert recs["t01"].leak["since"] == T0                     # the timeout runs from the first reading
+    # clear for 3 readings: the episode ends; then the usual resume
+    for i in range(3):
+        recs, acts, _ = sweep(recs, verdict(BMC_CASES["capture"]), DRAINED, s, T0 + 100 + i)
+    assert recs["t01"].leak is None and acts == ["resume"]
+
+
+def test_a_tripped_breaker_refuses_the_leak_drain_like_any_other():
+    tripped = BreakerState(tripped=True, tripped_at=T0 - 1, reason="test")
+    recs, acts, _ = sweep({}, verdict(BMC_CASES["leak-critical"]), NODE, HealthSettings(), T0, breaker=tripped)
+    assert acts == ["skip"] and not recs["t01"].drained and recs["t01"].leak is not None
+    assert leaks.power_off_due(recs["t01"].leak, drained=False, breaker_tripped=True, enabled=True, after_s=0,
+                               now=T0 + 1) is None
+
+
+def test_the_record_keeps_the_episode_across_a_restart():
+    recs, _, _ = sweep({}, verdict(BMC_CASES["leak-critical"]), NODE, HealthSettings(), T0)
+    again = TrayRecord.from_dict(json.loads(json.dumps(recs["t01"].to_dict())))
+    assert again.leak == recs["t01"].leak and again == replace(recs["t01"])
+
+
+def test_leak_settings_from_the_inventory():
+    from mctl.inventory.convert import health_settings
+    from mctl.inventory.schema import HealthSpec, LeakSpec
+
+    default = health_settings(HealthSpec())
+    assert (default.leak_power_off_after_s, default.leak_power_off, default.leak_clear_sweeps, default.bmc_checks) \
+        == (600.0, True, 3, "auto")
+    short = health_settings(HealthSpec(leak=LeakSpec(power_off_after="5s", clear_sweeps=2), bmc_checks="off"))
+    assert (short.leak_power_off_after_s, short.leak_clear_sweeps, short.bmc_checks) == (5.0, 2, "off")
+    assert HealthSettings.from_dict(short.to_dict()) == short
+
+
+def test_a_damaged_leak_episode_in_the_state_file_is_refused_with_its_field(tmp_path):
+    from mctl.health import store
+    from mctl.state.files import DamagedState
+
+    recs, _, _ = sweep({}, verdict(BMC_CASES["leak-critical"]), NODE, HealthSettings(), T0)
+    store.save_state(tmp_path, store.HealthState("site", recs, BreakerState()))
+    assert store.load_state(tmp_path).records["t01"].leak["since"] == T0
+    path = store.state_path(tmp_path)
+    data = json.loads(path.read_text())
+    data["trays"]["t01"]["leak"]["since"] = "yesterday"
+    path.write_text(json.dumps(data))
+    with pytest.raises(DamagedState, match="trays.t01.leak.since"):
+        store.load_state(tmp_path)
