@@ -64,6 +64,8 @@ _ENTRIES = (
     Check("probe.partial", W, "a probe section was missing, cut off or unreadable", _ALL),
     Check("host.name", W, "the tray answers with the inventory's host name", _INV),
     Check("tray.boot", W, "the tray did not reboot since the last sweep (boot id)", _TRAY),
+    Check("tray.repair", C, "the recovery ladder has not marked the tray for repair (the watch's records)",
+          frozenset({HEALTH})),
     # -- GPUs
     Check("gpu.facts", C, "nvidia-smi (or NVML) answered with readable GPU facts", _ALL),
     Check("gpu.count", C, "the tray shows all its GPUs, as many as the driver counts", _ALL),
