@@ -133,7 +133,7 @@ class Engine:
         self._dry_state: store.HealthState | None = None
         # The recovery ladder, when the site turned a rung on (docs/health.md "The recovery ladder").
         self.ladder = None
-        if remediate and settings.ladder.enabled:
+        if settings.ladder.enabled:
             from mctl.health.ladder_run import LadderRunner
             self.ladder = LadderRunner(site, settings)
         # Intents a killed mctl left without a result are reconciled once, on the first sweep that reads

@@ -35,6 +35,9 @@ PHASES = (*LADDER_RUNGS, VERIFY, BURN_IN, PASSED, REPAIR)
 SLURM_REBOOTED = "Node unexpectedly rebooted"
 # Findings no rung can fix: a full disk, the wrong driver, a tray in the wrong NVLink domain or partition.
 NOT_FIXED_BY_A_RUNG = frozenset({"host.disk", "gpu.driver", "fabric.domain", "fabric.clique", "gpu.temperature"})
+# Findings a tray just back from a reboot shows until its services are up (slurmd, the IMEX daemon start
+# after boot): a verify counts them against its deadline only, never as a rung that did not fix it.
+SETTLING_AT_BOOT = frozenset({"slurm.slurmd", "imex.daemon", "imex.domain", "fabric.state", "tray.reachable"})
 # nvidia-smi's documented reset; -i takes the GPU's PCI bus id.
 RESET_COMMAND = "nvidia-smi --gpu-reset -i"
 REBOOT_COMMAND = "systemctl reboot"
@@ -106,6 +109,12 @@ class Observation:
     fixable: bool = True                   # some critical finding a rung could fix
     has_bmc: bool = False
     why: str = ""                          # the critical findings, short
+    settling: bool = False                 # every critical finding is one a booting tray shows for a while
+
+    @property
+    def failing(self) -> bool:
+        """Critical in a way that counts against a rung: reached, and not only services still starting."""
+        return self.reached and self.critical and not self.settling
 
     @property
     def reached(self) -> bool:
@@ -292,7 +301,7 @@ def step(st: LadderState, obs: Observation, ls: LadderSettings, hs: HealthSettin
             st = _judged(st, obs, now, out, "ok", f"{st.phase}: the tray answers again"
                          + (f" (boot id {str(obs.boot_id)[:8]})" if st.phase != GPU_RESET else ""))
             out.state = st = replace(st, phase=VERIFY, since=now, deadline=now + ls.verify_deadline_s,
-                                     bad=1 if obs.critical else 0)
+                                     bad=1 if obs.failing else 0)
             _verify(st, obs, ls, hs, now, out, burn_in)
             return out
         if st.deadline is not None and now >= st.deadline:
@@ -301,7 +310,7 @@ def step(st: LadderState, obs: Observation, ls: LadderSettings, hs: HealthSettin
             _climb(st, obs, ls, hs, now, out, st.phase, f"{st.phase} timed out")
         return out
     if st.phase == VERIFY:
-        out.state = st = replace(st, bad=st.bad + 1 if obs.reached and obs.critical else st.bad)
+        out.state = st = replace(st, bad=st.bad + 1 if obs.failing else st.bad)
         _verify(st, obs, ls, hs, now, out, burn_in)
         return out
     if st.phase == BURN_IN:
@@ -319,7 +328,7 @@ def step(st: LadderState, obs: Observation, ls: LadderSettings, hs: HealthSettin
         return out
     if st.phase == PASSED and obs.reached and obs.critical:
         # critical again before the resume: the rung did not hold
-        st = replace(st, phase=VERIFY, since=now, deadline=now + ls.verify_deadline_s, bad=1)
+        st = replace(st, phase=VERIFY, since=now, deadline=now + ls.verify_deadline_s, bad=1 if obs.failing else 0)
         out.state = st
     return out
 
@@ -418,9 +427,10 @@ def observe(rec: "TrayRecord", verdict: "TrayVerdict", facts: "TrayFacts | None"
             all(f.check in ("gpu.xid", "gpu.recovery") for f in critical):
         reset = reset_targets(facts, settings)
     why = "; ".join(f"{f.check}: {f.message}" for f in critical[:2]) or verdict.reach
+    settling = bool(critical) and all(f.check in SETTLING_AT_BOOT for f in critical)
     return Observation(verdict.host, verdict.rack, rec.drained, verdict.reach, bool(critical),
                        rec.healthy_streak, facts.boot_id if facts is not None and verdict.reached else None,
-                       _idle(node), reset, fixable, has_bmc, why[:300])
+                       _idle(node), reset, fixable, has_bmc, why[:300], settling)
 
 
 # ------------------------------------------------------------------ every tray, through the breaker

@@ -176,7 +176,7 @@ class LadderSpec(Spec):
     power_cycle_deadline = F(str, "15m", pattern=DURATION_PATTERN)
     verify_deadline = F(str, "10m", pattern=DURATION_PATTERN)
     burn_in_deadline = F(str, "1h", pattern=DURATION_PATTERN)
-    repair_hook = F(Opt(Either(str, ListOf(str))), None)     # a command (argv list, or split like a shell)
+    repair_hook = F(Opt(ListOf(str)), None)                  # argv of a command; {tray} {rack} {reason} {failures}
     repair_hook_timeout = F(str, "60s", pattern=DURATION_PATTERN)
 
 

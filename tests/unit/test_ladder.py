@@ -99,6 +99,22 @@ def test_a_frozen_tray_is_power_cycled_then_verified_then_passed_with_the_time_o
     assert t.state.phase is None and t.state.times == {"power-cycle": 30.0, "verify": 1.0}
 
 
+def test_services_still_starting_after_a_boot_count_against_the_verify_deadline_only():
+    t = Tray(settings(gpu_reset=False, reboot=False))
+    t.send(t.sweep(0.0, reach="unreachable", boot_id=None))
+    for now in (5.0, 6.0, 7.0, 8.0):                   # back, slurmd not up yet: not a failed power cycle
+        out = t.sweep(now, boot_id="boot-b", settling=True, why="slurm.slurmd: slurmd is not running")
+        assert t.state.phase == "verify" and t.state.bad == 0 and out.rungs == []
+    t.sweep(9.0, critical=False, healthy_streak=1, boot_id="boot-b")
+    t.sweep(10.0, critical=False, healthy_streak=2, boot_id="boot-b")
+    assert t.state.phase == "passed"
+    t2 = Tray(settings(gpu_reset=False, reboot=False, verify_deadline_s=30.0))
+    t2.send(t2.sweep(0.0, reach="unreachable", boot_id=None))
+    t2.sweep(5.0, boot_id="boot-b", settling=True)
+    t2.sweep(40.0, boot_id="boot-b", settling=True)    # never came up: the verify deadline fails it
+    assert [e.action for e in t2.events if e.action == "recovery-failed"]
+
+
 def test_reset_first_when_idle_and_the_xids_say_reset_then_reboot_then_power_cycle():
     t = Tray(settings())
     out = t.sweep(0.0, reset_gpus=("0008:01:00",))
