@@ -353,3 +353,42 @@ def test_metrics_series_appear_once_the_ladder_has_a_record():
     assert series["mctl_health_marked_for_repair"][0][1] == 1
     assert series["mctl_health_ladder_phase_seconds"][0] == ({"site": "s", "rack": "r1", "tray": T,
                                                                "phase": "power-cycle"}, 31.5)
+
+
+# --- the settings -------------------------------------------------------------------------------
+
+def test_the_ladder_settings_reach_the_model_and_survive_the_json_form():
+    from mctl.inventory.convert import health_settings
+    from mctl.inventory.schema import HealthSpec
+
+    spec = HealthSpec.model_validate({"ladder": {"power_cycle": True, "reboot": True, "burn_in": "quick",
+                                            "failure_window": "2h", "power_cycle_deadline": "5m",
+                                            "repair_hook": ["/usr/bin/ticket", "{tray}"]}})
+    s = health_settings(spec)
+    assert s.ladder.power_cycle and s.ladder.reboot and not s.ladder.gpu_reset and s.ladder.enabled
+    assert (s.ladder.failure_window_s, s.ladder.power_cycle_deadline_s, s.ladder.burn_in) == (7200.0, 300.0, "quick")
+    assert s.ladder.repair_hook == ("/usr/bin/ticket", "{tray}")
+    assert HealthSettings.from_dict(s.to_dict()) == s
+    with pytest.raises(ValueError, match="unknown ladder setting"):
+        LadderSettings.from_dict({"power_cylce": True})
+
+
+def test_a_rung_that_cannot_work_is_refused_when_the_inventory_loads(tmp_path):
+    import shutil
+
+    import yaml
+
+    from mctl.errors import MctlError
+    from mctl.inventory.loader import load_site
+
+    src = __import__("pathlib").Path(__file__).resolve().parents[2] / "inventories" / "example-gb200"
+    site = tmp_path / "site"
+    shutil.copytree(src, site)
+    doc = yaml.safe_load((site / "mctl.yml").read_text())
+    doc["images_dir"] = str(src.parents[1] / "images")
+    doc.setdefault("health", {})["ladder"] = {"power_cycle": True}
+    doc.pop("bmc", None)
+    (site / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    with pytest.raises(MctlError) as err:
+        load_site(site)
+    assert "power-cycle rung needs the BMCs" in str(err.value.message) + str(getattr(err.value, "problems", ""))
