@@ -62,6 +62,7 @@ class LadderState:
     repair_at: float | None = None
     repair_why: str | None = None
     note: str | None = None               # the last waiting message (logged once per change)
+    retry_at: float | None = None         # after a failed recovery: the next one starts no earlier
 
     @property
     def active(self) -> bool:
@@ -240,9 +241,14 @@ def _failed(st: LadderState, obs: Observation, ls: LadderSettings, hs: HealthSet
                                 extra={"failures": [round(t, 3) for t in failures]}))
         out.repair = True
         return
-    # another recovery, from the lowest rung again
-    fresh = LadderState(started=now, last_boot=st.last_boot, failures=failures)
-    _climb(fresh, obs, ls, hs, now, out, None, f"recovery {len(failures) + 1} of at most {ls.max_failures}: {obs.why}")
+    # another recovery, from the lowest rung again, once the tray had retry_after to settle
+    fresh = LadderState(last_boot=st.last_boot, failures=failures, tried=st.tried, times=dict(st.times),
+                        retry_at=now + ls.retry_after_s)
+    if ls.retry_after_s > 0:
+        out.state = fresh
+        return
+    _climb(replace(fresh, started=now, tried=(), times={}), obs, ls, hs, now, out, None,
+           f"recovery {len(failures) + 1} of at most {ls.max_failures}: {obs.why}")
 
 
 def _judged(st: LadderState, obs: Observation, now: float, out: TrayStep, result: str, why: str) -> LadderState:
@@ -288,8 +294,13 @@ def step(st: LadderState, obs: Observation, ls: LadderSettings, hs: HealthSettin
                 out.events.append(Event(obs.host, obs.rack, "ladder-wait", note, now, result="noted"))
             out.state = replace(st, note=note)
             return out
-        fresh = replace(st, started=st.started or now, tried=(), times={}, rung=None)
-        _climb(fresh, obs, ls, hs, now, out, None, obs.why or "critical")
+        if st.retry_at is not None and now < st.retry_at:
+            return out                      # the last recovery failed moments ago: let the tray settle
+        fresh = replace(st, started=now, tried=(), times={}, rung=None, retry_at=None)
+        why = obs.why or "critical"
+        if st.failures:
+            why = f"recovery {len(st.failures) + 1} of at most {ls.max_failures}: {why}"
+        _climb(fresh, obs, ls, hs, now, out, None, why)
         return out
     if st.phase in LADDER_RUNGS:
         if st.sent is False:
@@ -516,8 +527,9 @@ def repair_argv(ls: LadderSettings, host: str, rack: str | None, why: str, failu
 
 
 def metric_samples(records: Mapping[str, "TrayRecord"], site: str) -> list[tuple[str, str, str, list]]:
-    """The ladder's Prometheus series (none until a tray's record has a recovery): the phase each tray's
-    recovery is in, the seconds each phase of its current or last recovery took, the trays marked for repair."""
+    """The ladder's Prometheus series (none while no record carries ladder state, i.e. the ladder is off):
+    the phase each tray's recovery is in, the seconds each phase of its current or last recovery took, and
+    per tray whether it is marked for repair."""
     phase, seconds, repair = [], [], []
     for host, rec in sorted(records.items()):
         if not rec.ladder:

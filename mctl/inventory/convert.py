@@ -69,6 +69,7 @@ def ladder_settings(spec) -> "LadderSettings":
         power_cycle_when=str(spec.power_cycle_when), burn_in=str(spec.burn_in),
         max_failures=int(spec.max_failures), failure_window_s=parse_duration(spec.failure_window),
         fail_after_sweeps=int(spec.fail_after_sweeps),
+        retry_after_s=parse_duration(spec.retry_after),
         gpu_reset_deadline_s=parse_duration(spec.gpu_reset_deadline),
         reboot_deadline_s=parse_duration(spec.reboot_deadline),
         power_cycle_deadline_s=parse_duration(spec.power_cycle_deadline),

@@ -171,6 +171,7 @@ class LadderSpec(Spec):
     max_failures = F(int, 3, ge=1, le=100)                   # failed recoveries within failure_window: repair
     failure_window = F(str, "24h", pattern=DURATION_PATTERN)
     fail_after_sweeps = F(int, 3, ge=1)                      # critical sweeps after a rung: it did not fix it
+    retry_after = F(str, "1m", pattern=DURATION_PATTERN)     # after a failed recovery, the next no sooner
     gpu_reset_deadline = F(str, "2m", pattern=DURATION_PATTERN)
     reboot_deadline = F(str, "10m", pattern=DURATION_PATTERN)
     power_cycle_deadline = F(str, "15m", pattern=DURATION_PATTERN)

@@ -110,6 +110,7 @@ class LadderSettings:
     max_failures: int = 3                   # failed recoveries within failure_window_s: marked for repair
     failure_window_s: float = 86400.0
     fail_after_sweeps: int = 3              # critical sweeps after a rung before it counts as not fixed
+    retry_after_s: float = 60.0             # after a failed recovery, the next starts no sooner
     gpu_reset_deadline_s: float = 120.0
     reboot_deadline_s: float = 600.0
     power_cycle_deadline_s: float = 900.0

@@ -26,7 +26,7 @@ import yaml
 from tests.integration.test_health import Watch, fault, sinfo, site, wait_for  # noqa: F401
 
 LADDER = {"power_cycle": True, "power_cycle_when": "unfixed", "fail_after_sweeps": 2, "max_failures": 3,
-          "failure_window": "1h", "power_cycle_deadline": "90s", "verify_deadline": "60s"}
+          "failure_window": "1h", "power_cycle_deadline": "45s", "verify_deadline": "45s", "retry_after": "5s"}
 HOOK = ("import json, sys; open(sys.argv[1], 'a').write(json.dumps(sys.argv[2:]) + '\\n')")
 
 

@@ -24,7 +24,7 @@ SIZES = {"r1": 4}
 def settings(**ladder_kw) -> HealthSettings:
     base = dict(gpu_reset=True, reboot=True, power_cycle=True, fail_after_sweeps=2, max_failures=3,
                 failure_window_s=3600.0, reboot_deadline_s=300.0, power_cycle_deadline_s=600.0,
-                verify_deadline_s=120.0, gpu_reset_deadline_s=60.0)
+                verify_deadline_s=120.0, gpu_reset_deadline_s=60.0, retry_after_s=0.0)
     base.update(ladder_kw)
     return HealthSettings(resume_after_healthy_sweeps=2, breaker_max_share=0.5, ladder=LadderSettings(**base))
 
@@ -209,6 +209,17 @@ def test_three_failed_recoveries_mark_the_tray_for_repair_and_no_fourth_attempt(
         out = t.sweep(now, critical=bool(i % 2), healthy_streak=i)
         assert out.rungs == []
     assert sent == 3 and t.state.phase == "repair"
+
+
+def test_the_next_recovery_waits_retry_after_once_one_failed():
+    t = Tray(settings(gpu_reset=False, reboot=False, power_cycle_when="unfixed", retry_after_s=60.0))
+    t.send(t.sweep(0.0))
+    t.sweep(30.0, boot_id="boot-1")
+    out = t.sweep(31.0, boot_id="boot-1")                    # failed: no power cycle right away
+    assert [e.action for e in out.events if e.action == "recovery-failed"] and out.rungs == []
+    assert t.sweep(60.0, boot_id="boot-1").rungs == []
+    out = t.sweep(92.0, boot_id="boot-1")
+    assert rungs(out) == ["power-cycle"] and out.rungs[0].why.startswith("recovery 2 of at most 3")
 
 
 def test_failures_outside_the_window_do_not_count():
