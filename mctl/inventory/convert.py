@@ -48,22 +48,11 @@ def scheduler_settings(spec: SchedulerSpec | None) -> SchedulerSettings | None:
 
 
 def ladder_settings(spec) -> "LadderSettings":
-    """`health.ladder` as the recovery ladder reads it; a repair hook given as one string is split like a
-    shell line (no shell runs it: each argument is passed as it is, placeholders filled per argument)."""
-    import shlex
-
+    """`health.ladder` as the recovery ladder reads it. The repair hook is an argument list: no shell runs
+    it, each argument is passed as it is, its placeholders filled per argument."""
     from mctl.model.settings import LadderSettings
 
-    hook = spec.repair_hook
-    if isinstance(hook, str):
-        try:
-            argv = tuple(shlex.split(hook))
-        except ValueError as exc:
-            raise UsageError(f"inventory health.ladder.repair_hook: {exc}",
-                             hint="quote it as a list of arguments, e.g. repair_hook: [/usr/local/bin/ticket, "
-                                  "'{tray}']") from None
-    else:
-        argv = tuple(str(a) for a in hook or ())
+    argv = tuple(str(a) for a in spec.repair_hook or ())
     return LadderSettings(
         gpu_reset=bool(spec.gpu_reset), reboot=bool(spec.reboot), power_cycle=bool(spec.power_cycle),
         power_cycle_when=str(spec.power_cycle_when), burn_in=str(spec.burn_in),

@@ -426,9 +426,9 @@ def _health(spec: SiteSpec, doc: Located, problems: list[Problem]) -> HealthSett
     try:
         return health_settings(spec.health)
     except UsageError as exc:
-        path = ("health", "ladder", "repair_hook") if "health.ladder." in exc.message else ("health", "nvlink5_no_drain")
+        path = ("health", "nvlink5_no_drain")
         problems.append(Problem(doc.file, doc.line_of(path), dotted(path),
-                                exc.message.removeprefix(f"inventory {dotted(path)}: "), exc.hint))
+                                exc.message.removeprefix("inventory health.nvlink5_no_drain: "), exc.hint))
         return HealthSettings()
 
 
