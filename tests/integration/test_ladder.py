@@ -7,8 +7,9 @@ One test, the power cycle being the costly part: `mctl health watch` with the po
    after its misses, power-cycled through its BMC (the freeze ends with the power), comes back with
    a new boot id, passes its checks and is resumed in Slurm; the action log has the time of each rung.
 2. A GPU missing on the same tray (hardware: it survives every power cycle, as a dead GPU does) is
-   drained, power-cycled three times, each recovery failing its checks, then marked for repair: a
-   `tray.repair` finding, the metric, the repair hook run with its arguments; no fourth power cycle.
+   drained, power-cycled three times, each recovery failing its checks, then marked for repair: the
+   metric, the repair hook run with its arguments, never resumed; no fourth power cycle. (The
+   `tray.repair` finding a marked record gives is unit-tested: tests/unit/test_ladder.py.)
 
 The watch's interval is 1 s, the tray deadline 5 s; every wait below has its own deadline.
 """
@@ -26,7 +27,7 @@ import yaml
 from tests.integration.test_health import Watch, fault, sinfo, site, wait_for  # noqa: F401
 
 LADDER = {"power_cycle": True, "power_cycle_when": "unfixed", "fail_after_sweeps": 2, "max_failures": 3,
-          "failure_window": "1h", "power_cycle_deadline": "45s", "verify_deadline": "45s", "retry_after": "5s"}
+          "failure_window": "1h", "power_cycle_deadline": "45s", "verify_deadline": "45s", "retry_after": "2s"}
 HOOK = ("import json, sys; open(sys.argv[1], 'a').write(json.dumps(sys.argv[2:]) + '\\n')")
 
 
@@ -124,6 +125,3 @@ def test_a_frozen_tray_is_power_cycled_and_resumed_then_three_failed_recoveries_
         print("\n".join(watch.lines[-40:]), said[-3000:], sep="\n")
         _restore(lab, tray)
     assert code == 0, said
-    report = lab.mctl("-i", str(ladder_site), "--state-dir", str(state), "--json", "health", "check", tray,
-                      timeout=120)
-    assert any(f["check"] == "tray.repair" for f in json.loads(report.stdout)["findings"]), report.stdout[-2000:]
