@@ -123,7 +123,8 @@ class LadderRunner:
             extra["seconds"] = e.seconds
         if e.phase:
             extra["phase"] = e.phase
-        return store.action_entry(e.action, e.host, None, who=engine.who, at=e.at, result=e.result, why=e.why,
+        reason = e.why if e.action == "breaker-trip" else None      # the watch shows a trip's reason
+        return store.action_entry(e.action, e.host, reason, who=engine.who, at=e.at, result=e.result, why=e.why,
                                   rack=e.rack, **extra)
 
     # ------------------------------------------------------------------ the rungs
