@@ -100,7 +100,7 @@ def test_a_frozen_tray_is_power_cycled_and_resumed_then_three_failed_recoveries_
         drained_after = datetime.fromisoformat(drain["time"]).timestamp() - wall0
         print(f"\nladder rungs for a frozen tray: fault to drained {drained_after:.1f}s, power cycle -> back "
               f"{back[0]['seconds']:.1f}s, checks {checks[0]['seconds']:.1f}s, recovery {done['seconds']:.1f}s, "
-              f"fault to resumed {took:.1f}s")
+              f"fault to resumed {took:.1f}s; resume: {resume['why']}")
 
         # 2. a GPU that stays missing: three recoveries fail, the tray is marked for repair, no fourth
         fault(lab, tray, gpu_missing=1)
