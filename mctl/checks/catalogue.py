@@ -70,6 +70,9 @@ _ENTRIES = (
     Check("leak.detectors", C, "no leak detector reports Critical (Warning, unknown or unread detectors warn)", _OOB,
           milder=True),
     Check("power.supplies", W, "the tray's power subsystem and power supplies report OK", _OOB),
+
+    Check("tray.repair", C, "the recovery ladder has not marked the tray for repair (the watch's records)",
+          frozenset({HEALTH})),
     # -- GPUs
     Check("gpu.facts", C, "nvidia-smi (or NVML) answered with readable GPU facts", _ALL),
     Check("gpu.count", C, "the tray shows all its GPUs, as many as the driver counts", _ALL),

@@ -138,6 +138,11 @@ class Engine:
         self.boots = BootMemory.load(self.state_dir)     # a reboot between sweeps (tray.boot, gpu.xid)
         # --dry-run keeps its records in memory only, so it never writes the state directory.
         self._dry_state: store.HealthState | None = None
+        # The recovery ladder, when the site turned a rung on (docs/health.md "The recovery ladder").
+        self.ladder = None
+        if settings.ladder.enabled:
+            from mctl.health.ladder_run import LadderRunner
+            self.ladder = LadderRunner(site, settings)
         # Intents a killed mctl left without a result are reconciled once, on the first sweep that reads
         # the scheduler (docs/health.md, "Action log").
         self._reconciled = False
@@ -235,6 +240,8 @@ class Engine:
                              records=dict(state.records))
         if self.remediate:
             await self._remediate(result)
+        if self.ladder is not None:
+            result.findings = sort_findings(result.findings + self.ladder.findings(result.records))
         if not self.dry_run:
             self.boots.save(self.state_dir)
         result.elapsed = time.monotonic() - t0
@@ -252,6 +259,9 @@ class Engine:
                                     self.sizes, now=time.time())
             self._dry_state = store.HealthState(self.site.name, outcome.records, outcome.breaker)
             result.decisions = outcome.decisions + [d for d, _h in self._leak_power_due(outcome, time.time())]
+            if self.ladder is not None:
+                result.decisions = result.decisions + self.ladder.dry_run(self, result, self._dry_state)
+                outcome.records, outcome.breaker = self._dry_state.records, self._dry_state.breaker
             result.records = outcome.records
             result.breaker = outcome.breaker
             return
@@ -297,6 +307,10 @@ class Engine:
             state.site = self.site.name
             store.append_actions(self.state_dir, entries)
             store.save_state(self.state_dir, state)
+            if self.ladder is not None:
+                # the recovery ladder (mctl.health.ladder) after the sweep's drains and resumes
+                entries += await self.ladder.climb(self, result, state)
+                outcome.records, outcome.breaker = state.records, state.breaker
         result.decisions = outcome.decisions
         result.logged = reconciled + entries
         result.records = dict(outcome.records)

@@ -110,6 +110,10 @@ def render(result: "SweepResult", *, site: str, counters: dict[str, int] | None 
         metric("mctl_health_actions_total", "counter", "Actions taken since the watch started, by kind and result.",
                [({"site": site, "action": a.split(":")[0], "result": a.split(":")[1]}, n)
                 for a, n in sorted(counters.items())])
+    from mctl.health.ladder import metric_samples      # the recovery ladder's series, once it has acted
+
+    for name, kind, help_text, samples in metric_samples(result.records, site):
+        metric(name, kind, help_text, samples)
     return "\n".join(lines) + "\n"
 
 

@@ -72,6 +72,8 @@ class TrayRecord:
     latches: dict[str, Any] | None = None  # flapping findings held by mctl.health.hysteresis
     leak: dict[str, Any] | None = None     # an open leak episode (mctl.health.leaks)
 
+    ladder: dict[str, Any] | None = None   # the recovery ladder's state (mctl.health.ladder.LadderState)
+
     def released(self, **changes: Any) -> "TrayRecord":
         """The record once mctl no longer owns a drain on the tray (resumed, lifted or taken over, failed)."""
         return replace(self, drained=False, reason=None, full_reason=None, drained_at=None, **changes)
@@ -204,19 +206,28 @@ def _own_drain(step: TrayStep, node: NodeView, s: HealthSettings, now: float) ->
     """A tray mctl drained: forget the drain if it is gone or someone else's, resume it once healthy.
     False when the drain was lifted outside mctl: the tray may be drained again this very sweep."""
     rec = step.record
-    if not node.drained:
+    if rec.ladder is not None:      # only the watch's records carry one (not the node check's bundle)
+        from mctl.health import ladder
+    ours = rec.ladder is not None and ladder.rebooted_by_us(rec, node)     # DOWN after a rung of mctl's own
+    if not node.drained and not ours:
         step.forget("resumed outside mctl", now)
         return False
-    if not is_mctl_reason(node.reason):
+    if not is_mctl_reason(node.reason) and not ours:
         step.forget(f"reason changed to {node.reason!r}: the drain is someone else's now", now)
         return True
     if rec.healthy_streak < s.resume_after_healthy_sweeps:
         return True
-    if resume_refusal(node) is not None:          # down (the ownership was checked above)
+    held = ladder.holds_resume(rec) if rec.ladder is not None else None
+    if held is not None:
+        step.note(SKIP, held, now, reason=node.reason)
+        return True
+    after_reboot = rec.ladder is not None and ladder.down_is_ours(rec, node)
+    if resume_refusal(node) is not None and not after_reboot:     # down (the ownership was checked above)
         step.note(SKIP, "healthy again but the node is DOWN; mctl never touches down nodes", now, reason=node.reason)
         return True
-    step.decisions.append(Decision(rec.host, RESUME, f"healthy for {rec.healthy_streak} sweeps", reason=node.reason,
-                                   full=rec.full_reason, rack=rec.rack, at=now))
+    why = f"healthy for {rec.healthy_streak} sweeps" + (" after the recovery ladder rebooted it" if after_reboot else "")
+    step.decisions.append(Decision(rec.host, RESUME, why, reason=node.reason,
+                                   full=rec.full_reason, rack=rec.rack, at=now, after_reboot=after_reboot))
     step.record = replace(rec, note=None)
     return True
 

@@ -75,6 +75,8 @@ _RECORD_TYPES: dict[str, tuple[type, ...]] = {
     "healthy_streak": (int,), "drained": (bool,), "reason": (str, type(None)), "full_reason": (str, type(None)),
     "drained_at": (int, float, type(None)), "pending": (dict, type(None)), "note": (str, type(None)),
     "xid_ack": (int, float, type(None)), "leak": (dict, type(None)),
+
+    "xid_ack": (int, float, type(None)), "ladder": (dict, type(None)),
 }
 
 
@@ -120,6 +122,12 @@ def check_state_shape(path: Path, data: dict[str, Any]) -> None:
                                ("since", (int, float))):
                 if key in pending:
                     check_shape(path, pending[key], types, f"trays.{host}.pending.{key}")
+            if rec.get("ladder"):
+                from mctl.health.ladder import LadderState
+                try:
+                    LadderState.from_dict(rec["ladder"])
+                except (TypeError, ValueError) as exc:
+                    raise DamagedState(path, f"trays.{host}.ladder: {exc}") from None
     except DamagedState as exc:
         exc.hint = STATE_HINT
         raise

@@ -24,6 +24,9 @@ from typing import TYPE_CHECKING, Callable
 
 from mctl.errors import MctlError
 from mctl.model.drain import DRAIN, FORGET, QUEUE, RESUME, SKIP
+from mctl.model.settings import LADDER_RUNGS
+
+LADDER_ACTIONS = (*LADDER_RUNGS, "repair", "recovery-failed")
 
 if TYPE_CHECKING:
     from mctl.health.engine import SweepResult
@@ -84,6 +87,8 @@ def events_of(result: "SweepResult", previous: dict[str, str], *, dry_run: bool)
         for d in result.decisions:
             if d.action in (DRAIN, RESUME, "power-off"):
                 out.append(Event(now, d.action, d.host, f"would {d.action} (dry run): {d.reason or ''} — {d.why}"))
+            elif d.action in LADDER_ACTIONS:        # the recovery ladder's rungs and marks
+                out.append(Event(now, d.action, d.host, f"would {d.action} (dry run): {d.why}"))
             elif d.action in (SKIP, QUEUE, FORGET):
                 out.append(Event(now, d.action, d.host, f"(dry run) {d.why}"))
         return out
@@ -102,6 +107,8 @@ def events_of(result: "SweepResult", previous: dict[str, str], *, dry_run: bool)
             text = e.get("why") or e.get("reason") or ""
             if result_text not in ("ok", "noted"):
                 text += f" ({result_text})"
+            if e.get("seconds") is not None:        # the recovery ladder: how long the phase took
+                text += f" [{e['seconds']:.1f}s]"
         out.append(Event(now, str(action), host, text))
     return out
 

@@ -47,6 +47,25 @@ def scheduler_settings(spec: SchedulerSpec | None) -> SchedulerSettings | None:
                              slurm=same_fields(SlurmSettings, spec.slurm), k8s=same_fields(K8sSettings, spec.k8s))
 
 
+def ladder_settings(spec) -> "LadderSettings":
+    """`health.ladder` as the recovery ladder reads it. The repair hook is an argument list: no shell runs
+    it, each argument is passed as it is, its placeholders filled per argument."""
+    from mctl.model.settings import LadderSettings
+
+    argv = tuple(str(a) for a in spec.repair_hook or ())
+    return LadderSettings(
+        gpu_reset=bool(spec.gpu_reset), reboot=bool(spec.reboot), power_cycle=bool(spec.power_cycle),
+        power_cycle_when=str(spec.power_cycle_when), burn_in=str(spec.burn_in),
+        max_failures=int(spec.max_failures), failure_window_s=parse_duration(spec.failure_window),
+        fail_after_sweeps=int(spec.fail_after_sweeps),
+        retry_after_s=parse_duration(spec.retry_after),
+        gpu_reset_deadline_s=parse_duration(spec.gpu_reset_deadline),
+        reboot_deadline_s=parse_duration(spec.reboot_deadline),
+        power_cycle_deadline_s=parse_duration(spec.power_cycle_deadline),
+        verify_deadline_s=parse_duration(spec.verify_deadline), burn_in_deadline_s=parse_duration(spec.burn_in_deadline),
+        repair_hook=argv, repair_hook_timeout_s=parse_duration(spec.repair_hook_timeout))
+
+
 def health_settings(spec: HealthSpec) -> HealthSettings:
     """The `health:` section as the checks, the policy and the watch read it.
 
@@ -97,4 +116,5 @@ def health_settings(spec: HealthSpec) -> HealthSettings:
         metrics_textfile=spec.metrics_textfile,
         metrics_port=spec.metrics_port,
         metrics_listen=str(spec.metrics_listen),
+        ladder=ladder_settings(spec.ladder),
     )

@@ -406,6 +406,7 @@ def _build_site(spec: SiteSpec, file: Path, doc: Located) -> tuple[Site | None, 
     site = Site(name=spec.site, file=file.resolve(), ssh=ssh_settings(spec.ssh), racks=racks,
                 scheduler=scheduler_settings(spec.scheduler), health=_health(spec, doc, problems),
                 images_dir=images_dir, vars=dict(spec.vars), bmc=bmc_settings(spec.bmc))
+    _ladder_problems(spec, doc, problems)
     if spec.bmc is not None:
         _check_path(spec.bmc.credentials_file, doc, ("bmc", "credentials_file"), problems)
         if spec.bmc.scheme == "http" and any(not _loopback(h.bmc) for h in site.hosts() if h.bmc):
@@ -429,6 +430,21 @@ def _health(spec: SiteSpec, doc: Located, problems: list[Problem]) -> HealthSett
         problems.append(Problem(doc.file, doc.line_of(path), dotted(path),
                                 exc.message.removeprefix("inventory health.nvlink5_no_drain: "), exc.hint))
         return HealthSettings()
+
+
+def _ladder_problems(spec: SiteSpec, doc: Located, problems: list[Problem]) -> None:
+    """A rung turned on that cannot work is refused here, not found out when a tray fails (docs/health.md)."""
+    ladder = spec.health.ladder
+    path = ("health", "ladder")
+    if ladder.power_cycle and spec.bmc is None:
+        problems.append(Problem(doc.file, doc.line_of(path + ("power_cycle",)), dotted(path + ("power_cycle",)),
+                                "the power-cycle rung needs the BMCs, but the inventory has no bmc: section",
+                                "add bmc: {credentials_file: ...} (docs/bmc.md) or turn power_cycle off"))
+    if (ladder.gpu_reset or ladder.reboot or ladder.power_cycle) and \
+            (spec.scheduler is None or spec.scheduler.type != "slurm"):
+        problems.append(Problem(doc.file, doc.line_of(path), dotted(path),
+                                "the recovery ladder acts only on trays it drained in Slurm (it reads the node's "
+                                "jobs from slurmctld)", "use scheduler: {type: slurm}, or turn the rungs off"))
 
 
 _BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "y", "n", "t", "f", "0", "1")

@@ -168,6 +168,26 @@ class LeakSpec(Spec):
     clear_sweeps = F(int, 3, ge=1)                            # sweeps without Critical that end the episode
 
 
+class LadderSpec(Spec):
+    # The recovery ladder (docs/health.md "The recovery ladder"; mctl/health/ladder.py): every rung opt-in.
+    gpu_reset = F(bool, False)                               # nvidia-smi -r on an idle tray whose XIDs say reset
+    reboot = F(bool, False)                                  # systemctl reboot through the OS
+    power_cycle = F(bool, False)                             # PowerCycle through the tray's BMC (needs bmc:)
+    power_cycle_when = F(OneOf("unanswered", "unfixed"), "unanswered")
+    burn_in = F(OneOf("off", "quick", "medium", "long"), "off")     # DCGM/NCCL must pass before the resume
+    max_failures = F(int, 3, ge=1, le=100)                   # failed recoveries within failure_window: repair
+    failure_window = F(str, "24h", pattern=DURATION_PATTERN)
+    fail_after_sweeps = F(int, 3, ge=1)                      # critical sweeps after a rung: it did not fix it
+    retry_after = F(str, "1m", pattern=DURATION_PATTERN)     # after a failed recovery, the next no sooner
+    gpu_reset_deadline = F(str, "2m", pattern=DURATION_PATTERN)
+    reboot_deadline = F(str, "10m", pattern=DURATION_PATTERN)
+    power_cycle_deadline = F(str, "15m", pattern=DURATION_PATTERN)
+    verify_deadline = F(str, "10m", pattern=DURATION_PATTERN)
+    burn_in_deadline = F(str, "1h", pattern=DURATION_PATTERN)
+    repair_hook = F(Opt(ListOf(str)), None)                  # argv of a command; {tray} {rack} {reason} {failures}
+    repair_hook_timeout = F(str, "60s", pattern=DURATION_PATTERN)
+
+
 class HealthSpec(Spec):
     interval = F(float, 60, gt=0)
     drain_xids = F(ListOf(int), factory=lambda: sorted(DEFAULT_DRAIN_XIDS))
@@ -203,6 +223,8 @@ class HealthSpec(Spec):
     hysteresis = F(HysteresisSpec, factory=HysteresisSpec)
     bmc_checks = F(OneOf("auto", "off"), "auto")              # leaks and power from the BMCs (auto: bmc section)
     leak = F(LeakSpec, factory=LeakSpec)
+
+    ladder = F(LadderSpec, factory=LadderSpec)
 
 
 class SiteSpec(Spec):

@@ -96,6 +96,9 @@ class Decision:
     full: str | None = None                # the full text for the action log
     rack: str | None = None
     at: float = 0.0
+    # a resume of a node DOWN after mctl's own reboot of it (the recovery ladder): the guard then allows
+    # DOWN and checks the reason is still the one the watch saw
+    after_reboot: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

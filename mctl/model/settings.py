@@ -92,6 +92,57 @@ class HysteresisSettings:
         return max(1, min(n, self.max_hold_sweeps))
 
 
+LADDER_RUNGS = ("gpu-reset", "reboot", "power-cycle")      # the recovery ladder's rungs, lowest first
+LADDER_BURN_IN = ("off", "quick", "medium", "long")
+
+
+@dataclass(frozen=True)
+class LadderSettings:
+    """The recovery ladder (mctl/health/ladder.py; docs/health.md "The recovery ladder"): every rung off
+    by default; a site turns on the ones it wants under `health.ladder` in mctl.yml."""
+
+    gpu_reset: bool = False                 # nvidia-smi -r on an idle tray whose XIDs say reset
+    reboot: bool = False                    # systemctl reboot through the OS (SSH answers)
+    power_cycle: bool = False               # ComputerSystem.Reset PowerCycle through the BMC
+    power_cycle_when: str = "unanswered"    # unanswered: the OS does not answer (or its reboot did not help);
+    #                                         unfixed: also a tray the rungs below did not fix (or has none on)
+    burn_in: str = "off"                    # off | quick | medium | long: DCGM/NCCL before the resume
+    max_failures: int = 3                   # failed recoveries within failure_window_s: marked for repair
+    failure_window_s: float = 86400.0
+    fail_after_sweeps: int = 3              # critical sweeps after a rung before it counts as not fixed
+    retry_after_s: float = 60.0             # after a failed recovery, the next starts no sooner
+    gpu_reset_deadline_s: float = 120.0
+    reboot_deadline_s: float = 600.0
+    power_cycle_deadline_s: float = 900.0
+    verify_deadline_s: float = 600.0        # a tray back from a rung must pass its checks within this
+    burn_in_deadline_s: float = 3600.0
+    repair_hook: tuple[str, ...] = ()       # argv of a command run when a tray is marked for repair
+    repair_hook_timeout_s: float = 60.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.gpu_reset or self.reboot or self.power_cycle
+
+    def rung_on(self, rung: str) -> bool:
+        return {"gpu-reset": self.gpu_reset, "reboot": self.reboot, "power-cycle": self.power_cycle}[rung]
+
+    def deadline_s(self, rung: str) -> float:
+        return {"gpu-reset": self.gpu_reset_deadline_s, "reboot": self.reboot_deadline_s,
+                "power-cycle": self.power_cycle_deadline_s, "verify": self.verify_deadline_s,
+                "burn-in": self.burn_in_deadline_s}[rung]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> "LadderSettings":
+        data = dict(data or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown ladder setting {unknown[0]!r}")
+        if "repair_hook" in data:
+            data["repair_hook"] = tuple(str(a) for a in data["repair_hook"] or ())
+        return cls(**data)
+
+
 @dataclass(frozen=True)
 class HealthSettings:
     interval: float = 60.0
@@ -134,6 +185,7 @@ class HealthSettings:
     metrics_textfile: str | None = None     # Prometheus textfile (node_exporter collector)
     metrics_port: int | None = None         # HTTP /metrics on metrics_listen
     metrics_listen: str = "127.0.0.1"       # address /metrics binds (an IP; checked at the CLI)
+    ladder: LadderSettings = field(default_factory=LadderSettings)   # the recovery ladder (all rungs off)
 
     @property
     def hysteresis(self) -> "HysteresisSettings":
@@ -155,6 +207,7 @@ class HealthSettings:
         data["driver_mismatch"] = self.driver_mismatch.value
         data["disk_paths"] = list(self.disk_paths)
         data["hysteresis_checks"] = list(self.hysteresis_checks)
+        data["ladder"] = {**asdict(self.ladder), "repair_hook": list(self.ladder.repair_hook)}
         return data
 
     @classmethod
@@ -181,6 +234,8 @@ class HealthSettings:
             kwargs["disk_paths"] = tuple(kwargs["disk_paths"])
         if "hysteresis_checks" in kwargs:
             kwargs["hysteresis_checks"] = tuple(kwargs["hysteresis_checks"])
+        if "ladder" in kwargs:
+            kwargs["ladder"] = LadderSettings.from_dict(kwargs["ladder"])
         return cls(**kwargs)
 
 

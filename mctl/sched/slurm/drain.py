@@ -191,6 +191,10 @@ def parse(stdout: str, hosts: Sequence[str]) -> dict[str, StepResult]:
 def _step_of(d: Decision) -> Step:
     if d.action == DRAIN:
         return drain_step(d.host, d.reason or REASON_PREFIX)
+    if d.action == RESUME and d.after_reboot:
+        # DOWN after the recovery ladder's own reboot: the reason must still be the one the watch saw
+        return resume_step(d.host, prefix=d.reason if d.reason and not d.reason.startswith(REASON_PREFIX)
+                           else REASON_PREFIX, not_down=False)
     if d.action == RESUME:
         return resume_step(d.host)
     raise ValueError(f"not a scheduler action: {d.action}")

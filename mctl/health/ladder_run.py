@@ -1,0 +1,276 @@
+"""The recovery ladder's side effects: what the engine sends for the rungs mctl.health.ladder decides.
+
+One sweep of the watch, under the state lock, after the drains and resumes:
+
+1. observe every tray (its verdict, facts, the scheduler's node) and let `ladder.decide` step each
+   one's recovery through the circuit breaker;
+2. write the intent lines (fsynced) and the state with each rung marked as being sent, so a watch
+   killed in between never sends it again (the rung is then judged by its deadline);
+3. send the rungs at once, each bounded: a GPU reset and a reboot over the kept SSH connection, a
+   power cycle as one Redfish POST to the tray's BMC (under the rack lock, like `mctl power`);
+4. log each result with the time of the phase it ends, run the repair hook of a tray just marked for
+   repair (a deadline, no shell), and save the state.
+
+Burn-in runs in a thread of its own (it takes minutes): the sweep starts it and later sweeps read
+its result. A watch restarted during a burn-in runs it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import subprocess
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from mctl.health import ladder, store
+from mctl.model.drain import Decision
+from mctl.model.findings import Finding, Severity
+
+if TYPE_CHECKING:
+    from mctl.health.engine import Engine, SweepResult
+    from mctl.model.settings import HealthSettings
+    from mctl.model.site import Site
+
+REBOOT_SEND_S = 15.0          # `systemctl reboot` returns at once; the connection may drop with the tray
+POWER_SEND_S = 30.0           # one Redfish session and POST
+
+
+class LadderRunner:
+    def __init__(self, site: "Site", settings: "HealthSettings"):
+        self.site = site
+        self.settings = settings
+        self.ls = settings.ladder
+        self._burn: dict[str, Future] = {}
+        self._pool: ThreadPoolExecutor | None = None
+
+    # ------------------------------------------------------------------ observe + decide
+
+    def _has_bmc(self, host: str) -> bool:
+        h = self.site.host(host)
+        return bool(h is not None and h.bmc and getattr(self.site, "bmc", None) is not None)
+
+    def _observations(self, result: "SweepResult", records) -> list[ladder.Observation]:
+        out = []
+        for v in result.verdicts:
+            rec = records.get(v.host)
+            if rec is None:
+                continue
+            node = (result.nodes or {}).get(v.host) if result.nodes is not None else None
+            out.append(ladder.observe(rec, v, result.facts.get(v.host), node, self.settings,
+                                      has_bmc=self._has_bmc(v.host)))
+        return out
+
+    def _decide(self, engine: "Engine", result: "SweepResult", state: store.HealthState, now: float):
+        obs = self._observations(result, state.records)
+        return ladder.decide(state.records, obs, self.settings, state.breaker, engine.sizes, now=now,
+                             burn_ins=self._burn_status(state.records))
+
+    def dry_run(self, engine: "Engine", result: "SweepResult", state: store.HealthState) -> list[Decision]:
+        """`--dry-run`: each rung the ladder would take, as decisions (nothing is sent or written)."""
+        out = self._decide(engine, result, state, time.time())
+        state.records, state.breaker = out.records, out.breaker
+        decisions = [Decision(r.host, r.rung, r.why, rack=r.rack, at=r.at) for r in out.rungs]
+        decisions += [Decision(e.host, e.action, e.why, rack=e.rack, at=e.at) for e in out.events
+                      if e.action in ("repair", "recovery-failed")]
+        return decisions
+
+    # ------------------------------------------------------------------ one sweep
+
+    async def climb(self, engine: "Engine", result: "SweepResult", state: store.HealthState) -> list[store.ActionEntry]:
+        if result.nodes is None:
+            return []                       # the scheduler did not answer: idle or not is unknown; next sweep
+        now = time.time()
+        before = {h: r.ladder for h, r in state.records.items()}
+        out = self._decide(engine, result, state, now)
+        entries = [self._event_entry(e, engine) for e in out.events]
+        ids = {r.host: f"{r.host}@{r.at:.3f}:{os.urandom(4).hex()}" for r in out.rungs}
+        intents = [store.action_entry("intent", r.host, None, who=engine.who, at=r.at, result="pending", why=r.why,
+                                      rack=r.rack, intent=r.rung, intent_id=ids[r.host],
+                                      gpus=list(r.gpus) or None) for r in out.rungs]
+        state.records, state.breaker = out.records, out.breaker
+        # Before anything is sent: the intents (fsynced) and the state that says the rung is being sent.
+        store.append_actions(engine.state_dir, entries + intents)
+        store.save_state(engine.state_dir, state)
+        entries_after: list[store.ActionEntry] = []
+        if out.rungs:
+            sent = await asyncio.gather(*(self._send(engine, r) for r in out.rungs))
+            for r, (outcome, text) in zip(out.rungs, sent):
+                if outcome == "not-taken":
+                    ladder.not_taken(state.records, r, before.get(r.host), text)
+                    result_text = f"refused: {text}"
+                else:
+                    ladder.settle(state.records, r, {"ok": True, "failed": False, "unknown": None}[outcome])
+                    result_text = "ok" if outcome == "ok" else (f"failed: {text}" if outcome == "failed"
+                                                                else f"sent, answer lost: {text}")
+                entries_after.append(store.action_entry(r.rung, r.host, None, who=engine.who, at=r.at,
+                                                        result=result_text, why=r.why, rack=r.rack,
+                                                        intent_id=ids[r.host], gpus=list(r.gpus) or None,
+                                                        detail=text or None))
+        for host in out.repairs:
+            entries_after.append(await asyncio.to_thread(self._repair_hook, engine, host, state))
+        self._start_burn_ins(state.records)
+        store.append_actions(engine.state_dir, entries_after)
+        store.save_state(engine.state_dir, state)
+        return entries + entries_after
+
+    def _event_entry(self, e: ladder.Event, engine: "Engine") -> store.ActionEntry:
+        extra: dict[str, Any] = dict(e.extra)
+        if e.seconds is not None:
+            extra["seconds"] = e.seconds
+        if e.phase:
+            extra["phase"] = e.phase
+        reason = e.why if e.action == "breaker-trip" else None      # the watch shows a trip's reason
+        return store.action_entry(e.action, e.host, reason, who=engine.who, at=e.at, result=e.result, why=e.why,
+                                  rack=e.rack, **extra)
+
+    # ------------------------------------------------------------------ the rungs
+
+    async def _send(self, engine: "Engine", r: ladder.Rung) -> tuple[str, str]:
+        """("ok" | "failed" | "unknown" | "not-taken", text)."""
+        try:
+            if r.rung == ladder.POWER_CYCLE:
+                return await asyncio.to_thread(self._power_cycle, engine, r)
+            target = next((t for t in engine.targets if t.name == r.host), None)
+            if target is None:
+                return "failed", "no SSH target for the tray"
+            if r.rung == ladder.GPU_RESET:
+                ids = " ".join(shlex.quote(g) for g in r.gpus)
+                per = max(10, int(self.ls.gpu_reset_deadline_s / max(1, len(r.gpus))))
+                cmd = f"for g in {ids}; do timeout {per} {ladder.RESET_COMMAND} \"$g\" || exit $?; done"
+                res = await engine.pool.run_one(target, cmd, timeout=self.ls.gpu_reset_deadline_s,
+                                                deadline=self.ls.gpu_reset_deadline_s + 5)
+                if res.ok:
+                    return "ok", f"reset {', '.join(r.gpus)}"
+                return "failed", _said(res)
+            res = await engine.pool.run_one(target, f"timeout 10 {ladder.REBOOT_COMMAND}", timeout=REBOOT_SEND_S,
+                                            deadline=REBOOT_SEND_S + 5)
+            if res.ok:
+                return "ok", "reboot asked of the OS"
+            if not res.status.reached or res.exit_code is None:
+                return "unknown", _said(res)      # the tray may have gone down under the command
+            return "failed", _said(res)
+        except Exception as exc:  # noqa: BLE001 - one tray's rung must not end the watch
+            return "failed", f"{type(exc).__name__}: {exc}"
+
+    def _power_cycle(self, engine: "Engine", r: ladder.Rung) -> tuple[str, str]:
+        from mctl.bmc import power
+        from mctl.bmc.client import BMCError, RedfishClient, base_url
+        from mctl.bmc.inventory import settings_for
+        from mctl.errors import MctlError
+        from mctl.state.lock import file_lock, rack_lock_path
+
+        host = self.site.host(r.host)
+        if host is None or not host.bmc:
+            return "failed", "no BMC address for the tray in the inventory"
+        try:
+            bmc = settings_for(self.site)
+        except MctlError as exc:
+            return "failed", exc.message
+        url = base_url(host.bmc, scheme=bmc.scheme, port=bmc.port)
+        tray = power.TrayPower(host.name, host.role, host.bmc, url)
+        with contextlib.ExitStack() as stack:
+            if host.rack:
+                try:
+                    stack.enter_context(file_lock(rack_lock_path(engine.state_dir, host.rack),
+                                                  purpose="mctl health watch: power-cycle", label=f"rack {host.rack}"))
+                except MctlError as exc:
+                    return "not-taken", exc.message     # `mctl power` or another command holds the rack: later
+            client = RedfishClient(url, bmc.credentials, verify_tls=bmc.verify_tls, timeout_s=bmc.timeout_s,
+                                   deadline=time.monotonic() + min(POWER_SEND_S, bmc.deadline_s), warn=lambda m: None)
+            stack.callback(client.close)
+            try:
+                system = power.host_system(client)
+                reset = "On" if system.power_state == "Off" else "PowerCycle"
+                power.send_reset(client, system, reset, tray)
+                return "ok", f"{reset} sent to {system.path} (was {system.power_state})"
+            except BMCError as exc:
+                if tray.sent and exc.kind in ("timeout", "unreachable"):
+                    return "unknown", f"{exc.kind}: {exc.message}"      # sent; never sent again
+                return "failed", f"{exc.kind}: {exc.message}"
+
+    # ------------------------------------------------------------------ repair
+
+    def _repair_hook(self, engine: "Engine", host: str, state: store.HealthState) -> store.ActionEntry:
+        rec = state.records.get(host)
+        st = ladder.state_of(rec)
+        why = st.repair_why or "marked for repair"
+        rack = rec.rack if rec else None
+        if not self.ls.repair_hook:
+            return store.action_entry("repair-hook", host, None, who=engine.who, result="noted",
+                                      why="no health.ladder.repair_hook configured", rack=rack)
+        argv = ladder.repair_argv(self.ls, host, rack, why, len(st.failures))
+        env = {**os.environ, "MCTL_TRAY": host, "MCTL_RACK": rack or "", "MCTL_REASON": why,
+               "MCTL_FAILURES": str(len(st.failures)), "MCTL_SITE": self.site.name}
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=self.ls.repair_hook_timeout_s, cwd=str(self.site.root))
+            said = (proc.stdout + proc.stderr).strip()[-500:]
+            result = "ok" if proc.returncode == 0 else f"failed: exit {proc.returncode}" + (f": {said}" if said else "")
+        except subprocess.TimeoutExpired:
+            result, said = f"failed: no answer within {self.ls.repair_hook_timeout_s:g}s (killed)", ""
+        except OSError as exc:
+            result, said = f"failed: cannot run {argv[0]!r}: {exc.strerror or exc}", ""
+        return store.action_entry("repair-hook", host, None, who=engine.who, result=result, why=why, rack=rack,
+                                  command=[shlex.quote(a) for a in argv], seconds=round(time.monotonic() - t0, 3),
+                                  output=said or None)
+
+    def findings(self, records) -> list[Finding]:
+        """A critical `tray.repair` finding for every tray the ladder marked for repair."""
+        out = []
+        for host, rec in sorted(records.items()):
+            st = ladder.state_of(rec)
+            if st.phase == ladder.REPAIR:
+                out.append(Finding(Severity.CRITICAL, host, "tray.repair", f"marked for repair: {st.repair_why}",
+                                   "repair the tray, then 'mctl health resume' it", details={"failures": len(st.failures)}))
+        return out
+
+    # ------------------------------------------------------------------ burn-in
+
+    def _burn_status(self, records) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for host, fut in list(self._burn.items()):
+            st = ladder.state_of(records.get(host))
+            if st.phase != ladder.BURN_IN:
+                self._burn.pop(host, None)
+                continue
+            if not fut.done():
+                out[host] = "running"
+                continue
+            try:
+                out[host] = fut.result()
+            except Exception as exc:  # noqa: BLE001
+                out[host] = f"failed: burn-in could not run: {type(exc).__name__}: {exc}"
+        return out
+
+    def _start_burn_ins(self, records) -> None:
+        for host, rec in records.items():
+            if ladder.state_of(rec).phase == ladder.BURN_IN and host not in self._burn:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="mctl-burn-in")
+                self._burn[host] = self._pool.submit(self._burn_in, host)
+
+    def _burn_in(self, host_name: str) -> str:
+        """DCGM then NCCL on the tray (mctl.health.burnin); "ok" or "failed: why". No tools is a failure:
+        a site that asks for burn-in before a resume gets it, or the tray stays out."""
+        from mctl.health import burnin
+
+        host = self.site.host(host_name)
+        tools, failed = burnin.probe_tools(self.site, [host])
+        if host_name in failed:
+            return f"failed: burn-in tools could not be looked up: {failed[host_name]}"
+        found = tools.get(host_name) or {}
+        if not found:
+            return "failed: burn-in is configured but the tray has neither dcgmi nor all_reduce_perf"
+        verdicts = burnin.run_burn_in(self.site, [host], {host_name: found}, 4, self.ls.burn_in)
+        bad = [v.text for v in verdicts.get(host_name, []) if not v.ok]
+        return "ok" if not bad else "failed: " + "; ".join(bad)[:300]
+
+
+def _said(res) -> str:
+    text = (res.stdout + res.stderr).strip()
+    return (text.splitlines()[-1] if text else res.summary())[:300]
