@@ -227,6 +227,15 @@ def _print_plan(plan: "PartitionPlan", gpus_per_tray: int, *, dry_run: bool) -> 
         render.warn(w)
 
 
+def _journaled(site: "Site", r: "Rack", command: str, after, nmx_plan, held, **kw):
+    """Run the change across every layer (mctl.fabric.change_run); the run (its error not raised yet)."""
+    from mctl.fabric.change import before_from_plan
+    from mctl.fabric.change_run import ChangeSpec
+
+    spec = ChangeSpec.of(r.name, command, before_from_plan(r, nmx_plan), tuple(after), held=tuple(held), **kw)
+    return change.run_journaled(site, spec)
+
+
 def _locked(r: "Rack", purpose: str):
     from mctl.state.lock import rack_lock
     return rack_lock(options().state_dir, r.name, purpose=purpose)
@@ -238,8 +247,12 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
           prune: Annotated[bool, typer.Option("--prune", help="Also delete NMX-M partitions the inventory does "
                                                               "not declare.")] = False,
           by_location: ByLocationOpt = False, drain: DrainOpt = False, wait: WaitOpt = None,
-          force: ForceOpt = False, yes: YesOpt = False, dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
-    """Make NMX-M's partitions match the inventory: create, update members, delete, in a safe order.
+          force: ForceOpt = False, yes: YesOpt = False,
+          resume: Annotated[bool, typer.Option("--resume", help="Finish the rack's last partition change (create, "
+                                               "apply, delete, isolate, restore) that was stopped: forward, or its "
+                                               "rollback where one had begun.")] = False,
+          dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
+    """Make NMX-M's partitions match the inventory, and every layer follow: create, update, delete, in a safe order.
 
     A partition's name is its identity; identical partitions are left alone, so a second run
     changes nothing. Partitions on NMX-M that the inventory does not declare are left alone
@@ -249,6 +262,12 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
     IMEX node lists and restarts, Slurm blocks, Kubernetes labels) and the jobs and pods on the
     trays it touches: with running work there the change is refused (exit 2) unless --drain or
     --force (docs/partitions.md).
+
+    Every change runs journaled, in this order: hold the affected trays in Slurm, record, NMX-M,
+    wait for the GPUs' cliques, IMEX files and restart (affected trays only), IMEX domains UP,
+    Slurm topology.conf and reconfigure, verify 'scontrol show topology', Kubernetes labels,
+    release. A failed step rolls every layer back to the partitions before; a stopped change
+    (kill, power cut, a rollback that could not finish) is finished by --resume.
 
     Example: mctl -i inventories/lab partition apply lab-r1 --dry-run
     """
@@ -261,6 +280,8 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
     want_json(json_)                    # before any plan is shown: --json may follow the subcommand
     change.check_flags(drain, wait, force, yes)
     site = options().site()
+    if resume:
+        return _resume(site, rack, dry_run=dry_run, other=prune or by_location or drain or force or yes)
     racks = [_rack(site, rack)] if rack else [r for r in site.racks.values() if r.nmx is not None]
     if rack and racks[0].nmx is None:
         raise UsageError(f"rack {rack} has no NMX-Manager endpoint",
@@ -278,10 +299,20 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
                 op = ps.plan_apply(site, r, desired, prune=prune, kind=kind_of(by_location), on_plan=show.plan)
                 change.print_change(op.change, dry_run=dry_run)
                 held = change.gate(site, op.change, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run)
-                if not dry_run:
-                    ps.commit_apply(op, held=held, on_step=show.step)
-                    change.release(site, held)
-            out.append(op.to_dict())
+                entry = op.to_dict()
+                entry["steps"] = change.steps_of(op.change, has_nmx=True, record=False)
+                if not dry_run and op.change.empty:
+                    op.applied = True
+                elif not dry_run:
+                    run = _journaled(site, r, "apply", r.partitions, op.plan, held, prune=prune,
+                                     kind=kind_of(by_location))
+                    op.applied = run.error is None
+                    entry = {**op.to_dict(), "run": run.to_dict()}
+                    if run.error is not None:
+                        if len(racks) == 1 and want_json(json_):
+                            render.print_json({"dry_run": dry_run, "racks": [entry]})
+                        raise run.error
+            out.append(entry)
         except MctlError as exc:
             if len(racks) == 1:
                 raise
@@ -292,6 +323,27 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
         render.print_json({"dry_run": dry_run, "racks": out})
     if failures:
         raise PartialFailure(f"{len(failures)} of {len(racks)} racks failed: {'; '.join(failures)}")
+
+
+def _resume(site: "Site", rack: str | None, *, dry_run: bool, other: bool) -> None:
+    from mctl.fabric.change_run import last_change
+
+    if rack is None:
+        raise UsageError("--resume needs the rack", hint="e.g. 'mctl partition apply lab-r1 --resume'")
+    if dry_run or other:
+        raise UsageError("--resume continues the last change with its own options; it takes no other option",
+                         hint=f"'mctl partition apply {rack} --resume'")
+    r = _rack(site, rack)
+    hold_racks([r.name], "partition apply --resume")
+    last = last_change(options().state_dir, r.name)
+    run = change.run_journaled(site, r.name, resume=True)
+    if want_json(False):
+        render.print_json({"rack": r.name, "resumed": True, "run": run.to_dict()})
+    if run.error is not None:
+        raise run.error
+    if not options().json:
+        _say(f"rack {rack}: partition change {run.journal.run_id} finished" + (
+            f" (was {last.status})" if last is not None else ""))
 
 
 @app.command()
@@ -364,7 +416,7 @@ def create(rack: RackArg,
     if op.apply:
         try:
             cp = ps.plan_create_on_nmx(site, op, kind=kind_of(by_location), on_plan=show.plan)
-            change.print_change(cp, dry_run=dry_run)
+            change.print_change(cp, dry_run=dry_run, record=True)
             held = change.gate(site, cp, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run)
         except MctlError as exc:
             if quiet:
@@ -372,21 +424,31 @@ def create(rack: RackArg,
             raise
     if dry_run:
         if quiet:
+            out = op.to_dict()
+            if op.change is not None:
+                out["steps"] = change.steps_of(op.change, has_nmx=True, record=True)
+            render.print_json(out)
+        return
+    if not op.apply:                    # --no-apply, or no NMX-M endpoint: the inventory only
+        ps.record_create(op)            # under the rack lock taken above
+        if quiet:
             render.print_json(op.to_dict())
         return
-    ps.record_create(op)                # under the rack lock taken above
-    try:
-        ps.apply_create(op, held=held, on_step=show.step)
-    except MctlError as exc:
+    if not op.edit.changed and op.change is not None and op.change.empty:
+        op.applied = True
         if quiet:
-            render.print_json(op.to_dict(error=exc.message))
-        raise
-    if op.apply:
-        change.release(site, held)
+            render.print_json(op.to_dict())
+        else:
+            _say(f"rack {rack}: every layer holds these partitions already")
+        return
+    run = _journaled(site, r, "create", op.partitions, op.plan, held, record=True, kind=kind_of(by_location))
+    op.applied = run.error is None
     if quiet:
-        render.print_json(op.to_dict())
-    elif op.applied:
-        _say(f"rack {rack}: partitions applied on NMX-M")
+        render.print_json({**op.to_dict(error=run.error.message if run.error else None), "run": run.to_dict()})
+    if run.error is not None:
+        raise run.error
+    if not quiet:
+        _say(f"rack {rack}: partitions applied on every layer")
 
 
 def _create_gpu_partition(site, r, name, members, no_apply, by_location, dry_run, json_) -> None:
@@ -436,13 +498,23 @@ def delete(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition na
         elif op.asked_nmx:
             _say(f"rack {rack}: NMX-M holds no partition {name!r}")
     held: list[str] = []
+    steps = None
     if not no_apply:
         cp = ps.plan_delete_change(site, op)
-        change.print_change(cp, dry_run=dry_run)
+        change.print_change(cp, dry_run=dry_run, has_nmx=r.nmx is not None, record=op.edit is not None)
+        steps = change.steps_of(cp, has_nmx=r.nmx is not None, record=op.edit is not None)
         held = change.gate(site, cp, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run)
-    if not dry_run:                     # under the rack lock taken above
-        ps.commit_delete(op, held=held,
-                         on_step=_Show(r, dry_run=False, total=len(op.plan.changes) if op.plan else 0).step)
-        change.release(site, held)
+    if dry_run:
+        if quiet:
+            render.print_json({**op.to_dict(), "steps": steps})
+        return
+    if no_apply or r.nmx is None:       # the inventory only, under the rack lock taken above
+        ps.commit_delete(op)
+        if quiet:
+            render.print_json(op.to_dict())
+        return
+    run = _journaled(site, r, "delete", op.after, op.plan, held, record=op.edit is not None, remove=(name,))
     if quiet:
-        render.print_json(op.to_dict())
+        render.print_json({**op.to_dict(), "steps": steps, "run": run.to_dict()})
+    if run.error is not None:
+        raise run.error

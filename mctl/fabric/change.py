@@ -172,3 +172,76 @@ def decide(plan: ChangePlan, *, drain: bool, force: bool) -> str:
     if drain and plan.work_known and all(w.kind == "slurm" for w in plan.work):
         return DRAIN        # --drain holds trays in Slurm; pods are not drained by it
     return REFUSE
+
+
+# ------------------------------------------------------------------ the steps of a change, in their safe order
+
+# Every partition change runs these steps in this order (mctl.fabric.change_run journals each):
+# hold the affected trays in Slurm, record the inventory, NMX-M, wait for the GPUs' cliques, IMEX files,
+# IMEX restart, IMEX domains UP, Slurm topology.conf + reconfigure, verify `scontrol show topology`,
+# Kubernetes labels, release the holds. See docs/decisions.md (D46).
+HOLD, RECORD, NMX, CLIQUES, IMEX_FILES, IMEX_RESTART, IMEX_UP, SLURM_TOPOLOGY, SLURM_VERIFY, LABELS, RELEASE = (
+    "hold", "record", "nmx", "cliques", "imex-files", "imex-restart", "imex-up", "slurm-topology", "slurm-verify",
+    "labels", "release")
+STEPS = (HOLD, RECORD, NMX, CLIQUES, IMEX_FILES, IMEX_RESTART, IMEX_UP, SLURM_TOPOLOGY, SLURM_VERIFY, LABELS, RELEASE)
+STEP_TITLES = {
+    HOLD: "hold the affected trays in Slurm", RECORD: "record the partitions in the inventory",
+    NMX: "NMX-M partition operations", CLIQUES: "wait for the GPUs' cliques to change",
+    IMEX_FILES: "IMEX files (affected trays, previous kept as .mctl-bak)",
+    IMEX_RESTART: "restart nvidia-imex (affected trays)", IMEX_UP: "wait for the IMEX domains to be UP",
+    SLURM_TOPOLOGY: "Slurm topology.conf and scontrol reconfigure", SLURM_VERIFY: "verify scontrol show topology",
+    LABELS: "Kubernetes node labels", RELEASE: "release the holds",
+}
+UNDO = "undo-"
+# Which forward step put a layer in place, and the steps that undo it (in the same safe order).
+_LAYER_OF = {NMX: (NMX, CLIQUES), CLIQUES: (NMX, CLIQUES), IMEX_FILES: (IMEX_FILES, IMEX_RESTART, IMEX_UP),
+             IMEX_RESTART: (IMEX_FILES, IMEX_RESTART, IMEX_UP), IMEX_UP: (IMEX_FILES, IMEX_RESTART, IMEX_UP),
+             SLURM_TOPOLOGY: (SLURM_TOPOLOGY, SLURM_VERIFY), SLURM_VERIFY: (SLURM_TOPOLOGY, SLURM_VERIFY),
+             LABELS: (LABELS,), RECORD: (RECORD,)}
+
+
+def step_applies(step: str, *, scheduler: str | None, has_nmx: bool, record: bool, affected: bool) -> str | None:
+    """None when *step* applies to the change; else why not (shown as 'not applicable', never skipped silently)."""
+    if not affected and step not in (RECORD, NMX):
+        return "no tray changes partition"
+    if step in (HOLD, RELEASE) and scheduler != "slurm":
+        return "the site runs no Slurm (nothing to hold)" if scheduler is None else \
+            "the site runs Kubernetes: the jobs rule refuses pods, there is no hold"
+    if step == RECORD and not record:
+        return "the inventory already declares the partitions (partition apply)"
+    if step in (NMX, CLIQUES) and not has_nmx:
+        return "the rack has no NMX-M endpoint"
+    if step in (SLURM_TOPOLOGY, SLURM_VERIFY) and scheduler != "slurm":
+        return "the site runs no Slurm"
+    if step == LABELS and scheduler != "k8s":
+        return "the site runs no Kubernetes"
+    return None
+
+
+def rollback_steps(failed: str, done: Sequence[str]) -> tuple[str, ...]:
+    """The undo steps after *failed* failed, *done* (forward steps) having finished: every layer that was or
+    may have been changed goes back, in the forward order, then the holds are released.
+
+    A failed hold releases what it held; a failed release undoes nothing (the change is complete); a step
+    that failed may have half-changed its layer, so its layer is undone with the finished ones."""
+    if failed == RELEASE:
+        return ()
+    touched: list[str] = []
+    for step in list(done) + [failed]:
+        for s in _LAYER_OF.get(step, ()):
+            if s not in touched:
+                touched.append(s)
+    order = [s for s in STEPS if s in touched and s != RECORD] + ([RECORD] if RECORD in touched else [])
+    return tuple(UNDO + s for s in order) + (UNDO + RELEASE,)
+
+
+def forward_name(step: str) -> str:
+    """The forward step an undo step runs backwards ('undo-nmx' -> 'nmx')."""
+    return step[len(UNDO):] if step.startswith(UNDO) else step
+
+
+def plan_steps(plan: ChangePlan, *, has_nmx: bool, record: bool) -> list[tuple[str, str, str | None]]:
+    """(step, title, why not applicable or None) for --dry-run and the printed plan."""
+    return [(s, STEP_TITLES[s], step_applies(s, scheduler=plan.scheduler, has_nmx=has_nmx, record=record,
+                                              affected=bool(plan.affected)))
+            for s in STEPS]
