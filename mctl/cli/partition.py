@@ -518,3 +518,125 @@ def delete(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition na
         render.print_json({**op.to_dict(), "steps": steps, "run": run.to_dict()})
     if run.error is not None:
         raise run.error
+
+
+# ------------------------------------------------------------------ around a failed tray
+
+TrayArg = Annotated[str, typer.Argument(help="Compute tray (its inventory name).", show_default=False)]
+
+
+def _rack_of(site: "Site", tray: str) -> "Rack":
+    for r in site.racks.values():
+        if tray in {h.name for h in r.compute}:
+            return r
+    raise UsageError(f"unknown compute tray {tray!r}", hint="see 'mctl inventory show'")
+
+
+def _tray_drained(site: "Site", tray: str) -> str | None:
+    """None when Slurm has the tray drained or down (or the site runs no Slurm); else its state."""
+    from mctl.fabric.work import _controller_run
+    from mctl.sched.slurm.drain import read_nodes, show_node_command
+
+    if site.scheduler is None or site.scheduler.type != "slurm":
+        return None
+    views, _ = read_nodes(_controller_run(site, show_node_command([tray])).stdout)
+    v = views.get(tray)
+    if v is None:
+        return "unknown to Slurm"
+    return None if (v.drained or v.down) else (v.state or "not drained")
+
+
+def _tray_change(site: "Site", r: "Rack", tray: str, after, command: str, *, drain: bool, wait: float | None,
+                 force: bool, yes: bool, dry_run: bool, json_: bool, tolerate: tuple[str, ...]) -> None:
+    from mctl.fabric import partition_service as ps
+    from mctl.fabric.partitions import validate_desired
+    from mctl.fabric.service import plan_partitions_for
+    from mctl.model.fabric import DesiredPartition
+
+    quiet = want_json(json_)
+    desired = [DesiredPartition(p.name, r.name, tuple(p.trays)) for p in after]
+    for w in validate_desired(r, desired, site=site):
+        render.warn(w)
+    if not quiet:
+        before = "; ".join(f"{p.name}={p.nodeset}" for p in r.partitions) or "none (default partition)"
+        _say(f"rack {r.name}: {command} {tray}: {before} -> " + "; ".join(f"{p.name}={p.nodeset}" for p in after))
+    show = _Show(r, dry_run=dry_run)
+    plan = None
+    if r.nmx is not None:
+        _, plan = plan_partitions_for(site, r, desired)
+        show.plan(plan)
+    cp = ps.change_plan(site, r, after, plan)
+    change.print_change(cp, dry_run=dry_run, has_nmx=r.nmx is not None, record=True)
+    out = {"rack": r.name, "tray": tray, "command": command, "dry_run": dry_run,
+           "partitions": [{"name": p.name, "trays": str(p.nodeset)} for p in after],
+           "plan": plan.to_dict() if plan else None, "change": cp.to_dict(),
+           "steps": change.steps_of(cp, has_nmx=r.nmx is not None, record=True)}
+    held = change.gate(site, cp, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run)
+    if dry_run:
+        if quiet:
+            render.print_json(out)
+        return
+    run = _journaled(site, r, command, after, plan, held, record=True, tolerate=tolerate, tray=tray)
+    if quiet:
+        render.print_json({**out, "run": run.to_dict()})
+    if run.error is not None:
+        raise run.error
+    if not quiet:
+        _say(f"rack {r.name}: {tray} {'isolated' if command == 'isolate' else 'restored'} on every layer")
+
+
+@app.command()
+def isolate(tray: TrayArg,
+            to: Annotated[str, typer.Option("--to", help="quarantine: a one-tray partition of its own "
+                                            "(quarantine-TRAY, its own IMEX domain and Slurm block); default: "
+                                            "out of every partition (NMX-M's default partition).")] = "quarantine",
+            drain: DrainOpt = False, wait: WaitOpt = None, force: ForceOpt = False, yes: YesOpt = False,
+            dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
+    """Move a drained tray out of its partition, so the others keep a healthy IMEX domain and a matching block.
+
+    The tray must be drained (or down) in Slurm first. The rest of its partition keeps its name
+    with one tray less: their IMEX node list no longer names the failed tray, and Slurm's block
+    matches them. The same journaled change as 'partition create' (every layer, rollback,
+    --resume); the failed tray itself need not answer. 'partition restore TRAY' puts it back.
+
+    Example: mctl -i inventories/lab partition isolate lab-r1-tray07 --dry-run
+    """
+    from mctl.fabric.change import isolate_partitions
+
+    site = options().site()
+    r = _rack_of(site, tray)
+    change.check_flags(drain, wait, force, yes)
+    after = isolate_partitions(r, tray, to=to)
+    hold_racks([r.name], "partition isolate", dry_run=dry_run)
+    state = _tray_drained(site, tray)
+    if state is not None:
+        raise UsageError(f"{tray} is {state} in Slurm: isolate moves a drained tray",
+                         hint=f"drain it first: scontrol update NodeName={tray} State=DRAIN Reason='...'")
+    _tray_change(site, r, tray, after, "isolate", drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run,
+                 json_=json_, tolerate=(tray,))
+
+
+@app.command()
+def restore(tray: TrayArg, drain: DrainOpt = False, wait: WaitOpt = None, force: ForceOpt = False,
+            yes: YesOpt = False, dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
+    """Put an isolated tray back into the partition it was in, once it is healthy again.
+
+    The tray must answer and its GPUs be readable (nvidia-smi); its Slurm drain is left as it
+    is (resume it with 'mctl health resume' once you trust it).
+
+    Example: mctl -i inventories/lab partition restore lab-r1-tray07
+    """
+    from mctl.fabric.change import restore_partitions
+    from mctl.fabric.change_run import last_isolation, read_cliques
+
+    site = options().site()
+    r = _rack_of(site, tray)
+    change.check_flags(drain, wait, force, yes)
+    hold_racks([r.name], "partition restore", dry_run=dry_run)
+    after = restore_partitions(r, tray, last_isolation(options().state_dir, r.name, tray))
+    _, errors = read_cliques(site, [h for h in r.compute if h.name == tray])
+    if errors:
+        raise UsageError(f"{tray} is not healthy enough to go back: {errors[tray]}",
+                         hint="fix it first; 'mctl health check " + tray + "' says more")
+    _tray_change(site, r, tray, after, "restore", drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run,
+                 json_=json_, tolerate=())

@@ -245,3 +245,73 @@ def plan_steps(plan: ChangePlan, *, has_nmx: bool, record: bool) -> list[tuple[s
     return [(s, STEP_TITLES[s], step_applies(s, scheduler=plan.scheduler, has_nmx=has_nmx, record=record,
                                               affected=bool(plan.affected)))
             for s in STEPS]
+
+
+# ------------------------------------------------------------------ around a failed tray (isolate / restore)
+
+QUARANTINE_PREFIX = "quarantine-"
+ISOLATE_TO = ("quarantine", "default")
+
+
+def quarantine_name(tray: str) -> str:
+    """The one-tray partition an isolated tray is moved to (a partition name: at most 63 characters)."""
+    return (QUARANTINE_PREFIX + tray)[:63]
+
+
+def isolate_partitions(rack: "Rack", tray: str, *, to: str = "quarantine") -> tuple["Partition", ...]:
+    """The rack's partitions once *tray* leaves its partition: into a one-tray quarantine partition, or into
+    NMX-M's default partition (to="default"). A rack without partitions is one partition of every tray ('all')."""
+    from mctl.errors import UsageError
+    from mctl.model.site import Partition
+
+    if to not in ISOLATE_TO:
+        raise UsageError(f"--to must be one of {', '.join(ISOLATE_TO)}, not {to!r}")
+    if tray not in {h.name for h in rack.compute}:
+        raise UsageError(f"{tray} is not a compute tray of rack {rack.name}")
+    parts = list(rack.partitions) or [Partition("all", rack.name, tuple(h.name for h in rack.compute))]
+    mine = next((p for p in parts if tray in p.trays), None)
+    if mine is not None and mine.trays == (tray,) and mine.name.startswith(QUARANTINE_PREFIX):
+        raise UsageError(f"{tray} is isolated already (partition {mine.name})",
+                         hint=f"'mctl partition restore {tray}' puts it back")
+    if mine is None and to == "default":
+        raise UsageError(f"{tray} is in no partition of rack {rack.name} already (NMX-M's default partition)")
+    out = []
+    for p in parts:
+        if tray in p.trays:
+            rest = tuple(t for t in p.trays if t != tray)
+            if rest:
+                out.append(Partition(p.name, rack.name, rest))
+        else:
+            out.append(p)
+    if to == "quarantine":
+        out.append(Partition(quarantine_name(tray), rack.name, (tray,)))
+    return tuple(out)
+
+
+def restore_partitions(rack: "Rack", tray: str, isolated: "tuple[Sequence[Partition], Sequence[Partition]] | None"
+                       ) -> tuple["Partition", ...]:
+    """The partitions that put *tray* back where it was before `isolate`: *isolated* is that change's (before,
+    after). The rack as the isolation left it goes back exactly; if its partitions changed since, the tray joins
+    its former partition by name (UsageError when there is none to join)."""
+    from mctl.errors import UsageError
+    from mctl.model.site import Partition
+
+    if isolated is None:
+        raise UsageError(f"no finished 'mctl partition isolate {tray}' of rack {rack.name} is on record",
+                         hint=f"put the tray into a partition with 'mctl partition create {rack.name} ...'")
+    before, after = isolated
+    key = lambda parts: sorted((p.name, tuple(sorted(p.trays))) for p in parts)    # noqa: E731
+    now = [p for p in rack.partitions]
+    if key(now) == key(after):
+        return tuple(before)
+    was = next((p.name for p in before if tray in p.trays), None)
+    current = [p for p in now if not (p.trays == (tray,) and p.name.startswith(QUARANTINE_PREFIX))]
+    if any(tray in p.trays for p in current):
+        raise UsageError(f"{tray} is in partition {next(p.name for p in current if tray in p.trays)} already")
+    target = next((p for p in current if p.name == was), None)
+    if target is None:
+        raise UsageError(f"the partitions of rack {rack.name} changed since {tray} was isolated, and its former "
+                         f"partition {was!r} is gone", hint=f"put it into a partition with 'mctl partition create'")
+    order = {h.name: i for i, h in enumerate(rack.compute)}
+    return tuple(Partition(p.name, rack.name, tuple(sorted(p.trays + (tray,), key=order.__getitem__)))
+                 if p.name == was else p for p in current)

@@ -69,6 +69,7 @@ class ChangeSpec:
     clique_wait: float = CLIQUE_WAIT
     imex_wait: float = IMEX_WAIT
     slurm_wait: float = SLURM_WAIT
+    tray: str | None = None                       # the tray isolate / restore moves
 
     @classmethod
     def of(cls, rack: str, command: str, before: Sequence["Partition"], after: Sequence["Partition"],
@@ -82,7 +83,7 @@ class ChangeSpec:
                 "after": [{"name": n, "trays": list(t)} for n, t in self.after],
                 "record": self.record, "prune": self.prune, "remove": list(self.remove), "kind": self.kind,
                 "held": list(self.held), "tolerate": list(self.tolerate), "clique_wait": self.clique_wait,
-                "imex_wait": self.imex_wait, "slurm_wait": self.slurm_wait}
+                "imex_wait": self.imex_wait, "slurm_wait": self.slurm_wait, "tray": self.tray}
 
     @classmethod
     def from_dict(cls, path: Path, d: Any) -> "ChangeSpec":
@@ -93,7 +94,7 @@ class ChangeSpec:
             return cls(str(d["rack"]), str(d["command"]), parts("before"), parts("after"), bool(d["record"]),
                        bool(d["prune"]), tuple(map(str, d["remove"])), str(d["kind"]), tuple(map(str, d["held"])),
                        tuple(map(str, d["tolerate"])), float(d["clique_wait"]), float(d["imex_wait"]),
-                       float(d["slurm_wait"]))
+                       float(d["slurm_wait"]), None if d.get("tray") is None else str(d["tray"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise DamagedState(path, f"the change it records cannot be read ({exc!r})") from None
 
@@ -215,6 +216,20 @@ def run_change(site: "Site", spec: ChangeSpec, state_dir: Path, *, report: Repor
 
 def last_change(state_dir: Path, rack: str) -> ChangeJournal | None:
     return ChangeJournal.latest(Path(state_dir), rack)
+
+
+def last_isolation(state_dir: Path, rack: str, tray: str) -> "tuple[tuple[Partition, ...], tuple[Partition, ...]] | None":
+    """(before, after) of the last isolate of *tray* that finished, unless a restore of it finished since."""
+    for j in reversed(ChangeJournal.runs(Path(state_dir), rack)):
+        d = j.data.get("change") or {}
+        if d.get("tray") != tray or j.status != jr.RUN_SUCCEEDED:
+            continue
+        if d.get("command") == "restore":
+            return None
+        if d.get("command") == "isolate":
+            spec = ChangeSpec.from_dict(j.path, d)
+            return spec.partitions("before"), spec.partitions("after")
+    return None
 
 
 def resume_change(site: "Site", rack: str, state_dir: Path, *, report: Report | None = None) -> ChangeRun:
@@ -426,10 +441,6 @@ def _nmx(ctx: _Ctx) -> Outcome:
     from mctl.fabric.partitions import describe_change
     from mctl.fabric.reconcile import apply_plan
 
-    name = (ch.UNDO if ctx.undo else "") + ch.NMX
-    if "labels_before" not in ctx.journal.phase(name)["artifacts"]:
-        labels, _ = read_cliques(ctx.site, ctx.hosts([t for t in ctx.affected if t not in ctx.spec.tolerate]))
-        ctx.journal.note(name, {"labels_before": labels})
     client, plan = nmx_plan(ctx.site, ctx.rack, ctx.spec, undo=ctx.undo)
     if plan.empty:
         return Outcome(jr.DONE, "NMX-M holds the partitions already")
@@ -464,31 +475,27 @@ def read_cliques(site: "Site", hosts) -> tuple[dict[str, str | None], dict[str, 
     return labels, errors
 
 
-def cliques_settled(groups: Sequence[Sequence[str]], labels: dict[str, str | None], must_change: dict[str, str | None]
-                    ) -> list[str]:
-    """What still differs (empty: settled): every tray read has one clique label, trays of one group share it,
-    trays of different groups do not, and each tray of *must_change* no longer shows its label before (pure)."""
+def cliques_settled(groups: Sequence[Sequence[str]], labels: dict[str, str | None]) -> list[str]:
+    """What still differs (empty: settled): every tray read has one clique label (all its GPUs fabric-attached,
+    in one clique), trays of one partition share it, trays of different partitions do not (pure).
+
+    Only the grouping is judged, never the numbers: NMX-M may give a new partition the PartitionID (and so
+    the clique ID) of one it just deleted."""
     group_of = {t: i for i, g in enumerate(groups) for t in g}
-    problems = []
-    for t, lab in labels.items():
-        if lab is None:
-            problems.append(f"{t}: no clique yet (fabric not attached or GPUs disagree)")
-        elif t in must_change and must_change[t] is not None and lab == must_change[t]:
-            problems.append(f"{t}: still in clique {lab}")
+    problems = [f"{t}: no clique yet (fabric not attached, or its GPUs disagree)"
+                for t, lab in labels.items() if lab is None]
     by_label: dict[str, set[int]] = {}
-    for t, lab in labels.items():
-        if lab is not None and t in group_of:
-            by_label.setdefault(lab, set()).add(group_of[t])
-    for lab, gs in by_label.items():
-        if len(gs) > 1:
-            problems.append(f"clique {lab} spans {len(gs)} partitions")
     by_group: dict[int, set[str]] = {}
     for t, lab in labels.items():
         if lab is not None and t in group_of:
+            by_label.setdefault(lab, set()).add(group_of[t])
             by_group.setdefault(group_of[t], set()).add(lab)
+    for lab, gs in by_label.items():
+        if len(gs) > 1:
+            problems.append(f"clique {lab} spans {len(gs)} partitions")
     for g, labs in by_group.items():
         if len(labs) > 1:
-            problems.append(f"partition of {', '.join(groups[g])} shows {len(labs)} cliques")
+            problems.append(f"the partition of {', '.join(groups[g])} shows {len(labs)} cliques")
     return problems
 
 
@@ -501,25 +508,22 @@ def _groups(rack: "Rack") -> list[tuple[str, ...]]:
 
 
 def _cliques(ctx: _Ctx) -> Outcome:
-    from mctl.fabric.change import tray_changes
-
-    nmx_step = (ch.UNDO if ctx.undo else "") + ch.NMX
-    nmx = ctx.journal.phase(nmx_step)
-    before = nmx["artifacts"].get("labels_before") or {}
     _, rack_t = ctx.target()
     _, rack_s = ctx.source()
-    moved = {t.tray for t in tray_changes(ctx.rack, rack_s.partitions, rack_t.partitions) if t.before != t.after}
-    trays = [t for t in ctx.affected if t not in ctx.spec.tolerate]
-    must_change = {t: before.get(t) for t in trays if t in moved and nmx.get("changed")}
+    affected = set(ctx.affected)
+    groups = _groups(rack_t)
+    # the trays of every partition, before and after, that holds an affected tray: a tray still in its
+    # old clique shows up as a clique that spans two partitions, or a partition with two cliques
+    read = {t for g in groups + _groups(rack_s) if affected & set(g) for t in g}
+    trays = [h.name for h in ctx.rack.compute if h.name in read and h.name not in ctx.spec.tolerate]
     deadline = time.monotonic() + ctx.spec.clique_wait
     while True:
         labels, errors = read_cliques(ctx.site, ctx.hosts(trays))
-        problems = [f"{t}: {why}" for t, why in errors.items()] + \
-            cliques_settled(_groups(rack_t), labels, must_change)
+        problems = [f"{t}: {why}" for t, why in errors.items()] + cliques_settled(groups, labels)
         if not problems:
-            return Outcome(jr.DONE, f"the GPUs of {len(trays)} tray{'s' if len(trays) != 1 else ''} show their new "
-                                    f"clique ({len(set(labels.values()))} clique{'s' if len(set(labels.values())) != 1 else ''})",
-                           artifacts={"labels": labels})
+            n = len(set(labels.values()))
+            return Outcome(jr.DONE, f"the GPUs of {len(trays)} tray{'s' if len(trays) != 1 else ''} show the "
+                                    f"partitions ({n} clique{'s' if n != 1 else ''})", artifacts={"labels": labels})
         if time.monotonic() >= deadline:
             raise EnvironmentProblem(f"the GPUs' cliques did not follow NMX-M within {ctx.spec.clique_wait:g}s: "
                                      + "; ".join(problems[:6]),
