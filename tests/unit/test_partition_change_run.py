@@ -209,3 +209,52 @@ def test_a_damaged_change_record_is_named(tmp_path):
 
     with pytest.raises(DamagedState, match="cannot be read"):
         cr.ChangeSpec.from_dict(tmp_path / "journal.json", {"rack": "r1"})
+
+
+# ------------------------------------------------------------------ isolate / restore (pure)
+
+class _R:
+    name = "r1"
+
+    def __init__(self, parts=()):
+        self.compute = [_Host(f"t{i}") for i in range(1, 7)]
+        self.partitions = tuple(parts)
+
+
+def _p(name, *trays):
+    return Partition(name, "r1", tuple(trays))
+
+
+def test_isolate_moves_the_tray_to_a_quarantine_partition():
+    rack = _R([_p("p0", "t1", "t2", "t3"), _p("p1", "t4", "t5", "t6")])
+    assert ch.isolate_partitions(rack, "t2") == (_p("p0", "t1", "t3"), _p("p1", "t4", "t5", "t6"),
+                                                 _p("quarantine-t2", "t2"))
+    assert ch.isolate_partitions(rack, "t2", to="default") == (_p("p0", "t1", "t3"), _p("p1", "t4", "t5", "t6"))
+    # a rack without partitions is one partition of every tray
+    assert ch.isolate_partitions(_R(), "t6") == (_p("all", "t1", "t2", "t3", "t4", "t5"), _p("quarantine-t6", "t6"))
+
+
+@pytest.mark.parametrize("parts, tray, to, message", [
+    ([_p("p0", "t1", "t3"), _p("quarantine-t2", "t2")], "t2", "quarantine", "isolated already"),
+    ([_p("p0", "t1", "t3")], "t2", "default", "in no partition"),
+    ([], "t9", "quarantine", "not a compute tray"),
+    ([], "t1", "elsewhere", "--to must be one of"),
+])
+def test_isolate_refuses(parts, tray, to, message):
+    with pytest.raises(UsageError, match=message):
+        ch.isolate_partitions(_R(parts), tray, to=to)
+
+
+def test_restore_puts_the_tray_back():
+    before = (_p("p0", "t1", "t2", "t3"), _p("p1", "t4", "t5", "t6"))
+    after = ch.isolate_partitions(_R(before), "t2")
+    # the rack as the isolation left it: exactly back
+    assert ch.restore_partitions(_R(after), "t2", (before, after)) == before
+    # partitions changed since (p1 split): the tray joins its former partition by name
+    changed = (_p("p0", "t1", "t3"), _p("p1", "t4", "t5"), _p("p2", "t6"), _p("quarantine-t2", "t2"))
+    assert ch.restore_partitions(_R(changed), "t2", (before, after)) == (_p("p0", "t1", "t2", "t3"),
+                                                                       _p("p1", "t4", "t5"), _p("p2", "t6"))
+    with pytest.raises(UsageError, match="no finished 'mctl partition isolate t2'"):
+        ch.restore_partitions(_R(after), "t2", None)
+    with pytest.raises(UsageError, match="former partition 'p0' is gone"):
+        ch.restore_partitions(_R((_p("p1", "t1", "t3"), _p("quarantine-t2", "t2"))), "t2", (before, after))
