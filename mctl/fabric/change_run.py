@@ -158,6 +158,7 @@ class _Ctx:
     journal: ChangeJournal
     report: Report
     undo: bool = False
+    cache: dict = field(default_factory=dict)
 
     @property
     def rack(self) -> "Rack":
@@ -192,8 +193,25 @@ class _Ctx:
 def _why_not(ctx: _Ctx, step: str) -> str | None:
     spec = ctx.spec
     scheduler = ctx.site.scheduler.type if ctx.site.scheduler else None
-    return ch.step_applies(ch.forward_name(step), scheduler=scheduler, has_nmx=ctx.rack.nmx is not None,
-                           record=spec.record, affected=bool(ctx.affected))
+    why = ch.step_applies(ch.forward_name(step), scheduler=scheduler, has_nmx=ctx.rack.nmx is not None,
+                          record=spec.record, affected=bool(ctx.affected))
+    if why is None and ch.forward_name(step) in (ch.HOLD, ch.RELEASE, ch.SLURM_TOPOLOGY, ch.SLURM_VERIFY) \
+            and not _slurm_deployed(ctx):
+        return "Slurm is not deployed yet (no slurm.conf on the controller): 'mctl deploy slurm' renders " \
+               "topology.conf from the partitions"
+    return why
+
+
+def _slurm_deployed(ctx: _Ctx) -> bool:
+    """Whether the controller holds slurm.conf (asked once per run; EnvironmentProblem when it does not answer)."""
+    from mctl.fabric.work import _controller_run
+    from mctl.sched.slurm.render import settings_of
+
+    if "slurm" not in ctx.cache:
+        conf = shlex.quote(settings_of(ctx.site).conf_dir.rstrip("/") + "/slurm.conf")
+        result = _controller_run(ctx.site, f"if [ -e {conf} ]; then echo deployed; else echo absent; fi")
+        ctx.cache["slurm"] = result.stdout.strip() == "deployed"
+    return ctx.cache["slurm"]
 
 
 def _lock(state_dir: Path, rack: str):

@@ -113,6 +113,7 @@ def fake(monkeypatch):
         return run
 
     monkeypatch.setattr(cr, "_STEPS", {s: make(s) for s in ch.STEPS})
+    monkeypatch.setattr(cr, "_slurm_deployed", lambda ctx: True)
     return calls, fail
 
 
@@ -142,6 +143,17 @@ def test_a_step_that_does_not_apply_is_journaled_as_skipped(tmp_path, fake):
     assert steps["hold"]["status"] == "skipped" and "no Slurm" in steps["hold"]["summary"]
     assert steps["slurm-topology"]["summary"].startswith("not applicable:")
     assert "hold" not in calls and "nmx" in calls
+
+
+def test_slurm_steps_wait_for_a_deployed_slurm(tmp_path, fake, monkeypatch):
+    calls, _ = fake
+    monkeypatch.setattr(cr, "_slurm_deployed", lambda ctx: False)
+    run = cr.run_change(_Site(_Rack()), _spec(), tmp_path)
+    steps = {s["step"]: s for s in run.to_dict()["steps"]}
+    assert run.status == jr.RUN_SUCCEEDED
+    for s in ("hold", "slurm-topology", "slurm-verify", "release"):
+        assert steps[s]["status"] == "skipped" and "Slurm is not deployed yet" in steps[s]["summary"]
+    assert calls == ["record", "nmx", "cliques", "imex-files", "imex-restart", "imex-up"]
 
 
 def test_a_failed_step_rolls_back_every_layer_it_touched(tmp_path, fake):
