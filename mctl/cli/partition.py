@@ -10,7 +10,7 @@ from mctl.cli import partition_change as change
 from mctl.cli import render
 from mctl.cli.context import options, want_json
 from mctl.cli.locking import hold_racks
-from mctl.cli.partition_change import DrainOpt, ForceOpt, WaitOpt, YesOpt
+from mctl.cli.partition_change import DrainOpt, ForceOpt, NmxOnlyOpt, WaitOpt, YesOpt
 from mctl.cli.options import DryRunOpt, JsonOpt
 from mctl.errors import MctlError, PartialFailure, UsageError
 
@@ -247,7 +247,7 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
           prune: Annotated[bool, typer.Option("--prune", help="Also delete NMX-M partitions the inventory does "
                                                               "not declare.")] = False,
           by_location: ByLocationOpt = False, drain: DrainOpt = False, wait: WaitOpt = None,
-          force: ForceOpt = False, yes: YesOpt = False,
+          force: ForceOpt = False, yes: YesOpt = False, nmx_only: NmxOnlyOpt = False,
           resume: Annotated[bool, typer.Option("--resume", help="Finish the rack's last partition change (create, "
                                                "apply, delete, isolate, restore) that was stopped: forward, or its "
                                                "rollback where one had begun.")] = False,
@@ -281,7 +281,7 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
     change.check_flags(drain, wait, force, yes)
     site = options().site()
     if resume:
-        return _resume(site, rack, dry_run=dry_run, other=prune or by_location or drain or force or yes)
+        return _resume(site, rack, dry_run=dry_run, other=prune or by_location or drain or force or yes or nmx_only)
     racks = [_rack(site, rack)] if rack else [r for r in site.racks.values() if r.nmx is not None]
     if rack and racks[0].nmx is None:
         raise UsageError(f"rack {rack} has no NMX-Manager endpoint",
@@ -303,6 +303,10 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
                 entry["steps"] = change.steps_of(op.change, has_nmx=True, record=False)
                 if not dry_run and op.change.empty:
                     op.applied = True
+                elif not dry_run and nmx_only:
+                    ps.commit_apply(op, held=held, on_step=show.step)
+                    change.release(site, held)
+                    entry = op.to_dict()
                 elif not dry_run:
                     run = _journaled(site, r, "apply", r.partitions, op.plan, held, prune=prune,
                                      kind=kind_of(by_location))
@@ -360,7 +364,8 @@ def create(rack: RackArg,
                                                          "splits a tray (IMEX and Slurm cannot follow it).")] = False,
            no_apply: Annotated[bool, typer.Option("--no-apply", help="Only record in the inventory.")] = False,
            by_location: ByLocationOpt = False, drain: DrainOpt = False, wait: WaitOpt = None,
-           force: ForceOpt = False, yes: YesOpt = False, dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
+           force: ForceOpt = False, yes: YesOpt = False, nmx_only: NmxOnlyOpt = False, dry_run: DryRunOpt = False,
+           json_: JsonOpt = False) -> None:
     """Create partitions: record them in the inventory (mctl.yml, previous copy in mctl.yml.bak), then apply.
 
     The plan covers every layer (see 'partition apply'); running jobs or pods on the trays the
@@ -434,6 +439,20 @@ def create(rack: RackArg,
         if quiet:
             render.print_json(op.to_dict())
         return
+    if nmx_only:                        # as before issue 18: the inventory, then NMX-M
+        ps.record_create(op)
+        try:
+            ps.apply_create(op, held=held, on_step=show.step)
+        except MctlError as exc:
+            if quiet:
+                render.print_json(op.to_dict(error=exc.message))
+            raise
+        change.release(site, held)
+        if quiet:
+            render.print_json(op.to_dict())
+        else:
+            _say(f"rack {rack}: partitions applied on NMX-M (--nmx-only: IMEX, Slurm and labels not changed)")
+        return
     if not op.edit.changed and op.change is not None and op.change.empty:
         op.applied = True
         if quiet:
@@ -474,7 +493,7 @@ def _create_gpu_partition(site, r, name, members, no_apply, by_location, dry_run
 def delete(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition name.", show_default=False)],
            no_apply: Annotated[bool, typer.Option("--no-apply", help="Only remove it from the inventory.")] = False,
            drain: DrainOpt = False, wait: WaitOpt = None, force: ForceOpt = False, yes: YesOpt = False,
-           dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
+           nmx_only: NmxOnlyOpt = False, dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
     """Delete a partition: remove it from the inventory and from NMX-M; its GPUs return to the default partition.
 
     The plan covers every layer (see 'partition apply'); running jobs or pods on its trays
@@ -507,6 +526,13 @@ def delete(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition na
     if dry_run:
         if quiet:
             render.print_json({**op.to_dict(), "steps": steps})
+        return
+    if nmx_only:                        # as before issue 18: the inventory, then NMX-M
+        ps.commit_delete(op, held=held,
+                         on_step=_Show(r, dry_run=False, total=len(op.plan.changes) if op.plan else 0).step)
+        change.release(site, held)
+        if quiet:
+            render.print_json(op.to_dict())
         return
     if no_apply or r.nmx is None:       # the inventory only, under the rack lock taken above
         ps.commit_delete(op)

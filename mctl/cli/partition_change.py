@@ -33,6 +33,9 @@ WaitOpt = Annotated[Optional[float], typer.Option("--wait", click_type=finite(mi
 ForceOpt = Annotated[bool, typer.Option("--force", help="Go ahead although work runs on the trays the change "
                                                         "touches (it is named and broken); asks unless --yes.")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="With --force: do not ask.")]
+NmxOnlyOpt = Annotated[bool, typer.Option("--nmx-only", help="Change the inventory and NMX-M only, not journaled: "
+                                                             "IMEX, Slurm and the labels are left behind ('mctl "
+                                                             "audit' names them), as before issue 18.")]
 
 
 def _say(text: str) -> None:

@@ -202,7 +202,7 @@ def _layers(lab):
 def _assert_layers(lab, groups, blocks):
     """Every layer follows *groups* (lists of trays): one clique each, an IMEX domain UP of exactly its trays,
     the Slurm blocks *blocks*, nothing held."""
-    address = {t: lab.run(t, "hostname -I", check=False).stdout.split()[0] for t in lab.trays}
+    address = lab.addresses
 
     def settled():
         cliques, imex, found, drained = _layers(lab)
