@@ -642,6 +642,9 @@ def _slurm_config(ctx: _Ctx):
     from mctl.sched.slurm.remote import controller_state
     from mctl.sched.slurm.render import controller_of, render
 
+    key = ("slurm-config", ctx.undo)
+    if key in ctx.cache:
+        return ctx.cache[key]
     site_t, _ = ctx.target()
     controller = controller_of(site_t)
     version, plugin = controller_state(site_t, controller)
@@ -650,7 +653,8 @@ def _slurm_config(ctx: _Ctx):
         now = f"slurmctld runs {plugin}" if plugin else f"slurmctld does not answer on {controller.name}"
         raise EnvironmentProblem(f"the change needs a running Slurm with topology/{config.plugin}, but {now}",
                                  hint="run a full 'mctl deploy slurm' first")
-    return site_t, controller, config
+    ctx.cache[key] = (site_t, controller, config)
+    return ctx.cache[key]
 
 
 def _slurm_topology(ctx: _Ctx) -> Outcome:

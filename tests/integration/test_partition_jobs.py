@@ -185,11 +185,14 @@ def _layers(lab):
     from mctl.facts.nvidia_smi import parse_xml
     from mctl.sched.slurm.facts import parse_show_topology
 
+    from concurrent.futures import ThreadPoolExecutor
+
     cliques, imex = {}, {}
+    probe = "nvidia-smi -q -x; echo @@mctl-test; nvidia-imex-ctl -c /etc/nvidia-imex/config.cfg -N"
+    with ThreadPoolExecutor(len(lab.trays)) as pool:
+        outs = dict(zip(lab.trays, pool.map(lambda t: lab.run(t, probe, check=False).stdout, lab.trays)))
     for t in lab.trays:
-        out = lab.run(t, "nvidia-smi -q -x; echo @@mctl-test; nvidia-imex-ctl -c /etc/nvidia-imex/config.cfg -N",
-                      check=False).stdout
-        xml, _, text = out.partition("@@mctl-test\n")
+        xml, _, text = outs[t].partition("@@mctl-test\n")
         cliques[t] = parse_xml(xml).clique_label
         status = parse_domain_text(text)
         imex[t] = (status.state, status.addresses)
@@ -237,36 +240,11 @@ def _nmx_fault(site, doc: dict) -> None:
         assert resp.status == 200
 
 
-def test_a_change_is_applied_on_every_layer(lab, site):
-    t = lab.trays
-    lab.settle_slurm()
-    done = _mctl(lab, site, "--json", "partition", "create", lab.rack, "--template", "2x9")
-    assert done.returncode == 0, done.stderr + done.stdout[-3000:]
-    run = json.loads(done.stdout)["run"]
-    steps = {s["step"]: s for s in run["steps"]}
-    assert run["status"] == "succeeded" and list(steps) == ["hold", "record", "nmx", "cliques", "imex-files",
-                                                            "imex-restart", "imex-up", "slurm-topology",
-                                                            "slurm-verify", "labels", "release"]
-    assert steps["labels"]["status"] == "skipped" and "no Kubernetes" in steps["labels"]["summary"]
-    assert all(s["status"] == "done" for n, s in steps.items() if n != "labels"), steps
-    _assert_layers(lab, [t[:2], t[2:4]], {f"{lab.rack}-p0": f"{lab.rack}-tray[01-02]",
-                                          f"{lab.rack}-p1": f"{lab.rack}-tray[03-04]"})
-    # a job of two segments of two lands inside the new blocks, one segment per block
-    out = lab.run(lab.head, "srun -N4 --segment=2 -l hostname | sort", timeout=60).stdout
-    hosts = [line.split(": ", 1)[1] for line in out.split("\n") if ": " in line]
-    assert sorted(hosts[:2]) in ([t[0], t[1]], [t[2], t[3]]) and sorted(hosts) == list(t[:4])
-    # a segment of three no longer fits in one block
-    bad = lab.run(lab.head, "srun -N3 --segment=3 hostname", check=False, timeout=60)
-    assert bad.returncode != 0
-    # the IMEX files it replaced are kept beside them
-    assert lab.run(t[0], "test -f /etc/nvidia-imex/nodes_config.cfg.mctl-bak", check=False).returncode == 0
-
-
-def test_a_killed_change_is_finished_by_resume(lab, site):
+def test_a_killed_change_is_finished_by_resume_on_every_layer(lab, site):
     t = lab.trays
     lab.settle_slurm()
     proc = subprocess.Popen([sys.executable, "-m", "mctl", *site["base"], "partition", "create", lab.rack,
-                             "--template", "all"], env=lab._env, stdout=subprocess.DEVNULL,
+                             "--template", "2x9"], env=lab._env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     try:
         def past_nmx():
@@ -274,9 +252,9 @@ def test_a_killed_change_is_finished_by_resume(lab, site):
                 data = _journal(site)
             except (IndexError, ValueError, OSError):
                 return None
-            return data["change"]["command"] == "create" and data["change"]["after"][0]["name"] == "all" and \
+            return data["change"]["after"][0]["name"] == "p0" and data["status"] == "running" and \
                 {p["name"]: p["status"] for p in data["phases"]}.get("nmx") == "done"
-        _wait("the change past its NMX-M step", past_nmx, deadline=60, every=0.05)
+        _wait("the change past its NMX-M step", past_nmx, deadline=120, every=0.05)
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(timeout=30)
@@ -288,31 +266,44 @@ def test_a_killed_change_is_finished_by_resume(lab, site):
     assert resumed.returncode == 0, resumed.stderr + resumed.stdout[-3000:]
     run = json.loads(resumed.stdout)["run"]
     assert run["resumed"] and run["status"] == "succeeded" and run["ran"][0] == left[0] and "nmx" not in run["ran"]
-    _assert_layers(lab, [list(t[:4])], {f"{lab.rack}-all": f"{lab.rack}-tray[01-04]"})
-    again = _mctl(lab, site, "partition", "apply", lab.rack, "--resume")
-    assert again.returncode == 2 and "nothing to resume" in again.stderr
+    steps = {s["step"]: s for s in run["steps"]}
+    assert list(steps) == ["hold", "record", "nmx", "cliques", "imex-files", "imex-restart", "imex-up",
+                           "slurm-topology", "slurm-verify", "labels", "release"]
+    assert steps["labels"]["status"] == "skipped" and "no Kubernetes" in steps["labels"]["summary"]
+    assert all(s["status"] == "done" for n, s in steps.items() if n != "labels"), steps
+
+    # the whole chain follows the new partitions: cliques, IMEX on every tray, Slurm's blocks, no hold left
+    _assert_layers(lab, [t[:2], t[2:4]], {f"{lab.rack}-p0": f"{lab.rack}-tray[01-02]",
+                                          f"{lab.rack}-p1": f"{lab.rack}-tray[03-04]"})
+    # a job of two segments of two lands inside the new blocks, one segment per block
+    out = lab.run(lab.head, "srun -N4 --segment=2 -l hostname | sort", timeout=60).stdout
+    hosts = [line.split(": ", 1)[1] for line in out.split("\n") if ": " in line]
+    assert sorted(hosts[:2]) in ([t[0], t[1]], [t[2], t[3]]) and sorted(hosts) == list(t[:4])
+    # a segment of three no longer fits in one block
+    assert lab.run(lab.head, "srun -N3 --segment=3 hostname", check=False, timeout=60).returncode != 0
+    # the IMEX files it replaced are kept beside them
+    assert lab.run(t[0], "test -f /etc/nvidia-imex/nodes_config.cfg.mctl-bak", check=False).returncode == 0
 
 
 def test_a_failed_nmx_operation_rolls_every_layer_back(lab, site):
     t = lab.trays
     lab.settle_slurm()
     before = (site["dir"] / "mctl.yml").read_text()
-    assert "name: all" in before
+    assert "name: p1" in before
     _nmx_fault(site, {"fail_operations": 1})
     try:
-        out = _mctl(lab, site, "--json", "partition", "create", lab.rack, "--template", "2x9")
+        out = _mctl(lab, site, "--json", "partition", "create", lab.rack, "--template", "all")
     finally:
         _nmx_fault(site, {"clear": True})
     assert out.returncode == 3, out.stderr + out.stdout[-3000:]
     assert "step nmx failed" in out.stderr and "rolled back" in out.stderr
     run = json.loads(out.stdout)["run"]
-    steps = {s["step"]: s["status"] for s in run["steps"]}
-    assert run["status"] == "rolled-back" and steps["nmx"] == "failed" and steps["imex-files"] == "excluded"
+    steps = {s["step"]: s for s in run["steps"]}
+    assert run["status"] == "rolled-back" and steps["nmx"]["status"] == "failed"
+    assert steps["imex-files"]["status"] == "excluded"
     assert [s for s in steps if s.startswith("undo-")] == ["undo-nmx", "undo-cliques", "undo-record",
                                                            "undo-release"]
-    assert all(steps[s] == "done" for s in steps if s.startswith("undo-"))
+    assert all(steps[s]["status"] == "done" for s in steps if s.startswith("undo-")), steps
     assert (site["dir"] / "mctl.yml").read_text() == before
-    listed = json.loads(_mctl(lab, site, "--json", "partition", "list", lab.rack).stdout)
-    assert [(p["name"], p["state"]) for p in listed["racks"][0]["partitions"] if p["state"] != "default"] == \
-        [("all", "in-sync")]
-    _assert_layers(lab, [list(t[:4])], {f"{lab.rack}-all": f"{lab.rack}-tray[01-04]"})
+    _assert_layers(lab, [t[:2], t[2:4]], {f"{lab.rack}-p0": f"{lab.rack}-tray[01-02]",
+                                          f"{lab.rack}-p1": f"{lab.rack}-tray[03-04]"})
