@@ -232,13 +232,19 @@ def run_change(site: "Site", spec: ChangeSpec, state_dir: Path, *, report: Repor
         return _run(site, spec, journal, report, resumed=False)
 
 
+def _by_time(runs: list[ChangeJournal]) -> list[ChangeJournal]:
+    """Oldest first by creation time (two run ids of one second sort by their random part)."""
+    return sorted(runs, key=lambda j: (j.data.get("created") or 0, j.run_id))
+
+
 def last_change(state_dir: Path, rack: str) -> ChangeJournal | None:
-    return ChangeJournal.latest(Path(state_dir), rack)
+    runs = _by_time(ChangeJournal.runs(Path(state_dir), rack))
+    return runs[-1] if runs else None
 
 
 def last_isolation(state_dir: Path, rack: str, tray: str) -> "tuple[tuple[Partition, ...], tuple[Partition, ...]] | None":
     """(before, after) of the last isolate of *tray* that finished, unless a restore of it finished since."""
-    for j in reversed(ChangeJournal.runs(Path(state_dir), rack)):
+    for j in reversed(_by_time(ChangeJournal.runs(Path(state_dir), rack))):
         d = j.data.get("change") or {}
         if d.get("tray") != tray or j.status != jr.RUN_SUCCEEDED:
             continue
@@ -255,7 +261,7 @@ def resume_change(site: "Site", rack: str, state_dir: Path, *, report: Report | 
     report = report or Report()
     with _lock(state_dir, rack):
         damaged: list = []
-        runs = ChangeJournal.runs(Path(state_dir), rack, damaged=damaged)
+        runs = _by_time(ChangeJournal.runs(Path(state_dir), rack, damaged=damaged))
         last = runs[-1] if runs else None
         if damaged and (last is None or damaged[-1].path.parent.name > last.path.parent.name):
             bad = damaged[-1]

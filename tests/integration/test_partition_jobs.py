@@ -202,14 +202,15 @@ def _layers(lab):
     return cliques, imex, blocks, sorted(set(drained))
 
 
-def _assert_layers(lab, groups, blocks):
+def _assert_layers(lab, groups, blocks, drained=()):
     """Every layer follows *groups* (lists of trays): one clique each, an IMEX domain UP of exactly its trays,
-    the Slurm blocks *blocks*, nothing held."""
+    the Slurm blocks *blocks*, nothing held (but *drained*)."""
     address = lab.addresses
+    want_drained = drained
 
     def settled():
         cliques, imex, found, drained = _layers(lab)
-        ok = found == blocks and not drained
+        ok = found == blocks and drained == sorted(want_drained)
         for g in groups:
             ok = ok and len({cliques[t] for t in g}) == 1 and cliques[g[0]] is not None
             ok = ok and all(imex[t] == ("UP", tuple(address[x] for x in g)) for t in g)
@@ -307,3 +308,25 @@ def test_a_failed_nmx_operation_rolls_every_layer_back(lab, site):
     assert (site["dir"] / "mctl.yml").read_text() == before
     _assert_layers(lab, [t[:2], t[2:4]], {f"{lab.rack}-p0": f"{lab.rack}-tray[01-02]",
                                           f"{lab.rack}-p1": f"{lab.rack}-tray[03-04]"})
+
+
+def test_isolate_then_restore_a_tray(lab, site):
+    t = lab.trays
+    lab.settle_slurm()
+    lab.run(lab.head, f"scontrol update NodeName={t[3]} State=DRAIN Reason='mctl-test: isolate'")
+    try:
+        out = _mctl(lab, site, "--json", "partition", "isolate", t[3])
+        assert out.returncode == 0, out.stderr + out.stdout[-3000:]
+        assert json.loads(out.stdout)["run"]["status"] == "succeeded"
+        q = f"quarantine-{t[3]}"
+        assert f"name: {q}" in (site["dir"] / "mctl.yml").read_text()
+        _assert_layers(lab, [t[:2], [t[2]], [t[3]]], {f"{lab.rack}-p0": f"{lab.rack}-tray[01-02]",
+                                                     f"{lab.rack}-p1": t[2], f"{lab.rack}-{q}": t[3]},
+                       drained=[t[3]])
+        back = _mctl(lab, site, "--json", "partition", "restore", t[3])
+        assert back.returncode == 0, back.stderr + back.stdout[-3000:]
+        assert json.loads(back.stdout)["run"]["status"] == "succeeded"
+        _assert_layers(lab, [t[:2], t[2:4]], {f"{lab.rack}-p0": f"{lab.rack}-tray[01-02]",
+                                              f"{lab.rack}-p1": f"{lab.rack}-tray[03-04]"}, drained=[t[3]])
+    finally:
+        lab.run(lab.head, f"scontrol update NodeName={t[3]} State=RESUME; true", check=False)

@@ -270,3 +270,15 @@ def test_restore_puts_the_tray_back():
         ch.restore_partitions(_R(after), "t2", None)
     with pytest.raises(UsageError, match="former partition 'p0' is gone"):
         ch.restore_partitions(_R((_p("p1", "t1", "t3"), _p("quarantine-t2", "t2"))), "t2", (before, after))
+
+
+def test_last_isolation_reads_the_journals(tmp_path, fake):
+    before = (_p("p0", "t1", "t2"), _p("p1", "t3", "t4"))
+    after = (_p("p0", "t1", "t2"), _p("p1", "t3"), _p("quarantine-t4", "t4"))
+    site = _Site(_Rack())
+    assert cr.last_isolation(tmp_path, "r1", "t4") is None
+    cr.run_change(site, cr.ChangeSpec.of("r1", "isolate", before, after, record=True, tray="t4"), tmp_path)
+    assert cr.last_isolation(tmp_path, "r1", "t4") == (before, after)
+    assert cr.last_isolation(tmp_path, "r1", "t3") is None
+    cr.run_change(site, cr.ChangeSpec.of("r1", "restore", after, before, record=True, tray="t4"), tmp_path)
+    assert cr.last_isolation(tmp_path, "r1", "t4") is None
