@@ -228,9 +228,9 @@ def _print_plan(plan: "PartitionPlan", gpus_per_tray: int, *, dry_run: bool) -> 
 
 
 def _journaled(site: "Site", r: "Rack", command: str, after, nmx_plan, held, **kw):
-    """Run the change across every layer (mctl.fabric.change_run); the run (its error not raised yet)."""
+    """Run the change across every layer (mctl.bringup.change_run); the run (its error not raised yet)."""
     from mctl.fabric.change import before_from_plan
-    from mctl.fabric.change_run import ChangeSpec
+    from mctl.bringup.change_run import ChangeSpec
 
     spec = ChangeSpec.of(r.name, command, before_from_plan(r, nmx_plan), tuple(after), held=tuple(held), **kw)
     return change.run_journaled(site, spec)
@@ -330,7 +330,7 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
 
 
 def _resume(site: "Site", rack: str | None, *, dry_run: bool, other: bool) -> None:
-    from mctl.fabric.change_run import last_change
+    from mctl.bringup.change_run import last_change
 
     if rack is None:
         raise UsageError("--resume needs the rack", hint="e.g. 'mctl partition apply lab-r1 --resume'")
@@ -653,7 +653,7 @@ def restore(tray: TrayArg, drain: DrainOpt = False, wait: WaitOpt = None, force:
     Example: mctl -i inventories/lab partition restore lab-r1-tray07
     """
     from mctl.fabric.change import restore_partitions
-    from mctl.fabric.change_run import last_isolation, read_cliques
+    from mctl.bringup.change_run import last_isolation, read_cliques
 
     site = options().site()
     r = _rack_of(site, tray)

@@ -118,7 +118,7 @@ def print_steps(cp: "ChangePlan", *, dry_run: bool, has_nmx: bool, record: bool)
 
 
 class StepPrinter:
-    """Prints each step of a journaled change as it runs (mctl.fabric.change_run.Report); silent with --json."""
+    """Prints each step of a journaled change as it runs (mctl.bringup.change_run.Report); silent with --json."""
 
     def line(self, text: str) -> None:
         if not options().json:
@@ -135,7 +135,7 @@ class StepPrinter:
 
 def run_journaled(site: "Site", spec, *, resume: bool = False):
     """Run (or resume) the change across every layer; the run, whose to_dict() --json reports; raises its error."""
-    from mctl.fabric.change_run import resume_change, run_change
+    from mctl.bringup.change_run import resume_change, run_change
 
     state_dir = options().state_dir
     run = resume_change(site, spec, state_dir, report=StepPrinter()) if resume else \

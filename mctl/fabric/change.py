@@ -176,7 +176,7 @@ def decide(plan: ChangePlan, *, drain: bool, force: bool) -> str:
 
 # ------------------------------------------------------------------ the steps of a change, in their safe order
 
-# Every partition change runs these steps in this order (mctl.fabric.change_run journals each):
+# Every partition change runs these steps in this order (mctl.bringup.change_run journals each):
 # hold the affected trays in Slurm, record the inventory, NMX-M, wait for the GPUs' cliques, IMEX files,
 # IMEX restart, IMEX domains UP, Slurm topology.conf + reconfigure, verify `scontrol show topology`,
 # Kubernetes labels, release the holds. See docs/decisions.md (D46).

@@ -14,7 +14,8 @@ partitions before, in the same order (undo-* steps appended to the journal); whe
 rollback cannot finish either, the run stops with the trays held and says which layer holds
 which partitions and how to resume. Steps that do not apply to the site are journaled as
 skipped with the reason. The bring-up lock of the rack is taken too: a change never runs
-beside a bring-up of its rack. See docs/decisions.md (D46).
+beside a bring-up of its rack. Here in bringup (layer 3) because it composes fabric, sched and
+the journal, as bring-up does. See docs/decisions.md (D46).
 """
 
 from __future__ import annotations
