@@ -20,7 +20,6 @@ the journal, as bring-up does. See docs/decisions.md (D46).
 
 from __future__ import annotations
 
-import contextlib
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -684,7 +683,7 @@ def _slurm_topology(ctx: _Ctx) -> Outcome:
         raise EnvironmentProblem(f"topology.conf could not be written on the controller {controller.name}: "
                                  f"{by[controller.name].summary()}")
     missed = [r.host for r in results if not r.ok]
-    reconf = f"for i in 1 2 3 4 5; do scontrol reconfigure && exit 0; sleep 2; done; exit 1"
+    reconf = "for i in 1 2 3 4 5; do scontrol reconfigure && exit 0; sleep 2; done; exit 1"
     (rc,) = run_sync(SSHConfig.from_site(site_t), targets_for(site_t, [controller]), reconf, timeout=40.0,
                      deadline=50.0)
     if not rc.ok:
