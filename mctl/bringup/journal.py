@@ -32,10 +32,10 @@ RUN_RUNNING, RUN_SUCCEEDED, RUN_FAILED, RUN_INTERRUPTED = "running", "succeeded"
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
-def runs_dir(state_dir: Path, rack: str) -> Path:
+def runs_dir(state_dir: Path, rack: str, folder: str = "bringup") -> Path:
     if not _SAFE.fullmatch(rack):
         raise UsageError(f"rack name {rack!r} cannot be used as a folder name")
-    return Path(state_dir) / "bringup" / rack
+    return Path(state_dir) / folder / rack
 
 
 def new_run_id() -> str:
@@ -99,16 +99,22 @@ class Journal:
     path: Path
     data: dict[str, Any]
 
+    # What the journal records: a bring-up here; a partition change (mctl.bringup.change_run) reuses the
+    # class with its own kind and folder (<state>/<FOLDER>/<rack>/<run-id>/journal.json).
+    KIND = "bringup"
+    FOLDER = "bringup"
+    LABEL = "bring-up"
+
     # --- creation and lookup --------------------------------------------------------------
 
     @classmethod
     def create(cls, state_dir: Path, site: str, inventory: str, rack: str, phases: list[str],
                selected: list[str], options: dict[str, Any]) -> "Journal":
         run_id = new_run_id()
-        folder = ensure_dir(runs_dir(state_dir, rack) / run_id)
+        folder = ensure_dir(runs_dir(state_dir, rack, cls.FOLDER) / run_id)
         now = time.time()
         data = {
-            "schema": SCHEMA, "kind": "bringup", "site": site, "inventory": inventory, "rack": rack,
+            "schema": SCHEMA, "kind": cls.KIND, "site": site, "inventory": inventory, "rack": rack,
             "run_id": run_id, "status": RUN_RUNNING, "created": now, "updated": now,
             "command": " ".join(["mctl", *sys.argv[1:]])[:500], "options": options,
             "attempts": [{"pid": os.getpid(), "host": socket.gethostname(), "started": now}],
@@ -123,9 +129,9 @@ class Journal:
 
     @classmethod
     def load(cls, path: Path) -> "Journal":
-        data = read_json(path, expect=dict, what="a bring-up journal")
-        if data.get("kind") != "bringup" or data.get("schema") != SCHEMA:
-            raise DamagedState(path, f"not a bring-up journal this mctl reads (kind {data.get('kind')!r}, "
+        data = read_json(path, expect=dict, what=f"a {cls.LABEL} journal")
+        if data.get("kind") != cls.KIND or data.get("schema") != SCHEMA:
+            raise DamagedState(path, f"not a {cls.LABEL} journal this mctl reads (kind {data.get('kind')!r}, "
                                      f"schema {data.get('schema')!r}, this mctl reads schema {SCHEMA})")
         check_journal_shape(Path(path), data)
         return cls(Path(path), data)
@@ -137,7 +143,7 @@ class Journal:
         A damaged journal is skipped (never fatal to a new run) and, when *damaged* is given, kept there
         so a resume can refuse to pick an older run behind the operator's back.
         """
-        folder = runs_dir(state_dir, rack)
+        folder = runs_dir(state_dir, rack, cls.FOLDER)
         if not folder.is_dir():
             return []
         out = []

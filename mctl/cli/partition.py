@@ -10,7 +10,7 @@ from mctl.cli import partition_change as change
 from mctl.cli import render
 from mctl.cli.context import options, want_json
 from mctl.cli.locking import hold_racks
-from mctl.cli.partition_change import DrainOpt, ForceOpt, WaitOpt, YesOpt
+from mctl.cli.partition_change import DrainOpt, ForceOpt, NmxOnlyOpt, WaitOpt, YesOpt
 from mctl.cli.options import DryRunOpt, JsonOpt
 from mctl.errors import MctlError, PartialFailure, UsageError
 
@@ -227,6 +227,15 @@ def _print_plan(plan: "PartitionPlan", gpus_per_tray: int, *, dry_run: bool) -> 
         render.warn(w)
 
 
+def _journaled(site: "Site", r: "Rack", command: str, after, nmx_plan, held, **kw):
+    """Run the change across every layer (mctl.bringup.change_run); the run (its error not raised yet)."""
+    from mctl.fabric.change import before_from_plan
+    from mctl.bringup.change_run import ChangeSpec
+
+    spec = ChangeSpec.of(r.name, command, before_from_plan(r, nmx_plan), tuple(after), held=tuple(held), **kw)
+    return change.run_journaled(site, spec)
+
+
 def _locked(r: "Rack", purpose: str):
     from mctl.state.lock import rack_lock
     return rack_lock(options().state_dir, r.name, purpose=purpose)
@@ -238,8 +247,12 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
           prune: Annotated[bool, typer.Option("--prune", help="Also delete NMX-M partitions the inventory does "
                                                               "not declare.")] = False,
           by_location: ByLocationOpt = False, drain: DrainOpt = False, wait: WaitOpt = None,
-          force: ForceOpt = False, yes: YesOpt = False, dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
-    """Make NMX-M's partitions match the inventory: create, update members, delete, in a safe order.
+          force: ForceOpt = False, yes: YesOpt = False, nmx_only: NmxOnlyOpt = False,
+          resume: Annotated[bool, typer.Option("--resume", help="Finish the rack's last partition change (create, "
+                                               "apply, delete, isolate, restore) that was stopped: forward, or its "
+                                               "rollback where one had begun.")] = False,
+          dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
+    """Make NMX-M's partitions match the inventory, and every layer follow: create, update, delete, in a safe order.
 
     A partition's name is its identity; identical partitions are left alone, so a second run
     changes nothing. Partitions on NMX-M that the inventory does not declare are left alone
@@ -249,6 +262,12 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
     IMEX node lists and restarts, Slurm blocks, Kubernetes labels) and the jobs and pods on the
     trays it touches: with running work there the change is refused (exit 2) unless --drain or
     --force (docs/partitions.md).
+
+    Every change runs journaled, in this order: hold the affected trays in Slurm, record, NMX-M,
+    wait for the GPUs' cliques, IMEX files and restart (affected trays only), IMEX domains UP,
+    Slurm topology.conf and reconfigure, verify 'scontrol show topology', Kubernetes labels,
+    release. A failed step rolls every layer back to the partitions before; a stopped change
+    (kill, power cut, a rollback that could not finish) is finished by --resume.
 
     Example: mctl -i inventories/lab partition apply lab-r1 --dry-run
     """
@@ -261,6 +280,8 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
     want_json(json_)                    # before any plan is shown: --json may follow the subcommand
     change.check_flags(drain, wait, force, yes)
     site = options().site()
+    if resume:
+        return _resume(site, rack, dry_run=dry_run, other=prune or by_location or drain or force or yes or nmx_only)
     racks = [_rack(site, rack)] if rack else [r for r in site.racks.values() if r.nmx is not None]
     if rack and racks[0].nmx is None:
         raise UsageError(f"rack {rack} has no NMX-Manager endpoint",
@@ -278,10 +299,24 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
                 op = ps.plan_apply(site, r, desired, prune=prune, kind=kind_of(by_location), on_plan=show.plan)
                 change.print_change(op.change, dry_run=dry_run)
                 held = change.gate(site, op.change, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run)
-                if not dry_run:
+                entry = op.to_dict()
+                entry["steps"] = change.steps_of(op.change, has_nmx=True, record=False)
+                if not dry_run and op.change.empty:
+                    op.applied = True
+                elif not dry_run and nmx_only:
                     ps.commit_apply(op, held=held, on_step=show.step)
                     change.release(site, held)
-            out.append(op.to_dict())
+                    entry = op.to_dict()
+                elif not dry_run:
+                    run = _journaled(site, r, "apply", r.partitions, op.plan, held, prune=prune,
+                                     kind=kind_of(by_location))
+                    op.applied = run.error is None
+                    entry = {**op.to_dict(), "run": run.to_dict()}
+                    if run.error is not None:
+                        if len(racks) == 1 and want_json(json_):
+                            render.print_json({"dry_run": dry_run, "racks": [entry]})
+                        raise run.error
+            out.append(entry)
         except MctlError as exc:
             if len(racks) == 1:
                 raise
@@ -292,6 +327,27 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
         render.print_json({"dry_run": dry_run, "racks": out})
     if failures:
         raise PartialFailure(f"{len(failures)} of {len(racks)} racks failed: {'; '.join(failures)}")
+
+
+def _resume(site: "Site", rack: str | None, *, dry_run: bool, other: bool) -> None:
+    from mctl.bringup.change_run import last_change
+
+    if rack is None:
+        raise UsageError("--resume needs the rack", hint="e.g. 'mctl partition apply lab-r1 --resume'")
+    if dry_run or other:
+        raise UsageError("--resume continues the last change with its own options; it takes no other option",
+                         hint=f"'mctl partition apply {rack} --resume'")
+    r = _rack(site, rack)
+    hold_racks([r.name], "partition apply --resume")
+    last = last_change(options().state_dir, r.name)
+    run = change.run_journaled(site, r.name, resume=True)
+    if want_json(False):
+        render.print_json({"rack": r.name, "resumed": True, "run": run.to_dict()})
+    if run.error is not None:
+        raise run.error
+    if not options().json:
+        _say(f"rack {rack}: partition change {run.journal.run_id} finished" + (
+            f" (was {last.status})" if last is not None else ""))
 
 
 @app.command()
@@ -308,7 +364,8 @@ def create(rack: RackArg,
                                                          "splits a tray (IMEX and Slurm cannot follow it).")] = False,
            no_apply: Annotated[bool, typer.Option("--no-apply", help="Only record in the inventory.")] = False,
            by_location: ByLocationOpt = False, drain: DrainOpt = False, wait: WaitOpt = None,
-           force: ForceOpt = False, yes: YesOpt = False, dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
+           force: ForceOpt = False, yes: YesOpt = False, nmx_only: NmxOnlyOpt = False, dry_run: DryRunOpt = False,
+           json_: JsonOpt = False) -> None:
     """Create partitions: record them in the inventory (mctl.yml, previous copy in mctl.yml.bak), then apply.
 
     The plan covers every layer (see 'partition apply'); running jobs or pods on the trays the
@@ -364,7 +421,7 @@ def create(rack: RackArg,
     if op.apply:
         try:
             cp = ps.plan_create_on_nmx(site, op, kind=kind_of(by_location), on_plan=show.plan)
-            change.print_change(cp, dry_run=dry_run)
+            change.print_change(cp, dry_run=dry_run, record=True)
             held = change.gate(site, cp, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run)
         except MctlError as exc:
             if quiet:
@@ -372,21 +429,45 @@ def create(rack: RackArg,
             raise
     if dry_run:
         if quiet:
+            out = op.to_dict()
+            if op.change is not None:
+                out["steps"] = change.steps_of(op.change, has_nmx=True, record=True)
+            render.print_json(out)
+        return
+    if not op.apply:                    # --no-apply, or no NMX-M endpoint: the inventory only
+        ps.record_create(op)            # under the rack lock taken above
+        if quiet:
             render.print_json(op.to_dict())
         return
-    ps.record_create(op)                # under the rack lock taken above
-    try:
-        ps.apply_create(op, held=held, on_step=show.step)
-    except MctlError as exc:
-        if quiet:
-            render.print_json(op.to_dict(error=exc.message))
-        raise
-    if op.apply:
+    if nmx_only:                        # as before issue 18: the inventory, then NMX-M
+        ps.record_create(op)
+        try:
+            ps.apply_create(op, held=held, on_step=show.step)
+        except MctlError as exc:
+            if quiet:
+                render.print_json(op.to_dict(error=exc.message))
+            raise
         change.release(site, held)
+        if quiet:
+            render.print_json(op.to_dict())
+        else:
+            _say(f"rack {rack}: partitions applied on NMX-M (--nmx-only: IMEX, Slurm and labels not changed)")
+        return
+    if not op.edit.changed and op.change is not None and op.change.empty:
+        op.applied = True
+        if quiet:
+            render.print_json(op.to_dict())
+        else:
+            _say(f"rack {rack}: every layer holds these partitions already")
+        return
+    run = _journaled(site, r, "create", op.partitions, op.plan, held, record=True, kind=kind_of(by_location))
+    op.applied = run.error is None
     if quiet:
-        render.print_json(op.to_dict())
-    elif op.applied:
-        _say(f"rack {rack}: partitions applied on NMX-M")
+        render.print_json({**op.to_dict(error=run.error.message if run.error else None), "run": run.to_dict()})
+    if run.error is not None:
+        raise run.error
+    if not quiet:
+        _say(f"rack {rack}: partitions applied on every layer")
 
 
 def _create_gpu_partition(site, r, name, members, no_apply, by_location, dry_run, json_) -> None:
@@ -412,7 +493,7 @@ def _create_gpu_partition(site, r, name, members, no_apply, by_location, dry_run
 def delete(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition name.", show_default=False)],
            no_apply: Annotated[bool, typer.Option("--no-apply", help="Only remove it from the inventory.")] = False,
            drain: DrainOpt = False, wait: WaitOpt = None, force: ForceOpt = False, yes: YesOpt = False,
-           dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
+           nmx_only: NmxOnlyOpt = False, dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
     """Delete a partition: remove it from the inventory and from NMX-M; its GPUs return to the default partition.
 
     The plan covers every layer (see 'partition apply'); running jobs or pods on its trays
@@ -436,13 +517,152 @@ def delete(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition na
         elif op.asked_nmx:
             _say(f"rack {rack}: NMX-M holds no partition {name!r}")
     held: list[str] = []
+    steps = None
     if not no_apply:
         cp = ps.plan_delete_change(site, op)
-        change.print_change(cp, dry_run=dry_run)
+        change.print_change(cp, dry_run=dry_run, has_nmx=r.nmx is not None, record=op.edit is not None)
+        steps = change.steps_of(cp, has_nmx=r.nmx is not None, record=op.edit is not None)
         held = change.gate(site, cp, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run)
-    if not dry_run:                     # under the rack lock taken above
+    if dry_run:
+        if quiet:
+            render.print_json({**op.to_dict(), "steps": steps})
+        return
+    if nmx_only:                        # as before issue 18: the inventory, then NMX-M
         ps.commit_delete(op, held=held,
                          on_step=_Show(r, dry_run=False, total=len(op.plan.changes) if op.plan else 0).step)
         change.release(site, held)
+        if quiet:
+            render.print_json(op.to_dict())
+        return
+    if no_apply or r.nmx is None:       # the inventory only, under the rack lock taken above
+        ps.commit_delete(op)
+        if quiet:
+            render.print_json(op.to_dict())
+        return
+    run = _journaled(site, r, "delete", op.after, op.plan, held, record=op.edit is not None, remove=(name,))
     if quiet:
-        render.print_json(op.to_dict())
+        render.print_json({**op.to_dict(), "steps": steps, "run": run.to_dict()})
+    if run.error is not None:
+        raise run.error
+
+
+# ------------------------------------------------------------------ around a failed tray
+
+TrayArg = Annotated[str, typer.Argument(help="Compute tray (its inventory name).", show_default=False)]
+
+
+def _rack_of(site: "Site", tray: str) -> "Rack":
+    for r in site.racks.values():
+        if tray in {h.name for h in r.compute}:
+            return r
+    raise UsageError(f"unknown compute tray {tray!r}", hint="see 'mctl inventory show'")
+
+
+def _tray_drained(site: "Site", tray: str) -> str | None:
+    """None when Slurm has the tray drained or down (or the site runs no Slurm); else its state."""
+    from mctl.fabric.work import _controller_run
+    from mctl.sched.slurm.drain import read_nodes, show_node_command
+
+    if site.scheduler is None or site.scheduler.type != "slurm":
+        return None
+    views, _ = read_nodes(_controller_run(site, show_node_command([tray])).stdout)
+    v = views.get(tray)
+    if v is None:
+        return "unknown to Slurm"
+    return None if (v.drained or v.down) else (v.state or "not drained")
+
+
+def _tray_change(site: "Site", r: "Rack", tray: str, after, command: str, *, drain: bool, wait: float | None,
+                 force: bool, yes: bool, dry_run: bool, json_: bool, tolerate: tuple[str, ...]) -> None:
+    from mctl.fabric import partition_service as ps
+    from mctl.fabric.partitions import validate_desired
+    from mctl.fabric.service import plan_partitions_for
+    from mctl.model.fabric import DesiredPartition
+
+    quiet = want_json(json_)
+    desired = [DesiredPartition(p.name, r.name, tuple(p.trays)) for p in after]
+    for w in validate_desired(r, desired, site=site):
+        render.warn(w)
+    if not quiet:
+        before = "; ".join(f"{p.name}={p.nodeset}" for p in r.partitions) or "none (default partition)"
+        _say(f"rack {r.name}: {command} {tray}: {before} -> " + "; ".join(f"{p.name}={p.nodeset}" for p in after))
+    show = _Show(r, dry_run=dry_run)
+    plan = None
+    if r.nmx is not None:
+        _, plan = plan_partitions_for(site, r, desired)
+        show.plan(plan)
+    cp = ps.change_plan(site, r, after, plan)
+    change.print_change(cp, dry_run=dry_run, has_nmx=r.nmx is not None, record=True)
+    out = {"rack": r.name, "tray": tray, "command": command, "dry_run": dry_run,
+           "partitions": [{"name": p.name, "trays": str(p.nodeset)} for p in after],
+           "plan": plan.to_dict() if plan else None, "change": cp.to_dict(),
+           "steps": change.steps_of(cp, has_nmx=r.nmx is not None, record=True)}
+    held = change.gate(site, cp, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run)
+    if dry_run:
+        if quiet:
+            render.print_json(out)
+        return
+    run = _journaled(site, r, command, after, plan, held, record=True, tolerate=tolerate, tray=tray)
+    if quiet:
+        render.print_json({**out, "run": run.to_dict()})
+    if run.error is not None:
+        raise run.error
+    if not quiet:
+        _say(f"rack {r.name}: {tray} {'isolated' if command == 'isolate' else 'restored'} on every layer")
+
+
+@app.command()
+def isolate(tray: TrayArg,
+            to: Annotated[str, typer.Option("--to", help="quarantine: a one-tray partition of its own "
+                                            "(quarantine-TRAY, its own IMEX domain and Slurm block); default: "
+                                            "out of every partition (NMX-M's default partition).")] = "quarantine",
+            drain: DrainOpt = False, wait: WaitOpt = None, force: ForceOpt = False, yes: YesOpt = False,
+            dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
+    """Move a drained tray out of its partition, so the others keep a healthy IMEX domain and a matching block.
+
+    The tray must be drained (or down) in Slurm first. The rest of its partition keeps its name
+    with one tray less: their IMEX node list no longer names the failed tray, and Slurm's block
+    matches them. The same journaled change as 'partition create' (every layer, rollback,
+    --resume); the failed tray itself need not answer. 'partition restore TRAY' puts it back.
+
+    Example: mctl -i inventories/lab partition isolate lab-r1-tray07 --dry-run
+    """
+    from mctl.fabric.change import isolate_partitions
+
+    site = options().site()
+    r = _rack_of(site, tray)
+    change.check_flags(drain, wait, force, yes)
+    after = isolate_partitions(r, tray, to=to)
+    hold_racks([r.name], "partition isolate", dry_run=dry_run)
+    state = _tray_drained(site, tray)
+    if state is not None:
+        raise UsageError(f"{tray} is {state} in Slurm: isolate moves a drained tray",
+                         hint=f"drain it first: scontrol update NodeName={tray} State=DRAIN Reason='...'")
+    _tray_change(site, r, tray, after, "isolate", drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run,
+                 json_=json_, tolerate=(tray,))
+
+
+@app.command()
+def restore(tray: TrayArg, drain: DrainOpt = False, wait: WaitOpt = None, force: ForceOpt = False,
+            yes: YesOpt = False, dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
+    """Put an isolated tray back into the partition it was in, once it is healthy again.
+
+    The tray must answer and its GPUs be readable (nvidia-smi); its Slurm drain is left as it
+    is (resume it with 'mctl health resume' once you trust it).
+
+    Example: mctl -i inventories/lab partition restore lab-r1-tray07
+    """
+    from mctl.fabric.change import restore_partitions
+    from mctl.bringup.change_run import last_isolation, read_cliques
+
+    site = options().site()
+    r = _rack_of(site, tray)
+    change.check_flags(drain, wait, force, yes)
+    hold_racks([r.name], "partition restore", dry_run=dry_run)
+    after = restore_partitions(r, tray, last_isolation(options().state_dir, r.name, tray))
+    _, errors = read_cliques(site, [h for h in r.compute if h.name == tray])
+    if errors:
+        raise UsageError(f"{tray} is not healthy enough to go back: {errors[tray]}",
+                         hint="fix it first; 'mctl health check " + tray + "' says more")
+    _tray_change(site, r, tray, after, "restore", drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run,
+                 json_=json_, tolerate=())

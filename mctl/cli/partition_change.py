@@ -33,6 +33,9 @@ WaitOpt = Annotated[Optional[float], typer.Option("--wait", click_type=finite(mi
 ForceOpt = Annotated[bool, typer.Option("--force", help="Go ahead although work runs on the trays the change "
                                                         "touches (it is named and broken); asks unless --yes.")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="With --force: do not ask.")]
+NmxOnlyOpt = Annotated[bool, typer.Option("--nmx-only", help="Change the inventory and NMX-M only, not journaled: "
+                                                             "IMEX, Slurm and the labels are left behind ('mctl "
+                                                             "audit' names them), as before issue 18.")]
 
 
 def _say(text: str) -> None:
@@ -49,7 +52,7 @@ def check_flags(drain: bool, wait: float | None, force: bool, yes: bool) -> None
         raise UsageError("--yes goes with --force", hint="it skips the question --force asks")
 
 
-def print_change(cp: "ChangePlan", *, dry_run: bool) -> None:
+def print_change(cp: "ChangePlan", *, dry_run: bool, has_nmx: bool = True, record: bool = False) -> None:
     from mctl.model.site import fold
 
     if options().json:
@@ -63,7 +66,7 @@ def print_change(cp: "ChangePlan", *, dry_run: bool) -> None:
     _say("  trays (partition before -> after):")
     for t in cp.trays:
         _say(f"    {t.tray}: {_part(t.before, t.before_trays)} -> {_part(t.after, t.after_trays)}")
-    _say("  IMEX (follows: 'mctl imex apply " + cp.rack + "'):")
+    _say("  IMEX (files on the affected trays, previous kept as .mctl-bak; daemons restarted there):")
     for d in cp.imex:
         nodes = ", ".join(d.nodes_after.split()) or "none"
         _say(f"    domain {d.domain} ({fold(d.trays)}): nodes_config {nodes}")
@@ -73,18 +76,19 @@ def print_change(cp: "ChangePlan", *, dry_run: bool) -> None:
         if d.restart:
             _say(f"      restart nvidia-imex on {fold(d.restart)}")
     if cp.slurm is not None:
-        _say("  Slurm topology.conf (follows: 'mctl deploy slurm --topology-only'):")
+        _say("  Slurm topology.conf (on the controller and the trays, then verified in 'scontrol show topology'):")
         for b in cp.slurm.blocks_before:
             _say(f"    before: BlockName={b['name']} Nodes={b['nodes']}")
         for b in cp.slurm.blocks_after:
             _say(f"    after:  BlockName={b['name']} Nodes={b['nodes']}")
         _say("    then: scontrol reconfigure" if cp.slurm.reconfigure else "    blocks unchanged: no reconfigure")
     if cp.scheduler == "k8s":
-        _say("  Kubernetes labels (follows: 'mctl deploy k8s'):")
+        _say("  Kubernetes node labels:")
         for lab in cp.labels:
             _say(f"    {lab.node}: {lab.label} {lab.before or '(none)'} -> {lab.after or '(none)'}")
         if not cp.labels:
             _say("    unchanged")
+    print_steps(cp, dry_run=dry_run, has_nmx=has_nmx, record=record)
     if not cp.work_known:
         render.warn(f"the work on the trays could not be read: {cp.work_error}")
     elif cp.scheduler is None:
@@ -95,6 +99,48 @@ def print_change(cp: "ChangePlan", *, dry_run: bool) -> None:
             _say(f"    {w.describe()}")
     else:
         _say("  running on the affected trays: nothing")
+
+
+def steps_of(cp: "ChangePlan", *, has_nmx: bool, record: bool) -> list[dict]:
+    """The steps of the change in their order, each with why it does not apply (None: it does); for --json."""
+    from mctl.fabric.change import plan_steps
+
+    return [{"step": s, "title": t, "applies": why is None, "not_applicable": why}
+            for s, t, why in plan_steps(cp, has_nmx=has_nmx, record=record)]
+
+
+def print_steps(cp: "ChangePlan", *, dry_run: bool, has_nmx: bool, record: bool) -> None:
+    _say(f"  steps ({'would run' if dry_run else 'run'} in this order, journaled; 'partition apply {cp.rack} "
+         "--resume' finishes a change that was stopped):")
+    for i, st in enumerate(steps_of(cp, has_nmx=has_nmx, record=record), start=1):
+        _say(f"    {i:>2}. {st['step']}: {st['title']}" + ("" if st["applies"] else
+                                                         f" (not applicable: {st['not_applicable']})"))
+
+
+class StepPrinter:
+    """Prints each step of a journaled change as it runs (mctl.bringup.change_run.Report); silent with --json."""
+
+    def line(self, text: str) -> None:
+        if not options().json:
+            _say(f"  {text}")
+
+    def step_started(self, index: int, total: int, step: str) -> None:
+        if not options().json:
+            render.console().print(f"  [{index}/{total}] {step} ...", markup=False, highlight=False, end="")
+
+    def step_ended(self, step: str, status: str, summary: str, seconds: float) -> None:
+        if not options().json:
+            _say(f" {status} ({seconds:.1f}s): {summary}")
+
+
+def run_journaled(site: "Site", spec, *, resume: bool = False):
+    """Run (or resume) the change across every layer; the run, whose to_dict() --json reports; raises its error."""
+    from mctl.bringup.change_run import resume_change, run_change
+
+    state_dir = options().state_dir
+    run = resume_change(site, spec, state_dir, report=StepPrinter()) if resume else \
+        run_change(site, spec, state_dir, report=StepPrinter())
+    return run
 
 
 def _part(name: str | None, trays: Sequence[str]) -> str:

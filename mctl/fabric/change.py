@@ -172,3 +172,146 @@ def decide(plan: ChangePlan, *, drain: bool, force: bool) -> str:
     if drain and plan.work_known and all(w.kind == "slurm" for w in plan.work):
         return DRAIN        # --drain holds trays in Slurm; pods are not drained by it
     return REFUSE
+
+
+# ------------------------------------------------------------------ the steps of a change, in their safe order
+
+# Every partition change runs these steps in this order (mctl.bringup.change_run journals each):
+# hold the affected trays in Slurm, record the inventory, NMX-M, wait for the GPUs' cliques, IMEX files,
+# IMEX restart, IMEX domains UP, Slurm topology.conf + reconfigure, verify `scontrol show topology`,
+# Kubernetes labels, release the holds. See docs/decisions.md (D46).
+HOLD, RECORD, NMX, CLIQUES, IMEX_FILES, IMEX_RESTART, IMEX_UP, SLURM_TOPOLOGY, SLURM_VERIFY, LABELS, RELEASE = (
+    "hold", "record", "nmx", "cliques", "imex-files", "imex-restart", "imex-up", "slurm-topology", "slurm-verify",
+    "labels", "release")
+STEPS = (HOLD, RECORD, NMX, CLIQUES, IMEX_FILES, IMEX_RESTART, IMEX_UP, SLURM_TOPOLOGY, SLURM_VERIFY, LABELS, RELEASE)
+STEP_TITLES = {
+    HOLD: "hold the affected trays in Slurm", RECORD: "record the partitions in the inventory",
+    NMX: "NMX-M partition operations", CLIQUES: "wait for the GPUs' cliques to change",
+    IMEX_FILES: "IMEX files (affected trays, previous kept as .mctl-bak)",
+    IMEX_RESTART: "restart nvidia-imex (affected trays)", IMEX_UP: "wait for the IMEX domains to be UP",
+    SLURM_TOPOLOGY: "Slurm topology.conf and scontrol reconfigure", SLURM_VERIFY: "verify scontrol show topology",
+    LABELS: "Kubernetes node labels", RELEASE: "release the holds",
+}
+UNDO = "undo-"
+# Which forward step put a layer in place, and the steps that undo it (in the same safe order).
+_LAYER_OF = {NMX: (NMX, CLIQUES), CLIQUES: (NMX, CLIQUES), IMEX_FILES: (IMEX_FILES, IMEX_RESTART, IMEX_UP),
+             IMEX_RESTART: (IMEX_FILES, IMEX_RESTART, IMEX_UP), IMEX_UP: (IMEX_FILES, IMEX_RESTART, IMEX_UP),
+             SLURM_TOPOLOGY: (SLURM_TOPOLOGY, SLURM_VERIFY), SLURM_VERIFY: (SLURM_TOPOLOGY, SLURM_VERIFY),
+             LABELS: (LABELS,), RECORD: (RECORD,)}
+
+
+def step_applies(step: str, *, scheduler: str | None, has_nmx: bool, record: bool, affected: bool) -> str | None:
+    """None when *step* applies to the change; else why not (shown as 'not applicable', never skipped silently)."""
+    if not affected and step not in (RECORD, NMX):
+        return "no tray changes partition"
+    if step in (HOLD, RELEASE) and scheduler != "slurm":
+        return "the site runs no Slurm (nothing to hold)" if scheduler is None else \
+            "the site runs Kubernetes: the jobs rule refuses pods, there is no hold"
+    if step == RECORD and not record:
+        return "the inventory already declares the partitions (partition apply)"
+    if step in (NMX, CLIQUES) and not has_nmx:
+        return "the rack has no NMX-M endpoint"
+    if step in (SLURM_TOPOLOGY, SLURM_VERIFY) and scheduler != "slurm":
+        return "the site runs no Slurm"
+    if step == LABELS and scheduler != "k8s":
+        return "the site runs no Kubernetes"
+    return None
+
+
+def rollback_steps(failed: str, done: Sequence[str]) -> tuple[str, ...]:
+    """The undo steps after *failed* failed, *done* (forward steps) having finished: every layer that was or
+    may have been changed goes back, in the forward order, then the holds are released.
+
+    A failed hold releases what it held; a failed release undoes nothing (the change is complete); a step
+    that failed may have half-changed its layer, so its layer is undone with the finished ones."""
+    if failed == RELEASE:
+        return ()
+    touched: list[str] = []
+    for step in list(done) + [failed]:
+        for s in _LAYER_OF.get(step, ()):
+            if s not in touched:
+                touched.append(s)
+    order = [s for s in STEPS if s in touched and s != RECORD] + ([RECORD] if RECORD in touched else [])
+    return tuple(UNDO + s for s in order) + (UNDO + RELEASE,)
+
+
+def forward_name(step: str) -> str:
+    """The forward step an undo step runs backwards ('undo-nmx' -> 'nmx')."""
+    return step[len(UNDO):] if step.startswith(UNDO) else step
+
+
+def plan_steps(plan: ChangePlan, *, has_nmx: bool, record: bool) -> list[tuple[str, str, str | None]]:
+    """(step, title, why not applicable or None) for --dry-run and the printed plan."""
+    return [(s, STEP_TITLES[s], step_applies(s, scheduler=plan.scheduler, has_nmx=has_nmx, record=record,
+                                              affected=bool(plan.affected)))
+            for s in STEPS]
+
+
+# ------------------------------------------------------------------ around a failed tray (isolate / restore)
+
+QUARANTINE_PREFIX = "quarantine-"
+ISOLATE_TO = ("quarantine", "default")
+
+
+def quarantine_name(tray: str) -> str:
+    """The one-tray partition an isolated tray is moved to (a partition name: at most 63 characters)."""
+    return (QUARANTINE_PREFIX + tray)[:63]
+
+
+def isolate_partitions(rack: "Rack", tray: str, *, to: str = "quarantine") -> tuple["Partition", ...]:
+    """The rack's partitions once *tray* leaves its partition: into a one-tray quarantine partition, or into
+    NMX-M's default partition (to="default"). A rack without partitions is one partition of every tray ('all')."""
+    from mctl.errors import UsageError
+    from mctl.model.site import Partition
+
+    if to not in ISOLATE_TO:
+        raise UsageError(f"--to must be one of {', '.join(ISOLATE_TO)}, not {to!r}")
+    if tray not in {h.name for h in rack.compute}:
+        raise UsageError(f"{tray} is not a compute tray of rack {rack.name}")
+    parts = list(rack.partitions) or [Partition("all", rack.name, tuple(h.name for h in rack.compute))]
+    mine = next((p for p in parts if tray in p.trays), None)
+    if mine is not None and mine.trays == (tray,) and mine.name.startswith(QUARANTINE_PREFIX):
+        raise UsageError(f"{tray} is isolated already (partition {mine.name})",
+                         hint=f"'mctl partition restore {tray}' puts it back")
+    if mine is None and to == "default":
+        raise UsageError(f"{tray} is in no partition of rack {rack.name} already (NMX-M's default partition)")
+    out = []
+    for p in parts:
+        if tray in p.trays:
+            rest = tuple(t for t in p.trays if t != tray)
+            if rest:
+                out.append(Partition(p.name, rack.name, rest))
+        else:
+            out.append(p)
+    if to == "quarantine":
+        out.append(Partition(quarantine_name(tray), rack.name, (tray,)))
+    return tuple(out)
+
+
+def restore_partitions(rack: "Rack", tray: str, isolated: "tuple[Sequence[Partition], Sequence[Partition]] | None"
+                       ) -> tuple["Partition", ...]:
+    """The partitions that put *tray* back where it was before `isolate`: *isolated* is that change's (before,
+    after). The rack as the isolation left it goes back exactly; if its partitions changed since, the tray joins
+    its former partition by name (UsageError when there is none to join)."""
+    from mctl.errors import UsageError
+    from mctl.model.site import Partition
+
+    if isolated is None:
+        raise UsageError(f"no finished 'mctl partition isolate {tray}' of rack {rack.name} is on record",
+                         hint=f"put the tray into a partition with 'mctl partition create {rack.name} ...'")
+    before, after = isolated
+    key = lambda parts: sorted((p.name, tuple(sorted(p.trays))) for p in parts)    # noqa: E731
+    now = [p for p in rack.partitions]
+    if key(now) == key(after):
+        return tuple(before)
+    was = next((p.name for p in before if tray in p.trays), None)
+    current = [p for p in now if not (p.trays == (tray,) and p.name.startswith(QUARANTINE_PREFIX))]
+    if any(tray in p.trays for p in current):
+        raise UsageError(f"{tray} is in partition {next(p.name for p in current if tray in p.trays)} already")
+    target = next((p for p in current if p.name == was), None)
+    if target is None:
+        raise UsageError(f"the partitions of rack {rack.name} changed since {tray} was isolated, and its former "
+                         f"partition {was!r} is gone", hint=f"put it into a partition with 'mctl partition create'")
+    order = {h.name: i for i, h in enumerate(rack.compute)}
+    return tuple(Partition(p.name, rack.name, tuple(sorted(p.trays + (tray,), key=order.__getitem__)))
+                 if p.name == was else p for p in current)

@@ -292,7 +292,7 @@ def test_cli_create_apply_list_delete(emu, tmp_path, capsys):
         ("create", "p0", ["lab-r1-tray01", "lab-r1-tray02"]), ("create", "p1", ["lab-r1-tray03", "lab-r1-tray04"])]
     assert "partitions" not in (inv / "mctl.yml").read_text() and cliques(tmp_path) == [32766] * 4
 
-    made = run_cli(capsys, *base, "partition", "create", "lab-r1", "--template", "2x9")
+    made = run_cli(capsys, *base, "partition", "create", "lab-r1", "--template", "2x9", "--nmx-only")
     assert made.code == 0, made.err
     assert "create p0: lab-r1-tray[01-02] (8 GPUs, ID_BASED)" in made.out
     text = (inv / "mctl.yml").read_text()
@@ -312,14 +312,14 @@ def test_cli_create_apply_list_delete(emu, tmp_path, capsys):
     shown = json.loads(run_cli(capsys, *base, "partition", "show", "lab-r1", "p1", "--json").out)
     assert shown["partition_id"] == first[2] and [m["tray"] for m in shown["members"]].count("lab-r1-tray04") == 4
 
-    whole = run_cli(capsys, *base, "partition", "create", "lab-r1", "--template", "all")
+    whole = run_cli(capsys, *base, "partition", "create", "lab-r1", "--template", "all", "--nmx-only")
     assert whole.code == 0, whole.err
     assert len(set(cliques(tmp_path))) == 1 and cliques(tmp_path)[0] != 32766
 
     half = run_cli(capsys, *base, "partition", "create", "lab-r1", "half", "--gpus", "lab-r1-tray01:0-1")
     assert half.code == 2 and "smaller than one tray" in half.err
 
-    gone = run_cli(capsys, *base, "partition", "delete", "lab-r1", "all")
+    gone = run_cli(capsys, *base, "partition", "delete", "lab-r1", "all", "--nmx-only")
     assert gone.code == 0, gone.err
     assert cliques(tmp_path) == [32766] * 4 and "partitions: []" in (inv / "mctl.yml").read_text()
 
@@ -331,7 +331,7 @@ def test_cli_create_apply_list_delete(emu, tmp_path, capsys):
     assert [g["clique_id"] for g in tray1["gpus"]][2:] == [32766, 32766] and tray1["gpus"][0]["clique_id"] != 32766
     kept = json.loads(run_cli(capsys, *base, "partition", "apply", "lab-r1", "--json").out)
     assert kept["racks"][0]["plan"]["unmanaged"] == ["half"] and kept["racks"][0]["plan"]["changes"] == []
-    pruned = run_cli(capsys, *base, "partition", "apply", "lab-r1", "--prune")
+    pruned = run_cli(capsys, *base, "partition", "apply", "lab-r1", "--prune", "--nmx-only")
     assert pruned.code == 0 and "delete half" in pruned.out and cliques(tmp_path) == [32766] * 4
 
     emu.stop()
@@ -378,18 +378,18 @@ def test_partitions_reach_the_trays_nvidia_smi(lab, tmp_path, capsys):
         return set(out.split())
 
     try:
-        made = run_cli(capsys, *base, "partition", "create", lab.rack, "--template", "2x9")
+        made = run_cli(capsys, *base, "partition", "create", lab.rack, "--template", "2x9", "--nmx-only")
         assert made.code == 0, made.err
         ids = {p["name"]: p["partition_id"] for p in json.loads(
             run_cli(capsys, *base, "partition", "list", lab.rack, "--json").out)["racks"][0]["partitions"]}
         half = len(lab.trays) // 2
         assert cliques(lab.trays[0]) == {str(ids["p0"])}
         assert cliques(lab.trays[-1]) == {str(ids["p1"])} and half >= 1
-        assert run_cli(capsys, *base, "partition", "delete", lab.rack, "p0").code == 0
+        assert run_cli(capsys, *base, "partition", "delete", lab.rack, "p0", "--nmx-only").code == 0
         assert cliques(lab.trays[0]) == {"32766"}
     finally:
-        run_cli(capsys, *base, "partition", "delete", lab.rack, "p1")     # the lab is shared: leave no partition
-        run_cli(capsys, *base, "partition", "apply", lab.rack, "--prune")
+        run_cli(capsys, *base, "partition", "delete", lab.rack, "p1", "--nmx-only")     # the lab is shared: leave no partition
+        run_cli(capsys, *base, "partition", "apply", lab.rack, "--prune", "--nmx-only")
         if emulator is not None:
             emulator.stop()
     assert cliques(lab.trays[-1]) == {"32766"}

@@ -4,13 +4,23 @@ A job runs on trays 1-2 (inside p0): deleting p1 (trays 3-4) goes ahead and the 
 running; going back to one partition for the whole rack touches trays 1-2, so it is refused
 and names the job; with --drain --wait and the job cancelled meanwhile it holds trays 1-2,
 waits, changes the partitions and releases the holds.
+
+Every change is applied across the layers (issue 18, deliverable 3): after one, the GPUs'
+cliques, `nvidia-imex-ctl -N` on every tray, `scontrol show topology` and a `srun --segment`
+job all follow the new partitions; a change killed with SIGKILL after its NMX-M step is
+finished by `partition apply --resume`; an NMX-M operation that fails rolls every layer back.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -59,6 +69,7 @@ def site(lab, tmp_path_factory):
         cred.chmod(0o600)
         rack["nmx"] = {"url": emulator.url, "credentials_file": str(cred)}
     (tmp / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    nmx = dict(rack["nmx"])
     base = ["-i", str(tmp), "--state-dir", str(tmp / "state")]
     proc = lab.mctl(*base, "--json", "deploy", "slurm", timeout=900)
     assert proc.returncode == 0, f"deploy slurm failed ({proc.returncode}): {proc.stderr}\n{proc.stdout[-2000:]}"
@@ -68,7 +79,7 @@ def site(lab, tmp_path_factory):
     assert proc.returncode == 0, f"imex apply failed ({proc.returncode}): {proc.stderr}\n{proc.stdout[-2000:]}"
     lab.settle_slurm()
     try:
-        yield {"base": base, "dir": tmp}
+        yield {"base": base, "dir": tmp, "nmx": nmx}
     finally:
         lab.run(lab.head, "scancel --user=root; true", check=False)
         lab.mctl(*base, "partition", "apply", lab.rack, "--prune", "--force", "--yes")
@@ -163,3 +174,159 @@ def test_drain_timeout_keeps_the_holds(lab, site):
     finally:
         lab.run(lab.head, f"scancel {job}; scontrol update NodeName={pair} State=RESUME Reason=test; true",
                 check=False)
+
+
+# ------------------------------------------------------------------ the change across every layer (issue 18)
+
+def _layers(lab):
+    """What each layer holds now: {tray: clique label}, {tray: (IMEX state, node addresses)}, Slurm's blocks,
+    the trays Slurm has drained."""
+    from mctl.facts.imex import parse_domain_text
+    from mctl.facts.nvidia_smi import parse_xml
+    from mctl.sched.slurm.facts import parse_show_topology
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    cliques, imex = {}, {}
+    probe = "nvidia-smi -q -x; echo @@mctl-test; nvidia-imex-ctl -c /etc/nvidia-imex/config.cfg -N"
+    with ThreadPoolExecutor(len(lab.trays)) as pool:
+        outs = dict(zip(lab.trays, pool.map(lambda t: lab.run(t, probe, check=False).stdout, lab.trays)))
+    for t in lab.trays:
+        xml, _, text = outs[t].partition("@@mctl-test\n")
+        cliques[t] = parse_xml(xml).clique_label
+        status = parse_domain_text(text)
+        imex[t] = (status.state, status.addresses)
+    topo = lab.run(lab.head, "scontrol show topology").stdout
+    blocks = {e.name: e.nodes for e in parse_show_topology(topo) if e.kind == "block"}
+    drained = lab.run(lab.head, "sinfo -h -N -t drain,draining,drained -o %N", check=False).stdout.split()
+    return cliques, imex, blocks, sorted(set(drained))
+
+
+def _assert_layers(lab, groups, blocks, drained=()):
+    """Every layer follows *groups* (lists of trays): one clique each, an IMEX domain UP of exactly its trays,
+    the Slurm blocks *blocks*, nothing held (but *drained*)."""
+    address = lab.addresses
+    want_drained = drained
+
+    def settled():
+        cliques, imex, found, drained = _layers(lab)
+        ok = found == blocks and drained == sorted(want_drained)
+        for g in groups:
+            ok = ok and len({cliques[t] for t in g}) == 1 and cliques[g[0]] is not None
+            ok = ok and all(imex[t] == ("UP", tuple(address[x] for x in g)) for t in g)
+        ok = ok and len({cliques[g[0]] for g in groups}) == len(groups)
+        return ok or None
+
+    try:
+        _wait("every layer to follow the partitions", settled, deadline=30)
+    except AssertionError:
+        raise AssertionError(f"layers: {_layers(lab)}; wanted {groups} and {blocks}") from None
+
+
+def _journal(site) -> dict:
+    runs = sorted((site["dir"] / "state" / "partition-change" / "lab-r1").glob("*/journal.json"))
+    return json.loads(runs[-1].read_text())
+
+
+def _nmx_fault(site, doc: dict) -> None:
+    from mctl.fabric.nmx import load_credentials
+
+    cred = load_credentials(site["nmx"]["credentials_file"])
+    req = urllib.request.Request(site["nmx"]["url"].rstrip("/") + "/_lab/faults", data=json.dumps(doc).encode(),
+                                 method="POST", headers={"Content-Type": "application/json"})
+    import base64
+    token = base64.b64encode(f"{cred.username}:{cred.password}".encode()).decode()
+    req.add_header("Authorization", f"Basic {token}")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert resp.status == 200
+
+
+def test_a_killed_change_is_finished_by_resume_on_every_layer(lab, site):
+    t = lab.trays
+    lab.settle_slurm()
+    proc = subprocess.Popen([sys.executable, "-m", "mctl", *site["base"], "partition", "create", lab.rack,
+                             "--template", "2x9"], env=lab._env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    try:
+        def past_nmx():
+            try:
+                data = _journal(site)
+            except (IndexError, ValueError, OSError):
+                return None
+            return data["change"]["after"][0]["name"] == "p0" and data["status"] == "running" and \
+                {p["name"]: p["status"] for p in data["phases"]}.get("nmx") == "done"
+        _wait("the change past its NMX-M step", past_nmx, deadline=120, every=0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    data = _journal(site)
+    assert data["status"] == "running"                    # as the killed process left it
+    left = [p["name"] for p in data["phases"] if p["status"] not in ("done", "skipped")]
+    assert left and "nmx" not in left and left[-1] == "release"
+    resumed = _mctl(lab, site, "--json", "partition", "apply", lab.rack, "--resume")
+    assert resumed.returncode == 0, resumed.stderr + resumed.stdout[-3000:]
+    run = json.loads(resumed.stdout)["run"]
+    assert run["resumed"] and run["status"] == "succeeded" and run["ran"][0] == left[0] and "nmx" not in run["ran"]
+    steps = {s["step"]: s for s in run["steps"]}
+    assert list(steps) == ["hold", "record", "nmx", "cliques", "imex-files", "imex-restart", "imex-up",
+                           "slurm-topology", "slurm-verify", "labels", "release"]
+    assert steps["labels"]["status"] == "skipped" and "no Kubernetes" in steps["labels"]["summary"]
+    assert all(s["status"] == "done" for n, s in steps.items() if n != "labels"), steps
+
+    # the whole chain follows the new partitions: cliques, IMEX on every tray, Slurm's blocks, no hold left
+    _assert_layers(lab, [t[:2], t[2:4]], {f"{lab.rack}-p0": f"{lab.rack}-tray[01-02]",
+                                          f"{lab.rack}-p1": f"{lab.rack}-tray[03-04]"})
+    # a job of two segments of two lands inside the new blocks, one segment per block
+    out = lab.run(lab.head, "srun -N4 --segment=2 -l hostname | sort", timeout=60).stdout
+    hosts = [line.split(": ", 1)[1] for line in out.split("\n") if ": " in line]
+    assert sorted(hosts[:2]) in ([t[0], t[1]], [t[2], t[3]]) and sorted(hosts) == list(t[:4])
+    # a segment of three no longer fits in one block
+    assert lab.run(lab.head, "srun -N3 --segment=3 hostname", check=False, timeout=60).returncode != 0
+    # the IMEX files it replaced are kept beside them
+    assert lab.run(t[0], "test -f /etc/nvidia-imex/nodes_config.cfg.mctl-bak", check=False).returncode == 0
+
+
+def test_a_failed_nmx_operation_rolls_every_layer_back(lab, site):
+    t = lab.trays
+    lab.settle_slurm()
+    before = (site["dir"] / "mctl.yml").read_text()
+    assert "name: p1" in before
+    _nmx_fault(site, {"fail_operations": 1})
+    try:
+        out = _mctl(lab, site, "--json", "partition", "create", lab.rack, "--template", "all")
+    finally:
+        _nmx_fault(site, {"clear": True})
+    assert out.returncode == 3, out.stderr + out.stdout[-3000:]
+    assert "step nmx failed" in out.stderr and "rolled back" in out.stderr
+    run = json.loads(out.stdout)["run"]
+    steps = {s["step"]: s for s in run["steps"]}
+    assert run["status"] == "rolled-back" and steps["nmx"]["status"] == "failed"
+    assert steps["imex-files"]["status"] == "excluded"
+    assert [s for s in steps if s.startswith("undo-")] == ["undo-nmx", "undo-cliques", "undo-record",
+                                                           "undo-release"]
+    assert all(steps[s]["status"] == "done" for s in steps if s.startswith("undo-")), steps
+    assert (site["dir"] / "mctl.yml").read_text() == before
+    _assert_layers(lab, [t[:2], t[2:4]], {f"{lab.rack}-p0": f"{lab.rack}-tray[01-02]",
+                                          f"{lab.rack}-p1": f"{lab.rack}-tray[03-04]"})
+
+
+def test_isolate_then_restore_a_tray(lab, site):
+    t = lab.trays
+    lab.settle_slurm()
+    lab.run(lab.head, f"scontrol update NodeName={t[3]} State=DRAIN Reason='mctl-test: isolate'")
+    try:
+        out = _mctl(lab, site, "--json", "partition", "isolate", t[3])
+        assert out.returncode == 0, out.stderr + out.stdout[-3000:]
+        assert json.loads(out.stdout)["run"]["status"] == "succeeded"
+        q = f"quarantine-{t[3]}"
+        assert f"name: {q}" in (site["dir"] / "mctl.yml").read_text()
+        _assert_layers(lab, [t[:2], [t[2]], [t[3]]], {f"{lab.rack}-p0": f"{lab.rack}-tray[01-02]",
+                                                     f"{lab.rack}-p1": t[2], f"{lab.rack}-{q}": t[3]},
+                       drained=[t[3]])
+        back = _mctl(lab, site, "--json", "partition", "restore", t[3])
+        assert back.returncode == 0, back.stderr + back.stdout[-3000:]
+        assert json.loads(back.stdout)["run"]["status"] == "succeeded"
+        _assert_layers(lab, [t[:2], t[2:4]], {f"{lab.rack}-p0": f"{lab.rack}-tray[01-02]",
+                                              f"{lab.rack}-p1": f"{lab.rack}-tray[03-04]"}, drained=[t[3]])
+    finally:
+        lab.run(lab.head, f"scontrol update NodeName={t[3]} State=RESUME; true", check=False)
