@@ -342,7 +342,10 @@ def _boot_id(lab, host) -> str:
 def _resume_if_slurm_says_rebooted(lab, tray):
     """A real slurmctld marks an unexpected reboot DOWN (ReturnToService=1); the test leaves the node as it was."""
     res = lab.run(lab.head, f"scontrol show node {tray} 2>/dev/null", check=False, timeout=30)
-    if res.returncode != 0 or "unexpectedly rebooted" not in res.stdout:
+    # The reason text outlives the DOWN state (Slurm keeps it on the idle node): only a node still DOWN
+    # for the reboot is resumed (RESUME of an idle node is refused: "Invalid node state specified").
+    state = next((w.split("=", 1)[1] for w in res.stdout.split() if w.startswith("State=")), "")
+    if res.returncode != 0 or "unexpectedly rebooted" not in res.stdout or "DOWN" not in state:
         return
     wait_for("slurmd on the rebooted tray", lambda: lab.run(tray, "pgrep -x slurmd", check=False).returncode == 0)
     lab.run(lab.head, f"scontrol update NodeName={tray} State=RESUME", timeout=30)
