@@ -41,7 +41,22 @@ from mctl.errors import EnvironmentProblem
 
 APT_PORT = 8080
 KEY_NAME = "mctl-lab-archive.asc"
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
+# A tray's own reason for a package's post-installation script to fail (`postinst_fails`): one file per
+# package, read by that package's real postinst under dpkg, so apt reports the failure as on hardware
+# (a driver's DKMS build failing on one tray's kernel, a daemon's setup failing on a full disk).
+POSTINST_FAULTS_IN_HOST = "/var/lib/mctl-lab/postinst-fails"
+_POSTINST = """#!/bin/sh
+# {name} {version}: post-installation script of the mctl virtual lab's package (mctl/lab/aptrepo.py).
+# It fails, as a broken one does, on a tray where `postinst_fails` left a reason for it.
+set -e
+reason={faults}/{name}
+if [ "$1" = configure ] && [ -e "$reason" ]; then
+    echo "{name} post-installation script: $(head -c 300 "$reason")" >&2
+    exit 1
+fi
+exit 0
+"""
 PROGRAMS = {"dpkg-deb": "dpkg", "dpkg-scanpackages": "dpkg-dev", "gpg": "gpg", "gpgconf": "gpgconf"}
 _PKG = re.compile(r"^([a-z0-9][a-z0-9+.-]+)=([0-9][A-Za-z0-9.+~:-]*)$")
 
@@ -164,6 +179,9 @@ def build_deb(p: Package, arch: str, dest_dir: Path, work: Path, ctx) -> Path:
         target.write_bytes(data)
         target.chmod(mode)
     (root / "DEBIAN/control").write_text(_control(p, arch, emulated=bool(_package_files(p, ctx))))
+    postinst = root / "DEBIAN/postinst"
+    postinst.write_text(_POSTINST.format(name=p.name, version=p.version, faults=POSTINST_FAULTS_IN_HOST))
+    postinst.chmod(0o755)
     out = dest_dir / f"{p.filename}_{arch}.deb"
     _run(["dpkg-deb", "--root-owner-group", "-Zgzip", "-z1", "--build", str(root), str(out)], f"dpkg-deb {p.name}")
     return out
@@ -230,6 +248,23 @@ def withhold(lab_dir: Path, repository: str, packages: set[str]) -> None:
     with _Gpg() as g:
         g.gpg("--import", str(signing_key_file(lab_dir)))
         _index(g, d, repository, _arch(), set(packages))
+
+
+def postinst_fails(lab_dir: Path, tray: str, package: str, reason: str | None) -> None:
+    """Make *package*'s post-installation script fail on *tray* with *reason* (None: no longer fail).
+
+    The script is the package's own (every lab package has one); dpkg runs it when apt installs or
+    configures the package, so the tray sees a package whose postinst fails, in apt's and dpkg's words."""
+    from mctl.lab import hosts
+
+    if not re.match(r"^[a-z0-9][a-z0-9+.-]+$", package):
+        raise EnvironmentProblem(f"{package!r} is not a package name")
+    path = hosts.host_path(lab_dir, tray, f"{POSTINST_FAULTS_IN_HOST}/{package}")
+    if reason is None:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(reason.replace("\n", " ")[:300] + "\n")
 
 
 def build(lab_dir: Path, images_dir: Path, ctx) -> Path:
