@@ -55,8 +55,27 @@ if [ "$1" = configure ] && [ -e "$reason" ]; then
     echo "{name} post-installation script: $(head -c 300 "$reason")" >&2
     exit 1
 fi
-exit 0
+{driver}exit 0
 """
+# The driver's metapackage (nvidia-driver-<branch>[-open]) stands in for the kernel module it brings: the
+# lab's GPUs (gpus.json, read by the nvidia-smi and IMEX emulators) report its version once it is
+# configured. On hardware the new module answers after the reboot (or module reload) that follows.
+_DRIVER_POSTINST = """if [ "$1" = configure ] && [ -f /var/lib/mctl-lab/gpus.json ]; then
+    /usr/bin/python3 -I - <<'PY'
+import json, os
+path = "/var/lib/mctl-lab/gpus.json"
+with open(path) as fh:
+    state = json.load(fh)
+state["driver_version"] = "{upstream}"
+{cuda}if "driver_branch" in state:
+    state["driver_branch"] = "{branch}"
+with open(path + ".mctl-new", "w") as fh:
+    json.dump(state, fh, indent=2)
+os.replace(path + ".mctl-new", path)
+PY
+fi
+"""
+DRIVER_PACKAGE = re.compile(r"^nvidia-driver-([0-9]{3})(-open)?$")
 PROGRAMS = {"dpkg-deb": "dpkg", "dpkg-scanpackages": "dpkg-dev", "gpg": "gpg", "gpgconf": "gpgconf"}
 _PKG = re.compile(r"^([a-z0-9][a-z0-9+.-]+)=([0-9][A-Za-z0-9.+~:-]*)$")
 
@@ -165,6 +184,18 @@ def _package_files(p: Package, ctx) -> list[tuple[str, bytes, int]]:
     return out
 
 
+def _driver_postinst(p: Package) -> str:
+    from mctl.lab.emulators.nvidia_smi import BRANCHES
+
+    m = DRIVER_PACKAGE.match(p.name)
+    if not m:
+        return ""
+    upstream = re.sub(r"^[0-9]+:", "", p.version).rsplit("-", 1)[0]
+    cuda = BRANCHES.get(m.group(1), (None, None))[1]
+    return _DRIVER_POSTINST.format(upstream=upstream, branch=m.group(1),
+                                   cuda=f'state["cuda_version"] = "{cuda}"\n' if cuda else "")
+
+
 def build_deb(p: Package, arch: str, dest_dir: Path, work: Path, ctx) -> Path:
     root = work / p.filename
     (root / "DEBIAN").mkdir(parents=True)
@@ -180,7 +211,8 @@ def build_deb(p: Package, arch: str, dest_dir: Path, work: Path, ctx) -> Path:
         target.chmod(mode)
     (root / "DEBIAN/control").write_text(_control(p, arch, emulated=bool(_package_files(p, ctx))))
     postinst = root / "DEBIAN/postinst"
-    postinst.write_text(_POSTINST.format(name=p.name, version=p.version, faults=POSTINST_FAULTS_IN_HOST))
+    postinst.write_text(_POSTINST.format(name=p.name, version=p.version, faults=POSTINST_FAULTS_IN_HOST,
+                                         driver=_driver_postinst(p)))
     postinst.chmod(0o755)
     out = dest_dir / f"{p.filename}_{arch}.deb"
     _run(["dpkg-deb", "--root-owner-group", "-Zgzip", "-z1", "--build", str(root), str(out)], f"dpkg-deb {p.name}")

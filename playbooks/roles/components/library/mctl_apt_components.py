@@ -50,7 +50,7 @@ class Failed(Exception):
     pass
 
 
-def apt_errors(text, limit=400):
+def apt_errors(text, limit=700):
     """apt's own error lines (E:/W:/Err:), else the tail of its output."""
     lines = [ln.strip() for ln in text.splitlines()
              if re.match(r"^\s*(E:|W:|Err:|dpkg: error|.*(pre|post)-(installation|removal) script)", ln)]
