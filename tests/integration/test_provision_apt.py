@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -102,6 +103,14 @@ def test_every_component_installed_pinned_held_and_running(oslab, first_run):
         assert oslab.run(tray, "systemctl is-enabled nvidia-imex").stdout.strip() == "enabled"
         assert oslab.run(tray, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout.split()[0] \
             == "570.148.08"
+        # time sync: chronyd runs and has selected the site's time server (the rack's, mctl/lab/ntp.py); in the
+        # lab it runs with -x, so this proves the daemon, its configuration and its source, not clock steering
+        assert oslab.run(tray, "systemctl is-enabled chrony").stdout.strip() == "enabled"
+        assert 'DAEMON_OPTS="-F 1 -x"' in oslab.run(tray, "cat /etc/default/chrony").stdout
+        tracking = oslab.run(tray, "chronyc -n tracking").stdout
+        server = oslab.addresses[tray].rsplit(".", 1)[0] + ".200"
+        assert re.search(r"^Reference ID\s*: [0-9A-F]{8} \(" + re.escape(server) + r"\)$", tracking, re.M), tracking
+        assert re.search(r"^Leap status\s*: Normal$", tracking, re.M), tracking
 
 
 def test_missing_version_and_broken_postinst_fail_naming_the_component_then_retry_finishes(oslab, first_run):
