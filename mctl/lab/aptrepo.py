@@ -41,7 +41,41 @@ from mctl.errors import EnvironmentProblem
 
 APT_PORT = 8080
 KEY_NAME = "mctl-lab-archive.asc"
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
+# A tray's own reason for a package's post-installation script to fail (`postinst_fails`): one file per
+# package, read by that package's real postinst under dpkg, so apt reports the failure as on hardware
+# (a driver's DKMS build failing on one tray's kernel, a daemon's setup failing on a full disk).
+POSTINST_FAULTS_IN_HOST = "/var/lib/mctl-lab/postinst-fails"
+_POSTINST = """#!/bin/sh
+# {name} {version}: post-installation script of the mctl virtual lab's package (mctl/lab/aptrepo.py).
+# It fails, as a broken one does, on a tray where `postinst_fails` left a reason for it.
+set -e
+reason={faults}/{name}
+if [ "$1" = configure ] && [ -e "$reason" ]; then
+    echo "{name} post-installation script: $(head -c 300 "$reason")" >&2
+    exit 1
+fi
+{driver}exit 0
+"""
+# The driver's metapackage (nvidia-driver-<branch>[-open]) stands in for the kernel module it brings: the
+# lab's GPUs (gpus.json, read by the nvidia-smi and IMEX emulators) report its version once it is
+# configured. On hardware the new module answers after the reboot (or module reload) that follows.
+_DRIVER_POSTINST = """if [ "$1" = configure ] && [ -f /var/lib/mctl-lab/gpus.json ]; then
+    /usr/bin/python3 -I - <<'PY'
+import json, os
+path = "/var/lib/mctl-lab/gpus.json"
+with open(path) as fh:
+    state = json.load(fh)
+state["driver_version"] = "{upstream}"
+{cuda}if "driver_branch" in state:
+    state["driver_branch"] = "{branch}"
+with open(path + ".mctl-new", "w") as fh:
+    json.dump(state, fh, indent=2)
+os.replace(path + ".mctl-new", path)
+PY
+fi
+"""
+DRIVER_PACKAGE = re.compile(r"^nvidia-driver-([0-9]{3})(-open)?$")
 PROGRAMS = {"dpkg-deb": "dpkg", "dpkg-scanpackages": "dpkg-dev", "gpg": "gpg", "gpgconf": "gpgconf"}
 _PKG = re.compile(r"^([a-z0-9][a-z0-9+.-]+)=([0-9][A-Za-z0-9.+~:-]*)$")
 
@@ -150,6 +184,18 @@ def _package_files(p: Package, ctx) -> list[tuple[str, bytes, int]]:
     return out
 
 
+def _driver_postinst(p: Package) -> str:
+    from mctl.lab.emulators.nvidia_smi import BRANCHES
+
+    m = DRIVER_PACKAGE.match(p.name)
+    if not m:
+        return ""
+    upstream = re.sub(r"^[0-9]+:", "", p.version).rsplit("-", 1)[0]
+    cuda = BRANCHES.get(m.group(1), (None, None))[1]
+    return _DRIVER_POSTINST.format(upstream=upstream, branch=m.group(1),
+                                   cuda=f'state["cuda_version"] = "{cuda}"\n' if cuda else "")
+
+
 def build_deb(p: Package, arch: str, dest_dir: Path, work: Path, ctx) -> Path:
     root = work / p.filename
     (root / "DEBIAN").mkdir(parents=True)
@@ -164,6 +210,10 @@ def build_deb(p: Package, arch: str, dest_dir: Path, work: Path, ctx) -> Path:
         target.write_bytes(data)
         target.chmod(mode)
     (root / "DEBIAN/control").write_text(_control(p, arch, emulated=bool(_package_files(p, ctx))))
+    postinst = root / "DEBIAN/postinst"
+    postinst.write_text(_POSTINST.format(name=p.name, version=p.version, faults=POSTINST_FAULTS_IN_HOST,
+                                         driver=_driver_postinst(p)))
+    postinst.chmod(0o755)
     out = dest_dir / f"{p.filename}_{arch}.deb"
     _run(["dpkg-deb", "--root-owner-group", "-Zgzip", "-z1", "--build", str(root), str(out)], f"dpkg-deb {p.name}")
     return out
@@ -230,6 +280,23 @@ def withhold(lab_dir: Path, repository: str, packages: set[str]) -> None:
     with _Gpg() as g:
         g.gpg("--import", str(signing_key_file(lab_dir)))
         _index(g, d, repository, _arch(), set(packages))
+
+
+def postinst_fails(lab_dir: Path, tray: str, package: str, reason: str | None) -> None:
+    """Make *package*'s post-installation script fail on *tray* with *reason* (None: no longer fail).
+
+    The script is the package's own (every lab package has one); dpkg runs it when apt installs or
+    configures the package, so the tray sees a package whose postinst fails, in apt's and dpkg's words."""
+    from mctl.lab import hosts
+
+    if not re.match(r"^[a-z0-9][a-z0-9+.-]+$", package):
+        raise EnvironmentProblem(f"{package!r} is not a package name")
+    path = hosts.host_path(lab_dir, tray, f"{POSTINST_FAULTS_IN_HOST}/{package}")
+    if reason is None:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(reason.replace("\n", " ")[:300] + "\n")
 
 
 def build(lab_dir: Path, images_dir: Path, ctx) -> Path:

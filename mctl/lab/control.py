@@ -326,7 +326,10 @@ def _rack_inventory(files: LabFiles, layout: LabLayout,
         ctx = _rack_context(files, layout, rack)
         for svc in rack_svcs:
             if svc.inventory is not None:
-                extra.setdefault(rack, {}).update(svc.inventory(ctx))
+                more = dict(svc.inventory(ctx))
+                mine = extra.setdefault(rack, {})
+                mine.setdefault("compute_vars", {}).update(more.pop("compute_vars", {}))   # several services' vars
+                mine.update(more)
     return extra
 
 

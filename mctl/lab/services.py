@@ -170,7 +170,17 @@ def _slurm_dropin(daemon: str) -> Callable[[HostContext], bytes]:
     return text
 
 
+def _chrony_dropin(_ctx: HostContext) -> bytes:
+    return ("# Written by `mctl lab up`: the image's systemctl (docker-systemctl-replacement) does not honour the\n"
+            "# unit's `ExecStart=!` (run as root, chronyd drops to _chrony itself), and a RuntimeDirectory it creates\n"
+            "# as root keeps chronyd from making its command socket there. chronyd makes /run/chrony itself.\n"
+            # empty first: the image's systemctl keeps the FIRST value of a key (see _slurm_dropin)
+            "[Service]\nUser=\nUser=root\nRuntimeDirectory=\nExecStart=\nExecStart=/usr/sbin/chronyd $DAEMON_OPTS\n"
+            ).encode()
+
+
 HOST_FILES: tuple[HostFile, ...] = (
+    HostFile("/etc/systemd/system/chrony.service.d/10-mctl-lab.conf", ("tray",), _chrony_dropin),
     HostFile("/etc/systemd/system/slurmctld.service.d/10-mctl-lab.conf", ("head",), _slurm_dropin("slurmctld")),
     HostFile("/etc/systemd/system/slurmd.service.d/10-mctl-lab.conf", ("tray",), _slurm_dropin("slurmd")),
     HostFile(f"{EMULATOR_LIB}/nvidia_smi.py", ("tray",), python_module(EMULATORS / "nvidia_smi.py"),
@@ -281,7 +291,23 @@ def _apt_inventory(ctx: RackContext) -> dict:
 
 APT_SERVICE = RackService("aptrepo", _apt_argv, port=APT_PORT, prepare=_apt_prepare, inventory=_apt_inventory)
 
-RACK_SERVICES: tuple[RackService, ...] = (NMX_SERVICE, APT_SERVICE)
+
+# --- the lab's time server (mctl/lab/ntp.py), on each rack's service address, UDP 123 -------------
+
+def _ntp_argv(ctx: RackContext) -> list[str]:
+    return [sys.executable, "-m", "mctl.lab.ntp", "serve", "--address", ctx.address]
+
+
+def _ntp_inventory(ctx: RackContext) -> dict:
+    # The site's time servers, and what the lab's chronyd needs: never adjust the clock it shares with the
+    # machine (-x), no UDP command port (every tray shares 127.0.0.1:323; chronyc uses the Unix socket).
+    return {"compute_vars": {"time_servers": [ctx.address], "chrony_daemon_options": "-F 1 -x",
+                             "chrony_extra_config": ["cmdport 0"]}}
+
+
+NTP_SERVICE = RackService("ntp", _ntp_argv, port=None, inventory=_ntp_inventory)   # UDP: no TCP port to wait for
+
+RACK_SERVICES: tuple[RackService, ...] = (NMX_SERVICE, APT_SERVICE, NTP_SERVICE)
 
 
 def refresh_nmx(ctx: RackContext) -> int | None:

@@ -366,7 +366,7 @@ def _message(res: dict[str, Any]) -> str:
     if isinstance(msg, list):
         msg = "; ".join(map(str, msg))
     msg = str(msg).strip()
-    return msg.splitlines()[0][:300] if msg else "failed (no message)"
+    return msg.splitlines()[0][:600] if msg else "failed (no message)"   # room for a component's apt errors
 
 
 def _emit(cb: Callable[[HostEvent], None] | None, ev: HostEvent) -> None:

@@ -4,13 +4,15 @@ The trays of this module's own lab (`mctl lab up --os-only`) start with the OS i
 nvidia-smi, no IMEX. `mctl provision` installs every component of image lab-debian13 from the
 lab's signed apt repository (mctl/lab/aptrepo.py), pinned and held, and the services are asserted
 as well as the files. Faults: a tray whose repository is unreachable, a version missing from the
-repository; each fails its tray with the component and apt's error, the others go on.
+repository, a package whose post-installation script fails on one tray; each fails its tray with the
+component and apt's error, the others go on. Image lab-debian13-580 changes a tray's driver branch.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -101,9 +103,17 @@ def test_every_component_installed_pinned_held_and_running(oslab, first_run):
         assert oslab.run(tray, "systemctl is-enabled nvidia-imex").stdout.strip() == "enabled"
         assert oslab.run(tray, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout.split()[0] \
             == "570.148.08"
+        # time sync: chronyd runs and has selected the site's time server (the rack's, mctl/lab/ntp.py); in the
+        # lab it runs with -x, so this proves the daemon, its configuration and its source, not clock steering
+        assert oslab.run(tray, "systemctl is-enabled chrony").stdout.strip() == "enabled"
+        assert 'DAEMON_OPTS="-F 1 -x"' in oslab.run(tray, "cat /etc/default/chrony").stdout
+        tracking = oslab.run(tray, "chronyc -n tracking").stdout
+        server = oslab.addresses[tray].rsplit(".", 1)[0] + ".200"
+        assert re.search(r"^Reference ID\s*: [0-9A-F]{8} \(" + re.escape(server) + r"\)$", tracking, re.M), tracking
+        assert re.search(r"^Leap status\s*: Normal$", tracking, re.M), tracking
 
 
-def test_missing_version_fails_naming_the_component_then_retry_finishes(oslab, first_run):
+def test_missing_version_and_broken_postinst_fail_naming_the_component_then_retry_finishes(oslab, first_run):
     from mctl.lab import aptrepo
 
     bad, _code, _result = first_run
@@ -117,11 +127,31 @@ def test_missing_version_fails_naming_the_component_then_retry_finishes(oslab, f
     assert msg.startswith("component dcgm: apt-get install of datacenter-gpu-manager-4-core=1:4.3.1-1 failed"), msg
     # apt's own words: the only version the repository had is gone from its index
     assert "E: Unable to locate package datacenter-gpu-manager-4-core" in msg or "was not found" in msg, msg
-    # the components before it are in; --retry-failed finishes the tray
+    # the components before it are in
     assert oslab.run(bad, "dpkg-query -W -f '${Version}' nvidia-imex-570").stdout == "570.148.08-1"
+
+    # a package whose post-installation script fails on that tray (the package's own postinst, run by
+    # dpkg): the tray fails naming the component and quoting dpkg; the other tray goes on (nothing to do)
+    aptrepo.postinst_fails(oslab.dir, bad, "nvslurm-plugin-pyxis", "cannot register the SPANK plugin (lab fault)")
+    try:
+        code, result, _took = provision(oslab, oslab.rack)
+    finally:
+        aptrepo.postinst_fails(oslab.dir, bad, "nvslurm-plugin-pyxis", None)
+    assert code == 3 and result["failed_hosts"] == [bad], result
+    msg = result["hosts"][bad]["message"]
+    assert msg.startswith("component pyxis: apt-get install of nvslurm-plugin-pyxis=0.20.0-1 failed (exit 100)"), msg
+    assert "nvslurm-plugin-pyxis post-installation script: cannot register the SPANK plugin (lab fault)" in msg, msg
+    assert "installed nvslurm-plugin-pyxis package post-installation script subprocess returned error exit " \
+           "status 1" in msg, msg
+    assert result["hosts"][oslab.trays[0]]["failed"] == 0, result
+    assert oslab.run(bad, "dpkg-query -W -f '${db:Status-Status}' nvslurm-plugin-pyxis").stdout == "half-configured"
+    assert oslab.run(bad, "dpkg-query -W -f '${Version}' datacenter-gpu-manager-4-core").stdout == "1:4.3.1-1"
+
+    # fixed (the tray's fault gone): --retry-failed finishes the tray
     code, result, _took = provision(oslab, oslab.rack, "--retry-failed")
     assert code == 0 and list(result["hosts"]) == [bad], result
-    assert oslab.run(bad, "dpkg-query -W -f '${Version}' datacenter-gpu-manager-4-core").stdout == "1:4.3.1-1"
+    assert oslab.run(bad, "dpkg-query -W -f '${Version} ${db:Status-Status}' nvslurm-plugin-pyxis").stdout == \
+        "0.20.0-1 installed"
 
 
 def test_rerun_changes_nothing(oslab, first_run):
@@ -168,6 +198,54 @@ def test_boot_parameters_through_update_grub_and_reboot_required(oslab, first_ru
         inv = oslab.dir / "mctl.yml"
         inv.write_text(inv.read_text().replace(f"image: {image}\n", "image: lab-debian13\n"))
         oslab.run(tray, "rm -f /usr/local/sbin/update-grub /var/log/update-grub.calls", check=False)
+
+
+BRANCH_580 = ["nvidia-driver-580-open", "nvidia-utils-580", "libnvidia-compute-580", "nvidia-compute-utils-580",
+              "nvidia-imex-580"]
+
+
+def test_driver_branch_upgrade_570_to_580(oslab, first_run):
+    """Image lab-debian13-580 on a tray of branch 570: the 570 packages' holds released and the packages
+    removed, the 580 ones installed, pinned and held; the GPUs then report 580 and `image diff` is clean for
+    the new image. The tray is provisioned back to lab-debian13 (branch 570) afterwards."""
+    tray = oslab.trays[0]
+    image = "lab-debian13-580"
+    inv = oslab.dir / "mctl.yml"
+    try:
+        code, result, took = provision(oslab, tray, "--image", image)
+        sys.stderr.write(f"[oslab] branch change 570 -> 580 on one tray: {took:.1f} s\n")
+        assert code == 0, result
+        rows = dict(line.split("\t", 1) for line in oslab.run(
+            tray, "dpkg-query -W -f '${Package}\\t${Version} ${db:Status-Status}\\n' 'nvidia-*' "
+                  "'libnvidia-*' 'cuda-toolkit-*'").stdout.splitlines())
+        assert {p: rows.get(p) for p in BRANCH_580} == {
+            **{p: "580.105.08-0ubuntu1 installed" for p in BRANCH_580[:4]}, "nvidia-imex-580": "580.105.08-1 installed"}
+        # the old branch is gone (removed: at most its configuration files are left), CUDA 12.8's toolkit stays
+        for p in DRIVER_PKGS + ["nvidia-imex-570"]:
+            assert rows.get(p, "").split(" ")[-1] in ("", "config-files", "not-installed"), (p, rows.get(p))
+        assert rows["cuda-toolkit-13-0"] == "13.0.2-1 installed" and rows["cuda-toolkit-12-8"] == "12.8.1-1 installed"
+        assert set(oslab.run(tray, "apt-mark showhold").stdout.split()) == set(BRANCH_580)
+        pin = oslab.run(tray, "cat /etc/apt/preferences.d/mctl-nvidia-driver.pref").stdout
+        assert "Package: nvidia-utils-580\nPin: version 580.105.08-0ubuntu1\n" in pin and "570" not in pin
+        assert oslab.run(tray, "dpkg -S /usr/bin/nvidia-smi").stdout.split() == ["nvidia-utils-580:", "/usr/bin/nvidia-smi"]
+        assert oslab.run(tray, "nvidia-smi --query-gpu=driver_version,persistence_mode --format=csv,noheader"
+                         ).stdout.splitlines()[0] == "580.105.08, Enabled"
+        assert oslab.run(tray, "systemctl is-enabled nvidia-imex").stdout.strip() == "enabled"
+        # image diff (the audit's drift rules) against the new image: clean
+        inv.write_text(inv.read_text().replace("image: lab-debian13\n", f"image: {image}\n"))
+        proc = oslab.mctl("--json", "image", "diff", tray, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        doc = json.loads(proc.stdout)
+        assert [t["status"] for t in doc["trays"]] == ["match"], doc
+    finally:
+        inv.write_text(inv.read_text().replace(f"image: {image}\n", "image: lab-debian13\n"))
+        # back to branch 570: the same change the other way (the components and nvidia roles are enough)
+        code, result, _ = provision(oslab, tray, "--tags", "nvidia")
+        oslab.run(tray, "DEBIAN_FRONTEND=noninteractive apt-get purge -y -q cuda-toolkit-13-0", check=False)
+        assert code == 0, result
+    assert set(oslab.run(tray, "apt-mark showhold").stdout.split()) == set(DRIVER_PKGS) | {"nvidia-imex-570"}
+    assert oslab.run(tray, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout.split()[0] \
+        == "570.148.08"
 
 
 def _findings(doc):

@@ -54,3 +54,46 @@ def test_sources_and_pins():
         mod.source_files("cuda", {"url": "http://x/ ] trusted=yes", "key": "-----BEGIN PGP PUBLIC KEY BLOCK-----"})
     pin = mod.pin_text("imex", [("nvidia-imex-570", "570.148.08-1")])
     assert "Package: nvidia-imex-570\nPin: version 570.148.08-1\nPin-Priority: 1001\n" in pin
+
+
+def test_apt_errors_keep_dpkgs_post_installation_failure():
+    out = ("Setting up nvslurm-plugin-pyxis (0.20.0-1) ...\n"
+           "nvslurm-plugin-pyxis post-installation script: cannot register the SPANK plugin\n"
+           "dpkg: error processing package nvslurm-plugin-pyxis (--configure):\n"
+           " installed nvslurm-plugin-pyxis package post-installation script subprocess returned error exit status 1\n"
+           "Errors were encountered while processing:\n nvslurm-plugin-pyxis\n"
+           "E: Sub-process /usr/bin/dpkg returned an error code (1)\n")
+    assert mod.apt_errors(out, limit=1000) == (
+        "nvslurm-plugin-pyxis post-installation script: cannot register the SPANK plugin; "
+        "dpkg: error processing package nvslurm-plugin-pyxis (--configure):; "
+        "installed nvslurm-plugin-pyxis package post-installation script subprocess returned error exit status 1; "
+        "E: Sub-process /usr/bin/dpkg returned an error code (1)")
+
+
+def test_other_branches_of_the_images_branch_named_packages():
+    pkgs = [("nvidia-driver-580-open", "580.105.08-0ubuntu1"), ("nvidia-utils-580", "580.105.08-0ubuntu1"),
+            ("cuda-toolkit-13-0", "13.0.2-1")]
+    state = {"nvidia-driver-570-open": ("570.148.08-0ubuntu1", "installed"),
+             "nvidia-utils-570": ("570.148.08-0ubuntu1", "half-configured"),
+             "nvidia-utils-535": ("535.129.03-0ubuntu1", "config-files"),     # removed before: nothing to do
+             "nvidia-driver-570": ("570.148.08-0ubuntu1", "installed"),       # the closed flavour: not this name
+             "cuda-toolkit-12-8": ("12.8.1-1", "installed")}                  # toolkits live side by side
+    assert mod.other_branches(pkgs, state) == {"nvidia-driver-570-open": "nvidia-driver-580-open",
+                                               "nvidia-utils-570": "nvidia-utils-580"}
+
+
+def test_plan_checks_every_component_before_anything_is_written():
+    key = "-----BEGIN PGP PUBLIC KEY BLOCK-----\n..."
+    comps = {"nvidia_driver": {"delivery": "repository", "repository": "cuda", "hold": True,
+                               "packages": ["nvidia-utils-570=570.148.08-0ubuntu1"]},
+             "slurm": {"delivery": "image", "version": "24.11", "packages": ["slurmd"]},
+             "pyxis": {"delivery": "repository", "repository": "site", "packages": ["nvslurm-plugin-pyxis=0.20.0-1"]}}
+    with pytest.raises(mod.Failed, match="component pyxis: repository 'site' is not defined by the inventory"):
+        mod.Plan(comps, {"cuda": {"url": "http://127.0.0.1/cuda/", "key": key}})
+    plan = mod.Plan(comps, {"cuda": {"url": "http://127.0.0.1/cuda/", "key": key},
+                            "site": {"url": "http://127.0.0.1/site/", "key": key}})
+    state = {"nvidia-utils-570": ("570.148.08-0ubuntu1", "installed"), "slurmd": ("24.11.5-4", "installed"),
+             "nvslurm-plugin-pyxis": ("0.20.0-1", "half-configured")}
+    # a half-configured package is not installed yet: its component is installed (configured) again
+    assert plan.wrong(state) == {"pyxis": [("nvslurm-plugin-pyxis", "0.20.0-1")]}
+    assert plan.repo("pyxis")[0] == "site" and plan.repo("slurm") is None

@@ -62,6 +62,15 @@ def test_real_build_is_signed_and_indexed(tmp_path):
     contents = subprocess.run(["dpkg-deb", "-c", *root.glob("cuda/nvidia-utils-570_*.deb")], capture_output=True,
                               text=True, check=True).stdout
     assert "./usr/bin/nvidia-smi" in contents
+    # both driver branches are served; every package has a real postinst, the driver's sets the lab GPUs' version
+    assert "Package: nvidia-utils-580\nVersion: 580.105.08-0ubuntu1\n" in index
+    for deb, has_driver in (("nvidia-driver-580-open_*.deb", True), ("nvidia-imex-580_*.deb", False)):
+        ctl = tmp_path / deb.split("_")[0]
+        subprocess.run(["dpkg-deb", "-e", *root.glob(f"cuda/{deb}"), str(ctl)], check=True, capture_output=True)
+        postinst = (ctl / "postinst").read_text()
+        assert f"{aptrepo.POSTINST_FAULTS_IN_HOST}/{deb.split('_')[0]}" in postinst
+        assert ('state["driver_version"] = "580.105.08"' in postinst) is has_driver
+        assert ('state["cuda_version"] = "13.0"' in postinst) is has_driver
     assert (aptrepo.signing_key_file(tmp_path).stat().st_mode & 0o777) == 0o600
     if shutil.which("gpgv"):
         # the Release signature verifies with the published key alone (what the trays get)

@@ -50,9 +50,10 @@ class Failed(Exception):
     pass
 
 
-def apt_errors(text, limit=400):
+def apt_errors(text, limit=700):
     """apt's own error lines (E:/W:/Err:), else the tail of its output."""
-    lines = [ln.strip() for ln in text.splitlines() if re.match(r"^\s*(E:|W:|Err:|dpkg: error)", ln)]
+    lines = [ln.strip() for ln in text.splitlines()
+             if re.match(r"^\s*(E:|W:|Err:|dpkg: error|.*(pre|post)-(installation|removal) script)", ln)]
     out = "; ".join(lines) if lines else " ".join(text.split()[-40:])
     return out[:limit]
 
@@ -82,17 +83,6 @@ def write_if_changed(path, text, mode, check):
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     return True
-
-
-def installed_versions(names):
-    """name -> version of the packages dpkg has fully installed."""
-    rc, out = run(["dpkg-query", "-W", "-f", "${Package}\t${Version}\t${db:Status-Status}\n"] + list(names), 30)
-    have = {}
-    for line in out.splitlines():
-        parts = line.split("\t")
-        if len(parts) == 3 and parts[2] == "installed":
-            have[parts[0]] = parts[1]
-    return have
 
 
 def held():
@@ -153,6 +143,116 @@ def pin_text(comp_name, pkgs):
     return "".join(out)
 
 
+APT_UPDATE = ["apt-get", "update", "-q", "--error-on=any", "-o", "Dir::Etc::sourceparts=-",
+              "-o", "APT::Get::List-Cleanup=0", "-o", "Acquire::Retries=0", "-o", "Acquire::http::Timeout=10",
+              "-o", "Acquire::Languages=none"]
+APT_INSTALL = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "--allow-change-held-packages",
+               "--allow-downgrades", "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold"]
+BRANCHED = re.compile(r"^(.+)-([0-9]{3})(-open|-server|-server-open)?$")
+
+
+def other_branches(pkgs, state):
+    """Installed packages of another driver branch than the image's, for the image's branch-named packages
+    (nvidia-utils-570 where the image wants nvidia-utils-580): name -> the image's package it gives way to."""
+    out = {}
+    for name, _v in pkgs:
+        m = BRANCHED.match(name)
+        if not m:
+            continue
+        pat = re.compile("^" + re.escape(m.group(1)) + "-([0-9]{3})" + re.escape(m.group(3) or "") + "$")
+        for have in state:
+            hm = pat.match(have)
+            if hm and hm.group(1) != m.group(2) and state[have][1] not in ("not-installed", "config-files"):
+                out[have] = name
+    return out
+
+
+def package_state(names, patterns=()):
+    """name -> (version, dpkg status) of every package dpkg knows among *names* and the glob *patterns*."""
+    rc, out = run(["dpkg-query", "-W", "-f", "${Package}\t${Version}\t${db:Status-Status}\n"]
+                  + list(names) + list(patterns), 30)
+    state = {}
+    for line in out.splitlines():
+        parts = line.split("\t")
+        if len(parts) == 3 and parts[1]:
+            state[parts[0]] = (parts[1], parts[2])
+    return state
+
+
+class Plan:
+    """The image's components, checked before anything is written: (name, spec, [(pkg, version)], repo)."""
+
+    def __init__(self, components, repositories):
+        self.items = []
+        for comp_name, comp in components.items():
+            comp = comp or {}
+            pkgs = parse_packages(comp_name, comp)
+            delivery = comp.get("delivery", "repository")
+            repo = None
+            if delivery == "repository":
+                repo_name = comp.get("repository")
+                if not repo_name:
+                    raise Failed(f"component {comp_name}: delivery is repository but the image names no repository")
+                spec = (repositories or {}).get(repo_name)
+                if spec is None:
+                    raise Failed(f"component {comp_name}: repository {repo_name!r} is not defined by the inventory "
+                                 f"(apt_repositories.{repo_name}: url, suite, key_file)")
+                repo = (repo_name, spec, source_files(repo_name, spec))
+            self.items.append((comp_name, comp, pkgs, delivery, repo))
+
+    def repo(self, comp_name):
+        return next(r for c, _s, _p, _d, r in self.items if c == comp_name)
+
+    def names(self):
+        return [n for _c, _s, pkgs, _d, _r in self.items for n, _v in pkgs]
+
+    def wrong(self, state):
+        """component -> its packages not (fully) installed at the wanted version, in the image's order."""
+        out = {}
+        for comp_name, comp, pkgs, _d, _r in self.items:
+            cv = str(comp.get("version") or "")
+            have = {n: v for n, (v, st) in state.items() if st == "installed"}
+            bad = [(n, v) for n, v in pkgs if not version_ok(v, have.get(n), cv)]
+            if bad:
+                out[comp_name] = bad
+        return out
+
+
+def update(plan, repos, timeout):
+    """One `apt-get update` of the given repositories' sources only (the OS's own are not read, so a slow
+    or unreachable distribution mirror neither fails nor slows a tray). When it fails: one update per
+    repository, in the image's order, to name the first component whose repository cannot be read."""
+    lines = {}
+    for _c, _s, _p, _d, repo in plan.items:
+        if repo and repo[0] in repos:
+            lines[repo[0]] = repo[2][3].splitlines()[-1] + "\n"
+
+    def one(names):
+        fd, tmp = tempfile.mkstemp(prefix="mctl-sources-", suffix=".list")
+        with os.fdopen(fd, "w") as fh:
+            fh.write("".join(lines[n] for n in sorted(names)))
+        try:
+            return run(APT_UPDATE + ["-o", f"Dir::Etc::sourcelist={tmp}"], timeout)
+        finally:
+            os.unlink(tmp)
+
+    rc, out = one(repos)
+    if rc == 0:
+        return
+    for comp_name, _c, _p, _d, repo in plan.items:
+        if repo and repo[0] in lines:
+            rc1, out1 = one({repo[0]})
+            if rc1 != 0:
+                raise Failed(f"component {comp_name}: apt-get update of repository {repo[0]} "
+                             f"({repo[1]['url']}) failed (exit {rc1}): {apt_errors(out1)}")
+            del lines[repo[0]]
+    # each repository alone was read: the joint update's failure was passing (kept in apt's words if it recurs)
+
+
+def install(pkgs, timeout):
+    return run(APT_INSTALL + [f"{n}={v}" for n, v in pkgs], timeout)
+
+
 def main():
     module = AnsibleModule(argument_spec={
         "components": {"type": "dict", "required": True},
@@ -165,70 +265,93 @@ def main():
     check = module.check_mode
     changed = False
     report = {}
-    updated = set()
+    to_hold = []
     try:
-        to_hold = []
-        for comp_name, comp in p["components"].items():
-            comp = comp or {}
-            pkgs = parse_packages(comp_name, comp)
-            delivery = comp.get("delivery", "repository")
-            names = [n for n, _ in pkgs]
-            have = installed_versions(names)
-            cv = str(comp.get("version") or "")
-            wrong = [(n, v) for n, v in pkgs if not version_ok(v, have.get(n), cv)]
-            entry = {"delivery": delivery, "packages": dict(pkgs), "installed": []}
-            if delivery == "repository":
-                repo_name = comp.get("repository")
-                if not repo_name:
-                    raise Failed(f"component {comp_name}: delivery is repository but the image names no repository")
-                repo = (p["repositories"] or {}).get(repo_name)
-                if repo is None:
-                    raise Failed(f"component {comp_name}: repository {repo_name!r} is not defined by the inventory "
-                                 f"(apt_repositories.{repo_name}: url, suite, key_file)")
-                keyring, key, src, line = source_files(repo_name, repo)
+        plan = Plan(p["components"], p["repositories"])
+        # the files first, for every component: keys, sources, pins (unchanged ones are not rewritten)
+        for comp_name, comp, pkgs, delivery, repo in plan.items:
+            report[comp_name] = {"delivery": delivery, "packages": dict(pkgs), "installed": []}
+            if repo:
+                repo_name, _spec, (keyring, key, src, line) = repo
+                report[comp_name]["repository"] = repo_name
                 c1 = write_if_changed(keyring, key, 0o644, check)
                 c2 = write_if_changed(src, line, 0o644, check)
                 c3 = write_if_changed(f"{PREFS}/mctl-{comp_name.replace('_', '-')}.pref", pin_text(comp_name, pkgs),
                                       0o644, check)
                 changed |= c1 or c2 or c3
-                entry["repository"] = repo_name
-                if wrong and not check:
-                    if repo_name not in updated:
-                        rc, out = run(["apt-get", "update", "-q", "--error-on=any",
-                                       "-o", f"Dir::Etc::sourcelist={src}", "-o", "Dir::Etc::sourceparts=-",
-                                       "-o", "APT::Get::List-Cleanup=0", "-o", "Acquire::Retries=0",
-                                       "-o", "Acquire::http::Timeout=10"], p["update_timeout"])
-                        if rc != 0:
-                            raise Failed(f"component {comp_name}: apt-get update of repository {repo_name} "
-                                         f"({repo['url']}) failed (exit {rc}): {apt_errors(out)}")
-                        updated.add(repo_name)
-                    rc, out = run(["apt-get", "install", "-y", "-q", "--no-install-recommends",
-                                   "--allow-change-held-packages", "--allow-downgrades",
-                                   "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold"]
-                                  + [f"{n}={v}" for n, v in wrong], p["install_timeout"])
-                    if rc != 0:
-                        raise Failed(f"component {comp_name}: apt-get install of "
-                                     f"{' '.join(f'{n}={v}' for n, v in wrong)} failed (exit {rc}): {apt_errors(out)}")
-                    entry["installed"] = [f"{n}={v}" for n, v in wrong]
-                    changed = True
-                    have = installed_versions(names)
-                    wrong = [(n, v) for n, v in pkgs if not version_ok(v, have.get(n), cv)]
-                elif wrong:
-                    entry["installed"] = [f"{n}={v}" for n, v in wrong]
-                    changed = True
-                    wrong = []
-            if wrong:
-                raise Failed(f"component {comp_name} ({delivery}): " + ", ".join(
-                    f"{n} wanted {v or cv + '.*'}, {'installed ' + have[n] if n in have else 'not installed'}" for n, v in wrong))
             if comp.get("hold"):
-                to_hold.extend(names)
-            report[comp_name] = entry
+                to_hold.extend(n for n, _v in pkgs)
+        # one dpkg-query for every package, and for other branches of the branch-named ones
+        patterns = sorted({f"{m.group(1)}-[0-9][0-9][0-9]{m.group(3) or ''}" for n in plan.names()
+                           for m in [BRANCHED.match(n)] if m})
+        state = package_state(plan.names(), patterns)
+        wrong = plan.wrong(state)
+        fetch = {c: pk for c, pk in wrong.items() if plan.repo(c)}
+        held_now = held()
+        old = {}
+        for comp_name, comp, pkgs, _d, repo in plan.items:
+            if repo and comp.get("hold"):
+                old.update({o: (comp_name, n) for o, n in other_branches(pkgs, state).items()})
+        if fetch and check:
+            changed = True
+            for c, pk in fetch.items():
+                report[c]["installed"] = [f"{n}={v}" for n, v in pk]
+        elif fetch:
+            update(plan, {plan.repo(c)[0] for c in fetch}, p["update_timeout"])
+            if old:
+                # a driver-branch change: the old branch's packages are released and removed before the new
+                # branch's are installed (both ship the same programs and libraries)
+                comp_of = sorted({c for c, _n in old.values()}, key=lambda c: [i[0] for i in plan.items].index(c))
+                gone = sorted(old)
+                unhold = sorted(set(gone) & held_now)
+                if unhold:
+                    rc, out = run(["apt-mark", "unhold"] + unhold, 60)
+                    if rc != 0:
+                        raise Failed(f"component {comp_of[0]}: apt-mark unhold {' '.join(unhold)} failed "
+                                     f"(exit {rc}): {apt_errors(out)}")
+                    held_now -= set(unhold)
+                rc, out = run(["apt-get", "remove", "-y", "-q", "--allow-change-held-packages"] + gone,
+                              p["install_timeout"])
+                if rc != 0:
+                    raise Failed(f"component {comp_of[0]}: apt-get remove of the old branch's {' '.join(gone)} "
+                                 f"failed (exit {rc}): {apt_errors(out)}")
+                for c, _n in old.values():
+                    report[c].setdefault("removed", [])
+                for o, (c, _n) in sorted(old.items()):
+                    report[c]["removed"].append(f"{o}={state[o][0]}")
+                changed = True
+            # every missing package of every component in one apt-get install
+            batch = [pk for pks in fetch.values() for pk in pks]
+            rc, out = install(batch, p["install_timeout"])
+            changed = True
+            if rc != 0:
+                # name the component: install them one component at a time, in the image's order, until one fails
+                state = package_state(plan.names())
+                for c, pks in plan.wrong(state).items():
+                    if c not in fetch:
+                        continue
+                    rc, out = install(pks, p["install_timeout"])
+                    if rc != 0:
+                        raise Failed(f"component {c}: apt-get install of "
+                                     f"{' '.join(f'{n}={v}' for n, v in pks)} failed (exit {rc}): {apt_errors(out)}")
+            for c, pk in fetch.items():
+                report[c]["installed"] = [f"{n}={v}" for n, v in pk]
+            state = package_state(plan.names())
+            wrong = plan.wrong(state)
+        for comp_name, comp, pkgs, delivery, repo in plan.items:
+            bad = [] if (check and repo) else wrong.get(comp_name, [])
+            if bad:
+                cv = str(comp.get("version") or "")
+                raise Failed(f"component {comp_name} ({delivery}): " + ", ".join(
+                    f"{n} wanted {v or cv + '.*'}, "
+                    + (f"installed {state[n][0]}" if state.get(n, ("", ""))[1] == "installed" else
+                       f"{state[n][0]} {state[n][1]}" if n in state else "not installed") for n, v in bad))
         if p["kernel_package"]:
             kp = p["kernel_package"]
-            if not installed_versions([kp]):
+            if package_state([kp]).get(kp, ("", ""))[1] != "installed":
                 raise Failed(f"kernel {kp}: the image's kernel package is not installed")
             to_hold.append(kp)
-        new_holds = sorted(set(to_hold) - held())
+        new_holds = sorted(set(to_hold) - held_now)
         if new_holds:
             changed = True
             if not check:
