@@ -3,7 +3,11 @@
 A sweep sends the probe to every tray and asks the scheduler for its node
 states at the same time (one round trip per tray and one to the controller),
 runs the check catalogue, then, when remediating, lets the policy decide and
-the scheduler adapter act. `mctl health check` runs one sweep with a fresh
+the scheduler adapter act. When it acts, a tray whose own answer decides a
+drain is drained as that answer arrives (_EarlyDrains), so a frozen tray's
+deadline never delays another tray's drain; everything else is decided once
+every tray has answered (docs/health.md, "Drains as the answers arrive").
+`mctl health check` runs one sweep with a fresh
 connection pool; `mctl health watch` keeps one Engine (and its pool) for days.
 """
 
