@@ -462,8 +462,11 @@ class _EarlyDrains:
         await self.task
 
     def cancel(self) -> None:
+        """Stop the task if the sweep ends another way (it failed, or a second Ctrl-C cancelled it)."""
         if not self.task.done():
             self.task.cancel()
+        elif not self.task.cancelled():
+            self.task.exception()       # retrieved: the sweep's own error is the one reported
 
 
 def _with_drain_of(advanced: policy.TrayRecord, drained: policy.TrayRecord) -> policy.TrayRecord:
