@@ -230,6 +230,7 @@ class Soak:
         self.env = dict(env or os.environ, NO_COLOR="1")
         self.log = log or (lambda m: sys.stderr.write(f"[chaos] {m}\n"))
         self.watches: list[WatchProc] = []
+        self.loads: list[float] = []            # the machine's 1-minute load average, once a second
         self.polls: list[tuple[float, dict[str, tuple[str, str]]]] = []
         self.poll_errors = 0
         self._stop = threading.Event()
@@ -290,6 +291,7 @@ class Soak:
                 self._operator_after_reboot(nodes)
             for w in self.watches[-1:]:
                 w.sample_rss()
+            self.loads.append(os.getloadavg()[0])
             self._stop.wait(1.0)
 
     def start_watch(self) -> WatchProc:
@@ -340,6 +342,9 @@ class Soak:
             self._stop.set()
             for w in self.watches:
                 w.stop()
+            for i, w in enumerate(self.watches):     # what each watch printed, for a look afterwards
+                (self.workdir / f"watch-{i + 1}.log").write_text(
+                    "".join(line + "\n" for _, line in w.lines) + w.stderr)
             self.clear_everything()
             if poller.is_alive():
                 poller.join(timeout=30)
@@ -533,6 +538,9 @@ class Soak:
                     "not_drained_during_outage": excused,
                     "p50_s": pct(clean, 0.5), "p99_s": pct(clean, 0.99), "max_s": pct(clean, 1.0),
                     "samples_s": [round(x, 2) for x in sorted(clean)],
+                    "by_fault": [f"{f.kind} {f.tray} @{f.start:.0f}s: "
+                                 f"{'%.2fs' % (f.drained - f.injected) if f.drained else 'not drained'}"
+                                 f"{' (outage/kill)' if self._overlap(f) else ''}" for f in done],
                     "during_scheduler_outage_or_watch_kill_s": [round(x, 2) for x in sorted(disturbed)]}
         # flaps
         flaps = {}
@@ -567,6 +575,8 @@ class Soak:
             "conditions": {"trays": len(self.trays), "seconds": self.seconds, "seed": self.seed,
                            "interval_s": self.interval, "health": self.health, "cpus": os.cpu_count(),
                            "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+                           "loadavg_1m_during": {"min": pct(self.loads, 0.0), "p50": pct(self.loads, 0.5),
+                                                 "max": pct(self.loads, 1.0)},
                            "max_concurrent_tray_faults": self.max_concurrent,
                            "faults_by_kind": {k: sum(f.kind == k for f in faults) for k in KINDS},
                            "fault_errors": [f"{f.kind} {f.tray}: {f.error}" for f in faults + globals_ if f.error],
@@ -602,6 +612,7 @@ class Soak:
             "operator_drain_untouched": bool(final.get("operator_drain", {}).get("untouched")),
             "rss_growth_lt_10mib": growth is None or growth < 10,
         }
+        result["workdir"] = str(self.workdir)
         return result
 
     def _overlap(self, f: Fault) -> bool:
@@ -614,7 +625,8 @@ def summary(r: dict) -> str:
     c, s, ftd = r["conditions"], r["sweeps"], r["fault_to_drain"]
     lines = [f"chaos soak: {c['trays']} trays, {c['seconds'] / 60:.1f} min, seed {c['seed']}, interval "
              f"{c['interval_s']:g}s, {sum(c['faults_by_kind'].values())} tray faults "
-             f"(at most {c['max_concurrent_tray_faults']} at once), load {c['loadavg_end']} on {c['cpus']} CPUs",
+             f"(at most {c['max_concurrent_tray_faults']} at once), load {c['loadavg_end']} on {c['cpus']} CPUs "
+             f"(1-min load during: {c['loadavg_1m_during']}); files in {r.get('workdir')}",
              f"  sweeps: {s['count']}, max {s['max_s']}s, p99 {s['p99_s']}s, p50 {s['p50_s']}s; "
              f"{s['over_bound']} over {s['bound_s']:g}s"]
     for name in ("gpu", "unreachable"):

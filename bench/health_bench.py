@@ -22,8 +22,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -41,14 +43,16 @@ def mctl(*args: str, env: dict, timeout: float = 900) -> subprocess.CompletedPro
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def start_lab(trays: int, workdir: Path, env: dict) -> Path:
+def start_lab(trays: int, workdir: Path, env: dict, *, racks: int = 1, slurm: bool = True) -> Path:
     from mctl.lab import control
     from mctl.lab.procs import listening_tcp
 
     used = {int(a.split(".")[1]) for a, _ in listening_tcp() if a.startswith("127.")}
     net = next(n for n in range(160, 255) if n not in used)
-    result = control.up(workdir / "lab", racks=1, trays=trays, net=net,
+    result = control.up(workdir / "lab", racks=racks, trays=trays, net=net,
                         progress=lambda m: sys.stderr.write(f"[lab] {m}\n"))
+    if not slurm:
+        return result.dir
     sys.stderr.write("[bench] deploying Slurm (a few minutes) ...\n")
     proc = mctl("-i", str(result.dir), "deploy", "slurm", env=env)
     if proc.returncode != 0:
@@ -56,10 +60,12 @@ def start_lab(trays: int, workdir: Path, env: dict) -> Path:
     return result.dir
 
 
-def site_copy(lab_dir: Path, workdir: Path, interval: float) -> Path:
+def site_copy(lab_dir: Path, workdir: Path, interval: float, *, scheduler: bool = True) -> Path:
     import yaml
 
     doc = yaml.safe_load((lab_dir / "mctl.yml").read_text())
+    if not scheduler:
+        doc.pop("scheduler", None)      # a lab without Slurm deployed: no controller read beside the probes
     # the share is the rack's: one drain at a time here, never the breaker's business
     doc["health"] = {"interval": interval, "resume_after_healthy_sweeps": 1, "imex": "ignore",
                      "breaker": {"max_drained_share": 1.0, "window": "1h"}}
@@ -218,6 +224,69 @@ def measure_fault_to_drain(lab_dir: Path, site_dir: Path, state: Path, interval:
             "target_s": interval + 2}
 
 
+_SWEEP_LINE = re.compile(r" SWEEP   #(\d+): (.*) (\d+\.\d+)s$")
+
+
+def measure_frozen_sweeps(lab_dir: Path, site_dir: Path, state: Path, *, interval: float, frozen: int,
+                          seconds: float, env: dict) -> dict:
+    """The sweep bound with trays frozen: the real `mctl health watch --interval I` over every tray of
+    the lab while *frozen* trays (of different racks where there are several) are frozen
+    (`lab fault --freeze`: SIGSTOP, open connections stay open and nothing answers). Reports every
+    sweep's duration from the watch's SWEEP lines and how many trays each sweep saw unreachable."""
+    from mctl.inventory import load_site
+    from mctl.lab import control
+    from mctl.lab.faults import FaultRequest
+
+    site = load_site(str(site_dir))
+    racks = list(site.racks.values())
+    # one frozen tray per rack first, the last tray of each (the slowest to be reached in order)
+    victims = [r.compute[-1 - i // len(racks)].name for i, r in zip(range(frozen), racks * frozen)]
+    watch = subprocess.Popen([sys.executable, "-m", "mctl", "-i", str(site_dir), "--state-dir", str(state),
+                              "health", "watch", "--interval", f"{interval:g}"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+    lines: list[tuple[float, int, str, float]] = []          # (monotonic, sweep, counts, seconds)
+    frozen_at = None
+    try:
+        deadline = time.monotonic() + 3 * interval + 120       # the first sweep opens every connection
+        while True:
+            line = watch.stdout.readline()
+            if not line:
+                raise SystemExit(f"the watch ended: {watch.stderr.read()[-2000:]}")
+            m = _SWEEP_LINE.search(line.rstrip())
+            if m:
+                lines.append((time.monotonic(), int(m.group(1)), m.group(2), float(m.group(3))))
+                if frozen_at is None and len(lines) >= 2:
+                    for v in victims:
+                        control.fault(lab_dir, v, FaultRequest(unreachable=True))
+                    frozen_at = time.monotonic()
+                    sys.stderr.write(f"[bench] froze {', '.join(victims)}\n")
+                elif frozen_at is not None and time.monotonic() - frozen_at >= seconds:
+                    break
+            if frozen_at is None and time.monotonic() > deadline:
+                raise SystemExit("the watch did not sweep twice")
+    finally:
+        watch.send_signal(signal.SIGINT)
+        try:
+            watch.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            watch.kill()
+        for v in victims:
+            control.fault(lab_dir, v, FaultRequest(clear=True))
+    during = [(n, counts, t) for at, n, counts, t in lines if frozen_at is not None and at > frozen_at]
+    times = sorted(t for _, _, t in during)
+    bound = interval + 2
+    p99 = times[min(len(times) - 1, max(0, math.ceil(0.99 * len(times)) - 1))] if times else None
+    seen = [counts for _, counts, _ in during]
+    return {"trays": sum(len(r.compute) for r in racks), "racks": len(racks), "frozen": victims,
+            "interval_s": interval, "seconds": seconds, "sweeps": len(times),
+            "max_s": max(times) if times else None, "p99_s": p99,
+            "p50_s": round(statistics.median(times), 2) if times else None,
+            "over_bound": sum(1 for t in times if t > bound), "bound_s": bound,
+            "before_freeze_s": [t for at, _, _, t in lines if frozen_at is None or at <= frozen_at],
+            "sweeps_reporting_the_frozen": sum(1 for c in seen if f"{len(victims)} unreachable" in c),
+            "sweep_lines": [f"#{n}: {c} {t}s" for n, c, t in during]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lab", type=Path, help="an existing lab folder with Slurm deployed (else one is started)")
@@ -226,10 +295,16 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=5.0)
     ap.add_argument("--faults", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--frozen", type=int, default=0, metavar="N",
+                    help="the sweep bound instead: freeze N trays and watch for --minutes (no Slurm needed)")
+    ap.add_argument("--racks", type=int, default=1, help="racks of the lab it starts (with --frozen)")
+    ap.add_argument("--minutes", type=float, default=3.0, help="how long the trays stay frozen (with --frozen)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.stderr.write("the lab needs root\n")
         return 2
+    if args.frozen:
+        return frozen_main(args)
     workdir = Path(tempfile.mkdtemp(prefix="mctl-health-bench-"))
     env = dict(os.environ, MCTL_STATE_DIR=str(workdir / "state"), NO_COLOR="1")
     started = None
@@ -274,6 +349,42 @@ def main() -> int:
                   f"(max {drain['max_s']:.2f}s, target {drain['target_s']:g}s)")
         print(f"load average {report['loadavg']} on {report['cpus']} CPUs; targets: {report['targets']}")
     return 0 if all(v is not False for v in report["targets"].values()) else 1
+
+
+def frozen_main(args) -> int:
+    if args.frozen < 1 or args.minutes <= 0 or args.racks < 1:
+        sys.stderr.write("--frozen >= 1, --minutes > 0, --racks >= 1\n")
+        return 2
+    workdir = Path(tempfile.mkdtemp(prefix="mctl-health-frozen-"))
+    env = dict(os.environ, MCTL_STATE_DIR=str(workdir / "state"), NO_COLOR="1")
+    started = None
+    t0 = time.monotonic()
+    try:
+        lab_dir = args.lab.resolve() if args.lab else start_lab(args.trays, workdir, env, racks=args.racks,
+                                                                 slurm=False)
+        started = None if args.lab else lab_dir
+        up_s = round(time.monotonic() - t0, 1)
+        site_dir = site_copy(lab_dir, workdir, args.interval, scheduler=bool(args.lab))
+        load_before = [round(x, 2) for x in os.getloadavg()]
+        report = measure_frozen_sweeps(lab_dir, site_dir, workdir / "state-watch", interval=args.interval,
+                                       frozen=args.frozen, seconds=args.minutes * 60, env=env)
+    finally:
+        if started is not None:
+            from mctl.lab import control
+
+            control.down(started)
+    report.update(lab_up_s=None if args.lab else up_s, cpus=os.cpu_count(), loadavg_before=load_before,
+                  loadavg_end=[round(x, 2) for x in os.getloadavg()])
+    report["target_met"] = report["over_bound"] == 0 and report["sweeps"] > 0
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"{report['trays']} trays in {report['racks']} rack(s), {', '.join(report['frozen'])} frozen for "
+              f"{args.minutes:g} min, --interval {args.interval:g}: {report['sweeps']} sweeps, max {report['max_s']}s, "
+              f"p99 {report['p99_s']}s, p50 {report['p50_s']}s; {report['over_bound']} over {report['bound_s']:g}s; "
+              f"{report['sweeps_reporting_the_frozen']} sweeps reported every frozen tray unreachable")
+        print(f"load average {report['loadavg_before']} -> {report['loadavg_end']} on {report['cpus']} CPUs")
+    return 0 if report["target_met"] else 1
 
 
 if __name__ == "__main__":

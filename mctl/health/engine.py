@@ -3,7 +3,11 @@
 A sweep sends the probe to every tray and asks the scheduler for its node
 states at the same time (one round trip per tray and one to the controller),
 runs the check catalogue, then, when remediating, lets the policy decide and
-the scheduler adapter act. `mctl health check` runs one sweep with a fresh
+the scheduler adapter act. When it acts, a tray whose own answer decides a
+drain is drained as that answer arrives (_EarlyDrains), so a frozen tray's
+deadline never delays another tray's drain; everything else is decided once
+every tray has answered (docs/health.md, "Drains as the answers arrive").
+`mctl health check` runs one sweep with a fresh
 connection pool; `mctl health watch` keeps one Engine (and its pool) for days.
 """
 
@@ -19,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from mctl.errors import MctlError
 from mctl import checks
 from mctl.health import policy, store
+from mctl.health import breaker as breakerlib
 from mctl.health.breaker import BreakerState
 from mctl.model.tray import TrayFacts, smi_timeout_for
 from mctl.health.policy import TrayVerdict
@@ -182,16 +187,29 @@ class Engine:
             return {h.name: BmcHealth(error=f"no answer within {deadline:g}s", error_kind="timeout")
                     for h in hosts}
 
-    async def _probe(self) -> list[TrayFacts]:
+    async def _probe(self, on_facts=None) -> list[TrayFacts]:
+        """Every tray's facts, in scope order; *on_facts* is called with each tray's facts as its answer
+        arrives (the watch judges a tray then, not when the slowest tray has answered)."""
         nonce = secrets.token_hex(8)
         smi_timeout = smi_timeout_for(self.timeout)
         paths = self.settings.disk_paths
         command = probe_command(HEALTH, nonce, smi_timeout=smi_timeout, disk_paths=paths)
+        seen: dict[str, TrayFacts] = {}
+
+        def arrived(r) -> None:
+            f = from_result(HEALTH, r, nonce, smi_timeout=smi_timeout, disk_paths=paths)
+            seen[f.host] = f
+            if on_facts is not None:
+                on_facts(f)
+
         # The deadline covers the whole of each tray's work; a tray that misses it comes back as
         # timeout (the probe hung) or unreachable (no session) and its connection is reopened
         # in the background, so the next sweep is not delayed by it.
-        results = await self.pool.run(self.targets, command, deadline=self.timeout)
-        return [from_result(HEALTH, r, nonce, smi_timeout=smi_timeout, disk_paths=paths) for r in results]
+        results = await self.pool.run(self.targets, command, deadline=self.timeout, on_result=arrived)
+        for r in results:               # a pool that does not call on_result (stand-ins) still gives every tray
+            if r.host not in seen:
+                arrived(r)
+        return [seen[r.host] for r in results]
 
     def _load_state(self) -> store.HealthState:
         if self.dry_run and self._dry_state is not None:
@@ -202,15 +220,34 @@ class Engine:
         self.sweeps += 1
         started = time.time()
         t0 = time.monotonic()
-        (facts_list, (views, states, sched_error), bmcs) = await asyncio.gather(
-            self._probe(), self._read_scheduler(), self._read_bmcs())
+        before = self._load_state()           # for each tray's XID acknowledgement, read once per sweep
+        seen: dict[str, TrayFacts] = {}
+        read = asyncio.ensure_future(self._read_scheduler())
+        bmc_read = asyncio.ensure_future(self._read_bmcs())     # out of band, beside the SSH probes
+        early = _EarlyDrains(self, read, seen) if self.remediate and not self.dry_run and self.scheduler else None
+
+        def arrived(f: TrayFacts) -> None:
+            # Once per tray and sweep (BootMemory remembers what it saw), as the tray's answer arrives.
+            rec = before.records.get(f.host)
+            seen[f.host] = self.boots.see(f).without_xids_before(rec.xid_ack if rec else None)
+            if early is not None and f.reached:
+                early.offer(f.host)
+
+        try:
+            facts_list = await self._probe(arrived)
+            views, states, sched_error = await read
+            if early is not None:
+                await early.close()
+            bmcs = await bmc_read
+        finally:
+            read.cancel()
+            bmc_read.cancel()
+            if early is not None:
+                early.cancel()
         state = self._load_state()
         facts: dict[str, TrayFacts] = {}
         for f in facts_list:
-            rec = state.records.get(f.host)
-            f = self.boots.see(f)
-            f = f.without_xids_before(rec.xid_ack if rec else None)
-            facts[f.host] = f.with_slurm_node((states or {}).get(f.host))
+            facts[f.host] = seen[f.host].with_slurm_node((states or {}).get(f.host))
             if bmcs is not None:
                 facts[f.host] = replace(facts[f.host], bmc=bmcs.get(f.host))
         findings: list[Finding] = []
@@ -239,7 +276,7 @@ class Engine:
                              remediate=self.remediate, dry_run=self.dry_run, breaker=state.breaker,
                              records=dict(state.records))
         if self.remediate:
-            await self._remediate(result)
+            await self._remediate(result, early)
         if self.ladder is not None:
             result.findings = sort_findings(result.findings + self.ladder.findings(result.records))
         if not self.dry_run:
@@ -249,7 +286,89 @@ class Engine:
 
     # --- decide + act -----------------------------------------------------------------------------
 
-    async def _remediate(self, result: SweepResult) -> None:
+    def _tray_verdict(self, facts: TrayFacts) -> TrayVerdict:
+        """One tray's verdict from its own checks (without the rack-wide ones, which need every tray)."""
+        host = self.expect[facts.host]
+        fs = checks.run_tray(facts, host, self.settings)
+        rack = next(h.rack for h in self.scope.hosts if h.name == facts.host)
+        return TrayVerdict(facts.host, rack, facts.reach, worst(fs), tuple(fs))
+
+    async def _drain_early(self, hosts: list[str], facts: dict[str, TrayFacts], nodes: dict[str, NodeView],
+                           states: dict, early: "_EarlyDrains") -> None:
+        """Drain now the trays among *hosts* whose own answer already decides a drain (docs/health.md,
+        "Drains as the answers arrive"); every other tray waits for the end of the sweep.
+
+        A tray is drained here only when the policy, on its record and its own findings, wants a
+        drain and the circuit breaker admits it, threaded through the same breaker state as the
+        end-of-sweep pass; one the breaker refuses is left to that pass (which skips it with the
+        breaker's reason, or trips it), so no sweep drains more than deciding all trays at once
+        would. Intents are fsynced before scontrol, as at the end of the sweep."""
+        with store.state_lock(self.state_dir):
+            state = store.load_state(self.state_dir)
+            reconciled: list[store.ActionEntry] = []
+            if not self._reconciled:
+                reconciled = self._reconcile(state, nodes)
+                self._reconciled = True
+            now = time.time()
+            breaker = state.breaker if state.breaker.tripped else state.breaker.pruned(
+                now, self.settings.breaker_window_s)
+            records = dict(state.records)
+            actions: list[Decision] = []
+            decisions: list[Decision] = []
+            notes: list[Decision] = []
+            verdicts: dict[str, TrayVerdict] = {}
+            for host in sorted(hosts):
+                v = self._tray_verdict(facts[host].with_slurm_node(states.get(host)))
+                prev = records.get(host) or policy.TrayRecord(host, v.rack)
+                step = policy.decide_tray(prev, v, nodes.get(host), self.settings, answered=True, now=now)
+                if step.want is None:
+                    continue
+                adm = breakerlib.admit(breaker, host, v.rack, self.sizes, max_share=self.settings.breaker_max_share,
+                                       window_s=self.settings.breaker_window_s, scope=self.settings.breaker_scope,
+                                       now=now)
+                if not adm.allowed:
+                    continue        # not tripped here: the end of the sweep decides it with every other tray
+                breaker = adm.state
+                reason, full = step.want
+                d = Decision(host, DRAIN, adm.why, reason=reason, full=full, rack=v.rack, at=now)
+                early.before[host] = prev
+                verdicts[host] = v
+                records[host] = replace(step.record, drained=True, reason=reason, full_reason=full, drained_at=now,
+                                        note=None, healthy_streak=0)
+                decisions += step.decisions + [d]
+                notes += step.notes
+                actions.append(d)
+            if not actions:
+                if reconciled:
+                    store.append_actions(self.state_dir, reconciled)
+                    store.save_state(self.state_dir, state)
+                    early.logged += reconciled
+                return
+            ids = {d.host: f"{d.host}@{d.at:.3f}:{secrets.token_hex(4)}" for d in actions}
+            store.append_actions(self.state_dir, reconciled + [
+                store.intent_entry(d, who=self.who, intent_id=ids[d.host], scheduler=self.scheduler.where)
+                for d in actions])
+            if reconciled:
+                store.save_state(self.state_dir, state)         # the reconciled records, before acting
+            outcome = policy.Outcome(records, decisions, breaker, notes)
+            applied = await self.scheduler.apply(actions, deadline=self.act_deadline)
+            entries: list[store.ActionEntry] = []
+            for r in applied:
+                policy.settle(outcome, r)
+                v = verdicts[r.decision.host]
+                entries.append(store.result_entry(
+                    r, who=self.who, scheduler=self.scheduler.where, intent_id=ids[r.decision.host],
+                    findings=[f.to_dict() for f in v.findings if f.severity is not Severity.OK]))
+            entries += [store.note_entry(n, who=self.who) for n in notes]
+            state.records = outcome.records
+            state.breaker = outcome.breaker
+            state.site = self.site.name
+            store.append_actions(self.state_dir, entries)
+            store.save_state(self.state_dir, state)
+            early.decisions += decisions
+            early.logged += reconciled + entries
+
+    async def _remediate(self, result: SweepResult, early: "_EarlyDrains | None" = None) -> None:
         if self.scheduler is None:
             result.decisions = []
             return
@@ -273,8 +392,16 @@ class Engine:
                 self._reconciled = True
             tripped_before = state.breaker.tripped
             now = time.time()
-            outcome = policy.decide(state.records, result.verdicts, result.nodes, self.settings, state.breaker,
-                                    self.sizes, now=now)
+            acted = early.before if early is not None else {}
+            outcome = policy.decide(state.records, [v for v in result.verdicts if v.host not in acted],
+                                    result.nodes, self.settings, state.breaker, self.sizes, now=now)
+            for v in result.verdicts:
+                if v.host in acted:
+                    # Drained earlier in this sweep: its record advances once, on the whole verdict (the
+                    # rack-wide checks included), and keeps what the drain made of it.
+                    step = policy.decide_tray(acted[v.host], v, (result.nodes or {}).get(v.host), self.settings,
+                                              answered=result.nodes is not None, now=now)
+                    outcome.records[v.host] = _with_drain_of(step.record, state.records[v.host])
             actions = outcome.actions
             reconciled: list[store.ActionEntry] = []
             if actions:
@@ -311,8 +438,8 @@ class Engine:
                 # the recovery ladder (mctl.health.ladder) after the sweep's drains and resumes
                 entries += await self.ladder.climb(self, result, state)
                 outcome.records, outcome.breaker = state.records, state.breaker
-        result.decisions = outcome.decisions
-        result.logged = reconciled + entries
+        result.decisions = (early.decisions if early else []) + outcome.decisions
+        result.logged = (early.logged if early else []) + reconciled + entries
         result.records = dict(outcome.records)
         result.breaker = outcome.breaker
 
@@ -401,6 +528,63 @@ class Engine:
                 why=f"reconciled after an interrupted run ({seen}): {intent.why or d.action}", rack=d.rack, scheduler=self.scheduler.where if self.scheduler else None,
                 intent_id=intent.intent_id))
         return out
+
+
+class _EarlyDrains:
+    """The drains of one sweep that are decided as the trays' answers arrive (watch with remediation).
+
+    One task takes the trays offered since its last batch, once the scheduler's view is in, and
+    drains those whose own answer decides it (Engine._drain_early); batches follow each other, so
+    the state lock is taken by one at a time. close() lets the batch in progress finish and leaves
+    the trays not taken yet to the end of the sweep."""
+
+    def __init__(self, engine: Engine, read: "asyncio.Future", facts: dict[str, TrayFacts]):
+        self.engine = engine
+        self.read = read
+        self.facts = facts
+        self.offered: list[str] = []
+        self.wake = asyncio.Event()
+        self.closed = False
+        self.before: dict[str, policy.TrayRecord] = {}      # tray drained early -> its record before this sweep
+        self.decisions: list[Decision] = []
+        self.logged: list[store.ActionEntry] = []
+        self.task = asyncio.ensure_future(self._run())
+
+    def offer(self, host: str) -> None:
+        self.offered.append(host)
+        self.wake.set()
+
+    async def _run(self) -> None:
+        views, states, error = await asyncio.shield(self.read)
+        if views is None or error:
+            return              # the scheduler did not answer: the end of the sweep queues the actions
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            if self.closed:
+                return
+            batch, self.offered = self.offered, []
+            if batch:
+                await self.engine._drain_early(batch, self.facts, views, states or {}, self)
+
+    async def close(self) -> None:
+        self.closed = True
+        self.wake.set()
+        await self.task
+
+    def cancel(self) -> None:
+        """Stop the task if the sweep ends another way (it failed, or a second Ctrl-C cancelled it)."""
+        if not self.task.done():
+            self.task.cancel()
+        elif not self.task.cancelled():
+            self.task.exception()       # retrieved: the sweep's own error is the one reported
+
+
+def _with_drain_of(advanced: policy.TrayRecord, drained: policy.TrayRecord) -> policy.TrayRecord:
+    """*advanced* (this sweep's record from the whole verdict) with what an early drain made of the tray."""
+    return replace(advanced, drained=drained.drained, reason=drained.reason, full_reason=drained.full_reason,
+                   drained_at=drained.drained_at, pending=drained.pending, note=drained.note,
+                   healthy_streak=drained.healthy_streak)
 
 
 def _epoch(stamp: str) -> float:
