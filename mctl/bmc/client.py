@@ -44,6 +44,7 @@ from __future__ import annotations
 import json
 import ssl
 import sys
+import threading
 import time
 import urllib.parse
 from pathlib import Path
@@ -384,3 +385,21 @@ def _short(exc: BaseException | None) -> str:
 
 def _default_warn(message: str) -> None:
     sys.stderr.write(f"mctl: warning: {message}\n")
+
+
+def warn_once(warn: "Callable[[str], None] | None") -> Callable[[str], None]:
+    """A warn callback for clients used from many threads at once: only the first message goes on to
+    *warn* (None: dropped), so one problem shared by every BMC (a CA file, a TLS setting) is said once."""
+    lock = threading.Lock()
+    said: list[str] = []
+
+    def once(message: str) -> None:
+        with lock:
+            if said:
+                return
+            said.append(message)
+        if warn is not None:
+            warn(message)
+
+    return once
+

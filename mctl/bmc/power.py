@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from mctl.bmc.client import ROOT, BMCError, RedfishClient, base_url, clean, link
+from mctl.bmc.client import ROOT, BMCError, RedfishClient, base_url, clean, link, warn_once
 from mctl.errors import EXIT_OK, EXIT_PARTIAL
 
 if TYPE_CHECKING:
@@ -281,15 +281,7 @@ def run_stage(action: str, hosts: Sequence["Host"], trays: list[TrayPower], sett
     until = start + stage_s
     todo = [(h, t) for h, t in zip(hosts, trays) if t.refused is None and t.error is None]
     boot = probe.boot_ids([h for h, _t in todo])
-    warned: list[str] = []
-    lock = threading.Lock()
-
-    def once(message: str) -> None:
-        with lock:
-            if warned:
-                return
-            warned.append(message)
-        (warn or _stderr)(message)
+    once = warn_once(warn or _stderr)
 
     results: dict[str, TrayPower] = {}
 

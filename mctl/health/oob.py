@@ -118,20 +118,11 @@ def _parallel(hosts: Sequence["Host"], deadline_s: float, concurrency: int,
 def read(hosts: Sequence["Host"], settings: "Settings", deadline_s: float,
          warn: Callable[[str], None] | None = None) -> dict[str, BmcHealth]:
     """host -> what its BMC said (never raises for one tray's trouble)."""
-    from mctl.bmc.client import BMCError, RedfishClient, base_url
+    from mctl.bmc.client import BMCError, RedfishClient, base_url, warn_once
     from mctl.errors import MctlError
 
     deadline_s = max(1.0, min(deadline_s, settings.deadline_s))
-    warned: list[str] = []
-    lock = threading.Lock()
-
-    def once(message: str) -> None:
-        with lock:
-            if warned:
-                return
-            warned.append(message)
-        if warn:
-            warn(message)
+    once = warn_once(warn)
 
     def work(h: "Host", until: float) -> BmcHealth:
         start = time.monotonic()
