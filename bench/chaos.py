@@ -19,8 +19,11 @@ Checked throughout and reported (JSON with --out, a summary on stdout):
   flaps           drain/resume cycles per tray that had a flapping link
   breaker         trips, and the most trays drained within the window against the threshold
   lost_actions    every drain and resume Slurm showed, and every DRAIN/RESUME/SKIP the watch
-                  printed, matched by an action-log line (state dir health/actions.jsonl),
-                  across the kill -9
+                  printed, matched by an action-log line (state dir health/actions.jsonl, or
+                  the tray's own node check's log, NODE_CHECK_LOG: Slurm's HealthCheckProgram
+                  drains and resumes with mctl: reasons too), across the kill -9; a drain a
+                  SIGKILLed slurmctld lost in its restart (it restores its last saved state) is
+                  reported apart, and counts only where the watch logged that it noticed it
   final           once every fault is cleared: each tray mctl drained is resumed, the operator
                   drain is untouched
   rss             the watch's VmRSS (/proc/PID/status) over the soak, per process
@@ -57,6 +60,8 @@ sys.path.insert(0, str(REPO))
 _SWEEP = re.compile(r" SWEEP   #(\d+): .* (\d+\.\d+)s$")
 _EVENT = re.compile(r"^\S+ \S+ (DRAIN|RESUME|SKIP)\s+(\S+) ")
 OPERATOR_REASON = "ops: chaos operator drain"
+# Where a tray's node check (mctl.health.node_check, run by slurmd) logs what it did
+NODE_CHECK_LOG = "/var/lib/mctl-node-check/health/actions.jsonl"
 
 # fault kind -> (class, FaultRequest fields given a GPU index)
 #   drain: must drain within one sweep (confirm_sweeps 1); unreach: must drain after the misses;
@@ -239,6 +244,7 @@ class Soak:
         self.kills: list[tuple[float, float]] = []
         self.operator_resumes: list[str] = []
         self.rebooted: dict[str, float] = {}
+        self.node_check_lines: dict[str, int] = {}   # per tray: its node check's log length at the start
 
     # --- the lab -----------------------------------------------------------------------------------
     def ssh(self, host: str, cmd: str, timeout: float = 20) -> subprocess.CompletedProcess:
@@ -246,6 +252,23 @@ class Soak:
 
         argv = control.ssh_argv(self.lab_dir, host, [cmd], tty=False)
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def node_check_log(self, tray: str) -> list[dict] | None:
+        """The action log of the tray's own node check (Slurm's HealthCheckProgram drains and resumes with
+        the same mctl: reasons as the watch: a second actor whose actions are logged on the tray)."""
+        try:
+            out = self.ssh(tray, f"cat {NODE_CHECK_LOG} 2>/dev/null; true")
+        except subprocess.TimeoutExpired:
+            return None
+        if out.returncode != 0:
+            return None
+        entries = []
+        for line in out.stdout.splitlines():
+            try:
+                entries.append(json.loads(line))
+            except ValueError:
+                continue
+        return entries
 
     def sinfo(self) -> dict[str, tuple[str, str]] | None:
         try:
@@ -331,6 +354,8 @@ class Soak:
                                       f"Reason='{OPERATOR_REASON}'")
             if out.returncode != 0:
                 raise SystemExit(f"operator drain failed: {out.stderr}")
+            for t in self.trays:
+                self.node_check_lines[t] = len(self.node_check_log(t) or [])
             poller.start()
             self.start_watch()
             self.wait("the watch's first sweep", lambda: self.watches[-1].sweeps(),
@@ -480,6 +505,20 @@ class Soak:
             prev = now
         return out
 
+    def dropped_by_restart(self) -> dict[str, int]:
+        """Per tray, mctl drains that vanished across a slurmctld outage: drained in the last poll before
+        it, not drained in the first after. A SIGKILLed slurmctld comes back from its last saved state and
+        can lose a drain it had accepted seconds before; nobody resumed those trays."""
+        out: dict[str, int] = {}
+        prev_at, prev = None, set()
+        for at, nodes in self.polls:
+            now = self.mctl_drained(nodes)
+            if prev_at is not None and any(prev_at <= b and at >= a for a, b in self.sched_down):
+                for t in prev - now:
+                    out[t] = out.get(t, 0) + 1
+            prev_at, prev = at, now
+        return out
+
     def report(self, faults: list[Fault], globals_: list[Fault], final: dict) -> dict:
         from mctl.health import store
 
@@ -496,6 +535,12 @@ class Soak:
                 logged[e["tray"]][e["action"]] += 1
             if e.get("tray") in logged and e.get("action") == "skip":
                 logged[e["tray"]]["skip"] += 1
+        by_node_check = {t: {"drain": 0, "resume": 0} for t in self.trays}
+        for t in self.trays:
+            for e in (self.node_check_log(t) or [])[self.node_check_lines.get(t, 0):]:
+                if e.get("tray") == t and e.get("action") in ("drain", "resume") and e.get("result") == "ok":
+                    logged[t][e["action"]] += 1
+                    by_node_check[t][e["action"]] += 1
         seen = self.transitions()
         printed = {t: {"drain": 0, "resume": 0, "skip": 0} for t in self.trays}
         for w in self.watches:
@@ -503,10 +548,15 @@ class Soak:
                 m = _EVENT.match(line)
                 if m and m[2] in printed:
                     printed[m[2]][m[1].lower()] += 1
+        # A drain slurmctld lost across its own restart counts as no one's resume, provided the watch saw
+        # it and said so ("forget ... resumed outside mctl"): otherwise it stays a lost action.
+        forgets = {t: sum(1 for e in entries if e.get("tray") == t and e.get("action") == "forget")
+                   for t in self.trays}
+        dropped = {t: min(n, forgets.get(t, 0)) for t, n in self.dropped_by_restart().items()}
         lost = []
         for t in self.trays:
             for action in ("drain", "resume"):
-                n_slurm = sum(1 for _, a in seen[t] if a == action)
+                n_slurm = sum(1 for _, a in seen[t] if a == action) - (dropped.get(t, 0) if action == "resume" else 0)
                 if n_slurm != logged[t][action]:
                     lost.append(f"{t}: Slurm showed {n_slurm} {action}(s) by mctl, the action log has "
                                 f"{logged[t][action]}")
@@ -596,7 +646,9 @@ class Soak:
             "actions": {"logged": len(entries), "by_action": {a: sum(e.get("action") == a for e in entries)
                                                               for a in ("drain", "resume", "skip", "queue", "forget",
                                                                         "breaker-trip")},
-                        "lost": lost, "watch_processes": len(self.watches),
+                        "lost": lost, "by_node_check": {t: n for t, n in by_node_check.items() if any(n.values())},
+                        "dropped_by_slurmctld_restart": {t: n for t, n in dropped.items() if n},
+                        "watch_processes": len(self.watches),
                         "kill9_at_s": [round(a - self.t0, 1) for a, _ in self.kills]},
             "final": final,
             "rss": {"per_process": rss, "max_growth_mib": growth},
@@ -641,7 +693,9 @@ def summary(r: dict) -> str:
     lines.append(f"  breaker: {b['trips']} trips; at most {b['most_trays_drained_in_window']} trays drained within "
                  f"{b['window']}, threshold {b['allowed_trays_in_window']}")
     a = r["actions"]
-    lines.append(f"  actions logged: {a['by_action']}; lost: {len(a['lost'])} {a['lost'] or ''}; "
+    lines.append(f"  actions logged: {a['by_action']} (and by the trays' node checks: {a.get('by_node_check') or 'none'}; "
+                 f"drains slurmctld lost in its restart, seen by the watch: {a.get('dropped_by_slurmctld_restart') or 'none'}); "
+                 f"lost: {len(a['lost'])} {a['lost'] or ''}; "
                  f"{a['watch_processes']} watch processes (kill -9 at {a['kill9_at_s']}s)")
     f = r["final"]
     lines.append(f"  after clearing: all mctl drains resumed: {f.get('all_resumed')} "
