@@ -40,7 +40,8 @@ def test_nmx_emulator_knows_the_racks_trays_and_domain(lab):
     assert status.returncode == 0, status.stderr
     svc = json.loads(status.stdout)["rack_services"]
     assert [(s["rack"], s["name"], s["running"], s["listening"]) for s in svc] == [
-        (lab.rack, "nmx", True, True), (lab.rack, "aptrepo", True, True)]     # + the lab's apt repository (issue 21)
+        (lab.rack, "nmx", True, True), (lab.rack, "aptrepo", True, True),     # + the lab's apt repository (issue 21)
+        (lab.rack, "ntp", True, None)]          # + its time server (issue 21.7; UDP: no TCP listener to check)
 
 
 def test_imex_emulator_is_installed_as_the_nvidia_imex_unit(lab):
