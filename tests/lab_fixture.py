@@ -140,10 +140,16 @@ class LabHandle:
         resume()
         start = time.monotonic()
         forced = False
+        last_resume = time.monotonic()
         while True:
             left, states = jobs(), {node: state for node, state, _ in rows()}
             if not left and states and all(st == "idle" for st in states.values()):
                 return
+            if time.monotonic() - last_resume > 5:
+                # slurmd's node check may drain a tray again while it settles (IMEX coming back after a
+                # reboot); once it is healthy its drain is lifted here again
+                resume()
+                last_resume = time.monotonic()
             if left and not forced and time.monotonic() - start > 30:
                 stuck = sorted({n for line in left for n in line.split()[2:]})
                 for node in stuck:

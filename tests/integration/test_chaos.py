@@ -35,6 +35,7 @@ SEED = 1      # its drain-worthy fault (fell_off_bus at 10 s) is drained before 
 
 
 def test_chaos_soak_keeps_the_invariants(lab, site, tmp_path):  # noqa: F811 - the fixture
+    lab.settle_slurm(timeout=180)       # the soak starts from a rack with no mctl drain (earlier tests' lifted)
     soak = Soak(lab.dir, site / "mctl.yml", tmp_path, seconds=SECONDS, seed=SEED, interval=INTERVAL,
                 share=0.75, window="1m", max_concurrent=2, env=lab._env)
     report = soak.run()

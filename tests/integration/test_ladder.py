@@ -61,10 +61,7 @@ def _restore(lab, tray):
 
     lab.clear_faults(tray)
     power_back(lab)
-    for node, (st, reason) in sinfo(lab).items():
-        if ("drain" in st and reason.startswith("mctl:")) or st.startswith("down"):
-            lab.run(lab.head, f"scontrol update NodeName={node} State=RESUME", check=False)
-    wait_for("every tray idle again", lambda: all(st == "idle" for st, _ in sinfo(lab).values()), 90)
+    lab.settle_slurm(timeout=180)       # mctl: drains and DOWN nodes lifted (again while they settle), all idle
 
 
 def test_a_frozen_tray_is_power_cycled_and_resumed_then_three_failed_recoveries_mark_it_for_repair(

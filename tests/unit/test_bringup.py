@@ -255,6 +255,28 @@ def test_health_exceptions_match_check_or_host_and_check():
     assert accepted(f, ["lab-r1-tray0[1-3]:*"]) and not accepted(f, ["lab-r1-tray01:*", "xid"])
 
 
+def test_the_health_gate_notes_a_reboot_but_refuses_every_other_finding(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from mctl.bringup.phases import health as gate
+    from mctl.bringup.context import PhaseFailed
+    from mctl.health import service
+    from mctl.model.findings import Finding, Severity
+
+    boot = Finding(Severity.WARN, "t1", "tray.boot", "tray rebooted since the last sweep")
+    hot = Finding(Severity.WARN, "t2", "thermal.temperature", "hot")
+    ok = Finding(Severity.OK, "t1", "gpu.count", "4 GPUs")
+    ctx = SimpleNamespace(site=None, rack=SimpleNamespace(name="r"), state_dir=tmp_path, trays=["t1", "t2"],
+                          options=SimpleNamespace(accept=[]))
+    monkeypatch.setattr(service, "run_check", lambda *a, **k: SimpleNamespace(findings=[boot, ok]))
+    out = gate.run(ctx)
+    assert out.status == "done" and any(d.startswith("noted: ") and "tray.boot" in d for d in out.details)
+    monkeypatch.setattr(service, "run_check", lambda *a, **k: SimpleNamespace(findings=[boot, hot, ok]))
+    with pytest.raises(PhaseFailed) as err:
+        gate.run(ctx)
+    assert "1 finding on t2" in err.value.message
+
+
 def test_result_json_is_serialisable(site, tmp_path, recorded):
     from mctl.bringup.service import bring_up
 

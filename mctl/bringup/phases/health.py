@@ -28,6 +28,9 @@ def plan(ctx: Context) -> list[str]:
             f"(accepted exceptions: {accept})"]
 
 
+NOTED_ONLY = frozenset({"tray.boot"})     # findings the gate reports but does not refuse on
+
+
 def run(ctx: Context) -> Outcome:
     from mctl.health.service import run_check
     from mctl.model.findings import Severity
@@ -35,8 +38,11 @@ def run(ctx: Context) -> Outcome:
     sweep = run_check(ctx.site, ctx.rack.name, ctx.state_dir)
     bad = [f for f in sweep.findings if f.severity is not Severity.OK]
     passed = len(sweep.findings) - len(bad)
-    ok_list = [f for f in bad if accepted(f, ctx.options.accept)]
-    refused = [f for f in bad if f not in ok_list]
+    # A reboot seen since an earlier sweep (provisioning's own, an operator's, a power cycle) is not a
+    # reason to refuse: the tray it left behind is judged by every other check of the same sweep. Noted.
+    noted = [f for f in bad if f.check in NOTED_ONLY]
+    ok_list = [f for f in bad if f not in noted and accepted(f, ctx.options.accept)]
+    refused = [f for f in bad if f not in ok_list and f not in noted]
     artifacts = {"checks_passed": passed, "findings": [f.to_dict() for f in bad],
                  "accepted": [f"{f.host}:{f.check}" for f in ok_list]}
     if refused:
@@ -45,12 +51,14 @@ def run(ctx: Context) -> Outcome:
                           hint="fix them and --resume, or accept named exceptions with --accept CHECK "
                                "(or HOST:CHECK) --resume", exit_code=EXIT_FINDINGS,
                           details=[finding_line(f) for f in refused]
-                          + [f"accepted: {finding_line(f)}" for f in ok_list],
+                          + [f"accepted: {finding_line(f)}" for f in ok_list]
+                          + [f"noted: {finding_line(f)}" for f in noted],
                           artifacts=artifacts)
     text = f"{passed} checks passed on {len(ctx.trays)} trays"
     if ok_list:
         text += f"; {len(ok_list)} accepted exception{'s' if len(ok_list) > 1 else ''}"
-    return Outcome("done", text, details=[f"accepted: {finding_line(f)}" for f in ok_list], artifacts=artifacts)
+    return Outcome("done", text, details=[f"accepted: {finding_line(f)}" for f in ok_list]
+                   + [f"noted: {finding_line(f)}" for f in noted], artifacts=artifacts)
 
 
 PHASE = Phase("health", plan, run)
