@@ -271,6 +271,7 @@ def test_the_health_gate_notes_a_reboot_but_refuses_every_other_finding(monkeypa
     monkeypatch.setattr(service, "run_check", lambda *a, **k: SimpleNamespace(findings=[boot, ok]))
     out = gate.run(ctx)
     assert out.status == "done" and any(d.startswith("noted: ") and "tray.boot" in d for d in out.details)
+    assert out.artifacts["findings"] == [] and [f["check"] for f in out.artifacts["noted"]] == ["tray.boot"]
     monkeypatch.setattr(service, "run_check", lambda *a, **k: SimpleNamespace(findings=[boot, hot, ok]))
     with pytest.raises(PhaseFailed) as err:
         gate.run(ctx)

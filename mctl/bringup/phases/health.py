@@ -43,8 +43,8 @@ def run(ctx: Context) -> Outcome:
     noted = [f for f in bad if f.check in NOTED_ONLY]
     ok_list = [f for f in bad if f not in noted and accepted(f, ctx.options.accept)]
     refused = [f for f in bad if f not in ok_list and f not in noted]
-    artifacts = {"checks_passed": passed, "findings": [f.to_dict() for f in bad],
-                 "accepted": [f"{f.host}:{f.check}" for f in ok_list]}
+    artifacts = {"checks_passed": passed, "findings": [f.to_dict() for f in bad if f not in noted],
+                 "accepted": [f"{f.host}:{f.check}" for f in ok_list], "noted": [f.to_dict() for f in noted]}
     if refused:
         raise PhaseFailed(f"health gate: {len(refused)} finding{'s' if len(refused) > 1 else ''} on "
                           f"{fold(sorted({f.host for f in refused if f.host}))}",
