@@ -119,7 +119,7 @@ class BringUpResult:
             "imex_domains": art("imex").get("domains"),
             "scheduler": {"blocks": art("scheduler").get("blocks"), "held": art("scheduler").get("held")},
             "health": {"checks_passed": health.get("checks_passed"), "findings": health.get("findings"),
-                       "accepted": health.get("accepted")},
+                       "accepted": health.get("accepted"), "noted": health.get("noted") or []},
             "inventory_snapshot": art("inventory").get("snapshot"),
         }
 
