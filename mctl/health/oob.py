@@ -54,32 +54,27 @@ def read_tray(client) -> BmcHealth:
     from mctl.bmc.client import BMCError
 
     start = time.monotonic()
-    detectors, leak_error = None, None
-    try:
-        found = []
-        for path in client.members(LEAK_DETECTORS):
-            found.append(parse_detector(client.get(path)))
-        detectors = tuple(found)
-    except BMCError as exc:
-        if exc.kind in _SILENT:
-            raise
-        leak_error = exc.message
-    except ValueError as exc:
-        leak_error = f"malformed leak detector ({exc})"
-    health, supplies, power_error = None, None, None
-    try:
-        health, link = parse_power_subsystem(client.get(POWER_SUBSYSTEM))
-        found_s = []
-        if link:
-            for path in client.members(link):
-                found_s.append(parse_supply(client.get(path)))
-        supplies = tuple(found_s)
-    except BMCError as exc:
-        if exc.kind in _SILENT:
-            raise
-        power_error = exc.message
-    except ValueError as exc:
-        power_error = f"malformed power supply ({exc})"
+    def part(read, what: str):
+        """(value, None) or (None, why): a BMC that cannot be reached at all still raises (_SILENT)."""
+        try:
+            return read(), None
+        except BMCError as exc:
+            if exc.kind in _SILENT:
+                raise
+            return None, exc.message
+        except ValueError as exc:
+            return None, f"malformed {what} ({exc})"
+
+    seen: dict = {}                  # the subsystem's health stays known when one of its supplies fails
+
+    def supplies_of():
+        seen["health"], link = parse_power_subsystem(client.get(POWER_SUBSYSTEM))
+        return tuple(parse_supply(client.get(p)) for p in (client.members(link) if link else ()))
+
+    detectors, leak_error = part(lambda: tuple(parse_detector(client.get(p)) for p in client.members(LEAK_DETECTORS)),
+                                 "leak detector")
+    supplies, power_error = part(supplies_of, "power supply")
+    health = seen.get("health")
     return BmcHealth(detectors=detectors, leak_error=leak_error, power_health=health, supplies=supplies,
                      power_error=power_error, elapsed=round(time.monotonic() - start, 3))
 
