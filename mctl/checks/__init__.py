@@ -57,7 +57,7 @@ def run_tray(facts, expect, settings, *, skip: Sequence[str] = ()) -> list[Findi
             continue
         out.extend(module.check(facts, expect, settings))
     out.extend(partial(facts))
-    return out
+    return boot.apply_grace(facts, settings, out)
 
 
 def partial(facts) -> list[Finding]:

@@ -28,3 +28,38 @@ def check(facts, expect, settings) -> list[Finding]:
                      "and the BMC event log; XIDs logged before this boot no longer count",
                      short="rebooted", boot_id=facts.boot_id, previous_boot_id=facts.previous_boot_id)]
     return [ok(facts.host, CHECK, f"same boot as the last sweep ({facts.boot_id[:8]}{up})", boot_id=facts.boot_id)]
+
+
+# The boot grace (docs/health.md "Just after a boot"). What a tray starts after a boot (slurmd, the IMEX
+# daemon, the driver and its GPU tools, the NVLink training and the fabric's registration) is not there at
+# once: a tray seen in its first seconds is half booted, not failed. While the tray is younger than the
+# site's `health.boot_grace`, a critical finding of one of these checks warns instead, marked `boot_grace`;
+# the policy neither drains for it nor counts the tray healthy (mctl.health.policy), so a tray that is still
+# failing once the grace ends is drained then, and one that comes up whole is judged at once.
+GRACE_CHECKS = frozenset({"slurm.slurmd", "imex.daemon", "gpu.facts", "fabric.state", "nvlink.links"})
+GRACE = "boot_grace"
+
+
+def apply_grace(facts, settings, findings: list[Finding]) -> list[Finding]:
+    """*findings* with the start-up checks' critical ones lowered to warnings while the tray is in its grace."""
+    from dataclasses import replace
+
+    from mctl.model.findings import Severity
+
+    grace = float(getattr(settings, "boot_grace_s", 0.0) or 0.0)
+    if grace <= 0 or facts.clock is None or facts.clock.uptime >= grace:
+        return findings
+    up = facts.clock.uptime
+    out = []
+    for f in findings:
+        if f.severity is Severity.CRITICAL and f.check in GRACE_CHECKS:
+            f = replace(f, severity=Severity.WARN,
+                        message=f"{f.message} (up {up:.0f}s, in the boot grace of {grace:.0f}s: judged once it ends)",
+                        details={**f.details, GRACE: {"uptime": round(up, 1), "grace": grace}})
+        out.append(f)
+    return out
+
+
+def in_grace(findings) -> bool:
+    """Whether a sweep's findings hold a start-up failure the boot grace lowered (the tray is not judged yet)."""
+    return any(GRACE in f.details for f in findings)

@@ -74,7 +74,8 @@ _ENTRIES = (
     Check("tray.repair", C, "the recovery ladder has not marked the tray for repair (the watch's records)",
           frozenset({HEALTH})),
     # -- GPUs
-    Check("gpu.facts", C, "nvidia-smi (or NVML) answered with readable GPU facts", _ALL),
+    Check("gpu.facts", C, "nvidia-smi (or NVML) answered with readable GPU facts (warns in the boot grace)", _ALL,
+          milder=True),
     Check("gpu.count", C, "the tray shows all its GPUs, as many as the driver counts", _ALL),
     Check("gpu.driver", W, "the tray's driver is its image's (health), and the rack's (inventory)", _ALL,
           setting="driver_mismatch"),
@@ -106,7 +107,8 @@ _ENTRIES = (
     Check("fabric.domain-shared", C, "no other rack has this rack's NVLink domain", _INV),
     Check("fabric.domain-undeclared", OK, "the NVLink domain observed where the inventory declares none", _INV),
     # -- services and the host
-    Check("imex.daemon", C, "the IMEX daemon is READY where IMEX is configured", _TRAY),
+    Check("imex.daemon", C, "the IMEX daemon is READY where IMEX is configured (warns in the boot grace)", _TRAY,
+          milder=True),
     Check("imex.domain", W, "the IMEX domain is UP", _TRAY),
     Check("slurm.slurmd", C, "slurmd runs and the controller hears from it (Slurm sites)", _TRAY, milder=True),
     Check("host.disk", C, "local file systems under the critical fill level (over the warning level warns)", _TRAY,

@@ -105,8 +105,13 @@ class Outcome:
 
 
 def _advance(rec: TrayRecord, v: TrayVerdict) -> TrayRecord:
+    from mctl.checks.boot import in_grace
+
     if not v.reached:
         return replace(rec, rack=v.rack, status="unreachable", misses=rec.misses + 1, healthy_streak=0)
+    if v.worst is not Severity.CRITICAL and in_grace(v.findings):
+        # Half booted (mctl.checks.boot): not failed, and not healthy either, until the grace ends.
+        return replace(rec, rack=v.rack, status=v.worst.value, misses=0, bad_streak=0, healthy_streak=0)
     if v.worst is Severity.CRITICAL:
         return replace(rec, rack=v.rack, status="critical", misses=0, bad_streak=rec.bad_streak + 1, healthy_streak=0)
     return replace(rec, rack=v.rack, status=v.worst.value, misses=0, bad_streak=0,

@@ -92,6 +92,7 @@ def health_settings(spec: HealthSpec) -> HealthSettings:
         gpu_temp_warn_c=None if spec.gpu_temp_warn_c is None else float(spec.gpu_temp_warn_c),
         max_power_overshoot_pct=float(spec.max_power_overshoot_pct),
         xid_window_s=parse_duration(spec.xid_window),
+        boot_grace_s=parse_duration(spec.boot_grace),
         fabric_flags=flags,
         driver_mismatch=Severity(spec.driver_mismatch),
         imex=str(spec.imex),

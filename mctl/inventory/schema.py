@@ -203,6 +203,7 @@ class HealthSpec(Spec):
     remediate = F(bool, True)                                # `mctl health watch` drains unless --no-remediate
     confirm_sweeps = F(int, 1, ge=1)                         # consecutive critical sweeps before a drain
     xid_window = F(str, "1h", pattern=DURATION_PATTERN)      # older XIDs (or from an earlier boot) stop counting
+    boot_grace = F(str, "2m", pattern=DURATION_PATTERN)      # start-up checks warn while the tray is younger (0s: off)
     gpu_temp_warn_c = F(Opt(float), None)                    # default: max_gpu_temp_c - 5
     max_power_overshoot_pct = F(float, 5, ge=0)            # draw above the enforced limit by more than this warns
     # Severity per fabric health flag; route_unhealthy is a warning because real GB200 trays on

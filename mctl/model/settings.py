@@ -158,6 +158,7 @@ class HealthSettings:
     gpu_temp_warn_c: float | None = None
     max_power_overshoot_pct: float = 5.0
     xid_window_s: float = 3600.0
+    boot_grace_s: float = 120.0             # start-up checks warn (neither drain nor count healthy) this long after boot
     fabric_flags: Mapping[str, Severity] = field(default_factory=lambda: dict(FABRIC_FLAG_DEFAULTS))
     driver_mismatch: Severity = Severity.WARN
     imex: str = "auto"                      # auto | required | ignore

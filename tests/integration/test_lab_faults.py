@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import threading
 import time
@@ -407,6 +408,18 @@ def test_reboot_new_boot_id_kern_log_kept_services_back_health_sees_it(lab, slur
         assert [f["severity"] for f in boot] == ["warn"] and "rebooted" in boot[0]["message"], boot
         xid = _findings(after, tray, "gpu.xid")
         assert [f["severity"] for f in xid] == ["ok"] and "earlier boot" in xid[0]["message"], xid
+        # Just after the boot a start-up check that fails warns (the boot grace, default 2 min), judged once it
+        # ends; which of the two this run sees follows from the uptime the same probe read.
+        _fault(lab, tray, slurmd_down=True)
+        young = _health(lab, tray)
+        (slurmd,) = [f for f in _findings(young, tray, "slurm.slurmd") if f["severity"] != "ok"]
+        (boot,) = _findings(young, tray, "tray.boot")
+        up = float(re.search(r"up (\d+)s", boot["message"])[1])
+        if up < 118:
+            assert slurmd["severity"] == "warn" and "boot grace" in slurmd["message"], slurmd
+            assert slurmd["details"]["boot_grace"]["grace"] == 120.0
+        elif up > 122:
+            assert slurmd["severity"] == "critical" and "boot_grace" not in slurmd.get("details", {}), slurmd
     finally:
         lab.clear_faults(tray)
         _resume_if_slurm_says_rebooted(lab, tray)
