@@ -30,13 +30,15 @@ def check(facts, expect, settings) -> list[Finding]:
     return [ok(facts.host, CHECK, f"same boot as the last sweep ({facts.boot_id[:8]}{up})", boot_id=facts.boot_id)]
 
 
-# The boot grace (docs/health.md "Just after a boot"). What a tray starts after a boot (slurmd, the IMEX
-# daemon, the driver and its GPU tools, the NVLink training and the fabric's registration) is not there at
-# once: a tray seen in its first seconds is half booted, not failed. While the tray is younger than the
+# The boot grace (docs/health.md "Just after a boot"). What a tray starts after a boot (slurmd after munge
+# and the network, the IMEX daemon, the driver and its GPU tools) is not there at once: a tray seen in its
+# first seconds is half booted, not failed. Hardware signals (an NVLink down, a fabric failure, a GPU
+# missing, XIDs of this boot) and a GPU tool that hangs (a wedge, not a start) are judged at once. While the tray is younger than the
 # site's `health.boot_grace`, a critical finding of one of these checks warns instead, marked `boot_grace`;
 # the policy neither drains for it nor counts the tray healthy (mctl.health.policy), so a tray that is still
 # failing once the grace ends is drained then, and one that comes up whole is judged at once.
-GRACE_CHECKS = frozenset({"slurm.slurmd", "imex.daemon", "gpu.facts", "fabric.state", "nvlink.links"})
+GRACE_CHECKS = frozenset({"slurm.slurmd", "imex.daemon", "gpu.facts"})
+NOT_A_START = frozenset({"nvidia-smi hung"})      # gpu.facts' short forms that a boot does not explain
 GRACE = "boot_grace"
 
 
@@ -52,7 +54,7 @@ def apply_grace(facts, settings, findings: list[Finding]) -> list[Finding]:
     up = facts.clock.uptime
     out = []
     for f in findings:
-        if f.severity is Severity.CRITICAL and f.check in GRACE_CHECKS:
+        if f.severity is Severity.CRITICAL and f.check in GRACE_CHECKS and f.details.get("short") not in NOT_A_START:
             f = replace(f, severity=Severity.WARN,
                         message=f"{f.message} (up {up:.0f}s, in the boot grace of {grace:.0f}s: judged once it ends)",
                         details={**f.details, GRACE: {"uptime": round(up, 1), "grace": grace}})

@@ -44,6 +44,10 @@ def test_a_start_up_failure_warns_within_the_grace_and_is_critical_after_it():
     lowered = {f.check for f in found if GRACE in f.details}
     assert lowered and lowered <= GRACE_CHECKS and {"imex.daemon", "gpu.facts"} <= lowered
     assert worst(found) is Severity.WARN
+    # a GPU tool that hangs is a wedge, not a start; an NVLink down is hardware: judged at once
+    hung = run(tray(gpus=None, gpu_error="nvidia-smi hung (no answer within 10s)", clock=clock(5.0)))
+    assert by_check(hung, "gpu.facts")[0].severity is Severity.CRITICAL and not in_grace(hung)
+    assert "nvlink.links" not in GRACE_CHECKS and "gpu.count" not in GRACE_CHECKS
 
 
 def test_the_grace_never_hides_hardware_faults_and_can_be_turned_off():
