@@ -35,6 +35,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from mctl.lab.bmcs import SWITCH_POWER_FILE
+
 CAPTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "real" / "redfish" / "nvidia_gb200"
 SWITCH_CAPTURE = CAPTURE.parent / "nvidia_gbswitch"
 ROOT = "/redfish/v1"
@@ -47,7 +49,6 @@ SWITCH_RESET_TYPES = tuple(t for t in RESET_TYPES if t != "Nmi")
 # Chassis that keep standby power when the host is off (the BMC and its root of trust; the switch
 # tray's BMC board and its EEPROM).
 STANDBY_CHASSIS = ("BMC_0", "ERoT_BMC_0", "MGX_BMC_0", "BMC_eeprom")
-SWITCH_POWER_FILE = "power.json"
 SWITCH_STEP_S = 0.5     # how long a lab switch tray reads PoweringOff / PoweringOn
 LEAK_DETECTORS = ("Chassis_0_LeakDetector_0_ColdPlate", "Chassis_0_LeakDetector_0_Manifold",
                   "Chassis_0_LeakDetector_1_ColdPlate", "Chassis_0_LeakDetector_1_Manifold")

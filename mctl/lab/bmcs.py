@@ -34,6 +34,7 @@ FIRMWARE_FILE = "firmware.json"     # the tray BMC's firmware versions that diff
 POWER_EVENTS = "power-events.jsonl"  # every power step the BMC took, with its time (the emulator writes it)
 TRAYS_CA = "ca-trays.pem"           # the CA `lab up` made (ca.pem is it, plus SWITCHES_CA when added later)
 SWITCHES_CA = "ca-switches.pem"
+SWITCH_POWER_FILE = "power.json"    # a switch tray's power state, kept by its BMC (no host stands behind it)
 
 
 def lab_bmc_dir(lab_dir: Path) -> Path:

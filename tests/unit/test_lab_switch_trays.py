@@ -153,3 +153,24 @@ def test_switch_bmc_serves_the_capture_and_its_power_follows_reset(switch_bmc):
         ("ForceOff", "off", "start"), ("ForceOff", "off", "done"), ("On", "on", "start"), ("On", "on", "done"),
         ("GracefulShutdown", "off", "start"), ("GracefulShutdown", "off", "done")]
     assert all(a["t"] <= b["t"] for a, b in zip(events, events[1:]))
+
+
+def test_nmx_emulator_takes_a_powered_off_switch_trays_node_and_links_down(tmp_path):
+    from mctl.lab.nmx_emulator import Config, NMXState
+
+    files = [tmp_path / f"sw{i}" / "power.json" for i in range(1, 10)]
+    cfg = Config.from_dict({"username": "u", "password": "p", "domain_uuid": "5b0c7f0e-6d7a-5d8e-9b51-3f3c1d2e4a10",
+                            "trays": [{"name": "t1", "tray_index": 0}],
+                            "switch_power_files": [str(f) for f in files]})
+    state = NMXState(cfg)
+    assert {n["Health"] for n in state.switch_nodes_json()} == {"HEALTHY"}
+    assert {p["PhysicalState"] for p in state.ports_json()} == {"LINKUP"}
+    files[1].parent.mkdir()
+    files[1].write_text(json.dumps({"state": "Off"}))          # as the lab's second switch tray BMC writes it
+    nodes = state.switch_nodes_json()
+    assert [n["Health"] for n in nodes] == ["HEALTHY", "UNHEALTHY"] + ["HEALTHY"] * 7
+    down = [p for p in state.ports_json() if p["PhysicalState"] == "DISABLED"]
+    assert down and all(p["PeerPortDeviceUID"] == state.switch_uid(1) for p in down)
+    assert all(p["LogicalState"] == "STATE_DOWN" for p in down)
+    files[1].write_text(json.dumps({"state": "On"}))
+    assert {p["PhysicalState"] for p in state.ports_json()} == {"LINKUP"}
