@@ -19,6 +19,11 @@ detectors (ids and fields of the capture, docs: ../shared/reference/redfish.md) 
 systems backend from a hard-coded list (`Application.systems`); that property is replaced here, the
 only way to give it a driver of one's own.
 
+A switch tray's BMC (config `"kind": "switch"`, `mctl lab up --switch-trays N`) serves the real switch
+tray capture (tests/fixtures/real/redfish/nvidia_gbswitch) the same way, with `SwitchSystemsDriver`: no
+host stands behind it, so its power state is the BMC's own (bmc/power.json, which the rack's NMX-M
+emulator reads too). Every BMC logs its power steps with their times (bmc/power-events.jsonl).
+
 Power semantics as on a real tray: a Reset is answered 204 at once and runs in the background;
 PowerState says PoweringOff / PoweringOn meanwhile; a second Reset while one runs gets 409. A
 GracefulShutdown (or GracefulRestart) of a tray whose OS does not answer (`mctl lab fault --freeze`)
@@ -189,13 +194,20 @@ class LabSystemsDriver(_driver_base()):  # type: ignore[misc]
         self.uuid(identity)
         return self.host_power()
 
-    def set_power_state(self, identity: str, state: str) -> None:
+    reset_types = RESET_TYPES
+
+    def _check_reset(self, identity: str, state: str) -> None:
         from sushy_tools import error
 
         if self.uuid(identity) != HOST_SYSTEM:
             raise error.BadRequest(f"{identity} has no Reset action")
-        if state not in RESET_TYPES:
-            raise error.BadRequest(f"ResetType {state!r} is not one of {', '.join(RESET_TYPES)}")
+        if state not in self.reset_types:
+            raise error.BadRequest(f"ResetType {state!r} is not one of {', '.join(self.reset_types)}")
+
+    def set_power_state(self, identity: str, state: str) -> None:
+        from sushy_tools import error
+
+        self._check_reset(identity, state)
         control, files, layout, record, host = self._lab()
         with self._lock:
             if self._transition:
@@ -292,13 +304,12 @@ class SwitchSystemsDriver(LabSystemsDriver):
                 return self._transition
         return self._stored()
 
+    reset_types = SWITCH_RESET_TYPES
+
     def set_power_state(self, identity: str, state: str) -> None:
         from sushy_tools import error
 
-        if self.uuid(identity) != HOST_SYSTEM:
-            raise error.BadRequest(f"{identity} has no Reset action")
-        if state not in SWITCH_RESET_TYPES:
-            raise error.BadRequest(f"ResetType {state!r} is not one of {', '.join(SWITCH_RESET_TYPES)}")
+        self._check_reset(identity, state)
         with self._lock:
             if self._transition:
                 raise error.FishyError(f"a reset is already in progress ({self._transition})", code=409)

@@ -1,4 +1,5 @@
-"""The lab trays' BMCs: credentials, a lab CA and one sushy-tools Redfish service per tray (docs/lab.md, "BMCs").
+"""The lab trays' BMCs: credentials, a lab CA and one sushy-tools Redfish service per tray, compute or
+switch (docs/lab.md, "BMCs", "Switch trays"); a switch tray is its BMC alone.
 
 `mctl lab up` calls `prepare` before the inventory is written (it names the credentials file and
 the CA) and `start` once the hosts are up. Each tray's BMC listens on its own loopback address
@@ -8,7 +9,9 @@ host off leaves the BMC answering. Files, under the lab folder:
     bmc/credentials     root:<random>, mode 0600 (the inventory's bmc.credentials_file)
     bmc/htpasswd        the same user, bcrypt (sushy-tools accepts bcrypt only), mode 0600
     bmc/ca.pem          the lab CA (the inventory's bmc.verify_tls); its key is not kept
-    hosts/<tray>/bmc/   cert.pem, key.pem (0600), bmc.json (the emulator's config), bmc.log
+    hosts/<tray>/bmc/   cert.pem, key.pem (0600), bmc.json (the emulator's config), bmc.log,
+                        power-events.jsonl; a switch tray's also power.json (its power state)
+    bmc/ca-trays.pem    the CA `lab up` made; ca-switches.pem the one of switch trays added later
 """
 
 from __future__ import annotations

@@ -534,6 +534,9 @@ def status(lab_dir: Path) -> dict:
     return {
         "dir": str(files.dir), "configured": True, "up": running > 0, "name": record["name"],
         "racks": record["racks"], "trays": record["trays"], "net": layout.net, "state": record.get("state"),
+        "switch_trays": [{"name": sw.name, "bmc": layout.switch_bmc_address(sw),
+                          "bmc_listening": (layout.switch_bmc_address(sw), bmcs.PORT) in listening}
+                         for sw in layout.switches()],
         "inventory": str(files.inventory), "known_hosts": str(files.known_hosts), "identity_file": str(files.key),
         "image": dict(record.get("image") or {},
                       packages=(image.read_manifest(Path((record.get("image") or {}).get("dir", "/nonexistent")))
