@@ -174,3 +174,52 @@ def test_nmx_emulator_takes_a_powered_off_switch_trays_node_and_links_down(tmp_p
     assert all(p["LogicalState"] == "STATE_DOWN" for p in down)
     files[1].write_text(json.dumps({"state": "On"}))
     assert {p["PhysicalState"] for p in state.ports_json()} == {"LINKUP"}
+
+
+def test_cli_up_dry_run_lists_switch_tray_bmcs_and_refuses_too_many(capsys, tmp_path):
+    from tests.unit.cli_helpers import run_cli
+
+    res = run_cli(capsys, "lab", "up", "--trays", "2", "--switch-trays", "2", "--dir", str(tmp_path / "lab"),
+                  "--dry-run", "--json")
+    assert res.code == 0, res.err
+    plan = json.loads(res.out)["plan"]
+    assert plan["switch_trays"] == [{"name": "lab-r1-sw01", "address": "127.77.1.61", "bmc": "127.77.101.61"},
+                                    {"name": "lab-r1-sw02", "address": "127.77.1.62", "bmc": "127.77.101.62"}]
+    assert [h["name"] for h in plan["hosts"]] == ["lab-r1-head", "lab-r1-tray01", "lab-r1-tray02"]  # no host
+    text = run_cli(capsys, "lab", "up", "--trays", "1", "--switch-trays", "1", "--dir", str(tmp_path / "lab"),
+                   "--dry-run")
+    assert text.code == 0 and "lab-r1-sw01" in text.out and "BMC 127.77.101.61 (no host)" in text.out
+    for bad in ("10", "-1", "x"):
+        r = run_cli(capsys, "lab", "up", "--switch-trays", bad, "--dir", str(tmp_path / "lab"), "--dry-run")
+        assert r.code == 2 and "Traceback" not in r.err, bad
+    assert not (tmp_path / "lab").exists()
+
+
+def test_switch_trays_added_later_get_a_ca_of_their_own_listed_beside_the_labs(tmp_path):
+    pytest.importorskip("bcrypt")
+    from cryptography import x509
+
+    bmcs.prepare(tmp_path, LabLayout("lab", 1, 1))
+    d = bmcs.lab_bmc_dir(tmp_path)
+    lab_ca = (d / "ca.pem").read_text()
+    assert (d / bmcs.TRAYS_CA).read_text() == lab_ca and not bmcs.tray_bmc_dir(tmp_path, "lab-r1-sw01").exists()
+    bmcs.prepare_switches(tmp_path, LabLayout("lab", 1, 1, switch_trays=2))
+    bundle = x509.load_pem_x509_certificates((d / "ca.pem").read_bytes())
+    assert len(bundle) == 2 and (d / "ca.pem").read_text().startswith(lab_ca)
+    for name in ("lab-r1-sw01", "lab-r1-sw02"):
+        cert = x509.load_pem_x509_certificate((bmcs.tray_bmc_dir(tmp_path, name) / "cert.pem").read_bytes())
+        assert cert.issuer == bundle[1].subject
+        config = json.loads((bmcs.tray_bmc_dir(tmp_path, name) / "bmc.json").read_text())
+        assert config["kind"] == "switch" and config["tray"] == name
+    tray = json.loads((bmcs.tray_bmc_dir(tmp_path, "lab-r1-tray01") / "bmc.json").read_text())
+    assert tray["kind"] == "compute"
+    bmcs.prepare_switches(tmp_path, LabLayout("lab", 1, 1))
+    assert (d / "ca.pem").read_text() == lab_ca and not (d / bmcs.SWITCHES_CA).exists()
+
+
+def test_switch_trays_cannot_be_set_on_a_lab_that_is_not_up(tmp_path):
+    from mctl.errors import UsageError
+    from mctl.lab import control
+
+    with pytest.raises(UsageError, match="no lab is up"):
+        control.set_switch_trays(tmp_path, 2)
