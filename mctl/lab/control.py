@@ -257,8 +257,10 @@ def _stop_switch_bmcs(files: LabFiles, layout: LabLayout) -> None:
         if not [p for p in lab_launchers(files.dir, table) if configs & set(p.cmdline)]:
             return
         time.sleep(0.1)
-    for p in [p for p in lab_launchers(files.dir) if configs & set(p.cmdline)]:
-        _signal(p.pid, signal.SIGKILL)
+    table = procs.scan()
+    for launcher in [p for p in lab_launchers(files.dir, table) if configs & set(p.cmdline)]:
+        for p in procs.descendants(table, launcher):
+            _signal(p.pid, signal.SIGKILL)
 
 
 def _start_hosts(files: LabFiles, layout: LabLayout, rootfs: Path,
