@@ -227,7 +227,7 @@ def act_on_tray(action: str, host: "Host", tray: TrayPower, client: RedfishClien
     """One tray: read, act, wait for the state. Raises BMCError; fills *tray*."""
     system = host_system(client)
     tray.before = tray.after = system.power_state
-    tray.os_answered = boot_id is not None
+    tray.os_answered = boot_id is not None if host.role == "compute" else None
     if action == "status":
         tray.os_after = tray.os_answered
         tray.ok = True
@@ -243,10 +243,11 @@ def act_on_tray(action: str, host: "Host", tray: TrayPower, client: RedfishClien
                 send_reset(client, system, "ForceOff", tray)
             if _wait_state(client, system, ("Off",), stage_until, tray) != "Off":
                 raise BMCError("timeout", f"PowerState still {tray.after} at the deadline (sent {', '.join(tray.sent)})")
-        gone = _wait_os(probe, host, False, stage_until)
-        tray.os_after = not gone
-        if not gone:
-            raise BMCError("timeout", "Redfish says Off but SSH still reaches the tray")
+        if host.role == "compute":              # a switch tray's NVOS is not reached over mctl's SSH
+            gone = _wait_os(probe, host, False, stage_until)
+            tray.os_after = not gone
+            if not gone:
+                raise BMCError("timeout", "Redfish says Off but SSH still reaches the tray")
     elif action in ("on", "cycle"):
         old = boot_id
         if system.power_state == "Off" or action == "on":
@@ -280,7 +281,7 @@ def run_stage(action: str, hosts: Sequence["Host"], trays: list[TrayPower], sett
     start = time.monotonic()
     until = start + stage_s
     todo = [(h, t) for h, t in zip(hosts, trays) if t.refused is None and t.error is None]
-    boot = probe.boot_ids([h for h, _t in todo])
+    boot = probe.boot_ids([h for h, _t in todo if h.role == "compute"])      # mctl never logs in to NVOS
     once = warn_once(warn or _stderr)
 
     results: dict[str, TrayPower] = {}

@@ -40,6 +40,9 @@ def _say(message: str) -> None:
 def up(
     racks: Annotated[int, typer.Option("--racks", min=1, max=99, help="Racks (each its own NVLink domain).")] = 1,
     trays: Annotated[int, typer.Option("--trays", min=1, max=18, help="Compute trays per rack.")] = 18,
+    switch_trays: Annotated[int, typer.Option("--switch-trays", min=0, max=9,
+                                              help="NVLink switch trays per rack: each is a BMC only "
+                                                   "(Redfish, the real switch tray's tree), no host.")] = 0,
     lab_dir: DirOpt = None,
     net: Annotated[int, typer.Option("--net", min=1, max=254,
                                      help="Second address octet: hosts get 127.NET.RACK.TRAY.")] = 77,
@@ -65,11 +68,13 @@ def up(
     path = _lab_dir(lab_dir)
     as_json = want_json(json_)
     if dry_run:
-        layout = LabLayout("lab", racks, trays, net)
+        layout = LabLayout("lab", racks, trays, net, switch_trays)
         spec = image.load_spec(REPO_IMAGES / f"{IMAGE_NAME}.yml")
         plan = {"dir": str(path), "image": spec.name, "image_cached": image.is_built(spec),
                 "image_dir": str(spec.cache_dir),
                 "hosts": [{"name": h.name, "kind": h.kind, "address": h.address} for h in layout.hosts()],
+                "switch_trays": [{"name": sw.name, "address": sw.address, "bmc": layout.switch_bmc_address(sw)}
+                                 for sw in layout.switches()],
                 "inventory": str(path / control.INVENTORY)}
         if as_json:
             render.print_json({"dry_run": True, "plan": plan})
@@ -80,16 +85,19 @@ def up(
                   markup=False, highlight=False)
         for h in plan["hosts"]:
             con.print(f"  {h['name']:<18} {h['kind']:<5} {h['address']}", markup=False, highlight=False)
+        for sw in plan["switch_trays"]:
+            con.print(f"  {sw['name']:<18} {'switch':<6} BMC {sw['bmc']} (no host)", markup=False, highlight=False)
         return
     result = control.up(path, racks=racks, trays=trays, net=net, timeout=timeout, os_only=os_only,
-                        progress=(lambda _m: None) if as_json else _say)
+                        switch_trays=switch_trays, progress=(lambda _m: None) if as_json else _say)
     flag = _dir_flag(result.dir)
     for dest in result.missing_files:
         render.warn(f"{dest} not installed: its source is not in this checkout yet")
     if as_json:
         render.print_json({"dir": str(result.dir), "inventory": str(result.inventory),
                            "seconds": round(result.seconds, 2), "image_dir": str(result.image_dir),
-                           "racks": racks, "trays": trays, "missing_files": result.missing_files,
+                           "racks": racks, "trays": trays, "switch_trays": switch_trays,
+                           "missing_files": result.missing_files,
                            "hosts": [{"name": h.name, "kind": h.kind, "rack": h.rack, "address": h.address}
                                      for h in result.layout.hosts()]})
         return
@@ -97,7 +105,8 @@ def up(
     first = result.layout.trays_of(result.layout.rack_names()[0])[0].name
     lines = [
         f"lab up: {racks} rack(s) x {trays} trays + head node, {len(result.layout.hosts())} hosts "
-        f"in {result.seconds:.1f} s ({result.dir})",
+        + (f"and {switch_trays} switch tray BMC(s) per rack " if switch_trays else "")
+        + f"in {result.seconds:.1f} s ({result.dir})",
         f"inventory: {result.inventory}",
         "",
         "use it like any site:",

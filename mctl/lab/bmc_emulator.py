@@ -19,6 +19,11 @@ detectors (ids and fields of the capture, docs: ../shared/reference/redfish.md) 
 systems backend from a hard-coded list (`Application.systems`); that property is replaced here, the
 only way to give it a driver of one's own.
 
+A switch tray's BMC (config `"kind": "switch"`, `mctl lab up --switch-trays N`) serves the real switch
+tray capture (tests/fixtures/real/redfish/nvidia_gbswitch) the same way, with `SwitchSystemsDriver`: no
+host stands behind it, so its power state is the BMC's own (bmc/power.json, which the rack's NMX-M
+emulator reads too). Every BMC logs its power steps with their times (bmc/power-events.jsonl).
+
 Power semantics as on a real tray: a Reset is answered 204 at once and runs in the background;
 PowerState says PoweringOff / PoweringOn meanwhile; a second Reset while one runs gets 409. A
 GracefulShutdown (or GracefulRestart) of a tray whose OS does not answer (`mctl lab fault --freeze`)
@@ -35,14 +40,21 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from mctl.lab.bmcs import SWITCH_POWER_FILE
+
 CAPTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "real" / "redfish" / "nvidia_gb200"
+SWITCH_CAPTURE = CAPTURE.parent / "nvidia_gbswitch"
 ROOT = "/redfish/v1"
 HOST_SYSTEM = "System_0"
 # The capture's System_0 ResetActionInfo (shared/reference/redfish.md, "Power actions").
 RESET_TYPES = ("ForceOff", "PowerCycle", "Nmi", "GracefulShutdown", "On", "ForceOn", "GracefulRestart",
                "ForceRestart")
-# Chassis that keep standby power when the host is off (the BMC and its root of trust).
-STANDBY_CHASSIS = ("BMC_0", "ERoT_BMC_0")
+# The switch tray's System_0 (the NVOS host): the same, no Nmi (shared/reference/redfish.md, "Power actions").
+SWITCH_RESET_TYPES = tuple(t for t in RESET_TYPES if t != "Nmi")
+# Chassis that keep standby power when the host is off (the BMC and its root of trust; the switch
+# tray's BMC board and its EEPROM).
+STANDBY_CHASSIS = ("BMC_0", "ERoT_BMC_0", "MGX_BMC_0", "BMC_eeprom")
+SWITCH_STEP_S = 0.5     # how long a lab switch tray reads PoweringOff / PoweringOn
 LEAK_DETECTORS = ("Chassis_0_LeakDetector_0_ColdPlate", "Chassis_0_LeakDetector_0_Manifold",
                   "Chassis_0_LeakDetector_1_ColdPlate", "Chassis_0_LeakDetector_1_Manifold")
 LOG = logging.getLogger("mctl-lab-bmc")
@@ -67,8 +79,11 @@ def serial_for(tray_id: str, item: str) -> str:
     return "0x" + hashlib.sha256(f"{tray_id}/{item}".encode()).hexdigest()[:16].upper()
 
 
-def add_missing(tree: dict[str, dict[str, Any]]) -> None:
+def add_missing(tree: dict[str, dict[str, Any]], kind: str = "compute") -> None:
     """Resources the capture links and mctl reads that were not captured (or sushy-tools lacks)."""
+    if kind == "switch":
+        _reset_action_info(tree, SWITCH_RESET_TYPES)
+        return
     leak = f"{ROOT}/Chassis/Chassis_0/ThermalSubsystem/LeakDetection"
     tree.setdefault(leak, {
         "@odata.id": leak, "@odata.type": "#LeakDetection.v1_0_1.LeakDetection", "Id": "LeakDetection",
@@ -83,20 +98,27 @@ def add_missing(tree: dict[str, dict[str, Any]]) -> None:
             "@odata.id": f"{leak}/LeakDetectors/{d}", "@odata.type": "#LeakDetector.v1_1_0.LeakDetector",
             "Id": d, "Name": d.replace("_", " "), "DetectorState": "OK", "LeakDetectorType": "Moisture",
             "Status": {"Health": "OK", "State": "Enabled"}})
+    _reset_action_info(tree, RESET_TYPES)
+
+
+def _reset_action_info(tree: dict[str, dict[str, Any]], types: tuple[str, ...]) -> None:
     info = f"{ROOT}/Systems/{HOST_SYSTEM}/ResetActionInfo"
     tree.setdefault(info, {
         "@odata.id": info, "@odata.type": "#ActionInfo.v1_2_0.ActionInfo", "Id": "ResetActionInfo",
         "Name": "Reset Action Info",
-        "Parameters": [{"AllowableValues": list(RESET_TYPES), "DataType": "String", "Name": "ResetType",
+        "Parameters": [{"AllowableValues": list(types), "DataType": "String", "Name": "ResetType",
                         "Required": True}]})
 
 
-def personalize(doc: dict[str, Any], *, tray_id: str, tray_index: int, slot: int, power: str) -> dict[str, Any]:
-    """The captured document as this tray's BMC answers it now."""
+def personalize(doc: dict[str, Any], *, tray_id: str, tray_index: int, slot: int, power: str,
+                serial_by_value: bool = False) -> dict[str, Any]:
+    """The captured document as this tray's BMC answers it now. *serial_by_value*: a captured serial
+    shared by several resources stays shared (the switch tray's SYS_eeprom, System_0 and its chassis
+    carry one serial, which is how mctl finds the tray's chassis)."""
     out = json.loads(json.dumps(doc))
     item = str(out.get("Id") or out.get("@odata.id"))
     if isinstance(out.get("SerialNumber"), str) and out["SerialNumber"].strip():
-        out["SerialNumber"] = serial_for(tray_id, item)
+        out["SerialNumber"] = serial_for(tray_id, out["SerialNumber"] if serial_by_value else item)
     oem = (out.get("Oem") or {}).get("Nvidia") if isinstance(out.get("Oem"), dict) else None
     if isinstance(oem, dict) and "ComputeTrayIndex" in oem:
         oem["ComputeTrayIndex"] = tray_index
@@ -172,13 +194,20 @@ class LabSystemsDriver(_driver_base()):  # type: ignore[misc]
         self.uuid(identity)
         return self.host_power()
 
-    def set_power_state(self, identity: str, state: str) -> None:
+    reset_types = RESET_TYPES
+
+    def _check_reset(self, identity: str, state: str) -> None:
         from sushy_tools import error
 
         if self.uuid(identity) != HOST_SYSTEM:
             raise error.BadRequest(f"{identity} has no Reset action")
-        if state not in RESET_TYPES:
-            raise error.BadRequest(f"ResetType {state!r} is not one of {', '.join(RESET_TYPES)}")
+        if state not in self.reset_types:
+            raise error.BadRequest(f"ResetType {state!r} is not one of {', '.join(self.reset_types)}")
+
+    def set_power_state(self, identity: str, state: str) -> None:
+        from sushy_tools import error
+
+        self._check_reset(identity, state)
         control, files, layout, record, host = self._lab()
         with self._lock:
             if self._transition:
@@ -211,10 +240,12 @@ class LabSystemsDriver(_driver_base()):  # type: ignore[misc]
                 with self._lock:
                     self._transition = "PoweringOn" if step == "on" else "PoweringOff"
                 LOG.info("%s: %s: %s", host.name, state, step)
+                power_event(self._config, state, step, "start")
                 if step == "on":
                     control.power_on(files, layout, record, host)
                 else:
                     control.power_off(files, host, force=step == "force-off")
+                power_event(self._config, state, step, "done")
         except Exception:                           # the state read next says what the tray is
             LOG.exception("%s failed", state)
         finally:
@@ -232,6 +263,97 @@ class LabSystemsDriver(_driver_base()):  # type: ignore[misc]
         return {"BiosVersion": bios} if bios else {}
 
 
+def power_event(config: dict[str, Any], reset: str, step: str, phase: str) -> None:
+    """One line of the BMC's power log (bmc/power-events.jsonl next to its config): what it did, when."""
+    import time
+
+    from mctl.lab.bmcs import POWER_EVENTS, tray_bmc_dir
+
+    line = json.dumps({"t": time.time(), "tray": config["tray"], "reset": reset, "step": step, "phase": phase})
+    try:
+        with open(tray_bmc_dir(Path(config["lab_dir"]), config["tray"]) / POWER_EVENTS, "a") as f:
+            f.write(line + "\n")
+    except OSError:
+        LOG.warning("cannot log the power event %s", line)
+
+
+class SwitchSystemsDriver(LabSystemsDriver):
+    """A lab switch tray's System_0 (the NVOS host). No host stands behind it: the power state is the
+    BMC's own, kept in bmc/power.json (the NMX-M emulator reads it: a switch tray that is off has its
+    NVLink switches down). A Reset reads PoweringOff / PoweringOn for a moment, then Off / On."""
+
+    def _state_file(self) -> Path:
+        from mctl.lab.bmcs import tray_bmc_dir
+        return tray_bmc_dir(Path(self._config["lab_dir"]), self._config["tray"]) / SWITCH_POWER_FILE
+
+    def _stored(self) -> str:
+        try:
+            return "Off" if json.loads(self._state_file().read_text()).get("state") == "Off" else "On"
+        except (OSError, ValueError, AttributeError):
+            return "On"
+
+    def _store(self, state: str) -> None:
+        import time
+
+        from mctl.state.files import atomic_write
+        atomic_write(self._state_file(), json.dumps({"state": state, "changed_at": time.time()}) + "\n")
+
+    def host_power(self) -> str:
+        with self._lock:
+            if self._transition:
+                return self._transition
+        return self._stored()
+
+    reset_types = SWITCH_RESET_TYPES
+
+    def set_power_state(self, identity: str, state: str) -> None:
+        from sushy_tools import error
+
+        self._check_reset(identity, state)
+        with self._lock:
+            if self._transition:
+                raise error.FishyError(f"a reset is already in progress ({self._transition})", code=409)
+            on = self._stored() == "On"
+            if state in ("On", "ForceOn"):
+                plan = [] if on else ["on"]
+            elif state in ("ForceOff", "GracefulShutdown"):
+                plan = ["off"] if on else []
+            else:                                   # PowerCycle, ForceRestart, GracefulRestart
+                plan = (["off"] if on else []) + ["on"]
+            if not plan:
+                LOG.info("%s: %s: nothing to do", self._config["tray"], state)
+                return
+            self._transition = "PoweringOn" if plan[0] == "on" else "PoweringOff"
+        threading.Thread(target=self._run, args=(state, plan), name=f"reset-{state}", daemon=True).start()
+
+    def _run(self, state: str, plan: list[str]) -> None:
+        import time
+
+        try:
+            for step in plan:
+                with self._lock:
+                    self._transition = "PoweringOn" if step == "on" else "PoweringOff"
+                LOG.info("%s: %s: %s", self._config["tray"], state, step)
+                power_event(self._config, state, step, "start")
+                time.sleep(SWITCH_STEP_S)
+                self._store("On" if step == "on" else "Off")
+                power_event(self._config, state, step, "done")
+        except Exception:
+            LOG.exception("%s failed", state)
+        finally:
+            with self._lock:
+                self._transition = None
+
+
+def switch_powered_off(lab_dir: Path, name: str) -> bool:
+    """Whether the lab switch tray *name*'s BMC has it off (for the NMX-M emulator)."""
+    from mctl.lab.bmcs import tray_bmc_dir
+    try:
+        return json.loads((tray_bmc_dir(Path(lab_dir), name) / SWITCH_POWER_FILE).read_text()).get("state") == "Off"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 # ------------------------------------------------------------------ the service
 
 def build_app(config: dict[str, Any], tree: dict[str, dict[str, Any]] | None = None):
@@ -241,9 +363,11 @@ def build_app(config: dict[str, Any], tree: dict[str, dict[str, Any]] | None = N
     from sushy_tools.emulator import api_utils
     from sushy_tools.emulator import main as st
 
-    tree = tree if tree is not None else load_tree(Path(config.get("capture") or CAPTURE))
-    add_missing(tree)
-    driver = LabSystemsDriver(config, tree)
+    kind = config.get("kind", "compute")
+    tree = tree if tree is not None else load_tree(Path(config.get("capture")
+                                                        or (SWITCH_CAPTURE if kind == "switch" else CAPTURE)))
+    add_missing(tree, kind)
+    driver = (SwitchSystemsDriver if kind == "switch" else LabSystemsDriver)(config, tree)
     app = st.app
     _remember_good_logins()
     type(app).systems = property(lambda self: driver)      # sushy-tools' backend list is hard-coded
@@ -259,7 +383,8 @@ def build_app(config: dict[str, Any], tree: dict[str, dict[str, Any]] | None = N
         if path not in tree:
             raise error.NotFound(f"{path} not found")
         return bmc_faults.overlay(path, personalize(tree[path], tray_id=tray_id, tray_index=int(config["tray_index"]),
-                                                    slot=int(config["slot"]), power=driver.host_power()),
+                                                    slot=int(config["slot"]), power=driver.host_power(),
+                                                    serial_by_value=kind == "switch"),
                                   bmc_fault.get())
 
     firmware = FirmwareOverrides(config.get("firmware_file"))

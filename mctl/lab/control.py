@@ -93,7 +93,8 @@ def load_record(lab_dir: Path) -> dict | None:
 
 
 def layout_of(record: dict) -> LabLayout:
-    return LabLayout(record["name"], record["racks"], record["trays"], record.get("net", DEFAULT_NET))
+    return LabLayout(record["name"], record["racks"], record["trays"], record.get("net", DEFAULT_NET),
+                     int(record.get("switch_trays") or 0))
 
 
 # --- processes belonging to a lab --------------------------------------------------------------
@@ -131,17 +132,19 @@ def lab_processes(lab_dir: Path, table: dict[int, procs.Proc] | None = None) -> 
 
 def up(lab_dir: Path, *, racks: int = 1, trays: int = 18, name: str = "lab", net: int = DEFAULT_NET,
        images_dir: Path = REPO_IMAGES, progress: Progress = _quiet, timeout: float = 180.0,
-       rack_services: Sequence[services.RackService] | None = None, os_only: bool = False) -> UpResult:
+       rack_services: Sequence[services.RackService] | None = None, os_only: bool = False,
+       switch_trays: int = 0) -> UpResult:
     """Start a lab in *lab_dir*. *rack_services* defaults to the registry (services.RACK_SERVICES).
 
     *os_only*: the trays start with the OS image only; the files of the lab's packages (the GPU
     tools, mctl/lab/aptrepo.py) come only with provisioning, through apt, as on a fresh real tray.
+    *switch_trays*: NVLink switch trays per rack, each a BMC only (no host: mctl never logs in to NVOS).
     """
     from mctl.state.lock import file_lock
 
     started = time.monotonic()
     try:
-        layout = LabLayout(name, racks, trays, net)
+        layout = LabLayout(name, racks, trays, net, switch_trays)
     except ValueError as exc:
         raise UsageError(f"invalid lab shape: {exc}", hint="e.g. mctl lab up --racks 1 --trays 18") from None
     rack_svcs = list(services.RACK_SERVICES if rack_services is None else rack_services)
@@ -165,7 +168,7 @@ def up(lab_dir: Path, *, racks: int = 1, trays: int = 18, name: str = "lab", net
         with file_lock(ADDRESS_LOCK, purpose=f"mctl lab up {files.dir}", timeout=600, label="lab addresses"):
             _check_addresses(layout, rack_svcs)
             write_json(files.record, {
-                "name": name, "racks": racks, "trays": trays, "net": net,
+                "name": name, "racks": racks, "trays": trays, "net": net, "switch_trays": switch_trays,
                 "image": {"name": spec.name, "key": spec.key, "dir": str(image_dir)},
                 "rack_services": [{"name": s.name, "port": s.port} for s in rack_svcs], "os_only": os_only,
                 "created_at": time.time(), "state": "starting", "pid": os.getpid()})
@@ -174,7 +177,7 @@ def up(lab_dir: Path, *, racks: int = 1, trays: int = 18, name: str = "lab", net
                 missing = _start_hosts(files, layout, rootfs, rack_svcs, os_only=os_only)
                 _wait_ready(files, layout, timeout)
                 _start_rack_services(files, layout, rack_svcs)
-                progress(f"starting {len(bmcs.trays(layout))} tray BMCs (Redfish, sushy-tools)")
+                progress(f"starting {len(bmcs.bmc_units(layout))} tray BMCs (Redfish, sushy-tools)")
                 bmcs.start(files.dir, layout, MARKER_ENV)
                 record = load_record(files.dir) or {}
                 record["state"] = "up"
@@ -191,12 +194,73 @@ def _check_addresses(layout: LabLayout, rack_svcs: Sequence[services.RackService
     listening = procs.listening_tcp()
     wanted = [(h.address, 22) for h in layout.hosts()]
     wanted += [(layout.service_address(r), s.port) for r in range(1, layout.racks + 1) for s in rack_svcs if s.port]
-    wanted += [(layout.bmc_address(h), bmcs.PORT) for h in bmcs.trays(layout)]
+    wanted += [(u["address"], bmcs.PORT) for u in bmcs.bmc_units(layout)]
     busy = [f"{a}:{p}" for a, p in wanted if (a, p) in listening or ("0.0.0.0", p) in listening and p != 22]
     if busy:
         raise UsageError(f"address {busy[0]} is already in use on this machine (another lab?)",
                          hint="stop the other lab, or give this one other addresses with --net N "
                               f"(127.N.R.T; now {layout.net})")
+
+
+def set_switch_trays(lab_dir: Path, count: int, *, timeout: float = 60.0) -> LabLayout:
+    """Give a lab that is up *count* switch trays per rack (0: none), as `lab up --switch-trays` would have:
+    the switch tray BMCs are stopped and the new ones started, the record and the inventory's racks
+    (shape, `switches`) say so. The compute trays and their BMCs are left alone."""
+    from mctl.lab.site import set_switch_trays as inventory_with
+    from mctl.state.lock import file_lock
+
+    files = LabFiles(Path(lab_dir).resolve())
+    with file_lock(files.lock, purpose="mctl lab switch trays", label=f"lab {files.dir}"):
+        record = load_record(files.dir)
+        if record is None or not lab_launchers(files.dir):
+            raise UsageError(f"no lab is up in {files.dir}", hint=f"start one with 'mctl lab up --dir {files.dir}'")
+        try:
+            layout = LabLayout(record["name"], record["racks"], record["trays"], record.get("net", DEFAULT_NET), count)
+        except ValueError as exc:
+            raise UsageError(f"invalid lab shape: {exc}") from None
+        _stop_switch_bmcs(files, layout_of(record))
+        for sw in layout_of(record).switches():
+            _rmtree(bmcs.tray_bmc_dir(files.dir, sw.name).parent)
+        with file_lock(ADDRESS_LOCK, purpose=f"mctl lab switch trays {files.dir}", timeout=600, label="lab addresses"):
+            listening = procs.listening_tcp()
+            busy = [u["address"] for u in bmcs.bmc_units(layout) if u["kind"] == "switch"
+                    and (u["address"], bmcs.PORT) in listening]
+            if busy:
+                raise UsageError(f"address {busy[0]}:{bmcs.PORT} is already in use on this machine")
+            bmcs.prepare_switches(files.dir, layout)
+            record["switch_trays"] = count
+            write_json(files.record, record)
+            atomic_write(files.inventory, inventory_with(files.inventory.read_text(), layout))
+            bmcs.start(files.dir, layout, MARKER_ENV, timeout=timeout, kinds=("switch",))
+    return layout
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _stop_switch_bmcs(files: LabFiles, layout: LabLayout) -> None:
+    """End the BMC emulators of *layout*'s switch trays (their launchers name the switch's bmc.json)."""
+    configs = {str(bmcs.tray_bmc_dir(files.dir, sw.name) / "bmc.json") for sw in layout.switches()}
+    if not configs:
+        return
+    table = procs.scan()
+    mine = [p for p in lab_launchers(files.dir, table) if configs & set(p.cmdline)]
+    for launcher in mine:
+        for child in procs.children(table, launcher.pid):
+            _signal(child.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 8.0
+    while time.monotonic() < deadline:
+        table = procs.scan()
+        if not [p for p in lab_launchers(files.dir, table) if configs & set(p.cmdline)]:
+            return
+        time.sleep(0.1)
+    table = procs.scan()
+    for launcher in [p for p in lab_launchers(files.dir, table) if configs & set(p.cmdline)]:
+        for p in procs.descendants(table, launcher):
+            _signal(p.pid, signal.SIGKILL)
 
 
 def _start_hosts(files: LabFiles, layout: LabLayout, rootfs: Path,
@@ -472,6 +536,9 @@ def status(lab_dir: Path) -> dict:
     return {
         "dir": str(files.dir), "configured": True, "up": running > 0, "name": record["name"],
         "racks": record["racks"], "trays": record["trays"], "net": layout.net, "state": record.get("state"),
+        "switch_trays": [{"name": sw.name, "bmc": layout.switch_bmc_address(sw),
+                          "bmc_listening": (layout.switch_bmc_address(sw), bmcs.PORT) in listening}
+                         for sw in layout.switches()],
         "inventory": str(files.inventory), "known_hosts": str(files.known_hosts), "identity_file": str(files.key),
         "image": dict(record.get("image") or {},
                       packages=(image.read_manifest(Path((record.get("image") or {}).get("dir", "/nonexistent")))

@@ -22,6 +22,8 @@ MAX_TRAYS = 18          # an NVL72 rack holds 18 compute trays
 HEAD_OCTET = 100
 SERVICE_OCTET = 200
 BMC_RACK_OFFSET = 100   # tray N of rack R has its BMC at 127.net.(100+R).N (docs/lab.md, "BMCs")
+MAX_SWITCH_TRAYS = 9    # an NVL72 rack holds 9 NVLink switch trays
+SWITCH_OCTET = 60       # switch tray S of rack R: NVOS at 127.net.R.(60+S), its BMC at 127.net.(100+R).(60+S)
 DEFAULT_NET = 77
 
 Kind = Literal["tray", "head"]
@@ -42,11 +44,24 @@ class LabHost:
 
 
 @dataclass(frozen=True)
+class LabSwitchTray:
+    """An NVLink switch tray of the lab: only its BMC runs (mctl never logs in to NVOS, so no host stands
+    behind *address*, the NVOS management address the inventory lists)."""
+
+    name: str
+    address: str
+    rack: str
+    rack_index: int          # 1-based
+    index: int               # switch tray number in the rack (1-based)
+
+
+@dataclass(frozen=True)
 class LabLayout:
     name: str
     racks: int
     trays: int
     net: int = DEFAULT_NET
+    switch_trays: int = 0    # per rack; each is a BMC only (docs/lab.md, "Switch trays")
 
     def __post_init__(self) -> None:
         if not 1 <= self.net <= 254:
@@ -55,6 +70,8 @@ class LabLayout:
             raise ValueError(f"racks must be 1..{MAX_RACKS}")
         if not 1 <= self.trays <= MAX_TRAYS:
             raise ValueError(f"trays must be 1..{MAX_TRAYS}")
+        if not 0 <= self.switch_trays <= MAX_SWITCH_TRAYS:
+            raise ValueError(f"switch trays must be 0..{MAX_SWITCH_TRAYS}")
 
     def rack_names(self) -> list[str]:
         return [rack_name(r) for r in range(1, self.racks + 1)]
@@ -74,6 +91,22 @@ class LabLayout:
     def host(self, name: str) -> LabHost | None:
         return next((h for h in self.hosts() if h.name == name), None)
 
+    def switches_of(self, rack: str) -> list[LabSwitchTray]:
+        if rack not in self.rack_names():
+            return []
+        r = self.rack_names().index(rack) + 1
+        return [LabSwitchTray(switch_name(r, s), f"127.{self.net}.{r}.{SWITCH_OCTET + s}", rack, r, s)
+                for s in range(1, self.switch_trays + 1)]
+
+    def switches(self) -> list[LabSwitchTray]:
+        return [sw for rack in self.rack_names() for sw in self.switches_of(rack)]
+
+    def switch(self, name: str) -> LabSwitchTray | None:
+        return next((sw for sw in self.switches() if sw.name == name), None)
+
+    def switch_bmc_address(self, sw: LabSwitchTray) -> str:
+        return f"127.{self.net}.{BMC_RACK_OFFSET + sw.rack_index}.{SWITCH_OCTET + sw.index}"
+
     def nvlink_domain(self, rack: str) -> str:
         return str(uuid.uuid5(uuid.NAMESPACE_URL, f"mctl-lab/{self.name}/{rack}"))
 
@@ -91,6 +124,10 @@ def rack_name(r: int) -> str:
 
 def tray_name(r: int, n: int) -> str:
     return f"lab-r{r}-tray{n:02d}"
+
+
+def switch_name(r: int, s: int) -> str:
+    return f"lab-r{r}-sw{s:02d}"
 
 
 def etc_hosts(layout: LabLayout) -> str:

@@ -41,6 +41,9 @@ Config (JSON):
   fabric_delay_s                time GPUs stay "In Progress" (default 0.3)
   resync_s                      how often trays' gpus.json is checked (default 2)
   switch_trays                  number of NVLink switch trays listed (default 9)
+  switch_power_files            optional [FILE, ...]: switch tray i's BMC power state (the lab's
+                                switch tray BMCs write {"state": "Off"}); an Off tray's switch node
+                                reads UNHEALTHY and the GPU ports cabled to it are down
   faults                        {"fail_next": N, "status": 500, "fail_all": bool,
                                  "hang": bool, "delay_s": S, "fail_operations": N,
                                  "operation_error": str, "operation_details": str,
@@ -136,6 +139,7 @@ class Config:
     users: dict[str, tuple[str, str]] = field(default_factory=dict)     # username -> (password, "rw"|"ro")
     page_limit: int = 50
     faults_file: Path | None = None
+    switch_power_files: list[Path] = field(default_factory=list)
 
     @classmethod
     def load(cls, path: str | Path) -> "Config":
@@ -188,7 +192,8 @@ class Config:
                        fabric_delay_s=float(data.get("fabric_delay_s", 0.3)),
                        resync_s=float(data.get("resync_s", 2.0)), switch_trays=int(data.get("switch_trays", 9)),
                        faults=dict(data.get("faults") or {}), tls=data.get("tls"), users=users,
-                       page_limit=int(data.get("page_limit", 50)), faults_file=rel(data.get("faults_file")))
+                       page_limit=int(data.get("page_limit", 50)), faults_file=rel(data.get("faults_file")),
+                       switch_power_files=[rel(str(f)) for f in data.get("switch_power_files") or []])
         except (KeyError, TypeError, ValueError, StopIteration, OSError) as exc:
             raise ConfigError(f"bad emulator config: {exc!r}") from None
 
@@ -541,6 +546,17 @@ class NMXState:
 
     # ---- views
 
+    def switches_off(self) -> set[int]:
+        """Indexes of the switch trays whose BMC has them powered off (cfg.switch_power_files)."""
+        off = set()
+        for i, path in enumerate(self.cfg.switch_power_files[:self.cfg.switch_trays]):
+            try:
+                if path is not None and json.loads(path.read_text()).get("state") == "Off":
+                    off.add(i)
+            except (OSError, ValueError, AttributeError):
+                pass
+        return off
+
     def tray_faults(self, tray: Tray) -> dict[str, Any]:
         if tray.gpus_json is None:
             return {}
@@ -619,12 +635,14 @@ class NMXState:
         """The GPU side of every NVLink (18 per GPU), in the model's Port shape."""
         out = []
         faults = {t.name: self.tray_faults(t) for t in self.cfg.trays}
+        switches_off = self.switches_off()
         for gi, g in enumerate(self.gpus):
             down = {int(p[1]) for p in faults[g.tray.name].get("nvlink_down") or []
                     if len(p) == 2 and int(p[0]) == g.device}
             for num in range(1, PORTS_PER_GPU + 1):
-                link_down = (num - 1) in down or g.device in (faults[g.tray.name].get("gpu_missing") or [])
                 switch = (num - 1) // 2 % max(1, self.cfg.switch_trays)
+                link_down = (num - 1) in down or g.device in (faults[g.tray.name].get("gpu_missing") or []) \
+                    or switch in switches_off
                 out.append({"ID": self.port_id(g, num), "CreatedAt": self.started, "UpdatedAt": self.started,
                             "DomainUUID": self.cfg.domain_uuid, "LocationInfo": self.location_info(g.tray),
                             "Type": "GPU", "PortUID": gi * 100 + num, "PortNum": num,
@@ -651,9 +669,10 @@ class NMXState:
 
     def switch_nodes_json(self) -> list[dict[str, Any]]:
         first_slot = max([t.slot_id for t in self.cfg.trays if t.slot_id <= 10] or [0]) + 1
+        off = self.switches_off()
         return [{"ID": _object_id(f"{self.cfg.domain_uuid}/switch/{i}"), "Name": f"nvsw{i + 1:02d}",
                  "Description": "", "CreatedAt": self.started, "UpdatedAt": self.started,
-                 "DomainUUID": self.cfg.domain_uuid, "Health": "HEALTHY",
+                 "DomainUUID": self.cfg.domain_uuid, "Health": "UNHEALTHY" if i in off else "HEALTHY",
                  "LocationInfo": {"ChassisID": self.cfg.chassis_id, "ChassisSerialNumber": self.cfg.chassis_serial,
                                   "SlotID": first_slot + i, "TrayIndex": i},
                  "SwitchIDList": [_object_id(f"{self.cfg.domain_uuid}/switch/{i}/asic/{a}") for a in range(2)]}

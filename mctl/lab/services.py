@@ -229,7 +229,19 @@ def nmx_config(ctx: RackContext) -> dict:
     return {"listen": ctx.address, "port": NMX_PORT, "credentials_file": str(files["credentials"]),
             "domain_uuid": ctx.layout.nvlink_domain(ctx.rack), "chassis_serial": chassis_serial(ctx.layout, ctx.rack),
             "state_file": str(files["state"]), "trays": trays,
-            "ro_credentials_file": str(files["ro_credentials"]), "faults_file": str(files["faults"])}
+            "ro_credentials_file": str(files["ro_credentials"]), "faults_file": str(files["faults"]),
+            # the lab's switch tray BMCs (`lab up --switch-trays`): an Off one takes its NVLinks down
+            "switch_power_files": [str(p) for p in switch_power_files(ctx)]}
+
+
+def switch_power_files(ctx: RackContext) -> list[Path]:
+    """Where each of the rack's 9 possible lab switch trays' BMC keeps its power state (absent: On, or no such
+    tray), so switch trays added to a running lab are seen too."""
+    from mctl.lab.bmcs import SWITCH_POWER_FILE, tray_bmc_dir
+    from mctl.lab.layout import MAX_SWITCH_TRAYS, switch_name
+
+    return [tray_bmc_dir(ctx.lab_dir, switch_name(ctx.rack_index, s)) / SWITCH_POWER_FILE
+            for s in range(1, MAX_SWITCH_TRAYS + 1)]
 
 
 def _write_private(path: Path, text: str) -> None:

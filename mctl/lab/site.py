@@ -1,8 +1,10 @@
 """The lab's inventory: an ordinary mctl.yml, so every command treats the lab as a site.
 
-Pure rendering; the caller writes the file. The lab has no switch-tray hosts, so
-each rack declares its shape; paths are absolute so the inventory can be used
-from any working directory.
+Pure rendering; the caller writes the file. The lab has no switch-tray hosts: a
+lab switch tray (`mctl lab up --switch-trays N`) is its BMC only, listed under the
+rack's `switches` with its NVOS address (nothing answers there) and its BMC. Each
+rack declares its shape; paths are absolute so the inventory can be used from any
+working directory.
 """
 
 from __future__ import annotations
@@ -39,6 +41,34 @@ def slurmd_ports(layout: LabLayout, rack_index: int) -> str | int:
     return f"[{first}-{first + layout.trays - 1}]" if layout.trays > 1 else first
 
 
+def switch_section(layout: LabLayout, rack: str, *, bmc: bool = True) -> dict:
+    """The rack's `switches` group: names, NVOS addresses and BMC addresses of its lab switch trays."""
+    sws = layout.switches_of(rack)
+    if not sws:
+        return {}
+    first, last = sws[0], sws[-1]
+    fold = lambda a, b: a if len(sws) == 1 else f"{a.rsplit('.', 1)[0]}.[{a.rsplit('.', 1)[1]}-{b.rsplit('.', 1)[1]}]"  # noqa: E731
+    out = {"nodes": first.name if len(sws) == 1 else f"{first.name[:-2]}[{first.index:02d}-{last.index:02d}]",
+           "addresses": fold(first.address, last.address)}
+    if bmc:
+        out["bmc"] = fold(layout.switch_bmc_address(first), layout.switch_bmc_address(last))
+    return out
+
+
+def set_switch_trays(text: str, layout: LabLayout) -> str:
+    """The lab inventory *text* with each rack's switch trays as in *layout* (shape and `switches`), the
+    rest as it was (a test may have added to it)."""
+    header = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
+    doc = yaml.safe_load(text)
+    for rack, spec in (doc.get("racks") or {}).items():
+        spec.setdefault("shape", {})["switch_trays"] = layout.switch_trays
+        if layout.switch_trays:
+            spec["switches"] = switch_section(layout, rack, bmc="bmc" in doc)
+        else:
+            spec.pop("switches", None)
+    return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=120)
+
+
 def inventory(layout: LabLayout, *, identity_file: Path, known_hosts: Path, images_dir: Path = REPO_IMAGES,
               rack_extra: dict[str, dict] | None = None, bmc: dict | None = None) -> str:
     racks: dict[str, dict] = {}
@@ -47,7 +77,7 @@ def inventory(layout: LabLayout, *, identity_file: Path, known_hosts: Path, imag
         head = next(h for h in layout.hosts() if h.rack == rack and h.kind == "head")
         spec: dict = {
             "model": "nvl72",
-            "shape": {"compute_trays": layout.trays, "switch_trays": 0},
+            "shape": {"compute_trays": layout.trays, "switch_trays": layout.switch_trays},
             "nvlink_domain": layout.nvlink_domain(rack),
             "head": {"name": head.name, "address": head.address},
             "compute": {
@@ -60,6 +90,8 @@ def inventory(layout: LabLayout, *, identity_file: Path, known_hosts: Path, imag
                 "vars": {"slurmd_port": slurmd_ports(layout, r)},
             },
         }
+        if layout.switch_trays:
+            spec["switches"] = switch_section(layout, rack, bmc=bool(bmc))
         extra = dict((rack_extra or {}).get(rack, {}))
         spec["compute"]["vars"].update(extra.pop("compute_vars", {}))    # e.g. the lab's apt repositories
         spec.update(extra)

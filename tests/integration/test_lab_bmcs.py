@@ -12,6 +12,8 @@ import stat
 import subprocess
 import time
 
+import pytest
+
 from mctl.lab import bmcs, control
 
 
@@ -29,7 +31,8 @@ def wait_for(what, predicate, timeout=120.0, every=0.5):
 def bmc_address(lab, tray):
     record = control.load_record(lab.dir)
     layout = control.layout_of(record)
-    return layout.bmc_address(layout.host(tray))
+    sw = layout.switch(tray)
+    return layout.switch_bmc_address(sw) if sw else layout.bmc_address(layout.host(tray))
 
 
 def redfish(lab, tray, path, *, method="GET", body=None, password=None):
@@ -261,12 +264,51 @@ def _job_gone(lab, job: str, tray: str) -> None:
     lab.settle_slurm()
 
 
-def test_rack_power_off_then_on_in_order_each_stage_checked_through_redfish_and_ssh(lab):
+@pytest.fixture
+def switch_trays(lab):
+    """The shared lab with 2 switch trays (BMCs only, as `mctl lab up --switch-trays 2` starts them) for
+    one test; none again after it."""
+    layout = control.set_switch_trays(lab.dir, 2)
+    try:
+        yield [sw.name for sw in layout.switches_of(lab.rack)]
+    finally:
+        control.set_switch_trays(lab.dir, 0)
+
+
+def _power_events(lab, tray, since):
+    """The BMC's own log of its power steps (mctl.lab.bmc_emulator.power_event) since *since*."""
+    path = bmcs.tray_bmc_dir(lab.dir, tray) / bmcs.POWER_EVENTS
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [e for e in map(json.loads, lines) if e["t"] >= since]
+
+
+def _step_times(lab, trays, since, steps, phase):
+    """Per tray, the time of its last power step of *steps* in *phase* (None: it took none)."""
+    return {t: max([e["t"] for e in _power_events(lab, t, since) if e["step"] in steps and e["phase"] == phase],
+                   default=None) for t in trays}
+
+
+def test_rack_power_off_then_on_in_order_each_stage_checked_through_redfish_and_ssh(lab, switch_trays):
     boots = {t: _boot_id(lab, t) for t in lab.trays}
     try:
-        plan = _power_json(lab.mctl("rack", "power", "off", lab.rack, "--dry-run", "--json"))
-        assert plan["dry_run"] and all(power_state(lab, t) == "On" for t in lab.trays)
+        # `mctl bmc inventory` reads the switch trays as the real switch capture: serial, NVSwitch firmware.
+        inv = lab.mctl("bmc", "inventory", lab.rack, "--json", timeout=120)
+        assert inv.returncode == 0, inv.stderr + inv.stdout[-2000:]
+        rows = {t["host"]: t for t in json.loads(inv.stdout)["trays"]}
+        assert sorted(rows) == sorted(lab.trays + switch_trays)
+        for sw in switch_trays:
+            t = rows[sw]
+            assert t["ok"] and t["role"] == "switch" and t["bmc"] == bmc_address(lab, sw)
+            assert (t["product"], t["tray_chassis"], t["power_state"]) == ("P3809", "SYS_eeprom", "On")
+            assert t["serial"] and t["serial"] == t["systems"][0]["serial"]
+            assert t["versions"]["bmc"] == ["88.0002.1950"] and "MGX_FW_NVSwitch_0" in t["firmware"]
+            assert t["versions"]["nvswitch"]
+        assert len({rows[sw]["serial"] for sw in switch_trays}) == len(switch_trays)
 
+        plan = _power_json(lab.mctl("rack", "power", "off", lab.rack, "--dry-run", "--json"))
+        assert plan["dry_run"] and all(power_state(lab, t) == "On" for t in lab.trays + switch_trays)
+
+        since = time.time()
         start = time.monotonic()
         off = lab.mctl("rack", "power", "off", lab.rack, "--json", timeout=900)
         off_s = time.monotonic() - start
@@ -279,23 +321,42 @@ def test_rack_power_off_then_on_in_order_each_stage_checked_through_redfish_and_
             assert t["ok"] and t["before"] == "On" and t["after"] == "Off"
             assert t["os_answered"] is True and t["os_after"] is False
             assert t["sent"][0] == "GracefulShutdown"      # the OS answered: graceful first
+        switch = data["stages"][1]
+        assert switch["state"] == "done" and sorted(t["host"] for t in switch["trays"]) == switch_trays
+        for t in switch["trays"]:                           # NVOS is not asked over SSH: forced off
+            assert t["ok"] and (t["before"], t["after"], t["sent"]) == ("On", "Off", ["ForceOff"])
         for tray in lab.trays:                              # checked again here, by other clients
             assert power_state(lab, tray) == "Off" and not ssh_ok(lab, tray)
+        for sw in switch_trays:
+            assert power_state(lab, sw) == "Off"
+        # The order, from the BMCs' own logs: every compute tray was off before a switch tray was asked.
+        compute_off = _step_times(lab, lab.trays, since, ("off", "force-off"), "done")
+        switch_off = _step_times(lab, switch_trays, since, ("off",), "start")
+        assert None not in compute_off.values() and None not in switch_off.values(), (compute_off, switch_off)
+        assert max(compute_off.values()) < min(switch_off.values())
 
+        since = time.time()
         start = time.monotonic()
         on = lab.mctl("rack", "power", "on", lab.rack, "--json", timeout=900)
         on_s = time.monotonic() - start
         data = _power_json(on)
         assert on.returncode == 0, on.stderr
         assert [s["name"] for s in data["stages"]] == ["power_shelf", "switch", "compute"]
+        for t in data["stages"][1]["trays"]:
+            assert t["ok"] and (t["sent"], t["after"]) == (["On"], "On")
         for t in data["stages"][2]["trays"]:
             assert t["ok"] and t["sent"] == ["On"] and t["after"] == "On" and t["os_after"] is True
         for tray in lab.trays:
             assert power_state(lab, tray) == "On" and ssh_ok(lab, tray)
             assert _boot_id(lab, tray) != boots[tray]
-        print(f"\nrack power off {off_s:.1f}s, on {on_s:.1f}s ({len(lab.trays)} trays)")
+        assert all(power_state(lab, sw) == "On" for sw in switch_trays)
+        switch_on = _step_times(lab, switch_trays, since, ("on",), "done")
+        compute_on = _step_times(lab, lab.trays, since, ("on",), "start")
+        assert None not in switch_on.values() and None not in compute_on.values(), (switch_on, compute_on)
+        assert max(switch_on.values()) < min(compute_on.values())
+        print(f"\nrack power off {off_s:.1f}s, on {on_s:.1f}s ({len(lab.trays)} trays, {len(switch_trays)} switch trays)")
     finally:
-        _restore(lab)
+        _restore(lab)           # the switch trays go with the fixture, whatever their state
 
 
 def test_power_under_a_held_rack_lock_is_refused_and_sends_nothing(lab):
