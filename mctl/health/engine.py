@@ -148,6 +148,11 @@ class Engine:
         if settings.ladder.enabled:
             from mctl.health.ladder_run import LadderRunner
             self.ladder = LadderRunner(site, settings)
+        # Isolating trays drained for a hardware fault from their partition (docs/health.md, D51).
+        self.isolator = None
+        if settings.isolate:
+            from mctl.health.isolate_run import IsolationRunner
+            self.isolator = IsolationRunner(site)
         # Intents a killed mctl left without a result are reconciled once, on the first sweep that reads
         # the scheduler (docs/health.md, "Action log").
         self._reconciled = False
@@ -381,6 +386,9 @@ class Engine:
             if self.ladder is not None:
                 result.decisions = result.decisions + self.ladder.dry_run(self, result, self._dry_state)
                 outcome.records, outcome.breaker = self._dry_state.records, self._dry_state.breaker
+            if self.isolator is not None:
+                result.decisions = result.decisions + self.isolator.dry_run(self, result, self._dry_state)
+                outcome.records, outcome.breaker = self._dry_state.records, self._dry_state.breaker
             result.records = outcome.records
             result.breaker = outcome.breaker
             return
@@ -438,10 +446,24 @@ class Engine:
                 # the recovery ladder (mctl.health.ladder) after the sweep's drains and resumes
                 entries += await self.ladder.climb(self, result, state)
                 outcome.records, outcome.breaker = state.records, state.breaker
+            if self.isolator is not None and result.nodes is not None:
+                # isolating trays drained for a hardware fault (mctl.health.isolate), after the ladder
+                entries += await self.isolator.run(self, result, state)
+                outcome.records, outcome.breaker = state.records, state.breaker
         result.decisions = (early.decisions if early else []) + outcome.decisions
         result.logged = (early.logged if early else []) + reconciled + entries
         result.records = dict(outcome.records)
         result.breaker = outcome.breaker
+
+    def partitions_changed(self, rack: str, after) -> None:
+        """An isolation changed *rack*'s partitions (and recorded them in the inventory): the checks judge the
+        cliques and IMEX against the new plan from now on (the Site's racks are shared with the watch)."""
+        r = self.site.racks.get(rack)
+        if r is None:
+            return
+        self.site.racks[rack] = replace(r, partitions=tuple(after))
+        self.plans = {name: partition_plan(rk) for name, rk in self.site.racks.items()}
+        self.expect = expectations(self.site, list(self.scope.hosts))
 
     # --- leaks: the power-off after the timeout (mctl/health/leaks.py) -----------------------------
 
