@@ -212,3 +212,35 @@ def test_bad_value_exits_2_with_a_hint(tmp_path):
     assert proc.returncode == 2
     said = proc.stdout + proc.stderr
     assert "health.isolate.enabled" in said and "hint:" in said and "Traceback" not in said
+
+
+def test_the_engine_follows_the_partitions_an_isolation_or_a_restore_by_hand_writes(tmp_path):
+    """After its own isolation, and after a person's restore written to the inventory while it runs, the
+    watch judges the cliques against the partitions the inventory has now."""
+    import os
+
+    from mctl.health.engine import Engine, _stamp_of
+    from mctl.health.site_view import Scope, expectations, partition_plan
+
+    folder = _with(tmp_path, {"enabled": True})
+    site = load_site(folder)
+    engine = object.__new__(Engine)          # no SSH pool: only the plan-following part is exercised
+    engine.site, engine.scope = site, Scope(tuple(site.racks["lab-r1"].compute))
+    engine.plans = {n: partition_plan(r) for n, r in site.racks.items()}
+    engine.expect = expectations(site, list(engine.scope.hosts))
+    engine.isolator, engine._inventory_stamp = object(), _stamp_of(site.file)
+    r = site.racks["lab-r1"]
+    after = (Partition("p0", "lab-r1", (T1,)), r.partitions[1], Partition("quarantine-lab-r1-tray02", "lab-r1", (T2,)))
+    engine.partitions_changed("lab-r1", after)
+    assert engine.site.racks["lab-r1"].partitions == after
+    assert engine.plans["lab-r1"][T2] == "quarantine-lab-r1-tray02"
+    engine._follow_partitions()                                              # the file did not change: kept
+    assert engine.plans["lab-r1"][T2] == "quarantine-lab-r1-tray02"
+    # a person restores the tray: the inventory has p0 = tray[01-02] again (a later mtime)
+    os.utime(site.file, ns=(engine._inventory_stamp + 10**9, engine._inventory_stamp + 10**9))
+    engine._follow_partitions()
+    assert engine.plans["lab-r1"][T2] == "p0" and engine.site.racks["lab-r1"].partitions == r.partitions
+    # an inventory that no longer loads keeps the plan the watch has
+    site.file.write_text("racks: [")
+    engine._follow_partitions()
+    assert engine.plans["lab-r1"][T2] == "p0"
