@@ -330,3 +330,48 @@ def test_isolate_then_restore_a_tray(lab, site):
                                               f"{lab.rack}-p1": f"{lab.rack}-tray[03-04]"}, drained=[t[3]])
     finally:
         lab.run(lab.head, f"scontrol update NodeName={t[3]} State=RESUME; true", check=False)
+
+
+def test_the_watch_isolates_a_tray_it_drains_for_a_hardware_fault(lab, site):
+    """health.isolate on: a sweep with remediation drains the tray whose NVLink is down and isolates it on
+    every layer (the `partition isolate` change, journaled); --dry-run says it would. Restore is manual."""
+    from mctl.lab import control
+    from mctl.lab.faults import FaultRequest
+
+    t = lab.trays
+    lab.settle_slurm()
+    path = site["dir"] / "mctl.yml"
+    before = path.read_text()
+    doc = yaml.safe_load(before)
+    doc["health"] = {"isolate": {"enabled": True}, "imex": "ignore"}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    q = f"quarantine-{t[3]}"
+    control.fault(lab.dir, t[3], FaultRequest(nvlink_down="2:11"))
+    try:
+        dry = _mctl(lab, site, "--json", "health", "check", "--remediate", "--dry-run")
+        plan = [(d["action"], d["host"]) for d in json.loads(dry.stdout)["decisions"]]
+        assert ("drain", t[3]) in plan and ("isolate", t[3]) in plan, plan
+        assert f"name: {q}" not in path.read_text()
+        out = _mctl(lab, site, "--json", "health", "check", "--remediate")
+        assert out.returncode == 1, out.stderr + out.stdout[-3000:]
+        acts = {(a["action"], a.get("tray")): a for a in json.loads(out.stdout)["actions"]}
+        assert acts[("isolate", t[3])]["result"] == "ok", acts
+        assert "nvlink.links" in acts[("isolate", t[3])]["why"]
+        assert f"name: {q}" in path.read_text()
+        _assert_layers(lab, [t[:2], [t[2]], [t[3]]], {f"{lab.rack}-p0": f"{lab.rack}-tray[01-02]",
+                                                     f"{lab.rack}-p1": t[2], f"{lab.rack}-{q}": t[3]},
+                       drained=[t[3]])
+        lab.clear_faults()
+        back = _mctl(lab, site, "--json", "partition", "restore", t[3])
+        assert back.returncode == 0, back.stderr + back.stdout[-3000:]
+    finally:
+        lab.clear_faults()
+        if f"name: {q}" in path.read_text():
+            _mctl(lab, site, "partition", "restore", t[3])
+        _mctl(lab, site, "health", "resume", t[3])
+        lab.run(lab.head, f"scontrol update NodeName={t[3]} State=RESUME; true", check=False)
+        doc = yaml.safe_load(path.read_text())
+        doc.pop("health", None)
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert yaml.safe_load(path.read_text())["racks"][lab.rack]["partitions"] == \
+        yaml.safe_load(before)["racks"][lab.rack]["partitions"]
