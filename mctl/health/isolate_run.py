@@ -16,6 +16,7 @@ After the sweep's drains, resumes and the recovery ladder, under the state lock:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from typing import TYPE_CHECKING
 
@@ -35,7 +36,7 @@ def run_isolation(site: "Site", iso: isolate.Isolation, state_dir) -> tuple[str,
     from mctl.fabric.change import GO, before_from_plan, decide, isolate_partitions
     from mctl.fabric.service import plan_partitions_for
     from mctl.model.fabric import DesiredPartition
-    from mctl.state.lock import LockBusy, file_lock, rack_lock_path
+    from mctl.state.lock import LockBusy, rack_lock_path
 
     rack = site.racks.get(iso.rack)
     if rack is None:
@@ -50,8 +51,7 @@ def run_isolation(site: "Site", iso: isolate.Isolation, state_dir) -> tuple[str,
         if decide(cp, drain=False, force=False) != GO:
             named = "; ".join(w.describe() for w in cp.work) or f"the work could not be read ({cp.work_error})"
             return "waiting", f"the change touches trays with running work: {named}", ()
-        with file_lock(rack_lock_path(state_dir, rack.name), purpose="mctl health watch: isolate",
-                       label=f"rack {rack.name}"):
+        with _rack_lock(rack_lock_path(state_dir, rack.name), rack.name):
             spec = ChangeSpec.of(rack.name, "isolate", before_from_plan(rack, plan), after, record=True,
                                  tolerate=(iso.host,), tray=iso.host)
             run = run_change(site, spec, state_dir)
@@ -63,6 +63,22 @@ def run_isolation(site: "Site", iso: isolate.Isolation, state_dir) -> tuple[str,
     if run.error is not None:
         return "failed", f"change {run.journal.run_id} {run.status}: {run.error.message}", ()
     return "ok", f"change {run.journal.run_id}: {parts}", tuple(after)
+
+
+@contextlib.contextmanager
+def _rack_lock(path, rack: str):
+    """The rack's lock, as `mctl partition isolate` takes it; already ours (`health check --remediate` holds
+    its racks' locks for the whole command) is enough. Someone else's: LockBusy."""
+    from mctl.state.lock import LockBusy, file_lock
+
+    stack = contextlib.ExitStack()
+    try:
+        stack.enter_context(file_lock(path, purpose="mctl health watch: isolate", label=f"rack {rack}"))
+    except LockBusy as exc:
+        if exc.holder.get("pid") != os.getpid():
+            raise
+    with stack:
+        yield
 
 
 class IsolationRunner:

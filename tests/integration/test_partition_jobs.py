@@ -355,7 +355,7 @@ def test_the_watch_isolates_a_tray_it_drains_for_a_hardware_fault(lab, site):
         out = _mctl(lab, site, "--json", "health", "check", "--remediate")
         assert out.returncode == 1, out.stderr + out.stdout[-3000:]
         acts = {(a["action"], a.get("tray")): a for a in json.loads(out.stdout)["actions"]}
-        assert acts[("isolate", t[3])]["result"] == "ok", acts
+        assert ("isolate", t[3]) in acts and acts[("isolate", t[3])]["result"] == "ok", acts
         assert "nvlink.links" in acts[("isolate", t[3])]["why"]
         assert f"name: {q}" in path.read_text()
         _assert_layers(lab, [t[:2], [t[2]], [t[3]]], {f"{lab.rack}-p0": f"{lab.rack}-tray[01-02]",

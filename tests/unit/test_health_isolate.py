@@ -244,3 +244,31 @@ def test_the_engine_follows_the_partitions_an_isolation_or_a_restore_by_hand_wri
     site.file.write_text("racks: [")
     engine._follow_partitions()
     assert engine.plans["lab-r1"][T2] == "p0"
+
+
+def test_the_rack_lock_is_taken_or_already_ours_someone_elses_is_a_wait(tmp_path):
+    import subprocess
+    import sys
+
+    from mctl.health.isolate_run import _rack_lock
+    from mctl.state.lock import LockBusy, file_lock
+
+    path = tmp_path / "rack-lab-r1.lock"
+    with _rack_lock(path, "lab-r1"):
+        with pytest.raises(LockBusy):                       # held while the change runs
+            with file_lock(path):
+                pass
+    with file_lock(path, purpose="mctl health check --remediate"):
+        with _rack_lock(path, "lab-r1"):                    # this process holds it: go on
+            pass
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from mctl.state.lock import file_lock\n"
+                               f"with file_lock({str(path)!r}, purpose='other'):\n"
+                               "    print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(LockBusy):
+            with _rack_lock(path, "lab-r1"):
+                pass
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
