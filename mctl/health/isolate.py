@@ -102,8 +102,9 @@ def decide(records: Mapping[str, "TrayRecord"], verdicts: Sequence["TrayVerdict"
            breaker: "BreakerState", rack_sizes: Mapping[str, int], racks: Mapping[str, "Rack"], *,
            now: float) -> Outcome:
     """The isolations this sweep asks for: a tray mctl drained, with a hardware fault now, not isolated
-    yet (nor being isolated, nor failed), admitted by the circuit breaker. Records the ones admitted as
-    being sent; a breaker that refuses is noted once per change of its reason."""
+    yet (nor being isolated, nor failed), admitted by the circuit breaker (which counts it); a breaker
+    that refuses is noted once per change of its reason. The runner marks each as being sent
+    (mark_sending) once the jobs rule lets it go."""
     from mctl.health import breaker as breakerlib
 
     out = Outcome(dict(records), breaker)
@@ -153,9 +154,15 @@ def decide(records: Mapping[str, "TrayRecord"], verdicts: Sequence["TrayVerdict"
                 out.events.append(Event(v.host, v.rack, "breaker-trip", adm.why, now, result="tripped"))
             continue
         out.isolations.append(Isolation(v.host, v.rack, why, now, hs.isolate_to))
-        out.records[v.host] = replace(rec, isolation={**st, "state": SENDING, "at": now, "why": why,
-                                                      "to": hs.isolate_to})
     return out
+
+
+def mark_sending(records: dict[str, "TrayRecord"], iso: Isolation) -> None:
+    """The change is about to run (the jobs rule let it): saved before it starts, never started twice."""
+    rec = records.get(iso.host)
+    if rec is not None:
+        records[iso.host] = replace(rec, isolation={**state_of(rec), "state": SENDING, "at": iso.at, "why": iso.why,
+                                                    "to": iso.to})
 
 
 def settle(records: dict[str, "TrayRecord"], iso: Isolation, outcome: str, text: str) -> str | None:

@@ -27,9 +27,9 @@ if TYPE_CHECKING:
     from mctl.model.site import Site
 
 
-def run_isolation(site: "Site", iso: isolate.Isolation, state_dir) -> tuple[str, str, tuple]:
+def run_isolation(site: "Site", iso: isolate.Isolation, state_dir, on_go=None) -> tuple[str, str, tuple]:
     """("ok" | "failed" | "waiting", text, the rack's partitions after): `mctl partition isolate` of iso.host
-    without a terminal."""
+    without a terminal; *on_go* is called once the jobs rule and the rack lock let the change start."""
     from mctl.bringup.change_run import ChangeSpec, run_change
     from mctl.errors import MctlError
     from mctl.fabric import partition_service as ps
@@ -41,6 +41,14 @@ def run_isolation(site: "Site", iso: isolate.Isolation, state_dir) -> tuple[str,
     rack = site.racks.get(iso.rack)
     if rack is None:
         return "failed", f"rack {iso.rack} is no longer in the inventory", ()
+    started = False
+
+    def go() -> None:
+        nonlocal started
+        started = True
+        if on_go is not None:
+            on_go()
+
     try:
         after = isolate_partitions(rack, iso.host, to=iso.to)
         plan = None
@@ -52,13 +60,15 @@ def run_isolation(site: "Site", iso: isolate.Isolation, state_dir) -> tuple[str,
             named = "; ".join(w.describe() for w in cp.work) or f"the work could not be read ({cp.work_error})"
             return "waiting", f"the change touches trays with running work: {named}", ()
         with _rack_lock(rack_lock_path(state_dir, rack.name), rack.name):
+            go()
             spec = ChangeSpec.of(rack.name, "isolate", before_from_plan(rack, plan), after, record=True,
                                  tolerate=(iso.host,), tray=iso.host)
             run = run_change(site, spec, state_dir)
     except LockBusy as exc:
         return "waiting", exc.message, ()               # another command holds the rack: a later sweep
     except MctlError as exc:
-        return "failed", exc.message, ()
+        # before the change started (NMX-M or the scheduler not answering the plan): asked again later
+        return ("failed" if started else "waiting"), exc.message, ()
     parts = "; ".join(f"{p.name}={p.nodeset}" for p in after)
     if run.error is not None:
         return "failed", f"change {run.journal.run_id} {run.status}: {run.error.message}", ()
@@ -110,34 +120,38 @@ class IsolationRunner:
                                       who=engine.who, at=e.at, result=e.result, why=e.why, rack=e.rack)
                    for e in out.events]
         ids = {i.host: f"{i.host}@{i.at:.3f}:{os.urandom(4).hex()}" for i in out.isolations}
-        intents = [store.action_entry("intent", i.host, None, who=engine.who, at=i.at, result="pending", why=i.why,
-                                      rack=i.rack, intent="isolate", intent_id=ids[i.host], to=i.to)
-                   for i in out.isolations]
         state.records, state.breaker = out.records, out.breaker
-        store.append_actions(engine.state_dir, entries + intents)
+        store.append_actions(engine.state_dir, entries)
         store.save_state(engine.state_dir, state)
         after: list[store.ActionEntry] = []
+        went: set[str] = set()
         for i in out.isolations:           # one at a time: each is a change of its rack's partitions
+
+            def go(i=i) -> None:
+                # Before the change starts: the intent (fsynced) and the state saying it is being sent.
+                went.add(i.host)
+                isolate.mark_sending(state.records, i)
+                store.append_actions(engine.state_dir, [store.action_entry(
+                    "intent", i.host, None, who=engine.who, at=i.at, result="pending", why=i.why, rack=i.rack,
+                    intent="isolate", intent_id=ids[i.host], to=i.to)])
+                store.save_state(engine.state_dir, state)
+
             t0 = time.monotonic()
-            outcome, text, parts = await asyncio.to_thread(run_isolation, engine.site, i, engine.state_dir)
+            outcome, text, parts = await asyncio.to_thread(run_isolation, engine.site, i, engine.state_dir, go)
             note = isolate.settle(state.records, i, outcome, text)
             if outcome == "waiting":
-                # not carried out: the breaker forgets it, the next sweep asks again
+                # not carried out: the breaker forgets it, the next sweep asks again; said once per reason
                 state.breaker = breakerlib.discard(state.breaker, i.host, i.at)
                 if note is not None:
                     after.append(store.action_entry("isolate-wait", i.host, None, who=engine.who, result="noted",
-                                                    why=note, rack=i.rack, intent_id=ids[i.host]))
-                else:
-                    after.append(store.action_entry("isolate", i.host, None, who=engine.who, at=i.at,
-                                                    result="not taken", why=i.why, rack=i.rack,
-                                                    intent_id=ids[i.host]))
+                                                    why=note, rack=i.rack))
                 continue
             if outcome == "ok":
                 engine.partitions_changed(i.rack, parts)
             after.append(store.action_entry("isolate", i.host, None, who=engine.who, at=i.at,
                                             result="ok" if outcome == "ok" else f"failed: {text}", why=i.why,
-                                            rack=i.rack, intent_id=ids[i.host], to=i.to, detail=text,
-                                            seconds=round(time.monotonic() - t0, 3)))
+                                            rack=i.rack, intent_id=ids[i.host] if i.host in went else None, to=i.to,
+                                            detail=text, seconds=round(time.monotonic() - t0, 3)))
         store.append_actions(engine.state_dir, after)
         store.save_state(engine.state_dir, state)
         return entries + after

@@ -334,7 +334,7 @@ def test_isolate_then_restore_a_tray(lab, site):
 
 def test_the_watch_isolates_a_tray_it_drains_for_a_hardware_fault(lab, site):
     """health.isolate on: a sweep with remediation drains the tray whose NVLink is down and isolates it on
-    every layer (the `partition isolate` change, journaled); --dry-run says it would. Restore is manual."""
+    every layer (the `partition isolate` change, journaled). Restore is manual. (--dry-run: unit tests.)"""
     from mctl.lab import control
     from mctl.lab.faults import FaultRequest
 
@@ -348,10 +348,6 @@ def test_the_watch_isolates_a_tray_it_drains_for_a_hardware_fault(lab, site):
     q = f"quarantine-{t[3]}"
     control.fault(lab.dir, t[3], FaultRequest(nvlink_down="2:11"))
     try:
-        dry = _mctl(lab, site, "--json", "health", "check", "--remediate", "--dry-run")
-        plan = [(d["action"], d["host"]) for d in json.loads(dry.stdout)["decisions"]]
-        assert ("drain", t[3]) in plan and ("isolate", t[3]) in plan, plan
-        assert f"name: {q}" not in path.read_text()
         out = _mctl(lab, site, "--json", "health", "check", "--remediate")
         assert out.returncode == 1, out.stderr + out.stdout[-3000:]
         acts = {(a["action"], a.get("tray")): a for a in json.loads(out.stdout)["actions"]}

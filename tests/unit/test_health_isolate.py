@@ -55,8 +55,9 @@ def test_a_drained_tray_with_a_hardware_fault_is_isolated_once(site, check):
     out = decide(site, [drained(T2)], [verdict(T2, check)])
     assert [(i.host, i.rack, i.to) for i in out.isolations] == [(T2, "lab-r1", "quarantine")]
     assert out.isolations[0].why == f"{check}: {check} failed"
-    assert out.records[T2].isolation["state"] == isolate.SENDING
     assert out.breaker.drains == ((NOW, T2, "lab-r1"),)                     # counted by the breaker
+    isolate.mark_sending(out.records, out.isolations[0])                    # the jobs rule let it start
+    assert out.records[T2].isolation["state"] == isolate.SENDING
     again = isolate.decide(out.records, [verdict(T2, check)], ON, out.breaker, {"lab-r1": 4}, site.racks, now=NOW)
     assert again.isolations == []                                            # being sent: never twice
 
@@ -272,3 +273,67 @@ def test_the_rack_lock_is_taken_or_already_ours_someone_elses_is_a_wait(tmp_path
     finally:
         holder.kill()
         holder.wait(timeout=10)
+
+
+def test_dry_run_shows_the_isolation_it_would_start_and_writes_nothing(site, tmp_path):
+    from types import SimpleNamespace
+
+    from mctl.health import store
+    from mctl.health.isolate_run import IsolationRunner
+
+    engine = SimpleNamespace(settings=ON, sizes={"lab-r1": 4}, site=site, state_dir=tmp_path / "state")
+    result = SimpleNamespace(verdicts=[verdict(T2, "nvlink.links"), verdict(T3, "slurm.slurmd")])
+    state = store.HealthState(site.name, {T2: drained(T2), T3: drained(T3)}, BreakerState())
+    (d,) = IsolationRunner(site).dry_run(engine, result, state)
+    assert (d.host, d.action, d.rack) == (T2, "isolate", "lab-r1")
+    assert d.why == "nvlink.links: nvlink.links failed (to quarantine)"
+    assert not (tmp_path / "state").exists()
+    from mctl.health.watch import events_of
+
+    shown = events_of(SimpleNamespace(started=NOW, verdicts=[], decisions=[d], tray_status=lambda h: "critical"),
+                      {}, dry_run=True)
+    assert [(e.kind, e.host, e.text) for e in shown] == [
+        ("isolate", T2, "would isolate (dry run): nvlink.links: nvlink.links failed (to quarantine)")]
+
+
+@pytest.mark.parametrize("outcome", ["ok", "waiting", "failed-before", "failed"])
+def test_the_runner_logs_an_intent_only_for_a_change_that_starts(site, tmp_path, monkeypatch, outcome):
+    import asyncio
+    from types import SimpleNamespace
+
+    from mctl.health import isolate_run, store
+
+    after = (Partition("p0", "lab-r1", (T1,)), site.racks["lab-r1"].partitions[1],
+             Partition("quarantine-lab-r1-tray02", "lab-r1", (T2,)))
+
+    def fake(site_, iso, state_dir, on_go=None):
+        if outcome == "waiting":
+            return "waiting", "the change touches trays with running work: job 7 (root) on lab-r1-tray01", ()
+        if outcome == "failed-before":
+            return "waiting", "NMX-M did not answer", ()
+        on_go()
+        saved = store.load_state(state_dir).records[T2].isolation
+        assert saved["state"] == isolate.SENDING                    # saved before the change starts
+        return ("ok", "change 1: ...", after) if outcome == "ok" else ("failed", "change 1 rolled-back: x", ())
+
+    monkeypatch.setattr(isolate_run, "run_isolation", fake)
+    changed = []
+    engine = SimpleNamespace(settings=ON, sizes={"lab-r1": 4}, site=site, state_dir=tmp_path / "state", who="t",
+                             partitions_changed=lambda rack, parts: changed.append((rack, parts)))
+    result = SimpleNamespace(verdicts=[verdict(T2, "gpu.count")])
+    state = store.HealthState(site.name, {T2: drained(T2)}, BreakerState())
+    logged = asyncio.run(isolate_run.IsolationRunner(site).run(engine, result, state))
+    actions = [(e.action, e.result) for e in store.read_actions(tmp_path / "state")]
+    st = state.records[T2].isolation
+    if outcome == "ok":
+        assert actions == [("intent", "pending"), ("isolate", "ok")] and st["state"] == isolate.DONE
+        assert changed == [("lab-r1", after)] and state.breaker.drains == ((state.breaker.drains[0][0], T2, "lab-r1"),)
+    elif outcome == "failed":
+        assert actions == [("intent", "pending"), ("isolate", "failed: change 1 rolled-back: x")]
+        assert st["state"] == isolate.FAILED and changed == []
+    else:
+        assert actions == [("isolate-wait", "noted")] and st["state"] == isolate.WAITING
+        assert state.breaker.drains == ()                           # a wait is not counted
+        again = asyncio.run(isolate_run.IsolationRunner(site).run(engine, result, state))
+        assert again == [] and len(store.read_actions(tmp_path / "state")) == 1    # said once
+    assert [e.action for e in logged] == [a for a, _ in actions if a != "intent"]      # as the ladder returns them
