@@ -165,6 +165,46 @@ def discover_fabric(site: "Site", rack: "Rack") -> FabricView:
         return FabricView(rack.name, error=exc.message)
 
 
+# --------------------------------------------------------------------------- Kubernetes
+
+@dataclass(frozen=True)
+class NodesView:
+    """The audited trays' Node objects (GET /api/v1/nodes/NAME each), or why they could not be read."""
+
+    items: tuple[dict, ...] | None = None
+    error: str | None = None
+
+
+NODES_DEADLINE = 30.0     # seconds for every Node of the audit together (each GET also has the client's timeout)
+
+
+def read_nodes(site: "Site", names: Sequence[str], deadline: float = NODES_DEADLINE) -> NodesView:
+    """The Node of each tray in *names* (GET by name: the `get nodes` right mctl already needs, no `list`),
+    through the kubeconfig of scheduler.k8s as `mctl deploy k8s`. A tray without a Node is left out; a
+    refused, missing or unreachable API, or the deadline passing, is `error`, never an exception."""
+    import time
+
+    from mctl.sched.k8s import KubeClient
+    from mctl.sched.k8s import kubeconfig as kc
+
+    settings = site.scheduler.k8s
+    end = time.monotonic() + deadline
+    items: list[dict] = []
+    try:
+        path = (site.root / settings.kubeconfig) if settings.kubeconfig else kc.default_path()
+        client = KubeClient(kc.load(path, settings.context), timeout=min(10.0, deadline))
+        for n, name in enumerate(names):
+            if time.monotonic() > end:
+                return NodesView(error=f"the Kubernetes API answered {n} of {len(names)} Nodes within "
+                                       f"{deadline:g} s")
+            node = client.get("Node", name)
+            if node is not None:
+                items.append(node)
+    except MctlError as exc:
+        return NodesView(error=exc.message)
+    return NodesView(tuple(items))
+
+
 # --------------------------------------------------------------------------- all of it
 
 @dataclass
@@ -177,6 +217,7 @@ class Actual:
     elapsed: float = 0.0
     bmc: "dict[str, Any] | None" = None            # host -> mctl.bmc.inventory.TrayBMC (firmware only)
     bmc_error: str | None = None
+    nodes: NodesView | None = None                 # Kubernetes sites: the Node objects (clique labels)
 
     def gpu_versions(self, host: str) -> tuple[str | None, str | None, str | None]:
         """(driver, CUDA, why unknown) from the health sweep's nvidia-smi on that tray, else the audit probe's."""
@@ -206,10 +247,10 @@ async def _health_sweep(site: "Site", hosts: Sequence["Host"], state_dir: Path, 
 
 def gather(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, files: Sequence[str],
            controller: "Host | None", conf_dir: str, timeout: float | None = None, health: bool = True,
-           bmc: "tuple[Sequence[Host], Any] | None" = None) -> Actual:
+           bmc: "tuple[Sequence[Host], Any] | None" = None, k8s: bool = False) -> Actual:
     """Everything an audit compares, from every tray of *racks*, the controller and NMX-M, concurrently;
     *bmc* = (trays, mctl.bmc.inventory.Settings): their BMCs' FirmwareInventory too, each under the BMC
-    tray deadline."""
+    tray deadline; *k8s*: the Kubernetes Node objects too (their clique labels)."""
     import time
 
     from mctl.transport import SSHConfig, SSHPool, targets_for
@@ -246,6 +287,8 @@ def gather(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, files: Seq
                 from mctl.bmc.inventory import collect as read_bmcs, read_firmware
 
                 jobs.append(asyncio.to_thread(read_bmcs, list(bmc[0]), bmc[1], reader=read_firmware))
+            if k8s:
+                jobs.append(asyncio.to_thread(read_nodes, site, [h.name for h in trays]))
             answers = await asyncio.gather(*jobs, return_exceptions=True)
         tray_results = _unwrap(answers[0])
         states = {r.host: from_result(AUDIT, r, nonce, files=files, smi_timeout=smi_timeout or 30.0)
@@ -268,10 +311,11 @@ def gather(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, files: Seq
                 sweep = _unwrap(got)
         elif health and not trays:
             sweep_error = "no compute trays to check"
+        nodes = _unwrap(answers.pop()) if k8s else None
         bmc_trays = None
         if bmc is not None:
             bmc_trays = {t.host: t for t in _unwrap(answers[-1])}
-        return Actual(states, ctl_state, fabric, sweep, sweep_error, bmc=bmc_trays)
+        return Actual(states, ctl_state, fabric, sweep, sweep_error, bmc=bmc_trays, nodes=nodes)
 
     actual = asyncio.run(main())
     actual.elapsed = time.monotonic() - start

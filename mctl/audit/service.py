@@ -223,6 +223,9 @@ def evaluate(site: "Site", plan: Plan, actual: "Actual", settings: AuditSettings
 
     # one finding per partition across the layers that follow it
     entries += _layer_entries(site, plan, actual, rack_of)
+    if actual.nodes is not None and actual.nodes.items is None:
+        # the clique labels of a Kubernetes site could not be read: the audit is incomplete, not clean
+        gaps.append(Gap(layers.FAMILY, "site", f"Kubernetes nodes: {actual.nodes.error or 'not read'}"))
 
     # health
     coverage = coverage_of(entries)
@@ -336,7 +339,12 @@ def _layer_entries(site: "Site", plan: Plan, actual: "Actual", rack_of: dict[str
                 views.append(layers.blocks_view("topology", trays, live and {
                     k: list(NodeSet(v)) for k, v in live.items()}, ctl.topology_error))
         if site.scheduler is not None and site.scheduler.type == "k8s":
-            not_compared["k8s"] = "the audit does not read the Kubernetes node labels yet"
+            nodes = actual.nodes
+            if nodes is None or nodes.items is None:
+                views.append(layers.labels_view({}, error=(nodes.error if nodes is not None else None)
+                                                or "the Kubernetes nodes were not read"))
+            else:
+                views.append(layers.labels_view(layers.node_clique_labels(trays, nodes.items)))
         partitions = [(d.name, d.trays) for d in imex_domains(rack)]
         out += tag(layers.FAMILY, layers.check_rack(rack.name, partitions, views, not_compared), rack_of=rack_of)
     return out
@@ -405,7 +413,8 @@ def run_audit(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, setting
         actual = collect.gather(site, plan.racks, state_dir=Path(state_dir), files=plan.imex_files,
                                 controller=plan.controller, conf_dir=plan.conf_dir, timeout=settings.timeout,
                                 health=settings.health,
-                                bmc=(plan.firmware_trays, plan.bmc) if plan.bmc is not None else None)
+                                bmc=(plan.firmware_trays, plan.bmc) if plan.bmc is not None else None,
+                                k8s=site.scheduler is not None and site.scheduler.type == "k8s")
         entries, gaps, coverage = evaluate(site, plan, actual, settings)
         report = AuditReport(site.name, [r.name for r in plan.racks], started, time.time() - started, entries,
                              coverage, gaps, plan.skipped, settings.fail_on, settings.to_dict())

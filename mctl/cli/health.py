@@ -108,19 +108,21 @@ def _print_check(result, all_findings: bool) -> None:
                 con.print(f"           action: {f.action}", markup=False, highlight=False)
     if result.remediate:
         verb = "would " if result.dry_run else ""
-        from mctl.health.watch import LADDER_ACTIONS
+        from mctl.health.watch import ISOLATE_ACTIONS, LADDER_ACTIONS
 
         acts = [d for d in result.decisions if d.action in ("drain", "resume", "skip", "queue", "forget",
-                                                            "power-off", *LADDER_ACTIONS)]
+                                                            "power-off", *LADDER_ACTIONS, *ISOLATE_ACTIONS)]
         if not acts:
             con.print("remediation: nothing to do", markup=False, highlight=False)
         for d in acts:
-            what = f"{verb}{d.action}" if d.action in ("drain", "resume", "power-off", *LADDER_ACTIONS) else d.action
+            what = f"{verb}{d.action}" if d.action in ("drain", "resume", "power-off", *LADDER_ACTIONS,
+                                                       *ISOLATE_ACTIONS) else d.action
             con.print(f"  {what.upper():13} {d.host}  {d.reason or ''}  ({d.why})", markup=False, highlight=False)
         for e in result.logged:
             if e.action == "breaker-trip":
                 con.print(f"  BREAKER TRIPPED: {e.reason}", markup=False, highlight=False)
-            elif e.action in (*LADDER_ACTIONS, "ladder", "recovered", "repair-hook"):     # the recovery ladder
+            elif e.action in (*LADDER_ACTIONS, "ladder", "recovered", "repair-hook",      # the recovery ladder
+                              *ISOLATE_ACTIONS, "isolate-wait"):                          # isolations
                 con.print(f"  {e.action.upper():13} {e.tray}  {e.why or ''}  ({e.result})", markup=False,
                           highlight=False)
     counts = {s: sum(1 for f in result.findings if f.severity.value == s) for s in ("critical", "warn")}

@@ -148,6 +148,12 @@ class Engine:
         if settings.ladder.enabled:
             from mctl.health.ladder_run import LadderRunner
             self.ladder = LadderRunner(site, settings)
+        # Isolating trays drained for a hardware fault from their partition (docs/health.md, D51).
+        self.isolator = None
+        if settings.isolate:
+            from mctl.health.isolate_run import IsolationRunner
+            self.isolator = IsolationRunner(site)
+        self._inventory_stamp = _stamp_of(site.file)
         # Intents a killed mctl left without a result are reconciled once, on the first sweep that reads
         # the scheduler (docs/health.md, "Action log").
         self._reconciled = False
@@ -218,6 +224,8 @@ class Engine:
 
     async def sweep(self) -> SweepResult:
         self.sweeps += 1
+        if self.isolator is not None:
+            self._follow_partitions()
         started = time.time()
         t0 = time.monotonic()
         before = self._load_state()           # for each tray's XID acknowledgement, read once per sweep
@@ -381,6 +389,9 @@ class Engine:
             if self.ladder is not None:
                 result.decisions = result.decisions + self.ladder.dry_run(self, result, self._dry_state)
                 outcome.records, outcome.breaker = self._dry_state.records, self._dry_state.breaker
+            if self.isolator is not None:
+                result.decisions = result.decisions + self.isolator.dry_run(self, result, self._dry_state)
+                outcome.records, outcome.breaker = self._dry_state.records, self._dry_state.breaker
             result.records = outcome.records
             result.breaker = outcome.breaker
             return
@@ -438,10 +449,44 @@ class Engine:
                 # the recovery ladder (mctl.health.ladder) after the sweep's drains and resumes
                 entries += await self.ladder.climb(self, result, state)
                 outcome.records, outcome.breaker = state.records, state.breaker
+            if self.isolator is not None and result.nodes is not None:
+                # isolating trays drained for a hardware fault (mctl.health.isolate), after the ladder
+                entries += await self.isolator.run(self, result, state)
+                outcome.records, outcome.breaker = state.records, state.breaker
         result.decisions = (early.decisions if early else []) + outcome.decisions
         result.logged = (early.logged if early else []) + reconciled + entries
         result.records = dict(outcome.records)
         result.breaker = outcome.breaker
+
+    def _follow_partitions(self) -> None:
+        """With isolation on, a person restores trays while the watch runs (`mctl partition restore`): when
+        the inventory file changed, its racks' partitions are the plan the checks judge by from now on.
+        An inventory that does not load keeps the plan the watch has (the next change is read again)."""
+        from mctl.errors import MctlError
+        from mctl.inventory import load_site
+
+        stamp = _stamp_of(self.site.file)
+        if stamp is None or stamp == self._inventory_stamp:
+            return
+        self._inventory_stamp = stamp
+        try:
+            fresh = load_site(self.site.file)
+        except MctlError:
+            return
+        for name, r in fresh.racks.items():
+            mine = self.site.racks.get(name)
+            if mine is not None and mine.partitions != r.partitions:
+                self.partitions_changed(name, r.partitions)
+
+    def partitions_changed(self, rack: str, after) -> None:
+        """An isolation changed *rack*'s partitions (and recorded them in the inventory): the checks judge the
+        cliques and IMEX against the new plan from now on (the Site's racks are shared with the watch)."""
+        r = self.site.racks.get(rack)
+        if r is None:
+            return
+        self.site.racks[rack] = replace(r, partitions=tuple(after))
+        self.plans = {name: partition_plan(rk) for name, rk in self.site.racks.items()}
+        self.expect = expectations(self.site, list(self.scope.hosts))
 
     # --- leaks: the power-off after the timeout (mctl/health/leaks.py) -----------------------------
 
@@ -528,6 +573,13 @@ class Engine:
                 why=f"reconciled after an interrupted run ({seen}): {intent.why or d.action}", rack=d.rack, scheduler=self.scheduler.where if self.scheduler else None,
                 intent_id=intent.intent_id))
         return out
+
+
+def _stamp_of(path) -> int | None:
+    try:
+        return Path(path).stat().st_mtime_ns
+    except (OSError, TypeError):
+        return None
 
 
 class _EarlyDrains:

@@ -114,6 +114,10 @@ def render(result: "SweepResult", *, site: str, counters: dict[str, int] | None 
 
     for name, kind, help_text, samples in metric_samples(result.records, site):
         metric(name, kind, help_text, samples)
+    from mctl.health.isolate import metric_samples as isolation_samples     # once the watch isolated a tray
+
+    for name, kind, help_text, samples in isolation_samples(result.records, site):
+        metric(name, kind, help_text, samples)
     return "\n".join(lines) + "\n"
 
 

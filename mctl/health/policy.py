@@ -73,6 +73,7 @@ class TrayRecord:
     leak: dict[str, Any] | None = None     # an open leak episode (mctl.health.leaks)
 
     ladder: dict[str, Any] | None = None   # the recovery ladder's state (mctl.health.ladder.LadderState)
+    isolation: dict[str, Any] | None = None  # the watch isolating the tray from its partition (mctl.health.isolate)
 
     def released(self, **changes: Any) -> "TrayRecord":
         """The record once mctl no longer owns a drain on the tray (resumed, lifted or taken over, failed)."""

@@ -77,6 +77,7 @@ _RECORD_TYPES: dict[str, tuple[type, ...]] = {
     "xid_ack": (int, float, type(None)), "leak": (dict, type(None)),
 
     "xid_ack": (int, float, type(None)), "ladder": (dict, type(None)),
+    "isolation": (dict, type(None)),
 }
 
 

@@ -27,6 +27,7 @@ from mctl.model.drain import DRAIN, FORGET, QUEUE, RESUME, SKIP
 from mctl.model.settings import LADDER_RUNGS
 
 LADDER_ACTIONS = (*LADDER_RUNGS, "repair", "recovery-failed")
+ISOLATE_ACTIONS = ("isolate",)          # the watch isolating a tray from its partition (mctl.health.isolate)
 
 if TYPE_CHECKING:
     from mctl.health.engine import SweepResult
@@ -87,7 +88,7 @@ def events_of(result: "SweepResult", previous: dict[str, str], *, dry_run: bool)
         for d in result.decisions:
             if d.action in (DRAIN, RESUME, "power-off"):
                 out.append(Event(now, d.action, d.host, f"would {d.action} (dry run): {d.reason or ''} — {d.why}"))
-            elif d.action in LADDER_ACTIONS:        # the recovery ladder's rungs and marks
+            elif d.action in (*LADDER_ACTIONS, *ISOLATE_ACTIONS):    # the ladder's rungs and marks; isolations
                 out.append(Event(now, d.action, d.host, f"would {d.action} (dry run): {d.why}"))
             elif d.action in (SKIP, QUEUE, FORGET):
                 out.append(Event(now, d.action, d.host, f"(dry run) {d.why}"))

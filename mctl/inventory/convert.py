@@ -118,4 +118,6 @@ def health_settings(spec: HealthSpec) -> HealthSettings:
         metrics_port=spec.metrics_port,
         metrics_listen=str(spec.metrics_listen),
         ladder=ladder_settings(spec.ladder),
+        isolate=bool(spec.isolate.enabled),
+        isolate_to=str(spec.isolate.to),
     )

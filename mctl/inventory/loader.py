@@ -407,6 +407,7 @@ def _build_site(spec: SiteSpec, file: Path, doc: Located) -> tuple[Site | None, 
                 scheduler=scheduler_settings(spec.scheduler), health=_health(spec, doc, problems),
                 images_dir=images_dir, vars=dict(spec.vars), bmc=bmc_settings(spec.bmc))
     _ladder_problems(spec, doc, problems)
+    _isolate_problems(spec, doc, problems)
     if spec.bmc is not None:
         _check_path(spec.bmc.credentials_file, doc, ("bmc", "credentials_file"), problems)
         if spec.bmc.scheme == "http" and any(not _loopback(h.bmc) for h in site.hosts() if h.bmc):
@@ -445,6 +446,20 @@ def _ladder_problems(spec: SiteSpec, doc: Located, problems: list[Problem]) -> N
         problems.append(Problem(doc.file, doc.line_of(path), dotted(path),
                                 "the recovery ladder acts only on trays it drained in Slurm (it reads the node's "
                                 "jobs from slurmctld)", "use scheduler: {type: slurm}, or turn the rungs off"))
+
+
+def _isolate_problems(spec: SiteSpec, doc: Located, problems: list[Problem]) -> None:
+    """Isolation turned on moves trays between NMX-M partitions: every rack needs its NMX-M endpoint."""
+    if not spec.health.isolate.enabled:
+        return
+    path = ("health", "isolate", "enabled")
+    bare = sorted(name for name, rack in spec.racks.items() if rack.nmx is None)
+    if bare:
+        problems.append(Problem(doc.file, doc.line_of(path), dotted(path),
+                                f"isolating failed trays needs NMX-M, and rack{'s' if len(bare) > 1 else ''} "
+                                f"{', '.join(bare)} {'have' if len(bare) > 1 else 'has'} no nmx: endpoint",
+                                "add racks.<rack>.nmx: {url: ..., credentials_file: ...} (docs/partitions.md), "
+                                "or turn health.isolate.enabled off"))
 
 
 _BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "y", "n", "t", "f", "0", "1")

@@ -188,6 +188,13 @@ class LadderSpec(Spec):
     repair_hook_timeout = F(str, "60s", pattern=DURATION_PATTERN)
 
 
+class IsolateSpec(Spec):
+    # Isolating a tray drained for a hardware fault from its NVLink partition (docs/health.md "Isolating a
+    # failed tray"; mctl/health/isolate.py): off unless the site turns it on; needs NMX-M on every rack.
+    enabled = F(bool, False)
+    to = F(OneOf("quarantine", "default"), "quarantine")     # as `mctl partition isolate --to`
+
+
 class HealthSpec(Spec):
     interval = F(float, 60, gt=0)
     drain_xids = F(ListOf(int), factory=lambda: sorted(DEFAULT_DRAIN_XIDS))
@@ -226,6 +233,7 @@ class HealthSpec(Spec):
     leak = F(LeakSpec, factory=LeakSpec)
 
     ladder = F(LadderSpec, factory=LadderSpec)
+    isolate = F(IsolateSpec, factory=IsolateSpec)
 
 
 class SiteSpec(Spec):

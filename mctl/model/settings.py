@@ -187,6 +187,9 @@ class HealthSettings:
     metrics_port: int | None = None         # HTTP /metrics on metrics_listen
     metrics_listen: str = "127.0.0.1"       # address /metrics binds (an IP; checked at the CLI)
     ladder: LadderSettings = field(default_factory=LadderSettings)   # the recovery ladder (all rungs off)
+    # isolate a tray drained for a hardware fault from its NVLink partition (mctl/health/isolate.py)
+    isolate: bool = False
+    isolate_to: str = "quarantine"          # quarantine | default (as `mctl partition isolate --to`)
 
     @property
     def hysteresis(self) -> "HysteresisSettings":

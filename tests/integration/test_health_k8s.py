@@ -112,3 +112,30 @@ def test_api_server_away_queues_the_drain(lab, kube, mctl):
     assert [(d["action"], d["host"]) for d in data["decisions"]] == [("queue", tray)]
     state = json.loads((mctl.state / "health" / "state.json").read_text())
     assert state["trays"][tray]["pending"]["action"] == "drain"
+
+
+def test_audit_names_the_labels_layer_when_a_nodes_clique_label_is_behind(lab, kube, mctl):
+    """The audit reads each tray's Node: labels that group the trays as the plan does are in step; one
+    relabelled by hand is the `labels` layer behind, named in the partition's one finding; put back, in step."""
+    clique = "7b968a6d-c8aa-45e1-9e07-e1e51be99c31"
+    kube.reset([gb200_node(tray, f"{clique}.1") for tray in lab.trays])    # the lab plans the rack as one partition
+
+    def layer_findings() -> list[dict]:
+        proc = mctl("audit", "--json", "--no-health", "--no-history")
+        assert proc.returncode in (0, 1, 3), proc.stderr
+        report = json.loads(proc.stdout)
+        assert "layers" in report["coverage"], report["coverage"]           # compared (an OK is not listed)
+        assert not [g for g in report["incomplete"] if g["family"] == "layers"], report["incomplete"]
+        return [f for f in report["findings"] if f["family"] == "layers"]
+
+    assert not [f for f in layer_findings() if "labels" in f["details"]["behind"]]
+    tray = lab.trays[1]
+    kube.patch_node(tray, {"metadata": {"labels": {"nvidia.com/gpu.clique": f"{clique}.2"}}})
+    try:
+        (found,) = layer_findings()
+        assert found["details"]["behind"] == ["labels"] and found["severity"] == "critical", found
+        assert "Kubernetes clique labels behind (" in found["message"]
+        assert f"{tray} labelled alike with {tray})" in found["message"]
+    finally:
+        kube.patch_node(tray, {"metadata": {"labels": {"nvidia.com/gpu.clique": f"{clique}.1"}}})
+    assert not [f for f in layer_findings() if "labels" in f["details"]["behind"]]

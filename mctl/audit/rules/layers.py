@@ -30,16 +30,18 @@ FAMILY = "layers"
 CHECK = "partition.layers"
 
 # chain order: a layer follows the ones before it
-ORDER = ("nmx", "cliques", "imex", "topology.conf", "topology", "k8s")
+ORDER = ("nmx", "cliques", "imex", "topology.conf", "topology", "labels")
 NAMES = {"nmx": "NMX-M", "cliques": "GPU cliques", "imex": "IMEX node lists", "topology.conf": "Slurm topology.conf",
-         "topology": "Slurm live topology", "k8s": "Kubernetes clique labels"}
+         "topology": "Slurm live topology", "labels": "Kubernetes clique labels"}
 _FIX = {"nmx": "run 'mctl partition apply {rack}'",
         "cliques": "the GPUs have not taken NMX-M's partition: check 'mctl partition show {rack}' and the trays' "
                    "fabric state (nvidia-smi -q), then 'mctl partition apply {rack}'",
         "imex": "run 'mctl imex apply {rack}'",
         "topology.conf": "run 'mctl deploy slurm --topology-only'",
         "topology": "run 'scontrol reconfigure' on the controller (or 'mctl deploy slurm --topology-only')",
-        "k8s": "run 'mctl deploy k8s' (the labels come from GPU Feature Discovery)"}
+        "labels": "GPU Feature Discovery sets nvidia.com/gpu.clique from each node's GPUs: wait for its next "
+                  "pass (--sleep-interval, 60 s by default) or restart its pod on the nodes behind; 'kubectl get "
+                  "nodes -L nvidia.com/gpu.clique' shows them"}
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ def _where(layer: str, trays: Sequence[str], group: frozenset[str]) -> str:
         return {"imex": f"{who} list no tray", "nmx": f"{who} in no partition"}.get(layer, f"{who} in no group")
     verb = {"imex": "lists", "nmx": "in one NMX-M partition with", "cliques": "in one clique with",
             "topology.conf": "in one block with", "topology": "in one block with",
-            "k8s": "labelled alike with"}.get(layer, "with")
+            "labels": "labelled alike with"}.get(layer, "with")
     return f"{who} {verb} {fold(sorted(group))}"
 
 
@@ -172,10 +174,41 @@ def blocks_view(layer: str, trays: Sequence[str], blocks: Mapping[str, Sequence[
     return LayerView(layer, _grouping(trays, [frozenset(ns) for ns in blocks.values()]))
 
 
-def labels_view(labels: Mapping[str, str | None]) -> LayerView:
-    """tray -> its `nvidia.com/gpu.clique` node label (None: no label, in no group)."""
+def labels_view(labels: Mapping[str, str | None], error: str | None = None) -> LayerView:
+    """tray -> its `nvidia.com/gpu.clique` node label (None: no label, in no group; a tray absent: no Node
+    object, not judged). *error*: the nodes could not be read at all."""
+    if error is not None:
+        return LayerView("labels", {}, error=error)
     by_label: dict[str, set[str]] = {}
     for t, lab in labels.items():
         if lab:
             by_label.setdefault(lab, set()).add(t)
-    return LayerView("k8s", {t: frozenset(by_label[lab]) if lab else frozenset() for t, lab in labels.items()})
+    return LayerView("labels", {t: frozenset(by_label[lab]) if lab else frozenset() for t, lab in labels.items()})
+
+
+def node_clique_labels(trays: Sequence[str], nodes: Sequence[Mapping]) -> dict[str, str | None]:
+    """Each tray's `nvidia.com/gpu.clique` from the Node objects (GET /api/v1/nodes items): the Node named
+    as the tray, else the one whose `kubernetes.io/hostname` label is the tray. A tray with no Node is left
+    out (not judged); a Node without the label (or an empty one) maps to None."""
+    from mctl.sched.k8s.manifests import CLIQUE_LABEL, HOSTNAME_LABEL
+
+    by_name: dict[str, Mapping] = {}
+    by_host: dict[str, Mapping] = {}
+    for node in nodes:
+        meta = node.get("metadata") if isinstance(node, Mapping) else None
+        if not isinstance(meta, Mapping):
+            continue
+        labels = meta.get("labels") if isinstance(meta.get("labels"), Mapping) else {}
+        if isinstance(meta.get("name"), str):
+            by_name[meta["name"]] = labels
+        host = labels.get(HOSTNAME_LABEL)
+        if isinstance(host, str):
+            by_host.setdefault(host, labels)
+    out: dict[str, str | None] = {}
+    for t in trays:
+        labels = by_name.get(t, by_host.get(t))
+        if labels is None:
+            continue
+        value = labels.get(CLIQUE_LABEL)
+        out[t] = value if isinstance(value, str) and value else None
+    return out
