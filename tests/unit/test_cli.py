@@ -102,7 +102,12 @@ def test_state_dir_option_and_env(capsys, monkeypatch, tmp_path):
     assert options().state_dir == tmp_path / "opt"
 
 
-def test_shell_completion_is_offered(capsys):
-    result = run_cli(capsys, "--show-completion", "bash")
+def test_shell_completion_is_offered(capsys, monkeypatch):
+    # Typer finds the shell from the parent processes (shellingham); a test run without a login shell above it
+    # (CI, a detached run) has none, so the test says which shell the operator runs.
+    import shellingham
+
+    monkeypatch.setattr(shellingham, "detect_shell", lambda *a, **k: ("bash", "/bin/bash"))
+    result = run_cli(capsys, "--show-completion")
     assert result.code == 0
     assert "complete" in result.out

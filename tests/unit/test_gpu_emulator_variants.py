@@ -187,9 +187,16 @@ def test_branch_comes_from_gpus_json_and_the_fault_overrides_it(tmp_path):
 # --- flapping links, storms ------------------------------------------------------------------------
 
 def test_flapping_link_follows_the_clock(tmp_path):
+    # The rule at given instants (down the first half of each period), then the emulator itself with a period
+    # long enough that no load on the machine moves the answer across a half period.
+    from mctl.lab.emulators.nvidia_smi import flapping_down
+
+    flap = {"nvlink_flap": [{"gpu": 0, "link": 5, "since": 100.0, "period": 6.0}]}
+    assert [flapping_down(flap, 0, now) for now in (101.0, 104.0, 107.0, 110.5)] == [[5], [], [5], []]
+    assert flapping_down(flap, 1, 101.0) == []
     now = time.time()
-    for since, down in ((now - 1.0, True), (now - 4.0, False), (now - 7.0, True)):
-        t = Tray(tmp_path, contract_state(), {"nvlink_flap": [{"gpu": 0, "link": 5, "since": since, "period": 6.0}]})
+    for since, down in ((now - 1.0, True), (now - 301.0, False), (now - 601.0, True)):
+        t = Tray(tmp_path, contract_state(), {"nvlink_flap": [{"gpu": 0, "link": 5, "since": since, "period": 600.0}]})
         out = t.out("nvlink", "--status")
         assert ("\t Link 5: <inactive>" in out) is down, since - now
 
