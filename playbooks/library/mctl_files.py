@@ -11,8 +11,8 @@ shows it.
 
 In the same run it can make the folders the files go in (`dirs`), remove files
 (`absent`) and report, before writing anything, what a role needs to know of the
-host (`look`: exists, size, executable; `read`: the text of small files such as
-/proc/cmdline), so a role does not pay one module run per stat or `cat`.
+host (`look`: exists, size, mode, executable; `read`: the text of small files such as
+/proc/cmdline; `digest`: a file's SHA-256), so a role does not pay one module run per stat or `cat`.
 Used by every role of playbooks/ (it lies in playbooks/library/, next to site.yml
 and slurm.yml); docs/decisions.md D53.
 """
@@ -41,9 +41,12 @@ options:
          type: list, default: []}
   read: {description: "Paths whose text (up to 64 KiB; null when missing) is reported in `text`, before any write.",
          type: list, default: []}
+  digest: {description: "Paths whose SHA-256 (hex; null when missing) is reported in `sha256`, before any write.",
+           type: list, default: []}
 """
 
 import grp
+import hashlib
 import os
 import pwd
 import tempfile
@@ -64,9 +67,9 @@ def _look(path):
     try:
         st = os.stat(path)
     except OSError:
-        return {"exists": False, "size": 0, "executable": False, "isdir": False}
+        return {"exists": False, "size": 0, "executable": False, "isdir": False, "mode": None}
     return {"exists": True, "size": st.st_size, "executable": os.access(path, os.X_OK),
-            "isdir": os.path.isdir(path)}
+            "isdir": os.path.isdir(path), "mode": f"{st.st_mode & 0o7777:04o}"}
 
 
 def _read(path):
@@ -75,6 +78,17 @@ def _read(path):
             return fh.read(READ_LIMIT).decode(errors="replace")
     except (FileNotFoundError, NotADirectoryError):
         return None
+
+
+def _digest(path):
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    return h.hexdigest()
 
 
 def main() -> None:
@@ -89,6 +103,7 @@ def main() -> None:
             "absent": {"type": "list", "elements": "str", "default": []},
             "look": {"type": "list", "elements": "str", "default": []},
             "read": {"type": "list", "elements": "str", "default": []},
+            "digest": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
@@ -100,11 +115,12 @@ def main() -> None:
         dir_mode = _mode(p["dir_mode"], "dir_mode")
     except (KeyError, ValueError) as exc:
         module.fail_json(msg=f"bad owner, group or mode: {exc}")
-    for path in [*p["dirs"], *p["absent"], *p["look"], *p["read"]]:
+    for path in [*p["dirs"], *p["absent"], *p["look"], *p["read"], *p["digest"]]:
         if not os.path.isabs(path):
             module.fail_json(msg=f"each path must be absolute: {path!r}")
     result = {"looked": {path: _look(path) for path in p["look"]},
-              "text": {path: _read(path) for path in p["read"]}}
+              "text": {path: _read(path) for path in p["read"]},
+              "sha256": {path: _digest(path) for path in p["digest"]}}
     changed, diffs = [], []
     for folder in p["dirs"]:
         try:

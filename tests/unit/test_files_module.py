@@ -6,6 +6,7 @@ run per role and host (docs/decisions.md D53): what it reports decides the roles
 from __future__ import annotations
 
 import grp
+import hashlib
 import json
 import os
 import pwd
@@ -46,13 +47,16 @@ def test_writes_only_what_differs_and_makes_folders(tmp_path):
 def test_look_and_read_report_the_state_before_writing(tmp_path):
     f, flag = tmp_path / "rec", tmp_path / "flag"
     flag.write_text("x\n")
+    flag_mode = f"{flag.stat().st_mode & 0o7777:04o}"
     out = run(tmp_path, look=[str(f), str(flag)], read=[str(f), "/proc/cmdline"], files={str(f): "one"},
               absent=[str(flag)])
     assert out["looked"][str(f)]["exists"] is False and out["looked"][str(flag)] == {
-        "exists": True, "size": 2, "executable": False, "isdir": False}
+        "exists": True, "size": 2, "executable": False, "isdir": False, "mode": flag_mode}
     assert out["text"][str(f)] is None and isinstance(out["text"]["/proc/cmdline"], str)
     assert f.read_text() == "one" and not flag.exists() and out["changed_files"] == [str(f), str(flag)]
-    assert run(tmp_path, read=[str(f)], absent=[str(flag)])["text"][str(f)] == "one"
+    again = run(tmp_path, read=[str(f)], absent=[str(flag)], digest=[str(f), str(flag)])
+    assert again["text"][str(f)] == "one" and again["changed"] is False
+    assert again["sha256"] == {str(f): hashlib.sha256(b"one").hexdigest(), str(flag): None}
 
 
 def test_backup_keeps_the_previous_version(tmp_path):
