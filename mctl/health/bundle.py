@@ -24,6 +24,7 @@ Run on the operator's machine: `python -m mctl.health.bundle stage --dest DIR
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import io
 import json
@@ -184,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"mctl: error: {exc.message}\n")
         return 2
     path = stage(Path(args.dest))
-    json.dump({"tarball": str(path), "files": [str(rel) for _, rel, _ in files()], "wrapper": wrapper(),
+    json.dump({"tarball": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+               "files": [str(rel) for _, rel, _ in files()], "wrapper": wrapper(),
                "configs": node_configs(site)}, sys.stdout, indent=1)
     sys.stdout.write("\n")
     return 0

@@ -1,0 +1,77 @@
+"""playbooks/library/mctl_files.py, run as Ansible runs a module (its arguments in a file), on a temporary folder.
+
+The roles write their small files, make their folders and look at the host through it, one module
+run per role and host (docs/decisions.md D53): what it reports decides the roles' handlers and checks."""
+
+from __future__ import annotations
+
+import grp
+import hashlib
+import json
+import os
+import pwd
+import subprocess
+import sys
+from pathlib import Path
+
+MODULE = Path(__file__).resolve().parents[2] / "playbooks/library/mctl_files.py"
+OWNER = pwd.getpwuid(os.getuid()).pw_name
+GROUP = grp.getgrgid(os.getgid()).gr_name
+
+
+def run(tmp_path: Path, check: bool = False, diff: bool = False, **args) -> dict:
+    args = {"owner": OWNER, "group": GROUP, **args, "_ansible_check_mode": check, "_ansible_diff": diff,
+            "_ansible_tmpdir": str(tmp_path)}
+    argfile = tmp_path / "args.json"
+    argfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
+    proc = subprocess.run([sys.executable, str(MODULE), str(argfile)], capture_output=True, text=True, timeout=60)
+    return json.loads(proc.stdout)
+
+
+def test_writes_only_what_differs_and_makes_folders(tmp_path):
+    d = tmp_path / "etc" / "mctl"
+    files = {str(d / "a.conf"): "a\n", str(d / "prog"): {"content": "#!/bin/sh\n", "mode": "0755"}}
+    check = run(tmp_path, check=True, diff=True, dirs=[str(d)], files=files)
+    assert check["changed"] and not d.exists()                       # check mode writes nothing
+    assert check["changed_files"] == [str(d), str(d / "a.conf"), str(d / "prog")]
+    assert {x.get("after_header") for x in check["diff"]} >= {str(d / "a.conf"), str(d / "prog")}
+    first = run(tmp_path, dirs=[str(d)], files=files)
+    assert first["changed"] and (d / "a.conf").read_text() == "a\n"
+    assert oct((d / "prog").stat().st_mode & 0o777) == "0o755" and oct((d / "a.conf").stat().st_mode & 0o777) == "0o644"
+    again = run(tmp_path, dirs=[str(d)], files=files)
+    assert again["changed"] is False and again["changed_files"] == []
+    (d / "a.conf").chmod(0o600)                                      # a mode drift alone is repaired
+    assert run(tmp_path, dirs=[str(d)], files=files)["changed_files"] == [str(d / "a.conf")]
+
+
+def test_look_and_read_report_the_state_before_writing(tmp_path):
+    f, flag = tmp_path / "rec", tmp_path / "flag"
+    flag.write_text("x\n")
+    flag_mode = f"{flag.stat().st_mode & 0o7777:04o}"
+    out = run(tmp_path, look=[str(f), str(flag)], read=[str(f), "/proc/cmdline"], files={str(f): "one"},
+              absent=[str(flag)])
+    assert out["looked"][str(f)]["exists"] is False and out["looked"][str(flag)] == {
+        "exists": True, "size": 2, "executable": False, "isdir": False, "mode": flag_mode}
+    assert out["text"][str(f)] is None and isinstance(out["text"]["/proc/cmdline"], str)
+    assert f.read_text() == "one" and not flag.exists() and out["changed_files"] == [str(f), str(flag)]
+    again = run(tmp_path, read=[str(f)], absent=[str(flag)], digest=[str(f), str(flag)])
+    assert again["text"][str(f)] == "one" and again["changed"] is False
+    assert again["sha256"] == {str(f): hashlib.sha256(b"one").hexdigest(), str(flag): None}
+
+
+def test_backup_keeps_the_previous_version(tmp_path):
+    f = tmp_path / "config.cfg"
+    f.write_text("old\n")
+    f.chmod(0o644)
+    run(tmp_path, files={str(f): {"content": "new\n", "backup": True}})
+    backups = [p for p in tmp_path.iterdir() if p.name.startswith("config.cfg.") and p.name.endswith("~")]
+    assert f.read_text() == "new\n" and [b.read_text() for b in backups] == ["old\n"]
+
+
+def test_bad_input_fails_with_the_path(tmp_path):
+    out = run(tmp_path, files={"relative/path": "x"})
+    assert out["failed"] and "relative/path" in out["msg"]
+    out = run(tmp_path, files={str(tmp_path / "missing-folder" / "f"): "x"})
+    assert out["failed"] and "missing-folder/f" in out["msg"]
+    out = run(tmp_path, files={str(tmp_path / "f"): {"content": "x", "mode": "rwx"}})
+    assert out["failed"] and "bad mode" in out["msg"]
