@@ -43,12 +43,17 @@ options:
          type: list, default: []}
   digest: {description: "Paths whose SHA-256 (hex; null when missing) is reported in `sha256`, before any write.",
            type: list, default: []}
+  units: {description: "systemd units whose state is reported in `units` (enabled: systemctl is-enabled's word,
+          active: systemctl is-active's), before any write, so a role runs its service task only when the unit
+          is not already as wanted.", type: list, default: []}
 """
 
 import grp
 import hashlib
 import os
 import pwd
+import re
+import subprocess
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
@@ -91,6 +96,24 @@ def _digest(path):
     return h.hexdigest()
 
 
+UNIT = re.compile(r"^[A-Za-z0-9@._:-]+$")
+
+
+def _unit(name):
+    """systemctl's own words for *name*: is-enabled (enabled, disabled, masked, static, ...; not-found when
+    the unit is unknown) and is-active (active, inactive, failed, ...); unknown when systemctl did not answer."""
+    out = {}
+    for key, verb in (("enabled", "is-enabled"), ("active", "is-active")):
+        try:
+            proc = subprocess.run(["systemctl", verb, name], capture_output=True, text=True, timeout=30,
+                                  env={**os.environ, "LC_ALL": "C"})
+            word = (proc.stdout.split() or ["not-found" if proc.returncode and verb == "is-enabled" else "unknown"])[0]
+        except (OSError, subprocess.SubprocessError):
+            word = "unknown"
+        out[key] = word
+    return out
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -104,6 +127,7 @@ def main() -> None:
             "look": {"type": "list", "elements": "str", "default": []},
             "read": {"type": "list", "elements": "str", "default": []},
             "digest": {"type": "list", "elements": "str", "default": []},
+            "units": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
@@ -118,7 +142,11 @@ def main() -> None:
     for path in [*p["dirs"], *p["absent"], *p["look"], *p["read"], *p["digest"]]:
         if not os.path.isabs(path):
             module.fail_json(msg=f"each path must be absolute: {path!r}")
-    result = {"looked": {path: _look(path) for path in p["look"]},
+    for name in p["units"]:
+        if not UNIT.match(name):
+            module.fail_json(msg=f"not a unit name: {name!r}")
+    result = {"units": {name: _unit(name) for name in p["units"]},
+              "looked": {path: _look(path) for path in p["look"]},
               "text": {path: _read(path) for path in p["read"]},
               "sha256": {path: _digest(path) for path in p["digest"]}}
     changed, diffs = [], []

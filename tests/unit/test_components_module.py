@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-PATH = Path(__file__).resolve().parents[2] / "playbooks/roles/components/library/mctl_apt_components.py"
+PATH = Path(__file__).resolve().parents[2] / "playbooks/library/mctl_apt_components.py"
 spec = importlib.util.spec_from_file_location("mctl_apt_components", PATH)
 mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)
@@ -97,3 +97,29 @@ def test_plan_checks_every_component_before_anything_is_written():
     # a half-configured package is not installed yet: its component is installed (configured) again
     assert plan.wrong(state) == {"pyxis": [("nvslurm-plugin-pyxis", "0.20.0-1")]}
     assert plan.repo("pyxis")[0] == "site" and plan.repo("slurm") is None
+
+
+def test_plain_packages_only_the_missing_and_names_checked():
+    state = {"chrony": ("4.6.1-1", "installed"), "numactl": ("2.0.18-1", "config-files")}
+    assert mod.plain_missing(["chrony", "numactl", "rdma-core", "chrony"], state) == ["numactl", "rdma-core"]
+    assert mod.plain_missing(["chrony"], state) == []
+    for bad in ("rm -rf /", "Chrony", "-o", "x;y", 7):
+        with pytest.raises(mod.Failed, match="is not a package name"):
+            mod.plain_missing([bad], state)
+
+
+def test_plain_packages_run_apt_only_for_what_is_missing(monkeypatch):
+    calls = []
+
+    def run(argv, timeout):
+        calls.append(argv)
+        if argv[0] == "dpkg-query":
+            return 0, "chrony\t4.6.1-1\tinstalled\n"
+        return 100, "E: Unable to locate package rdma-core\n"
+
+    monkeypatch.setattr(mod, "run", run)
+    assert mod.plain_packages(["chrony"], 60, check=False) == [] and len(calls) == 1
+    assert mod.plain_packages(["chrony", "rdma-core"], 60, check=True) == ["rdma-core"] and len(calls) == 2
+    with pytest.raises(mod.Failed, match="apt-get install of rdma-core failed \\(exit 100\\): E: Unable to locate"):
+        mod.plain_packages(["chrony", "rdma-core"], 60, check=False)
+    assert calls[-1][:2] == ["apt-get", "install"] and calls[-1][-1] == "rdma-core"

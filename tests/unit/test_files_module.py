@@ -75,3 +75,30 @@ def test_bad_input_fails_with_the_path(tmp_path):
     assert out["failed"] and "missing-folder/f" in out["msg"]
     out = run(tmp_path, files={str(tmp_path / "f"): {"content": "x", "mode": "rwx"}})
     assert out["failed"] and "bad mode" in out["msg"]
+
+
+def test_units_reported_in_systemctls_words_before_any_write(tmp_path):
+    # A stand-in systemctl on PATH answers as systemd does: the word on stdout, the exit code beside it.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "systemctl"
+    fake.write_text('#!/bin/sh\ncase "$1 $2" in\n'
+                    '  "is-enabled chrony") echo enabled ;;\n  "is-active chrony") echo active ;;\n'
+                    '  "is-enabled nvidia-imex") echo disabled; exit 1 ;;\n  "is-active nvidia-imex") echo inactive; exit 3 ;;\n'
+                    '  "is-enabled"*) echo "Failed to get unit file state" >&2; exit 1 ;;\n  *) echo inactive; exit 3 ;;\n'
+                    'esac\n')
+    fake.chmod(0o755)
+    args = {"owner": OWNER, "group": GROUP, "units": ["chrony", "nvidia-imex", "nosuch"],
+            "_ansible_check_mode": False, "_ansible_diff": False, "_ansible_tmpdir": str(tmp_path)}
+    argfile = tmp_path / "args.json"
+    argfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    proc = subprocess.run([sys.executable, str(MODULE), str(argfile)], capture_output=True, text=True, timeout=60,
+                          env=env)
+    out = json.loads(proc.stdout)
+    assert out["units"] == {"chrony": {"enabled": "enabled", "active": "active"},
+                            "nvidia-imex": {"enabled": "disabled", "active": "inactive"},
+                            "nosuch": {"enabled": "not-found", "active": "inactive"}}
+    assert out["changed"] is False
+    bad = run(tmp_path, units=["chrony; reboot"])
+    assert bad.get("failed") and "not a unit name" in bad["msg"]

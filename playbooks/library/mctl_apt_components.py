@@ -23,7 +23,9 @@ DOCUMENTATION = r"""
 module: mctl_apt_components
 short_description: Install or verify a software image's components through apt, pinned and held
 options:
-  components: {description: The image's components (mctl_image_spec.components)., type: dict, required: true}
+  components: {description: The image's components (mctl_image_spec.components)., type: dict, default: {}}
+  packages: {description: "The image's plain packages (its packages: list), installed from the OS's own sources
+             at any version when missing; one dpkg-query when none is (the base role).", type: list, default: []}
   repositories: {description: "name -> {url, suite, components, key} (key: the armored signing key's text).",
                  type: dict, default: {}}
   kernel_package: {description: Kernel package to verify and hold (empty when the image names none)., type: str, default: ""}
@@ -253,9 +255,34 @@ def install(pkgs, timeout):
     return run(APT_INSTALL + [f"{n}={v}" for n, v in pkgs], timeout)
 
 
+PLAIN_NAME = re.compile(r"^[a-z0-9][a-z0-9+.-]*$")
+
+
+def plain_missing(names, state):
+    """The image's plain packages (`packages:`, from the OS's own sources at any version) that dpkg does not
+    have installed, in the image's order; a name that is not a Debian package name is refused."""
+    for n in names:
+        if not isinstance(n, str) or not PLAIN_NAME.match(n):
+            raise Failed(f"packages of the image: {n!r} is not a package name")
+    return [n for n in dict.fromkeys(names) if state.get(n, ("", ""))[1] != "installed"]
+
+
+def plain_packages(names, timeout, check):
+    """Install the missing plain packages in one apt-get run (one dpkg-query when none is missing: a re-run
+    opens no apt cache). Returns the names installed (or that would be)."""
+    missing = plain_missing(names, package_state(names) if names else {})
+    if missing and not check:
+        rc, out = run(APT_INSTALL + missing, timeout)
+        if rc != 0:
+            raise Failed(f"packages of the image: apt-get install of {' '.join(missing)} failed (exit {rc}): "
+                         f"{apt_errors(out)}")
+    return missing
+
+
 def main():
     module = AnsibleModule(argument_spec={
-        "components": {"type": "dict", "required": True},
+        "components": {"type": "dict", "default": {}},
+        "packages": {"type": "list", "elements": "str", "default": []},
         "repositories": {"type": "dict", "default": {}},
         "kernel_package": {"type": "str", "default": ""},
         "update_timeout": {"type": "int", "default": 120},
@@ -267,6 +294,9 @@ def main():
     report = {}
     to_hold = []
     try:
+        if p["packages"]:
+            report["packages"] = {"installed": plain_packages(p["packages"], p["install_timeout"], check)}
+            changed |= bool(report["packages"]["installed"])
         plan = Plan(p["components"], p["repositories"])
         # the files first, for every component: keys, sources, pins (unchanged ones are not rewritten)
         for comp_name, comp, pkgs, delivery, repo in plan.items:
