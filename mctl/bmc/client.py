@@ -123,7 +123,7 @@ class RedfishClient:
 
     def __init__(self, url: str, credentials: BMCCredentials, *, verify_tls: bool | str = True,
                  timeout_s: float = 10.0, deadline: float | None = None,
-                 warn: Callable[[str], None] | None = None):
+                 warn: Callable[[str], None] | None = None, resume_tls: bool | None = None):
         import redfish                                   # heavy (requests): only when a BMC is read
 
         self.url = url.rstrip("/")
@@ -150,7 +150,11 @@ class RedfishClient:
         self.expand: str | None = None                   # the $expand value, once the root says it is supported
         self.tls_handshakes = 0                          # full TLS handshakes, and resumed ones (bench, tests)
         self.tls_resumed = 0
-        adapter = _resuming_adapter(cafile, self) if RESUME_TLS and cafile is not None \
+        # resume_tls False: the long-running watch (mctl.health.oob, the ladder) reads every BMC every sweep, and
+        # reading a socket's TLS session leaks native memory in this Python's ssl module (~40 KiB a connection:
+        # the 30-minute soak's watch grew by 110-160 MiB); one-shot commands (bmc inventory, power) resume.
+        resume = RESUME_TLS if resume_tls is None else resume_tls
+        adapter = _resuming_adapter(cafile, self) if resume and cafile is not None \
             and self.origin[0] == "https" else None
         self._client = redfish.redfish_client(base_url=self.url, cafile=cafile, timeout=timeout_s, max_retry=0,
                                               check_connectivity=False, https_adapter=adapter)
@@ -282,50 +286,80 @@ class RedfishClient:
         return out
 
 
+class _ResumingSocket(ssl.SSLSocket):
+    """Keeps the TLS session of its connection on its context, for the next connection to resume."""
+
+    _kept = False
+
+    def _keep(self) -> None:                     # TLS 1.3 tickets arrive after the handshake, with data
+        if not self._kept:
+            self._kept = True
+            try:
+                session = self.session
+                if session is not None:
+                    self.context.tls_session = session
+            except (ValueError, OSError, AttributeError):
+                pass
+
+    def recv_into(self, *args, **kwargs):
+        n = super().recv_into(*args, **kwargs)
+        self._keep()
+        return n
+
+    def read(self, *args, **kwargs):
+        data = super().read(*args, **kwargs)
+        self._keep()
+        return data
+
+
+class _ResumingContext(ssl.SSLContext):
+    """One verifying context per BMC (origin) and CA file for the whole process: its last session is offered
+    to the next connection; the client being served is told of each full or resumed handshake."""
+
+    tls_session = None
+    owner = None                                 # weakref to the RedfishClient now using it
+
+    def wrap_socket(self, sock, *args, session=None, **kwargs):
+        offered = session or self.tls_session
+        if offered is not None and offered.id == b"" and not offered.has_ticket:
+            offered = None                       # nothing to resume with
+        wrapped = super().wrap_socket(sock, *args, session=offered, **kwargs)
+        client = self.owner() if self.owner is not None else None
+        if client is not None:
+            if wrapped.session_reused:
+                client.tls_resumed += 1
+            else:
+                client.tls_handshakes += 1
+        return wrapped
+
+
+# (CA file, origin) -> its context: one per BMC for the process (bounded by the inventory), so a session is
+# resumed across the clients of one command as within one client.
+_CONTEXTS: dict[tuple[str, tuple], _ResumingContext] = {}
+_CONTEXTS_LOCK = threading.Lock()
+
+
+def _context_for(cafile: str, origin: tuple) -> _ResumingContext:
+    with _CONTEXTS_LOCK:
+        ctx = _CONTEXTS.get((cafile, origin))
+        if ctx is None:
+            ctx = _ResumingContext(ssl.PROTOCOL_TLS_CLIENT)   # CERT_REQUIRED, check_hostname on
+            ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+            ctx.load_verify_locations(cafile=cafile)
+            ctx.sslsocket_class = _ResumingSocket
+            _CONTEXTS[(cafile, origin)] = ctx
+        return ctx
+
+
 def _resuming_adapter(cafile: str, owner: "RedfishClient"):
-    """A requests adapter whose connections share one verifying SSL context that resumes the last TLS
-    session with this BMC (urllib3 makes a context per connection otherwise, and a session can only be
+    """A requests adapter whose connections share one verifying SSL context per BMC that resumes the last
+    TLS session with it (urllib3 makes a context per connection otherwise, and a session can only be
     resumed by the context that made it)."""
     import requests.adapters
+    import weakref
 
-    class ResumingSocket(ssl.SSLSocket):
-        _kept = False
-
-        def _keep(self) -> None:                     # TLS 1.3 tickets arrive after the handshake, with data
-            if not self._kept:
-                self._kept = True
-                try:
-                    owner._tls_session = self.session or owner._tls_session
-                except (ValueError, OSError):
-                    pass
-
-        def recv_into(self, *args, **kwargs):
-            n = super().recv_into(*args, **kwargs)
-            self._keep()
-            return n
-
-        def read(self, *args, **kwargs):
-            data = super().read(*args, **kwargs)
-            self._keep()
-            return data
-
-    class ResumingContext(ssl.SSLContext):
-        def wrap_socket(self, sock, *args, session=None, **kwargs):
-            offered = session or owner._tls_session
-            if offered is not None and offered.id == b"" and not offered.has_ticket:
-                offered = None                       # nothing to resume with
-            wrapped = super().wrap_socket(sock, *args, session=offered, **kwargs)
-            if wrapped.session_reused:
-                owner.tls_resumed += 1
-            else:
-                owner.tls_handshakes += 1
-            return wrapped
-
-    ctx = ResumingContext(ssl.PROTOCOL_TLS_CLIENT)   # CERT_REQUIRED, check_hostname on
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_verify_locations(cafile=cafile)
-    ctx.sslsocket_class = ResumingSocket
-    owner._tls_session = None
+    ctx = _context_for(cafile, tuple(owner.origin))
+    ctx.owner = weakref.ref(owner)
 
     class Adapter(requests.adapters.HTTPAdapter):
         def init_poolmanager(self, connections, maxsize, block=False, **pool_kwargs):

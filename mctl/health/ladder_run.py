@@ -180,7 +180,8 @@ class LadderRunner:
                 except MctlError as exc:
                     return "not-taken", exc.message     # `mctl power` or another command holds the rack: later
             client = RedfishClient(url, bmc.credentials, verify_tls=bmc.verify_tls, timeout_s=bmc.timeout_s,
-                                   deadline=time.monotonic() + min(POWER_SEND_S, bmc.deadline_s), warn=lambda m: None)
+                                   deadline=time.monotonic() + min(POWER_SEND_S, bmc.deadline_s), warn=lambda m: None,
+                                   resume_tls=False)
             stack.callback(client.close)
             try:
                 system = power.host_system(client)

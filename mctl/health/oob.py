@@ -127,7 +127,7 @@ def read(hosts: Sequence["Host"], settings: "Settings", deadline_s: float,
         try:
             client = RedfishClient(base_url(h.bmc, scheme=settings.scheme, port=settings.port), settings.credentials,
                                    verify_tls=settings.verify_tls, timeout_s=min(settings.timeout_s, deadline_s),
-                                   deadline=until, warn=once)
+                                   deadline=until, warn=once, resume_tls=False)
             return read_tray(client)
         except BMCError as exc:
             return BmcHealth(error=exc.message, error_kind=exc.kind, elapsed=round(time.monotonic() - start, 3))
@@ -175,7 +175,8 @@ def power_off(hosts: Sequence["Host"], settings: "Settings", deadline_s: float) 
             if not h.bmc:
                 return PowerOffResult(h.name, False, False, None, "no BMC address in the inventory")
             client = RedfishClient(base_url(h.bmc, scheme=settings.scheme, port=settings.port), settings.credentials,
-                                   verify_tls=settings.verify_tls, timeout_s=settings.timeout_s, deadline=until)
+                                   verify_tls=settings.verify_tls, timeout_s=settings.timeout_s, deadline=until,
+                                   resume_tls=False)
             system = host_system(client)
             tray.after = system.power_state
             if system.power_state != "Off":

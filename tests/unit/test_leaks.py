@@ -325,3 +325,26 @@ def test_a_damaged_leak_episode_in_the_state_file_is_refused_with_its_field(tmp_
     path.write_text(json.dumps(data))
     with pytest.raises(DamagedState, match="trays.t01.leak.since"):
         store.load_state(tmp_path)
+
+
+def test_the_watchs_bmc_reads_do_not_resume_tls(monkeypatch):
+    """The watch reads every BMC every sweep; reading a socket's TLS session (for resumption) leaks native
+    memory in Python's ssl module (~40 KiB a connection, 110-160 MiB over the 30-minute soak), so the
+    sweep's clients are made without it; one-shot commands keep it (mctl.bmc.client.RESUME_TLS)."""
+    import mctl.bmc.client as client_mod
+    from types import SimpleNamespace
+
+    made = []
+
+    class Stand(client_mod.RedfishClient):
+        def __init__(self, *args, **kwargs):
+            made.append(kwargs)
+            raise BMCError("unreachable", "stand-in: no BMC here")
+
+    monkeypatch.setattr(client_mod, "RedfishClient", Stand)
+    settings = SimpleNamespace(deadline_s=2.0, scheme="https", port=443, credentials=None, verify_tls=True,
+                               timeout_s=1.0, concurrency=4)
+    host = SimpleNamespace(name="t01", bmc="127.0.0.1", role="compute")
+    assert oob.read([host], settings, 2.0)["t01"].error_kind == "unreachable"
+    assert not oob.power_off([host], settings, 2.0)["t01"].sent
+    assert len(made) == 2 and all(kw.get("resume_tls") is False for kw in made), made
