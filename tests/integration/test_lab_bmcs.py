@@ -222,8 +222,12 @@ def test_power_off_refuses_a_tray_with_a_running_slurm_job_unless_force(lab, slu
                             "--wrap 'sleep 600'").stdout.strip()
     job = out.split(";")[0]
     try:
-        wait_for(f"job {job} RUNNING", lambda: lab.run(lab.head, f"squeue -h -j {job} -o %T",
-                                                       check=False).stdout.strip() == "RUNNING")
+        try:
+            wait_for(f"job {job} RUNNING", lambda: lab.run(lab.head, f"squeue -h -j {job} -o %T",
+                                                           check=False).stdout.strip() == "RUNNING")
+        except AssertionError as exc:
+            why = lab.run(lab.head, f"squeue -h -j {job} -o '%T %r'; sinfo -N -h -o '%N %T %E'", check=False).stdout
+            raise AssertionError(f"{exc}; Slurm says: {why}") from None
         plan = _power_json(lab.mctl("-i", str(slurm_site), "power", "off", tray, "--dry-run", "--json"))
         (t,) = [t for s in plan["stages"] for t in s["trays"]]
         assert t["error_kind"] == "refused" and f"slurm {job}" in t["error"]
