@@ -29,7 +29,9 @@ LAB_SLURM = {
     "jobacct_gather_type": "jobacct_gather/linux",
     "gpu_device_nodes": "create",
     "communication_parameters": "NoCtldInAddrAny",
-    "verify_timeout": 60,
+    # The product's default: longer than slurmctld's ping cycle (SlurmdTimeout/3, 100 s by default), which is how
+    # Slurm itself brings back a slurmd whose registration was lost; a shorter wait fails a deploy Slurm heals.
+    "verify_timeout": 120,
 }
 SLURMD_PORT_BASE = 9000
 SLURMD_PORTS_PER_NET = 90       # 5 racks of 18 trays; a larger lab overlaps the next --net's ports

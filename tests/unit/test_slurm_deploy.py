@@ -130,6 +130,17 @@ def test_judge_reports_unregistered_and_wrong_blocks(tmp_path):
     assert v.unregistered == ["lab-r1-tray03"]
     problems = " ".join(v.problems())
     assert "lab-r1-tray03 DOWN*+NOT_RESPONDING" in problems and "does not match the partitions" in problems
+    # what the tray said when asked (slurmd's unit state, its log's last line) is part of the report
+    v.seen_on_trays = {"lab-r1-tray03": "slurmd failed | error: Unable to bind listen port (6818)"}
+    assert "lab-r1-tray03: slurmd failed | error: Unable to bind listen port (6818)" in v.problems()
+    assert v.to_dict()["seen_on_trays"] == v.seen_on_trays
+
+
+def test_tray_look_command_quotes_the_log_folder():
+    from mctl.sched.slurm.remote import _tray_look_command
+
+    cmd = _tray_look_command("/var/log/slurm dir; rm -rf x/")
+    assert "tail -n 1 '/var/log/slurm dir; rm -rf x/slurmd.log'" in cmd
 
 
 def test_plan_to_dict_has_no_secret(tmp_path):

@@ -191,6 +191,8 @@ class Verification:
     blocks_found: dict[str, str]
     topology_plugin: str | None
     error: str | None = None
+    # tray -> what the tray itself says (slurmd's unit state, its log's last line), for trays that did not register
+    seen_on_trays: dict[str, str] = field(default_factory=dict)
 
     @property
     def blocks_match(self) -> bool:
@@ -203,6 +205,7 @@ class Verification:
         if self.unregistered:
             states = ", ".join(f"{n} {self.nodes.get(n) or 'unknown to Slurm'}" for n in self.unregistered[:6])
             out.append(f"{len(self.unregistered)} tray(s) did not register: {states}")
+            out += [f"{n}: {said}" for n, said in list(self.seen_on_trays.items())[:6]]
         if not self.blocks_match:
             out.append(f"scontrol show topology does not match the partitions: expected {self.blocks_expected}, "
                        f"Slurm has {self.blocks_found}")
@@ -212,7 +215,8 @@ class Verification:
         return {"ok": self.ok, "seconds": round(self.seconds, 1), "nodes": self.nodes,
                 "unregistered": self.unregistered, "drained": self.drained, "blocks_match": self.blocks_match,
                 "blocks_expected": self.blocks_expected, "blocks_found": self.blocks_found,
-                "topology_plugin": self.topology_plugin, "problems": self.problems()}
+                "topology_plugin": self.topology_plugin, "seen_on_trays": self.seen_on_trays,
+                "problems": self.problems()}
 
 
 _PART_MARK = "@@mctl-partition"
@@ -280,7 +284,34 @@ def verify(site: Site, config: "SlurmConfig", timeout: float, interval: float = 
                                     {b.name: str(NodeSet(b.nodeset)) for b in config.blocks}, {}, None,
                                     error=f"scontrol on {config.controller.name}: {said}")
             if elapsed >= timeout:
+                if last.unregistered and not last.error:
+                    last.seen_on_trays = await _look_at_trays(pool, site, config, last.unregistered)
                 return last
             await asyncio.sleep(interval)
 
     return run_in_pool(SSHConfig.from_site(site), work)
+
+
+def _tray_look_command(log_dir: str) -> str:
+    path = f"{log_dir.rstrip('/')}/slurmd.log"
+    return (f"echo \"slurmd $(systemctl is-active slurmd 2>/dev/null || true)\"; "
+            f"tail -n 1 {shlex.quote(path)} 2>/dev/null || echo {shlex.quote('no ' + path)}")
+
+
+async def _look_at_trays(pool: "SSHPool", site: Site, config: "SlurmConfig", names: Sequence[str]) -> dict[str, str]:
+    """Why trays did not register, in their own words: slurmd's unit state and its log's last line (bounded:
+    the pool's command deadline; an unreachable tray says so)."""
+    from mctl.sched.slurm.render import settings_of
+
+    hosts = [h for h in (site.host(n) for n in names) if h is not None][:6]
+    if not hosts:
+        return {}
+    results = await pool.run(_targets(site, hosts), _tray_look_command(settings_of(site).log_dir))
+    out = {}
+    for r in results:
+        if r.ok:
+            said = " | ".join(line.strip() for line in r.stdout.splitlines() if line.strip())
+        else:
+            said = (r.stderr.strip().splitlines() or [r.summary()])[-1]
+        out[r.host] = said[:300]
+    return out
