@@ -294,7 +294,10 @@ def verify(site: Site, config: "SlurmConfig", timeout: float, interval: float = 
 
 def _tray_look_command(log_dir: str) -> str:
     path = f"{log_dir.rstrip('/')}/slurmd.log"
+    # slurmd runs HealthCheckProgram when it starts, before it registers: say so when one is running
     return (f"echo \"slurmd $(systemctl is-active slurmd 2>/dev/null || true)\"; "
+            "if pgrep -f '[m]ctl-node-check|[m]ctl.health.node_check' >/dev/null 2>&1; then "
+            "echo 'a node check (HealthCheckProgram) is running'; fi; "
             f"tail -n 1 {shlex.quote(path)} 2>/dev/null || echo {shlex.quote('no ' + path)}")
 
 
