@@ -223,6 +223,7 @@ class Soak:
         self.lab_dir, self.workdir, self.seconds, self.seed, self.interval = lab_dir, workdir, seconds, seed, interval
         self.share, self.window = share, window
         self.health = chaos_health(interval, share, window)
+        self.inventory = inventory
         self.site_dir = write_site(inventory, workdir / "chaos-site", self.health)
         self.state = workdir / "chaos-state"
         site = load_site(str(self.site_dir))
@@ -345,11 +346,17 @@ class Soak:
                  f"{len(self.trays)} trays, at most {self.max_concurrent} at once")
         poller = threading.Thread(target=self._poller, daemon=True)
         final: dict = {}
+        rolled = False
         try:
             nodes = self.wait("Slurm answering", self.sinfo, 60)
             held = self.mctl_drained(nodes)
             if held:
                 raise SystemExit(f"trays already drained by mctl before the soak: {sorted(held)}")
+            # The trays' own node check (Slurm's HealthCheckProgram) judges with the site's health settings, as
+            # provisioned: roll the soak's out to it, as an operator's change of `health:` would be (else it keeps
+            # the lab's 1-hour XID window, drains a tray the watch resumed and never lets it go).
+            self.roll_out_node_check(self.site_dir)
+            rolled = True
             out = self.ssh(self.head, f"scontrol update NodeName={self.operator_tray} State=DRAIN "
                                       f"Reason='{OPERATOR_REASON}'")
             if out.returncode != 0:
@@ -378,7 +385,23 @@ class Soak:
             rebooted = {n for n, (st, r) in nodes.items() if "down" in st and "reboot" in r.lower()}
             for n in sorted(self.mctl_drained(nodes) | rebooted):       # the lab as the soak found it
                 self.ssh(self.head, f"scontrol update NodeName={n} State=RESUME", timeout=30)
+            if rolled:
+                self.roll_out_node_check(self.inventory, check=False)
         return self.report(faults, globals_, final)
+
+    def roll_out_node_check(self, inventory: Path, *, check: bool = True) -> None:
+        """The trays' node-check configuration rendered from *inventory* (`mctl provision --tags health`)."""
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "mctl", "-i", str(inventory), "provision", self.rack,
+                               "--tags", "health"], capture_output=True, text=True, env=self.env, timeout=900,
+                              stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            msg = f"node-check roll-out from {inventory} failed ({proc.returncode}): {proc.stderr[-2000:]}"
+            if check:
+                raise SystemExit(msg)
+            self.log(msg)
+        else:
+            self.log(f"node-check settings from {inventory} rolled out in {time.monotonic() - started:.1f}s")
 
     def _play(self, faults: list[Fault], globals_: list[Fault]) -> None:
         steps = []
