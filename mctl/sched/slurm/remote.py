@@ -279,13 +279,13 @@ def verify(site: Site, config: "SlurmConfig", timeout: float, interval: float = 
                 if last.ok:
                     return last
             elif last is None or last.error:
-                said = (result.stderr.strip().splitlines() or [result.summary()])[-1]
+                said = _last_word(result)
                 last = Verification(False, elapsed, {t: "" for t in config.nodes}, list(config.nodes), [],
                                     {b.name: str(NodeSet(b.nodeset)) for b in config.blocks}, {}, None,
                                     error=f"scontrol on {config.controller.name}: {said}")
             if elapsed >= timeout:
                 if last.unregistered and not last.error:
-                    last.seen_on_trays = await _look_at_trays(pool, site, config, last.unregistered)
+                    last.seen_on_trays = await _look_at_trays(pool, site, last.unregistered)
                 return last
             await asyncio.sleep(interval)
 
@@ -301,7 +301,12 @@ def _tray_look_command(log_dir: str) -> str:
             f"tail -n 1 {shlex.quote(path)} 2>/dev/null || echo {shlex.quote('no ' + path)}")
 
 
-async def _look_at_trays(pool: "SSHPool", site: Site, config: "SlurmConfig", names: Sequence[str]) -> dict[str, str]:
+def _last_word(result: "HostResult") -> str:
+    """A failed command's last line of stderr, else what the transport says happened."""
+    return (result.stderr.strip().splitlines() or [result.summary()])[-1]
+
+
+async def _look_at_trays(pool: "SSHPool", site: Site, names: Sequence[str]) -> dict[str, str]:
     """Why trays did not register, in their own words: slurmd's unit state and its log's last line (bounded:
     the pool's command deadline; an unreachable tray says so)."""
     from mctl.sched.slurm.render import settings_of
@@ -312,9 +317,6 @@ async def _look_at_trays(pool: "SSHPool", site: Site, config: "SlurmConfig", nam
     results = await pool.run(_targets(site, hosts), _tray_look_command(settings_of(site).log_dir))
     out = {}
     for r in results:
-        if r.ok:
-            said = " | ".join(line.strip() for line in r.stdout.splitlines() if line.strip())
-        else:
-            said = (r.stderr.strip().splitlines() or [r.summary()])[-1]
+        said = " | ".join(line.strip() for line in r.stdout.splitlines() if line.strip()) if r.ok else _last_word(r)
         out[r.host] = said[:300]
     return out
