@@ -14,7 +14,10 @@ the same state directory. One tray is drained by "an operator" at the start (rea
 Checked throughout and reported (JSON with --out, a summary on stdout):
   sweeps          duration of every sweep the watch printed (max, p99, over interval + 2 s)
   fault_to_drain  for every must-drain fault, injection to Slurm showing the tray drained with an
-                  `mctl:` reason (p50, p99, max), GPU faults and unreachable faults apart
+                  `mctl:` reason (p50, p99, max), GPU faults and unreachable faults apart. When Slurm
+                  showed it is the earlier of two upper bounds: the end of the first poll that shows
+                  the drain (polls are ~1 s apart), and the drain's reason time (`sinfo %H`, whole
+                  seconds, so + 1 s); never earlier than the drain can have happened
   false_drains    mctl drains of trays that had no fault that may drain (nor its after-effects)
   flaps           drain/resume cycles per tray that had a flapping link
   breaker         trips, and the most trays drained within the window against the threshold
@@ -23,7 +26,8 @@ Checked throughout and reported (JSON with --out, a summary on stdout):
                   the tray's own node check's log, NODE_CHECK_LOG: Slurm's HealthCheckProgram
                   drains and resumes with mctl: reasons too), across the kill -9; a drain a
                   SIGKILLed slurmctld lost in its restart (it restores its last saved state) is
-                  reported apart, and counts only where the watch logged that it noticed it
+                  reported apart, and counts only where the watch logged that it noticed it;
+                  so is a drain it brought back after mctl had resumed it (the watch logs "adopt")
   final           once every fault is cleared: each tray mctl drained is resumed, the operator
                   drain is untouched
   rss             the watch's VmRSS (/proc/PID/status) over the soak, per process
@@ -45,13 +49,13 @@ import os
 import random
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -238,6 +242,7 @@ class Soak:
         self.watches: list[WatchProc] = []
         self.loads: list[float] = []            # the machine's 1-minute load average, once a second
         self.polls: list[tuple[float, dict[str, tuple[str, str]]]] = []
+        self.reason_at: dict[str, float] = {}        # per node, its current reason's time (monotonic clock)
         self.poll_errors = 0
         self._stop = threading.Event()
         self.t0 = 0.0
@@ -273,14 +278,21 @@ class Soak:
 
     def sinfo(self) -> dict[str, tuple[str, str]] | None:
         try:
-            out = self.ssh(self.head, "sinfo -h -N -o '%N|%T|%E'", timeout=10)
+            out = self.ssh(self.head, "TZ=UTC sinfo -h -N -o '%N|%T|%H|%E'", timeout=10)
         except subprocess.TimeoutExpired:
             return None
         if out.returncode != 0:
             return None
-        rows = [l.split("|", 2) for l in out.stdout.splitlines() if l.count("|") >= 2]
+        rows = [l.split("|", 3) for l in out.stdout.splitlines() if l.count("|") >= 3]
+        offset = time.time() - time.monotonic()
+        for n, _, stamp, _ in rows:
+            try:     # the reason's time, in UTC (TZ above), whole seconds
+                when = datetime.fromisoformat(stamp).replace(tzinfo=timezone.utc).timestamp()
+                self.reason_at[n] = when - offset
+            except ValueError:         # "Unknown": no reason
+                self.reason_at.pop(n, None)
         return {n: (s, "" if r == "none" or not any(w in s for w in ("drain", "down", "fail")) else r)
-                for n, s, r in rows}
+                for n, s, _, r in rows}
 
     def fault(self, host: str, **request) -> None:
         from mctl.lab import control
@@ -490,6 +502,9 @@ class Soak:
             if f.cls in ("drain", "unreach") and f.injected and f.drained is None and f.tray in drained:
                 # the first poll after the injection that shows it
                 first = next((t for t, n in self.polls if t >= f.injected and f.tray in self.mctl_drained(n)), at)
+                stamped = self.reason_at.get(f.tray)      # seen in this poll, so this drain's (whole seconds)
+                if stamped is not None and f.injected <= stamped + 1.0 < first and first == at:
+                    first = stamped + 1.0
                 f.drained = first
 
     def _finish(self, faults: list[Fault]) -> dict:
@@ -526,6 +541,20 @@ class Soak:
             for t in sorted(prev - now):
                 out.setdefault(t, []).append((at, "resume"))
             prev = now
+        return out
+
+    def back_after_restart(self) -> dict[str, list[float]]:
+        """Per tray, the times of mctl drains that appeared across a slurmctld outage: not drained in the last
+        poll before it, drained in the first after. A SIGKILLed slurmctld restored from a state saved before
+        a resume brings that drain back (D56)."""
+        out: dict[str, list[float]] = {}
+        prev_at, prev = None, set()
+        for at, nodes in self.polls:
+            now = self.mctl_drained(nodes)
+            if prev_at is not None and any(prev_at <= b and at >= a for a, b in self.sched_down):
+                for t in now - prev:
+                    out.setdefault(t, []).append(at)
+            prev_at, prev = at, now
         return out
 
     def dropped_by_restart(self) -> dict[str, int]:
@@ -579,12 +608,22 @@ class Soak:
         forgets = {t: sum(1 for e in entries if e.get("tray") == t and e.get("action") == "forget")
                    for t in self.trays}
         dropped = {t: min(n, forgets.get(t, 0)) for t, n in self.dropped_by_restart().items()}
+        # The other way round: a resume the restarted slurmctld lost brings back the drain mctl had lifted
+        # (D56). The watch logs "adopt" when it sees its own drain back; each adopt accounts for one drain
+        # transition of its tray that has no drain line (reported apart: restored_by_slurmctld_restart).
+        adopts = {t: sum(1 for e in entries if e.get("tray") == t and e.get("action") == "adopt")
+                  for t in self.trays}
+        restored: dict[str, int] = {}
+        back = self.back_after_restart()
         lost = []
         for t in self.trays:
             for action in ("drain", "resume"):
                 n_slurm = sum(1 for _, a in seen[t] if a == action)
                 if action == "resume":
                     n_slurm -= min(forgets.get(t, 0), max(0, n_slurm - logged[t][action]))   # only the excess
+                else:
+                    restored[t] = min(adopts.get(t, 0), len(back.get(t, [])), max(0, n_slurm - logged[t][action]))
+                    n_slurm -= restored[t]
                 if n_slurm != logged[t][action]:
                     lost.append(f"{t}: Slurm showed {n_slurm} {action}(s) by mctl, the action log has "
                                 f"{logged[t][action]}")
@@ -597,8 +636,8 @@ class Soak:
         false = []
         for t, events in seen.items():
             for at, action in events:
-                if action != "drain":
-                    continue
+                if action != "drain" or (restored.get(t) and at in back.get(t, [])):
+                    continue            # a drain slurmctld's restart brought back is not a new one
                 cause = [f for f in faults if f.tray == t and f.cls in ("drain", "unreach", "may") and f.injected
                          and f.injected - 2 <= at <= (f.cleared or at) + grace]
                 if not cause:
@@ -631,7 +670,6 @@ class Soak:
         window_s = parse_duration(self.window)
         allowed = math.floor(self.share * len(self.trays) + 1e-9)
         drains = sorted((e["time"], e["tray"]) for e in ok if e.get("action") == "drain")
-        from datetime import datetime
 
         ts = [(datetime.fromisoformat(t).timestamp(), h) for t, h in drains]
         most = max((len({h for t2, h in ts if t - window_s <= t2 <= t}) for t, _ in ts), default=0)
@@ -672,10 +710,11 @@ class Soak:
                         "most_trays_drained_in_window": most,
                         "consistent": (most <= allowed) and (bool(trips) <= (most >= allowed))},
             "actions": {"logged": len(entries), "by_action": {a: sum(e.get("action") == a for e in entries)
-                                                              for a in ("drain", "resume", "skip", "queue", "forget",
+                                                              for a in ("drain", "resume", "skip", "queue", "forget", "adopt",
                                                                         "breaker-trip")},
                         "lost": lost, "by_node_check": {t: n for t, n in by_node_check.items() if any(n.values())},
                         "dropped_by_slurmctld_restart": {t: n for t, n in dropped.items() if n},
+                        "restored_by_slurmctld_restart": {t: n for t, n in restored.items() if n},
                         "watch_processes": len(self.watches),
                         "kill9_at_s": [round(a - self.t0, 1) for a, _ in self.kills]},
             "final": final,
@@ -722,7 +761,8 @@ def summary(r: dict) -> str:
                  f"{b['window']}, threshold {b['allowed_trays_in_window']}")
     a = r["actions"]
     lines.append(f"  actions logged: {a['by_action']} (and by the trays' node checks: {a.get('by_node_check') or 'none'}; "
-                 f"drains slurmctld lost in its restart, seen by the watch: {a.get('dropped_by_slurmctld_restart') or 'none'}); "
+                 f"drains slurmctld lost in its restart, seen by the watch: {a.get('dropped_by_slurmctld_restart') or 'none'}; "
+                 f"drains it brought back, adopted by the watch: {a.get('restored_by_slurmctld_restart') or 'none'}); "
                  f"lost: {len(a['lost'])} {a['lost'] or ''}; "
                  f"{a['watch_processes']} watch processes (kill -9 at {a['kill9_at_s']}s)")
     f = r["final"]

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 STYLE = {"healthy": "bold green", "warn": "bold yellow", "critical": "bold red", "unreachable": "bold magenta",
          "drained": "bold white on red", "held": "bold white on blue", "unknown": "dim"}
 EVENT_STYLE = {"drain": "bold red", "resume": "bold green", "breaker": "bold white on red", "error": "red",
-               "skip": "yellow", "queue": "yellow", "forget": "cyan", "status": "", "info": "dim",
+               "skip": "yellow", "queue": "yellow", "forget": "cyan", "adopt": "cyan", "status": "", "info": "dim",
                "power-off": "bold white on red"}
 
 

@@ -15,7 +15,13 @@ verdict and the scheduler's view of the node, `decide` returns decisions:
 - forget: mctl's drain was lifted or taken over by someone else, so mctl no
   longer owns it;
 - queue: the scheduler did not answer; the action waits and is re-decided
-  (guards included) on the next sweep that reaches it.
+  (guards included) on the next sweep that reaches it;
+- adopt: a drain mctl had resumed is back, with the same reason and the same
+  Slurm stamp (who@time) it had when mctl resumed it: a controller restarted
+  from a state saved before the resume (a SIGKILLed slurmctld does). The drain
+  is mctl's again, and the usual resume follows (D56). A drain with the same
+  reason and a new stamp is a new drain (the node check, another watch), and
+  held as someone else's.
 
 The guards follow LBNL NHC: never overwrite a reason set by someone else, only
 resume own drains, never touch down nodes.
@@ -23,6 +29,7 @@ resume own drains, never touch down nodes.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
@@ -30,7 +37,7 @@ from mctl.health import breaker as breakerlib
 from mctl.health.breaker import BreakerState
 from mctl.checks import compose_reason, drain_reason
 from mctl.model.settings import HealthSettings
-from mctl.model.drain import (DRAIN, FORGET, QUEUE, RESUME, SKIP, ActResult, Decision, NodeView, PendingAction,
+from mctl.model.drain import (ADOPT, DRAIN, FORGET, QUEUE, RESUME, SKIP, ActResult, Decision, NodeView, PendingAction,
                               drain_refusal, is_mctl_reason, resume_refusal)
 from mctl.model.findings import Finding, Severity
 
@@ -74,10 +81,18 @@ class TrayRecord:
 
     ladder: dict[str, Any] | None = None   # the recovery ladder's state (mctl.health.ladder.LadderState)
     isolation: dict[str, Any] | None = None  # the watch isolating the tray from its partition (mctl.health.isolate)
+    drain_stamp: str | None = None         # the scheduler's stamp on mctl's drain, as last seen (Slurm: who@time)
+    resumed: dict[str, Any] | None = None  # mctl's last resume: reason, full, stamp, at (see `adopt` above)
 
     def released(self, **changes: Any) -> "TrayRecord":
         """The record once mctl no longer owns a drain on the tray (resumed, lifted or taken over, failed)."""
-        return replace(self, drained=False, reason=None, full_reason=None, drained_at=None, **changes)
+        return replace(self, drained=False, reason=None, full_reason=None, drained_at=None, drain_stamp=None,
+                       **changes)
+
+    def resumed_by_mctl(self, at: float | None, **changes: Any) -> "TrayRecord":
+        """The record once mctl's own resume took effect: released, remembering which drain it lifted."""
+        last = {"reason": self.reason, "full": self.full_reason, "stamp": self.drain_stamp, "at": at}
+        return self.released(resumed=last if self.reason else None, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -208,10 +223,36 @@ def _queued(step: TrayStep, want: tuple[str, str] | None, s: HealthSettings, now
     return step
 
 
+def _restored(rec: TrayRecord, node: NodeView) -> bool:
+    """The drain on *node* is the one mctl resumed last, brought back by the scheduler (see `adopt` above):
+    the same reason and the same stamp. Without a stamp (Kubernetes, an older record) it cannot be told
+    from a new drain, so it is not."""
+    last = rec.resumed
+    return (not rec.drained and last is not None and node.drained and bool(node.stamp)
+            and node.reason == last.get("reason") and node.stamp == last.get("stamp"))
+
+
+def _adopt(step: TrayStep, node: NodeView, now: float) -> TrayStep:
+    """Own again a drain the scheduler restored after mctl's resume (always logged)."""
+    rec, last = step.record, step.record.resumed or {}
+    at = last.get("at")
+    when = time.strftime("%H:%M:%S", time.gmtime(at)) + " UTC" if isinstance(at, (int, float)) else "earlier"
+    why = (f"its drain came back with the stamp it had when mctl resumed it at {when} ({node.stamp}): "
+           "the scheduler restored a state saved before that resume; mctl owns the drain again")
+    d = Decision(rec.host, ADOPT, why, reason=node.reason, full=last.get("full"), rack=rec.rack, at=now)
+    step.decisions.append(d)
+    step.notes.append(d)
+    step.record = replace(rec, drained=True, reason=node.reason, full_reason=last.get("full") or node.reason,
+                          drained_at=now, drain_stamp=node.stamp, resumed=None, note=None)
+    return step
+
+
 def _own_drain(step: TrayStep, node: NodeView, s: HealthSettings, now: float) -> bool:
     """A tray mctl drained: forget the drain if it is gone or someone else's, resume it once healthy.
     False when the drain was lifted outside mctl: the tray may be drained again this very sweep."""
     rec = step.record
+    if node.drained and node.stamp and node.reason == rec.reason and node.stamp != rec.drain_stamp:
+        rec = step.record = replace(rec, drain_stamp=node.stamp)       # which drain this is (see `adopt`)
     if rec.ladder is not None:      # only the watch's records carry one (not the node check's bundle)
         from mctl.health import ladder
     ours = rec.ladder is not None and ladder.rebooted_by_us(rec, node)     # DOWN after a rung of mctl's own
@@ -228,6 +269,12 @@ def _own_drain(step: TrayStep, node: NodeView, s: HealthSettings, now: float) ->
         step.note(SKIP, held, now, reason=node.reason)
         return True
     after_reboot = rec.ladder is not None and ladder.down_is_ours(rec, node)
+    if node.unregistered:
+        # A controller that just started (from saved state) has not heard from the node yet (Slurm UNKNOWN).
+        # Slurm's RESUME of such a node lifts the drain but answers "Invalid node state specified": wait.
+        step.note(SKIP, f"healthy again; the scheduler has not heard from the node since it started "
+                        f"({node.state}): the resume waits for it", now, reason=node.reason)
+        return True
     if resume_refusal(node) is not None and not after_reboot:     # down (the ownership was checked above)
         step.note(SKIP, "healthy again but the node is DOWN; mctl never touches down nodes", now, reason=node.reason)
         return True
@@ -254,6 +301,8 @@ def decide_tray(prev: TrayRecord, verdict: TrayVerdict, node: NodeView | None, s
     step.record = replace(step.record, pending=None)
     if node is None or not node.known:
         return step.note(SKIP, "not a node of the scheduler", now) if want else step
+    if _restored(step.record, node):
+        _adopt(step, node, now)
     if step.record.drained and _own_drain(step, node, settings, now):
         return step
     if not want:
@@ -326,7 +375,7 @@ def reconcile(rec: TrayRecord | None, breaker: BreakerState, intent: Decision,
                         healthy_streak=0, pending=None, note=None), replace(breaker, drains=drains), True)
     applied = node is not None and not node.mctl_drain
     if applied and rec is not None and rec.drained:
-        return rec.released(note=None, pending=None), breaker, True
+        return rec.resumed_by_mctl(intent.at, note=None, pending=None), breaker, True
     return rec, breaker, applied
 
 
@@ -342,7 +391,7 @@ def settle(outcome: Outcome, result: ActResult) -> None:
         outcome.records[d.host] = rec.released(pending=pending, note=f"drain failed: {error}")
     elif d.action == RESUME:
         if result.ok:
-            outcome.records[d.host] = rec.released(note=None)
+            outcome.records[d.host] = rec.resumed_by_mctl(d.at, note=None)
         elif result.unreachable:
             outcome.records[d.host] = replace(rec, pending=PendingAction(RESUME, d.reason, d.at),
                                               note=f"resume failed: {error}")

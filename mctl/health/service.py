@@ -180,7 +180,7 @@ def resume_by_hand(site: "Site", expr: str, state_dir: Path, *, dry_run: bool = 
             if r.ok:
                 rec = state.records.get(d.host) or TrayRecord(d.host, d.rack)
                 # a person resumed it: a recovery in flight, or a mark for repair, ends here (mctl.health.ladder)
-                state.records[d.host] = rec.released(xid_ack=now, note=None, bad_streak=0, ladder=None)
+                state.records[d.host] = rec.resumed_by_mctl(now, xid_ack=now, note=None, bad_streak=0, ladder=None)
                 rows.append(ResumeRow(d.host, "resumed", "", d.reason))
             else:
                 rows.append(ResumeRow(d.host, "refused" if r.refused else "failed", r.error or "", d.reason))

@@ -21,6 +21,7 @@ REASON_PREFIX = "mctl:"          # every drain reason mctl sets starts with this
 REASON_MAX = 40          # sinfo -R shows 20 by default; 40 reads whole in `sinfo -R -o "%40E %N"`
 
 DRAIN, RESUME, SKIP, FORGET, QUEUE = "drain", "resume", "skip", "forget", "queue"
+ADOPT = "adopt"          # mctl's own drain, resumed, came back when the scheduler restored an older state
 
 
 def is_mctl_reason(reason: str | None) -> bool:
@@ -41,6 +42,8 @@ class NodeView:
     down: bool = False             # Slurm DOWN; Kubernetes NotReady
     reason: str | None = None      # without Slurm's ' [user@time]' stamp
     state: str = ""
+    stamp: str | None = None       # Slurm's 'user@time' of the reason, as printed (None: no stamp, Kubernetes)
+    unregistered: bool = False     # Slurm UNKNOWN: the controller has not heard from the node since it started
 
     @property
     def mctl_drain(self) -> bool:

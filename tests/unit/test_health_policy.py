@@ -9,7 +9,7 @@ import pytest
 from mctl.health import breaker as breakerlib
 from mctl.health.breaker import BreakerState
 from mctl.health.policy import TrayRecord, TrayVerdict, decide, settle
-from mctl.model.drain import DRAIN, FORGET, QUEUE, RESUME, SKIP, ActResult, Decision, NodeView, PendingAction
+from mctl.model.drain import ADOPT, DRAIN, FORGET, QUEUE, RESUME, SKIP, ActResult, Decision, NodeView, PendingAction
 from mctl.model.settings import HealthSettings
 from mctl.model.findings import Finding, Severity
 from mctl.sched.slurm.facts import parse_show_nodes
@@ -339,3 +339,79 @@ def test_decision_to_dict():
 def test_verdict_status(status, expected):
     assert TrayVerdict("h", None, "ok", status).status == expected
     assert TrayVerdict("h", None, "timeout", status).status == "unreachable"
+
+
+# --- a resume the controller lost (D56) ---------------------------------------------------------------
+
+STAMP = "root@2026-12-01T23:59:40"
+
+
+def _drained_with_stamp(site, host, stamp=STAMP):
+    node = site.nodes[host]
+    site.nodes[host] = replace(node, stamp=stamp)
+
+
+def test_a_drain_the_controller_restored_after_the_resume_is_adopted_and_resumed_again():
+    site = Site(trays(4), replace(S, resume_after_healthy_sweeps=2))
+    site.sweep([bad("r1-tray01")])
+    _drained_with_stamp(site, "r1-tray01")
+    site.sweep([ok("r1-tray01")])
+    assert site.records["r1-tray01"].drain_stamp == STAMP
+    out = site.sweep([ok("r1-tray01")])
+    assert actions(out) == [(RESUME, "r1-tray01")]
+    last = site.records["r1-tray01"].resumed
+    assert last["stamp"] == STAMP and last["reason"].startswith("mctl: xid 79") and last["at"] == site.now
+    # slurmctld restarts from a state saved before the resume: the same drain, the same stamp
+    site.nodes["r1-tray01"] = NodeView("r1-tray01", drained=True, reason=last["reason"], state="IDLE+DRAIN",
+                                       stamp=STAMP)
+    out = site.sweep([ok("r1-tray01")])
+    assert [d.action for d in out.decisions] == [ADOPT, RESUME]
+    assert [d.action for d in out.notes] == [ADOPT] and "restored a state saved before that resume" in out.notes[0].why
+    assert site.records["r1-tray01"].resumed is not None and not site.records["r1-tray01"].drained
+
+
+def test_a_restored_drain_of_a_tray_still_failing_stays_and_is_mctls_again():
+    site = Site(trays(4), replace(S, resume_after_healthy_sweeps=1))
+    site.sweep([bad("r1-tray01")])
+    _drained_with_stamp(site, "r1-tray01")
+    site.sweep([ok("r1-tray01")])
+    reason = site.records["r1-tray01"].resumed["reason"]
+    site.nodes["r1-tray01"] = NodeView("r1-tray01", drained=True, reason=reason, state="IDLE+DRAIN", stamp=STAMP)
+    out = site.sweep([dark("r1-tray01")])            # not healthy now: the drain stays, mctl's again
+    assert [d.action for d in out.decisions] == [ADOPT] and site.records["r1-tray01"].drained
+    assert actions(site.sweep([ok("r1-tray01")])) == [(RESUME, "r1-tray01")]
+
+
+@pytest.mark.parametrize("stamp", ["root@2026-12-02T00:00:10", None])
+def test_the_same_reason_with_a_new_stamp_or_none_is_someone_elses_drain(stamp):
+    site = Site(trays(4), replace(S, resume_after_healthy_sweeps=1))
+    site.sweep([bad("r1-tray01")])
+    _drained_with_stamp(site, "r1-tray01")
+    site.sweep([ok("r1-tray01")])
+    reason = site.records["r1-tray01"].resumed["reason"]
+    # the node check drains with the same words later: a new stamp (or a scheduler without stamps)
+    site.nodes["r1-tray01"] = NodeView("r1-tray01", drained=True, reason=reason, state="IDLE+DRAIN", stamp=stamp)
+    out = site.sweep([bad("r1-tray01")])
+    (d,) = out.decisions
+    assert d.action == SKIP and "mctl elsewhere" in d.why and not site.records["r1-tray01"].drained
+
+
+def test_the_resume_memory_survives_the_state_file():
+    rec = TrayRecord("t", drained=True, reason="mctl: x", full_reason="x", drain_stamp=STAMP)
+    back = TrayRecord.from_dict(rec.resumed_by_mctl(NOW).to_dict())
+    assert back.resumed == {"reason": "mctl: x", "full": "x", "stamp": STAMP, "at": NOW} and back.drain_stamp is None
+    assert TrayRecord.from_dict({"host": "t"}).resumed is None          # an older state file
+
+
+def test_no_resume_before_a_restarted_controller_heard_from_the_node():
+    # Seen in the lab: slurmctld restored from a saved state shows UNKNOWN+DRAIN until slurmd registers;
+    # RESUME then lifts the drain and answers "Invalid node state specified". The resume waits.
+    site = Site(trays(4), replace(S, resume_after_healthy_sweeps=1))
+    site.sweep([bad("r1-tray01")])
+    reason = site.records["r1-tray01"].reason
+    site.nodes["r1-tray01"] = NodeView("r1-tray01", drained=True, reason=reason, state="UNKNOWN+DRAIN",
+                                       unregistered=True)
+    (d,) = site.sweep([ok("r1-tray01")]).decisions
+    assert d.action == SKIP and "has not heard from the node" in d.why
+    site.nodes["r1-tray01"] = replace(site.nodes["r1-tray01"], state="IDLE+DRAIN", unregistered=False)
+    assert actions(site.sweep([ok("r1-tray01")])) == [(RESUME, "r1-tray01")]

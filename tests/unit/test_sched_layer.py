@@ -48,7 +48,9 @@ def test_drained_down_and_owner_are_one_definition():
     assert not resumed.drained and resumed.current_reason is None and not resumed.owned_by("mctl:")
     assert resumed.view() == NodeView("t3", True, False, False, None, "IDLE")
     down = NodeState("t4", "DOWN*+DRAIN", "mctl: x [root@2026-01-01T00:00:00]")
-    assert down.view() == NodeView("t4", True, True, True, "mctl: x", "DOWN*+DRAIN")
+    assert down.view() == NodeView("t4", True, True, True, "mctl: x", "DOWN*+DRAIN", "root@2026-01-01T00:00:00")
+    assert NodeState("t5", "IDLE+DRAIN", "mctl: x").view().stamp is None       # no stamp: none made up
+    assert NodeState("t6", "UNKNOWN+DRAIN", "mctl: x").view().unregistered and not down.view().unregistered
 
 
 # --- the script builder -----------------------------------------------------------------------------

@@ -156,7 +156,9 @@ class NodeState:
 
     def view(self) -> NodeView:
         """The node as the remediation policy sees any scheduler's node."""
-        return NodeView(self.name, True, self.drained, self.down, self.current_reason, self.state)
+        st = self.stamp if self.current_reason else None
+        return NodeView(self.name, True, self.drained, self.down, self.current_reason, self.state,
+                        f"{st.who or ''}@{st.at}" if st else None, "UNKNOWN" in self.flags)
 
 
 def parse_show_nodes(text: str) -> list[NodeState]:
