@@ -102,3 +102,61 @@ def test_units_reported_in_systemctls_words_before_any_write(tmp_path):
     assert out["changed"] is False
     bad = run(tmp_path, units=["chrony; reboot"])
     assert bad.get("failed") and "not a unit name" in bad["msg"]
+
+
+def test_a_marked_block_is_kept_like_blockinfile_in_place_or_by_rename(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n# BEGIN mctl site hosts\n10.0.0.9 old\n# END mctl site hosts\n::1 ip6\n")
+    hosts.chmod(0o640)
+    inode = hosts.stat().st_ino
+    spec = {"marker": "mctl site hosts", "block": "127.1.1.1 a\n127.1.1.2 b\n", "in_place": True}
+    out = run(tmp_path, diff=True, blocks={str(hosts): spec})
+    assert out["changed_files"] == [str(hosts)] and "10.0.0.9 old" in out["diff"][0]["before"]
+    assert hosts.read_text() == ("127.0.0.1 localhost\n# BEGIN mctl site hosts\n127.1.1.1 a\n127.1.1.2 b\n"
+                                 "# END mctl site hosts\n::1 ip6\n")
+    assert hosts.stat().st_ino == inode and oct(hosts.stat().st_mode & 0o777) == "0o640"   # in place, mode kept
+    assert run(tmp_path, blocks={str(hosts): spec})["changed"] is False
+    fresh = tmp_path / "fresh"
+    fresh.write_text("x\n")
+    run(tmp_path, blocks={str(fresh): {"marker": "m", "block": "y"}})
+    assert fresh.read_text() == "x\n# BEGIN m\ny\n# END m\n"
+    broken = tmp_path / "broken"
+    broken.write_text("# BEGIN m\nno end\n")
+    out = run(tmp_path, blocks={str(broken): {"marker": "m", "block": "y"}})
+    assert out["failed"] and "not one pair" in out["msg"] and broken.read_text() == "# BEGIN m\nno end\n"
+    out = run(tmp_path, blocks={str(fresh): {"marker": "m\n# END m", "block": "y"}})
+    assert out["failed"] and "marker" in out["msg"]
+
+
+def test_commands_run_after_the_writes_and_report_rc_and_output(tmp_path):
+    f = tmp_path / "f"
+    out = run(tmp_path, check=False, files={str(f): "written\n"},
+              commands={"cat": {"argv": ["cat", str(f)]}, "slow": {"argv": ["sleep", "5"], "timeout": 0.5},
+                        "none": {"argv": [str(tmp_path / "no-such-tool")]}})
+    assert out["commands"]["cat"] == {"rc": 0, "stdout": "written\n", "stderr": ""}
+    assert out["commands"]["slow"]["rc"] == 124 and out["commands"]["none"]["rc"] == 127
+    check = run(tmp_path, check=True, commands={"echo": {"argv": ["echo", "hi"]}})
+    assert check["commands"]["echo"]["stdout"] == "hi\n" and check["changed"] is False   # read-only: check mode too
+    out = run(tmp_path, commands={"bad": {"argv": "echo hi"}})
+    assert out["failed"] and "argv" in out["msg"]
+
+
+def test_a_file_can_wait_for_another_files_text(tmp_path):
+    stamp, prog = tmp_path / "stamp", tmp_path / "prog"
+    files = {str(prog): {"content": "#!/bin/sh\n", "mode": "0755", "after": {"path": str(stamp), "text": "v2\n"}}}
+    out = run(tmp_path, files=files)
+    assert out["deferred"] == [str(prog)] and not prog.exists() and out["changed"] is False
+    stamp.write_text("v1\n")
+    assert run(tmp_path, files=files)["deferred"] == [str(prog)]
+    stamp.write_text("v2\n")
+    out = run(tmp_path, files=files)
+    assert out["deferred"] == [] and out["changed_files"] == [str(prog)] and prog.read_text() == "#!/bin/sh\n"
+
+
+def test_a_command_is_skipped_when_a_file_it_depends_on_changed_or_its_unit_is_not_active(tmp_path):
+    conf = tmp_path / "chrony.conf"
+    spec = {"argv": ["echo", "synced"], "unless": {"changed": [str(conf)]}}
+    out = run(tmp_path, files={str(conf): "server a\n"}, commands={"wait": spec})
+    assert out["commands"]["wait"] == {"rc": None, "stdout": "", "stderr": "", "skipped": f"{conf} changed"}
+    out = run(tmp_path, files={str(conf): "server a\n"}, commands={"wait": spec})
+    assert out["commands"]["wait"]["rc"] == 0 and out["commands"]["wait"]["stdout"] == "synced\n"
