@@ -351,6 +351,17 @@ def _drained_with_stamp(site, host, stamp=STAMP):
     site.nodes[host] = replace(node, stamp=stamp)
 
 
+def _resumed_then_drained_again(stamp):
+    """A site whose r1-tray01 mctl drained and resumed, then drained again with the same reason and *stamp*."""
+    site = Site(trays(4), replace(S, resume_after_healthy_sweeps=1))
+    site.sweep([bad("r1-tray01")])
+    _drained_with_stamp(site, "r1-tray01")
+    site.sweep([ok("r1-tray01")])
+    reason = site.records["r1-tray01"].resumed["reason"]
+    site.nodes["r1-tray01"] = NodeView("r1-tray01", drained=True, reason=reason, state="IDLE+DRAIN", stamp=stamp)
+    return site
+
+
 def test_a_drain_the_controller_restored_after_the_resume_is_adopted_and_resumed_again():
     site = Site(trays(4), replace(S, resume_after_healthy_sweeps=2))
     site.sweep([bad("r1-tray01")])
@@ -371,12 +382,7 @@ def test_a_drain_the_controller_restored_after_the_resume_is_adopted_and_resumed
 
 
 def test_a_restored_drain_of_a_tray_still_failing_stays_and_is_mctls_again():
-    site = Site(trays(4), replace(S, resume_after_healthy_sweeps=1))
-    site.sweep([bad("r1-tray01")])
-    _drained_with_stamp(site, "r1-tray01")
-    site.sweep([ok("r1-tray01")])
-    reason = site.records["r1-tray01"].resumed["reason"]
-    site.nodes["r1-tray01"] = NodeView("r1-tray01", drained=True, reason=reason, state="IDLE+DRAIN", stamp=STAMP)
+    site = _resumed_then_drained_again(STAMP)
     out = site.sweep([dark("r1-tray01")])            # not healthy now: the drain stays, mctl's again
     assert [d.action for d in out.decisions] == [ADOPT] and site.records["r1-tray01"].drained
     assert actions(site.sweep([ok("r1-tray01")])) == [(RESUME, "r1-tray01")]
@@ -384,13 +390,8 @@ def test_a_restored_drain_of_a_tray_still_failing_stays_and_is_mctls_again():
 
 @pytest.mark.parametrize("stamp", ["root@2026-12-02T00:00:10", None])
 def test_the_same_reason_with_a_new_stamp_or_none_is_someone_elses_drain(stamp):
-    site = Site(trays(4), replace(S, resume_after_healthy_sweeps=1))
-    site.sweep([bad("r1-tray01")])
-    _drained_with_stamp(site, "r1-tray01")
-    site.sweep([ok("r1-tray01")])
-    reason = site.records["r1-tray01"].resumed["reason"]
     # the node check drains with the same words later: a new stamp (or a scheduler without stamps)
-    site.nodes["r1-tray01"] = NodeView("r1-tray01", drained=True, reason=reason, state="IDLE+DRAIN", stamp=stamp)
+    site = _resumed_then_drained_again(stamp)
     out = site.sweep([bad("r1-tray01")])
     (d,) = out.decisions
     assert d.action == SKIP and "mctl elsewhere" in d.why and not site.records["r1-tray01"].drained
