@@ -543,33 +543,23 @@ class Soak:
             prev = now
         return out
 
-    def back_after_restart(self) -> dict[str, list[float]]:
-        """Per tray, the times of mctl drains that appeared across a slurmctld outage: not drained in the last
-        poll before it, drained in the first after. A SIGKILLed slurmctld restored from a state saved before
-        a resume brings that drain back (D56)."""
-        out: dict[str, list[float]] = {}
-        prev_at, prev = None, set()
-        for at, nodes in self.polls:
-            now = self.mctl_drained(nodes)
-            if prev_at is not None and any(prev_at <= b and at >= a for a, b in self.sched_down):
-                for t in now - prev:
-                    out.setdefault(t, []).append(at)
-            prev_at, prev = at, now
-        return out
-
-    def dropped_by_restart(self) -> dict[str, int]:
-        """Per tray, mctl drains that vanished across a slurmctld outage: drained in the last poll before
-        it, not drained in the first after. A SIGKILLed slurmctld comes back from its last saved state and
-        can lose a drain it had accepted seconds before; nobody resumed those trays."""
-        out: dict[str, int] = {}
+    def across_outages(self) -> tuple[dict[str, int], dict[str, list[float]]]:
+        """mctl drains that changed across a slurmctld outage, from the last poll before it to the first after:
+        (per tray, how many vanished; per tray, the times of those that appeared). A SIGKILLed slurmctld
+        comes back from its last saved state: it can lose a drain it had accepted seconds before (nobody
+        resumed those trays), or bring back a drain mctl had resumed since that save (D56)."""
+        dropped: dict[str, int] = {}
+        back: dict[str, list[float]] = {}
         prev_at, prev = None, set()
         for at, nodes in self.polls:
             now = self.mctl_drained(nodes)
             if prev_at is not None and any(prev_at <= b and at >= a for a, b in self.sched_down):
                 for t in prev - now:
-                    out[t] = out.get(t, 0) + 1
+                    dropped[t] = dropped.get(t, 0) + 1
+                for t in now - prev:
+                    back.setdefault(t, []).append(at)
             prev_at, prev = at, now
-        return out
+        return dropped, back
 
     def report(self, faults: list[Fault], globals_: list[Fault], final: dict) -> dict:
         from mctl.health import store
@@ -607,14 +597,14 @@ class Soak:
         # The drains that vanished across a polled outage are reported apart (dropped_by_slurmctld_restart).
         forgets = {t: sum(1 for e in entries if e.get("tray") == t and e.get("action") == "forget")
                    for t in self.trays}
-        dropped = {t: min(n, forgets.get(t, 0)) for t, n in self.dropped_by_restart().items()}
+        vanished, back = self.across_outages()
+        dropped = {t: min(n, forgets.get(t, 0)) for t, n in vanished.items()}
         # The other way round: a resume the restarted slurmctld lost brings back the drain mctl had lifted
         # (D56). The watch logs "adopt" when it sees its own drain back; each adopt accounts for one drain
         # transition of its tray that has no drain line (reported apart: restored_by_slurmctld_restart).
         adopts = {t: sum(1 for e in entries if e.get("tray") == t and e.get("action") == "adopt")
                   for t in self.trays}
         restored: dict[str, int] = {}
-        back = self.back_after_restart()
         lost = []
         for t in self.trays:
             for action in ("drain", "resume"):

@@ -110,7 +110,9 @@ def _print_check(result, all_findings: bool) -> None:
         verb = "would " if result.dry_run else ""
         from mctl.health.watch import ISOLATE_ACTIONS, LADDER_ACTIONS
 
-        acts = [d for d in result.decisions if d.action in ("drain", "resume", "skip", "queue", "forget", "adopt",
+        from mctl.model.drain import NOTES
+
+        acts = [d for d in result.decisions if d.action in ("drain", "resume", *NOTES,
                                                             "power-off", *LADDER_ACTIONS, *ISOLATE_ACTIONS)]
         if not acts:
             con.print("remediation: nothing to do", markup=False, highlight=False)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from mctl.errors import MctlError
-from mctl.model.drain import ADOPT, DRAIN, FORGET, QUEUE, RESUME, SKIP
+from mctl.model.drain import DRAIN, NOTES, RESUME
 from mctl.model.settings import LADDER_RUNGS
 
 LADDER_ACTIONS = (*LADDER_RUNGS, "repair", "recovery-failed")
@@ -90,7 +90,7 @@ def events_of(result: "SweepResult", previous: dict[str, str], *, dry_run: bool)
                 out.append(Event(now, d.action, d.host, f"would {d.action} (dry run): {d.reason or ''} — {d.why}"))
             elif d.action in (*LADDER_ACTIONS, *ISOLATE_ACTIONS):    # the ladder's rungs and marks; isolations
                 out.append(Event(now, d.action, d.host, f"would {d.action} (dry run): {d.why}"))
-            elif d.action in (SKIP, QUEUE, FORGET, ADOPT):
+            elif d.action in NOTES:
                 out.append(Event(now, d.action, d.host, f"(dry run) {d.why}"))
         return out
     for e in (entry.to_dict() for entry in result.logged):

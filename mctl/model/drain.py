@@ -22,6 +22,7 @@ REASON_MAX = 40          # sinfo -R shows 20 by default; 40 reads whole in `sinf
 
 DRAIN, RESUME, SKIP, FORGET, QUEUE = "drain", "resume", "skip", "forget", "queue"
 ADOPT = "adopt"          # mctl's own drain, resumed, came back when the scheduler restored an older state
+NOTES = (SKIP, QUEUE, FORGET, ADOPT)    # decisions that change nothing in the scheduler: logged once per change
 
 
 def is_mctl_reason(reason: str | None) -> bool:
