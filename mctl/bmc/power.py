@@ -16,7 +16,7 @@ previous one reported its state; a stage with a failed tray stops the sequence (
 are reported as not started). mctl has no power-shelf model in the inventory, so that stage says so
 and acts on nothing.
 
-Work: a tray with running Slurm jobs or GPU pods (mctl.fabric.work) is refused for off and cycle
+Work: a tray with running Slurm jobs or GPU pods (mctl.sched.work) is refused for off and cycle
 unless --force; a queue that cannot be read refuses every tray (unknown work is work, D24). Drain
 the tray and let its jobs end, or give --force.
 """
@@ -371,7 +371,7 @@ def refuse_busy(stages: list[Stage], work: list[Any], work_error: str | None, *,
 def run(site: "Site", action: str, groups: dict[str, list["Host"]], *, settings: "Settings", force: bool = False,
         dry_run: bool = False, stage_s: float = DEFAULT_STAGE_S, graceful_s: float = DEFAULT_GRACEFUL_S,
         all_or_nothing: bool = False,
-        probe: OSProbe | None = None, work_lookup: Callable[[list[str]], tuple[list[Any], str | None]] | None = None,
+        work_lookup: Callable[[list[str]], tuple[list[Any], str | None]], probe: OSProbe | None = None,
         progress: Callable[[str], None] | None = None) -> PowerReport:
     """Plan, check the work, then run the stages in order; a failed stage stops the later ones."""
     start = time.monotonic()
@@ -379,10 +379,8 @@ def run(site: "Site", action: str, groups: dict[str, list["Host"]], *, settings:
     report = PowerReport(action, stages, dry_run=dry_run)
     probe = probe or OSProbe(site)
     if action in ("off", "cycle"):
-        from mctl.fabric.work import discover
-
         names = [t.host for s in stages for t in s.trays]
-        work, err = (work_lookup or (lambda n: discover(site, n)))(names)
+        work, err = work_lookup(names)
         report.work = [w.to_dict() for w in work if set(w.nodes) & set(names)]
         report.work_error = err
         refuse_busy(stages, work, err, force=force)

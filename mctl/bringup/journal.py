@@ -99,7 +99,7 @@ class Journal:
     path: Path
     data: dict[str, Any]
 
-    # What the journal records: a bring-up here; a partition change (mctl.bringup.change_run) reuses the
+    # What the journal records: a bring-up here; a partition change (mctl.change.run) reuses the
     # class with its own kind and folder (<state>/<FOLDER>/<rack>/<run-id>/journal.json).
     KIND = "bringup"
     FOLDER = "bringup"

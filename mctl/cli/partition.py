@@ -9,13 +9,11 @@ import typer
 from mctl.cli import partition_change as change
 from mctl.cli import render
 from mctl.cli.context import options, want_json
-from mctl.cli.locking import hold_racks
 from mctl.cli.partition_change import DrainOpt, ForceOpt, NmxOnlyOpt, WaitOpt, YesOpt
 from mctl.cli.options import DryRunOpt, JsonOpt
-from mctl.errors import MctlError, PartialFailure, UsageError
+from mctl.errors import PartialFailure, UsageError
 
 if TYPE_CHECKING:
-    from mctl.model.fabric import PartitionPlan
     from mctl.model.site import Rack, Site
 
 app = typer.Typer(help="NVLink partitions: desired in the inventory, applied through NMX-Manager.\n\n"
@@ -185,60 +183,13 @@ def templates(rack: Annotated[Optional[str], typer.Argument(help="Show what each
         _say(f"  {row['template']:<5} {row['result']}")
 
 
-# ------------------------------------------------------------------ changes
+# ------------------------------------------------------------------ changes (through mctl.change.service)
 
-class _Show:
-    """Prints a plan and then each step as it runs; silent with --json."""
+def _run(req) -> None:
+    """Run the change through the change service with the terminal's UI, then render its result."""
+    from mctl.change.service import execute
 
-    def __init__(self, r: "Rack", *, dry_run: bool, total: int = 0):
-        self.rack = r
-        self.dry_run = dry_run
-        self.total = total
-
-    def plan(self, plan: "PartitionPlan") -> None:
-        self.total = len(plan.changes)
-        if not options().json:
-            _print_plan(plan, self.rack.gpus_per_tray, dry_run=self.dry_run)
-
-    def step(self, number: int, change) -> None:
-        if not options().json:
-            _say(f"  [{number}/{self.total}] {change.action} {change.name} ...")
-
-
-def _print_plan(plan: "PartitionPlan", gpus_per_tray: int, *, dry_run: bool) -> None:
-    from mctl.fabric.partitions import describe_change
-
-    head = f"rack {plan.rack} (NMX-M {plan.endpoint})"
-    if plan.empty:
-        _say(f"{head}: partitions match the inventory; nothing to change")
-    else:
-        verb = "would make" if dry_run else "makes"
-        _say(f"{head}: {verb} {len(plan.changes)} change{'s' if len(plan.changes) > 1 else ''}")
-        for i, change in enumerate(plan.changes, start=1):
-            _say(f"  {i}. {describe_change(change, gpus_per_tray)}")
-    if plan.unchanged:
-        _say(f"  unchanged: {', '.join(plan.unchanged)}")
-    if plan.unmanaged:
-        _say(f"  left alone (on NMX-M, not in the inventory; --prune deletes them): {', '.join(plan.unmanaged)}")
-    if plan.released:
-        from mctl.model.fabric import describe_members
-        _say(f"  back to the default partition: {describe_members(plan.released, gpus_per_tray)}")
-    for w in plan.warnings:
-        render.warn(w)
-
-
-def _journaled(site: "Site", r: "Rack", command: str, after, nmx_plan, held, **kw):
-    """Run the change across every layer (mctl.bringup.change_run); the run (its error not raised yet)."""
-    from mctl.fabric.change import before_from_plan
-    from mctl.bringup.change_run import ChangeSpec
-
-    spec = ChangeSpec.of(r.name, command, before_from_plan(r, nmx_plan), tuple(after), held=tuple(held), **kw)
-    return change.run_journaled(site, spec)
-
-
-def _locked(r: "Rack", purpose: str):
-    from mctl.state.lock import rack_lock
-    return rack_lock(options().state_dir, r.name, purpose=purpose)
+    change.render_result(execute(options().site(), req, options().state_dir, change.TerminalUI(yes=req.yes)))
 
 
 @app.command()
@@ -271,83 +222,27 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
 
     Example: mctl -i inventories/lab partition apply lab-r1 --dry-run
     """
-    from contextlib import nullcontext
-
-    from mctl.fabric import partition_service as ps
-    from mctl.fabric.partitions import desired_from_rack, validate_desired
+    from mctl.change.request import ChangeRequest, check_consent
     from mctl.fabric.service import kind_of
 
     want_json(json_)                    # before any plan is shown: --json may follow the subcommand
-    change.check_flags(drain, wait, force, yes)
-    site = options().site()
+    check_consent(drain, wait, force, yes)
+    options().site()
     if resume:
-        return _resume(site, rack, dry_run=dry_run, other=prune or by_location or drain or force or yes or nmx_only)
-    racks = [_rack(site, rack)] if rack else [r for r in site.racks.values() if r.nmx is not None]
-    if rack and racks[0].nmx is None:
-        raise UsageError(f"rack {rack} has no NMX-Manager endpoint",
-                         hint=f"add racks.{rack}.nmx with url and credentials_file to the inventory")
-    if not racks:
-        raise UsageError("no rack has an NMX-Manager endpoint", hint="add racks.<rack>.nmx to the inventory")
-    out = []
-    failures: list[str] = []
-    for r in racks:
-        desired = desired_from_rack(r)
-        validate_desired(r, desired, site=site)
-        show = _Show(r, dry_run=dry_run)
-        try:
-            with nullcontext() if dry_run else _locked(r, "partition apply"):
-                op = ps.plan_apply(site, r, desired, prune=prune, kind=kind_of(by_location), on_plan=show.plan)
-                change.print_change(op.change, dry_run=dry_run)
-                held = change.gate(site, op.change, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run)
-                entry = op.to_dict()
-                entry["steps"] = change.steps_of(op.change, has_nmx=True, record=False)
-                if not dry_run and op.change.empty:
-                    op.applied = True
-                elif not dry_run and nmx_only:
-                    ps.commit_apply(op, held=held, on_step=show.step)
-                    change.release(site, held)
-                    entry = op.to_dict()
-                elif not dry_run:
-                    run = _journaled(site, r, "apply", r.partitions, op.plan, held, prune=prune,
-                                     kind=kind_of(by_location))
-                    op.applied = run.error is None
-                    entry = {**op.to_dict(), "run": run.to_dict()}
-                    if run.error is not None:
-                        if len(racks) == 1 and want_json(json_):
-                            render.print_json({"dry_run": dry_run, "racks": [entry]})
-                        raise run.error
-            out.append(entry)
-        except MctlError as exc:
-            if len(racks) == 1:
-                raise
-            failures.append(f"{r.name}: {exc.message}")
-            out.append({"rack": r.name, "error": exc.message, "applied": False})
-            render.warn(f"rack {r.name}: {exc.message}")
-    if want_json(json_):
-        render.print_json({"dry_run": dry_run, "racks": out})
-    if failures:
-        raise PartialFailure(f"{len(failures)} of {len(racks)} racks failed: {'; '.join(failures)}")
+        return _resume(rack, dry_run=dry_run, other=prune or by_location or drain or force or yes or nmx_only)
+    _run(ChangeRequest("apply", rack=rack, prune=prune, kind=kind_of(by_location), drain=drain, wait=wait,
+                       force=force, yes=yes, nmx_only=nmx_only, dry_run=dry_run))
 
 
-def _resume(site: "Site", rack: str | None, *, dry_run: bool, other: bool) -> None:
-    from mctl.bringup.change_run import last_change
+def _resume(rack: str | None, *, dry_run: bool, other: bool) -> None:
+    from mctl.change.request import ChangeRequest
 
     if rack is None:
         raise UsageError("--resume needs the rack", hint="e.g. 'mctl partition apply lab-r1 --resume'")
     if dry_run or other:
         raise UsageError("--resume continues the last change with its own options; it takes no other option",
                          hint=f"'mctl partition apply {rack} --resume'")
-    r = _rack(site, rack)
-    hold_racks([r.name], "partition apply --resume")
-    last = last_change(options().state_dir, r.name)
-    run = change.run_journaled(site, r.name, resume=True)
-    if want_json(False):
-        render.print_json({"rack": r.name, "resumed": True, "run": run.to_dict()})
-    if run.error is not None:
-        raise run.error
-    if not options().json:
-        _say(f"rack {rack}: partition change {run.journal.run_id} finished" + (
-            f" (was {last.status})" if last is not None else ""))
+    _run(ChangeRequest("resume", rack=rack))
 
 
 @app.command()
@@ -377,12 +272,13 @@ def create(rack: RackArg,
 
     Example: mctl -i inventories/lab partition create lab-r1 --template 2x9
     """
-    from mctl.fabric import partition_service as ps
+    from mctl.change.request import ChangeRequest, check_consent
+    from mctl.change.service import rack_of
     from mctl.fabric.partitions import check_partition_name, parse_gpu_members, parse_trays
     from mctl.fabric.service import kind_of
 
-    site = options().site()
-    r = _rack(site, rack)
+    want_json(json_)
+    r = rack_of(options().site(), rack)
     given = [x for x in (template, trays, gpus) if x]
     if len(given) != 1:
         raise UsageError("give exactly one of --template, --trays or --gpus",
@@ -394,99 +290,12 @@ def create(rack: RackArg,
         raise UsageError("NAME is required with --trays or --gpus")
     if name is not None:
         check_partition_name(name)
-    change.check_flags(drain, wait, force, yes)
-    tray_list: tuple[str, ...] = parse_trays(r, trays) if trays else ()
-    members = parse_gpu_members(r, gpus) if gpus else ()
-    # the arguments are read; the lock comes before anything is printed or planned
-    hold_racks([r.name], "partition create", dry_run=dry_run)
-    if gpus:
-        whole = ps.whole_trays(site, r, name or "", members, gpu_granularity=gpu_granularity)
-        if whole is None:
-            return _create_gpu_partition(site, r, name or "", members, no_apply, by_location, dry_run, json_)
-        tray_list = whole                   # whole trays after all: an ordinary, recorded partition
-
-    op = ps.plan_create(site, r, name=name, template=template, trays=tray_list, no_apply=no_apply, dry_run=dry_run)
-    quiet = want_json(json_)
-    for w in op.warnings:
-        render.warn(w)
-    if not quiet:
-        before = "; ".join(f"{p.name}={p.nodeset}" for p in op.before) or "none (default partition)"
-        after = "; ".join(f"{p.name}={p.nodeset}" for p in op.partitions)
-        _say(f"rack {rack} partitions in {op.edit.path}: {before} -> {after}" if op.edit.changed
-             else f"rack {rack}: the inventory already declares {after}")
-    if r.nmx is None and not no_apply and not quiet:
-        render.warn(f"rack {rack} has no NMX-Manager endpoint: recorded in the inventory only")
-    show = _Show(r, dry_run=dry_run)
-    held: list[str] = []
-    if op.apply:
-        try:
-            cp = ps.plan_create_on_nmx(site, op, kind=kind_of(by_location), on_plan=show.plan)
-            change.print_change(cp, dry_run=dry_run, record=True)
-            held = change.gate(site, cp, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run)
-        except MctlError as exc:
-            if quiet:
-                render.print_json(op.to_dict(error=exc.message))
-            raise
-    if dry_run:
-        if quiet:
-            out = op.to_dict()
-            if op.change is not None:
-                out["steps"] = change.steps_of(op.change, has_nmx=True, record=True)
-            render.print_json(out)
-        return
-    if not op.apply:                    # --no-apply, or no NMX-M endpoint: the inventory only
-        ps.record_create(op)            # under the rack lock taken above
-        if quiet:
-            render.print_json(op.to_dict())
-        return
-    if nmx_only:                        # as before issue 18: the inventory, then NMX-M
-        ps.record_create(op)
-        try:
-            ps.apply_create(op, held=held, on_step=show.step)
-        except MctlError as exc:
-            if quiet:
-                render.print_json(op.to_dict(error=exc.message))
-            raise
-        change.release(site, held)
-        if quiet:
-            render.print_json(op.to_dict())
-        else:
-            _say(f"rack {rack}: partitions applied on NMX-M (--nmx-only: IMEX, Slurm and labels not changed)")
-        return
-    if not op.edit.changed and op.change is not None and op.change.empty:
-        op.applied = True
-        if quiet:
-            render.print_json(op.to_dict())
-        else:
-            _say(f"rack {rack}: every layer holds these partitions already")
-        return
-    run = _journaled(site, r, "create", op.partitions, op.plan, held, record=True, kind=kind_of(by_location))
-    op.applied = run.error is None
-    if quiet:
-        render.print_json({**op.to_dict(error=run.error.message if run.error else None), "run": run.to_dict()})
-    if run.error is not None:
-        raise run.error
-    if not quiet:
-        _say(f"rack {rack}: partitions applied on every layer")
-
-
-def _create_gpu_partition(site, r, name, members, no_apply, by_location, dry_run, json_) -> None:
-    from mctl.fabric import partition_service as ps
-    from mctl.fabric.service import kind_of
-
-    op = ps.check_gpu_partition(site, r, name, members, no_apply=no_apply, dry_run=dry_run)
-    for w in op.warnings:
-        render.warn(w)
-    render.warn(f"partition {name!r} is created on NMX-M only: it is not recorded in the inventory, and IMEX domains "
-                "and Slurm blocks are derived from whole trays")
-    plan = ps.plan_gpu_partition(site, op, kind=kind_of(by_location))
-    quiet = want_json(json_)
-    if not quiet:
-        _print_plan(plan, r.gpus_per_tray, dry_run=dry_run)
-    if not dry_run:
-        ps.commit_gpu_partition(op, on_step=_Show(r, dry_run=False, total=len(plan.changes)).step)
-    if quiet:
-        render.print_json(op.to_dict())
+    check_consent(drain, wait, force, yes)
+    _run(ChangeRequest("create", rack=rack, name=name, template=template,
+                       trays=parse_trays(r, trays) if trays else (),
+                       gpus=tuple(parse_gpu_members(r, gpus)) if gpus else (), gpu_granularity=gpu_granularity,
+                       no_apply=no_apply, kind=kind_of(by_location), drain=drain, wait=wait, force=force, yes=yes,
+                       nmx_only=nmx_only, dry_run=dry_run))
 
 
 @app.command()
@@ -501,114 +310,19 @@ def delete(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition na
 
     Example: mctl -i inventories/lab partition delete lab-r1 p1 --dry-run
     """
-    from mctl.fabric import partition_service as ps
+    from mctl.change.request import ChangeRequest, check_consent
+    from mctl.change.service import rack_of
 
-    site = options().site()
-    r = _rack(site, rack)
-    change.check_flags(drain, wait, force, yes)
-    hold_racks([r.name], "partition delete", dry_run=dry_run)   # before anything is printed or asked
-    op = ps.plan_delete(site, r, name, no_apply=no_apply, dry_run=dry_run)
-    quiet = want_json(json_)
-    if not quiet:
-        if op.edit is not None:
-            _say(f"rack {rack}: {'would remove' if dry_run else 'removing'} partition {name} from {op.edit.path}")
-        if op.plan is not None:
-            _print_plan(op.plan, r.gpus_per_tray, dry_run=dry_run)
-        elif op.asked_nmx:
-            _say(f"rack {rack}: NMX-M holds no partition {name!r}")
-    held: list[str] = []
-    steps = None
-    if not no_apply:
-        cp = ps.plan_delete_change(site, op)
-        change.print_change(cp, dry_run=dry_run, has_nmx=r.nmx is not None, record=op.edit is not None)
-        steps = change.steps_of(cp, has_nmx=r.nmx is not None, record=op.edit is not None)
-        held = change.gate(site, cp, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run)
-    if dry_run:
-        if quiet:
-            render.print_json({**op.to_dict(), "steps": steps})
-        return
-    if nmx_only:                        # as before issue 18: the inventory, then NMX-M
-        ps.commit_delete(op, held=held,
-                         on_step=_Show(r, dry_run=False, total=len(op.plan.changes) if op.plan else 0).step)
-        change.release(site, held)
-        if quiet:
-            render.print_json(op.to_dict())
-        return
-    if no_apply or r.nmx is None:       # the inventory only, under the rack lock taken above
-        ps.commit_delete(op)
-        if quiet:
-            render.print_json(op.to_dict())
-        return
-    run = _journaled(site, r, "delete", op.after, op.plan, held, record=op.edit is not None, remove=(name,))
-    if quiet:
-        render.print_json({**op.to_dict(), "steps": steps, "run": run.to_dict()})
-    if run.error is not None:
-        raise run.error
+    want_json(json_)
+    rack_of(options().site(), rack)
+    check_consent(drain, wait, force, yes)
+    _run(ChangeRequest("delete", rack=rack, name=name, no_apply=no_apply, drain=drain, wait=wait, force=force,
+                       yes=yes, nmx_only=nmx_only, dry_run=dry_run))
 
 
 # ------------------------------------------------------------------ around a failed tray
 
 TrayArg = Annotated[str, typer.Argument(help="Compute tray (its inventory name).", show_default=False)]
-
-
-def _rack_of(site: "Site", tray: str) -> "Rack":
-    for r in site.racks.values():
-        if tray in {h.name for h in r.compute}:
-            return r
-    raise UsageError(f"unknown compute tray {tray!r}", hint="see 'mctl inventory show'")
-
-
-def _tray_drained(site: "Site", tray: str) -> str | None:
-    """None when Slurm has the tray drained or down (or the site runs no Slurm); else its state."""
-    from mctl.fabric.work import _controller_run
-    from mctl.sched.slurm.drain import read_nodes, show_node_command
-
-    if site.scheduler is None or site.scheduler.type != "slurm":
-        return None
-    views, _ = read_nodes(_controller_run(site, show_node_command([tray])).stdout)
-    v = views.get(tray)
-    if v is None:
-        return "unknown to Slurm"
-    return None if (v.drained or v.down) else (v.state or "not drained")
-
-
-def _tray_change(site: "Site", r: "Rack", tray: str, after, command: str, *, drain: bool, wait: float | None,
-                 force: bool, yes: bool, dry_run: bool, json_: bool, tolerate: tuple[str, ...]) -> None:
-    from mctl.fabric import partition_service as ps
-    from mctl.fabric.partitions import validate_desired
-    from mctl.fabric.service import plan_partitions_for
-    from mctl.model.fabric import DesiredPartition
-
-    quiet = want_json(json_)
-    desired = [DesiredPartition(p.name, r.name, tuple(p.trays)) for p in after]
-    for w in validate_desired(r, desired, site=site):
-        render.warn(w)
-    if not quiet:
-        before = "; ".join(f"{p.name}={p.nodeset}" for p in r.partitions) or "none (default partition)"
-        _say(f"rack {r.name}: {command} {tray}: {before} -> " + "; ".join(f"{p.name}={p.nodeset}" for p in after))
-    show = _Show(r, dry_run=dry_run)
-    plan = None
-    if r.nmx is not None:
-        _, plan = plan_partitions_for(site, r, desired)
-        show.plan(plan)
-    cp = ps.change_plan(site, r, after, plan)
-    change.print_change(cp, dry_run=dry_run, has_nmx=r.nmx is not None, record=True)
-    out = {"rack": r.name, "tray": tray, "command": command, "dry_run": dry_run,
-           "partitions": [{"name": p.name, "trays": str(p.nodeset)} for p in after],
-           "plan": plan.to_dict() if plan else None, "change": cp.to_dict(),
-           "steps": change.steps_of(cp, has_nmx=r.nmx is not None, record=True)}
-    held = change.gate(site, cp, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run)
-    if dry_run:
-        if quiet:
-            render.print_json(out)
-        return
-    run = _journaled(site, r, command, after, plan, held, record=True, tolerate=tolerate, tray=tray)
-    if quiet:
-        render.print_json({**out, "run": run.to_dict()})
-    if run.error is not None:
-        raise run.error
-    if not quiet:
-        _say(f"rack {r.name}: {tray} {'isolated' if command == 'isolate' else 'restored'} on every layer")
 
 
 @app.command()
@@ -627,19 +341,13 @@ def isolate(tray: TrayArg,
 
     Example: mctl -i inventories/lab partition isolate lab-r1-tray07 --dry-run
     """
-    from mctl.fabric.change import isolate_partitions
+    from mctl.change.request import ChangeRequest, check_consent
+    from mctl.change.service import rack_of_tray
 
-    site = options().site()
-    r = _rack_of(site, tray)
-    change.check_flags(drain, wait, force, yes)
-    after = isolate_partitions(r, tray, to=to)
-    hold_racks([r.name], "partition isolate", dry_run=dry_run)
-    state = _tray_drained(site, tray)
-    if state is not None:
-        raise UsageError(f"{tray} is {state} in Slurm: isolate moves a drained tray",
-                         hint=f"drain it first: scontrol update NodeName={tray} State=DRAIN Reason='...'")
-    _tray_change(site, r, tray, after, "isolate", drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run,
-                 json_=json_, tolerate=(tray,))
+    want_json(json_)
+    rack_of_tray(options().site(), tray)
+    check_consent(drain, wait, force, yes)
+    _run(ChangeRequest("isolate", tray=tray, to=to, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run))
 
 
 @app.command()
@@ -652,17 +360,10 @@ def restore(tray: TrayArg, drain: DrainOpt = False, wait: WaitOpt = None, force:
 
     Example: mctl -i inventories/lab partition restore lab-r1-tray07
     """
-    from mctl.fabric.change import restore_partitions
-    from mctl.bringup.change_run import last_isolation, read_cliques
+    from mctl.change.request import ChangeRequest, check_consent
+    from mctl.change.service import rack_of_tray
 
-    site = options().site()
-    r = _rack_of(site, tray)
-    change.check_flags(drain, wait, force, yes)
-    hold_racks([r.name], "partition restore", dry_run=dry_run)
-    after = restore_partitions(r, tray, last_isolation(options().state_dir, r.name, tray))
-    _, errors = read_cliques(site, [h for h in r.compute if h.name == tray])
-    if errors:
-        raise UsageError(f"{tray} is not healthy enough to go back: {errors[tray]}",
-                         hint="fix it first; 'mctl health check " + tray + "' says more")
-    _tray_change(site, r, tray, after, "restore", drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run,
-                 json_=json_, tolerate=())
+    want_json(json_)
+    rack_of_tray(options().site(), tray)
+    check_consent(drain, wait, force, yes)
+    _run(ChangeRequest("restore", tray=tray, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run))

@@ -1,11 +1,11 @@
-"""The cross-layer plan of a partition change, as `mctl partition create|apply|delete` print and gate it.
+"""The terminal's side of a partition change: its options, the plan printed, --force asked, the steps shown.
 
-The plan comes from mctl.fabric.partition_service.change_plan (mctl.fabric.change
-over the work mctl.fabric.work discovers); here it is printed and the jobs rule
-is applied: running work on the affected trays refuses the change, unless
---drain (the service holds the trays in Slurm and waits for their jobs) or
---force (say what breaks, ask unless --yes). See docs/partitions.md and
-docs/decisions.md (D24).
+The change itself is conducted by mctl.change.service; `TerminalUI` is the UI it talks to from
+the CLI (mctl.change.ui.ChangeUI): it prints the NMX-M plan and the cross-layer plan (trays, IMEX,
+Slurm blocks, labels, the work on the trays, the steps), the holds of --drain, each step of the
+journaled run as it runs, and asks before --force breaks work (unless --yes; refused without a
+terminal). Silent with --json except warnings; `render_result` prints what the change ended with.
+See docs/partitions.md and docs/decisions.md (D24).
 """
 
 from __future__ import annotations
@@ -15,15 +15,17 @@ from typing import TYPE_CHECKING, Annotated, Optional, Sequence
 
 import typer
 
+from mctl.change.ui import ChangeUI
 from mctl.cli import render
 from mctl.cli.context import options
 from mctl.cli.options import finite
 from mctl.errors import UsageError
-from mctl.fabric.partition_service import DEFAULT_WAIT
 
 if TYPE_CHECKING:
+    from mctl.change.service import ChangeResult
     from mctl.model.change import ChangePlan
-    from mctl.model.site import Site
+    from mctl.model.fabric import PartitionChange, PartitionPlan
+    from mctl.model.site import Rack
 
 DrainOpt = Annotated[bool, typer.Option("--drain", help="When jobs run on the trays the change touches: hold those "
                                                         "trays in Slurm (reason 'mctl: partition change ...'), wait "
@@ -42,14 +44,100 @@ def _say(text: str) -> None:
     render.console().print(text, markup=False, highlight=False)
 
 
-def check_flags(drain: bool, wait: float | None, force: bool, yes: bool) -> None:
-    if drain and force:
-        raise UsageError("--drain and --force exclude each other",
-                         hint="--drain waits for the jobs to end; --force breaks them")
-    if wait is not None and not drain:
-        raise UsageError("--wait goes with --drain", hint="e.g. --drain --wait 900")
-    if yes and not force:
-        raise UsageError("--yes goes with --force", hint="it skips the question --force asks")
+class TerminalUI(ChangeUI):
+    """The change service's UI on the operator's terminal (plain text off a terminal; silent with --json)."""
+
+    def __init__(self, *, yes: bool = False):
+        self.yes = yes
+
+    @property
+    def quiet(self) -> bool:
+        return options().json
+
+    def plan(self, rack: "Rack", plan: "PartitionPlan", *, dry_run: bool) -> None:
+        if not self.quiet:
+            print_plan(plan, rack.gpus_per_tray, dry_run=dry_run)
+
+    def change(self, cp: "ChangePlan", *, dry_run: bool, has_nmx: bool = True, record: bool = False) -> None:
+        print_change(cp, dry_run=dry_run, has_nmx=has_nmx, record=record)
+
+    def note(self, text: str) -> None:
+        if not self.quiet:
+            _say(text)
+
+    def warn(self, text: str) -> None:
+        render.warn(text)
+
+    def caution(self, text: str) -> None:
+        if not self.quiet:
+            render.warn(text)
+
+    def confirm(self, cp: "ChangePlan", breaks: str) -> bool:
+        if self.yes:
+            return True
+        if not sys.stdin.isatty():
+            raise UsageError("--force needs a confirmation and there is no terminal to ask; nothing was changed",
+                             hint="give --yes as well to go ahead without a question")
+        return typer.confirm("go ahead and break it?", default=False, err=True)
+
+    def held(self, held: Sequence[str], refused: dict[str, str], busy: Sequence[str], seconds: float) -> None:
+        from mctl.model.site import fold
+
+        for tray, why in refused.items():
+            render.warn(f"{tray} was not held by mctl: {why} (left as it is)")
+        self.note(f"  held in Slurm: {fold(held) if held else 'none'}; waiting up to {seconds:g}s for the jobs on "
+                  f"{fold(busy)} to end")
+
+    def released(self, trays: Sequence[str]) -> None:
+        from mctl.model.site import fold
+
+        self.note(f"  released {fold(trays)} in Slurm")
+
+    def nmx_step(self, number: int, total: int, change: "PartitionChange") -> None:
+        self.note(f"  [{number}/{total}] {change.action} {change.name} ...")
+
+    # the journaled run's steps (mctl.change.run.Report)
+    def line(self, text: str) -> None:
+        self.note(f"  {text}")
+
+    def step_started(self, index: int, total: int, step: str) -> None:
+        if not self.quiet:
+            render.console().print(f"  [{index}/{total}] {step} ...", markup=False, highlight=False, end="")
+
+    def step_ended(self, step: str, status: str, summary: str, seconds: float) -> None:
+        self.note(f" {status} ({seconds:.1f}s): {summary}")
+
+
+def render_result(result: "ChangeResult") -> None:
+    """The change's --json document (when it has one), then its error raised, or its closing line."""
+    if options().json and result.document is not None:
+        render.print_json(result.document)
+    if result.error is not None:
+        raise result.error
+    if result.done and not options().json:
+        _say(result.done)
+
+
+def print_plan(plan: "PartitionPlan", gpus_per_tray: int, *, dry_run: bool) -> None:
+    from mctl.fabric.partitions import describe_change
+
+    head = f"rack {plan.rack} (NMX-M {plan.endpoint})"
+    if plan.empty:
+        _say(f"{head}: partitions match the inventory; nothing to change")
+    else:
+        verb = "would make" if dry_run else "makes"
+        _say(f"{head}: {verb} {len(plan.changes)} change{'s' if len(plan.changes) > 1 else ''}")
+        for i, change in enumerate(plan.changes, start=1):
+            _say(f"  {i}. {describe_change(change, gpus_per_tray)}")
+    if plan.unchanged:
+        _say(f"  unchanged: {', '.join(plan.unchanged)}")
+    if plan.unmanaged:
+        _say(f"  left alone (on NMX-M, not in the inventory; --prune deletes them): {', '.join(plan.unmanaged)}")
+    if plan.released:
+        from mctl.model.fabric import describe_members
+        _say(f"  back to the default partition: {describe_members(plan.released, gpus_per_tray)}")
+    for w in plan.warnings:
+        render.warn(w)
 
 
 def print_change(cp: "ChangePlan", *, dry_run: bool, has_nmx: bool = True, record: bool = False) -> None:
@@ -101,46 +189,14 @@ def print_change(cp: "ChangePlan", *, dry_run: bool, has_nmx: bool = True, recor
         _say("  running on the affected trays: nothing")
 
 
-def steps_of(cp: "ChangePlan", *, has_nmx: bool, record: bool) -> list[dict]:
-    """The steps of the change in their order, each with why it does not apply (None: it does); for --json."""
-    from mctl.fabric.change import plan_steps
-
-    return [{"step": s, "title": t, "applies": why is None, "not_applicable": why}
-            for s, t, why in plan_steps(cp, has_nmx=has_nmx, record=record)]
-
-
 def print_steps(cp: "ChangePlan", *, dry_run: bool, has_nmx: bool, record: bool) -> None:
+    from mctl.change.service import steps_of
+
     _say(f"  steps ({'would run' if dry_run else 'run'} in this order, journaled; 'partition apply {cp.rack} "
          "--resume' finishes a change that was stopped):")
     for i, st in enumerate(steps_of(cp, has_nmx=has_nmx, record=record), start=1):
         _say(f"    {i:>2}. {st['step']}: {st['title']}" + ("" if st["applies"] else
                                                          f" (not applicable: {st['not_applicable']})"))
-
-
-class StepPrinter:
-    """Prints each step of a journaled change as it runs (mctl.bringup.change_run.Report); silent with --json."""
-
-    def line(self, text: str) -> None:
-        if not options().json:
-            _say(f"  {text}")
-
-    def step_started(self, index: int, total: int, step: str) -> None:
-        if not options().json:
-            render.console().print(f"  [{index}/{total}] {step} ...", markup=False, highlight=False, end="")
-
-    def step_ended(self, step: str, status: str, summary: str, seconds: float) -> None:
-        if not options().json:
-            _say(f" {status} ({seconds:.1f}s): {summary}")
-
-
-def run_journaled(site: "Site", spec, *, resume: bool = False):
-    """Run (or resume) the change across every layer; the run, whose to_dict() --json reports; raises its error."""
-    from mctl.bringup.change_run import resume_change, run_change
-
-    state_dir = options().state_dir
-    run = resume_change(site, spec, state_dir, report=StepPrinter()) if resume else \
-        run_change(site, spec, state_dir, report=StepPrinter())
-    return run
 
 
 def _part(name: str | None, trays: Sequence[str]) -> str:
@@ -149,64 +205,3 @@ def _part(name: str | None, trays: Sequence[str]) -> str:
     return f"{name} ({fold(trays)})" if name else "default partition"
 
 
-def _named(cp: "ChangePlan") -> str:
-    return "; ".join(w.describe() for w in cp.work) or f"unknown ({cp.work_error})"
-
-
-def gate(site: "Site", cp: "ChangePlan", *, drain: bool, wait: float | None, force: bool, yes: bool,
-         dry_run: bool) -> list[str]:
-    """Apply the jobs rule; returns the trays held in Slurm for the change (release them once it is done)."""
-    from mctl.fabric.change import DRAIN, FORCE, GO, decide
-    from mctl.fabric.partition_service import busy_trays, hold_for_change
-    from mctl.model.site import fold
-
-    verdict = decide(cp, drain=drain, force=force)
-    if verdict == GO:
-        return []
-    trays = fold(cp.affected)
-    if dry_run:
-        word = {DRAIN: f"would hold {trays} in Slurm and wait for the jobs", FORCE: "would break the work named",
-                }.get(verdict, "would be refused (--drain or --force)")
-        if not options().json:
-            _say(f"  the change {word}")
-        return []
-    if verdict == FORCE:
-        what = _named(cp)
-        render.warn(f"--force: the change of {trays} breaks what runs there: {what} (their NVLink partition and "
-                    "IMEX domain change under them)")
-        if not yes:
-            if not sys.stdin.isatty():
-                raise UsageError("--force needs a confirmation and there is no terminal to ask; nothing was changed",
-                                 hint="give --yes as well to go ahead without a question")
-            if not typer.confirm("go ahead and break it?", default=False, err=True):
-                raise UsageError("not confirmed; nothing was changed")
-        return []
-    if verdict != DRAIN:
-        hint = ("wait for them to end, or give --drain [--wait SECONDS] to hold the trays and wait, or --force to "
-                "break them" if cp.work_known else "fix the scheduler's answer, or give --force")
-        if cp.work_known and any(w.kind == "k8s" for w in cp.work) and drain:
-            hint = "--drain holds trays in Slurm only; move the pods off the trays, or give --force"
-        raise UsageError(f"rack {cp.rack}: the change touches trays with running work: {_named(cp)}; "
-                         "nothing was changed", hint=hint)
-    busy = busy_trays(cp)
-    seconds = DEFAULT_WAIT if wait is None else wait
-
-    def on_held(held: list[str], refused: dict[str, str]) -> None:
-        for tray, why in refused.items():
-            render.warn(f"{tray} was not held by mctl: {why} (left as it is)")
-        if not options().json:
-            _say(f"  held in Slurm: {fold(held) if held else 'none'}; waiting up to {seconds:g}s for the jobs on "
-                 f"{fold(busy)} to end")
-
-    return hold_for_change(site, cp, seconds, on_held=on_held)
-
-
-def release(site: "Site", held: Sequence[str]) -> None:
-    from mctl.fabric.partition_service import release_held
-    from mctl.model.site import fold
-
-    if not held:
-        return
-    release_held(site, held)
-    if not options().json:
-        _say(f"  released {fold(held)} in Slurm")

@@ -38,6 +38,7 @@ def _run(action: str, hosts, *, force: bool, dry_run: bool, json_: bool, gracefu
     from mctl.bmc import power
     from mctl.bmc.inventory import settings_for
     from mctl.cli.locking import hold_racks
+    from mctl.sched.work import discover
 
     opts = options()
     site = opts.site()
@@ -48,7 +49,8 @@ def _run(action: str, hosts, *, force: bool, dry_run: bool, json_: bool, gracefu
     progress = None if want_json(json_) else (lambda m: render.line(m))
     report = power.run(site, action, power.groups_of(hosts), settings=settings, force=force, dry_run=dry_run,
                        stage_s=deadline or power.DEFAULT_STAGE_S, graceful_s=power.DEFAULT_GRACEFUL_S
-                       if graceful is None else graceful, all_or_nothing=whole_rack, progress=progress)
+                       if graceful is None else graceful, all_or_nothing=whole_rack, progress=progress,
+                       work_lookup=lambda names: discover(site, names))
     if want_json(json_):
         render.print_json(report.to_dict())
     else:

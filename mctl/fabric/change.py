@@ -1,11 +1,8 @@
-"""One partition change, one plan: NMX-M, IMEX, Slurm blocks, Kubernetes labels and the work on the trays (pure).
+"""A partition change in the fabric's terms (pure): the partitions before and after, the trays it moves,
+the IMEX domains that follow, the jobs rule, and the order of its steps.
 
-`plan_change` takes the rack's partitions before and after (whole trays, as the
-inventory holds them), the NMX-M plan already computed by partitions.plan_partitions,
-and the work the schedulers run (discovered by mctl.fabric.work), and derives
-every layer from the same two partition lists with the code that renders it:
-IMEX files from fabric.imex, Slurm blocks from sched.slurm.topology, labels from
-sched.k8s.manifests. Nothing here does I/O.
+The cross-layer plan (mctl.change.plan) composes these with the Slurm blocks and Kubernetes
+labels the scheduler layer renders; the change service (mctl.change) runs it. Nothing here does I/O.
 
 A tray is affected when its partition changes: its name or its set of trays
 (so its IMEX domain's node list). Only affected trays get IMEX files rewritten,
@@ -17,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Iterable, Sequence
 
-from mctl.model.change import ChangePlan, ImexDomainChange, LabelChange, RunningWork, SlurmChange, TrayChange
+from mctl.model.change import ChangePlan, ImexDomainChange, TrayChange
 
 if TYPE_CHECKING:
     from mctl.fabric.imex import ImexSettings
@@ -108,52 +105,6 @@ def imex_changes(rack_before: "Rack", rack_after: "Rack", settings: "ImexSetting
     return tuple(out)
 
 
-def slurm_change(site_before: "Site", site_after: "Site", rack: str) -> SlurmChange:
-    from mctl.sched.slurm.topology import blocks_for
-
-    b = tuple(x.to_dict() for x in blocks_for(site_before) if x.rack == rack)
-    a = tuple(x.to_dict() for x in blocks_for(site_after) if x.rack == rack)
-    strip = lambda blocks: [(x["name"], x["nodes"]) for x in blocks]    # noqa: E731
-    return SlurmChange(b, a, strip(b) != strip(a))
-
-
-def label_changes(site_before: "Site", site_after: "Site", affected: Iterable[str]) -> tuple[LabelChange, ...]:
-    from mctl.sched.k8s.manifests import PARTITION_LABEL, node_objects
-    from mctl.sched.slurm.topology import blocks_for
-
-    def labels(site: "Site") -> dict[str, str | None]:
-        return {o["metadata"]["name"]: o["metadata"]["labels"].get(PARTITION_LABEL)
-                for o in node_objects(site, blocks_for(site))}
-
-    b, a = labels(site_before), labels(site_after)
-    return tuple(LabelChange(t, PARTITION_LABEL, b.get(t), a.get(t)) for t in affected if b.get(t) != a.get(t))
-
-
-def work_on(work: Iterable[RunningWork], trays: Iterable[str]) -> tuple[RunningWork, ...]:
-    """The jobs and pods that run on at least one of *trays*."""
-    wanted = set(trays)
-    return tuple(w for w in work if wanted.intersection(w.nodes))
-
-
-def plan_change(site: "Site", rack: "Rack", after: Sequence["Partition"], nmx: "PartitionPlan | None", *,
-                settings: "ImexSettings", work: Sequence[RunningWork] = (), work_known: bool = True,
-                work_error: str | None = None) -> ChangePlan:
-    """Everything a partition change of *rack* to *after* does, layer by layer."""
-    before = before_from_plan(rack, nmx)
-    site_b, rack_b = with_partitions(site, rack, before)
-    site_a, rack_a = with_partitions(site, rack, after)
-    trays = tray_changes(rack, before, after)
-    affected = [t.tray for t in trays]
-    scheduler = site.scheduler.type if site.scheduler else None
-    return ChangePlan(
-        rack=rack.name, scheduler=scheduler, trays=trays, nmx=nmx,
-        imex=imex_changes(rack_b, rack_a, settings, affected) if affected else (),
-        slurm=slurm_change(site_b, site_a, rack.name) if scheduler == "slurm" else None,
-        labels=label_changes(site_b, site_a, affected) if scheduler == "k8s" else (),
-        work=work_on(work, affected), work_known=work_known, work_error=work_error,
-        unaffected=tuple(h.name for h in rack.compute if h.name not in set(affected)))
-
-
 # ------------------------------------------------------------------ the jobs rule
 
 REFUSE, DRAIN, FORCE, GO = "refuse", "drain", "force", "go"
@@ -176,7 +127,7 @@ def decide(plan: ChangePlan, *, drain: bool, force: bool) -> str:
 
 # ------------------------------------------------------------------ the steps of a change, in their safe order
 
-# Every partition change runs these steps in this order (mctl.bringup.change_run journals each):
+# Every partition change runs these steps in this order (mctl.change.run journals each):
 # hold the affected trays in Slurm, record the inventory, NMX-M, wait for the GPUs' cliques, IMEX files,
 # IMEX restart, IMEX domains UP, Slurm topology.conf + reconfigure, verify `scontrol show topology`,
 # Kubernetes labels, release the holds. See docs/decisions.md (D46).

@@ -5,10 +5,10 @@ After the sweep's drains, resumes and the recovery ladder, under the state lock:
 1. `isolate.decide` picks the trays (drained by mctl, a hardware fault now, the breaker admits);
 2. an intent line per tray (fsynced) and the state marking it as being sent, so a watch killed in
    between never starts it twice (a stopped change is finished by `mctl partition apply RACK --resume`);
-3. one tray at a time: the same change `mctl partition isolate TRAY` runs (mctl.fabric.change
-   isolate_partitions, the NMX-M plan, the jobs rule without --drain or --force, the journaled run of
-   mctl.bringup.change_run under the rack lock, the tray tolerated as unreachable), each step under
-   its own deadline;
+3. one tray at a time: the same change `mctl partition isolate TRAY` runs, through the change
+   service (mctl.change.service: the NMX-M plan, the jobs rule without --drain or --force, the
+   journaled run under the rack lock, the tray tolerated as unreachable) with a UI that asks nobody,
+   each step under its own deadline;
 4. the result logged, the state saved, and the engine told the inventory changed (the watch then
    judges the trays' cliques against the new partitions).
 """
@@ -16,7 +16,6 @@ After the sweep's drains, resumes and the recovery ladder, under the state lock:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from typing import TYPE_CHECKING
 
@@ -29,66 +28,43 @@ if TYPE_CHECKING:
 
 def run_isolation(site: "Site", iso: isolate.Isolation, state_dir, on_go=None) -> tuple[str, str, tuple]:
     """("ok" | "failed" | "waiting", text, the rack's partitions after): `mctl partition isolate` of iso.host
-    without a terminal; *on_go* is called once the jobs rule and the rack lock let the change start."""
-    from mctl.bringup.change_run import ChangeSpec, run_change
+    through the change service, with a UI that asks nobody (so running work is never broken: the jobs
+    rule refuses and the watch waits); *on_go* is called once the jobs rule and the rack lock let the
+    change start."""
+    from mctl.change.request import ChangeRequest
+    from mctl.change.service import WorkRefused, execute
+    from mctl.change.ui import SilentUI
     from mctl.errors import MctlError
-    from mctl.fabric import partition_service as ps
-    from mctl.fabric.change import GO, before_from_plan, decide, isolate_partitions
-    from mctl.fabric.service import plan_partitions_for
-    from mctl.model.fabric import DesiredPartition
-    from mctl.state.lock import LockBusy, rack_lock_path
+    from mctl.state.lock import LockBusy
 
-    rack = site.racks.get(iso.rack)
-    if rack is None:
+    if iso.rack not in site.racks:
         return "failed", f"rack {iso.rack} is no longer in the inventory", ()
     started = False
 
-    def go() -> None:
-        nonlocal started
-        started = True
-        if on_go is not None:
-            on_go()
+    class Watch(SilentUI):
+        def starting(self, spec) -> None:
+            nonlocal started
+            started = True
+            if on_go is not None:
+                on_go()
 
     try:
-        after = isolate_partitions(rack, iso.host, to=iso.to)
-        plan = None
-        if rack.nmx is not None:
-            _, plan = plan_partitions_for(site, rack, [DesiredPartition(p.name, rack.name, tuple(p.trays))
-                                                       for p in after])
-        cp = ps.change_plan(site, rack, after, plan)
-        if decide(cp, drain=False, force=False) != GO:
-            named = "; ".join(w.describe() for w in cp.work) or f"the work could not be read ({cp.work_error})"
-            return "waiting", f"the change touches trays with running work: {named}", ()
-        with _rack_lock(rack_lock_path(state_dir, rack.name), rack.name):
-            go()
-            spec = ChangeSpec.of(rack.name, "isolate", before_from_plan(rack, plan), after, record=True,
-                                 tolerate=(iso.host,), tray=iso.host)
-            run = run_change(site, spec, state_dir)
+        result = execute(site, ChangeRequest("isolate", tray=iso.host, to=iso.to), state_dir, Watch(),
+                         purpose="mctl health watch: isolate")
+    except WorkRefused as exc:
+        cp = exc.plan
+        named = "; ".join(w.describe() for w in cp.work) or f"the work could not be read ({cp.work_error})"
+        return "waiting", f"the change touches trays with running work: {named}", ()
     except LockBusy as exc:
         return "waiting", exc.message, ()               # another command holds the rack: a later sweep
     except MctlError as exc:
         # before the change started (NMX-M or the scheduler not answering the plan): asked again later
         return ("failed" if started else "waiting"), exc.message, ()
-    parts = "; ".join(f"{p.name}={p.nodeset}" for p in after)
-    if run.error is not None:
-        return "failed", f"change {run.journal.run_id} {run.status}: {run.error.message}", ()
-    return "ok", f"change {run.journal.run_id}: {parts}", tuple(after)
-
-
-@contextlib.contextmanager
-def _rack_lock(path, rack: str):
-    """The rack's lock, as `mctl partition isolate` takes it; already ours (`health check --remediate` holds
-    its racks' locks for the whole command) is enough. Someone else's: LockBusy."""
-    from mctl.state.lock import LockBusy, file_lock
-
-    stack = contextlib.ExitStack()
-    try:
-        stack.enter_context(file_lock(path, purpose="mctl health watch: isolate", label=f"rack {rack}"))
-    except LockBusy as exc:
-        if exc.holder.get("pid") != os.getpid():
-            raise
-    with stack:
-        yield
+    run = result.run
+    if result.error is not None:
+        return "failed", f"change {run.journal.run_id} {run.status}: {result.error.message}", ()
+    parts = "; ".join(f"{p.name}={p.nodeset}" for p in result.after)
+    return "ok", f"change {run.journal.run_id}: {parts}", tuple(result.after)
 
 
 class IsolationRunner:

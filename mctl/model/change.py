@@ -4,13 +4,13 @@ A `ChangePlan` is what `mctl partition create|apply|delete` shows with --dry-run
 acts on: per affected tray the partition before and after, the NMX-M operations, the
 IMEX node lists that change (and so the daemons restarted), the Slurm blocks before
 and after, the Kubernetes clique labels, and the work running on the affected trays.
-Built by mctl.fabric.change.plan_change; rendered by the CLI.
+Built by mctl.change.plan (the change service); rendered by the CLI.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 from mctl.model.fabric import PartitionPlan
 
@@ -126,3 +126,9 @@ class ChangePlan:
                 "slurm": self.slurm.to_dict() if self.slurm else None, "labels": [x.to_dict() for x in self.labels],
                 "work": [w.to_dict() for w in self.work], "work_known": self.work_known,
                 "work_error": self.work_error}
+
+
+def work_on(work: Iterable[RunningWork], trays: Iterable[str]) -> tuple[RunningWork, ...]:
+    """The jobs and pods that run on at least one of *trays*."""
+    wanted = set(trays)
+    return tuple(w for w in work if wanted.intersection(w.nodes))

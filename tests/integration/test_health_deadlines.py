@@ -115,19 +115,19 @@ def test_health_check_with_a_frozen_tray_ends_at_the_tray_deadline(lab, health):
 
 
 def test_bring_up_resume_clears_its_hold_reason_in_slurm(lab, health):
-    from mctl.bringup import slurm_nodes
+    from mctl.sched.slurm import holds
 
     tray = lab.trays[2]
-    lab.run(lab.head, f"scontrol update NodeName={tray} State=DRAIN Reason={slurm_nodes.reason('RUN1')!r}")
+    lab.run(lab.head, f"scontrol update NodeName={tray} State=DRAIN Reason={holds.bringup_reason('RUN1')!r}")
     assert sinfo(lab)[tray][0] == "drained"
-    out = lab.run(lab.head, slurm_nodes.resume_script([tray])).stdout
-    assert slurm_nodes.parse_actions(out, [tray])[tray][0] == "done", out
+    out = lab.run(lab.head, holds.release_script(holds.BRING_UP, [tray])).stdout
+    assert holds.parse_actions(out, [tray])[tray][0] == "done", out
     settled(lab, tray)
     show = lab.run(lab.head, f"scontrol show node -o {tray}").stdout
-    assert "Reason=mctl:" not in show and f"Reason={slurm_nodes.REASON_OPENED}" in show, show
+    assert "Reason=mctl:" not in show and f"Reason={holds.REASON_OPENED}" in show, show
     proc = health("--json", "health", "check", tray)
     (row,) = json.loads(proc.stdout)["trays"]
     assert row["status"] == "healthy" and row["scheduler_state"] == "IDLE" and row["scheduler_reason"] is None, row
     # A second run of the open phase finds nothing of bring-up's to resume.
-    nodes = slurm_nodes.classify(lab.run(lab.head, slurm_nodes.show_command([tray])).stdout, [tray])
+    nodes = holds.classify(lab.run(lab.head, holds.show_command([tray])).stdout, [tray])
     assert nodes.open == [tray] and not nodes.held

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from mctl.bringup import journal as jr, slurm_nodes
+from mctl.bringup import journal as jr
+from mctl.sched.slurm import holds
 from mctl.bringup.context import PHASES, Options, Outcome, PhaseFailed
 from mctl.bringup.digest import provision_digest, tree_digest
 from mctl.bringup.journal import Journal
@@ -189,28 +190,28 @@ NodeName=t4 Arch=x86_64 CoresPerSocket=1 State=DOWN* ThreadsPerCore=1 Reason=Not
 
 
 def test_classify_keeps_an_operators_drain_apart_from_bring_ups():
-    nodes = slurm_nodes.classify(SHOW, ["t1", "t2", "t3", "t4", "t5"])
+    nodes = holds.classify(SHOW, ["t1", "t2", "t3", "t4", "t5"])
     assert nodes.open == ["t1"] and nodes.held == ["t2"] and list(nodes.operator) == ["t3"]
     assert nodes.operator["t3"].startswith("bad fan") and list(nodes.down) == ["t4"] and nodes.unknown == ["t5"]
-    assert "1 open" in slurm_nodes.summary(nodes) and "unknown to Slurm (t5)" in slurm_nodes.summary(nodes)
+    assert "1 open" in holds.summary(nodes) and "unknown to Slurm (t5)" in holds.summary(nodes)
 
 
 def test_scripts_guard_every_update_and_report_per_node():
-    drain = slurm_nodes.drain_script(["t1"], slurm_nodes.reason("RUN"))
+    drain = holds.hold_script(holds.BRING_UP, ["t1"], holds.bringup_reason("RUN"))
     assert "*DRAIN*|*DOWN*|*FAIL*" in drain and "State=DRAIN Reason='mctl: bring-up RUN: opens" in drain
-    resume = slurm_nodes.resume_script(["t2"])
+    resume = holds.release_script(holds.BRING_UP, ["t2"])
     assert "*' Reason=mctl: bring-up'*" in resume and "State=RESUME" in resume
     # The guard runs in a real shell: a node held by an operator is left alone.
     fake = ("scontrol() { if [ \"$1\" = show ]; then echo 'NodeName=t2 State=IDLE+DRAIN Reason=bad fan'; "
             "else echo UPDATED \"$@\"; fi; }\n")
     out = subprocess.run(["bash", "-c", fake + resume], capture_output=True, text=True).stdout
     assert "UPDATED" not in out
-    assert slurm_nodes.parse_actions(out, ["t2"]) == {"t2": ("refused", "left alone: the reason is no longer "
+    assert holds.parse_actions(out, ["t2"]) == {"t2": ("refused", "left alone: the reason is no longer "
                                                                       "bring-up's")}
     fake_ours = fake.replace("Reason=bad fan", "Reason=mctl: bring-up RUN: x")
     out = subprocess.run(["bash", "-c", fake_ours + resume], capture_output=True, text=True).stdout
-    assert slurm_nodes.parse_actions(out, ["t2"])["t2"][0] == "done" and "UPDATED update NodeName=t2" in out
-    assert slurm_nodes.parse_actions("", ["t9"]) == {"t9": ("failed", "no answer (the script was cut short)")}
+    assert holds.parse_actions(out, ["t2"])["t2"][0] == "done" and "UPDATED update NodeName=t2" in out
+    assert holds.parse_actions("", ["t9"]) == {"t9": ("failed", "no answer (the script was cut short)")}
 
 
 # ------------------------------------------------------------------ trays, digests, burn-in

@@ -251,7 +251,7 @@ def test_the_rack_lock_is_taken_or_already_ours_someone_elses_is_a_wait(tmp_path
     import subprocess
     import sys
 
-    from mctl.health.isolate_run import _rack_lock
+    from mctl.change.service import rack_lock_at as _rack_lock
     from mctl.state.lock import LockBusy, file_lock
 
     path = tmp_path / "rack-lab-r1.lock"

@@ -7,10 +7,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mctl.fabric.change import DRAIN, FORCE, GO, REFUSE, before_from_plan, decide, plan_change, work_on
+from mctl.change.plan import plan_change
+from mctl.fabric.change import DRAIN, FORCE, GO, REFUSE, before_from_plan, decide
+from mctl.model.change import work_on
 from mctl.fabric.imex import ImexSettings
 from mctl.fabric.partitions import template_partitions
-from mctl.fabric.work import SQUEUE, parse_squeue, pod_work
+from mctl.sched.work import SQUEUE, parse_squeue, pod_work
 from mctl.inventory import load_site
 from mctl.model.change import RunningWork
 from mctl.model.fabric import FabricGpu, GpuLocation, PartitionChange, PartitionPlan
@@ -195,8 +197,17 @@ def _busy_plan(tmp_path, work=None, known=True):
     return site, cp
 
 
+def gate(site, cp, *, drain, wait, force, yes, dry_run):
+    """The jobs rule as the CLI applies it: the change service's gate with the terminal's UI."""
+    from mctl.change.request import ChangeRequest
+    from mctl.change.service import gate as service_gate
+    from mctl.cli.partition_change import TerminalUI
+
+    req = ChangeRequest("apply", rack=cp.rack, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run)
+    return service_gate(site, cp, req, TerminalUI(yes=yes))
+
+
 def test_gate_refuses_and_names_the_job(tmp_path):
-    from mctl.cli.partition_change import gate
     from mctl.errors import UsageError
 
     site, cp = _busy_plan(tmp_path)
@@ -212,7 +223,6 @@ def test_gate_refuses_and_names_the_job(tmp_path):
 def test_gate_force_without_a_terminal_needs_yes(tmp_path, monkeypatch):
     import io
 
-    from mctl.cli.partition_change import gate
     from mctl.errors import UsageError
 
     site, cp = _busy_plan(tmp_path)
@@ -223,7 +233,6 @@ def test_gate_force_without_a_terminal_needs_yes(tmp_path, monkeypatch):
 
 
 def test_gate_unknown_work_refuses(tmp_path):
-    from mctl.cli.partition_change import gate
     from mctl.errors import UsageError
 
     site, cp = _busy_plan(tmp_path, work=[], known=False)

@@ -13,7 +13,7 @@ import pytest
 from mctl.bringup import journal as jr
 from mctl.errors import EnvironmentProblem, UsageError
 from mctl.fabric import change as ch
-from mctl.bringup import change_run as cr
+from mctl.change import run as cr
 from mctl.model.site import Partition
 
 

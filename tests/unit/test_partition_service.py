@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from mctl.errors import UsageError
-from mctl.fabric import partition_service as ps
+from mctl.change import commands as ps
+from mctl.change.plan import busy_trays
+from mctl.change.service import held_hint
 from mctl.model.change import RunningWork
 from mctl.model.fabric import FabricGpu, GpuLocation, NmxPartition
 from mctl.model.site import Partition
@@ -90,10 +92,10 @@ def test_busy_trays_and_held_hint(tmp_path):
     cp = plan_for(site, [Partition("p0", "r1", ("r1-tray01", "r1-tray02")),
                          Partition("p1", "r1", ("r1-tray03", "r1-tray04"))],
                   [RunningWork("slurm", "7", "bob", "j", "R", ("r1-tray02", "r1-tray03", "r9-x"))])
-    assert ps.busy_trays(cp) == ["r1-tray02", "r1-tray03"]          # r9-x is not a tray the change touches
-    assert ps.held_hint([]) == ""
-    assert ps.held_hint(["r1-tray03"]).startswith("; r1-tray03 stay held in Slurm")
-    assert "scontrol update NodeName=r1-tray03 State=RESUME" in ps.held_hint(["r1-tray03"])
+    assert busy_trays(cp) == ["r1-tray02", "r1-tray03"]          # r9-x is not a tray the change touches
+    assert held_hint([]) == ""
+    assert held_hint(["r1-tray03"]).startswith("; r1-tray03 stay held in Slurm")
+    assert "scontrol update NodeName=r1-tray03 State=RESUME" in held_hint(["r1-tray03"])
 
 
 def test_apply_result_is_the_racks_json_entry(tmp_path):

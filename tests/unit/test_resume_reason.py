@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from mctl.bringup import slurm_nodes
+from mctl.sched.slurm import holds
 from mctl.sched.slurm.facts import parse_show_nodes
 
 
@@ -12,9 +12,9 @@ def _run(state: str, reason: str) -> tuple[str, dict]:
     fake = ("scontrol() { if [ \"$1\" = show ]; then echo "
             f"'NodeName=t2 Arch=x86_64 State={state} ThreadsPerCore=1 Reason={reason}'; "
             "else echo UPDATED \"$@\"; fi; }\n")
-    out = subprocess.run(["bash", "-c", fake + slurm_nodes.resume_script(["t2"])], capture_output=True,
+    out = subprocess.run(["bash", "-c", fake + holds.release_script(holds.BRING_UP, ["t2"])], capture_output=True,
                          text=True).stdout
-    return out, slurm_nodes.parse_actions(out, ["t2"])
+    return out, holds.parse_actions(out, ["t2"])
 
 
 def test_bring_up_resume_replaces_its_hold_reason_in_the_same_update():
@@ -22,7 +22,7 @@ def test_bring_up_resume_replaces_its_hold_reason_in_the_same_update():
     assert result["t2"][0] == "done"
     (update,) = [l for l in out.splitlines() if l.startswith("UPDATED")]
     assert update == "UPDATED update NodeName=t2 State=RESUME Reason=opened by mctl bring-up"
-    assert not slurm_nodes.REASON_OPENED.startswith("mctl:")       # never taken for a hold by any guard
+    assert not holds.REASON_OPENED.startswith("mctl:")       # never taken for a hold by any guard
 
 
 def test_bring_up_resume_leaves_a_node_that_is_no_longer_drained_alone():

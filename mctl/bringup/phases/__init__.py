@@ -11,10 +11,10 @@ found, per host, and the run stops there.
     provision   provision.service + provision.markers (what provisioned a host) + images drift
     partitions  fabric.service.apply_partitions
     imex        fabric.service.apply_imex / wait_for_imex
-    scheduler   sched.slurm plan/dry_run/apply/verify, then the trays held (bringup.slurm_nodes)
+    scheduler   sched.slurm plan/dry_run/apply/verify, then the trays held (sched.slurm.holds)
     health      health.service.run_check, the gate with --accept exceptions
     burn-in     health.burnin (DCGM / NCCL tests where the trays have them)
-    open        the held trays resumed (bringup.slurm_nodes on sched.slurm.control)
+    open        the held trays resumed (sched.slurm.holds on sched.slurm.control)
 
 REGISTRY maps each phase name (bringup.context.PHASES) to its Phase.
 """

@@ -15,15 +15,15 @@ if TYPE_CHECKING:
 
 def _trays(ctx: Context) -> tuple[list["Host"], str | None]:
     """Trays bring-up holds out of service (all of them without Slurm); why none, when none."""
-    from mctl.bringup import slurm_nodes
+    from mctl.sched.slurm import holds
     from mctl.sched.slurm.control import run_on_controller
 
     if not slurm(ctx):
         return ctx.trays, None
-    res = run_on_controller(ctx.site, slurm_nodes.show_command(names(ctx.trays)))
+    res = run_on_controller(ctx.site, holds.show_command(names(ctx.trays)))
     if not res.status.reached:
         raise PhaseFailed(f"cannot ask Slurm on {controller(ctx).name} which trays are held: {res.summary()}")
-    nodes = slurm_nodes.classify(res.stdout, names(ctx.trays))
+    nodes = holds.classify(res.stdout, names(ctx.trays))
     held = [h for h in ctx.trays if h.name in nodes.held]
     if not held:
         return [], "every tray is in service (none held by bring-up): burn-in would disturb jobs"

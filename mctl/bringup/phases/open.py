@@ -1,6 +1,6 @@
 """open: the trays bring-up held are resumed in Slurm; trays drained by anyone else are left alone.
 
-The scripts and their parsers come from bringup.slurm_nodes; they run on the
+The scripts and their parsers come from mctl.sched.slurm.holds; they run on the
 controller through sched.slurm.control.
 """
 
@@ -13,32 +13,32 @@ from mctl.model.site import fold
 
 
 def _nodes(ctx: Context):
-    from mctl.bringup import slurm_nodes
+    from mctl.sched.slurm import holds
     from mctl.sched.slurm.control import run_on_controller
 
-    res = run_on_controller(ctx.site, slurm_nodes.show_command(names(ctx.trays)))
+    res = run_on_controller(ctx.site, holds.show_command(names(ctx.trays)))
     if not res.status.reached or "NodeName=" not in res.stdout:
         said = (res.stderr.strip().splitlines() or [res.summary()])[-1]
         raise PhaseFailed(f"cannot read the trays' Slurm state on {controller(ctx).name}: {said}",
                           exit_code=EXIT_PARTIAL)
-    return slurm_nodes.classify(res.stdout, names(ctx.trays))
+    return holds.classify(res.stdout, names(ctx.trays))
 
 
 def plan(ctx: Context) -> list[str]:
-    from mctl.bringup import slurm_nodes
+    from mctl.sched.slurm import holds
 
     skip = scheduler_skip(ctx)
     if skip:
         return [f"skipped: {skip}"]
     nodes = _nodes(ctx)
-    lines = [f"Slurm now: {slurm_nodes.summary(nodes)}"]
+    lines = [f"Slurm now: {holds.summary(nodes)}"]
     lines.append(f"resume {fold(nodes.held)} (held by bring-up)" if nodes.held else "nothing to resume")
     lines += [f"left alone: {t} drained by someone else ({why})" for t, why in nodes.operator.items()]
     return lines
 
 
 def run(ctx: Context) -> Outcome:
-    from mctl.bringup import slurm_nodes
+    from mctl.sched.slurm import holds
     from mctl.sched.slurm.control import run_on_controller
 
     skip = scheduler_skip(ctx)
@@ -48,10 +48,10 @@ def run(ctx: Context) -> Outcome:
     resumed: list[str] = []
     details: list[str] = []
     if nodes.held:
-        res = run_on_controller(ctx.site, slurm_nodes.resume_script(nodes.held))
+        res = run_on_controller(ctx.site, holds.release_script(holds.BRING_UP, nodes.held))
         if not res.status.reached:
             raise PhaseFailed(f"could not resume the trays on {controller(ctx).name}: {res.summary()}")
-        for t, (what, text) in slurm_nodes.parse_actions(res.stdout, nodes.held).items():
+        for t, (what, text) in holds.parse_actions(res.stdout, nodes.held).items():
             if what == "done":
                 resumed.append(t)
             else:
@@ -60,9 +60,9 @@ def run(ctx: Context) -> Outcome:
     details += [f"{t}: left drained (someone else's reason: {why})" for t, why in nodes.operator.items()]
     artifacts = {"nodes": nodes.to_dict(), "resumed": resumed}
     if nodes.down or nodes.unknown or nodes.held:
-        raise PhaseFailed(f"not every tray is open: {slurm_nodes.summary(nodes)}",
+        raise PhaseFailed(f"not every tray is open: {holds.summary(nodes)}",
                           hint="see 'scontrol show node' on the controller", details=details, artifacts=artifacts)
-    text = (f"resumed {fold(resumed)}; " if resumed else "") + slurm_nodes.summary(nodes)
+    text = (f"resumed {fold(resumed)}; " if resumed else "") + holds.summary(nodes)
     return Outcome("done", text, changed=bool(resumed), details=details, artifacts=artifacts)
 
 

@@ -1,6 +1,6 @@
 """scheduler: Slurm deployed and verified (`mctl deploy slurm`'s service), then the rack's trays held drained.
 
-The hold's script comes from bringup.slurm_nodes (guarded drains with bring-up's
+The hold's script comes from mctl.sched.slurm.holds (guarded drains with bring-up's
 reason) and runs on the controller through sched.slurm.control.
 """
 
@@ -42,14 +42,14 @@ def plan(ctx: Context) -> list[str]:
 
 def _hold(ctx: Context) -> tuple[list[str], dict[str, str]]:
     """Drain the rack's trays for the rest of the bring-up; trays someone else holds are left alone."""
-    from mctl.bringup import slurm_nodes
+    from mctl.sched.slurm import holds
     from mctl.sched.slurm.control import run_on_controller
 
     trays = names(ctx.trays)
-    res = run_on_controller(ctx.site, slurm_nodes.drain_script(trays, slurm_nodes.reason(ctx.run_id or "dry-run")))
+    res = run_on_controller(ctx.site, holds.hold_script(holds.BRING_UP, trays, holds.bringup_reason(ctx.run_id or "dry-run")))
     if not res.status.reached:
         raise PhaseFailed(f"could not drain the trays on {controller(ctx).name}: {res.summary()}")
-    actions = slurm_nodes.parse_actions(res.stdout, trays)
+    actions = holds.parse_actions(res.stdout, trays)
     held = [t for t, (what, _) in actions.items() if what == "done"]
     others = {t: text for t, (what, text) in actions.items() if what != "done"}
     return held, others

@@ -1,7 +1,7 @@
 """The work running on trays, as the site's scheduler reports it: Slurm jobs and Kubernetes pods.
 
-Slurm: one `squeue` on the controller over SSH (Site.scheduler.controller), bounded
-by a deadline like the health watch's reads. Kubernetes: the pods bound to each
+Slurm: one `squeue` on the controller (mctl.sched.slurm.control), bounded by a
+deadline like the health watch's reads. Kubernetes: the pods bound to each
 tray through the API (scheduler.k8s's kubeconfig). Only work that holds the
 trays' GPUs counts: Slurm jobs running, completing or suspended (R, CG, S); pods
 not finished that request `nvidia.com/gpu` or carry a DRA resource claim (GPUs
@@ -62,12 +62,11 @@ def parse_squeue(text: str) -> list[RunningWork]:
 
 def slurm_jobs(site: "Site", *, timeout: float = 30.0) -> list[RunningWork]:
     """Every busy job on the cluster, from squeue on the controller; EnvironmentProblem when it cannot be read."""
+    from mctl.sched.slurm.control import run_on_controller
     from mctl.sched.slurm.render import controller_of
-    from mctl.transport import SSHConfig, run_sync, targets_for
 
     controller = controller_of(site)
-    (result,) = run_sync(SSHConfig.from_site(site), targets_for(site, [controller]), squeue_command(site),
-                         timeout=timeout, deadline=timeout + 10.0)
+    result = run_on_controller(site, squeue_command(site), timeout=timeout, deadline=timeout + 10.0)
     if result.status.reached and result.ok and result.stdout.startswith(NOT_DEPLOYED):
         return []           # no slurm.conf on the controller: Slurm is not deployed, so it runs no job
     if not result.status.reached or not result.ok:
@@ -140,76 +139,12 @@ def discover(site: "Site", trays: Sequence[str]) -> tuple[list[RunningWork], str
     return [], None
 
 
-# ------------------------------------------------------------------ holding trays in Slurm (--drain)
-
-HOLD_PREFIX = "mctl: partition change"
-
-
-def hold_reason(rack: str) -> str:
-    return f"{HOLD_PREFIX} of {rack}: held until the change is done"
-
-
-def _controller_run(site: "Site", command: str, *, timeout: float = 30.0):
-    from mctl.sched.slurm.render import controller_of
-    from mctl.transport import SSHConfig, run_sync, targets_for
-
-    controller = controller_of(site)
-    (result,) = run_sync(SSHConfig.from_site(site), targets_for(site, [controller]), command,
-                         timeout=timeout, deadline=timeout + 10.0)
-    if not result.status.reached:
-        raise EnvironmentProblem(f"the Slurm controller {controller.name} did not answer: {result.summary()}")
-    return result
-
-
-def hold_trays(site: "Site", trays: Sequence[str], rack: str) -> tuple[list[str], dict[str, str]]:
-    """Drain *trays* with an `mctl: partition change` reason through the health engine's guarded script.
-
-    Returns (trays held by this change, including those an earlier run of it holds still;
-    {tray: why not} for the others: drained or down for someone else, whom mctl never overrides).
-    """
-    from mctl.model.drain import DRAIN, Decision
-    from mctl.sched.slurm.drain import apply_script, parse_apply, read_nodes, show_node_command
-
-    shown = _controller_run(site, show_node_command())
-    _, states = read_nodes(shown.stdout)
-    already = [t for t in trays if t in states and states[t].drained and states[t].owned_by(HOLD_PREFIX)]
-    todo = [Decision(t, DRAIN, "partition change", reason=hold_reason(rack)) for t in trays if t not in already]
-    held, refused = list(already), {}
-    if todo:
-        result = _controller_run(site, apply_script(todo))
-        for r in parse_apply(result.stdout, todo):
-            if r.ok:
-                held.append(r.decision.host)
-            else:
-                refused[r.decision.host] = r.error or "refused"
-    order = {t: i for i, t in enumerate(trays)}
-    return sorted(held, key=order.__getitem__), refused
-
-
-def release_trays(site: "Site", trays: Sequence[str]) -> dict[str, str]:
-    """Resume the trays this change holds (only while the reason is still mctl's); {tray: why not}."""
-    from mctl.model.drain import RESUME, Decision
-    from mctl.sched.slurm.drain import apply_script, parse_apply
-
-    if not trays:
-        return {}
-    todo = [Decision(t, RESUME, "partition change done") for t in trays]
-    result = _controller_run(site, apply_script(todo))
-    return {r.decision.host: r.error or "refused" for r in parse_apply(result.stdout, todo) if not r.ok}
-
-
-def release_command(trays: Sequence[str]) -> str:
-    from mctl.model.site import fold
-
-    return f"scontrol update NodeName={fold(trays)} State=RESUME Reason='released by the operator'"
-
-
 def wait_for_jobs(site: "Site", trays: Sequence[str], wait: float, *, sleep=None, clock=None,
                   on_wait=None) -> list[RunningWork]:
     """Ask squeue until no busy job runs on *trays* or *wait* seconds passed; the jobs still there."""
     import time
 
-    from mctl.fabric.change import work_on
+    from mctl.model.change import work_on
 
     sleep = sleep or time.sleep
     clock = clock or time.monotonic

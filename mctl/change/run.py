@@ -14,8 +14,8 @@ partitions before, in the same order (undo-* steps appended to the journal); whe
 rollback cannot finish either, the run stops with the trays held and says which layer holds
 which partitions and how to resume. Steps that do not apply to the site are journaled as
 skipped with the reason. The bring-up lock of the rack is taken too: a change never runs
-beside a bring-up of its rack. Here in bringup (layer 3) because it composes fabric, sched and
-the journal, as bring-up does. See docs/decisions.md (D46).
+beside a bring-up of its rack. Part of the change service (layer 3: it composes fabric, sched and
+the journal); mctl.change.service decides what to run and calls it. See docs/decisions.md (D46).
 """
 
 from __future__ import annotations
@@ -204,12 +204,12 @@ def _why_not(ctx: _Ctx, step: str) -> str | None:
 
 def _slurm_deployed(ctx: _Ctx) -> bool:
     """Whether the controller holds slurm.conf (asked once per run; EnvironmentProblem when it does not answer)."""
-    from mctl.fabric.work import _controller_run
+    from mctl.sched.slurm.control import controller_run
     from mctl.sched.slurm.render import settings_of
 
     if "slurm" not in ctx.cache:
         conf = shlex.quote(settings_of(ctx.site).conf_dir.rstrip("/") + "/slurm.conf")
-        result = _controller_run(ctx.site, f"if [ -e {conf} ]; then echo deployed; else echo absent; fi")
+        result = controller_run(ctx.site, f"if [ -e {conf} ]; then echo deployed; else echo absent; fi")
         ctx.cache["slurm"] = result.stdout.strip() == "deployed"
     return ctx.cache["slurm"]
 
@@ -387,11 +387,11 @@ def _stopped(ctx: _Ctx, step: str, exc: MctlError, resumed: bool, ran: list[str]
 # ------------------------------------------------------------------ the steps
 
 def _hold(ctx: _Ctx) -> Outcome:
-    from mctl.fabric.work import hold_trays
     from mctl.model.site import fold
+    from mctl.sched.slurm import holds
 
     affected = ctx.affected
-    held, refused = hold_trays(ctx.site, affected, ctx.spec.rack)
+    held, refused = holds.hold(ctx.site, affected, holds.PARTITION_CHANGE, holds.change_reason(ctx.spec.rack))
     order = {t: i for i, t in enumerate(affected)}
     all_held = sorted(set(held) | set(ctx.spec.held), key=lambda t: order.get(t, len(order)))
     ctx.journal.data["change"]["held"] = all_held
@@ -402,16 +402,16 @@ def _hold(ctx: _Ctx) -> Outcome:
 
 
 def _release(ctx: _Ctx) -> Outcome:
-    from mctl.fabric.work import release_command, release_trays
     from mctl.model.site import fold
+    from mctl.sched.slurm import holds
 
     held = ctx.held
     if not held:
         return Outcome(jr.DONE, "nothing held")
-    failed = release_trays(ctx.site, held)
+    failed = holds.release(ctx.site, held, holds.PARTITION_CHANGE)
     if failed:
         raise PartialFailure(f"{fold(failed)} could not be released: " +
-                             "; ".join(f"{t}: {w}" for t, w in failed.items()), hint=release_command(list(failed)))
+                             "; ".join(f"{t}: {w}" for t, w in failed.items()), hint=holds.release_command(list(failed)))
     ctx.journal.data["change"]["held"] = []
     ctx.journal.save()
     return Outcome(jr.DONE, f"released {fold(held)} in Slurm", True)
@@ -724,7 +724,7 @@ def _slurm_verify(ctx: _Ctx) -> Outcome:
 # --- Kubernetes
 
 def _labels(ctx: _Ctx) -> Outcome:
-    from mctl.fabric.change import label_changes
+    from mctl.change.plan import label_changes
     from mctl.sched.k8s import KubeClient
     from mctl.sched.k8s import kubeconfig as kc
 

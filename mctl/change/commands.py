@@ -1,16 +1,11 @@
-"""`mctl partition create|delete` as service functions: plan, record in mctl.yml, apply; nothing printed.
+"""What each partition command changes, planned and committed: create, apply, delete (nothing printed).
 
-Each change has two steps so that the caller can show the plan and apply the
-jobs rule (a confirmation for --force, a Slurm hold for --drain) in between:
-plan_* reads the inventory and NMX-M and returns an object saying what would
-change (nothing written); commit_* writes mctl.yml and applies the NMX-M plan,
-filling in the same object, whose to_dict() is the command's --json answer.
-As in mctl.fabric.service, the caller holds the rack lock, and callbacks
-(on_plan, on_step, on_held) let it show each step as it happens.
-
-The jobs rule's side effects live here too: change_plan() is the cross-layer
-plan with the work found on the trays it touches, hold_for_change() holds those
-trays in Slurm and waits for their jobs, release_held() lets them go.
+Each command has two steps so that the change service (mctl.change.service) can show the plan
+and apply the jobs rule in between: plan_* reads the inventory and NMX-M and returns an object
+saying what would change (nothing written); commit_* writes mctl.yml and applies the NMX-M plan
+(the `--nmx-only` and `--no-apply` paths), filling in the same object, whose to_dict() is the
+command's --json answer. The service adds the cross-layer plan (mctl.change.plan) as `change`,
+holds the rack lock, and runs the journaled change (mctl.change.run) everywhere else.
 """
 
 from __future__ import annotations
@@ -18,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from mctl.errors import MctlError, PartialFailure, UsageError
+from mctl.errors import MctlError, UsageError
 
 if TYPE_CHECKING:
     from mctl.fabric.nmx import NMXClient
@@ -27,78 +22,8 @@ if TYPE_CHECKING:
     from mctl.model.fabric import DesiredPartition, PartitionChange, PartitionPlan
     from mctl.model.site import Partition, Rack, Site
 
-DEFAULT_WAIT = 600.0                # --drain's default wait for the jobs on the held trays, seconds
-
 OnPlan = Callable[["PartitionPlan"], None]
 OnStep = Callable[[int, "PartitionChange"], None]
-
-
-# ------------------------------------------------------------------ the change across layers
-
-def change_plan(site: "Site", rack: "Rack", after: Sequence["Partition"], nmx: "PartitionPlan | None") -> "ChangePlan":
-    """The plan with the work discovered on the trays it touches (the scheduler is asked only when needed)."""
-    from mctl.fabric.change import plan_change
-    from mctl.fabric.service import imex_settings
-    from mctl.fabric.work import discover
-
-    settings = imex_settings(site)
-    first = plan_change(site, rack, after, nmx, settings=settings)
-    if not first.affected:
-        return first
-    work, error = discover(site, first.affected)
-    return plan_change(site, rack, after, nmx, settings=settings, work=work, work_known=error is None,
-                       work_error=error)
-
-
-def busy_trays(cp: "ChangePlan") -> list[str]:
-    """The affected trays that run work now."""
-    affected = set(cp.affected)
-    return sorted({n for w in cp.work for n in w.nodes if n in affected})
-
-
-def hold_for_change(site: "Site", cp: "ChangePlan", wait: float, *,
-                    on_held: Callable[[list[str], dict[str, str]], None] | None = None) -> list[str]:
-    """Hold the affected trays in Slurm and wait up to *wait* seconds for their jobs; the trays held.
-
-    on_held is told the trays held and {tray: why not} for those mctl does not hold, before the
-    wait. Raises PartialFailure when jobs still run at the deadline (the trays stay held).
-    """
-    from mctl.fabric.work import HOLD_PREFIX, hold_trays, release_command, wait_for_jobs
-    from mctl.model.site import fold
-
-    held, refused = hold_trays(site, list(cp.affected), cp.rack)
-    if on_held is not None:
-        on_held(held, refused)
-    left = wait_for_jobs(site, list(cp.affected), wait)
-    if left:
-        raise PartialFailure(f"rack {cp.rack}: the jobs on the trays did not end within {wait:g}s: "
-                             f"{'; '.join(w.describe() for w in left)}; nothing was changed, and "
-                             f"{fold(held) if held else 'no tray'} stay held (reason '{HOLD_PREFIX} ...')",
-                             hint="run the same command again (with --drain) to go on waiting, or release the trays: "
-                                  + (release_command(held) if held else "nothing to release"))
-    return held
-
-
-def release_held(site: "Site", held: Sequence[str]) -> None:
-    """Resume the trays held for the change; PartialFailure naming those that could not be."""
-    from mctl.fabric.work import release_command, release_trays
-    from mctl.model.site import fold
-
-    if not held:
-        return
-    failed = release_trays(site, held)
-    if failed:
-        raise PartialFailure(f"the change is done but {fold(failed)} could not be released: "
-                             + "; ".join(f"{t}: {w}" for t, w in failed.items()),
-                             hint=release_command(list(failed)))
-
-
-def held_hint(held: Sequence[str]) -> str:
-    """What an error's hint adds when trays stay held in Slurm."""
-    from mctl.fabric.work import release_command
-
-    return f"; {', '.join(held)} stay held in Slurm: once fixed run the command again, or release them: " \
-           f"{release_command(held)}" if held else ""
 
 
 # ------------------------------------------------------------------ apply (the inventory's partitions)
@@ -110,7 +35,7 @@ class PartitionApply:
     rack: "Rack"
     client: "NMXClient"
     plan: "PartitionPlan"
-    change: "ChangePlan"
+    change: "ChangePlan | None" = None
     applied: bool = False
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,24 +45,20 @@ class PartitionApply:
 
 def plan_apply(site: "Site", rack: "Rack", desired: Sequence["DesiredPartition"], *, prune: bool, kind: str,
                on_plan: OnPlan | None = None) -> PartitionApply:
-    """Ask NMX-M for the plan towards *desired* (on_plan is told it), then the change across layers."""
+    """Ask NMX-M for the plan towards *desired* (on_plan is told it); the service adds the change across layers."""
     from mctl.fabric.service import plan_partitions_for
 
     client, plan = plan_partitions_for(site, rack, desired, prune=prune, kind=kind)
     if on_plan is not None:
         on_plan(plan)
-    return PartitionApply(rack, client, plan, change_plan(site, rack, rack.partitions, plan))
+    return PartitionApply(rack, client, plan)
 
 
-def commit_apply(op: PartitionApply, *, held: Sequence[str] = (), on_step: OnStep | None = None) -> PartitionApply:
-    """Apply the NMX-M plan; under the caller's lock. An error's hint names the trays still held."""
+def commit_apply(op: PartitionApply, *, on_step: OnStep | None = None) -> PartitionApply:
+    """Apply the NMX-M plan; under the caller's lock."""
     from mctl.fabric.reconcile import apply_plan
 
-    try:
-        apply_plan(op.client, op.plan, op.rack.gpus_per_tray, on_step=on_step)
-    except MctlError as exc:
-        exc.hint = (exc.hint or "") + held_hint(held)
-        raise
+    apply_plan(op.client, op.plan, op.rack.gpus_per_tray, on_step=on_step)
     op.applied = True
     return op
 
@@ -216,15 +137,14 @@ def plan_create(site: "Site", rack: "Rack", *, name: str | None, template: str |
                            apply=not no_apply and rack.nmx is not None, dry_run=dry_run)
 
 
-def plan_create_on_nmx(site: "Site", op: PartitionCreate, *, kind: str, on_plan: OnPlan | None = None) -> "ChangePlan":
-    """Ask NMX-M for the plan towards the new partitions (on_plan is told it), then the change across layers."""
+def plan_create_on_nmx(site: "Site", op: PartitionCreate, *, kind: str, on_plan: OnPlan | None = None) -> "PartitionPlan":
+    """Ask NMX-M for the plan towards the new partitions (on_plan is told it)."""
     from mctl.fabric.service import plan_partitions_for
 
     op.client, op.plan = plan_partitions_for(site, op.rack, op.desired, kind=kind)
     if on_plan is not None:
         on_plan(op.plan)
-    op.change = change_plan(site, op.rack, op.partitions, op.plan)
-    return op.change
+    return op.plan
 
 
 def record_create(op: PartitionCreate) -> None:
@@ -234,7 +154,7 @@ def record_create(op: PartitionCreate) -> None:
     write_edit(op.edit)
 
 
-def apply_create(op: PartitionCreate, *, held: Sequence[str] = (), on_step: OnStep | None = None) -> PartitionCreate:
+def apply_create(op: PartitionCreate, *, on_step: OnStep | None = None) -> PartitionCreate:
     """Apply the NMX-M plan once the inventory is written; an error's hint says how to go on."""
     from mctl.fabric.reconcile import apply_plan
 
@@ -243,7 +163,7 @@ def apply_create(op: PartitionCreate, *, held: Sequence[str] = (), on_step: OnSt
             apply_plan(op.client, op.plan, op.rack.gpus_per_tray, on_step=on_step)
         except MctlError as exc:
             exc.hint = ((exc.hint + "; ") if exc.hint else "") + \
-                f"the inventory is updated; run 'mctl partition apply {op.rack.name}' once fixed" + held_hint(held)
+                f"the inventory is updated; run 'mctl partition apply {op.rack.name}' once fixed"
             raise
         op.applied = True
     return op
@@ -373,12 +293,7 @@ def plan_delete(site: "Site", rack: "Rack", name: str, *, no_apply: bool, dry_ru
     return op
 
 
-def plan_delete_change(site: "Site", op: PartitionDelete) -> "ChangePlan":
-    op.change = change_plan(site, op.rack, op.after, op.plan)
-    return op.change
-
-
-def commit_delete(op: PartitionDelete, *, held: Sequence[str] = (), on_step: OnStep | None = None) -> PartitionDelete:
+def commit_delete(op: PartitionDelete, *, on_step: OnStep | None = None) -> PartitionDelete:
     """Write the inventory without the partition, then delete it on NMX-M; under the caller's lock."""
     from mctl.fabric.reconcile import apply_plan
     from mctl.fabric.record import write_edit
@@ -386,9 +301,5 @@ def commit_delete(op: PartitionDelete, *, held: Sequence[str] = (), on_step: OnS
     if op.edit is not None:
         write_edit(op.edit)
     if op.plan is not None and op.client is not None:
-        try:
-            apply_plan(op.client, op.plan, op.rack.gpus_per_tray, on_step=on_step)
-        except MctlError as exc:
-            exc.hint = (exc.hint or "") + held_hint(held)
-            raise
+        apply_plan(op.client, op.plan, op.rack.gpus_per_tray, on_step=on_step)
     return op
