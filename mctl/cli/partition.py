@@ -50,32 +50,14 @@ def list_(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", 
 
     Example: mctl -i inventories/lab partition list lab-r1
     """
-    from mctl.fabric.nmx import NMXClient, NMXError
-    from mctl.fabric.partitions import PartitionRow, desired_from_rack, partition_rows
-    from mctl.fabric.reconcile import discover
+    from mctl.fabric.report import partition_report
 
     site = options().site()
     racks = [_rack(site, rack)] if rack else list(site.racks.values())
-    rows: list[PartitionRow] = []
-    errors: dict[str, str] = {}
-    endpoints: dict[str, str | None] = {}
-    for r in racks:
-        desired = desired_from_rack(r)
-        endpoints[r.name] = r.nmx.url if r.nmx else None
-        if offline or r.nmx is None:
-            rows += [_declared(row) for row in partition_rows(r, desired, None, None)]
-            continue
-        client = NMXClient.for_rack(site, r)        # bad credentials file or URL: a usage error, raised
-        try:
-            state = discover(client, r)
-            rows += partition_rows(r, desired, state.fabric, state.partitions)
-        except NMXError as exc:
-            errors[r.name] = exc.message
-            rows += [_declared(row) for row in partition_rows(r, desired, None, None)]
+    report = partition_report(site, racks, offline=offline)
+    rows, errors = report.rows, report.errors
     if want_json(json_):
-        render.print_json({"racks": [{"rack": r.name, "nmx": endpoints[r.name], "error": errors.get(r.name),
-                                      "partitions": [row.to_dict() for row in rows if row.rack == r.name]}
-                                     for r in racks]})
+        render.print_json(report.to_dict())
     else:
 
         table = render.data_table(title_justify="left")
@@ -93,11 +75,6 @@ def list_(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", 
                              f"({', '.join(errors)})", hint="the inventory's partitions are shown as 'declared'")
 
 
-def _declared(row):
-    from dataclasses import replace
-    return replace(row, state="declared")
-
-
 @app.command()
 def show(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition name.", show_default=False)],
          json_: JsonOpt = False) -> None:
@@ -105,45 +82,27 @@ def show(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition name
 
     Example: mctl -i inventories/lab partition show lab-r1 p0 --json
     """
-    from mctl.fabric.nmx import NMXClient
-    from mctl.fabric.reconcile import discover
+    from mctl.fabric.report import partition_detail
     from mctl.model.fabric import describe_members
+    from mctl.model.site import fold
 
-    site = options().site()
-    r = _rack(site, rack)
-    declared = next((p for p in r.partitions if p.name == name), None)
-    found = None
-    state = None
-    if r.nmx is not None:
-        state = discover(NMXClient.for_rack(site, r), r)
-        found = next((p for p in state.partitions if p.name == name), None)
-    if declared is None and found is None:
-        known = sorted({p.name for p in r.partitions} | ({p.name for p in state.partitions} if state else set()))
-        raise UsageError(f"rack {rack} has no partition {name!r}",
-                         hint=f"partitions: {', '.join(known) if known else 'none'}")
-    members: list[dict] = []
-    if found is not None and state is not None:
-        have, foreign = state.fabric.resolve(found)
-        for g in sorted(have):
-            members.append({"tray": g.tray, "gpu": g.device_id, "gpu_id": g.gpu_id, "location": g.location.to_nmx()})
-        members += [{"tray": None, "gpu": None, "gpu_id": f, "location": None} for f in foreign]
-    data = {"rack": rack, "name": name, "nmx": r.nmx.url if r.nmx else None,
-            "inventory_trays": list(declared.trays) if declared else None,
-            "partition_id": found.partition_id if found else None, "id": found.id if found else None,
-            "type": found.type if found else None, "health": found.health if found else None,
-            "members": members}
+    r = _rack(options().site(), rack)
+    data = partition_detail(options().site(), r, name)
+    found = data.pop("found")
+    members = data["members"]
     if want_json(json_):
         render.print_json(data)
         return
     _say(f"partition {name} of rack {rack}")
-    _say(f"  inventory: {declared.nodeset if declared else 'not declared'}")
+    trays = data["inventory_trays"]
+    _say(f"  inventory: {fold(trays) if trays is not None else 'not declared'}")
     if r.nmx is None:
         _say("  NMX-M: no endpoint configured for this rack")
         return
-    if found is None:
+    if not found:
         _say(f"  NMX-M ({r.nmx.url}): not present (run 'mctl partition apply {rack}')")
         return
-    _say(f"  NMX-M: PartitionID {found.partition_id}, id {found.id}, {found.type}, health {found.health}")
+    _say(f"  NMX-M: PartitionID {data['partition_id']}, id {data['id']}, {data['type']}, health {data['health']}")
     by_tray: dict[str, list[dict]] = {}
     for m in members:
         by_tray.setdefault(m["tray"] or "(not this rack)", []).append(m)
