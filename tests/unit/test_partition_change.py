@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from mctl.fabric.change import DRAIN, FORCE, GO, REFUSE, before_from_plan, decide, plan_change, work_on
-from mctl.fabric.imex import ImexSettings
+from mctl.model.imex import ImexSettings
 from mctl.fabric.partitions import template_partitions
 from mctl.fabric.work import SQUEUE, parse_squeue, pod_work
 from mctl.inventory import load_site
