@@ -3,7 +3,7 @@
 
 Target (issue 5): `mctl provision` wall time <= 1.10 x a plain `ansible-playbook` run of
 the same playbook on the same trays. Both use the same inventory (mctl.yml through
-mctl's inventory plugin) and the same Ansible settings (mctl.provision.runner.ansible_env:
+mctl's inventory plugin) and the same Ansible settings (mctl.ansible.runner.ansible_env:
 pipelining, SSH control persistence, forks), so the difference is what mctl adds:
 planning, ansible-runner's event stream, the run folder and the recap.
 
@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from mctl.lab import procs  # noqa: E402
-from mctl.provision.runner import ansible_env  # noqa: E402
+from mctl.ansible.runner import ansible_env  # noqa: E402
 
 
 def free_net() -> int:

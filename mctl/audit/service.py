@@ -68,8 +68,8 @@ class Plan:
 
 
 def plan_audit(site: "Site", racks: Sequence["Rack"]) -> Plan:
-    from mctl.fabric.imex import CONFIG_FILE, ImexSettings
     from mctl.images.catalog import ImageCatalog
+    from mctl.model.imex import CONFIG_FILE, ImexSettings
 
     skipped: list[Skip] = []
     trays = [h for r in racks for h in r.compute]
@@ -180,7 +180,8 @@ def evaluate(site: "Site", plan: Plan, actual: "Actual", settings: AuditSettings
 
     # IMEX files
     if plan.imex_settings is not None:
-        from mctl.fabric.imex import CONFIG_FILE, domain_of, expected_files
+        from mctl.fabric.imex import domain_of, expected_files
+        from mctl.model.imex import CONFIG_FILE
 
         for rack in plan.racks:
             expected = expected_files(rack, plan.imex_settings)

@@ -12,7 +12,7 @@ from mctl.errors import EXIT_PARTIAL, MctlError
 if TYPE_CHECKING:
     from mctl.bringup.journal import Journal
     from mctl.model.site import Host, Rack, Site
-    from mctl.provision.runner import HostEvent
+    from mctl.ansible.runner import HostEvent
 
 PHASES: tuple[str, ...] = ("preflight", "inventory", "provision", "partitions", "imex", "scheduler", "health",
                            "burn-in", "open")

@@ -16,7 +16,7 @@ from mctl.fabric.change import before_from_plan, imex_changes, tray_changes, wit
 from mctl.model.change import ChangePlan, LabelChange, RunningWork, SlurmChange, work_on
 
 if TYPE_CHECKING:
-    from mctl.fabric.imex import ImexSettings
+    from mctl.model.imex import ImexSettings
     from mctl.model.fabric import PartitionPlan
     from mctl.model.site import Partition, Rack, Site
 

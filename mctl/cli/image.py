@@ -94,7 +94,7 @@ def diff(
 
     Example: mctl -i inventories/lab image diff lab-r1
     """
-    from mctl.images.diff import diff as run_diff
+    from mctl.audit.image_diff import diff as run_diff
     from mctl.model.site import fold
     from mctl.transport import resolve_hosts
 

@@ -33,7 +33,7 @@ def _racks(site: "Site", rack: str | None) -> list["Rack"]:
 
 
 def _settings(site: "Site"):
-    from mctl.fabric.imex import ImexSettings
+    from mctl.model.imex import ImexSettings
     return ImexSettings.from_vars((site.vars or {}).get("imex"))
 
 
@@ -56,7 +56,7 @@ def render_(rack: Annotated[str, typer.Argument(help="Rack name.", show_default=
     Example: mctl -i inventories/lab imex render lab-r1 --tray lab-r1-tray01
     """
     from mctl.fabric.imex import domains_summary, imex_domains, local_path, render_rack
-    from mctl.fabric.imex_job import EPILOG_NAME, PROLOG_NAME, JobScopeSettings, render_epilog, render_prolog
+    from mctl.sched.slurm.imex_job import EPILOG_NAME, PROLOG_NAME, JobScopeSettings, render_epilog, render_prolog
     from mctl.state.files import atomic_write
 
     site = options().site()

@@ -70,7 +70,7 @@ def install_check(
     Example: mctl -i inventories/lab node install-check lab-r1
     """
     from mctl.health.site_view import resolve_scope
-    from mctl.provision.runner import PlaybookRequest, run_playbook
+    from mctl.ansible.runner import PlaybookRequest, run_playbook
 
     opts = options()
     site = opts.site()

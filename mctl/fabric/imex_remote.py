@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from mctl.facts import FactsParseError
 from mctl.facts.imex import parse_domain_json, parse_domain_text, parse_query
-from mctl.fabric.imex import CONFIG_FILE, ImexSettings, TrayImexReport
+from mctl.fabric.imex import TrayImexReport
+from mctl.model.imex import CONFIG_FILE, ImexSettings
 
 if TYPE_CHECKING:
     from mctl.model.site import Host, Site

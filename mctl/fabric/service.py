@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:
-    from mctl.fabric.imex import ImexSettings
     from mctl.fabric.nmx import NMXClient
     from mctl.model.fabric import DesiredPartition, ImexDomainHealth, PartitionChange, PartitionPlan
+    from mctl.model.imex import ImexSettings
     from mctl.model.site import Rack, Site
     from mctl.transport.results import HostResult
 
@@ -85,7 +85,7 @@ def apply_partitions(site: "Site", rack: "Rack", desired: Sequence["DesiredParti
 # ------------------------------------------------------------------ IMEX
 
 def imex_settings(site: "Site") -> "ImexSettings":
-    from mctl.fabric.imex import ImexSettings
+    from mctl.model.imex import ImexSettings
 
     return ImexSettings.from_vars((site.vars or {}).get("imex"))
 

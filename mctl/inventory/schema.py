@@ -99,7 +99,7 @@ class SlurmSpec(Spec):
     topology = F(OneOf("auto", "block", "tree"), "auto")          # auto: block when Slurm supports it
     imex_dev_major = F(Opt(int), None, ge=0)                      # else the plugin reads /proc/devices
     # partition: static IMEX domains (mctl imex apply); job: the deployment installs the per-job
-    # prolog/epilog (mctl/fabric/imex_job.py) and wires them into slurm.conf (docs/scheduler.md)
+    # prolog/epilog (mctl/sched/slurm/imex_job.py) and wires them into slurm.conf (docs/scheduler.md)
     imex_scope = F(OneOf("partition", "job"), "partition")
     slurmctld_port = F(int, 6817, ge=1, le=65535)
     slurmd_port = F(int, 6818, ge=1, le=65535)                    # a tray's `slurmd_port` var overrides it

@@ -8,7 +8,7 @@ from typing import Callable
 
 from mctl.errors import UsageError
 from mctl.model.site import Site
-from mctl.provision.runner import HostEvent, PlaybookRequest, RunResult, last_run, playbook_path, run_playbook
+from mctl.ansible.runner import HostEvent, PlaybookRequest, RunResult, last_run, playbook_path, run_playbook
 
 KNOWN_TAGS = ("base", "nvidia", "imex", "health")   # the plays of playbooks/site.yml
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from mctl.facts.imex import parse_domain_json, parse_domain_text
-from mctl.fabric.imex import ImexSettings, assess_domain, render_config, render_nodes_config
+from mctl.fabric.imex import assess_domain, render_nodes_config
+from mctl.model.imex import ImexSettings, render_config
 from mctl.fabric.imex_remote import probe_command, report_from
 from mctl.model.fabric import ImexDomain, ImexMember
 from mctl.transport.results import HostResult, HostStatus

@@ -1,6 +1,6 @@
 """IMEX per-job scope under real Slurm on the lab (scheduler.slurm.imex_scope: job).
 
-`mctl deploy slurm` installs the prolog/epilog (mctl/fabric/imex_job.py) on the trays and names
+`mctl deploy slurm` installs the prolog/epilog (mctl/sched/slurm/imex_job.py) on the trays and names
 them in slurm.conf with PrologFlags=Alloc. An exclusive two-tray job then finds, from its own
 batch script (its first task), an IMEX domain UP of exactly its two trays; after it ends the
 epilog has stopped both daemons and emptied the node list. With switch/nvidia_imex, the lab's

@@ -137,7 +137,7 @@ def test_plain_ansible_playbook_reads_the_same_inventory(lab, provisioned):
 def test_run_folder_records_only_the_allowed_environment(lab, provisioned):
     """ansible-runner records the environment it ran with; mctl gives it an allow-list, not its own
     environment (MCTL_INVENTORY, MCTL_STATE_DIR and anything secret stay out), and the run still works."""
-    from mctl.provision.runner import ENV_ALLOW
+    from mctl.ansible.runner import ENV_ALLOW
 
     env = json.loads((Path(provisioned["run_dir"]) / "artifacts" / provisioned["run_id"] / "command").read_text())["env"]
     assert not [k for k in env if k.startswith("MCTL_")]

@@ -21,7 +21,8 @@ from mctl.audit.model import AuditReport, parse_duration
 from mctl.audit.reporters import render
 from mctl.audit.service import AuditSettings, evaluate, plan_audit
 from mctl.errors import UsageError
-from mctl.fabric.imex import ImexSettings, expected_files
+from mctl.fabric.imex import expected_files
+from mctl.model.imex import ImexSettings
 from mctl.model.tray import OsRelease, TrayFacts
 from mctl.health.engine import SweepResult
 from mctl.inventory import load_site

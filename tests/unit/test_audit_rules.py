@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from mctl.audit.rules import drains, hostkeys, imex, nmx, slurm, versions
-from mctl.fabric.imex import CONFIG_FILE, NODES_CONFIG_FILE, ImexSettings, expected_files
+from mctl.fabric.imex import expected_files
+from mctl.model.imex import CONFIG_FILE, NODES_CONFIG_FILE, ImexSettings
 from mctl.fabric.partitions import map_fabric
 from mctl.fabric.reconcile import FabricState
 from mctl.images.catalog import load_image

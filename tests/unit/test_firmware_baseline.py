@@ -122,7 +122,7 @@ def _probed(tmp_path):
 def test_image_diff_shows_each_firmware_item_wanted_and_found(captured, tmp_path):
     from dataclasses import replace
 
-    from mctl.images.diff import diff_tray
+    from mctl.audit.image_diff import diff_tray
 
     tray = captured[0]
     image = load_image(REPO / "images" / "lab-debian13.yml")

@@ -435,7 +435,8 @@ def test_tray_named_dotdot_cannot_make_imex_render_write_outside(tmp_path, capsy
     assert snapshot(tmp_path) == before and not out.exists()
 
     from mctl.errors import UsageError
-    from mctl.fabric.imex import ImexSettings, local_path
+    from mctl.fabric.imex import local_path
+    from mctl.model.imex import ImexSettings
 
     assert local_path(out, "rack-a-tray01", "/etc/nvidia-imex/config.cfg") == \
         out / "rack-a-tray01" / "etc" / "nvidia-imex" / "config.cfg"

@@ -546,7 +546,7 @@ def test_lock_is_released_when_the_command_ends(capsys, inv, state):
 @pytest.fixture()
 def control_dir(monkeypatch, tmp_path):
     """The ControlPath folder's parent moved from /tmp to a folder of the test's, so the test owns the name."""
-    import mctl.provision.runner as runner
+    import mctl.ansible.runner as runner
 
     base = tmp_path / "tmp"
     base.mkdir()
@@ -555,7 +555,7 @@ def control_dir(monkeypatch, tmp_path):
 
 
 def test_control_path_folder_is_made_private(control_dir):
-    from mctl.provision.runner import control_path_dir
+    from mctl.ansible.runner import control_path_dir
 
     old = os.umask(0)
     try:
@@ -567,7 +567,7 @@ def test_control_path_folder_is_made_private(control_dir):
 
 @pytest.mark.parametrize("kind", ["world-writable", "group-readable", "symlink", "file", "other-owner"])
 def test_control_path_folder_not_ours_or_open_is_refused(control_dir, tmp_path, kind):
-    from mctl.provision.runner import control_path_dir
+    from mctl.ansible.runner import control_path_dir
 
     if kind == "world-writable":
         control_dir.mkdir()
@@ -725,7 +725,7 @@ def test_private_key_that_is_a_folder_is_refused(capsys, inv, state, tmp_path):
 
 
 def test_ansible_gets_only_the_variables_it_needs(monkeypatch):
-    from mctl.provision.runner import ansible_env, runner_env
+    from mctl.ansible.runner import ansible_env, runner_env
 
     environ = {"PATH": "/usr/bin", "HOME": "/root", "LANG": "C.UTF-8", "LC_TIME": "C", "SSH_AUTH_SOCK": "/run/agent",
                "AWS_SECRET_ACCESS_KEY": "s3cr3t", "NMX_PASSWORD": "hunter2", "GITHUB_TOKEN": "ghp_x",
@@ -743,7 +743,7 @@ def test_ansible_gets_only_the_variables_it_needs(monkeypatch):
 
 def test_ansible_run_folder_keeps_no_secret_from_mctl_environment(tmp_path, monkeypatch):
     """A real (local, tiny) ansible-runner run: the environment recorded in its folder is the allow-list."""
-    from mctl.provision.runner import PlaybookRequest, run_playbook
+    from mctl.ansible.runner import PlaybookRequest, run_playbook
 
     monkeypatch.setenv("MCTL_TEST_SECRET", "do-not-leak-4711")
     monkeypatch.setenv("MCTL_KEEP_RUNS", "2")
@@ -772,7 +772,7 @@ def test_ansible_run_folder_keeps_no_secret_from_mctl_environment(tmp_path, monk
 
 @pytest.mark.parametrize("value", ["many", "-1", "1.5", "2e3"])
 def test_keep_runs_setting_is_checked_before_anything_runs(monkeypatch, tmp_path, value):
-    from mctl.provision.runner import PlaybookRequest, prune_runs, run_playbook
+    from mctl.ansible.runner import PlaybookRequest, prune_runs, run_playbook
 
     monkeypatch.setenv("MCTL_KEEP_RUNS", value)
     with pytest.raises(UsageError, match="MCTL_KEEP_RUNS"):
@@ -783,7 +783,7 @@ def test_keep_runs_setting_is_checked_before_anything_runs(monkeypatch, tmp_path
 
 
 def test_prune_keeps_the_newest_and_unfinished_young_runs(tmp_path):
-    from mctl.provision.runner import prune_runs
+    from mctl.ansible.runner import prune_runs
 
     runs = tmp_path / "provision" / "runs"
     names = [f"20260101-00000{i}-000000" for i in range(6)]

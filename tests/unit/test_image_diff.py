@@ -17,7 +17,7 @@ from mctl.facts.probe import AUDIT, from_result, probe_command
 from mctl.model.tray import TrayFacts
 from mctl.audit.rules import versions
 from mctl.images import load_image
-from mctl.images.diff import build_report, diff_tray
+from mctl.audit.image_diff import build_report, diff_tray
 from mctl.images.drift import DRIFT, MATCH, NOT_CHECKED, UNREPORTED, compare, image_drift
 from mctl.images import drift
 from mctl.model.findings import Severity

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from mctl.errors import UsageError
-from mctl.fabric.imex import ImexSettings
-from mctl.fabric.imex_job import JobScopeSettings, render_epilog, render_job_config, render_prolog
+from mctl.model.imex import ImexSettings
+from mctl.sched.slurm.imex_job import JobScopeSettings, render_epilog, render_job_config, render_prolog
 from mctl.sched.slurm import deploy, parse_slurmd_c, parse_version, render
 from tests.unit.test_slurm_render import GOLDEN, LAB_SETTINGS, lab_like
 

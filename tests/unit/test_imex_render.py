@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from mctl.errors import UsageError
-from mctl.fabric.imex import (ImexSettings, ImexTLS, TrayImexReport, assess_domain, imex_domains, render_config,
-                              render_nodes_config, render_rack, trays_needing, expected_files)
-from mctl.fabric.imex_job import JobScopeSettings, render_epilog, render_prolog
+from mctl.fabric.imex import (TrayImexReport, assess_domain, imex_domains, render_nodes_config, render_rack,
+                              trays_needing, expected_files)
+from mctl.model.imex import ImexSettings, ImexTLS, render_config
+from mctl.sched.slurm.imex_job import JobScopeSettings, render_epilog, render_prolog
 from mctl.fabric.imex import compare_views
 from mctl.fabric.imex_remote import parse_probe, probe_command, push_command, report_from
 from mctl.facts import FactsParseError

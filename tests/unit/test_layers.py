@@ -1,23 +1,36 @@
-"""The import graph of mctl/ has no arrow from a lower layer to a higher one (issue 14).
+"""The import graph of mctl/: no arrow from a lower layer to a higher one (issue 14), no arrow
+between two layer-2 packages, and no import circle (issue 26).
 
 Every module under mctl/ is parsed with `ast` (nothing is imported, so the test is cheap and
 sees imports inside functions and under TYPE_CHECKING too: a lazy import is still a
 dependency). The layers, lowest first; a package may import its own layer and any below:
 
   0  model, errors (and the `mctl` package itself, which only holds the version)
-  1  inventory, facts, transport, state
-  2  fabric, sched, provision, bmc, images, ansible
+  1  inventory, facts, checks, transport, state, images, ansible
+  2  fabric, sched, provision, bmc
   3  health, audit, bringup, rackinv
   4  cli (and `mctl.__main__`, which only starts it)
 
-Packages the issue did not name, placed by what they are today:
+Packages the issue did not name, placed by what they are:
 - state (lock files, atomic writes, snapshots) is storage every layer uses and imports only
   errors: layer 1 beside transport, which keeps its known_hosts with it.
 - bmc (a Redfish client and the BMC inventory read) is a device service like fabric's NMX-M
-  client: layer 2. images (software image catalogue, drift) and ansible (the inventory plugin
-  Ansible loads) are services over the inventory: layer 2.
+  client: layer 2.
+- images (the software image catalogue and the comparison of versions with it) loads and
+  judges like the inventory and the checks: layer 1. Reading trays and BMCs to compare them
+  with their image composes subsystems and is the audit's (mctl.audit.image_diff).
+- ansible (the inventory plugin Ansible loads, and the ansible-runner adapter every service
+  that runs a playbook uses) sits on the inventory and the state directory: layer 1.
 - rackinv (one rack's inventory run: probe, validate, snapshot) composes facts, transport and
   state like health and audit do: layer 3.
+
+Layer 2 is one subsystem per package, and a subsystem does not reach into another: a layer-2
+package imports its own package and layers 0-1 only. What two of them share goes down (a
+vocabulary to model/, an adapter to layer 1); what composes two of them goes up, to layer 3.
+
+No module imports itself back through others: the module graph has no strongly connected
+component of more than one module (Tarjan), lab included. A circle means two modules are one
+concept split in two, or one of them holds what both need.
 
 `mctl.lab` is a separate tool (the virtual rack for tests and demos): it may import anything,
 and nothing in product code may import it. Its command group `mctl.cli.lab` (`mctl lab ...`)
@@ -25,9 +38,9 @@ is the lab tool's entry point and counts as part of it.
 
 `mctl.model` imports nothing of mctl but `mctl.errors` (and itself).
 
-KNOWN_VIOLATIONS lists the arrows that still point the wrong way (issue 14 emptied it). The
-test fails on a violation not listed, and on a listed one that no longer occurs, so the list
-always says exactly what is left; keep it empty.
+KNOWN_VIOLATIONS, KNOWN_CROSS_IMPORTS and KNOWN_CYCLES list what still breaks a rule, exactly.
+The test fails on a break not listed, and on a listed one that no longer occurs, so each list
+always says exactly what is left; they only shrink, to empty.
 """
 
 from __future__ import annotations
@@ -41,8 +54,8 @@ ROOT = Path(mctl.__file__).resolve().parent
 
 LAYERS: dict[str, int] = {
     "mctl": 0, "errors": 0, "model": 0,
-    "inventory": 1, "facts": 1, "checks": 1, "transport": 1, "state": 1,
-    "fabric": 2, "sched": 2, "provision": 2, "bmc": 2, "images": 2, "ansible": 2,
+    "inventory": 1, "facts": 1, "checks": 1, "transport": 1, "state": 1, "images": 1, "ansible": 1,
+    "fabric": 2, "sched": 2, "provision": 2, "bmc": 2,
     "health": 3, "audit": 3, "bringup": 3, "rackinv": 3, "change": 3,
     "cli": 4, "__main__": 4,
 }
@@ -51,6 +64,22 @@ LAB_ENTRY = "mctl.cli.lab"          # the lab tool's command group
 
 # (importer module, imported module): arrows still to be turned around. Keep it empty.
 KNOWN_VIOLATIONS: set[tuple[str, str]] = set()
+
+# (importer module, imported module): arrows between two layer-2 packages still to be turned
+# around. Keep it empty: a layer-2 package imports only its own package and layers 0-1.
+KNOWN_CROSS_IMPORTS: set[tuple[str, str]] = set()
+
+# Import circles still there, each as the exact set of its modules (one strongly connected
+# component). health/'s are issue 26's to remove (the watch's engine and its two runners; the
+# policy and the ladder). The lab's are the lab tool's own: lab/control.py and its fault modules
+# go with issue 26's split of `lab fault` by target; the apt repository packs the files that the
+# registry of lab services lists, and the registry starts the repository as a rack service.
+KNOWN_CYCLES: set[frozenset[str]] = {
+    frozenset({"mctl.health.engine", "mctl.health.isolate_run", "mctl.health.ladder_run"}),
+    frozenset({"mctl.health.ladder", "mctl.health.policy"}),
+    frozenset({"mctl.lab.aptrepo", "mctl.lab.services"}),
+    frozenset({"mctl.lab.bmc_faults", "mctl.lab.control", "mctl.lab.nmx_faults"}),
+}
 
 
 def _module_name(path: Path) -> str:
@@ -116,6 +145,83 @@ def violations(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
     return out
 
 
+def cross_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Arrows from one layer-2 package to another."""
+    return {(importer, target) for importer, targets in graph.items() for target in targets
+            if LAYERS.get(_package(importer)) == LAYERS.get(_package(target)) == 2
+            and _package(importer) != _package(target)}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component of more than one module (Tarjan's algorithm), each sorted;
+    iterative, so a long chain of imports cannot exhaust Python's recursion limit."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, targets = work[-1]
+            target = next((t for t in targets if t in graph), None)
+            if target is not None:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                elif target in on_stack:
+                    low[node] = min(low[node], index[target])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def _shortest(graph: dict[str, set[str]], members: set[str], start: str, done: set[str]) -> list[str]:
+    """The imports from *start* (breadth first, inside *members*) to the nearest module in *done*."""
+    came_from: dict[str, str] = {}
+    queue = [start]
+    for node in queue:
+        for target in sorted(graph[node] & members):
+            if target in done:
+                path = [target, node]
+                while path[-1] != start:
+                    path.append(came_from[path[-1]])
+                return path[::-1][1:]
+            if target not in came_from and target != start:
+                came_from[target] = node
+                queue.append(target)
+    raise AssertionError(f"{sorted(members)} is not strongly connected")
+
+
+def circle(graph: dict[str, set[str]], component: list[str]) -> list[str]:
+    """Every module of *component* in import order, from its first module back to it: each step
+    follows real imports to the nearest module not named yet, the last one back to the first."""
+    members = set(component)
+    walk = [component[0]]
+    while members - set(walk):
+        walk += _shortest(graph, members, walk[-1], members - set(walk))
+    return walk + _shortest(graph, members, walk[-1], {component[0]})
+
+
 def test_every_package_has_a_layer():
     packages = {_package(m) for m in _modules()} - {LAB}
     assert packages <= set(LAYERS), f"put {sorted(packages - set(LAYERS))} in a layer (and say why above)"
@@ -129,12 +235,18 @@ def test_the_graph_is_read():
     assert any(_package(t) == LAB for t in graph[LAB_ENTRY])
 
 
+def _exactly_listed(found: set, known: set, *, new_says: str, gone_says: str, show=str, show_gone=str) -> None:
+    """What a rule finds is exactly what its KNOWN_ list says: a break not listed fails, and so does a
+    listed one that no longer occurs (the list is stale)."""
+    new = sorted(show(x) for x in found - known)
+    gone = sorted(show_gone(x) for x in known - found)
+    assert not new, new_says + ": " + ", ".join(new)
+    assert not gone, gone_says + ": " + ", ".join(gone)
+
+
 def test_no_arrow_from_a_lower_layer_to_a_higher_one():
-    found = violations(_graph())
-    new = sorted(found - KNOWN_VIOLATIONS)
-    gone = sorted(KNOWN_VIOLATIONS - found)
-    assert not new, "imports against the layers (importer, imported): " + ", ".join(map(str, new))
-    assert not gone, "no longer violations, remove them from KNOWN_VIOLATIONS: " + ", ".join(map(str, gone))
+    _exactly_listed(violations(_graph()), KNOWN_VIOLATIONS, new_says="imports against the layers (importer, imported)",
+                    gone_says="no longer violations, remove them from KNOWN_VIOLATIONS")
 
 
 def test_model_imports_nothing_of_mctl_but_errors():
@@ -153,6 +265,34 @@ def test_the_rules_catch_a_wrong_arrow():
              "mctl.cli.lab": {"mctl.lab.control"}, "mctl.cli.main": {"mctl.health.y"}}
     assert violations(graph) == {("mctl.model.site", "mctl.inventory.schema"), ("mctl.sched.x", "mctl.health.policy"),
                                  ("mctl.health.y", "mctl.lab.faults")}
+
+
+def test_no_layer_2_package_imports_another():
+    """A subsystem (fabric, sched, provision, bmc) imports its own package and layers 0-1 only."""
+    _exactly_listed(cross_imports(_graph()), KNOWN_CROSS_IMPORTS,
+                    new_says="a layer-2 package imports another (importer, imported)",
+                    gone_says="no longer imported, remove them from KNOWN_CROSS_IMPORTS")
+
+
+def test_no_import_circle():
+    graph = _graph()
+    _exactly_listed({frozenset(c) for c in cycles(graph)}, KNOWN_CYCLES, new_says="import circles",
+                    gone_says="no longer circles, remove them from KNOWN_CYCLES",
+                    show=lambda c: " -> ".join(circle(graph, sorted(c))), show_gone=lambda c: str(sorted(c)))
+
+
+def test_the_rules_catch_a_cross_import_and_a_circle():
+    graph = {"mctl.fabric.a": {"mctl.sched.b", "mctl.fabric.c", "mctl.model.site", "mctl.transport.ssh"},
+             "mctl.sched.b": {"mctl.fabric.c"}, "mctl.fabric.c": {"mctl.fabric.a"}, "mctl.model.site": set(),
+             "mctl.transport.ssh": set(), "mctl.lab.x": {"mctl.sched.b"}, "mctl.health.y": {"mctl.sched.b"}}
+    assert cross_imports(graph) == {("mctl.fabric.a", "mctl.sched.b"), ("mctl.sched.b", "mctl.fabric.c")}
+    assert cycles(graph) == [["mctl.fabric.a", "mctl.fabric.c", "mctl.sched.b"]]
+    assert circle(graph, cycles(graph)[0]) == ["mctl.fabric.a", "mctl.fabric.c", "mctl.fabric.a", "mctl.sched.b",
+                                               "mctl.fabric.c", "mctl.fabric.a"]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    two = {"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"e"}, "e": {"c"}}
+    assert cycles(two) == [["a", "b"], ["c", "d", "e"]]
+    assert circle(two, ["c", "d", "e"]) == ["c", "d", "e", "c"]
 
 
 def test_every_import_of_mctl_names_a_module_that_exists():

@@ -10,7 +10,7 @@ import yaml
 from mctl.change.plan import plan_change
 from mctl.fabric.change import DRAIN, FORCE, GO, REFUSE, before_from_plan, decide
 from mctl.model.change import work_on
-from mctl.fabric.imex import ImexSettings
+from mctl.model.imex import ImexSettings
 from mctl.fabric.partitions import template_partitions
 from mctl.sched.work import SQUEUE, parse_squeue, pod_work
 from mctl.inventory import load_site

@@ -57,7 +57,7 @@ def _drift(ctx: Context, hosts: list["Host"], images: dict[str, str | None]) -> 
 def _provision_need(ctx: Context) -> ProvisionNeed:
     from mctl.bringup.digest import provision_digest, tree_digest
     from mctl.provision.markers import read_markers
-    from mctl.provision.runner import PLAYBOOKS_DIR
+    from mctl.ansible.runner import PLAYBOOKS_DIR
     from mctl.provision.service import plan_provision
 
     hosts = ctx.managed

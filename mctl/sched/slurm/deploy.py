@@ -185,7 +185,7 @@ def dry_run(plan: SlurmPlan) -> DryRun:
 @dataclass
 class DeployResult:
     plan: SlurmPlan
-    run: object                         # mctl.provision.runner.RunResult
+    run: object                         # mctl.ansible.runner.RunResult
     verification: object | None = None  # remote.Verification
     key_created: bool = False
     warnings: list[str] = field(default_factory=list)
@@ -247,7 +247,7 @@ def apply(plan: SlurmPlan, *, on_event: Callable | None = None, verify: bool = T
 
     Every rack's lock is taken here, unless the caller holds them already (*locked*: the CLI takes them
     before it plans or prints anything)."""
-    from mctl.provision.runner import PlaybookRequest, run_playbook
+    from mctl.ansible.runner import PlaybookRequest, run_playbook
     from mctl.sched.slurm.remote import verify as verify_cluster
     from mctl.state import atomic_write, write_json
 

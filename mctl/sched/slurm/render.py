@@ -75,10 +75,10 @@ class ImexJobFiles:
 
 
 def render_imex_job(site: Site, settings: SlurmSettings, trays: list[Host]) -> ImexJobFiles:
-    """The per-job IMEX files from the site's vars.imex (mctl/fabric/imex_job.py renders the scripts)."""
-    from mctl.fabric.imex import CONFIG_FILE, ImexSettings
-    from mctl.fabric.imex_job import EPILOG_NAME, PROLOG_NAME, JobScopeSettings, render_epilog, render_job_config, \
-        render_prolog
+    """The per-job IMEX files from the site's vars.imex (mctl/sched/slurm/imex_job.py renders the scripts)."""
+    from mctl.model.imex import CONFIG_FILE, ImexSettings
+    from mctl.sched.slurm.imex_job import EPILOG_NAME, PROLOG_NAME, JobScopeSettings, render_epilog, \
+        render_job_config, render_prolog
 
     imex = ImexSettings.from_vars((site.vars or {}).get("imex"))
     job = JobScopeSettings.from_imex(imex)

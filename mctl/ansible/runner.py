@@ -6,6 +6,11 @@ command, stdout, one JSON file per event, status, rc) and `recap.json` (per-host
 result and, for failed hosts, the failing task and message). The inventory given
 to Ansible is the site's own mctl.yml, read through mctl's inventory plugin, so
 Ansible and mctl cannot disagree about hosts.
+
+This is the one adapter that starts Ansible, for every service that runs a playbook
+(provisioning, the Slurm deployment, the node check's install, bring-up): it sits in
+layer 1 beside the inventory plugin Ansible loads, so no service reaches into another
+service's package to run one (docs/decisions.md D58).
 """
 
 from __future__ import annotations

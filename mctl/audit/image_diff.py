@@ -7,6 +7,12 @@ each under the transport's connect and command deadlines, and compared by
 Nothing is written anywhere.
 
 `build_report` is pure (tested on captured probe results); `diff` does the SSH.
+
+It lives beside the audit because it is the audit's drift, shown per component: it
+composes the trays (SSH) and their BMCs (mctl.bmc, for firmware) with the image catalogue,
+as a service of layer 3 does, and leaves mctl.images the catalogue (the definitions in
+images_dir) and the pure comparison, which provisioning, health and the audit use alike
+(docs/decisions.md D59).
 """
 
 from __future__ import annotations

@@ -14,6 +14,11 @@ Both always exit 0: a failing prolog or epilog drains the node in Slurm, and an
 IMEX domain that did not form is a job problem the health checks report, not a
 reason to take trays out of service. Both log through logger(1) with tag
 `mctl-imex`.
+
+A Slurm deployment's file (slurm.conf names the scripts, `mctl deploy slurm` installs them
+under scheduler.slurm.conf_dir), so it lives with Slurm; the IMEX daemon's settings and its
+config.cfg text come from mctl.model.imex, the same ones the static domains write
+(docs/decisions.md D60).
 """
 
 from __future__ import annotations
@@ -21,8 +26,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from mctl.fabric.imex import CONFIG_FILE, NODES_CONFIG_FILE, ImexSettings, render_config
 from mctl.model.fabric import ImexDomain, ImexMember
+from mctl.model.imex import CONFIG_FILE, NODES_CONFIG_FILE, ImexSettings, render_config
 
 # Where the Slurm deployment installs the scripts, under scheduler.slurm.conf_dir (slurm.conf names them).
 PROLOG_NAME = "prolog.d/90-mctl-imex.sh"
