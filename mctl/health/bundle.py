@@ -50,7 +50,7 @@ MODULES = (
     "mctl.facts.services", "mctl.facts.imex", "mctl.facts.os_release",
     "mctl.state", "mctl.state.files", "mctl.state.lock", "mctl.state.snapshots",
     "mctl.sched", "mctl.sched.slurm", "mctl.sched.slurm.facts", "mctl.sched.slurm.drain",
-    "mctl.health", "mctl.model.settings", "mctl.health.policy",
+    "mctl.health", "mctl.model.settings", "mctl.health.policy", "mctl.health.record",
     "mctl.health.breaker", "mctl.health.hysteresis", "mctl.health.store", "mctl.health.nvml",
     "mctl.health.node_check",
     "mctl.checks", "mctl.checks._base", "mctl.checks.catalogue", "mctl.checks.reachability",

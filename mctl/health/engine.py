@@ -26,7 +26,7 @@ from mctl.health import policy, store
 from mctl.health import breaker as breakerlib
 from mctl.health.breaker import BreakerState
 from mctl.model.tray import TrayFacts, smi_timeout_for
-from mctl.health.policy import TrayVerdict
+from mctl.health.record import PowerOffNote, TrayRecord, TrayVerdict
 from mctl.facts.probe import HEALTH, from_result, probe_command
 from mctl.model.settings import HealthSettings
 from mctl.health.site_view import Scope, expectations, partition_plan, rack_sizes
@@ -59,7 +59,7 @@ class SweepResult:
     decisions: list[Decision] = field(default_factory=list)
     logged: list[store.ActionEntry] = field(default_factory=list)   # action-log entries of this sweep
     breaker: BreakerState = field(default_factory=BreakerState)
-    records: dict[str, policy.TrayRecord] = field(default_factory=dict)
+    records: dict[str, TrayRecord] = field(default_factory=dict)
 
     def worst(self) -> Severity:
         return worst(self.findings)
@@ -327,7 +327,7 @@ class Engine:
             verdicts: dict[str, TrayVerdict] = {}
             for host in sorted(hosts):
                 v = self._tray_verdict(facts[host].with_slurm_node(states.get(host)))
-                prev = records.get(host) or policy.TrayRecord(host, v.rack)
+                prev = records.get(host) or TrayRecord(host, v.rack)
                 step = policy.decide_tray(prev, v, nodes.get(host), self.settings, answered=True, now=now)
                 if step.want is None:
                     continue
@@ -500,21 +500,21 @@ class Engine:
         out = []
         for name, rec in sorted(outcome.records.items()):
             ep = rec.leak
-            if ep is None or ep.get("sent") or name not in hosts:
+            if ep is None or ep.sent or name not in hosts:
                 continue
-            if now < float(ep.get("since", now)) + s.leak_power_off_after_s:
+            if now < ep.since + s.leak_power_off_after_s:
                 continue
             why = leaks.power_off_due(ep, drained=rec.drained, breaker_tripped=outcome.breaker.tripped,
                                       enabled=s.leak_power_off, after_s=s.leak_power_off_after_s, now=now)
             if why is None:
                 blocked = leaks.blocked(ep, drained=rec.drained, breaker_tripped=outcome.breaker.tripped,
                                         enabled=s.leak_power_off)
-                if blocked and ep.get("blocked") != blocked:
+                if blocked and ep.blocked != blocked:
                     d = Decision(name, "skip", f"leak: not powered off: {blocked}", reason=rec.reason, rack=rec.rack,
                                  at=now)
                     outcome.decisions.append(d)
                     outcome.notes.append(d)
-                    outcome.records[name] = replace(rec, leak={**ep, "blocked": blocked})
+                    outcome.records[name] = replace(rec, leak=replace(ep, blocked=blocked))
                 continue
             out.append((Decision(name, leaks.POWER_OFF, why, reason=rec.reason, full=rec.full_reason, rack=rec.rack,
                                  at=now), hosts[name]))
@@ -539,11 +539,13 @@ class Engine:
         for d, h in due:
             r = results[h.name]
             rec = outcome.records[h.name]
-            ep = rec.leak or {}
+            ep = rec.leak
+            if ep is None:
+                continue
             if r.sent or r.ok:
                 ep = leaks.sent(ep, at=now, result=r.result, power_state=r.power_state)
             else:                                   # nothing was POSTed: tried again next sweep
-                ep = {**ep, "power_off": {"at": now, "result": r.result, "power_state": r.power_state}}
+                ep = replace(ep, power_off=PowerOffNote(now, r.result, r.power_state))
             outcome.records[h.name] = replace(rec, leak=ep)
             outcome.decisions.append(d)
             entries.append(store.action_entry(leaks.POWER_OFF, h.name, d.reason, who=self.who, full=d.full, at=now,
@@ -597,7 +599,7 @@ class _EarlyDrains:
         self.offered: list[str] = []
         self.wake = asyncio.Event()
         self.closed = False
-        self.before: dict[str, policy.TrayRecord] = {}      # tray drained early -> its record before this sweep
+        self.before: dict[str, TrayRecord] = {}      # tray drained early -> its record before this sweep
         self.decisions: list[Decision] = []
         self.logged: list[store.ActionEntry] = []
         self.task = asyncio.ensure_future(self._run())
@@ -632,7 +634,7 @@ class _EarlyDrains:
             self.task.exception()       # retrieved: the sweep's own error is the one reported
 
 
-def _with_drain_of(advanced: policy.TrayRecord, drained: policy.TrayRecord) -> policy.TrayRecord:
+def _with_drain_of(advanced: TrayRecord, drained: TrayRecord) -> TrayRecord:
     """*advanced* (this sweep's record from the whole verdict) with what an early drain made of the tray."""
     return replace(advanced, drained=drained.drained, reason=drained.reason, full_reason=drained.full_reason,
                    drained_at=drained.drained_at, pending=drained.pending, note=drained.note,

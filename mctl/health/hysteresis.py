@@ -16,26 +16,23 @@ XIDs, fabric state):
   the policy's usual `resume_after_healthy_sweeps` resumes it once;
 - sweeps that did not reach the tray change nothing.
 
-The state is a small JSON-able dict per check (kept in the tray's policy record across sweeps and restarts).
+The state is a typed Latch per check (mctl.health.record), kept in the tray's record across sweeps and restarts.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
+from mctl.health.record import Latch
 from mctl.model.findings import Finding, Severity
 from mctl.model.settings import HysteresisSettings
 
 
-def step(latches: Mapping[str, Mapping[str, Any]] | None, findings: Sequence[Finding],
-         settings: HysteresisSettings, *, reached: bool = True) -> tuple[list[Finding], dict[str, dict[str, Any]]]:
-    """(findings with the held ones, the new latches) for one sweep of one tray.
-
-    *latches*: check -> {"finding": Finding dict, "seen": sweeps seen critical, "absent": consecutive clear
-    sweeps since, "flaps": times it came back while latched}.
-    """
-    state = {k: dict(v) for k, v in (latches or {}).items()}
+def step(latches: Mapping[str, Latch] | None, findings: Sequence[Finding],
+         settings: HysteresisSettings, *, reached: bool = True) -> tuple[list[Finding], dict[str, Latch]]:
+    """(findings with the held ones, the new latches) for one sweep of one tray (check -> Latch)."""
+    state = dict(latches or {})
     if not reached:
         return list(findings), state
     out = list(findings)
@@ -47,26 +44,25 @@ def step(latches: Mapping[str, Mapping[str, Any]] | None, findings: Sequence[Fin
         latch = state.get(check)
         if current:
             if latch is None:
-                state[check] = {"finding": current[0].to_dict(), "seen": 1, "absent": 0, "flaps": 0}
+                state[check] = Latch(current[0])
             else:
-                flaps = int(latch.get("flaps", 0)) + (1 if int(latch.get("absent", 0)) > 0 else 0)
-                state[check] = {"finding": current[0].to_dict(), "seen": int(latch.get("seen", 0)) + 1,
-                                "absent": 0, "flaps": flaps}
+                flaps = latch.flaps + (1 if latch.absent > 0 else 0)
+                state[check] = Latch(current[0], latch.seen + 1, 0, flaps)
             continue
         if latch is None or check not in settings.checks:
             state.pop(check, None)
             continue
-        absent = int(latch.get("absent", 0)) + 1
-        flaps = int(latch.get("flaps", 0))
+        absent = latch.absent + 1
+        flaps = latch.flaps
         hold = settings.hold(flaps)
         if absent >= hold + settings.window_sweeps:
             del state[check]                      # forgotten: a later return is a new fault
             continue
-        state[check] = {**latch, "absent": absent}
+        state[check] = replace(latch, absent=absent)
         if absent >= hold:
             continue                              # released (remembered): the check's own finding stands
-        held = Finding.from_dict(latch["finding"])
-        note = (f" (held: seen critical in {latch.get('seen', 1)} sweeps, came back {flaps} time(s); "
+        held = latch.finding
+        note = (f" (held: seen critical in {latch.seen} sweeps, came back {flaps} time(s); "
                 f"clears after {hold} clear sweeps in a row, {absent} so far)")
         out = [f for f in out if f.check != check]
         out.append(replace(held, message=held.message + note,

@@ -21,13 +21,14 @@ Restore stays manual (`mctl partition restore TRAY`; D51 says why).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
+from mctl.health.record import IsolationState
 from mctl.model.findings import Severity
 
 if TYPE_CHECKING:
     from mctl.health.breaker import BreakerState
-    from mctl.health.policy import TrayRecord, TrayVerdict
+    from mctl.health.record import TrayRecord, TrayVerdict
     from mctl.model.settings import HealthSettings
     from mctl.model.site import Rack
 
@@ -94,8 +95,8 @@ class Outcome:
     events: list[Event] = field(default_factory=list)
 
 
-def state_of(rec: "TrayRecord | None") -> dict[str, Any]:
-    return dict(rec.isolation or {}) if rec is not None else {}
+def state_of(rec: "TrayRecord | None") -> IsolationState:
+    return rec.isolation if rec is not None and rec.isolation is not None else IsolationState()
 
 
 def decide(records: Mapping[str, "TrayRecord"], verdicts: Sequence["TrayVerdict"], hs: "HealthSettings",
@@ -116,27 +117,27 @@ def decide(records: Mapping[str, "TrayRecord"], verdicts: Sequence["TrayVerdict"
             continue
         st = state_of(rec)
         already = isolated_already(racks[v.rack], v.host)
-        if st.get("state") == DONE and already is None:
+        if st.state == DONE and already is None:
             # a person restored it (or the partitions changed since): a later fault isolates it again
             rec = out.records[v.host] = replace(rec, isolation=None)
-            st = {}
-        elif st.get("state") == SENDING:
+            st = IsolationState()
+        elif st.state == SENDING:
             # a watch killed during its change: finished (the inventory says so), or left to a person
             if already is not None:
-                out.records[v.host] = replace(rec, isolation={**st, "state": DONE, "note": None})
+                out.records[v.host] = replace(rec, isolation=replace(st, state=DONE, note=None))
             elif not rec.drained:
                 out.records[v.host] = replace(rec, isolation=None)     # resumed since: a new fault starts afresh
             else:
                 note = (f"the isolation of {v.host} was interrupted; finish it with 'mctl partition apply "
                         f"{v.rack} --resume'")
-                if st.get("note") != note:
+                if st.note != note:
                     out.events.append(Event(v.host, v.rack, "isolate-wait", note, now))
-                    out.records[v.host] = replace(rec, isolation={**st, "note": note})
+                    out.records[v.host] = replace(rec, isolation=replace(st, note=note))
             continue
-        if st.get("state") in (FAILED, WAITING) and not rec.drained:
+        if st.state in (FAILED, WAITING) and not rec.drained:
             rec = out.records[v.host] = replace(rec, isolation=None)      # resumed: a new fault starts afresh
-            st = {}
-        if not rec.drained or st.get("state") in (DONE, FAILED):
+            st = IsolationState()
+        if not rec.drained or st.state in (DONE, FAILED):
             continue
         faults = hardware_faults(v)
         if not faults or already is not None:
@@ -147,9 +148,9 @@ def decide(records: Mapping[str, "TrayRecord"], verdicts: Sequence["TrayVerdict"
         out.breaker = adm.state
         if not adm.allowed:
             note = f"isolate not taken: {adm.why}"
-            if st.get("note") != note:
+            if st.note != note:
                 out.events.append(Event(v.host, v.rack, "isolate-wait", note, now))
-            out.records[v.host] = replace(rec, isolation={**st, "state": WAITING, "note": note})
+            out.records[v.host] = replace(rec, isolation=replace(st, state=WAITING, note=note))
             if adm.tripped_now:
                 out.events.append(Event(v.host, v.rack, "breaker-trip", adm.why, now, result="tripped"))
             continue
@@ -161,8 +162,8 @@ def mark_sending(records: dict[str, "TrayRecord"], iso: Isolation) -> None:
     """The change is about to run (the jobs rule let it): saved before it starts, never started twice."""
     rec = records.get(iso.host)
     if rec is not None:
-        records[iso.host] = replace(rec, isolation={**state_of(rec), "state": SENDING, "at": iso.at, "why": iso.why,
-                                                    "to": iso.to})
+        records[iso.host] = replace(rec, isolation=replace(state_of(rec), state=SENDING, at=iso.at, why=iso.why,
+                                                           to=iso.to))
 
 
 def settle(records: dict[str, "TrayRecord"], iso: Isolation, outcome: str, text: str) -> str | None:
@@ -173,14 +174,14 @@ def settle(records: dict[str, "TrayRecord"], iso: Isolation, outcome: str, text:
         return None
     st = state_of(rec)
     if outcome == "ok":
-        records[iso.host] = replace(rec, isolation={**st, "state": DONE, "done_at": iso.at, "note": None})
+        records[iso.host] = replace(rec, isolation=replace(st, state=DONE, done_at=iso.at, note=None))
         return None
     if outcome == "failed":
-        records[iso.host] = replace(rec, isolation={**st, "state": FAILED, "note": text[:300]})
+        records[iso.host] = replace(rec, isolation=replace(st, state=FAILED, note=text[:300]))
         return None
     note = f"isolate waits: {text}"[:300]
-    records[iso.host] = replace(rec, isolation={"state": WAITING, "note": note})
-    return note if st.get("note") != note else None
+    records[iso.host] = replace(rec, isolation=IsolationState(state=WAITING, note=note))
+    return note if st.note != note else None
 
 
 def metric_samples(records: Mapping[str, "TrayRecord"], site: str) -> list[tuple[str, str, str, list]]:
@@ -188,9 +189,9 @@ def metric_samples(records: Mapping[str, "TrayRecord"], site: str) -> list[tuple
     rows = []
     for host, rec in sorted(records.items()):
         st = state_of(rec)
-        if st.get("state"):
-            rows.append(({"site": site, "rack": rec.rack, "tray": host, "state": st["state"]},
-                         1 if st["state"] == DONE else 0))
+        if st.state:
+            rows.append(({"site": site, "rack": rec.rack, "tray": host, "state": st.state},
+                         1 if st.state == DONE else 0))
     if not rows:
         return []
     return [("mctl_health_isolated", "gauge",

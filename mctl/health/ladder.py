@@ -17,20 +17,23 @@ back with `settle`.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from mctl.health.record import LADDER_PHASES, LadderState
 from mctl.model.settings import LADDER_RUNGS, HealthSettings, LadderSettings
 
 if TYPE_CHECKING:
     from mctl.health.breaker import BreakerState
-    from mctl.health.policy import TrayRecord, TrayVerdict
+    from mctl.health.record import TrayVerdict
+    from mctl.health.record import TrayRecord
     from mctl.model.drain import NodeView
     from mctl.model.tray import TrayFacts
 
 GPU_RESET, REBOOT, POWER_CYCLE = LADDER_RUNGS
 VERIFY, BURN_IN, PASSED, REPAIR = "verify", "burn-in", "passed", "repair"
 PHASES = (*LADDER_RUNGS, VERIFY, BURN_IN, PASSED, REPAIR)
+assert PHASES == LADDER_PHASES
 # Slurm's word for a node that rebooted without being asked (ReturnToService=1 marks it DOWN).
 SLURM_REBOOTED = "Node unexpectedly rebooted"
 # Findings no rung can fix: a full disk, the wrong driver, a tray in the wrong NVLink domain or partition.
@@ -44,55 +47,8 @@ RESET_COMMAND = "nvidia-smi --gpu-reset -i"
 REBOOT_COMMAND = "systemctl reboot"
 
 
-@dataclass(frozen=True)
-class LadderState:
-    """One tray's recovery, as persisted in its record (`to_dict`/`from_dict`)."""
-
-    phase: str | None = None              # None: no recovery runs; else one of PHASES
-    since: float | None = None            # when the phase began
-    deadline: float | None = None         # when the phase has failed
-    boot: str | None = None               # the tray's boot id when the rung was sent (None: unknown)
-    last_boot: str | None = None          # the boot id the last reached sweep read
-    started: float | None = None          # when this recovery began (its drain)
-    rung: str | None = None               # the rung last sent in this recovery
-    tried: tuple[str, ...] = ()           # rungs sent in this recovery, in order
-    sent: bool | None = None              # the rung's send: True done, False failed, None not known (a killed run)
-    bad: int = 0                          # critical sweeps since the phase began
-    times: dict[str, float] = field(default_factory=dict)   # phase -> seconds it took, this recovery
-    failures: tuple[float, ...] = ()      # when recoveries failed, within the failure window
-    repair_at: float | None = None
-    repair_why: str | None = None
-    note: str | None = None               # the last waiting message (logged once per change)
-    retry_at: float | None = None         # after a failed recovery: the next one starts no earlier
-
-    @property
-    def active(self) -> bool:
-        return self.phase is not None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["tried"] = list(self.tried)
-        out["failures"] = list(self.failures)
-        return out
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> "LadderState":
-        if not data:
-            return cls()
-        if not isinstance(data, Mapping):
-            raise ValueError(f"ladder must be an object, not {type(data).__name__}")
-        known = set(cls.__dataclass_fields__)
-        kw = {k: v for k, v in data.items() if k in known}
-        if kw.get("phase") not in (None, *PHASES):
-            raise ValueError(f"ladder.phase {kw.get('phase')!r} is none of {', '.join(PHASES)}")
-        kw["tried"] = tuple(str(r) for r in kw.get("tried") or ())
-        kw["failures"] = tuple(float(t) for t in kw.get("failures") or ())
-        kw["times"] = {str(k): float(v) for k, v in (kw.get("times") or {}).items()}
-        return cls(**kw)
-
-
 def state_of(rec: "TrayRecord | None") -> LadderState:
-    return LadderState.from_dict(rec.ladder if rec is not None else None)
+    return rec.ladder if rec is not None and rec.ladder is not None else LadderState()
 
 
 @dataclass(frozen=True)
@@ -492,7 +448,7 @@ def decide(records: Mapping[str, "TrayRecord"], observations: Sequence[Observati
         out.events += ts.events
         if ts.repair:
             out.repairs.append(obs.host)
-        out.records[obs.host] = replace(rec, ladder=ts.state.to_dict() if ts.state != LadderState() else None)
+        out.records[obs.host] = replace(rec, ladder=ts.state if ts.state != LadderState() else None)
     return out
 
 
@@ -505,17 +461,17 @@ def settle(records: dict[str, "TrayRecord"], rung: Rung, sent: bool | None) -> N
     st = state_of(rec)
     if st.phase != rung.rung:
         return
-    records[rung.host] = replace(rec, ladder=replace(st, sent=sent).to_dict())
+    records[rung.host] = replace(rec, ladder=replace(st, sent=sent))
 
 
-def not_taken(records: dict[str, "TrayRecord"], rung: Rung, before: Mapping[str, Any] | None, why: str) -> None:
+def not_taken(records: dict[str, "TrayRecord"], rung: Rung, before: LadderState | None, why: str) -> None:
     """The rung could not even be tried (the rack is locked by another command, no BMC credentials):
     the tray's recovery goes back to where it was, to try again on a later sweep."""
     rec = records.get(rung.host)
     if rec is None:
         return
-    st = LadderState.from_dict(before)
-    records[rung.host] = replace(rec, ladder=replace(st, note=f"{rung.rung} not sent: {why}").to_dict())
+    st = before or LadderState()
+    records[rung.host] = replace(rec, ladder=replace(st, note=f"{rung.rung} not sent: {why}"))
 
 
 def repair_argv(ls: LadderSettings, host: str, rack: str | None, why: str, failures: int) -> list[str]:

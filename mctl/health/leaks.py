@@ -15,8 +15,8 @@ A *leak episode* starts with the first sweep whose BMC reading has a detector in
   powered it on after the repair). Then the tray is healthy again and resumed as usual; a later Critical
   opens a new episode.
 
-The episode is a small JSON-able dict in the tray's policy record (`TrayRecord.leak`), kept across
-restarts. Time is passed in (`now`), never read here. Standard library only (travels with `mctl node
+The episode is a typed section of the tray's record (mctl.health.record.LeakEpisode, `TrayRecord.leak`),
+kept across restarts. Time is passed in (`now`), never read here. Standard library only (travels with `mctl node
 check`, whose trays have no BMC facts: nothing here fires there).
 """
 
@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
+from mctl.health.record import LeakEpisode, PowerOffNote
 from mctl.model.findings import Finding, Severity
 
 LEAK = "leak.detectors"              # mctl.checks.leak.LEAK (not imported: the policy imports this module)
@@ -45,8 +46,8 @@ def _clock(at: float | None) -> str:
     return time.strftime("%H:%M:%S UTC", time.gmtime(at)) if at is not None else "?"
 
 
-def step(prev: Mapping[str, Any] | None, findings: Sequence[Finding], *, reached: bool, now: float,
-         clear_sweeps: int) -> tuple[list[Finding], dict[str, Any] | None]:
+def step(prev: LeakEpisode | None, findings: Sequence[Finding], *, reached: bool, now: float,
+         clear_sweeps: int) -> tuple[list[Finding], LeakEpisode | None]:
     """(findings with the held leak finding, the new episode or None) for one sweep of one tray.
 
     *reached*: SSH reached the tray this sweep (ends an episode whose tray was powered off)."""
@@ -54,26 +55,25 @@ def step(prev: Mapping[str, Any] | None, findings: Sequence[Finding], *, reached
     out = list(findings)
     if crit:
         if prev is None:
-            return out, {"since": now, "last_critical": now, "clear": 0, "flaps": 0, "finding": crit[0].to_dict(),
-                         "sent": False, "power_off": None}
-        flaps = int(prev.get("flaps", 0)) + (1 if int(prev.get("clear", 0)) > 0 else 0)
-        return out, {**prev, "last_critical": now, "clear": 0, "flaps": flaps, "finding": crit[0].to_dict()}
+            return out, LeakEpisode(since=now, finding=crit[0], last_critical=now)
+        flaps = prev.flaps + (1 if prev.clear > 0 else 0)
+        return out, replace(prev, last_critical=now, clear=0, flaps=flaps, finding=crit[0])
     if prev is None:
         return out, None
-    state = dict(prev)
+    state = prev
     if _read(findings):
-        state["clear"] = int(prev.get("clear", 0)) + 1
-        if state["clear"] >= clear_sweeps and (not prev.get("sent") or reached):
+        state = replace(prev, clear=prev.clear + 1)
+        if state.clear >= clear_sweeps and (not prev.sent or reached):
             return out, None                    # the episode is over: the findings stand as read
-    held = Finding.from_dict(prev["finding"])
-    off = state.get("power_off") or {}
-    note = (f" (held: leak since {_clock(state.get('since'))}, came back {state.get('flaps', 0)} time(s); "
-            f"ends after {clear_sweeps} clear readings in a row, {state.get('clear', 0)} so far"
-            + (f"; powered off {_clock(off.get('at'))}, ends once it is powered on again" if state.get("sent")
+    held = state.finding
+    off = state.power_off
+    note = (f" (held: leak since {_clock(state.since)}, came back {state.flaps} time(s); "
+            f"ends after {clear_sweeps} clear readings in a row, {state.clear} so far"
+            + (f"; powered off {_clock(off.at if off else None)}, ends once it is powered on again" if state.sent
                else "") + ")")
     out = [f for f in out if f.check != LEAK]
     out.append(replace(held, message=held.message + note,
-                       details={**held.details, "held": True, "clear_readings": state.get("clear", 0)}))
+                       details={**held.details, "held": True, "clear_readings": state.clear}))
     return out, state
 
 
@@ -82,21 +82,21 @@ def drain_now(findings: Sequence[Finding]) -> list[Finding]:
     return _critical(findings)
 
 
-def power_off_due(episode: Mapping[str, Any] | None, *, drained: bool, breaker_tripped: bool, enabled: bool,
+def power_off_due(episode: LeakEpisode | None, *, drained: bool, breaker_tripped: bool, enabled: bool,
                   after_s: float, now: float) -> str | None:
     """Why the tray is powered off now, or None. Only a tray mctl holds drained, never twice an episode,
     never while the breaker is tripped."""
-    if episode is None or episode.get("sent") or not enabled or not drained or breaker_tripped:
+    if episode is None or episode.sent or not enabled or not drained or breaker_tripped:
         return None
-    since = float(episode.get("since", now))
+    since = episode.since
     if now < since + after_s:
         return None
     return f"critical leak since {_clock(since)}, {now - since:.0f}s >= health.leak.power_off_after {after_s:g}s"
 
 
-def blocked(episode: Mapping[str, Any] | None, *, drained: bool, breaker_tripped: bool, enabled: bool) -> str | None:
+def blocked(episode: LeakEpisode | None, *, drained: bool, breaker_tripped: bool, enabled: bool) -> str | None:
     """Why an open episode will not power the tray off (said in the action log once), or None."""
-    if episode is None or episode.get("sent"):
+    if episode is None or episode.sent:
         return None
     if not enabled:
         return "health.leak.power_off is false: the tray stays on"
@@ -107,12 +107,12 @@ def blocked(episode: Mapping[str, Any] | None, *, drained: bool, breaker_tripped
     return None
 
 
-def sent(episode: Mapping[str, Any], *, at: float, result: str, power_state: str | None) -> dict[str, Any]:
+def sent(episode: LeakEpisode, *, at: float, result: str, power_state: str | None) -> LeakEpisode:
     """The episode once its power-off was sent (or found done): never sent again this episode."""
-    return {**episode, "sent": True, "power_off": {"at": at, "result": result, "power_state": power_state}}
+    return replace(episode, sent=True, power_off=PowerOffNote(at, result, power_state))
 
 
-def powered_off_for_leak(episode: Mapping[str, Any] | None) -> bool:
+def powered_off_for_leak(episode: LeakEpisode | None) -> bool:
     """The tray was powered off for a leak and not yet powered on by a person: nothing in mctl may power it
     on (the recovery ladder's power cycle included)."""
-    return bool(episode and episode.get("sent"))
+    return bool(episode and episode.sent)

@@ -104,8 +104,8 @@ def render(result: "SweepResult", *, site: str, counters: dict[str, int] | None 
     leaking = [r for r in result.records.values() if getattr(r, "leak", None)]
     metric("mctl_health_leak_trays", "gauge", "Trays in a leak episode (critical: open; powered_off: mctl powered "
            "it off for the leak).",
-           [({"site": site, "state": "critical"}, sum(1 for r in leaking if not r.leak.get("sent"))),
-            ({"site": site, "state": "powered_off"}, sum(1 for r in leaking if r.leak.get("sent")))])
+           [({"site": site, "state": "critical"}, sum(1 for r in leaking if not r.leak.sent)),
+            ({"site": site, "state": "powered_off"}, sum(1 for r in leaking if r.leak.sent))])
     if counters is not None:
         metric("mctl_health_actions_total", "counter", "Actions taken since the watch started, by kind and result.",
                [({"site": site, "action": a.split(":")[0], "result": a.split(":")[1]}, n)

@@ -32,6 +32,7 @@ from typing import Any, Sequence
 from mctl import checks
 from mctl.health import policy, store
 from mctl.health.breaker import BreakerState
+from mctl.health.record import TrayVerdict
 from mctl.model.tray import TrayExpectation, TrayFacts
 from mctl.facts.probe import HEALTH, NODE_CHECK, parse_tray, probe_script
 from mctl.model.settings import HealthSettings
@@ -212,7 +213,7 @@ def run(config: NodeCheckConfig, *, drain: bool | None = None, dry_run: bool = F
     rec = state.records.get(config.node)
     facts = facts.without_xids_before(rec.xid_ack if rec else None)
     findings = sort_findings(checks.run_tray(facts, config.expect, config.settings))
-    verdict = policy.TrayVerdict(config.node, config.expect.rack, facts.reach, worst(findings), tuple(findings))
+    verdict = TrayVerdict(config.node, config.expect.rack, facts.reach, worst(findings), tuple(findings))
     decisions: list = []
     actions: list = []
     if acting and config.scheduler == "slurm":

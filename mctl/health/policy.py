@@ -30,82 +30,20 @@ resume own drains, never touch down nodes.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from mctl.health import breaker as breakerlib
 from mctl.health.breaker import BreakerState
+from mctl.health.record import TrayRecord, TrayVerdict
 from mctl.checks import compose_reason, drain_reason
 from mctl.model.settings import HealthSettings
 from mctl.model.drain import (ADOPT, DRAIN, FORGET, QUEUE, RESUME, SKIP, ActResult, Decision, NodeView, PendingAction,
                               drain_refusal, is_mctl_reason, resume_refusal)
-from mctl.model.findings import Finding, Severity
+from mctl.model.findings import Severity
 
-
-@dataclass(frozen=True)
-class TrayVerdict:
-    """One sweep's result for one tray."""
-
-    host: str
-    rack: str | None
-    reach: str                             # ok, unreachable, timeout, host-key-mismatch
-    worst: Severity
-    findings: tuple[Finding, ...] = ()
-
-    @property
-    def reached(self) -> bool:
-        return self.reach == "ok"
-
-    @property
-    def status(self) -> str:
-        return self.worst.value if self.reached else "unreachable"
-
-
-@dataclass(frozen=True)
-class TrayRecord:
-    host: str
-    rack: str | None = None
-    status: str = "unknown"
-    misses: int = 0
-    bad_streak: int = 0
-    healthy_streak: int = 0
-    drained: bool = False                  # mctl owns a drain on this tray
-    reason: str | None = None              # the exact reason mctl set
-    full_reason: str | None = None
-    drained_at: float | None = None
-    pending: PendingAction | None = None   # a drain or resume waiting for the scheduler to answer
-    note: str | None = None                # the last skip/queue message (logged once per change)
-    xid_ack: float | None = None           # XIDs before this time were dealt with (a resume by hand)
-    latches: dict[str, Any] | None = None  # flapping findings held by mctl.health.hysteresis
-    leak: dict[str, Any] | None = None     # an open leak episode (mctl.health.leaks)
-
-    ladder: dict[str, Any] | None = None   # the recovery ladder's state (mctl.health.ladder.LadderState)
-    isolation: dict[str, Any] | None = None  # the watch isolating the tray from its partition (mctl.health.isolate)
-    drain_stamp: str | None = None         # the scheduler's stamp on mctl's drain, as last seen (Slurm: who@time)
-    resumed: dict[str, Any] | None = None  # mctl's last resume: reason, full, stamp, at (see `adopt` above)
-
-    def released(self, **changes: Any) -> "TrayRecord":
-        """The record once mctl no longer owns a drain on the tray (resumed, lifted or taken over, failed)."""
-        return replace(self, drained=False, reason=None, full_reason=None, drained_at=None, drain_stamp=None,
-                       **changes)
-
-    def resumed_by_mctl(self, at: float | None, **changes: Any) -> "TrayRecord":
-        """The record once mctl's own resume took effect: released, remembering which drain it lifted."""
-        last = {"reason": self.reason, "full": self.full_reason, "stamp": self.drain_stamp, "at": at}
-        return self.released(resumed=last if self.reason else None, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["pending"] = self.pending.to_dict() if self.pending else None
-        return out
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "TrayRecord":
-        known = set(cls.__dataclass_fields__)
-        fields = {k: v for k, v in data.items() if k in known}
-        if isinstance(fields.get("pending"), Mapping):
-            fields["pending"] = PendingAction.from_dict(fields["pending"])
-        return cls(**fields)
+if TYPE_CHECKING:
+    from mctl.health.record import Latch, LeakEpisode
 
 
 @dataclass
@@ -134,7 +72,7 @@ def _advance(rec: TrayRecord, v: TrayVerdict) -> TrayRecord:
                    healthy_streak=rec.healthy_streak + 1)
 
 
-def _held(rec: TrayRecord, v: TrayVerdict, s: HealthSettings) -> tuple[TrayVerdict, dict[str, Any] | None]:
+def _held(rec: TrayRecord, v: TrayVerdict, s: HealthSettings) -> tuple[TrayVerdict, "dict[str, Latch] | None"]:
     """This sweep's verdict with the findings hysteresis still holds (flapping links, XID storms)."""
     from mctl.health.hysteresis import step
     from mctl.model.findings import worst
@@ -147,7 +85,7 @@ def _held(rec: TrayRecord, v: TrayVerdict, s: HealthSettings) -> tuple[TrayVerdi
 
 
 def _leak_held(rec: TrayRecord, v: TrayVerdict, s: HealthSettings, now: float
-               ) -> tuple[TrayVerdict, dict[str, Any] | None]:
+               ) -> tuple[TrayVerdict, "LeakEpisode | None"]:
     """This sweep's verdict with an open leak episode's finding held critical (mctl.health.leaks)."""
     from mctl.health import leaks
     from mctl.model.findings import worst
@@ -229,20 +167,21 @@ def _restored(rec: TrayRecord, node: NodeView) -> bool:
     from a new drain, so it is not."""
     last = rec.resumed
     return (not rec.drained and last is not None and node.drained and bool(node.stamp)
-            and node.reason == last.get("reason") and node.stamp == last.get("stamp"))
+            and node.reason == last.reason and node.stamp == last.stamp)
 
 
 def _adopt(step: TrayStep, node: NodeView, now: float) -> TrayStep:
     """Own again a drain the scheduler restored after mctl's resume (always logged)."""
-    rec, last = step.record, step.record.resumed or {}
-    at = last.get("at")
+    rec, last = step.record, step.record.resumed
+    at = last.at if last is not None else None
     when = time.strftime("%H:%M:%S", time.gmtime(at)) + " UTC" if isinstance(at, (int, float)) else "earlier"
     why = (f"its drain came back with the stamp it had when mctl resumed it at {when} ({node.stamp}): "
            "the scheduler restored a state saved before that resume; mctl owns the drain again")
-    d = Decision(rec.host, ADOPT, why, reason=node.reason, full=last.get("full"), rack=rec.rack, at=now)
+    full = last.full if last is not None else None
+    d = Decision(rec.host, ADOPT, why, reason=node.reason, full=full, rack=rec.rack, at=now)
     step.decisions.append(d)
     step.notes.append(d)
-    step.record = replace(rec, drained=True, reason=node.reason, full_reason=last.get("full") or node.reason,
+    step.record = replace(rec, drained=True, reason=node.reason, full_reason=full or node.reason,
                           drained_at=now, drain_stamp=node.stamp, resumed=None, note=None)
     return step
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from mctl.errors import EnvironmentProblem, PartialFailure, UsageError
 from mctl.health import store
 from mctl.health.breaker import reset as breaker_reset_state
-from mctl.health.policy import TrayRecord
+from mctl.health.record import TrayRecord
 from mctl.health.site_view import resolve_scope, settings_of
 from mctl.model.drain import RESUME, Decision, SchedulerUnreachable, resume_refusal
 

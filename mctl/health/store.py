@@ -28,7 +28,7 @@ from typing import Any, Iterator
 
 from mctl.errors import EnvironmentProblem
 from mctl.health.breaker import BreakerState
-from mctl.health.policy import TrayRecord
+from mctl.health.record import TrayRecord
 from mctl.model.drain import QUEUE, ActResult, Decision
 from mctl.state.files import DamagedState, check_shape, ensure_dir, read_json, write_json
 from mctl.state.lock import file_lock
@@ -74,10 +74,9 @@ _RECORD_TYPES: dict[str, tuple[type, ...]] = {
     "host": (str,), "rack": (str, type(None)), "status": (str,), "misses": (int,), "bad_streak": (int,),
     "healthy_streak": (int,), "drained": (bool,), "reason": (str, type(None)), "full_reason": (str, type(None)),
     "drained_at": (int, float, type(None)), "pending": (dict, type(None)), "note": (str, type(None)),
-    "xid_ack": (int, float, type(None)), "leak": (dict, type(None)),
-
-    "xid_ack": (int, float, type(None)), "ladder": (dict, type(None)),
-    "isolation": (dict, type(None)),
+    "xid_ack": (int, float, type(None)), "leak": (dict, type(None)), "ladder": (dict, type(None)),
+    "isolation": (dict, type(None)), "latches": (dict, type(None)), "resumed": (dict, type(None)),
+    "drain_stamp": (str, type(None)),
 }
 
 
@@ -123,12 +122,10 @@ def check_state_shape(path: Path, data: dict[str, Any]) -> None:
                                ("since", (int, float))):
                 if key in pending:
                     check_shape(path, pending[key], types, f"trays.{host}.pending.{key}")
-            if rec.get("ladder"):
-                from mctl.health.ladder import LadderState
-                try:
-                    LadderState.from_dict(rec["ladder"])
-                except (TypeError, ValueError) as exc:
-                    raise DamagedState(path, f"trays.{host}.ladder: {exc}") from None
+            try:                                      # every typed section (mctl.health.record) reads back
+                TrayRecord.from_dict(rec)
+            except (TypeError, ValueError) as exc:
+                raise DamagedState(path, f"trays.{host}.{exc}") from None
     except DamagedState as exc:
         exc.hint = STATE_HINT
         raise

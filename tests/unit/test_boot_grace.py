@@ -10,6 +10,7 @@ import pytest
 from mctl import checks
 from mctl.checks.boot import GRACE, GRACE_CHECKS, in_grace
 from mctl.health import policy
+from mctl.health.record import TrayRecord, TrayVerdict
 from mctl.inventory.convert import health_settings
 from mctl.inventory.schema import HealthSpec
 from mctl.model.drain import DRAIN, RESUME, NodeView
@@ -67,12 +68,12 @@ def test_the_grace_never_hides_hardware_faults_and_can_be_turned_off():
 
 
 def _verdict(findings, host="t01"):
-    return policy.TrayVerdict(host, "rack-a", "ok", worst(findings), tuple(findings))
+    return TrayVerdict(host, "rack-a", "ok", worst(findings), tuple(findings))
 
 
 def test_the_policy_neither_drains_nor_counts_healthy_a_tray_in_its_grace():
     node = NodeView("t01", state="IDLE")
-    rec = policy.TrayRecord("t01", healthy_streak=2)
+    rec = TrayRecord("t01", healthy_streak=2)
     young = run(tray(slurmd=STOPPED, clock=clock(10.0)))
     step = policy.decide_tray(rec, _verdict(young), node, S, answered=True, now=1000.0)
     assert step.want is None and step.record.healthy_streak == 0 and step.record.bad_streak == 0
@@ -85,7 +86,7 @@ def test_the_policy_neither_drains_nor_counts_healthy_a_tray_in_its_grace():
 def test_a_drained_tray_is_not_resumed_while_it_is_still_booting():
     reason = "mctl: slurmd not running"
     node = NodeView("t01", drained=True, reason=reason, state="IDLE+DRAIN")
-    rec = policy.TrayRecord("t01", drained=True, reason=reason, full_reason=reason, drained_at=1.0)
+    rec = TrayRecord("t01", drained=True, reason=reason, full_reason=reason, drained_at=1.0)
     settings = replace(S, resume_after_healthy_sweeps=1)
     young = run(tray(slurmd=STOPPED, clock=clock(10.0)))
     outcome = policy.decide({"t01": rec}, [_verdict(young)], {"t01": node}, settings, policy.BreakerState(),

@@ -18,6 +18,7 @@ import pytest
 
 from mctl.health import engine as engine_mod
 from mctl.health import policy, store
+from mctl.health.record import TrayRecord, TrayVerdict
 from mctl.model.drain import DRAIN, SKIP, ActResult, NodeView
 from mctl.model.findings import Finding, Severity
 from mctl.model.tray import TrayFacts
@@ -194,7 +195,7 @@ def test_the_breaker_admits_no_more_drains_than_deciding_all_trays_at_once(rig, 
     drained = [d.host for d in result.decisions if d.action == DRAIN]
     # the same sweep decided all at once, as before early drains
     from mctl.health.breaker import BreakerState
-    verdicts = [policy.TrayVerdict(h.name, h.rack, "ok", Severity.CRITICAL if h.name in critical else Severity.OK,
+    verdicts = [TrayVerdict(h.name, h.rack, "ok", Severity.CRITICAL if h.name in critical else Severity.OK,
                                    tuple(_critical(h.name)) if h.name in critical else ())
                 for h in eng.scope.hosts]
     nodes = {h.name: NodeView(h.name, state="IDLE") for h in eng.scope.hosts}

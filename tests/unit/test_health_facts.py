@@ -15,7 +15,7 @@ from mctl.health import store
 from mctl.health.breaker import BreakerState
 from mctl.model.tray import Clock, TrayFacts
 from mctl.facts.kernel_log import observe_xid
-from mctl.health.policy import TrayRecord
+from mctl.health.record import TrayRecord
 from mctl.inventory.convert import health_settings
 from mctl.inventory.schema import HealthSpec
 from mctl.model.findings import Severity

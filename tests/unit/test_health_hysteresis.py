@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from mctl.health.hysteresis import step
 from mctl.model.settings import HysteresisSettings
-from mctl.health.policy import TrayRecord, TrayVerdict
+from mctl.health.record import TrayRecord, TrayVerdict
 from mctl.model.drain import DRAIN, RESUME
 from mctl.model.settings import HealthSettings
 from mctl.model.findings import Finding, Severity
@@ -29,7 +29,7 @@ def run(pattern: str, settings: HysteresisSettings = H, finding: Finding = LINK_
     for c in pattern:
         seen = [finding] if c == "D" else [ok]
         findings, latches = step(latches, seen if c != "-" else [], settings, reached=c != "-")
-        json.dumps(latches)                                    # the state is kept as JSON
+        json.dumps({k: v.to_dict() for k, v in latches.items()})    # the state is kept as JSON
         mine = [f for f in findings if f.check == finding.check]
         out.append("C" if any(f.severity is Severity.CRITICAL for f in mine) else ("." if c != "-" else "-"))
     return "".join(out), latches
@@ -43,7 +43,7 @@ def test_a_steady_fault_is_released_on_its_first_clear_sweep_by_default():
 def test_a_flapping_link_stays_critical_while_it_flaps():
     shown, latches = run("DuDuDuDuDuDu")
     assert shown == "C.CCCCCCCCCC"                 # the first return cannot be told from a new fault
-    assert latches["nvlink.links"]["flaps"] == 5
+    assert latches["nvlink.links"].flaps == 5
 
 
 def test_each_return_doubles_the_hold_then_it_clears_once():

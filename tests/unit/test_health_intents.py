@@ -9,7 +9,7 @@ import time
 from mctl.health import store
 from mctl.health.engine import SweepResult
 from mctl.model.tray import TrayFacts
-from mctl.health.policy import TrayVerdict
+from mctl.health.record import TrayVerdict
 from mctl.model.drain import DRAIN, NodeView
 from mctl.model.findings import Finding, Severity
 from tests.unit.test_transport_deadlines import _engine

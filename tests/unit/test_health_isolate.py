@@ -11,7 +11,7 @@ import yaml
 from mctl.checks.catalogue import CHECKS
 from mctl.health import isolate
 from mctl.health.breaker import BreakerState
-from mctl.health.policy import TrayRecord, TrayVerdict
+from mctl.health.record import IsolationState, TrayRecord, TrayVerdict
 from mctl.inventory import load_site
 from mctl.model.findings import Finding, Severity
 from mctl.model.settings import HealthSettings
@@ -57,7 +57,7 @@ def test_a_drained_tray_with_a_hardware_fault_is_isolated_once(site, check):
     assert out.isolations[0].why == f"{check}: {check} failed"
     assert out.breaker.drains == ((NOW, T2, "lab-r1"),)                     # counted by the breaker
     isolate.mark_sending(out.records, out.isolations[0])                    # the jobs rule let it start
-    assert out.records[T2].isolation["state"] == isolate.SENDING
+    assert out.records[T2].isolation.state == isolate.SENDING
     again = isolate.decide(out.records, [verdict(T2, check)], ON, out.breaker, {"lab-r1": 4}, site.racks, now=NOW)
     assert again.isolations == []                                            # being sent: never twice
 
@@ -97,7 +97,7 @@ def test_a_tripped_breaker_stops_isolations_and_says_so_once(site):
     assert out.isolations == []
     assert [(e.action, e.host) for e in out.events] == [("isolate-wait", T2)]
     assert "circuit breaker tripped" in out.events[0].why
-    assert out.records[T2].isolation["state"] == isolate.WAITING
+    assert out.records[T2].isolation.state == isolate.WAITING
     again = isolate.decide(out.records, [verdict(T2, "nvlink.links")], ON, tripped, {"lab-r1": 4}, site.racks,
                            now=NOW + 30)
     assert again.isolations == [] and again.events == []                    # noted once per change
@@ -118,13 +118,13 @@ def test_outcomes_folded_back(site):
     recs = dict(out.records)
     assert isolate.settle(recs, iso, "waiting", "jobs 42 on lab-r1-tray01") == \
         "isolate waits: jobs 42 on lab-r1-tray01"
-    assert recs[T2].isolation == {"state": isolate.WAITING, "note": "isolate waits: jobs 42 on lab-r1-tray01"}
+    assert recs[T2].isolation.to_dict() == {"state": isolate.WAITING, "note": "isolate waits: jobs 42 on lab-r1-tray01"}
     again = isolate.decide(recs, [verdict(T2, "gpu.count")], ON, BreakerState(), {"lab-r1": 4}, site.racks, now=NOW)
     assert [i.host for i in again.isolations] == [T2]                       # a wait is tried again
     recs = dict(again.records)
     assert isolate.settle(recs, again.isolations[0], "waiting", "jobs 42 on lab-r1-tray01") is None   # same note
     isolate.settle(recs, again.isolations[0], "failed", "change r1 rolled-back: NMX-M refused")
-    assert recs[T2].isolation["state"] == isolate.FAILED
+    assert recs[T2].isolation.state == isolate.FAILED
     assert decide(site, [recs[T2]], [verdict(T2, "gpu.count")]).isolations == []   # a failure is not retried
     resumed = replace(recs[T2], drained=False)
     out = isolate.decide({T2: resumed}, [verdict(T2)], ON, BreakerState(), {"lab-r1": 4}, site.racks, now=NOW)
@@ -135,9 +135,9 @@ def test_done_stays_done_until_the_tray_is_in_a_partition_again(site):
     r = site.racks["lab-r1"]
     isolated = {"lab-r1": replace(r, partitions=(Partition("p0", "lab-r1", (T1,)), r.partitions[1],
                                                  Partition("quarantine-lab-r1-tray02", "lab-r1", (T2,))))}
-    done = drained(T2, isolation={"state": isolate.DONE, "at": NOW - 100})
+    done = drained(T2, isolation=IsolationState.from_dict({"state": isolate.DONE, "at": NOW - 100}))
     out = decide(site, [done], [verdict(T2, "gpu.count")], racks=isolated)
-    assert out.isolations == [] and out.records[T2].isolation["state"] == isolate.DONE
+    assert out.isolations == [] and out.records[T2].isolation.state == isolate.DONE
     # a person ran 'mctl partition restore': the tray is in p0 again, and a new fault isolates it again
     out = decide(site, [done], [verdict(T2, "gpu.count")])
     assert [i.host for i in out.isolations] == [T2]
@@ -145,11 +145,11 @@ def test_done_stays_done_until_the_tray_is_in_a_partition_again(site):
 
 def test_a_killed_watch_mid_change_finishes_from_the_inventory_or_points_at_resume(site):
     r = site.racks["lab-r1"]
-    sending = drained(T2, isolation={"state": isolate.SENDING, "at": NOW - 100})
+    sending = drained(T2, isolation=IsolationState.from_dict({"state": isolate.SENDING, "at": NOW - 100}))
     isolated = {"lab-r1": replace(r, partitions=(Partition("p0", "lab-r1", (T1,)), r.partitions[1],
                                                  Partition("quarantine-lab-r1-tray02", "lab-r1", (T2,))))}
     out = decide(site, [sending], [verdict(T2, "gpu.count")], racks=isolated)
-    assert out.records[T2].isolation["state"] == isolate.DONE and out.isolations == []
+    assert out.records[T2].isolation.state == isolate.DONE and out.isolations == []
     out = decide(site, [sending], [verdict(T2, "gpu.count")])
     assert out.isolations == []
     assert [e.why for e in out.events] == [
@@ -159,7 +159,7 @@ def test_a_killed_watch_mid_change_finishes_from_the_inventory_or_points_at_resu
 def test_metrics_only_once_the_watch_acted(site):
     assert isolate.metric_samples({T1: TrayRecord(T1, "lab-r1")}, "lab") == []
     (name, kind, _help, rows), = isolate.metric_samples(
-        {T2: drained(T2, isolation={"state": isolate.DONE}), T3: drained(T3, isolation={"state": "waiting"})}, "lab")
+        {T2: drained(T2, isolation=IsolationState.from_dict({"state": isolate.DONE})), T3: drained(T3, isolation=IsolationState.from_dict({"state": "waiting"}))}, "lab")
     assert (name, kind) == ("mctl_health_isolated", "gauge")
     assert [(r[0]["tray"], r[0]["state"], r[1]) for r in rows] == [(T2, "done", 1), (T3, "waiting", 0)]
 
@@ -313,7 +313,7 @@ def test_the_runner_logs_an_intent_only_for_a_change_that_starts(site, tmp_path,
             return "waiting", "NMX-M did not answer", ()
         on_go()
         saved = store.load_state(state_dir).records[T2].isolation
-        assert saved["state"] == isolate.SENDING                    # saved before the change starts
+        assert saved.state == isolate.SENDING                    # saved before the change starts
         return ("ok", "change 1: ...", after) if outcome == "ok" else ("failed", "change 1 rolled-back: x", ())
 
     monkeypatch.setattr(isolate_run, "run_isolation", fake)
@@ -326,13 +326,13 @@ def test_the_runner_logs_an_intent_only_for_a_change_that_starts(site, tmp_path,
     actions = [(e.action, e.result) for e in store.read_actions(tmp_path / "state")]
     st = state.records[T2].isolation
     if outcome == "ok":
-        assert actions == [("intent", "pending"), ("isolate", "ok")] and st["state"] == isolate.DONE
+        assert actions == [("intent", "pending"), ("isolate", "ok")] and st.state == isolate.DONE
         assert changed == [("lab-r1", after)] and state.breaker.drains == ((state.breaker.drains[0][0], T2, "lab-r1"),)
     elif outcome == "failed":
         assert actions == [("intent", "pending"), ("isolate", "failed: change 1 rolled-back: x")]
-        assert st["state"] == isolate.FAILED and changed == []
+        assert st.state == isolate.FAILED and changed == []
     else:
-        assert actions == [("isolate-wait", "noted")] and st["state"] == isolate.WAITING
+        assert actions == [("isolate-wait", "noted")] and st.state == isolate.WAITING
         assert state.breaker.drains == ()                           # a wait is not counted
         again = asyncio.run(isolate_run.IsolationRunner(site).run(engine, result, state))
         assert again == [] and len(store.read_actions(tmp_path / "state")) == 1    # said once

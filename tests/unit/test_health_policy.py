@@ -8,7 +8,8 @@ import pytest
 
 from mctl.health import breaker as breakerlib
 from mctl.health.breaker import BreakerState
-from mctl.health.policy import TrayRecord, TrayVerdict, decide, settle
+from mctl.health.policy import decide, settle
+from mctl.health.record import TrayRecord, TrayVerdict
 from mctl.model.drain import ADOPT, DRAIN, FORGET, QUEUE, RESUME, SKIP, ActResult, Decision, NodeView, PendingAction
 from mctl.model.settings import HealthSettings
 from mctl.model.findings import Finding, Severity
@@ -357,7 +358,7 @@ def _resumed_then_drained_again(stamp):
     site.sweep([bad("r1-tray01")])
     _drained_with_stamp(site, "r1-tray01")
     site.sweep([ok("r1-tray01")])
-    reason = site.records["r1-tray01"].resumed["reason"]
+    reason = site.records["r1-tray01"].resumed.reason
     site.nodes["r1-tray01"] = NodeView("r1-tray01", drained=True, reason=reason, state="IDLE+DRAIN", stamp=stamp)
     return site
 
@@ -371,9 +372,9 @@ def test_a_drain_the_controller_restored_after_the_resume_is_adopted_and_resumed
     out = site.sweep([ok("r1-tray01")])
     assert actions(out) == [(RESUME, "r1-tray01")]
     last = site.records["r1-tray01"].resumed
-    assert last["stamp"] == STAMP and last["reason"].startswith("mctl: xid 79") and last["at"] == site.now
+    assert last.stamp == STAMP and last.reason.startswith("mctl: xid 79") and last.at == site.now
     # slurmctld restarts from a state saved before the resume: the same drain, the same stamp
-    site.nodes["r1-tray01"] = NodeView("r1-tray01", drained=True, reason=last["reason"], state="IDLE+DRAIN",
+    site.nodes["r1-tray01"] = NodeView("r1-tray01", drained=True, reason=last.reason, state="IDLE+DRAIN",
                                        stamp=STAMP)
     out = site.sweep([ok("r1-tray01")])
     assert [d.action for d in out.decisions] == [ADOPT, RESUME]
@@ -400,7 +401,7 @@ def test_the_same_reason_with_a_new_stamp_or_none_is_someone_elses_drain(stamp):
 def test_the_resume_memory_survives_the_state_file():
     rec = TrayRecord("t", drained=True, reason="mctl: x", full_reason="x", drain_stamp=STAMP)
     back = TrayRecord.from_dict(rec.resumed_by_mctl(NOW).to_dict())
-    assert back.resumed == {"reason": "mctl: x", "full": "x", "stamp": STAMP, "at": NOW} and back.drain_stamp is None
+    assert back.resumed.to_dict() == {"reason": "mctl: x", "full": "x", "stamp": STAMP, "at": NOW} and back.drain_stamp is None
     assert TrayRecord.from_dict({"host": "t"}).resumed is None          # an older state file
 
 

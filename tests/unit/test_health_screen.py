@@ -11,7 +11,7 @@ from mctl.health.breaker import BreakerState
 from mctl.health.engine import SweepResult
 from mctl.model.tray import TrayFacts
 from mctl.health.metrics import MetricsServer, render, write_textfile
-from mctl.health.policy import TrayRecord, TrayVerdict
+from mctl.health.record import TrayRecord, TrayVerdict
 from mctl.health.store import ActionEntry
 from mctl.model.drain import NodeView
 from mctl.cli.health_screen import WatchScreen, sweep_line

@@ -821,7 +821,7 @@ def test_markup_in_tray_and_rack_names_on_the_watch_screen():
     from mctl.health.breaker import BreakerState
     from mctl.health.engine import SweepResult
     from mctl.model.tray import TrayFacts
-    from mctl.health.policy import TrayVerdict
+    from mctl.health.record import TrayVerdict
     from mctl.model.drain import NodeView
     from mctl.cli.health_screen import WatchScreen
     from mctl.health.watch import WatchView

@@ -12,7 +12,8 @@ import pytest
 
 from mctl.health import ladder
 from mctl.health.breaker import BreakerState
-from mctl.health.policy import TrayRecord, TrayVerdict, decide_tray
+from mctl.health.policy import decide_tray
+from mctl.health.record import TrayRecord, TrayVerdict
 from mctl.model.drain import NodeView
 from mctl.model.findings import Finding, Severity
 from mctl.model.settings import HealthSettings, LadderSettings
@@ -295,12 +296,12 @@ def _verdict(critical: bool) -> TrayVerdict:
 def test_the_policy_holds_the_resume_while_a_recovery_runs_and_resumes_a_down_node_after_its_own_reboot():
     hs = settings()
     st = ladder.LadderState(phase="verify", rung="power-cycle", tried=("power-cycle",), since=0.0)
-    rec = TrayRecord(T, "r1", drained=True, reason="mctl: unreachable 2 sweeps", healthy_streak=5, ladder=st.to_dict())
+    rec = TrayRecord(T, "r1", drained=True, reason="mctl: unreachable 2 sweeps", healthy_streak=5, ladder=st)
     down = NodeView(T, drained=True, down=True, reason="mctl: unreachable 2 sweeps", state="DOWN+DRAIN")
     step = decide_tray(rec, _verdict(False), down, hs, answered=True, now=10.0)
     assert not [d for d in step.decisions if d.action == "resume"]
     assert any("recovery ladder" in d.why for d in step.decisions)
-    passed = replace(rec, ladder=replace(st, phase="passed").to_dict())
+    passed = replace(rec, ladder=replace(st, phase="passed"))
     step = decide_tray(passed, _verdict(False), down, hs, answered=True, now=11.0)
     (resume,) = [d for d in step.decisions if d.action == "resume"]
     assert resume.after_reboot and "rebooted" in resume.why
@@ -309,7 +310,7 @@ def test_the_policy_holds_the_resume_while_a_recovery_runs_and_resumes_a_down_no
     step = decide_tray(passed, _verdict(False), slurm_said, hs, answered=True, now=12.0)
     assert [d.action for d in step.decisions] == ["resume"]
     # ... but not without a reboot of mctl's: a DOWN node is never touched
-    no_reboot = replace(rec, ladder=ladder.LadderState(phase="passed", tried=("gpu-reset",)).to_dict())
+    no_reboot = replace(rec, ladder=ladder.LadderState(phase="passed", tried=("gpu-reset",)))
     step = decide_tray(no_reboot, _verdict(False), down, hs, answered=True, now=13.0)
     assert not [d for d in step.decisions if d.action == "resume"]
 
@@ -327,7 +328,7 @@ def test_the_resume_script_after_a_reboot_allows_down_and_checks_the_reason():
 def test_a_marked_tray_is_never_resumed_by_the_watch():
     hs = settings()
     st = ladder.LadderState(phase="repair", repair_why="3 failed recoveries within 1h")
-    rec = TrayRecord(T, "r1", drained=True, reason="mctl: gpu count 3/4", healthy_streak=9, ladder=st.to_dict())
+    rec = TrayRecord(T, "r1", drained=True, reason="mctl: gpu count 3/4", healthy_streak=9, ladder=st)
     node = NodeView(T, drained=True, reason="mctl: gpu count 3/4", state="IDLE+DRAIN")
     step = decide_tray(rec, _verdict(False), node, hs, answered=True, now=1.0)
     assert not [d for d in step.decisions if d.action == "resume"]
@@ -360,7 +361,7 @@ def test_metrics_series_appear_once_the_ladder_has_a_record():
 
     assert metric_samples({T: TrayRecord(T, "r1")}, "s") == []
     st = ladder.LadderState(phase="repair", times={"power-cycle": 31.5})
-    series = {name: samples for name, _k, _h, samples in metric_samples({T: TrayRecord(T, "r1", ladder=st.to_dict())}, "s")}
+    series = {name: samples for name, _k, _h, samples in metric_samples({T: TrayRecord(T, "r1", ladder=st)}, "s")}
     assert series["mctl_health_marked_for_repair"][0][1] == 1
     assert series["mctl_health_ladder_phase_seconds"][0] == ({"site": "s", "rack": "r1", "tray": T,
                                                                "phase": "power-cycle"}, 31.5)
@@ -410,7 +411,7 @@ def test_a_marked_tray_is_a_critical_tray_repair_finding_in_every_sweep():
     from mctl.checks.catalogue import CHECKS
 
     st = ladder.LadderState(phase="repair", repair_why="3 failed recoveries within 1h", failures=(1.0, 2.0, 3.0))
-    records = {T: TrayRecord(T, "r1", ladder=st.to_dict()), "r1-t02": TrayRecord("r1-t02", "r1")}
+    records = {T: TrayRecord(T, "r1", ladder=st), "r1-t02": TrayRecord("r1-t02", "r1")}
     (f,) = LadderRunner.findings(None, records)
     assert (f.host, f.check, f.severity) == (T, "tray.repair", Severity.CRITICAL) and "3 failed" in f.message
     assert CHECKS["tray.repair"].allows(f.severity)
@@ -418,12 +419,14 @@ def test_a_marked_tray_is_a_critical_tray_repair_finding_in_every_sweep():
 
 def test_a_tray_in_a_leak_episode_gets_no_rung_and_one_powered_off_for_its_leak_is_never_power_cycled():
     from mctl.health.leaks import powered_off_for_leak
+    from mctl.health.record import LeakEpisode
 
     hs = settings()
-    for episode in ({"since": 0.0, "sent": False}, {"since": 0.0, "sent": True}):
+    held = Finding(Severity.CRITICAL, T, "leak.detectors", "leak critical 0_ColdPlate")
+    for episode in (LeakEpisode(0.0, held, sent=False), LeakEpisode(0.0, held, sent=True)):
         rec = TrayRecord(T, "r1", drained=True, reason="mctl: leak critical 0_ColdPlate", drained_at=0.0, leak=episode)
         out = ladder.decide({T: rec}, [obs(reach="unreachable", critical=True, boot_id=None)], hs, BreakerState(),
                             SIZES, now=100.0)
         assert out.rungs == [] and out.records[T] == rec, episode
-        assert powered_off_for_leak(episode) is episode["sent"]
+        assert powered_off_for_leak(episode) is episode.sent
     assert "leak.detectors" in ladder.NOT_FIXED_BY_A_RUNG

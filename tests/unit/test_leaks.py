@@ -15,7 +15,8 @@ from mctl.checks import leak
 from mctl.checks.leak import BmcHealth, parse_detector, parse_power_subsystem, parse_supply
 from mctl.health import leaks, oob
 from mctl.health.breaker import BreakerState
-from mctl.health.policy import TrayRecord, TrayVerdict, decide
+from mctl.health.policy import decide
+from mctl.health.record import TrayRecord, TrayVerdict
 from mctl.model.drain import NodeView
 from mctl.model.findings import Severity, worst
 from mctl.model.settings import HealthSettings
@@ -203,14 +204,14 @@ def leak_findings(name: str):
 def test_an_episode_holds_the_leak_through_a_flap_and_ends_after_clear_readings():
     crit, ok = leak_findings("leak-critical"), leak_findings("capture")
     out, ep = leaks.step(None, crit, reached=True, now=T0, clear_sweeps=3)
-    assert ep["since"] == T0 and not ep["sent"]
+    assert ep.since == T0 and not ep.sent
     out, ep = leaks.step(ep, ok, reached=True, now=T0 + 10, clear_sweeps=3)       # OK once: still held
     assert worst(out) is Severity.CRITICAL and out[0].details["held"] and "held: leak since" in out[0].message
     out, ep = leaks.step(ep, crit, reached=True, now=T0 + 20, clear_sweeps=3)     # back: a flap, same episode
-    assert ep["since"] == T0 and ep["flaps"] == 1
+    assert ep.since == T0 and ep.flaps == 1
     _, ep = leaks.step(ep, BMC_silent := [f for f in leak.check(_facts(BMC_CASES["silent"]), None, HealthSettings())
                                           if f.check == leak.LEAK], reached=True, now=T0 + 25, clear_sweeps=3)
-    assert ep["clear"] == 0                                          # an unread BMC counts neither way
+    assert ep.clear == 0                                          # an unread BMC counts neither way
     assert BMC_silent[0].severity is Severity.WARN
     for i in range(2):
         out, ep = leaks.step(ep, ok, reached=True, now=T0 + 30 + i, clear_sweeps=3)
@@ -233,7 +234,7 @@ def test_power_off_is_due_once_after_the_timeout_and_only_for_mctls_drain():
     # powered off: the episode outlives clear readings until SSH reaches the tray again (a person powered it on)
     for i in range(5):
         _, off = leaks.step(off, leak_findings("capture"), reached=False, now=T0 + 700 + i, clear_sweeps=3)
-        assert off is not None and off["sent"]
+        assert off is not None and off.sent
     _, off = leaks.step(off, leak_findings("capture"), reached=True, now=T0 + 800, clear_sweeps=3)
     assert off is None
 
@@ -262,7 +263,7 @@ def test_a_critical_leak_drains_at_once_whatever_confirm_sweeps_and_reachability
         recs, acts, out = sweep({}, verdict(BMC_CASES["leak-critical"], reached=reached), NODE, s, T0)
         assert acts == ["drain"], reached
         assert out.decisions[0].reason.startswith("mctl: leak critical 1_ColdPlate")
-        assert recs["t01"].drained and recs["t01"].leak["since"] == T0
+        assert recs["t01"].drained and recs["t01"].leak.since == T0
 
 
 def test_a_warning_leak_is_a_finding_not_a_drain():
@@ -278,8 +279,8 @@ def test_a_flapping_leak_is_drained_once_held_and_never_resumed_while_open():
     for i, name in enumerate(["capture", "leak-critical", "capture", "leak-critical", "capture"]):
         recs, acts, _ = sweep(recs, verdict(BMC_CASES[name]), DRAINED, s, T0 + 10 * (i + 1))
         seen += acts
-    assert seen == [] and recs["t01"].drained and recs["t01"].leak["flaps"] == 2
-    assert recs["t01"].leak["since"] == T0                     # the timeout runs from the first reading
+    assert seen == [] and recs["t01"].drained and recs["t01"].leak.flaps == 2
+    assert recs["t01"].leak.since == T0                     # the timeout runs from the first reading
     # clear for 3 readings: the episode ends; then the usual resume
     for i in range(3):
         recs, acts, _ = sweep(recs, verdict(BMC_CASES["capture"]), DRAINED, s, T0 + 100 + i)
@@ -318,7 +319,7 @@ def test_a_damaged_leak_episode_in_the_state_file_is_refused_with_its_field(tmp_
 
     recs, _, _ = sweep({}, verdict(BMC_CASES["leak-critical"]), NODE, HealthSettings(), T0)
     store.save_state(tmp_path, store.HealthState("site", recs, BreakerState()))
-    assert store.load_state(tmp_path).records["t01"].leak["since"] == T0
+    assert store.load_state(tmp_path).records["t01"].leak.since == T0
     path = store.state_path(tmp_path)
     data = json.loads(path.read_text())
     data["trays"]["t01"]["leak"]["since"] = "yesterday"
