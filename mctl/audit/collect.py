@@ -31,7 +31,7 @@ from mctl.model.tray import TrayFacts, smi_timeout_for
 
 if TYPE_CHECKING:
     from mctl.fabric.reconcile import FabricState
-    from mctl.health.engine import SweepResult
+    from mctl.health.sweep import SweepResult
     from mctl.model.site import Host, Rack, Site
     from mctl.model.gpu import GpuReport
     from mctl.sched.slurm.facts import NodeState, TopologyEntry

@@ -15,7 +15,7 @@ jobs rule of a partition change without --drain or --force): otherwise it waits,
 is tried again on a later sweep. A change that failed (and rolled back) is not retried by the watch.
 Restore stays manual (`mctl partition restore TRAY`; D51 says why).
 
-`decide` is pure: the time is given. mctl.health.isolate_run sends what it asks for.
+`decide` is pure: the time is given. mctl.health.responders.isolation sends what it asks for.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Iterable
 from mctl.state.files import atomic_write
 
 if TYPE_CHECKING:
-    from mctl.health.engine import SweepResult
+    from mctl.health.sweep import SweepResult
 
 STATUSES = ("healthy", "warn", "critical", "unreachable", "drained", "held", "unknown")
 

@@ -16,7 +16,7 @@ from mctl.health.site_view import resolve_scope, settings_of
 from mctl.model.drain import RESUME, Decision, SchedulerUnreachable, resume_refusal
 
 if TYPE_CHECKING:
-    from mctl.health.engine import SweepResult
+    from mctl.health.sweep import SweepResult
     from mctl.model.site import Site
 
 

@@ -30,7 +30,7 @@ LADDER_ACTIONS = (*LADDER_RUNGS, "repair", "recovery-failed")
 ISOLATE_ACTIONS = ("isolate",)          # the watch isolating a tray from its partition (mctl.health.isolate)
 
 if TYPE_CHECKING:
-    from mctl.health.engine import SweepResult
+    from mctl.health.sweep import SweepResult
     from mctl.model.settings import HealthSettings
     from mctl.health.site_view import Scope
     from mctl.model.site import Site

@@ -24,7 +24,7 @@ from mctl.errors import UsageError
 from mctl.fabric.imex import expected_files
 from mctl.model.imex import ImexSettings
 from mctl.model.tray import OsRelease, TrayFacts
-from mctl.health.engine import SweepResult
+from mctl.health.sweep import SweepResult
 from mctl.inventory import load_site
 from mctl.model.findings import Finding, Severity
 from mctl.model.gpu import GpuReport

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from mctl.health import engine as engine_mod
+from mctl.health import sweep as sweep_mod
 from mctl.health import policy, store
 from mctl.health.record import TrayRecord, TrayVerdict
 from mctl.model.drain import DRAIN, SKIP, ActResult, NodeView
@@ -104,7 +105,7 @@ def rig(tmp_path, monkeypatch):
     critical: set[str] = set()
     rack_findings: dict[str, list[Finding]] = {}
 
-    monkeypatch.setattr(engine_mod, "from_result", lambda purpose, r, nonce, **kw: TrayFacts(
+    monkeypatch.setattr(sweep_mod, "from_result", lambda purpose, r, nonce, **kw: TrayFacts(
         r.host, address=r.address, reach=r.status.value if r.status is not HostStatus.OK else "ok",
         error=r.error))
 
@@ -113,8 +114,8 @@ def rig(tmp_path, monkeypatch):
             return [Finding(Severity.CRITICAL, facts.host, "tray.reachable", facts.error or "unreachable")]
         return _critical(facts.host) if facts.host in critical else []
 
-    monkeypatch.setattr(engine_mod.checks, "run_tray", run_tray)
-    monkeypatch.setattr(engine_mod.checks, "run_rack",
+    monkeypatch.setattr(sweep_mod.checks, "run_tray", run_tray)
+    monkeypatch.setattr(sweep_mod.checks, "run_rack",
                         lambda rack, trays, plan: [f for fs in rack_findings.values() for f in fs])
 
     def make(delays=None, frozen=(FROZEN,), answers=True, **settings):

@@ -7,7 +7,7 @@ import asyncio
 import time
 
 from mctl.health import store
-from mctl.health.engine import SweepResult
+from mctl.health.sweep import SweepResult
 from mctl.model.tray import TrayFacts
 from mctl.health.record import TrayVerdict
 from mctl.model.drain import DRAIN, NodeView
@@ -57,7 +57,7 @@ def _remediate(tmp_path, scheduler: _Slurm, host: str, rack: str) -> SweepResult
     nodes = dict(scheduler.nodes)
     result = SweepResult(1, time.time(), 0.0, {host: TrayFacts(host)}, list(verdict.findings), [verdict],
                          nodes, "slurm", remediate=True)
-    asyncio.run(engine._remediate(result))
+    asyncio.run(engine.respond(result))
     return result
 
 

@@ -279,12 +279,12 @@ def test_dry_run_shows_the_isolation_it_would_start_and_writes_nothing(site, tmp
     from types import SimpleNamespace
 
     from mctl.health import store
-    from mctl.health.isolate_run import IsolationRunner
+    from mctl.health.responders.isolation import IsolationResponder
 
-    engine = SimpleNamespace(settings=ON, sizes={"lab-r1": 4}, site=site, state_dir=tmp_path / "state")
     result = SimpleNamespace(verdicts=[verdict(T2, "nvlink.links"), verdict(T3, "slurm.slurmd")])
+    ctx = SimpleNamespace(settings=ON, sizes={"lab-r1": 4}, site=site, state_dir=tmp_path / "state", result=result)
     state = store.HealthState(site.name, {T2: drained(T2), T3: drained(T3)}, BreakerState())
-    (d,) = IsolationRunner(site).dry_run(engine, result, state)
+    (d,) = IsolationResponder(site).dry_run(ctx, state)
     assert (d.host, d.action, d.rack) == (T2, "isolate", "lab-r1")
     assert d.why == "nvlink.links: nvlink.links failed (to quarantine)"
     assert not (tmp_path / "state").exists()
@@ -301,7 +301,9 @@ def test_the_runner_logs_an_intent_only_for_a_change_that_starts(site, tmp_path,
     import asyncio
     from types import SimpleNamespace
 
-    from mctl.health import isolate_run, store
+    from mctl.health import store
+    from mctl.health.actuator import Actuator
+    from mctl.health.responders import isolation
 
     after = (Partition("p0", "lab-r1", (T1,)), site.racks["lab-r1"].partitions[1],
              Partition("quarantine-lab-r1-tray02", "lab-r1", (T2,)))
@@ -316,13 +318,14 @@ def test_the_runner_logs_an_intent_only_for_a_change_that_starts(site, tmp_path,
         assert saved.state == isolate.SENDING                    # saved before the change starts
         return ("ok", "change 1: ...", after) if outcome == "ok" else ("failed", "change 1 rolled-back: x", ())
 
-    monkeypatch.setattr(isolate_run, "run_isolation", fake)
+    monkeypatch.setattr(isolation, "run_isolation", fake)
     changed = []
-    engine = SimpleNamespace(settings=ON, sizes={"lab-r1": 4}, site=site, state_dir=tmp_path / "state", who="t",
-                             partitions_changed=lambda rack, parts: changed.append((rack, parts)))
-    result = SimpleNamespace(verdicts=[verdict(T2, "gpu.count")])
+    result = SimpleNamespace(verdicts=[verdict(T2, "gpu.count")], nodes={})
+    ctx = SimpleNamespace(settings=ON, sizes={"lab-r1": 4}, site=site, state_dir=tmp_path / "state", who="t",
+                          partitions_changed=lambda rack, parts: changed.append((rack, parts)), result=result,
+                          actuator=Actuator(tmp_path / "state", "t"))
     state = store.HealthState(site.name, {T2: drained(T2)}, BreakerState())
-    logged = asyncio.run(isolate_run.IsolationRunner(site).run(engine, result, state))
+    logged = asyncio.run(isolation.IsolationResponder(site).respond(ctx, state))
     actions = [(e.action, e.result) for e in store.read_actions(tmp_path / "state")]
     st = state.records[T2].isolation
     if outcome == "ok":
@@ -334,6 +337,6 @@ def test_the_runner_logs_an_intent_only_for_a_change_that_starts(site, tmp_path,
     else:
         assert actions == [("isolate-wait", "noted")] and st.state == isolate.WAITING
         assert state.breaker.drains == ()                           # a wait is not counted
-        again = asyncio.run(isolate_run.IsolationRunner(site).run(engine, result, state))
+        again = asyncio.run(isolation.IsolationResponder(site).respond(ctx, state))
         assert again == [] and len(store.read_actions(tmp_path / "state")) == 1    # said once
     assert [e.action for e in logged] == [a for a, _ in actions if a != "intent"]      # as the ladder returns them

@@ -8,7 +8,7 @@ import urllib.request
 from rich.console import Console
 
 from mctl.health.breaker import BreakerState
-from mctl.health.engine import SweepResult
+from mctl.health.sweep import SweepResult
 from mctl.model.tray import TrayFacts
 from mctl.health.metrics import MetricsServer, render, write_textfile
 from mctl.health.record import TrayRecord, TrayVerdict

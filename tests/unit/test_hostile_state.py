@@ -819,7 +819,7 @@ def test_markup_in_tray_and_rack_names_on_the_watch_screen():
     from rich.console import Console
 
     from mctl.health.breaker import BreakerState
-    from mctl.health.engine import SweepResult
+    from mctl.health.sweep import SweepResult
     from mctl.model.tray import TrayFacts
     from mctl.health.record import TrayVerdict
     from mctl.model.drain import NodeView

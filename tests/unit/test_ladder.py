@@ -407,12 +407,12 @@ def test_a_rung_that_cannot_work_is_refused_when_the_inventory_loads(tmp_path):
 
 
 def test_a_marked_tray_is_a_critical_tray_repair_finding_in_every_sweep():
-    from mctl.health.ladder_run import LadderRunner
+    from mctl.health.responders.ladder import LadderResponder
     from mctl.checks.catalogue import CHECKS
 
     st = ladder.LadderState(phase="repair", repair_why="3 failed recoveries within 1h", failures=(1.0, 2.0, 3.0))
     records = {T: TrayRecord(T, "r1", ladder=st), "r1-t02": TrayRecord("r1-t02", "r1")}
-    (f,) = LadderRunner.findings(None, records)
+    (f,) = LadderResponder.findings(None, records)
     assert (f.host, f.check, f.severity) == (T, "tray.repair", Severity.CRITICAL) and "3 failed" in f.message
     assert CHECKS["tray.repair"].allows(f.severity)
 

@@ -75,7 +75,6 @@ KNOWN_CROSS_IMPORTS: set[tuple[str, str]] = set()
 # go with issue 26's split of `lab fault` by target; the apt repository packs the files that the
 # registry of lab services lists, and the registry starts the repository as a rack service.
 KNOWN_CYCLES: set[frozenset[str]] = {
-    frozenset({"mctl.health.engine", "mctl.health.isolate_run", "mctl.health.ladder_run"}),
     frozenset({"mctl.lab.aptrepo", "mctl.lab.services"}),
     frozenset({"mctl.lab.bmc_faults", "mctl.lab.control", "mctl.lab.nmx_faults"}),
 }

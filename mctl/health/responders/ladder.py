@@ -1,15 +1,15 @@
-"""The recovery ladder's side effects: what the engine sends for the rungs mctl.health.ladder decides.
+"""The ladder responder: the recovery ladder's rungs, repair marks and burn-ins, through the actuator.
 
-One sweep of the watch, under the state lock, after the drains and resumes:
+One sweep of the watch, under the state lock, after the drains, resumes and power-offs:
 
-1. observe every tray (its verdict, facts, the scheduler's node) and let `ladder.decide` step each
-   one's recovery through the circuit breaker;
-2. write the intent lines (fsynced) and the state with each rung marked as being sent, so a watch
-   killed in between never sends it again (the rung is then judged by its deadline);
-3. send the rungs at once, each bounded: a GPU reset and a reboot over the kept SSH connection, a
-   power cycle as one Redfish POST to the tray's BMC (under the rack lock, like `mctl power`);
-4. log each result with the time of the phase it ends, run the repair hook of a tray just marked for
-   repair (a deadline, no shell), and save the state.
+1. observe every tray (its verdict, facts, the scheduler's node) and let `ladder.decide` (pure) step
+   each one's recovery through the circuit breaker; the records say which rung is being sent;
+2. hand the actuator one act per rung (and per repair hook to run): the intents are written and the
+   state saved with the rungs marked before anything is sent, so a watch killed in between never sends
+   a rung again (the rung is then judged by its deadline); the rungs go out at once, each bounded: a
+   GPU reset and a reboot over the kept SSH connection, a power cycle as one Redfish POST to the
+   tray's BMC (under the rack lock, like `mctl power`); each result is folded back (`ladder.settle`);
+3. the repair hook of a tray just marked for repair runs (a deadline, no shell).
 
 Burn-in runs in a thread of its own (it takes minutes): the sweep starts it and later sweeps read
 its result. A watch restarted during a burn-in runs it again.
@@ -27,11 +27,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from mctl.health import ladder, store
+from mctl.health.actuator import Act, Done
+from mctl.health.responders import Context, Responder
 from mctl.model.drain import Decision
 from mctl.model.findings import Finding, Severity
 
 if TYPE_CHECKING:
-    from mctl.health.engine import Engine, SweepResult
+    from mctl.health.sweep import SweepResult
     from mctl.model.settings import HealthSettings
     from mctl.model.site import Site
 
@@ -39,7 +41,9 @@ REBOOT_SEND_S = 15.0          # `systemctl reboot` returns at once; the connecti
 POWER_SEND_S = 30.0           # one Redfish session and POST
 
 
-class LadderRunner:
+class LadderResponder(Responder):
+    name = "ladder"
+
     def __init__(self, site: "Site", settings: "HealthSettings"):
         self.site = site
         self.settings = settings
@@ -64,14 +68,14 @@ class LadderRunner:
                                       has_bmc=self._has_bmc(v.host)))
         return out
 
-    def _decide(self, engine: "Engine", result: "SweepResult", state: store.HealthState, now: float):
-        obs = self._observations(result, state.records)
-        return ladder.decide(state.records, obs, self.settings, state.breaker, engine.sizes, now=now,
+    def _decide(self, ctx: Context, state: store.HealthState, now: float):
+        obs = self._observations(ctx.result, state.records)
+        return ladder.decide(state.records, obs, self.settings, state.breaker, ctx.sizes, now=now,
                              burn_ins=self._burn_status(state.records))
 
-    def dry_run(self, engine: "Engine", result: "SweepResult", state: store.HealthState) -> list[Decision]:
+    def dry_run(self, ctx: Context, state: store.HealthState) -> list[Decision]:
         """`--dry-run`: each rung the ladder would take, as decisions (nothing is sent or written)."""
-        out = self._decide(engine, result, state, time.time())
+        out = self._decide(ctx, state, time.time())
         state.records, state.breaker = out.records, out.breaker
         decisions = [Decision(r.host, r.rung, r.why, rack=r.rack, at=r.at) for r in out.rungs]
         decisions += [Decision(e.host, e.action, e.why, rack=e.rack, at=e.at) for e in out.events
@@ -80,73 +84,80 @@ class LadderRunner:
 
     # ------------------------------------------------------------------ one sweep
 
-    async def climb(self, engine: "Engine", result: "SweepResult", state: store.HealthState) -> list[store.ActionEntry]:
-        if result.nodes is None:
+    async def respond(self, ctx: Context, state: store.HealthState) -> list[store.ActionEntry]:
+        if ctx.result.nodes is None:
             return []                       # the scheduler did not answer: idle or not is unknown; next sweep
         now = time.time()
         before = {h: r.ladder for h, r in state.records.items()}
-        out = self._decide(engine, result, state, now)
-        entries = [self._event_entry(e, engine) for e in out.events]
-        ids = {r.host: f"{r.host}@{r.at:.3f}:{os.urandom(4).hex()}" for r in out.rungs}
-        intents = [store.action_entry("intent", r.host, None, who=engine.who, at=r.at, result="pending", why=r.why,
-                                      rack=r.rack, intent=r.rung, intent_id=ids[r.host],
-                                      gpus=list(r.gpus) or None) for r in out.rungs]
+        out = self._decide(ctx, state, now)
+        events = [self._event_entry(e, ctx) for e in out.events]
+        # the records now say which rung is being sent: saved with the intents, before anything is sent
         state.records, state.breaker = out.records, out.breaker
-        # Before anything is sent: the intents (fsynced) and the state that says the rung is being sent.
-        store.append_actions(engine.state_dir, entries + intents)
-        store.save_state(engine.state_dir, state)
-        entries_after: list[store.ActionEntry] = []
-        if out.rungs:
-            sent = await asyncio.gather(*(self._send(engine, r) for r in out.rungs))
-            for r, (outcome, text) in zip(out.rungs, sent):
-                if outcome == "not-taken":
-                    ladder.not_taken(state.records, r, before.get(r.host), text)
-                    result_text = f"refused: {text}"
-                else:
-                    ladder.settle(state.records, r, {"ok": True, "failed": False, "unknown": None}[outcome])
-                    result_text = "ok" if outcome == "ok" else (f"failed: {text}" if outcome == "failed"
-                                                                else f"sent, answer lost: {text}")
-                entries_after.append(store.action_entry(r.rung, r.host, None, who=engine.who, at=r.at,
-                                                        result=result_text, why=r.why, rack=r.rack,
-                                                        intent_id=ids[r.host], gpus=list(r.gpus) or None,
-                                                        detail=text or None))
-        for host in out.repairs:
-            entries_after.append(await asyncio.to_thread(self._repair_hook, engine, host, state))
+        acts = [self._rung_act(ctx, state, r, before.get(r.host)) for r in out.rungs]
+        acts += [self._hook_act(ctx, state, host) for host in out.repairs]
+        lines = await ctx.actuator.run(state, acts, before=events)
         self._start_burn_ins(state.records)
-        store.append_actions(engine.state_dir, entries_after)
-        store.save_state(engine.state_dir, state)
-        return entries + entries_after
+        return lines
 
-    def _event_entry(self, e: ladder.Event, engine: "Engine") -> store.ActionEntry:
+    def _rung_act(self, ctx: Context, state: store.HealthState, r: ladder.Rung, before) -> Act:
+        async def run(go) -> Done:
+            outcome, text = await self._send(ctx, r)
+            if outcome == "not-taken":
+                result = f"refused: {text}"
+            else:
+                result = "ok" if outcome == "ok" else (f"failed: {text}" if outcome == "failed"
+                                                       else f"sent, answer lost: {text}")
+            return Done(result, raw=outcome, fields={"detail": text or None})
+
+        def settle(done: Done) -> list:
+            if done.raw == "not-taken":
+                ladder.not_taken(state.records, r, before, done.fields["detail"] or "")
+            else:
+                ladder.settle(state.records, r, {"ok": True, "failed": False, "unknown": None}[done.raw])
+            return []
+
+        return Act(Decision(r.host, r.rung, r.why, rack=r.rack, at=r.at), run=run,
+                   fields={"gpus": list(r.gpus) or None}, settle=settle)
+
+    def _hook_act(self, ctx: Context, state: store.HealthState, host: str) -> Act:
+        rec = state.records.get(host)
+        why = ladder.state_of(rec).repair_why or "marked for repair"
+
+        async def run(go) -> Done:
+            return await asyncio.to_thread(self._repair_hook, ctx, host, state)
+
+        return Act(Decision(host, "repair-hook", why, rack=rec.rack if rec else None), run=run, intent=False)
+
+    def _event_entry(self, e: ladder.Event, ctx: Context) -> store.ActionEntry:
         extra: dict[str, Any] = dict(e.extra)
         if e.seconds is not None:
             extra["seconds"] = e.seconds
         if e.phase:
             extra["phase"] = e.phase
         reason = e.why if e.action == "breaker-trip" else None      # the watch shows a trip's reason
-        return store.action_entry(e.action, e.host, reason, who=engine.who, at=e.at, result=e.result, why=e.why,
+        return store.action_entry(e.action, e.host, reason, who=ctx.who, at=e.at, result=e.result, why=e.why,
                                   rack=e.rack, **extra)
 
     # ------------------------------------------------------------------ the rungs
 
-    async def _send(self, engine: "Engine", r: ladder.Rung) -> tuple[str, str]:
+    async def _send(self, ctx: Context, r: ladder.Rung) -> tuple[str, str]:
         """("ok" | "failed" | "unknown" | "not-taken", text)."""
         try:
             if r.rung == ladder.POWER_CYCLE:
-                return await asyncio.to_thread(self._power_cycle, engine, r)
-            target = next((t for t in engine.targets if t.name == r.host), None)
+                return await asyncio.to_thread(self._power_cycle, ctx, r)
+            target = next((t for t in ctx.targets if t.name == r.host), None)
             if target is None:
                 return "failed", "no SSH target for the tray"
             if r.rung == ladder.GPU_RESET:
                 ids = " ".join(shlex.quote(g) for g in r.gpus)
                 per = max(10, int(self.ls.gpu_reset_deadline_s / max(1, len(r.gpus))))
                 cmd = f"for g in {ids}; do timeout {per} {ladder.RESET_COMMAND} \"$g\" || exit $?; done"
-                res = await engine.pool.run_one(target, cmd, timeout=self.ls.gpu_reset_deadline_s,
+                res = await ctx.pool.run_one(target, cmd, timeout=self.ls.gpu_reset_deadline_s,
                                                 deadline=self.ls.gpu_reset_deadline_s + 5)
                 if res.ok:
                     return "ok", f"reset {', '.join(r.gpus)}"
                 return "failed", _said(res)
-            res = await engine.pool.run_one(target, f"timeout 10 {ladder.REBOOT_COMMAND}", timeout=REBOOT_SEND_S,
+            res = await ctx.pool.run_one(target, f"timeout 10 {ladder.REBOOT_COMMAND}", timeout=REBOOT_SEND_S,
                                             deadline=REBOOT_SEND_S + 5)
             if res.ok:
                 return "ok", "reboot asked of the OS"
@@ -156,7 +167,7 @@ class LadderRunner:
         except Exception as exc:  # noqa: BLE001 - one tray's rung must not end the watch
             return "failed", f"{type(exc).__name__}: {exc}"
 
-    def _power_cycle(self, engine: "Engine", r: ladder.Rung) -> tuple[str, str]:
+    def _power_cycle(self, ctx: Context, r: ladder.Rung) -> tuple[str, str]:
         from mctl.bmc import power
         from mctl.bmc.client import BMCError, RedfishClient, base_url
         from mctl.bmc.inventory import settings_for
@@ -175,7 +186,7 @@ class LadderRunner:
         with contextlib.ExitStack() as stack:
             if host.rack:
                 try:
-                    stack.enter_context(file_lock(rack_lock_path(engine.state_dir, host.rack),
+                    stack.enter_context(file_lock(rack_lock_path(ctx.state_dir, host.rack),
                                                   purpose="mctl health watch: power-cycle", label=f"rack {host.rack}"))
                 except MctlError as exc:
                     return "not-taken", exc.message     # `mctl power` or another command holds the rack: later
@@ -195,14 +206,13 @@ class LadderRunner:
 
     # ------------------------------------------------------------------ repair
 
-    def _repair_hook(self, engine: "Engine", host: str, state: store.HealthState) -> store.ActionEntry:
+    def _repair_hook(self, ctx: Context, host: str, state: store.HealthState) -> Done:
         rec = state.records.get(host)
         st = ladder.state_of(rec)
         why = st.repair_why or "marked for repair"
         rack = rec.rack if rec else None
         if not self.ls.repair_hook:
-            return store.action_entry("repair-hook", host, None, who=engine.who, result="noted",
-                                      why="no health.ladder.repair_hook configured", rack=rack)
+            return Done("noted", why="no health.ladder.repair_hook configured")
         argv = ladder.repair_argv(self.ls, host, rack, why, len(st.failures))
         env = {**os.environ, "MCTL_TRAY": host, "MCTL_RACK": rack or "", "MCTL_REASON": why,
                "MCTL_FAILURES": str(len(st.failures)), "MCTL_SITE": self.site.name}
@@ -216,9 +226,8 @@ class LadderRunner:
             result, said = f"failed: no answer within {self.ls.repair_hook_timeout_s:g}s (killed)", ""
         except OSError as exc:
             result, said = f"failed: cannot run {argv[0]!r}: {exc.strerror or exc}", ""
-        return store.action_entry("repair-hook", host, None, who=engine.who, result=result, why=why, rack=rack,
-                                  command=[shlex.quote(a) for a in argv], seconds=round(time.monotonic() - t0, 3),
-                                  output=said or None)
+        return Done(result, fields={"command": [shlex.quote(a) for a in argv], "seconds": round(time.monotonic() - t0, 3),
+                                    "output": said or None})
 
     def findings(self, records) -> list[Finding]:
         """A critical `tray.repair` finding for every tray the ladder marked for repair."""

@@ -1,10 +1,11 @@
-"""The watch's isolations: what the engine runs for the isolations mctl.health.isolate decides.
+"""The isolation responder: what the watch does for the isolations mctl.health.isolate decides.
 
 After the sweep's drains, resumes and the recovery ladder, under the state lock:
 
 1. `isolate.decide` picks the trays (drained by mctl, a hardware fault now, the breaker admits);
-2. an intent line per tray (fsynced) and the state marking it as being sent, so a watch killed in
-   between never starts it twice (a stopped change is finished by `mctl partition apply RACK --resume`);
+2. once the change can start, an intent line per tray (fsynced) and the state marking it as being sent
+   (the actuator's `go()`), so a watch killed in between never starts it twice (a stopped change is
+   finished by `mctl partition apply RACK --resume`);
 3. one tray at a time: the same change `mctl partition isolate TRAY` runs, through the change
    service (mctl.change.service: the NMX-M plan, the jobs rule without --drain or --force, the
    journaled run under the rack lock, the tray tolerated as unreachable) with a UI that asks nobody,
@@ -16,13 +17,16 @@ After the sweep's drains, resumes and the recovery ladder, under the state lock:
 from __future__ import annotations
 
 import asyncio
-import os
+import time
 from typing import TYPE_CHECKING
 
+from mctl.health import breaker as breakerlib
 from mctl.health import isolate, store
+from mctl.health.actuator import Act, Done
+from mctl.health.responders import Context, Responder
+from mctl.model.drain import Decision
 
 if TYPE_CHECKING:
-    from mctl.health.engine import Engine, SweepResult
     from mctl.model.site import Site
 
 
@@ -67,68 +71,54 @@ def run_isolation(site: "Site", iso: isolate.Isolation, state_dir, on_go=None) -
     return "ok", f"change {run.journal.run_id}: {parts}", tuple(result.after)
 
 
-class IsolationRunner:
+class IsolationResponder(Responder):
+    name = "isolation"
+
     def __init__(self, site: "Site"):
         self.site = site
 
-    def _decide(self, engine: "Engine", result: "SweepResult", state: store.HealthState, now: float):
-        return isolate.decide(state.records, result.verdicts, engine.settings, state.breaker, engine.sizes,
-                              engine.site.racks, now=now)
+    def _decide(self, ctx: Context, state: store.HealthState, now: float):
+        return isolate.decide(state.records, ctx.result.verdicts, ctx.settings, state.breaker, ctx.sizes,
+                              ctx.site.racks, now=now)
 
-    def dry_run(self, engine: "Engine", result: "SweepResult", state: store.HealthState):
+    def dry_run(self, ctx: Context, state: store.HealthState):
         """`--dry-run`: each isolation the watch would start, as decisions (nothing is sent or written)."""
-        import time
-
-        from mctl.model.drain import Decision
-
-        out = self._decide(engine, result, state, time.time())
+        out = self._decide(ctx, state, time.time())
         state.records, state.breaker = out.records, out.breaker
         return [Decision(i.host, "isolate", f"{i.why} (to {i.to})", rack=i.rack, at=i.at) for i in out.isolations]
 
-    async def run(self, engine: "Engine", result: "SweepResult", state: store.HealthState) -> list[store.ActionEntry]:
-        import time
-
-        from mctl.health import breaker as breakerlib
-
-        now = time.time()
-        out = self._decide(engine, result, state, now)
-        entries = [store.action_entry(e.action, e.host, e.why if e.action == "breaker-trip" else None,
-                                      who=engine.who, at=e.at, result=e.result, why=e.why, rack=e.rack)
-                   for e in out.events]
-        ids = {i.host: f"{i.host}@{i.at:.3f}:{os.urandom(4).hex()}" for i in out.isolations}
+    async def respond(self, ctx: Context, state: store.HealthState) -> list[store.ActionEntry]:
+        if ctx.result.nodes is None:
+            return []
+        out = self._decide(ctx, state, time.time())
+        events = [store.action_entry(e.action, e.host, e.why if e.action == "breaker-trip" else None,
+                                     who=ctx.who, at=e.at, result=e.result, why=e.why, rack=e.rack)
+                  for e in out.events]
         state.records, state.breaker = out.records, out.breaker
-        store.append_actions(engine.state_dir, entries)
-        store.save_state(engine.state_dir, state)
-        after: list[store.ActionEntry] = []
-        went: set[str] = set()
-        for i in out.isolations:           # one at a time: each is a change of its rack's partitions
+        # one at a time: each is a change of its rack's partitions; the intent only once it starts
+        acts = [self._act(ctx, state, i) for i in out.isolations]
+        return await ctx.actuator.run(state, acts, before=events)
 
-            def go(i=i) -> None:
-                # Before the change starts: the intent (fsynced) and the state saying it is being sent.
-                went.add(i.host)
-                isolate.mark_sending(state.records, i)
-                store.append_actions(engine.state_dir, [store.action_entry(
-                    "intent", i.host, None, who=engine.who, at=i.at, result="pending", why=i.why, rack=i.rack,
-                    intent="isolate", intent_id=ids[i.host], to=i.to)])
-                store.save_state(engine.state_dir, state)
-
+    def _act(self, ctx: Context, state: store.HealthState, i: isolate.Isolation) -> Act:
+        async def run(go) -> Done:
             t0 = time.monotonic()
-            outcome, text, parts = await asyncio.to_thread(run_isolation, engine.site, i, engine.state_dir, go)
+            outcome, text, parts = await asyncio.to_thread(run_isolation, ctx.site, i, ctx.state_dir, go)
+            return Done("ok" if outcome == "ok" else f"failed: {text}", raw=(outcome, text, parts),
+                        started=outcome != "waiting",
+                        fields={"detail": text, "seconds": round(time.monotonic() - t0, 3)})
+
+        def settle(done: Done) -> list[store.ActionEntry]:
+            outcome, text, parts = done.raw
             note = isolate.settle(state.records, i, outcome, text)
             if outcome == "waiting":
                 # not carried out: the breaker forgets it, the next sweep asks again; said once per reason
                 state.breaker = breakerlib.discard(state.breaker, i.host, i.at)
-                if note is not None:
-                    after.append(store.action_entry("isolate-wait", i.host, None, who=engine.who, result="noted",
-                                                    why=note, rack=i.rack))
-                continue
+                return [store.action_entry("isolate-wait", i.host, None, who=ctx.who, result="noted", why=note,
+                                           rack=i.rack)] if note is not None else []
             if outcome == "ok":
-                engine.partitions_changed(i.rack, parts)
-            after.append(store.action_entry("isolate", i.host, None, who=engine.who, at=i.at,
-                                            result="ok" if outcome == "ok" else f"failed: {text}", why=i.why,
-                                            rack=i.rack, intent_id=ids[i.host] if i.host in went else None, to=i.to,
-                                            detail=text, seconds=round(time.monotonic() - t0, 3)))
-        store.append_actions(engine.state_dir, after)
-        store.save_state(engine.state_dir, state)
-        return entries + after
+                ctx.partitions_changed(i.rack, parts)
+            return []
 
+        return Act(Decision(i.host, "isolate", i.why, rack=i.rack, at=i.at), run=run, serial=True,
+                   intent_on_start=True, fields={"to": i.to}, mark=lambda: isolate.mark_sending(state.records, i),
+                   settle=settle)

@@ -1,0 +1,211 @@
+"""One health sweep over a site: probe, scheduler and BMC reads, the check catalogue -> one result.
+
+A sweep sends the probe to every tray and asks the scheduler for its node states at the same
+time (one round trip per tray and one to the controller), reads the trays' BMCs out of band
+beside them, then runs the check catalogue on each tray and the rack-wide checks. It decides
+nothing and acts on nothing: what mctl does about the result is the responders' work
+(mctl.health.engine runs them after the sweep, through one actuator). `on_tray` is told each
+tray's facts as its answer arrives, so a responder can act on a tray before the slowest one
+answered (docs/health.md, "Drains as the answers arrive").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from mctl import checks
+from mctl.facts.probe import HEALTH, from_result, probe_command
+from mctl.health import store
+from mctl.health.breaker import BreakerState
+from mctl.health.record import TrayRecord, TrayVerdict
+from mctl.model.drain import Decision, NodeView, SchedulerUnreachable
+from mctl.model.findings import Finding, Severity, sort_findings, worst
+from mctl.model.tray import TrayFacts, smi_timeout_for
+
+# The out-of-band read of the trays' BMCs (leaks, power) gets at least this long (docs/health.md, "Leaks and power").
+BMC_DEADLINE_MIN = 10.0
+
+
+@dataclass
+class SweepResult:
+    number: int
+    started: float
+    elapsed: float
+    facts: dict[str, TrayFacts]
+    findings: list[Finding]
+    verdicts: list[TrayVerdict]
+    nodes: dict[str, NodeView] | None
+    scheduler: str | None                       # slurm | None
+    scheduler_error: str | None = None
+    remediate: bool = False
+    dry_run: bool = False
+    decisions: list[Decision] = field(default_factory=list)
+    logged: list[store.ActionEntry] = field(default_factory=list)   # action-log entries of this sweep
+    breaker: BreakerState = field(default_factory=BreakerState)
+    records: dict[str, TrayRecord] = field(default_factory=dict)
+
+    def worst(self) -> Severity:
+        return worst(self.findings)
+
+    def tray_status(self, host: str) -> str:
+        """healthy, warn, critical, unreachable, drained (by mctl), held (drained by someone else)."""
+        rec = self.records.get(host)
+        node = (self.nodes or {}).get(host)
+        if rec is not None and rec.drained and not self.dry_run:
+            return "drained"
+        if node is not None and node.drained:
+            return "held"
+        v = next((v for v in self.verdicts if v.host == host), None)
+        if v is None:
+            return "unknown"
+        return {"ok": "healthy"}.get(v.status, v.status)
+
+    def to_dict(self) -> dict[str, Any]:
+        nodes = self.nodes or {}
+        return {
+            "sweep": self.number, "started": self.started, "elapsed": round(self.elapsed, 3),
+            "worst": self.worst().value, "scheduler": self.scheduler, "scheduler_error": self.scheduler_error,
+            "remediate": self.remediate, "dry_run": self.dry_run,
+            "trays": [{"host": v.host, "rack": v.rack, "reach": v.reach, "worst": v.worst.value,
+                       "status": self.tray_status(v.host),
+                       "scheduler_state": nodes[v.host].state if nodes.get(v.host) else None,
+                       "scheduler_reason": nodes[v.host].reason if nodes.get(v.host) else None,
+                       "elapsed": round(self.facts[v.host].elapsed, 3) if v.host in self.facts else None}
+                      for v in self.verdicts],
+            "findings": [f.to_dict() for f in self.findings],
+            "decisions": [d.to_dict() for d in self.decisions],
+            "actions": [e.to_dict() for e in self.logged],
+            "breaker": self.breaker.to_dict(),
+        }
+
+
+class Sweeper:
+    """The sweep's code over the site view the engine keeps for days (mctl.health.engine.Engine: the trays
+    and their SSH targets, what each should be, the rack plans, the scheduler adapter, the BMC settings,
+    the boot memory and every deadline)."""
+
+    def __init__(self, engine):
+        self.e = engine
+
+    async def read_scheduler(self):
+        e = self.e
+        if e.scheduler is None:
+            return None, None, None
+        try:
+            async with asyncio.timeout(e.timeout):
+                views, states = await e.scheduler.read(deadline=e.timeout)
+            return views, states, None
+        except SchedulerUnreachable as exc:
+            return None, None, str(exc)
+        except TimeoutError:
+            return None, None, f"{e.scheduler.where} did not answer within the {e.timeout:g}s deadline"
+
+    async def read_bmcs(self) -> dict[str, Any] | None:
+        """host -> mctl.checks.leak.BmcHealth, each BMC within the tray deadline; None: not configured."""
+        e = self.e
+        if e.oob_settings is None and e.oob_problem is None:
+            return None
+        from mctl.checks.leak import BmcHealth
+        from mctl.health import oob
+
+        hosts = list(e.scope.hosts)
+        if e.oob_problem:
+            return {h.name: BmcHealth(error=f"the inventory's bmc settings: {e.oob_problem}", error_kind="config")
+                    for h in hosts}
+        # A GB200 BMC answers a GET in 0.22 s on average, 2.9 s at worst (shared/reference/redfish.md): its 7
+        # GETs get the tray deadline, but at least BMC_DEADLINE_MIN (at most bmc.deadline_s).
+        deadline = max(e.timeout, min(e.oob_settings.deadline_s, BMC_DEADLINE_MIN))
+        try:
+            async with asyncio.timeout(deadline + 2.0):
+                return await asyncio.to_thread(oob.read, hosts, e.oob_settings, deadline)
+        except TimeoutError:
+            return {h.name: BmcHealth(error=f"no answer within {deadline:g}s", error_kind="timeout")
+                    for h in hosts}
+
+    async def probe(self, on_facts=None) -> list[TrayFacts]:
+        """Every tray's facts, in scope order; *on_facts* is called with each tray's facts as its answer
+        arrives (the watch judges a tray then, not when the slowest tray has answered)."""
+        e = self.e
+        nonce = secrets.token_hex(8)
+        smi_timeout = smi_timeout_for(e.timeout)
+        paths = e.settings.disk_paths
+        command = probe_command(HEALTH, nonce, smi_timeout=smi_timeout, disk_paths=paths)
+        seen: dict[str, TrayFacts] = {}
+
+        def arrived(r) -> None:
+            f = from_result(HEALTH, r, nonce, smi_timeout=smi_timeout, disk_paths=paths)
+            seen[f.host] = f
+            if on_facts is not None:
+                on_facts(f)
+
+        # The deadline covers the whole of each tray's work; a tray that misses it comes back as
+        # timeout (the probe hung) or unreachable (no session) and its connection is reopened
+        # in the background, so the next sweep is not delayed by it.
+        results = await e.pool.run(e.targets, command, deadline=e.timeout, on_result=arrived)
+        for r in results:               # a pool that does not call on_result (stand-ins) still gives every tray
+            if r.host not in seen:
+                arrived(r)
+        return [seen[r.host] for r in results]
+
+    def tray_verdict(self, facts: TrayFacts) -> TrayVerdict:
+        """One tray's verdict from its own checks (without the rack-wide ones, which need every tray)."""
+        e = self.e
+        fs = checks.run_tray(facts, e.expect[facts.host], e.settings)
+        rack = next(h.rack for h in e.scope.hosts if h.name == facts.host)
+        return TrayVerdict(facts.host, rack, facts.reach, worst(fs), tuple(fs))
+
+    async def sweep(self, number: int, state: store.HealthState,
+                    on_tray: Callable[[TrayFacts, "asyncio.Future"], None] | None = None) -> SweepResult:
+        """One sweep (records and breaker are the engine's to fill in); *state* is the health state as it was
+        when the sweep began (each tray's XID acknowledgement). *on_tray* gets each reached tray's facts and
+        the scheduler read in flight."""
+        e = self.e
+        started = time.time()
+        t0 = time.monotonic()
+        seen: dict[str, TrayFacts] = {}
+        read = asyncio.ensure_future(self.read_scheduler())
+        bmc_read = asyncio.ensure_future(self.read_bmcs())     # out of band, beside the SSH probes
+
+        def arrived(f: TrayFacts) -> None:
+            # Once per tray and sweep (BootMemory remembers what it saw), as the tray's answer arrives.
+            rec = state.records.get(f.host)
+            seen[f.host] = e.boots.see(f).without_xids_before(rec.xid_ack if rec else None)
+            if on_tray is not None and f.reached:
+                on_tray(seen[f.host], read)
+
+        try:
+            facts_list = await self.probe(arrived)
+            views, states, sched_error = await read
+            bmcs = await bmc_read
+        finally:
+            read.cancel()
+            bmc_read.cancel()
+        facts: dict[str, TrayFacts] = {}
+        for f in facts_list:
+            facts[f.host] = seen[f.host].with_slurm_node((states or {}).get(f.host))
+            if bmcs is not None:
+                facts[f.host] = replace(facts[f.host], bmc=bmcs.get(f.host))
+        per_host: dict[str, list[Finding]] = {h.name: checks.run_tray(facts[h.name], e.expect[h.name], e.settings)
+                                              for h in e.scope.hosts}
+        for rack in e.scope.racks:
+            trays = [facts[h.name] for h in e.scope.hosts if h.rack == rack]
+            for f in checks.run_rack(rack, trays, e.plans.get(rack, {})):
+                per_host.setdefault(f.host, []).append(f)
+        verdicts = [TrayVerdict(h.name, h.rack, facts[h.name].reach, worst(per_host.get(h.name, [])),
+                                tuple(per_host.get(h.name, []))) for h in e.scope.hosts]
+        findings = [f for fs in per_host.values() for f in fs]
+        if sched_error:
+            findings.append(Finding(Severity.WARN, None, "scheduler.reachable", sched_error,
+                                    "drains and resumes are queued until the scheduler answers"))
+        elif e.scheduler_problem:
+            findings.append(Finding(Severity.WARN, None, "scheduler.reachable",
+                                    f"scheduler not read: {e.scheduler_problem}"))
+        result = SweepResult(number, started, 0.0, facts, sort_findings(findings), verdicts, views,
+                             e.scheduler.kind if e.scheduler else None, sched_error,
+                             remediate=e.remediate, dry_run=e.dry_run)
+        result.elapsed = time.monotonic() - t0
+        return result
