@@ -10,7 +10,7 @@ reads these classes. Their defaults agree with the model's (tests/unit/test_sett
 from __future__ import annotations
 
 from mctl.inventory.spec import ANY, DictOf, Either, F, ListOf, OneOf, Opt, Spec
-from mctl.model.settings import DEFAULT_HYSTERESIS_CHECKS, FABRIC_FLAG_DEFAULTS, subcode_texts
+from mctl.model.settings import DEFAULT_HYSTERESIS_CHECKS, FABRIC_FLAG_DEFAULTS, LEAK_SWITCH_TRAY, subcode_texts
 from mctl.model.xid import DEFAULT_DRAIN_XIDS, DEFAULT_NVLINK5_NO_DRAIN
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -166,6 +166,10 @@ class LeakSpec(Spec):
     power_off = F(bool, True)                                 # power a tray with a critical leak off ...
     power_off_after = F(str, "10m", pattern=DURATION_PATTERN)  # ... this long after it was first seen
     clear_sweeps = F(int, 3, ge=1)                            # sweeps without Critical that end the episode
+    exclude = F(ListOf(str), factory=list)                    # trays never powered off for a leak (loader: hosts)
+    rack_share = F(float, 0.25, gt=0, le=1)                   # critical leaks on more of a rack's trays: the rack
+    rack_power_off = F(bool, True)                            # false: the rack-wide response drains and alerts only
+    switch_tray = F(OneOf(*LEAK_SWITCH_TRAY), "power-off")    # a switch tray's leak: power-off | rack | alert
 
 
 class LadderSpec(Spec):
@@ -236,6 +240,19 @@ class HealthSpec(Spec):
     isolate = F(IsolateSpec, factory=IsolateSpec)
 
 
+class BudgetSpec(Spec):
+    # Trays out of service by mctl's own decision (docs/health.md "The safety budget"; model: BudgetSettings).
+    rack_share = F(float, 0.25, gt=0, le=1)
+    rack_max = F(int, 4, ge=1)
+    site_share = F(float, 0.25, gt=0, le=1)
+    site_max = F(int, 64, ge=1)
+    allow_whole_rack = F(bool, False)        # a budget that allows a whole rack or site (loader: _budget_problems)
+
+
+class SafetySpec(Spec):
+    budget = F(BudgetSpec, factory=BudgetSpec)
+
+
 class SiteSpec(Spec):
     plugin = F(OneOf("mctl"), "mctl")
     site = F(str, pattern=NAME_PATTERN)
@@ -244,5 +261,6 @@ class SiteSpec(Spec):
     racks = F(DictOf(str, RackSpec))
     scheduler = F(Opt(SchedulerSpec), None)
     health = F(HealthSpec, factory=HealthSpec)
+    safety = F(SafetySpec, factory=SafetySpec)
     vars = F(DictOf(str, ANY), factory=dict)
     bmc = F(Opt(BMCSpec), None)

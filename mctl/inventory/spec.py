@@ -23,7 +23,7 @@ import math
 import re
 from typing import Any, Callable, Iterable
 
-from mctl.model.names import has_control
+from mctl.model.names import char_name, hidden_char
 
 _MISSING: Any = object()
 
@@ -109,10 +109,12 @@ def _scalar(kind: type, value: Any, loc: tuple, errors: list) -> Any:
     if kind is str:
         if not isinstance(value, str):
             return _error(errors, loc, "string_type", "Input should be a valid string", value)
-        if has_control(value):
-            # A newline in a name or setting would add lines to slurm.conf, known_hosts or a shell command.
-            return _error(errors, loc, "string_control", "control characters (newline, tab, ...) are not allowed",
-                          value)
+        bad = hidden_char(value)
+        if bad is not None:
+            # A newline in a name or setting would add lines to slurm.conf, known_hosts or a shell command;
+            # an invisible one makes it read as another value.
+            return _error(errors, loc, "string_control", f"control characters (newline, tab, ...) and invisible ones "
+                          f"are not allowed: {char_name(value[bad])}", value)
         return value
     if kind is bool:
         if isinstance(value, bool):
