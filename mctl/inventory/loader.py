@@ -134,7 +134,7 @@ def _spec_problems(exc: SpecError, doc: Located) -> list[Problem]:
                                "see inventories/example-gb200/mctl.yml"))
         else:
             out.append(Problem(doc.file, doc.line_of(path), dotted(path),
-                               f"{err['msg']} (got {err.get('input')!r})"))
+                               f"{err['msg']} (got {err.get('input')!r})", err.get("hint")))
     return out
 
 
@@ -729,4 +729,4 @@ def _check_site(spec: SiteSpec, doc: Located, problems: list[Problem]) -> None:
                                 f"{shown(k8s.helm_repo)} is not an http(s) URL without quotes, '$', '`' or spaces"))
     elif k8s.helm_repo is not None and (host := url_host_problem(urllib.parse.urlsplit(k8s.helm_repo).netloc)):
         problems.append(Problem(doc.file, doc.line_of(kpath + ("helm_repo",)), dotted(kpath + ("helm_repo",)),
-                                f"the Helm repository URL's host: {host}"))
+                                f"the Helm repository URL's host: {host}", ADDRESS_HINT))

@@ -240,8 +240,9 @@ def _convert(node: yaml.Node, path: Path, doc: Located, walk: _Walk) -> Any:
     if written is not None:
         return node.value                   # refused above; read as the text written, never constructed
     if node.tag not in _TAGS:              # `=` (YAML 1.1's value key): nothing an inventory means
-        raise _Refused(line, f"cannot read the value {node.value[:40]!r} (YAML reads it as {_written(node.tag)})",
-                       "quote it to make it a string")
+        walk.report(node, doc, path, f"cannot read the value {node.value[:40]!r} (YAML reads it as "
+                    f"{_written(node.tag)})", "quote it to make it a string")
+        return node.value
     value = _scalar(node)
     if isinstance(value, str):
         _check_text(value, node, path, doc, walk, walk.breaks, "value")
@@ -286,7 +287,6 @@ def _convert_collection(node: yaml.Node, path: Path, doc: Located, walk: _Walk) 
 
 def _key(node: yaml.ScalarNode, path: Path, doc: Located, walk: _Walk) -> Any:
     """A mapping key: a plain scalar whose problems are reported at its own path (tabs and newlines too)."""
-    line = node.start_mark.line + 1
     walk.values += 1
     written = walk.tags.get(id(node))
     key = node.value if written is not None or node.tag not in _TAGS else _scalar(node)
@@ -295,8 +295,8 @@ def _key(node: yaml.ScalarNode, path: Path, doc: Located, walk: _Walk) -> Any:
         walk.report(node, doc, child, f"YAML tag {_written(written)!r} is not allowed on a key",
                     "write the key as plain text")
     elif node.tag not in _TAGS:
-        raise _Refused(line, f"cannot read the key {node.value[:40]!r} (YAML reads it as {_written(node.tag)})",
-                       "quote it to make it a string")
+        walk.report(node, doc, child, f"cannot read the key {node.value[:40]!r} (YAML reads it as "
+                    f"{_written(node.tag)})", "quote it to make it a string")
     if isinstance(key, str):
         _check_text(key, node, child, doc, walk, "", "key")
     return key
