@@ -20,9 +20,7 @@ def load_image(path: Path) -> SoftwareImage:
 
     doc = read_yaml(path, text_values=False, what="image definition")
     if doc.problems:
-        first = doc.problems[0]
-        more = f" (and {len(doc.problems) - 1} more)" if len(doc.problems) > 1 else ""
-        raise UsageError(f"cannot read image {first.render()}{more}", hint=first.hint or FORMAT_HINT)
+        raise doc.refusal(FORMAT_HINT)
     try:
         image = SoftwareImage.model_validate(doc.data)
     except ValidationError as exc:

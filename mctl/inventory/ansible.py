@@ -53,10 +53,7 @@ def check_vars_files(root: Path) -> None:
         for file in sorted(p for p in base.rglob("*") if p.is_file() and not p.name.startswith(".")):
             doc = read_yaml(file, what="variables file")
             if doc.problems:
-                first = doc.problems[0]
-                more = f" (and {len(doc.problems) - 1} more)" if len(doc.problems) > 1 else ""
-                raise UsageError(f"cannot read {first.render()}{more}",
-                                 hint=first.hint or "Ansible reads this file as variables for the inventory's hosts")
+                raise doc.refusal("Ansible reads this file as variables for the inventory's hosts")
             data = doc.data
             for key in data if isinstance(data, dict) else ():
                 if isinstance(key, str) and refused_var(key):

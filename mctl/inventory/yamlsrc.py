@@ -38,6 +38,13 @@ class Located:
     lines: dict[Path, int] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
 
+    def refusal(self, hint: str) -> UsageError:
+        """The first problem as one error, counting the others: for a file read outside the inventory's own
+        validation (an image definition, group_vars), which stops at its first problem."""
+        first = self.problems[0]
+        more = f" (and {len(self.problems) - 1} more)" if len(self.problems) > 1 else ""
+        return UsageError(f"cannot read {first.render()}{more}", hint=first.hint or hint)
+
     def line_of(self, path: Path) -> int | None:
         """Line of the deepest known prefix of *path* (a missing key points at its parent)."""
         path = tuple(path)
@@ -67,7 +74,7 @@ def dotted(path: Path) -> str:
 MAX_DEPTH = 40
 MAX_VALUES = 100_000
 # The only tags a value may have, and only implicitly (by writing plain values): no explicit tag at all,
-# so no !!binary, !!set, !!python/..., application tags, nor `!!str 22` (data/decisions: D58).
+# so no !!binary, !!set, !!python/..., application tags, nor `!!str 22` (docs/decisions.md D58).
 _CORE = "tag:yaml.org,2002:"
 _TAGS = {f"{_CORE}{t}" for t in ("str", "int", "float", "bool", "null", "timestamp", "map", "seq")}
 # Line breaks and tabs inside a value: free-form text (an Ansible variable's motd) may hold them; typed
@@ -86,7 +93,8 @@ class _Refused(Exception):
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader's composer with a depth limit, so deep nesting is a located problem, not a RecursionError."""
+    """SafeLoader's composer with a depth limit, so deep nesting is a located problem, not a RecursionError,
+    and a memory of the tags written in the text (a node keeps only the tag resolved, `!!str 22` and `"22"` alike)."""
 
     def __init__(self, stream: str):
         super().__init__(stream)
