@@ -576,11 +576,10 @@ def _nmx_problems(nmx, doc: Located, path: tuple, problems: list[Problem]) -> No
         bad_port = False
     except ValueError:
         bad_port = True
-    host = None if _WHITESPACE.search(nmx.url) else url_host_problem(parts.netloc)
     if parts.scheme not in ("http", "https") or not parts.hostname or bad_port or _WHITESPACE.search(nmx.url):
         problems.append(Problem(doc.file, doc.line_of(path + ("url",)), dotted(path + ("url",)),
                                 f"{nmx.url!r} is not an http(s) URL", "e.g. https://10.20.0.5"))
-    elif host:
+    elif host := url_host_problem(parts.netloc):
         problems.append(Problem(doc.file, doc.line_of(path + ("url",)), dotted(path + ("url",)),
                                 f"the NMX-M URL's host: {host}", "e.g. https://10.20.0.5 or https://[fd00::5]"))
     elif parts.query or parts.fragment or nmx.url.rstrip("/").endswith(("?", "#")):
