@@ -322,6 +322,14 @@ def _check_addresses(addrs: list[str], doc: Located, path: tuple, problems: list
     return not bad
 
 
+def _address_key(addr: str) -> str:
+    """One spelling per address, so `fd00::0:11` and `FD00::11`, `Head.example` and `head.example` are one."""
+    try:
+        return str(ipaddress.ip_address(addr))
+    except ValueError:
+        return addr.lower()
+
+
 def _group_hosts(group: TrayGroup, role: str, rack: str, doc: Located, path: tuple,
                  problems: list[Problem]) -> list[Host]:
     names = _expand(group.nodes, doc, path + ("nodes",), problems, "nodes", names=True)
@@ -371,7 +379,8 @@ def _build_site(spec: SiteSpec, file: Path, doc: Located) -> tuple[Site | None, 
     racks: dict[str, Rack] = {}
     images_dir = (file.parent / spec.images_dir).resolve() if spec.images_dir else None
     seen_names: dict[str, str] = {}
-    seen_addrs: dict[str, str] = {}
+    folded_names: dict[str, str] = {}       # lower case -> the name as first written
+    seen_addrs: dict[str, str] = {}         # _address_key -> the host (or "bmc <address>") that has it
 
     _check_site(spec, doc, problems)
     for rack_name, rs in spec.racks.items():
@@ -410,17 +419,23 @@ def _build_site(spec: SiteSpec, file: Path, doc: Located) -> tuple[Site | None, 
             if host.name in seen_names:
                 problems.append(Problem(doc.file, doc.line_of(hpath + ("nodes",)), dotted(hpath),
                                         f"duplicate host name {host.name} (also in {seen_names[host.name]})"))
+            elif host.name.lower() in folded_names:
+                problems.append(Problem(doc.file, doc.line_of(hpath + ("nodes",)), dotted(hpath),
+                                        f"host name {host.name} is {folded_names[host.name.lower()]} in other letters",
+                                        "host names are case-insensitive (DNS, ssh's known_hosts): name each host once"))
             seen_names.setdefault(host.name, dotted(hpath))
-            if host.address in seen_addrs:
+            folded_names.setdefault(host.name.lower(), host.name)
+            address = _address_key(host.address)
+            if address in seen_addrs:
                 problems.append(Problem(doc.file, doc.line_of(hpath + ("addresses",)), dotted(hpath),
-                                        f"duplicate address {host.address} ({host.name}; also used by {seen_addrs[host.address]})"))
-            seen_addrs.setdefault(host.address, host.name)
+                                        f"duplicate address {host.address} ({host.name}; also used by {seen_addrs[address]})"))
+            seen_addrs.setdefault(address, host.name)
             if host.bmc:
-                key = "bmc " + host.bmc
-                if host.bmc in seen_addrs:
+                bmc = _address_key(host.bmc)
+                if bmc in seen_addrs:
                     problems.append(Problem(doc.file, doc.line_of(hpath + ("bmc",)), dotted(hpath + ("bmc",)),
-                                            f"duplicate address {host.bmc} (BMC of {host.name}; also used by {seen_addrs[host.bmc]})"))
-                seen_addrs.setdefault(host.bmc, key)
+                                            f"duplicate address {host.bmc} (BMC of {host.name}; also used by {seen_addrs[bmc]})"))
+                seen_addrs.setdefault(bmc, "bmc " + host.bmc)
 
         for group, gpath in ((rs.compute, rpath + ("compute",)), (rs.switches, rpath + ("switches",))):
             if group is None or group.image is None:

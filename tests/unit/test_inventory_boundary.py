@@ -352,3 +352,15 @@ def test_group_vars_beside_the_inventory_follow_the_same_rules(tmp_path, capsys)
         assert f"{target}:{words}" in info.value.message and info.value.hint
     target.write_text("motd: |\n  two\n  lines\n")
     ansible_view(folder)
+
+
+def test_one_host_or_address_in_two_spellings_is_a_duplicate(tmp_path):
+    text = EXAMPLE.replace("name: rack-a-head", "name: RACK-A-TRAY01").replace("controller: rack-a-head",
+                                                                              "controller: RACK-A-TRAY01")
+    _, problems = validate_inventory(write(tmp_path / "a", text))
+    assert [(p.field, p.message) for p in problems if "in other letters" in p.message] == [
+        ("racks.rack-a.head", "host name RACK-A-TRAY01 is rack-a-tray01 in other letters")]
+    text = EXAMPLE.replace("address: 10.20.0.10", 'address: "fd00::0:11"').replace(
+        "addresses: 10.20.2.[11-19]", 'addresses: "FD00::[11-19]"')
+    _, problems = validate_inventory(write(tmp_path / "b", text))
+    assert [p.message for p in problems] == ["duplicate address fd00::0:11 (rack-a-head; also used by rack-a-nvsw01)"]
