@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from mctl.errors import Problem, UsageError
-from mctl.model.names import char_name, hidden_char, shown
+from mctl.model.names import char_name, hidden_char, hidden_chars, shown
 
 Path = tuple[Any, ...]
 PathLike = str | os.PathLike
@@ -135,9 +135,13 @@ def read_yaml(path: PathLike, *, text_values: bool = True, what: str = "file") -
 
 def load_yaml(text: str, file: str, *, text_values: bool = True) -> Located:
     """*text* read as YAML, located; *text_values*: values may hold tabs and line breaks (TEXT_BREAKS)."""
-    raw = _raw_characters(text, file)
+    raw = _raw_characters(text)
     if raw:
-        return Located(None, file, problems=raw)
+        return _raw_problems(text, file, raw)
+    return _load(text, file, text_values)
+
+
+def _load(text: str, file: str, text_values: bool, spans: list | None = None) -> Located:
     try:
         loader = _Loader(text)
         try:
@@ -168,39 +172,54 @@ def load_yaml(text: str, file: str, *, text_values: bool = True) -> Located:
         return doc
     doc.lines[()] = node.start_mark.line + 1
     try:
-        doc.data = _convert(node, (), doc, _Walk(tags, TEXT_BREAKS if text_values else ""))
+        doc.data = _convert(node, (), doc, _Walk(tags, TEXT_BREAKS if text_values else "", spans))
     except _Refused as exc:
         doc.data = None
         doc.problems.append(Problem(file, exc.line, "", exc.message, exc.hint))
     return doc
 
 
-def _raw_characters(text: str, file: str) -> list[Problem]:
-    """Control and invisible characters written into the file itself, comments included (a bidi override in
-    a comment is how code is made to read differently from what it does). Tabs, line feeds, CR LF line ends
-    and a leading BOM are the text's own; YAML would count a lone CR, NEL, U+2028 or U+2029 as a line break
-    and every line number after it would disagree with the operator's editor."""
-    problems: list[Problem] = []
-    start = 1 if text.startswith("\ufeff") else 0
-    while True:
-        i = _next_raw(text, start)
-        if i is None:
-            return problems
+def _raw_characters(text: str) -> list[int]:
+    """Where control and invisible characters are written into the file itself, comments included (a bidi
+    override in a comment is how code is made to read differently from what it does). Tabs, line feeds, CR LF
+    line ends and a leading BOM are the text's own; YAML would count a lone CR, NEL, U+2028 or U+2029 as a
+    line break, and every line number after it would disagree with the operator's editor."""
+    found = set(hidden_chars(text, allow="\t\n\r")) | {m.start() for m in _LONE_CR.finditer(text)}
+    found.discard(0 if text.startswith("\ufeff") else -1)
+    return sorted(found)
+
+
+def _raw_problems(text: str, file: str, found: list[int]) -> Located:
+    """One problem per character (the first MAX_CHARACTER_PROBLEMS), at its line and column, with the field it
+    sits in: the document read once more with each character blanked, for the span of every key and value."""
+    blank = list(text)
+    for i in found:
+        blank[i] = "\ufffd"
+    spans: list[tuple[int, int, Path, bool]] = []
+    _load("".join(blank), file, True, spans)
+    # A key's own text, so a blanked key is shown as it is written (escaped by dotted), not with U+FFFD.
+    keys = {path: text[start:end] for start, end, path, is_key in spans if is_key}
+    problems = []
+    for i in found[:MAX_CHARACTER_PROBLEMS]:
+        inside = [(end - start, path) for start, end, path, _ in spans if start <= i < end]
+        field = ""
+        if inside:
+            path = min(inside, key=lambda s: s[0])[1]
+            field = dotted(tuple(_written_key(keys.get(path[:n + 1]), part) for n, part in enumerate(path)))
         line = text.count("\n", 0, i) + 1
         column = i - (text.rfind("\n", 0, i) + 1) + 1
-        if len(problems) == MAX_CHARACTER_PROBLEMS:
-            problems.append(Problem(file, line, "", "and more control or invisible characters after this line"))
-            return problems
-        problems.append(Problem(file, line, "", f"{char_name(text[i])} at column {column}: control and invisible "
+        problems.append(Problem(file, line, field, f"{char_name(text[i])} at column {column}: control and invisible "
                                 "characters are not allowed in the file", _RAW_HINT))
-        start = i + 1
+    if len(found) > MAX_CHARACTER_PROBLEMS:
+        problems.append(Problem(file, problems[-1].line, "", f"and {len(found) - MAX_CHARACTER_PROBLEMS} more control "
+                                "or invisible characters after this one", _RAW_HINT))
+    return Located(None, file, problems=problems)
 
 
-def _next_raw(text: str, start: int) -> int | None:
-    i = hidden_char(text[start:], allow="\t\n\r")
-    end = len(text) if i is None else start + i
-    cr = _LONE_CR.search(text, start, end)
-    return cr.start() if cr else (None if i is None else end)
+def _written_key(source: str | None, part: Any) -> Any:
+    if source is None or not isinstance(part, str) or "\ufffd" not in part:
+        return part
+    return source[1:-1] if len(source) > 1 and source[0] == source[-1] and source[0] in "'\"" else source
 
 
 class _Walk:
@@ -208,12 +227,18 @@ class _Walk:
     how many values it has produced so far (aliases repeat values without repeating text), the tags
     written in the text, and the nodes already reported (an alias repeats a node's problem, not its report)."""
 
-    def __init__(self, tags: dict[int, str] | None = None, breaks: str = TEXT_BREAKS) -> None:
+    def __init__(self, tags: dict[int, str] | None = None, breaks: str = TEXT_BREAKS, spans: list | None = None):
         self.path: set[int] = set()
         self.values = 0
         self.tags = tags or {}
         self.breaks = breaks
         self.reported: set[int] = set()
+        self.spans = spans          # (start, end, path, is key) of every scalar, where a caller asks where text sits
+
+    def span(self, node: yaml.Node, path: Path, key: bool = False) -> None:
+        """A scalar's place in the text (a comment or the space between values is no field's)."""
+        if self.spans is not None and isinstance(node, yaml.ScalarNode):
+            self.spans.append((node.start_mark.index, node.end_mark.index, path, key))
 
     def report(self, node: yaml.Node, doc: Located, path: Path, message: str, hint: str | None) -> None:
         if id(node) not in self.reported:
@@ -228,6 +253,7 @@ def _written(tag: str) -> str:
 def _convert(node: yaml.Node, path: Path, doc: Located, walk: _Walk) -> Any:
     line = node.start_mark.line + 1
     walk.values += 1
+    walk.span(node, path)
     if walk.values > MAX_VALUES:
         raise _Refused(line, f"the document stands for more than {MAX_VALUES:,} values",
                        "YAML aliases (*name) repeat whole subtrees; write the values out instead")
@@ -299,6 +325,7 @@ def _key(node: yaml.ScalarNode, path: Path, doc: Located, walk: _Walk) -> Any:
     written = walk.tags.get(id(node))
     key = node.value if written is not None or node.tag not in _TAGS else _scalar(node)
     child = path + (key,)
+    walk.span(node, child, key=True)
     if written is not None:
         walk.report(node, doc, child, f"YAML tag {_written(written)!r} is not allowed on a key",
                     "write the key as plain text")

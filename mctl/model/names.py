@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from typing import Iterator
 
 HOST_GRAMMAR = "one DNS label: letters, digits and '-', 1-63 characters, starting and ending with a letter or digit"
 PARTITION_GRAMMAR = "letters, digits, '_', '.' and '-', 1-63 characters, starting with a letter or digit"
@@ -66,18 +67,22 @@ def has_control(text: str) -> bool:
 
 def hidden_char(text: str, allow: str = "") -> int | None:
     """Index of the first control or invisible character in *text* (see _CONTROL), or None; *allow*: ones let by."""
+    return next(hidden_chars(text, allow), None)
+
+
+def hidden_chars(text: str, allow: str = "") -> Iterator[int]:
+    """Index of every control or invisible character in *text*, in order; *allow*: ones let by."""
     if text.isascii():
-        match = _CONTROL.search(text)
-        while match is not None and match.group() in allow:
-            match = _CONTROL.search(text, match.end())
-        return None if match is None else match.start()
+        for match in _CONTROL.finditer(text):
+            if match.group() not in allow:
+                yield match.start()
+        return
     for i, ch in enumerate(text):
         if ch in allow:
             continue
         code = ord(ch)
         if unicodedata.category(ch) in _HIDDEN_CATEGORIES or 0xFDD0 <= code <= 0xFDEF or (code & 0xFFFE) == 0xFFFE:
-            return i
-    return None
+            yield i
 
 
 def char_name(ch: str) -> str:

@@ -140,22 +140,29 @@ CASES = [
     ("zero-width-extra-key", replace("  controller: rack-a-head\n",
                                      '  controller: rack-a-head\n  slurm:\n    extra: {"Prolog\\u200b": x}\n'),
      "extra:", "scheduler.slurm.extra.'Prolog\\u200b'", "U+200B"),
-    # written raw into the file: located by line feeds, before YAML could count them as line breaks
-    ("raw-nul", replace("site: example-gb200", "site: example\x00gb200"), "site:", "", "U+0000"),
-    ("raw-esc", group_vars("motd: \x1b[2J"), "motd:", "", "U+001B"),
-    ("raw-del", replace("cluster_name: gb200", "cluster_name: gb\x7f200"), "cluster_name", "", "U+007F"),
-    ("raw-c1", replace("cluster_name: gb200", "cluster_name: gb\x9b200"), "cluster_name", "", "U+009B"),
-    ("raw-nel", replace("site: example-gb200", "site: example\x85gb200"), "site:", "", "U+0085"),
-    ("raw-line-separator", replace("site: example-gb200", "site: example\u2028gb200"), "site:", "", "U+2028"),
-    ("raw-paragraph-separator", replace("  port: 22", "  port: 22\u2029"), "port: 22", "", "U+2029"),
+    # written raw into the file: located by line feeds, before YAML could count them as line breaks, and by the
+    # field whose text holds them (none for a comment)
+    ("raw-nul", replace("site: example-gb200", "site: example\x00gb200"), "site:", "site", "U+0000"),
+    ("raw-esc", group_vars("motd: \x1b[2J"), "motd:", "racks.rack-a.compute.vars.motd", "U+001B"),
+    ("raw-del", replace("cluster_name: gb200", "cluster_name: gb\x7f200"), "cluster_name", "scheduler.cluster_name",
+     "U+007F"),
+    ("raw-c1", replace("cluster_name: gb200", "cluster_name: gb\x9b200"), "cluster_name", "scheduler.cluster_name",
+     "U+009B"),
+    ("raw-nel", replace("site: example-gb200", "site: example\x85gb200"), "site:", "site", "U+0085"),
+    ("raw-line-separator", replace("site: example-gb200", "site: example\u2028gb200"), "site:", "site", "U+2028"),
+    ("raw-paragraph-separator", replace("  port: 22", "  port: 22\u2029"), "port: 22", "ssh.port", "U+2029"),
     ("raw-lone-cr", replace("  port: 22\n", "  port: 22\r  user: x\n"), "port: 22", "", "U+000D"),
     ("raw-bidi-in-comment", replace("# mctl site inventory", "# mctl site \u202einventory"), "mctl site", "",
      "U+202E"),
-    ("raw-isolate-in-key", replace("  port: 22", "  po\u2067rt: 22"), "rt: 22", "", "U+2067"),
-    ("raw-zero-width", replace("nodes: rack-a-tray[01-18]", "nodes: rack-a-\u200btray[01-18]"), "tray[01-18]", "",
-     "U+200B"),
-    ("raw-bom-inside", replace("site: example-gb200", "site: \ufeffexample-gb200"), "site:", "", "U+FEFF"),
-    ("raw-soft-hyphen", replace("name: rack-a-head", "name: rack-a\u00adhead"), "name: rack-a", "", "U+00AD"),
+    ("raw-isolate-in-key", replace("  port: 22", "  po\u2067rt: 22"), "rt: 22", "ssh.'po\\u2067rt'", "U+2067"),
+    ("raw-zero-width", replace("nodes: rack-a-tray[01-18]", "nodes: rack-a-\u200btray[01-18]"), "tray[01-18]",
+     "racks.rack-a.compute.nodes", "U+200B"),
+    ("raw-bom-inside", replace("site: example-gb200", "site: \ufeffexample-gb200"), "site:", "site", "U+FEFF"),
+    ("raw-soft-hyphen", replace("name: rack-a-head", "name: rack-a\u00adhead"), "name: rack-a",
+     "racks.rack-a.head.name", "U+00AD"),
+    ("raw-in-a-quoted-key", group_vars('"mo\x00td": 1'), 'td": 1', "racks.rack-a.compute.vars.'mo\\x00td'", "U+0000"),
+    ("raw-in-a-list", replace("drain_xids: [46, 48,", "drain_xids: [46, 4\u200b8,"), "drain_xids",
+     "health.drain_xids[1]", "U+200B"),
     # addresses: every field, its own rules
     ("ipv4-short", replace("address: 10.20.0.10", 'address: "127.1"'), "address:", "racks.rack-a.head.address",
      "not an IPv4 address"),
@@ -345,7 +352,7 @@ def test_group_vars_beside_the_inventory_follow_the_same_rules(tmp_path, capsys)
     for body, words in (("ntp: !!str pool\n", "2: ntp: YAML tag '!!str'"),
                         ("ntp: a\nntp: b\n", "3: ntp: duplicate key"),
                         ('ntp: "a\\u202eb"\n', "2: ntp: the value"),
-                        ("ntp: a\x85\n", "2: U+0085")):
+                        ("ntp: a\x85\n", "2: ntp: U+0085")):
         target.write_text("# site variables\n" + body)
         with pytest.raises(UsageError) as info:
             ansible_view(folder)
