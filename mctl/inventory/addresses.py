@@ -32,10 +32,12 @@ _NUMBER = re.compile(r"^(?:0[xX][0-9A-Fa-f]*|[0-9]+)\Z")
 _SPACE = re.compile(r"\s")
 
 
-def address_problem(value: object, *, zone: bool = False, names: bool = True) -> str | None:
+def address_problem(value: object, *, zone: bool = False, names: bool = True, host: bool = True) -> str | None:
     """Why *value* is not an address this field takes, or None.
 
-    *zone*: an IPv6 zone (`%eth0`) is allowed; *names*: a host name is allowed, not only an IP literal.
+    *zone*: an IPv6 zone (`%eth0`) is allowed; *names*: a host name is allowed, not only an IP literal;
+    *host*: the address of one host to reach, so not the unspecified, a multicast or the broadcast address
+    (which a listening address may be: 0.0.0.0 and :: bind every interface).
     """
     if not isinstance(value, str):
         return f"an address is a string, not {shown(value)}"
@@ -47,18 +49,26 @@ def address_problem(value: object, *, zone: bool = False, names: bool = True) ->
     if value.startswith("["):
         return f"{shown(value)}: an IPv6 address is written without brackets here (brackets belong in a URL)"
     if ":" in value:
-        return _ipv6_problem(value, zone)
+        return _ipv6_problem(value, zone) or (_not_a_host(value) if host else None)
     if _NUMBER.match(value.rsplit(".", 1)[-1]):
         try:
             ipaddress.IPv4Address(value)
-            return None
         except ValueError:
             return (f"{shown(value)} is not an IPv4 address: four decimal numbers 0-255 without leading zeros "
                     "(a resolver reads 127.1 as 127.0.0.1, 010 as octal 8 and 0x7f as hex)")
+        return _not_a_host(value) if host else None
     if not names:
         return f"{shown(value)} is not an IP address"
     if not _HOSTNAME.match(value):
         return f"{shown(value)} is neither an IP address nor a host name"
+    return None
+
+
+def _not_a_host(literal: str) -> str | None:
+    ip = ipaddress.ip_address(literal)
+    if ip.is_unspecified or ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
+        kind = "the unspecified" if ip.is_unspecified else "a multicast" if ip.is_multicast else "the broadcast"
+        return f"{shown(literal)} is {kind} address, not the address of a host"
     return None
 
 
@@ -84,7 +94,7 @@ def url_host_problem(netloc: str) -> str | None:
             return f"{shown(host)} is not a bracketed IPv6 address"
         if "%" in inner:
             return f"{shown(inner)}: an IPv6 address with a zone is not allowed in a URL"
-        return _ipv6_problem(inner, False) if inner else "the URL has no host"
+        return (_ipv6_problem(inner, False) or _not_a_host(inner)) if inner else "the URL has no host"
     name = host.rpartition(":")[0] if ":" in host else host
     if ":" in name:
         return f"{shown(host)}: an IPv6 address in a URL is written in brackets (https://[fd00::5])"

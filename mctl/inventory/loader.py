@@ -587,8 +587,7 @@ def _nmx_problems(nmx, doc: Located, path: tuple, problems: list[Problem]) -> No
 
     parts = urllib.parse.urlsplit(nmx.url)
     try:
-        parts.port
-        bad_port = False
+        bad_port = parts.port == 0
     except ValueError:
         bad_port = True
     if parts.scheme not in ("http", "https") or not parts.hostname or bad_port or _WHITESPACE.search(nmx.url):
@@ -601,7 +600,7 @@ def _nmx_problems(nmx, doc: Located, path: tuple, problems: list[Problem]) -> No
         problems.append(Problem(doc.file, doc.line_of(path + ("url",)), dotted(path + ("url",)),
                                 f"{nmx.url!r} has a query or fragment, which mctl would drop",
                                 "give the NMX-M base URL: scheme, host, port and an optional path"))
-    elif parts.username or parts.password:
+    elif parts.username or parts.password or "@" in parts.netloc:
         problems.append(Problem(doc.file, doc.line_of(path + ("url",)), dotted(path + ("url",)),
                                 "the NMX-M URL must not carry credentials",
                                 "put 'username:password' in the file named by nmx.credentials_file"))
@@ -692,7 +691,7 @@ def _check_site(spec: SiteSpec, doc: Located, problems: list[Problem]) -> None:
     for i, disk in enumerate(spec.health.disk_paths):
         _check_path(disk, doc, ("health", "disk_paths", i), problems, absolute=True)
     _check_path(spec.health.metrics_textfile, doc, ("health", "metrics_textfile"), problems)
-    listen = address_problem(spec.health.metrics_listen, names=False)
+    listen = address_problem(spec.health.metrics_listen, names=False, host=False)
     if listen:
         path = ("health", "metrics_listen")
         problems.append(Problem(doc.file, doc.line_of(path), dotted(path), listen,

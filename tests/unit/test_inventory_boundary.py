@@ -186,6 +186,12 @@ CASES = [
      "racks.rack-a.head.address", "brackets"),
     ("ipv6-bad", replace("address: 10.20.0.10", 'address: "fd00::10::1"'), "address:", "racks.rack-a.head.address",
      "not an IPv6 address"),
+    ("ipv4-unspecified", replace("address: 10.20.0.10", "address: 0.0.0.0"), "address:", "racks.rack-a.head.address",
+     "the unspecified address"),
+    ("ipv4-broadcast", replace("bmc: 10.20.9.[51-59]", "bmc: 10.20.9.[51-58],255.255.255.255"), "bmc: 10.20.9.[51",
+     "racks.rack-a.switches.bmc", "the broadcast address"),
+    ("ipv6-multicast", group_vars('ansible_host: "ff02::1"'), "ansible_host", "racks.rack-a.compute.vars.ansible_host",
+     "a multicast address"),
     ("ipv6-zone-not-interface", replace("address: 10.20.0.10", 'address: "fe80::1%a;b"'), "address:",
      "racks.rack-a.head.address", "not an interface name"),
     ("addresses-leading-zero", replace("addresses: 10.20.1.[11-28]", "addresses: 10.20.01.[11-28]"), "addresses:",
@@ -208,6 +214,12 @@ CASES = [
      "racks.rack-a.nmx.url", "zone"),
     ("nmx-host-underscore", replace("url: https://10.20.0.5", "url: https://nmx_m.example"), "url:",
      "racks.rack-a.nmx.url", "neither an IP address nor a host name"),
+    ("nmx-host-unspecified", replace("url: https://10.20.0.5", 'url: "https://[::]:8443"'), "url:",
+     "racks.rack-a.nmx.url", "the unspecified address"),
+    ("nmx-port-zero", replace("url: https://10.20.0.5", "url: https://10.20.0.5:0"), "url:", "racks.rack-a.nmx.url",
+     "not an http(s) URL"),
+    ("nmx-empty-userinfo", replace("url: https://10.20.0.5", "url: https://@10.20.0.5"), "url:", "racks.rack-a.nmx.url",
+     "credentials"),
     ("nmx-space", replace("url: https://10.20.0.5", 'url: "https://10.20.0.5 "'), "url:", "racks.rack-a.nmx.url",
      "not an http(s) URL"),
     ("nmx-query", replace("url: https://10.20.0.5", 'url: "https://10.20.0.5/?x=1"'), "url:", "racks.rack-a.nmx.url",
@@ -331,7 +343,7 @@ def test_the_ordinary_stays_accepted(tmp_path):
     text = text.replace("addresses: 10.20.4.[11-19]", 'addresses: "fd00::4:[11-19]"')
     text = text.replace("url: https://10.20.0.6", "url: https://[fd00::6]:8443/nmx")
     text = text.replace("nodes: rack-a-tray[01-18]", "nodes: rack-a-tray[01-09],rack-a-tray[10-18]")
-    text = under_health("metrics_listen: '::'")(text)
+    text = under_health("metrics_listen: '::'")(text)                   # a listening address binds every interface
     text = "\ufeff" + text.replace("\n", "\r\n")
     site, problems = validate_inventory(write(tmp_path, text))
     assert problems == [], [p.render() for p in problems]
