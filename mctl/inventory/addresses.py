@@ -49,14 +49,14 @@ def address_problem(value: object, *, zone: bool = False, names: bool = True, ho
     if value.startswith("["):
         return f"{shown(value)}: an IPv6 address is written without brackets here (brackets belong in a URL)"
     if ":" in value:
-        return _ipv6_problem(value, zone) or (_not_a_host(value) if host else None)
+        return _ipv6_problem(value, zone, host)
     if _NUMBER.match(value.rsplit(".", 1)[-1]):
         try:
-            ipaddress.IPv4Address(value)
+            ip = ipaddress.IPv4Address(value)
         except ValueError:
             return (f"{shown(value)} is not an IPv4 address: four decimal numbers 0-255 without leading zeros "
                     "(a resolver reads 127.1 as 127.0.0.1, 010 as octal 8 and 0x7f as hex)")
-        return _not_a_host(value) if host else None
+        return _not_a_host(ip, value) if host else None
     if not names:
         return f"{shown(value)} is not an IP address"
     if not _HOSTNAME.match(value):
@@ -64,25 +64,27 @@ def address_problem(value: object, *, zone: bool = False, names: bool = True, ho
     return None
 
 
-def _not_a_host(literal: str) -> str | None:
-    ip = ipaddress.ip_address(literal)
-    if ip.is_unspecified or ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
+_BROADCAST = ipaddress.IPv4Address("255.255.255.255")
+
+
+def _not_a_host(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, written: str) -> str | None:
+    if ip.is_unspecified or ip.is_multicast or ip == _BROADCAST:
         kind = "the unspecified" if ip.is_unspecified else "a multicast" if ip.is_multicast else "the broadcast"
-        return f"{shown(literal)} is {kind} address, not the address of a host"
+        return f"{shown(written)} is {kind} address, not the address of a host"
     return None
 
 
-def _ipv6_problem(value: str, zone: bool) -> str | None:
+def _ipv6_problem(value: str, zone: bool, host: bool) -> str | None:
     text, sep, scope = value.partition("%")
     if sep and not zone:
         return f"{shown(value)}: an IPv6 address with a zone (%{scope}) is not allowed here"
     if sep and not _ZONE.match(scope):
         return f"{shown(value)}: the IPv6 address's zone {shown(scope)} is not an interface name"
     try:
-        ipaddress.IPv6Address(text)
+        ip = ipaddress.IPv6Address(text)
     except ValueError:
         return f"{shown(value)} is not an IPv6 address"
-    return None
+    return _not_a_host(ip, value) if host else None
 
 
 def url_host_problem(netloc: str) -> str | None:
@@ -94,7 +96,7 @@ def url_host_problem(netloc: str) -> str | None:
             return f"{shown(host)} is not a bracketed IPv6 address"
         if "%" in inner:
             return f"{shown(inner)}: an IPv6 address with a zone is not allowed in a URL"
-        return (_ipv6_problem(inner, False) or _not_a_host(inner)) if inner else "the URL has no host"
+        return _ipv6_problem(inner, False, True) if inner else "the URL has no host"
     name = host.rpartition(":")[0] if ":" in host else host
     if ":" in name:
         return f"{shown(host)}: an IPv6 address in a URL is written in brackets (https://[fd00::5])"

@@ -323,11 +323,14 @@ def _check_addresses(addrs: list[str], doc: Located, path: tuple, problems: list
 
 
 def _address_key(addr: str) -> str:
-    """One spelling per address, so `fd00::0:11` and `FD00::11`, `Head.example` and `head.example` are one."""
-    try:
-        return str(ipaddress.ip_address(addr))
-    except ValueError:
-        return addr.lower()
+    """One spelling per address, so `fd00::0:11` and `FD00::11`, `Head.example` and `head.example` are one
+    (an IPv4 address that passed the grammar has one spelling already)."""
+    if ":" in addr:
+        try:
+            return str(ipaddress.IPv6Address(addr))
+        except ValueError:
+            pass
+    return addr.lower()
 
 
 def _group_hosts(group: TrayGroup, role: str, rack: str, doc: Located, path: tuple,
