@@ -9,23 +9,27 @@ from pydantic import ValidationError
 from mctl.errors import UsageError
 from mctl.model.image import SoftwareImage
 
+FORMAT_HINT = "see images/gb200-ubuntu24.04.yml for the format"
+
 
 def load_image(path: Path) -> SoftwareImage:
-    import yaml
+    """An image definition, read by the inventory's rules (mctl.inventory.yamlsrc): no tags, no duplicate keys,
+    no control or invisible characters, and no line breaks either (every value of an image is one line:
+    packages, versions, kernel parameters); each problem names its file and line."""
+    from mctl.inventory.yamlsrc import dotted, read_yaml
 
+    doc = read_yaml(path, text_values=False, what="image definition")
+    if doc.problems:
+        raise doc.refusal(FORMAT_HINT)
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise UsageError(f"cannot read image {path}: {exc}") from None
-    try:
-        image = SoftwareImage.model_validate(data)
+        image = SoftwareImage.model_validate(doc.data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise UsageError(f"{path}: {where}: {first['msg']}",
-                         hint="see images/gb200-ubuntu24.04.yml for the format") from None
+        loc = tuple(first["loc"])
+        line = doc.line_of(loc)
+        raise UsageError(f"{path}{f':{line}' if line else ''}: {dotted(loc)}: {first['msg']}", hint=FORMAT_HINT) from None
     if image.name != path.stem:
-        raise UsageError(f"{path}: name {image.name!r} does not match the file name",
+        raise UsageError(f"{path}:{doc.line_of(('name',))}: name {image.name!r} does not match the file name",
                          hint=f"rename the file to {image.name}.yml or fix 'name:'")
     return image
 

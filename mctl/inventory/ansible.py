@@ -40,21 +40,21 @@ def ansible_view(path: str | Path) -> AnsibleView:
 
 def check_vars_files(root: Path) -> None:
     """Ansible also reads group_vars/ and host_vars/ beside the inventory, and they outrank its host
-    variables: the SSH and host-key variables the inventory may not set are refused there too."""
-    import yaml
-
+    variables: the SSH and host-key variables the inventory may not set are refused there too. The files
+    are read by the inventory's rules (no tags, duplicate keys or control characters; line breaks and tabs
+    in values are text, as in the inventory's vars)."""
     from mctl.inventory.loader import REFUSED_VARS, refused_var
+    from mctl.inventory.yamlsrc import read_yaml
 
     for folder in ("group_vars", "host_vars"):
         base = root / folder
         if not base.is_dir():
             continue
         for file in sorted(p for p in base.rglob("*") if p.is_file() and not p.name.startswith(".")):
-            try:
-                data = yaml.safe_load(file.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-                raise UsageError(f"cannot read {file}: {exc}",
-                                 hint="Ansible reads this file as variables for the inventory's hosts") from None
+            doc = read_yaml(file, what="variables file")
+            if doc.problems:
+                raise doc.refusal("Ansible reads this file as variables for the inventory's hosts")
+            data = doc.data
             for key in data if isinstance(data, dict) else ():
                 if isinstance(key, str) and refused_var(key):
                     raise UsageError(f"{file}: {key} is not allowed beside an mctl inventory",

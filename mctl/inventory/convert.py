@@ -3,7 +3,7 @@
 The loader calls these after the schema checked types and bounds; every command after it reads
 mctl.model.settings only. Sections whose keys are the model's fields are copied field by field
 (a field missing on either side is an error here, not a silent default); the health section is
-reshaped (durations in seconds, the breaker and hysteresis keys flattened, severities typed).
+reshaped (durations in seconds, the breaker, hysteresis and leak keys flattened, severities typed).
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from dataclasses import fields
 from typing import Any, TypeVar
 
 from mctl.errors import UsageError
-from mctl.inventory.schema import BMCSpec, HealthSpec, NMXSpec, SchedulerSpec, SSHSpec
+from mctl.inventory.schema import BMCSpec, HealthSpec, NMXSpec, SafetySpec, SchedulerSpec, SSHSpec
 from mctl.model.findings import Severity
-from mctl.model.settings import (FABRIC_FLAG_DEFAULTS, BMCSettings, HealthSettings, K8sSettings, NMXSettings,
-                                 SchedulerSettings, SlurmSettings, SSHSettings, parse_duration, parse_subcodes)
+from mctl.model.settings import (FABRIC_FLAG_DEFAULTS, BMCSettings, BudgetSettings, HealthSettings, K8sSettings,
+                                 NMXSettings, SafetySettings, SchedulerSettings, SlurmSettings, SSHSettings,
+                                 parse_duration, parse_subcodes)
 
 T = TypeVar("T")
 
@@ -38,6 +39,10 @@ def nmx_settings(spec: NMXSpec | None) -> NMXSettings | None:
 
 def bmc_settings(spec: BMCSpec | None) -> BMCSettings | None:
     return None if spec is None else same_fields(BMCSettings, spec)
+
+
+def safety_settings(spec: SafetySpec) -> SafetySettings:
+    return SafetySettings(budget=same_fields(BudgetSettings, spec.budget))
 
 
 def scheduler_settings(spec: SchedulerSpec | None) -> SchedulerSettings | None:
@@ -113,6 +118,10 @@ def health_settings(spec: HealthSpec) -> HealthSettings:
         leak_power_off=bool(spec.leak.power_off),
         leak_power_off_after_s=parse_duration(spec.leak.power_off_after),
         leak_clear_sweeps=int(spec.leak.clear_sweeps),
+        leak_exclude=tuple(str(t) for t in spec.leak.exclude),
+        leak_rack_share=float(spec.leak.rack_share),
+        leak_rack_power_off=bool(spec.leak.rack_power_off),
+        leak_switch_tray=str(spec.leak.switch_tray),
         tray_deadline=None if spec.tray_deadline is None else float(spec.tray_deadline),
         metrics_textfile=spec.metrics_textfile,
         metrics_port=spec.metrics_port,

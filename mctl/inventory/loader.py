@@ -8,26 +8,29 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
 from ClusterShell.NodeSet import NodeSet, NodeSetParseError, RangeSetParseError
 
 from mctl.errors import InventoryError, Problem, UsageError
-from mctl.inventory.convert import (bmc_settings, health_settings, nmx_settings, scheduler_settings,
-                                    ssh_settings)
+from mctl.inventory.addresses import ADDRESS_HINT, IP_HINT, address_problem, url_host_problem
+from mctl.inventory.convert import (bmc_settings, health_settings, nmx_settings, safety_settings,
+                                    scheduler_settings, ssh_settings)
 from mctl.inventory.schema import RackSpec, SiteSpec, TrayGroup
 from mctl.inventory.spec import DictOf, ListOf, Opt, Spec, SpecError
-from mctl.inventory.yamlsrc import Located, dotted, load_yaml
+from mctl.inventory.yamlsrc import Located, dotted, read_yaml
 from mctl.model.names import (CLUSTER_GRAMMAR, HOST_GRAMMAR, PARTITION_GRAMMAR, is_cluster_name, is_host_name,
-                              is_partition_name, nodeset_too_big, path_problem, shown)
+                              is_partition_name, nodeset_size, nodeset_too_big, path_problem, shown)
 from mctl.model.settings import HealthSettings
 from mctl.model.site import MODEL_SHAPES, Host, Partition, Rack, Site
 
 INVENTORY_NAMES = ("mctl.yml", "mctl.yaml")
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 _RANGE_VALUE = re.compile(r"^\[[0-9,\-]+\]\Z")
-_SCOPE = re.compile(r"^[A-Za-z0-9_.-]{1,15}\Z")          # an IPv6 zone: an interface name
+_WHITESPACE = re.compile(r"\s")
+_SET_OPERATOR = re.compile(r"[!&^]")
+_RANGES = re.compile(r"\[([^\]]*,[^\]]*)\]")          # a bracket of several ranges
 _VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\Z")
 _SLURM_WORD = re.compile(r"^[^\s#\"'\\]+\Z")
@@ -87,17 +90,7 @@ def find_inventory_file(path: str | Path) -> Path:
 def validate_inventory(path: str | Path) -> tuple[Site | None, list[Problem]]:
     file = find_inventory_file(path)
     where = str(file)
-    try:
-        raw = file.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"cannot read {file}: {exc.strerror}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        return None, [Problem(where, line, "", f"not UTF-8 text (byte 0x{raw[exc.start]:02x})",
-                              "save the inventory as UTF-8")]
-    doc = load_yaml(text, where)
+    doc = read_yaml(file, what="inventory")
     if doc.problems and doc.data is None:
         return None, doc.problems
     problems = list(doc.problems)
@@ -123,10 +116,15 @@ def load_site(path: str | Path) -> Site:
 
 
 def _spec_problems(exc: SpecError, doc: Located) -> list[Problem]:
+    """The schema's errors, located; a field the document already has a problem for (a tag, a character,
+    a duplicate key) is not reported twice."""
     out = []
+    reported = {p.field for p in doc.problems}
     for err in exc.errors():
         path = tuple(err["loc"])
         kind = err["type"]
+        if dotted(path) in reported:
+            continue
         if kind == "extra_forbidden":
             parent = _schema_fields(path[:-1])
             hint = f"known keys here: {', '.join(parent)}" if parent else "remove it or check its spelling"
@@ -136,7 +134,7 @@ def _spec_problems(exc: SpecError, doc: Located) -> list[Problem]:
                                "see inventories/example-gb200/mctl.yml"))
         else:
             out.append(Problem(doc.file, doc.line_of(path), dotted(path),
-                               f"{err['msg']} (got {err.get('input')!r})"))
+                               f"{err['msg']} (got {err.get('input')!r})", err.get("hint")))
     return out
 
 
@@ -163,12 +161,23 @@ def _schema_fields(path: tuple) -> list[str]:
 
 
 def _expand(value: str, doc: Located, path: tuple, problems: list[Problem], what: str,
-            names: bool = False) -> list[str] | None:
-    """The node set *value* expanded, or None with a problem; *names*: every member must be a host name."""
+            names: bool = False, once: bool = True) -> list[str] | None:
+    """The node set *value* expanded, or None with a problem; *names*: every member must be a host name;
+    *once*: no member may be written twice (ClusterShell would fold `tray[01-02],tray02` silently)."""
     big = nodeset_too_big(value)
     if big:
         problems.append(Problem(doc.file, doc.line_of(path), dotted(path), big,
                                 "an inventory node set lists one rack's trays, e.g. rack-a-tray[01-18]"))
+        return None
+    why = None
+    if _WHITESPACE.search(value):
+        why = "may not hold whitespace"
+    elif "@" in value:
+        why = ("may not name a node group (@group): the inventory lists its hosts itself, not this machine's "
+               "ClusterShell groups")
+    if why:
+        problems.append(Problem(doc.file, doc.line_of(path), dotted(path), f"the node set {shown(value)} {why}",
+                                "use ClusterShell syntax, e.g. rack-a-tray[01-18] or 10.0.1.[11-28]"))
         return None
     try:
         # NodeSet folds and sorts; expansion order is the natural order of the set.
@@ -185,6 +194,49 @@ def _expand(value: str, doc: Located, path: tuple, problems: list[Problem], what
                                     + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""),
                                     f"a host name is {HOST_GRAMMAR}"))
             return None
+    twice = _written_twice(value, len(out)) if once else []
+    if twice:
+        problems.append(Problem(doc.file, doc.line_of(path), dotted(path),
+                                f"{twice[0]} is written twice in {what} {shown(value)}"
+                                + (f" (and {len(twice) - 1} more)" if len(twice) > 1 else ""),
+                                "name each one once"))
+        return None
+    return out
+
+
+def _written_twice(expr: str, members: int) -> list[str]:
+    """Names the expression writes more than once: its terms (`a[1-2],a2`) and each bracket's ranges
+    (`a[1-2,2]`) expanded apart and counted. Set operators (`!`, `&`, `^`) mean to overlap: not counted."""
+    if members >= nodeset_size(expr) or _SET_OPERATOR.search(expr):
+        return []
+    counts: dict[str, int] = {}
+    for piece in _pieces(expr):
+        try:
+            for name in NodeSet(piece):
+                counts[name] = counts.get(name, 0) + 1
+        except (NodeSetParseError, RangeSetParseError):
+            return []
+    return [name for name, n in counts.items() if n > 1]
+
+
+def _pieces(expr: str) -> list[str]:
+    """*expr* as the parts it is written in: top-level terms, a bracket's comma-separated ranges one by one."""
+    terms, depth, start = [], 0, 0
+    for i, ch in enumerate(expr):
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            terms.append(expr[start:i])
+            start = i + 1
+    terms.append(expr[start:])
+    out = []
+    for term in terms:
+        ranges = _RANGES.search(term)
+        if ranges is None:
+            out.append(term)
+            continue
+        for one in ranges.group(1).split(","):
+            out.extend(_pieces(f"{term[:ranges.start()]}[{one}]{term[ranges.end():]}"))
     return out
 
 
@@ -255,17 +307,30 @@ def _is_port(value: Any) -> bool:
     return isinstance(value, int) and 1 <= value <= 65535
 
 
-def _check_address(addr: str, doc: Located, path: tuple, problems: list[Problem]) -> None:
-    try:
-        ip = ipaddress.ip_address(addr)
-        scope = getattr(ip, "scope_id", None)
-        if scope is None or _SCOPE.match(scope):
-            return
-    except ValueError:
-        pass
-    if not _HOSTNAME.fullmatch(addr):
+def _check_address(addr: str, doc: Located, path: tuple, problems: list[Problem], *, zone: bool = True) -> bool:
+    """An SSH address (a head's, a tray's, ansible_host) may carry an IPv6 zone; a BMC's goes into a URL."""
+    return _check_addresses([addr], doc, path, problems, zone=zone)
+
+
+def _check_addresses(addrs: list[str], doc: Located, path: tuple, problems: list[Problem], *,
+                     zone: bool = True) -> bool:
+    """One problem for the field, naming the first bad address of its node set."""
+    bad = [why for why in (address_problem(a, zone=zone) for a in addrs) if why]
+    if bad:
         problems.append(Problem(doc.file, doc.line_of(path), dotted(path),
-                                f"{shown(addr)} is neither an IP address nor a host name"))
+                                bad[0] + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""), ADDRESS_HINT))
+    return not bad
+
+
+def _address_key(addr: str) -> str:
+    """One spelling per address, so `fd00::0:11` and `FD00::11`, `Head.example` and `head.example` are one
+    (an IPv4 address that passed the grammar has one spelling already)."""
+    if ":" in addr:
+        try:
+            return str(ipaddress.IPv6Address(addr))
+        except ValueError:
+            pass
+    return addr.lower()
 
 
 def _group_hosts(group: TrayGroup, role: str, rack: str, doc: Located, path: tuple,
@@ -287,7 +352,7 @@ def _group_hosts(group: TrayGroup, role: str, rack: str, doc: Located, path: tup
     per_host_vars: list[dict[str, Any]] = [dict() for _ in names]
     for key, value in group.vars.items():
         if isinstance(value, str) and _RANGE_VALUE.match(value):
-            values = _expand("x" + value, doc, path + ("vars", key), problems, f"vars.{key}")
+            values = _expand("x" + value, doc, path + ("vars", key), problems, f"vars.{key}", once=False)
             if values is None:
                 continue
             if len(values) != len(names):
@@ -302,11 +367,11 @@ def _group_hosts(group: TrayGroup, role: str, rack: str, doc: Located, path: tup
         else:
             for hv in per_host_vars:
                 hv[key] = value
+    _check_addresses(addrs, doc, path + ("addresses",), problems)
+    if bmcs:
+        _check_addresses(bmcs, doc, path + ("bmc",), problems, zone=False)
     hosts = []
     for i, (name, addr) in enumerate(zip(names, addrs)):
-        _check_address(addr, doc, path + ("addresses",), problems)
-        if bmcs:
-            _check_address(bmcs[i], doc, path + ("bmc",), problems)
         hosts.append(Host(name=name, address=addr, role=role, rack=rack,  # type: ignore[arg-type]
                           bmc=bmcs[i] if bmcs else None, image=group.image, vars=per_host_vars[i]))
     return hosts
@@ -317,7 +382,8 @@ def _build_site(spec: SiteSpec, file: Path, doc: Located) -> tuple[Site | None, 
     racks: dict[str, Rack] = {}
     images_dir = (file.parent / spec.images_dir).resolve() if spec.images_dir else None
     seen_names: dict[str, str] = {}
-    seen_addrs: dict[str, str] = {}
+    folded_names: dict[str, str] = {}       # lower case -> the name as first written
+    seen_addrs: dict[str, str] = {}         # _address_key -> the host (or "bmc <address>") that has it
 
     _check_site(spec, doc, problems)
     for rack_name, rs in spec.racks.items():
@@ -356,17 +422,23 @@ def _build_site(spec: SiteSpec, file: Path, doc: Located) -> tuple[Site | None, 
             if host.name in seen_names:
                 problems.append(Problem(doc.file, doc.line_of(hpath + ("nodes",)), dotted(hpath),
                                         f"duplicate host name {host.name} (also in {seen_names[host.name]})"))
+            elif host.name.lower() in folded_names:
+                problems.append(Problem(doc.file, doc.line_of(hpath + ("nodes",)), dotted(hpath),
+                                        f"host name {host.name} is {folded_names[host.name.lower()]} in other letters",
+                                        "host names are case-insensitive (DNS, ssh's known_hosts): name each host once"))
             seen_names.setdefault(host.name, dotted(hpath))
-            if host.address in seen_addrs:
+            folded_names.setdefault(host.name.lower(), host.name)
+            address = _address_key(host.address)
+            if address in seen_addrs:
                 problems.append(Problem(doc.file, doc.line_of(hpath + ("addresses",)), dotted(hpath),
-                                        f"duplicate address {host.address} ({host.name}; also used by {seen_addrs[host.address]})"))
-            seen_addrs.setdefault(host.address, host.name)
+                                        f"duplicate address {host.address} ({host.name}; also used by {seen_addrs[address]})"))
+            seen_addrs.setdefault(address, host.name)
             if host.bmc:
-                key = "bmc " + host.bmc
-                if host.bmc in seen_addrs:
+                bmc = _address_key(host.bmc)
+                if bmc in seen_addrs:
                     problems.append(Problem(doc.file, doc.line_of(hpath + ("bmc",)), dotted(hpath + ("bmc",)),
-                                            f"duplicate address {host.bmc} (BMC of {host.name}; also used by {seen_addrs[host.bmc]})"))
-                seen_addrs.setdefault(host.bmc, key)
+                                            f"duplicate address {host.bmc} (BMC of {host.name}; also used by {seen_addrs[bmc]})"))
+                seen_addrs.setdefault(bmc, "bmc " + host.bmc)
 
         for group, gpath in ((rs.compute, rpath + ("compute",)), (rs.switches, rpath + ("switches",))):
             if group is None or group.image is None:
@@ -405,9 +477,12 @@ def _build_site(spec: SiteSpec, file: Path, doc: Located) -> tuple[Site | None, 
 
     site = Site(name=spec.site, file=file.resolve(), ssh=ssh_settings(spec.ssh), racks=racks,
                 scheduler=scheduler_settings(spec.scheduler), health=_health(spec, doc, problems),
-                images_dir=images_dir, vars=dict(spec.vars), bmc=bmc_settings(spec.bmc))
+                images_dir=images_dir, vars=dict(spec.vars), bmc=bmc_settings(spec.bmc),
+                safety=safety_settings(spec.safety))
     _ladder_problems(spec, doc, problems)
     _isolate_problems(spec, doc, problems)
+    _budget_problems(site, doc, problems)
+    _leak_problems(site, doc, problems)
     if spec.bmc is not None:
         _check_path(spec.bmc.credentials_file, doc, ("bmc", "credentials_file"), problems)
         if spec.bmc.scheme == "http" and any(not _loopback(h.bmc) for h in site.hosts() if h.bmc):
@@ -462,6 +537,36 @@ def _isolate_problems(spec: SiteSpec, doc: Located, problems: list[Problem]) -> 
                                 "or turn health.isolate.enabled off"))
 
 
+def _budget_problems(site: Site, doc: Located, problems: list[Problem]) -> None:
+    """A budget that lets mctl take a whole rack (or the whole site) out of service on its own decision is
+    refused unless the inventory acknowledges it (docs/health.md "The safety budget")."""
+    path = ("safety", "budget")
+    for key, why in site.safety.budget.whole({name: len(rack.compute) for name, rack in site.racks.items()}):
+        problems.append(Problem(doc.file, doc.line_of(path + (key,)), dotted(path + (key,)), why,
+                                "set safety.budget.allow_whole_rack: true to allow it, or lower the share below 1"))
+
+
+def _leak_problems(site: Site, doc: Located, problems: list[Problem]) -> None:
+    """Every tray `health.leak.exclude` names is a compute or switch tray of the inventory, named once."""
+    path = ("health", "leak", "exclude")
+    trays = {h.name for h in site.hosts() if h.role in ("compute", "switch")}
+    seen: set[str] = set()
+    for i, name in enumerate(site.health.leak_exclude):
+        where = path + (i,)
+        if name in seen:
+            why = f"tray {name} is listed twice"
+        elif name in trays:
+            why = None
+        elif site.host(name) is not None:
+            why = f"{name} is a head node, not a tray: only compute and switch trays are powered off for a leak"
+        else:
+            why = f"unknown tray {shown(name)}"
+        seen.add(name)
+        if why:
+            problems.append(Problem(doc.file, doc.line_of(where), dotted(where), why,
+                                    "list compute or switch trays of this inventory by name, each once"))
+
+
 _BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "y", "n", "t", "f", "0", "1")
 
 
@@ -474,8 +579,6 @@ def _loopback(addr: str | None) -> bool:
 
 def _nmx_problems(nmx, doc: Located, path: tuple, problems: list[Problem]) -> None:
     """The rack's NMX-M endpoint: an http(s) URL whose credentials stay with it, a typed verify_tls."""
-    import urllib.parse
-
     # Kept here, not imported from mctl.fabric.nmx: the loader is on every command's start-up path.
     bool_words = ("true", "false", "yes", "no", "on", "off", "y", "n", "t", "f", "0", "1")
 
@@ -487,14 +590,20 @@ def _nmx_problems(nmx, doc: Located, path: tuple, problems: list[Problem]) -> No
 
     parts = urllib.parse.urlsplit(nmx.url)
     try:
-        parts.port
-        bad_port = False
+        bad_port = parts.port == 0
     except ValueError:
         bad_port = True
-    if parts.scheme not in ("http", "https") or not parts.hostname or bad_port:
+    if parts.scheme not in ("http", "https") or not parts.hostname or bad_port or _WHITESPACE.search(nmx.url):
         problems.append(Problem(doc.file, doc.line_of(path + ("url",)), dotted(path + ("url",)),
                                 f"{nmx.url!r} is not an http(s) URL", "e.g. https://10.20.0.5"))
-    elif parts.username or parts.password:
+    elif host := url_host_problem(parts.netloc):
+        problems.append(Problem(doc.file, doc.line_of(path + ("url",)), dotted(path + ("url",)),
+                                f"the NMX-M URL's host: {host}", "e.g. https://10.20.0.5 or https://[fd00::5]"))
+    elif parts.query or parts.fragment or nmx.url.rstrip("/").endswith(("?", "#")):
+        problems.append(Problem(doc.file, doc.line_of(path + ("url",)), dotted(path + ("url",)),
+                                f"{nmx.url!r} has a query or fragment, which mctl would drop",
+                                "give the NMX-M base URL: scheme, host, port and an optional path"))
+    elif parts.username or parts.password or "@" in parts.netloc:
         problems.append(Problem(doc.file, doc.line_of(path + ("url",)), dotted(path + ("url",)),
                                 "the NMX-M URL must not carry credentials",
                                 "put 'username:password' in the file named by nmx.credentials_file"))
@@ -543,6 +652,11 @@ def _partitions(rs: RackSpec, rack_name: str, compute: list[Host], spec: SiteSpe
         trays = _expand(ps.trays, doc, path + ("trays",), problems, "trays", names=True)
         if trays is None:
             continue
+        if not trays:
+            problems.append(Problem(doc.file, doc.line_of(path + ("trays",)), dotted(path + ("trays",)),
+                                    f"partition {ps.name!r} holds no tray ({shown(ps.trays)})",
+                                    f"name its trays, e.g. {rs.compute.nodes}, or remove the partition"))
+            continue
         ok = True
         for t in trays:
             if t in elsewhere:
@@ -580,6 +694,11 @@ def _check_site(spec: SiteSpec, doc: Located, problems: list[Problem]) -> None:
     for i, disk in enumerate(spec.health.disk_paths):
         _check_path(disk, doc, ("health", "disk_paths", i), problems, absolute=True)
     _check_path(spec.health.metrics_textfile, doc, ("health", "metrics_textfile"), problems)
+    listen = address_problem(spec.health.metrics_listen, names=False, host=False)
+    if listen:
+        path = ("health", "metrics_listen")
+        problems.append(Problem(doc.file, doc.line_of(path), dotted(path), listen,
+                                f"/metrics binds {IP_HINT}: 127.0.0.1 keeps it local, 0.0.0.0 or :: opens it"))
     sched = spec.scheduler
     if sched is None:
         return
@@ -624,3 +743,6 @@ def _check_site(spec: SiteSpec, doc: Located, problems: list[Problem]) -> None:
     if k8s.helm_repo is not None and not _URL.match(k8s.helm_repo):
         problems.append(Problem(doc.file, doc.line_of(kpath + ("helm_repo",)), dotted(kpath + ("helm_repo",)),
                                 f"{shown(k8s.helm_repo)} is not an http(s) URL without quotes, '$', '`' or spaces"))
+    elif k8s.helm_repo is not None and (host := url_host_problem(urllib.parse.urlsplit(k8s.helm_repo).netloc)):
+        problems.append(Problem(doc.file, doc.line_of(kpath + ("helm_repo",)), dotted(kpath + ("helm_repo",)),
+                                f"the Helm repository URL's host: {host}", ADDRESS_HINT))

@@ -10,12 +10,17 @@ reads these classes. Their defaults agree with the model's (tests/unit/test_sett
 from __future__ import annotations
 
 from mctl.inventory.spec import ANY, DictOf, Either, F, ListOf, OneOf, Opt, Spec
-from mctl.model.settings import DEFAULT_HYSTERESIS_CHECKS, FABRIC_FLAG_DEFAULTS, subcode_texts
+from mctl.model.settings import DEFAULT_HYSTERESIS_CHECKS, FABRIC_FLAG_DEFAULTS, LEAK_SWITCH_TRAY, subcode_texts
 from mctl.model.xid import DEFAULT_DRAIN_XIDS, DEFAULT_NVLINK5_NO_DRAIN
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 DURATION_PATTERN = r"^[0-9]+[smhd]$"
 FABRIC_FLAGS = tuple(FABRIC_FLAG_DEFAULTS)
+# Hints of the newer keys (the older ones say only what was wrong, as their --json has always said).
+_SHARE = "a share of the trays: a number above 0 and at most 1, e.g. 0.25"
+_CAP = "a whole number of trays, at least 1"
+_BOOL = "true or false"
+_TRAYS = "a list of tray names, e.g. [rack-a-tray01, rack-a-nvsw01]"
 
 
 # Defaults are taken as written, as pydantic did (it never validated them): `interval` stays 60, not 60.0.
@@ -166,6 +171,11 @@ class LeakSpec(Spec):
     power_off = F(bool, True)                                 # power a tray with a critical leak off ...
     power_off_after = F(str, "10m", pattern=DURATION_PATTERN)  # ... this long after it was first seen
     clear_sweeps = F(int, 3, ge=1)                            # sweeps without Critical that end the episode
+    exclude = F(ListOf(str), factory=list, hint=_TRAYS)       # trays never powered off for a leak (loader: hosts)
+    rack_share = F(float, 0.25, gt=0, le=1, hint=_SHARE)      # critical leaks on more of a rack's trays: the rack
+    rack_power_off = F(bool, True, hint=_BOOL)                # false: the rack-wide response drains and alerts only
+    switch_tray = F(OneOf(*LEAK_SWITCH_TRAY), "power-off",    # a switch tray's leak: power-off | rack | alert
+                    hint="power-off (the switch tray alone), rack (the whole rack, in order) or alert")
 
 
 class LadderSpec(Spec):
@@ -236,6 +246,19 @@ class HealthSpec(Spec):
     isolate = F(IsolateSpec, factory=IsolateSpec)
 
 
+class BudgetSpec(Spec):
+    # Trays out of service by mctl's own decision (docs/health.md "The safety budget"; model: BudgetSettings).
+    rack_share = F(float, 0.25, gt=0, le=1, hint=_SHARE)
+    rack_max = F(int, 4, ge=1, hint=_CAP)
+    site_share = F(float, 0.25, gt=0, le=1, hint=_SHARE)
+    site_max = F(int, 64, ge=1, hint=_CAP)
+    allow_whole_rack = F(bool, False, hint=_BOOL)   # a budget that allows a whole rack or site (loader: _budget_problems)
+
+
+class SafetySpec(Spec):
+    budget = F(BudgetSpec, factory=BudgetSpec)
+
+
 class SiteSpec(Spec):
     plugin = F(OneOf("mctl"), "mctl")
     site = F(str, pattern=NAME_PATTERN)
@@ -244,5 +267,6 @@ class SiteSpec(Spec):
     racks = F(DictOf(str, RackSpec))
     scheduler = F(Opt(SchedulerSpec), None)
     health = F(HealthSpec, factory=HealthSpec)
+    safety = F(SafetySpec, factory=SafetySpec)
     vars = F(DictOf(str, ANY), factory=dict)
     bmc = F(Opt(BMCSpec), None)

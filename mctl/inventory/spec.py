@@ -7,7 +7,7 @@ their schema build on first use), a fifth of a whole `mctl rack inventory` on an
 types with pydantic's lax conversions, choices, bounds, patterns, optional values,
 lists, mappings and nested sections, unknown keys refused, and every problem
 reported with its location. Errors are dicts shaped like pydantic's
-(loc, type, msg, input) so the loader locates them by file and line.
+(loc, type, msg, input, and the field's hint where it has one) so the loader locates them by file and line.
 
     class SSHSettings(Spec):
         user = F(str, "root")
@@ -82,13 +82,14 @@ _SCALAR_NAMES = {str: "string", int: "integer", float: "number", bool: "boolean"
 class F:
     """A field: its kind, its default (or default factory) and its bounds."""
 
-    __slots__ = ("kind", "default", "factory", "ge", "gt", "le", "pattern", "_rx")
+    __slots__ = ("kind", "default", "factory", "ge", "gt", "le", "pattern", "hint", "_rx")
 
     def __init__(self, kind: Any, default: Any = _MISSING, *, factory: Callable[[], Any] | None = None,
                  ge: float | None = None, gt: float | None = None, le: float | None = None,
-                 pattern: str | None = None):
+                 pattern: str | None = None, hint: str | None = None):
         self.kind, self.default, self.factory = kind, default, factory
         self.ge, self.gt, self.le, self.pattern = ge, gt, le, pattern
+        self.hint = hint                    # what the operator should write, on every error of this field
         self._rx = re.compile(pattern) if pattern else None
 
     @property
@@ -110,9 +111,11 @@ def _scalar(kind: type, value: Any, loc: tuple, errors: list) -> Any:
         if not isinstance(value, str):
             return _error(errors, loc, "string_type", "Input should be a valid string", value)
         if has_control(value):
-            # A newline in a name or setting would add lines to slurm.conf, known_hosts or a shell command.
-            return _error(errors, loc, "string_control", "control characters (newline, tab, ...) are not allowed",
-                          value)
+            # A newline in a name or setting would add lines to slurm.conf, known_hosts or a shell command;
+            # an invisible character (a bidi override, a zero-width space) makes it read as another value.
+            _error(errors, loc, "string_control", "control characters (newline, tab, ...) are not allowed", value)
+            errors[-1]["hint"] = "a name or setting is one line of plain text: remove the line break, tab or the like"
+            return _MISSING
         return value
     if kind is bool:
         if isinstance(value, bool):
@@ -177,7 +180,7 @@ def check(kind: Any, value: Any, loc: tuple, errors: list) -> Any:
     if isinstance(kind, Either):
         for k in kind.kinds:
             if type(value) is k:
-                return value
+                return _scalar(k, value, loc, errors)
         names = " or ".join(_SCALAR_NAMES[k] for k in kind.kinds)
         return _error(errors, loc, "union_type", f"Input should be a valid {names}", value)
     if isinstance(kind, ListOf):
@@ -282,7 +285,11 @@ class Spec:
             if f is None:
                 _error(errors, loc + (key,), "extra_forbidden", "Extra inputs are not permitted", given)
                 continue
+            mark = len(errors)
             value = _bounded(f, check(f.kind, given, loc + (key,), errors), given, loc + (key,), errors)
+            if f.hint:
+                for err in errors[mark:]:
+                    err.setdefault("hint", f.hint)
             object.__setattr__(self, key, value)
         for name, f in fields.items():
             if name in data:

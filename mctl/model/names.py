@@ -22,6 +22,8 @@ message, not minutes.
 from __future__ import annotations
 
 import re
+import unicodedata
+from typing import Iterator
 
 HOST_GRAMMAR = "one DNS label: letters, digits and '-', 1-63 characters, starting and ending with a letter or digit"
 PARTITION_GRAMMAR = "letters, digits, '_', '.' and '-', 1-63 characters, starting with a letter or digit"
@@ -30,8 +32,16 @@ CLUSTER_GRAMMAR = "letters, digits, '_' and '-', 1-63 characters, starting with 
 _HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _PARTITION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _CLUSTER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
-# C0 and C1 control characters, DEL, and the Unicode line and paragraph separators.
+# Characters no name or setting may hold (docs/inventory.md "Characters"): the C0 and C1 controls and DEL
+# (NUL, tab, newline, ESC, NEL ...), the line and paragraph separators, the invisible format characters
+# (category Cf: the bidi embeddings, overrides and isolates, zero-width space and joiners, the word joiner,
+# a BOM inside a value, the soft hyphen), lone surrogates and the noncharacters. Each of them either adds a
+# line to a file or command a value is written into, or makes a value read differently from what it is
+# (a name that looks like another, text reordered on the screen).
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+_CHAR_NAMES = {0x00: "NUL", 0x09: "tab", 0x0A: "newline", 0x0D: "carriage return", 0x1B: "escape", 0x7F: "DEL",
+               0x85: "next line, NEL", 0xFEFF: "byte order mark, ZERO WIDTH NO-BREAK SPACE"}
 _WHITESPACE = re.compile(r"\s")
 
 # The most names one node-set expression may stand for. A site of 500 NVL72 racks has
@@ -52,7 +62,36 @@ def is_cluster_name(name: object) -> bool:
 
 
 def has_control(text: str) -> bool:
-    return _CONTROL.search(text) is not None
+    return hidden_char(text) is not None
+
+
+def hidden_char(text: str, allow: str = "") -> int | None:
+    """Index of the first control or invisible character in *text* (see _CONTROL), or None; *allow*: ones let by."""
+    return next(hidden_chars(text, allow), None)
+
+
+def hidden_chars(text: str, allow: str = "") -> Iterator[int]:
+    """Index of every control or invisible character in *text*, in order; *allow*: ones let by."""
+    if text.isascii():
+        for match in _CONTROL.finditer(text):
+            if match.group() not in allow:
+                yield match.start()
+        return
+    for i, ch in enumerate(text):
+        if ch in allow:
+            continue
+        code = ord(ch)
+        if unicodedata.category(ch) in _HIDDEN_CATEGORIES or 0xFDD0 <= code <= 0xFDEF or (code & 0xFFFE) == 0xFFFE:
+            yield i
+
+
+def char_name(ch: str) -> str:
+    """A character as a message names it: `U+202E (RIGHT-TO-LEFT OVERRIDE)`, `U+0000 (NUL)`."""
+    code = ord(ch)
+    name = _CHAR_NAMES.get(code) or unicodedata.name(ch, "")
+    if not name:
+        name = {"Cc": "a control character", "Cs": "a lone surrogate"}.get(unicodedata.category(ch), "a noncharacter")
+    return f"U+{code:04X} ({name})"
 
 
 def shown(value: object) -> str:

@@ -14,6 +14,7 @@ Defaults here and in mctl.inventory.schema must agree (tests/unit/test_settings_
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
@@ -143,6 +144,11 @@ class LadderSettings:
         return cls(**data)
 
 
+# What a critical leak on a switch tray does (`health.leak.switch_tray`): the switch tray alone is powered off
+# after the grace, the whole rack is powered off in order, or nothing is powered off (drain and alert).
+LEAK_SWITCH_TRAY = ("power-off", "rack", "alert")
+
+
 @dataclass(frozen=True)
 class HealthSettings:
     interval: float = 60.0
@@ -181,6 +187,10 @@ class HealthSettings:
     leak_power_off: bool = True             # power a tray with a critical leak off through its BMC ...
     leak_power_off_after_s: float = 600.0   # ... this long after the leak was first seen (BCM: 10 min)
     leak_clear_sweeps: int = 3              # sweeps without a critical reading that end a leak episode
+    leak_exclude: tuple[str, ...] = ()      # trays (compute or switch) never powered off automatically for a leak
+    leak_rack_share: float = 0.25           # critical leaks on more than this share of a rack's trays: the whole rack
+    leak_rack_power_off: bool = True        # false: the rack-wide response only drains and alerts
+    leak_switch_tray: str = "power-off"     # power-off | rack | alert (LEAK_SWITCH_TRAY)
     # Read on the operator's machine only (the watch, rack inventory, audit); travel with the rest all the same.
     tray_deadline: float | None = None      # seconds per tray probe (default: from the interval, 5..15)
     metrics_textfile: str | None = None     # Prometheus textfile (node_exporter collector)
@@ -211,6 +221,7 @@ class HealthSettings:
         data["driver_mismatch"] = self.driver_mismatch.value
         data["disk_paths"] = list(self.disk_paths)
         data["hysteresis_checks"] = list(self.hysteresis_checks)
+        data["leak_exclude"] = list(self.leak_exclude)
         data["ladder"] = {**asdict(self.ladder), "repair_hook": list(self.ladder.repair_hook)}
         return data
 
@@ -238,6 +249,11 @@ class HealthSettings:
             kwargs["disk_paths"] = tuple(kwargs["disk_paths"])
         if "hysteresis_checks" in kwargs:
             kwargs["hysteresis_checks"] = tuple(kwargs["hysteresis_checks"])
+        if "leak_exclude" in kwargs:
+            kwargs["leak_exclude"] = tuple(str(t) for t in kwargs["leak_exclude"])
+        if "leak_switch_tray" in kwargs and kwargs["leak_switch_tray"] not in LEAK_SWITCH_TRAY:
+            raise ValueError(f"leak_switch_tray is {kwargs['leak_switch_tray']!r}; use one of "
+                             f"{', '.join(LEAK_SWITCH_TRAY)}")
         if "ladder" in kwargs:
             kwargs["ladder"] = LadderSettings.from_dict(kwargs["ladder"])
         return cls(**kwargs)
@@ -339,3 +355,56 @@ class SchedulerSettings:
         """Plain data, fields in the inventory's order (`mctl inventory show --json`)."""
         return asdict(self)
 
+
+
+# --- what mctl may do by its own decision (`safety:` in mctl.yml; docs/health.md "The safety budget") -------------
+
+@dataclass(frozen=True)
+class BudgetSettings:
+    """How many compute trays mctl may hold out of service by its own decision (drained, held, powered off,
+    isolated), per rack and for the site: a share and an absolute cap each, the smaller one counting, as
+    NVSentinel's breaker. The defaults leave a 4-tray rack one tray and a full NVL72 rack four. A budget that
+    would let mctl empty a whole rack or the whole site is refused by the loader unless the inventory says
+    `allow_whole_rack: true`."""
+
+    rack_share: float = 0.25            # (0, 1]: share of a rack's compute trays
+    rack_max: int = 4                   # >= 1: absolute cap per rack
+    site_share: float = 0.25            # (0, 1]: share of the site's compute trays
+    site_max: int = 64                  # >= 1: absolute cap for the site
+    allow_whole_rack: bool = False      # the acknowledgement a budget that allows a whole rack or site needs
+
+    def rack_limit(self, n_compute_trays: int) -> int:
+        """Trays of a rack of *n_compute_trays* that mctl may hold out of service: min(⌊share·n⌋, max)."""
+        return min(math.floor(self.rack_share * n_compute_trays), self.rack_max)
+
+    def site_limit(self, n_compute_trays: int) -> int:
+        """Trays of a site of *n_compute_trays* that mctl may hold out of service: min(⌊share·n⌋, max)."""
+        return min(math.floor(self.site_share * n_compute_trays), self.site_max)
+
+    def whole(self, racks: Mapping[str, int]) -> list[tuple[str, str]]:
+        """(setting, why) for each way this budget lets mctl take a whole rack, or the whole site, out of
+        service; *racks*: compute trays per rack. Empty when it does not, or when it is acknowledged."""
+        if self.allow_whole_rack:
+            return []
+        out: list[tuple[str, str]] = []
+        if self.rack_share >= 1:
+            out.append(("rack_share", f"rack_share {self.rack_share:g} is every compute tray of a rack"))
+        else:
+            for rack, n in racks.items():
+                if n > 0 and self.rack_limit(n) >= n:
+                    out.append(("rack_share", f"the budget lets mctl take all {n} compute trays of rack {rack} "
+                                              f"out of service (limit {self.rack_limit(n)})"))
+        total = sum(racks.values())
+        if self.site_share >= 1:
+            out.append(("site_share", f"site_share {self.site_share:g} is every compute tray of the site"))
+        elif total > 0 and self.site_limit(total) >= total:
+            out.append(("site_share", f"the budget lets mctl take all {total} compute trays of the site out of "
+                                      f"service (limit {self.site_limit(total)})"))
+        return out
+
+
+@dataclass(frozen=True)
+class SafetySettings:
+    """`safety:` in mctl.yml: the limits on what mctl does to a site by its own decision (Site.safety)."""
+
+    budget: BudgetSettings = field(default_factory=BudgetSettings)

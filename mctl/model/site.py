@@ -12,7 +12,8 @@ from typing import Any, Iterable, Literal
 
 from ClusterShell.NodeSet import NodeSet
 
-from mctl.model.settings import BMCSettings, HealthSettings, NMXSettings, SchedulerSettings, SSHSettings
+from mctl.model.settings import (BMCSettings, HealthSettings, NMXSettings, SafetySettings, SchedulerSettings,
+                                 SSHSettings)
 
 Role = Literal["compute", "switch", "head"]
 
@@ -84,6 +85,7 @@ class Site:
     images_dir: Path | None
     vars: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     bmc: BMCSettings | None = None
+    safety: SafetySettings = field(default_factory=SafetySettings)
 
     @property
     def root(self) -> Path:
