@@ -159,7 +159,7 @@ def test_graceful_shutdown_of_a_frozen_tray_is_not_answered_force_off_is(lab):
     tray = lab.trays[0]
     paths = control.LabFiles(lab.dir)
     host = control.layout_of(control.load_record(lab.dir)).host(tray)
-    frozen = lab.mctl("lab", "fault", tray, "--freeze", "--dir", str(lab.dir))
+    frozen = lab.mctl("lab", "fault", "host", tray, "--freeze", "--dir", str(lab.dir))
     assert frozen.returncode == 0, frozen.stderr
     try:
         code, _ = redfish(lab, tray, "/redfish/v1/Systems/System_0/Actions/ComputerSystem.Reset", method="POST",
