@@ -206,6 +206,8 @@ class _FaultTargets(TyperGroup):
     """`mctl lab fault TARGET NAME [OPTIONS]`. The flat form it replaced (`mctl lab fault TRAY --xid ...`,
     docs/decisions.md D58) is answered with the command that does it now, not a bare "no such command"."""
 
+    RENAMED = {"--leak-detector": "--detector"}
+
     def resolve_command(self, ctx, args):
         if args and args[0] not in self.commands and not args[0].startswith("-"):
             from mctl.errors import UsageError
@@ -213,8 +215,6 @@ class _FaultTargets(TyperGroup):
             raise UsageError(f"{args[0]!r} is not a fault target (one of {', '.join(self.commands)})",
                              hint=self._now(args))
         return super().resolve_command(ctx, args)
-
-    RENAMED = {"--leak-detector": "--detector"}
 
     def _now(self, args: list[str]) -> str:
         """The target-first command line for the flat form *args* (NAME, then its flags)."""

@@ -94,10 +94,6 @@ class FaultRequest:
     def is_empty(self) -> bool:
         return not self.clear and not any(given(self, t) for t in TARGETS)
 
-    def has_host_fault(self) -> bool:
-        return (self.slow is not None or self.down_for is not None
-                or any((self.sshd_restart, self.reboot, self.slurmd_down, self.imex_crash, self.slurmctld_down)))
-
     def events(self) -> list[str]:
         """The one-off events asked for (they change the host, not faults.json)."""
         return [name for name, on in (("sshd-restart", self.sshd_restart), ("reboot", self.reboot)) if on]
