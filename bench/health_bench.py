@@ -231,7 +231,7 @@ def measure_frozen_sweeps(lab_dir: Path, site_dir: Path, state: Path, *, interva
                           seconds: float, env: dict) -> dict:
     """The sweep bound with trays frozen: the real `mctl health watch --interval I` over every tray of
     the lab while *frozen* trays (of different racks where there are several) are frozen
-    (`lab fault --freeze`: SIGSTOP, open connections stay open and nothing answers). Reports every
+    (`lab fault host --freeze`: SIGSTOP, open connections stay open and nothing answers). Reports every
     sweep's duration from the watch's SWEEP lines and how many trays each sweep saw unreachable."""
     from mctl.inventory import load_site
     from mctl.lab import control

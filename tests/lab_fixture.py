@@ -26,7 +26,7 @@ minutes; cached in /var/cache/mctl/images or $MCTL_IMAGE_CACHE).
     lab.ssh_argv(host) the ssh command line (key, known_hosts, strict checking) to build on
     lab.mctl(*args, timeout=120)   the mctl CLI in a subprocess, with MCTL_STATE_DIR and
                        MCTL_INVENTORY pointing at this lab; returns CompletedProcess (text)
-    lab.clear_faults(host=None)    `mctl lab fault --clear` on one or every host
+    lab.clear_faults(host=None)    `mctl lab fault clear` on one or every host
 
 A test that injects a fault must clear it (try/finally with lab.clear_faults)
 because the lab is shared by the session.

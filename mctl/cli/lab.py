@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from mctl.cli import render
 from mctl.cli.context import options, want_json
@@ -114,7 +115,7 @@ def up(
         "  mctl inventory show",
         f"  mctl lab ssh {first}{flag}",
         f"  mctl lab ssh {first}{flag} -- nvidia-smi -L",
-        f"  mctl lab fault {first}{flag} --xid 79 --gpu 0",
+        f"  mctl lab fault gpu {first}{flag} --xid 79 --gpu 0",
         f"  mctl lab status{flag}",
         f"  mctl lab down{flag}",
     ]
@@ -161,6 +162,9 @@ def status(lab_dir: DirOpt = None, json_: JsonOpt = False) -> None:
                   f"{'running' if svc['running'] else 'down'}"
                   f"{' (' + ', '.join(svc['faults']) + ')' if svc.get('faults') else ''}", markup=False,
                   highlight=False)
+    for sw in st.get("switch_trays", []):
+        con.print(f"{sw['name']} switch tray BMC {sw['bmc']} {'listening' if sw['bmc_listening'] else 'down'}"
+                  f"{' (' + ', '.join(sw['faults']) + ')' if sw['faults'] else ''}", markup=False, highlight=False)
 
 
 @app.command()
@@ -196,20 +200,130 @@ def down(lab_dir: DirOpt = None, dry_run: DryRunOpt = False, json_: JsonOpt = Fa
                                f"in {result.seconds:.1f} s", markup=False, highlight=False)
 
 
-@app.command()
-def fault(
-    tray: Annotated[str, typer.Argument(help="Compute tray (or head node, for host faults such as --freeze).")],
-    xid: Annotated[Optional[int], typer.Option("--xid", help="Inject an XID event (with --gpu).")] = None,
-    gpu: Annotated[Optional[int], typer.Option("--gpu", help="GPU index 0-3 for --xid / --ecc-uncorrectable.")] = None,
-    fabric: Annotated[Optional[str], typer.Option("--fabric", help="in-progress | degraded | unhealthy")] = None,
-    gpu_missing: Annotated[Optional[int], typer.Option("--gpu-missing", help="GPU index that vanishes.")] = None,
-    nvlink_down: Annotated[Optional[str], typer.Option("--nvlink-down",
-                                                       help="GPU:LINK reported inactive (GPU:all: every link).")] = None,
-    ecc_uncorrectable: Annotated[Optional[int], typer.Option("--ecc-uncorrectable",
+# --- mctl lab fault TARGET ... -------------------------------------------------------------------
+
+class _FaultTargets(TyperGroup):
+    """`mctl lab fault TARGET NAME [OPTIONS]`. The flat form it replaced (`mctl lab fault TRAY --xid ...`,
+    docs/decisions.md D63) is answered with the command that does it now, not a bare "no such command"."""
+
+    RENAMED = {"--leak-detector": "--detector"}
+
+    def resolve_command(self, ctx, args):
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            from mctl.errors import UsageError
+
+            raise UsageError(f"{args[0]!r} is not a fault target (one of {', '.join(self.commands)})",
+                             hint=self._now(args))
+        return super().resolve_command(ctx, args)
+
+    def _now(self, args: list[str]) -> str:
+        """The target-first command line for the flat form *args* (NAME, then its flags)."""
+        name, rest = args[0], [self.RENAMED.get(a, a) for a in args[1:]]
+        shared = set.intersection(*({o for p in cmd.params for o in p.opts} for cmd in self.commands.values()))
+        for i, arg in enumerate(rest):
+            flag = arg.split("=", 1)[0]
+            if flag in shared:
+                continue
+            for target, cmd in self.commands.items():
+                if flag == f"--{target}":               # --clear, --nmx KIND
+                    value = rest[i + 1:i + 2] if target == "nmx" and "=" not in arg else []
+                    kept = rest[:i] + ([arg.split("=", 1)[1]] if "=" in arg else value) + rest[i + 1 + len(value):]
+                    return f"the target comes first now: mctl lab fault {target} {' '.join([name, *kept])}"
+                if any(flag in p.opts for p in cmd.params):
+                    return f"the target comes first now: mctl lab fault {target} {' '.join([name, *rest])}"
+        return "e.g. mctl lab fault gpu lab-r1-tray01 --xid 79 --gpu 0; see 'mctl lab fault --help'"
+
+
+fault_app = typer.Typer(
+    cls=_FaultTargets, no_args_is_help=True,
+    help="Inject a fault into the lab, by target; it shows wherever a real one would and stays until "
+         "'mctl lab fault clear'.\n\n"
+         "Targets: gpu (a compute tray's GPUs: nvidia-smi, kern.log), host (a tray's or head node's OS: SSH, "
+         "processes), service (its daemons), bmc (a compute or switch tray's BMC: Redfish), nmx (a rack's "
+         "NMX-M). Every fault command takes --dry-run and --json.\n\n"
+         "Example: mctl lab fault gpu lab-r1-tray03 --xid 79 --gpu 0")
+app.add_typer(fault_app, name="fault")
+
+
+def _show_fault(res, dry_run: bool, json_: bool) -> None:
+    """One fault command's result: what was (or would be) done, then the target's faults now."""
+    from mctl.lab.bmc_faults import BmcFaultResult
+    from mctl.lab.nmx_faults import NmxFaultResult
+
+    if isinstance(res, NmxFaultResult):
+        key, name, label = "rack", res.rack, f"{res.rack} nmx"
+    else:
+        key, name = "host", res.host
+        label = f"{res.host} bmc" if isinstance(res, BmcFaultResult) else res.host
+    if want_json(json_):
+        render.print_json({key: name, "dry_run": dry_run, "before": res.before, "after": res.after,
+                           "actions": res.actions})
+        return
+    con = render.console()
+    for act in res.actions:
+        con.print(f"{'would' if dry_run else 'did'}: {act}", markup=False, highlight=False)
+    con.print(f"{label}: {', '.join(res.after) or 'no faults'}", markup=False, highlight=False)
+
+
+def _inject(lab_dir: Path | None, host: str, req, dry_run: bool, json_: bool) -> None:
+    from mctl.lab import inject
+
+    _show_fault(inject.fault(_lab_dir(lab_dir), host, req, dry_run=dry_run), dry_run, json_)
+
+
+@fault_app.command("gpu")
+def fault_gpu(
+    tray: Annotated[str, typer.Argument(help="Compute tray.")],
+    xid: Annotated[Optional[int], typer.Option("--xid", metavar="CODE",
+                                               help="An XID event on --gpu N: its kern.log line and its lasting "
+                                                    "effect in nvidia-smi (79: off the bus).")] = None,
+    gpu: Annotated[Optional[int], typer.Option("--gpu", metavar="N", help="GPU index 0-3 for --xid, --xid-storm, "
+                                               "--ecc-uncorrectable, --fell-off-bus.")] = None,
+    nonfatal: Annotated[bool, typer.Option("--nonfatal",
+                                           help="With --xid/--xid-storm 144-150: the Nonfatal NVLink5 line.")] = False,
+    recovery_action: Annotated[Optional[str], typer.Option(
+        "--recovery-action", metavar="ACTION", help="With --xid 154: reset | reboot | drain-reset (default).")] = None,
+    ecc_uncorrectable: Annotated[Optional[int], typer.Option("--ecc-uncorrectable", metavar="COUNT",
                                                              help="Uncorrectable DRAM ECC count (with --gpu).")] = None,
-    unreachable: Annotated[bool, typer.Option("--unreachable", "--freeze",
-                                              help="Every process of the host stops: open and new connections "
-                                                   "get no answer (power loss, panic).")] = False,
+    fabric: Annotated[Optional[str], typer.Option("--fabric", metavar="STATE",
+                                                  help="in-progress | degraded | unhealthy")] = None,
+    gpu_missing: Annotated[Optional[int], typer.Option("--gpu-missing", metavar="N",
+                                                       help="GPU index that vanishes.")] = None,
+    fell_off_bus: Annotated[bool, typer.Option("--fell-off-bus",
+                                               help="GPU (--gpu N) fell off the bus, logged without an Xid.")] = False,
+    nvlink_down: Annotated[Optional[str], typer.Option("--nvlink-down", metavar="GPU:LINK",
+                                                       help="Link reported inactive (GPU:all: every link).")] = None,
+    nvlink_flap: Annotated[Optional[str], typer.Option("--nvlink-flap", metavar="GPU:LINK",
+                                                       help="Link goes down and up every 3 s.")] = None,
+    xid_storm: Annotated[Optional[int], typer.Option("--xid-storm", metavar="CODE",
+                                                     help="Hundreds of XID lines, more each second (--gpu N).")] = None,
+    smi_hang: Annotated[bool, typer.Option("--smi-hang", help="nvidia-smi never returns (a wedged driver).")] = False,
+    driver_branch: Annotated[Optional[str], typer.Option(
+        "--driver-branch", metavar="BRANCH",
+        help="535 | 570 | 580: nvidia-smi answers in that branch's XML shape.")] = None,
+    lab_dir: DirOpt = None,
+    dry_run: DryRunOpt = False,
+    json_: JsonOpt = False,
+) -> None:
+    """A fault of a compute tray's GPUs, as nvidia-smi and the kernel log show it; several may be combined.
+
+    Example: mctl lab fault gpu lab-r1-tray03 --xid 79 --gpu 0
+    """
+    from mctl.lab.faults import FaultRequest
+
+    _inject(lab_dir, tray, FaultRequest(
+        target="gpu", xid=xid, gpu=gpu, nonfatal=nonfatal, recovery_action=recovery_action,
+        ecc_uncorrectable=ecc_uncorrectable, fabric=fabric, gpu_missing=gpu_missing, fell_off_bus=fell_off_bus,
+        nvlink_down=nvlink_down, nvlink_flap=nvlink_flap, xid_storm=xid_storm, smi_hang=smi_hang,
+        driver_branch=driver_branch), dry_run, json_)
+
+
+@fault_app.command("host")
+def fault_host(
+    host: Annotated[str, typer.Argument(help="Compute tray or head node.")],
+    freeze: Annotated[bool, typer.Option("--freeze", "--unreachable",
+                                         help="Every process of the host stops: open and new connections get no "
+                                              "answer (power loss, panic).")] = False,
     hang: Annotated[bool, typer.Option("--hang", help="Logins work, every command (open connections too) "
                                                       "never returns.")] = False,
     slow: Annotated[Optional[float], typer.Option("--slow", metavar="SECONDS", click_type=finite(min=0),
@@ -221,112 +335,106 @@ def fault(
     down_for: Annotated[Optional[float], typer.Option("--down-for", metavar="SECONDS", click_type=finite(min=0),
                                                       help="With --reboot: seconds the host stays off "
                                                            "(default 2).")] = None,
-    slurmd_down: Annotated[bool, typer.Option("--slurmd-down", help="slurmd killed and kept down.")] = False,
-    imex_crash: Annotated[bool, typer.Option("--imex-crash", help="The IMEX daemon killed.")] = False,
-    slurmctld_down: Annotated[bool, typer.Option("--slurmctld-down",
-                                                 help="Head node: slurmctld killed and kept down.")] = False,
-    clear: Annotated[bool, typer.Option("--clear", help="Remove every fault on the tray.")] = False,
-    # GPU-emulator faults (nvidia-smi and the kernel log)
-    nonfatal: Annotated[bool, typer.Option("--nonfatal",
-                                           help="With --xid/--xid-storm 144-150: the Nonfatal NVLink5 line.")] = False,
-    recovery_action: Annotated[Optional[str], typer.Option(
-        "--recovery-action", help="With --xid 154: reset | reboot | drain-reset (default).")] = None,
-    fell_off_bus: Annotated[bool, typer.Option("--fell-off-bus",
-                                               help="GPU (--gpu N) fell off the bus, logged without an Xid.")] = False,
-    nvlink_flap: Annotated[Optional[str], typer.Option("--nvlink-flap",
-                                                       help="GPU:LINK goes down and up every 3 s.")] = None,
-    xid_storm: Annotated[Optional[int], typer.Option("--xid-storm",
-                                                     help="CODE: hundreds of XID lines, more each second (--gpu N).")] = None,
-    smi_hang: Annotated[bool, typer.Option("--smi-hang", help="nvidia-smi never returns (a wedged driver).")] = False,
-    driver_branch: Annotated[Optional[str], typer.Option(
-        "--driver-branch", help="535 | 570 | 580: nvidia-smi answers in that branch's XML shape.")] = None,
-    nmx: Annotated[Optional[str], typer.Option(
-        "--nmx", help="500 | timeout | slow | clear: the NMX-M emulator of the rack (TRAY may be a rack name).")] = None,
-    leak: Annotated[Optional[str], typer.Option(
-        "--leak", help="warning | critical: a leak detector of the tray's BMC reads so (Redfish LeakDetection).")] = None,
-    leak_detector: Annotated[Optional[str], typer.Option(
-        "--leak-detector", help="With --leak: which detector (default Chassis_0_LeakDetector_0_ColdPlate).")] = None,
-    psu_fail: Annotated[bool, typer.Option(
-        "--psu-fail", help="The tray's BMC reports its power subsystem Critical (a failed supply).")] = False,
     lab_dir: DirOpt = None,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:
-    """Inject a fault into a lab tray; it shows wherever a real one would and stays until --clear.
+    """A fault of a host's OS, as SSH sees it: frozen, hung or slow commands, or the events sshd restart and reboot.
 
-    Example: mctl lab fault lab-r1-tray03 --xid 79 --gpu 0
+    Example: mctl lab fault host lab-r1-tray03 --freeze
     """
-    from mctl.lab import control
     from mctl.lab.faults import FaultRequest
 
-    # --- NMX-M faults act on a rack (self-contained: mctl/lab/nmx_faults.py) ---
-    if nmx is not None or clear:
-        from mctl.errors import UsageError
-        from mctl.lab import nmx_faults
+    _inject(lab_dir, host, FaultRequest(target="host", unreachable=freeze, hang=hang, slow=slow,
+                                        sshd_restart=sshd_restart, reboot=reboot, down_for=down_for), dry_run, json_)
 
-        is_rack = nmx_faults.rack_of(_lab_dir(lab_dir), tray) == tray
-        if nmx is not None or is_rack:
-            if nmx is not None and clear:
-                raise UsageError("--nmx cannot be combined with --clear", hint="use --nmx clear")
-            if nmx is not None and (unreachable or hang or nonfatal or fell_off_bus or smi_hang or sshd_restart
-                                    or reboot or slurmd_down or imex_crash or slurmctld_down or any(
-                    v is not None for v in (xid, gpu, fabric, gpu_missing, nvlink_down, ecc_uncorrectable,
-                                            recovery_action, nvlink_flap, xid_storm, driver_branch, slow,
-                                            down_for))):
-                raise UsageError("--nmx acts on the rack's NMX-M; give tray faults in a separate call")
-            nres = nmx_faults.apply(_lab_dir(lab_dir), tray, "clear" if nmx is None else nmx, dry_run=dry_run)
-            if want_json(json_):
-                render.print_json({"rack": nres.rack, "dry_run": dry_run, "before": nres.before,
-                                   "after": nres.after, "actions": nres.actions})
-                return
-            con = render.console()
-            for act in nres.actions:
-                con.print(f"{'would' if dry_run else 'did'}: {act}", markup=False, highlight=False)
-            con.print(f"{nres.rack} nmx: {', '.join(nres.after) or 'no faults'}", markup=False, highlight=False)
-            return
-    # --- end of the NMX-M block ---
 
-    # --- BMC faults act on the tray's Redfish data (self-contained: mctl/lab/bmc_faults.py); --clear clears them too ---
-    if leak is not None or psu_fail or leak_detector is not None:
-        from mctl.errors import UsageError
-        from mctl.lab import bmc_faults
+@fault_app.command("service")
+def fault_service(
+    host: Annotated[str, typer.Argument(help="Compute tray (slurmd, IMEX) or head node (slurmctld).")],
+    slurmd_down: Annotated[bool, typer.Option("--slurmd-down", help="slurmd killed and kept down.")] = False,
+    imex_crash: Annotated[bool, typer.Option("--imex-crash", help="The IMEX daemon killed.")] = False,
+    slurmctld_down: Annotated[bool, typer.Option("--slurmctld-down",
+                                                 help="Head node: slurmctld killed and kept down.")] = False,
+    lab_dir: DirOpt = None,
+    dry_run: DryRunOpt = False,
+    json_: JsonOpt = False,
+) -> None:
+    """A daemon of a host crashed: killed, and the Slurm daemons kept from starting until cleared.
 
-        if clear or unreachable or hang or nonfatal or fell_off_bus or smi_hang or sshd_restart or reboot \
-                or slurmd_down or imex_crash or slurmctld_down or nmx is not None or any(
-                v is not None for v in (xid, gpu, fabric, gpu_missing, nvlink_down, ecc_uncorrectable,
-                                        recovery_action, nvlink_flap, xid_storm, driver_branch, slow, down_for)):
-            raise UsageError("--leak and --psu-fail act on the tray's BMC; give other faults (or --clear) "
-                             "in a separate call")
-        bres = bmc_faults.apply(_lab_dir(lab_dir), tray, leak=leak, detector=leak_detector, psu_fail=psu_fail,
-                                dry_run=dry_run)
-        if want_json(json_):
-            render.print_json({"host": bres.host, "dry_run": dry_run, "before": bres.before, "after": bres.after,
-                               "actions": bres.actions})
-            return
-        con = render.console()
-        for act in bres.actions:
-            con.print(f"{'would' if dry_run else 'did'}: {act}", markup=False, highlight=False)
-        con.print(f"{bres.host} bmc: {', '.join(bres.after) or 'no faults'}", markup=False, highlight=False)
-        return
-    # --- end of the BMC block ---
+    Example: mctl lab fault service lab-r1-tray03 --slurmd-down
+    """
+    from mctl.lab.faults import FaultRequest
 
-    req = FaultRequest(xid=xid, gpu=gpu, fabric=fabric, gpu_missing=gpu_missing, nvlink_down=nvlink_down,
-                       ecc_uncorrectable=ecc_uncorrectable, unreachable=unreachable, hang=hang, clear=clear,
-                       nonfatal=nonfatal, recovery_action=recovery_action, fell_off_bus=fell_off_bus,
-                       nvlink_flap=nvlink_flap, xid_storm=xid_storm, smi_hang=smi_hang, driver_branch=driver_branch)
-    # host faults (issue 15), set apart from the call above so other fault families can extend it
-    req.slow, req.sshd_restart, req.reboot, req.down_for = slow, sshd_restart, reboot, down_for
-    req.slurmd_down, req.imex_crash, req.slurmctld_down = slurmd_down, imex_crash, slurmctld_down
-    res = control.fault(_lab_dir(lab_dir), tray, req, dry_run=dry_run)
-    if want_json(json_):
-        render.print_json({"host": res.host, "dry_run": dry_run, "before": res.before, "after": res.after,
-                           "actions": res.actions})
-        return
-    con = render.console()
-    verb = "would" if dry_run else "did"
-    for act in res.actions:
-        con.print(f"{verb}: {act}", markup=False, highlight=False)
-    con.print(f"{res.host}: {', '.join(res.after) or 'no faults'}", markup=False, highlight=False)
+    _inject(lab_dir, host, FaultRequest(target="service", slurmd_down=slurmd_down, imex_crash=imex_crash,
+                                        slurmctld_down=slurmctld_down), dry_run, json_)
+
+
+@fault_app.command("bmc")
+def fault_bmc(
+    tray: Annotated[str, typer.Argument(help="Compute tray or switch tray.")],
+    leak: Annotated[Optional[str], typer.Option(
+        "--leak", metavar="LEVEL",
+        help="warning | critical: a leak detector reads so (Redfish LeakDetection).")] = None,
+    detector: Annotated[Optional[str], typer.Option(
+        "--detector", metavar="NAME", help="With --leak: which detector (default: a compute tray's "
+                                           "Chassis_0_LeakDetector_0_ColdPlate, a switch tray's leakage1).")] = None,
+    psu_fail: Annotated[bool, typer.Option(
+        "--psu-fail", help="A compute tray's BMC reports its power subsystem Critical (a failed supply).")] = False,
+    hang: Annotated[bool, typer.Option("--hang", help="The BMC takes connections and requests and answers none "
+                                                      "(open connections too).")] = False,
+    slow: Annotated[Optional[float], typer.Option("--slow", metavar="SECONDS", click_type=finite(min=0),
+                                                  help="The BMC answers every request SECONDS late.")] = None,
+    lab_dir: DirOpt = None,
+    dry_run: DryRunOpt = False,
+    json_: JsonOpt = False,
+) -> None:
+    """A fault of a tray's BMC, as Redfish shows it: a leak, a failed supply, a hung or a slow BMC.
+
+    Example: mctl lab fault bmc lab-r1-tray03 --leak critical
+    """
+    from mctl.lab import bmc_faults
+
+    _show_fault(bmc_faults.apply(_lab_dir(lab_dir), tray, leak=leak, detector=detector, psu_fail=psu_fail, hang=hang,
+                                 slow=slow, dry_run=dry_run), dry_run, json_)
+
+
+@fault_app.command("nmx")
+def fault_nmx(
+    rack: Annotated[str, typer.Argument(help="Rack (or one of its trays).")],
+    kind: Annotated[str, typer.Argument(help="500 (every request fails) | timeout (never answered) "
+                                                             "| slow (answers 3 s late) | clear.")],
+    lab_dir: DirOpt = None,
+    dry_run: DryRunOpt = False,
+    json_: JsonOpt = False,
+) -> None:
+    """A fault of a rack's NMX-M: every request failing, never answered, or answered late.
+
+    Example: mctl lab fault nmx lab-r1 timeout
+    """
+    from mctl.lab import nmx_faults
+
+    _show_fault(nmx_faults.apply(_lab_dir(lab_dir), rack, kind, dry_run=dry_run), dry_run, json_)
+
+
+@fault_app.command("clear")
+def fault_clear(
+    name: Annotated[str, typer.Argument(help="Host (tray or head node), switch tray, or rack.")],
+    target: Annotated[Optional[str], typer.Option(
+        "--target", metavar="TARGET",
+        help="Only these faults: gpu | host | service | bmc | nmx (the rack's). Default: all of a host's (a compute "
+             "tray's BMC too), a switch tray's BMC, a rack's NMX-M.")] = None,
+    lab_dir: DirOpt = None,
+    dry_run: DryRunOpt = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Remove faults: every fault of a host and its BMC, of a switch tray's BMC, or of a rack's NMX-M.
+
+    Example: mctl lab fault clear lab-r1-tray03
+    """
+    from mctl.lab import inject
+
+    _show_fault(inject.clear(_lab_dir(lab_dir), name, target=target, dry_run=dry_run), dry_run, json_)
 
 
 @app.command()

@@ -22,11 +22,16 @@ only way to give it a driver of one's own.
 A switch tray's BMC (config `"kind": "switch"`, `mctl lab up --switch-trays N`) serves the real switch
 tray capture (tests/fixtures/real/redfish/nvidia_gbswitch) the same way, with `SwitchSystemsDriver`: no
 host stands behind it, so its power state is the BMC's own (bmc/power.json, which the rack's NMX-M
-emulator reads too). Every BMC logs its power steps with their times (bmc/power-events.jsonl).
+emulator reads too); its leak detectors are the capture's, under `Chassis/MGX_BMC_0`. Every BMC logs
+its power steps with their times (bmc/power-events.jsonl).
+
+Faults (`mctl lab fault bmc TRAY ...`, mctl/lab/bmc_faults.py): a leak or a failed supply is laid over
+the documents served; a hung or slow BMC is a WSGI middleware outside sushy-tools' own (authentication
+too), asked on every request, so a keep-alive connection opened before the fault is held as a new one.
 
 Power semantics as on a real tray: a Reset is answered 204 at once and runs in the background;
 PowerState says PoweringOff / PoweringOn meanwhile; a second Reset while one runs gets 409. A
-GracefulShutdown (or GracefulRestart) of a tray whose OS does not answer (`mctl lab fault --freeze`)
+GracefulShutdown (or GracefulRestart) of a tray whose OS does not answer (`mctl lab fault host --freeze`)
 does nothing, as an ACPI request to a hung OS does; ForceOff always works.
 """
 
@@ -40,6 +45,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from mctl.lab import bmc_faults
 from mctl.lab.bmcs import SWITCH_POWER_FILE
 
 CAPTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "real" / "redfish" / "nvidia_gb200"
@@ -55,8 +61,7 @@ SWITCH_RESET_TYPES = tuple(t for t in RESET_TYPES if t != "Nmi")
 # tray's BMC board and its EEPROM).
 STANDBY_CHASSIS = ("BMC_0", "ERoT_BMC_0", "MGX_BMC_0", "BMC_eeprom")
 SWITCH_STEP_S = 0.5     # how long a lab switch tray reads PoweringOff / PoweringOn
-LEAK_DETECTORS = ("Chassis_0_LeakDetector_0_ColdPlate", "Chassis_0_LeakDetector_0_Manifold",
-                  "Chassis_0_LeakDetector_1_ColdPlate", "Chassis_0_LeakDetector_1_Manifold")
+LEAK_DETECTORS = bmc_faults.COMPUTE.detectors
 LOG = logging.getLogger("mctl-lab-bmc")
 
 
@@ -138,7 +143,7 @@ def _driver_base():
 
 
 class LabSystemsDriver(_driver_base()):  # type: ignore[misc]
-    """sushy-tools systems driver acting on one lab tray (mctl.lab.control power_off / power_on)."""
+    """sushy-tools systems driver acting on one lab tray (mctl.lab.host_faults power_off / power_on)."""
 
     def __init__(self, config: dict[str, Any], tree: dict[str, dict[str, Any]]):
         self._config = config
@@ -154,23 +159,23 @@ class LabSystemsDriver(_driver_base()):  # type: ignore[misc]
     def _lab(self):
         """The lab's record and the tray, read once (the lab's shape does not change while it is up)."""
         if self._lab_cache is None:
-            from mctl.lab import control
+            from mctl.lab import host_faults, labdir
 
-            files = control.LabFiles(Path(self._config["lab_dir"]))
-            record = control.load_record(files.dir) or {}
-            layout = control.layout_of(record)
+            files = labdir.LabFiles(Path(self._config["lab_dir"]))
+            record = labdir.load_record(files.dir) or {}
+            layout = labdir.layout_of(record)
             host = layout.host(self._config["tray"])
             if host is None:
                 raise RuntimeError(f"{self._config['tray']} is not in the lab record")
-            self._lab_cache = (control, files, layout, record, host)
+            self._lab_cache = (host_faults, files, layout, record, host)
         return self._lab_cache
 
     def host_power(self) -> str:
         with self._lock:
             if self._transition:
                 return self._transition
-        control, files, _layout, _record, host = self._lab()
-        return "On" if control.host_running(files, host) else "Off"
+        host_faults, files, _layout, _record, host = self._lab()
+        return "On" if host_faults.host_running(files, host) else "Off"
 
     # -- AbstractSystemsDriver
     @property
@@ -208,12 +213,12 @@ class LabSystemsDriver(_driver_base()):  # type: ignore[misc]
         from sushy_tools import error
 
         self._check_reset(identity, state)
-        control, files, layout, record, host = self._lab()
+        host_faults, files, layout, record, host = self._lab()
         with self._lock:
             if self._transition:
                 raise error.FishyError(f"a reset is already in progress ({self._transition})", code=409)
-            running = control.host_running(files, host)
-            frozen = control.host_frozen(files, host)
+            running = host_faults.host_running(files, host)
+            frozen = host_faults.host_frozen(files, host)
             plan: list[str] = []
             if state in ("On", "ForceOn"):
                 plan = [] if running else ["on"]
@@ -235,16 +240,16 @@ class LabSystemsDriver(_driver_base()):  # type: ignore[misc]
 
     def _run(self, state: str, plan: list[str]) -> None:
         try:
-            control, files, layout, record, host = self._lab()
+            host_faults, files, layout, record, host = self._lab()
             for step in plan:
                 with self._lock:
                     self._transition = "PoweringOn" if step == "on" else "PoweringOff"
                 LOG.info("%s: %s: %s", host.name, state, step)
                 power_event(self._config, state, step, "start")
                 if step == "on":
-                    control.power_on(files, layout, record, host)
+                    host_faults.power_on(files, layout, record, host)
                 else:
-                    control.power_off(files, host, force=step == "force-off")
+                    host_faults.power_off(files, host, force=step == "force-off")
                 power_event(self._config, state, step, "done")
         except Exception:                           # the state read next says what the tray is
             LOG.exception("%s failed", state)
@@ -374,9 +379,10 @@ def build_app(config: dict[str, Any], tree: dict[str, dict[str, Any]] | None = N
     app.configure(extra_config={"SUSHY_EMULATOR_AUTH_FILE": config["auth_file"],
                                 "SUSHY_EMULATOR_FEATURE_SET": "full"})
     tray_id = f"{config.get('lab', 'lab')}/{config['tray']}"
-    # `mctl lab fault TRAY --leak/--psu-fail` (mctl/lab/bmc_faults.py): laid over what the BMC serves
-    from mctl.lab import bmc_faults
-    bmc_fault = bmc_faults.Watched(Path(config["lab_dir"]) / "hosts" / config["tray"] / "bmc" / bmc_faults.FAULTS_NAME)
+    # `mctl lab fault bmc TRAY ...` (mctl/lab/bmc_faults.py): a leak or a failed supply laid over what the BMC
+    # serves; a hung or slow BMC held outside everything it does, authentication included
+    bmc_fault = bmc_faults.Watched(bmc_faults.faults_path(Path(config["lab_dir"]), config["tray"]))
+    app.wsgi_app = bmc_faults.Stall(app.wsgi_app, bmc_fault)
 
     def doc(path: str) -> dict[str, Any]:
         path = path.rstrip("/") or "/"
@@ -385,7 +391,7 @@ def build_app(config: dict[str, Any], tree: dict[str, dict[str, Any]] | None = N
         return bmc_faults.overlay(path, personalize(tree[path], tray_id=tray_id, tray_index=int(config["tray_index"]),
                                                     slot=int(config["slot"]), power=driver.host_power(),
                                                     serial_by_value=kind == "switch"),
-                                  bmc_fault.get())
+                                  bmc_fault.get(), kind)
 
     firmware = FirmwareOverrides(config.get("firmware_file"))
 

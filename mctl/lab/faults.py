@@ -1,8 +1,13 @@
-"""Injected faults on a lab tray (pure): the faults.json document of the lab contract.
+"""Injected faults on a lab host (pure): the faults.json document of the lab contract.
 
-A fault is state, not an event: it stays in the tray's faults.json (and so in
-every nvidia-smi call) until `mctl lab fault TRAY --clear`. XIDs are the one
+A fault is state, not an event: it stays in the host's faults.json (and so in
+every nvidia-smi call) until `mctl lab fault clear HOST`. XIDs are the one
 exception that also leave an event behind, a kernel-log line, as on real trays.
+
+faults.json holds three families, one `mctl lab fault` target each (TARGETS): the
+GPU faults of a compute tray, the host's own (freeze, hang, slow; plus the events
+sshd-restart and reboot), and its daemons (service). A tray's BMC and a rack's
+NMX-M keep their faults in files of their own (bmc_faults.py, nmx_faults.py).
 """
 
 from __future__ import annotations
@@ -50,9 +55,14 @@ def active(doc: dict | None) -> list[str]:
     return labels
 
 
-@dataclass
+@dataclass(frozen=True)
 class FaultRequest:
-    """What one `mctl lab fault` call asks for; several faults may be combined."""
+    """What one `mctl lab fault` call asks for; several faults may be combined.
+
+    *target* is the family the call is for (`mctl lab fault gpu|host|service`): only its faults may be
+    given, and with *clear* only its faults are cleared. None (the library's callers) takes any mix, and
+    *clear* then clears every family.
+    """
 
     xid: int | None = None
     gpu: int | None = None
@@ -79,19 +89,93 @@ class FaultRequest:
     slurmd_down: bool = False
     imex_crash: bool = False
     slurmctld_down: bool = False
+    target: str | None = None               # one of TARGETS, or None: any family
 
     def is_empty(self) -> bool:
-        return not (self.clear or self.unreachable or self.hang or self.has_host_fault()) and all(
-            v is None for v in (self.xid, self.gpu, self.fabric, self.gpu_missing, self.nvlink_down,
-                                self.ecc_uncorrectable)) and not _emulator_given(self)
-
-    def has_host_fault(self) -> bool:
-        return (self.slow is not None or self.down_for is not None
-                or any((self.sshd_restart, self.reboot, self.slurmd_down, self.imex_crash, self.slurmctld_down)))
+        return not self.clear and not any(given(self, t) for t in TARGETS)
 
     def events(self) -> list[str]:
         """The one-off events asked for (they change the host, not faults.json)."""
         return [name for name, on in (("sshd-restart", self.sshd_restart), ("reboot", self.reboot)) if on]
+
+
+# --- the families of faults.json: `mctl lab fault TARGET` ------------------------------------------
+
+TARGETS = ("gpu", "host", "service")
+# FaultRequest fields of each target
+FIELDS = {"gpu": ("xid", "gpu", "fabric", "gpu_missing", "nvlink_down", "ecc_uncorrectable", "nonfatal",
+                  "recovery_action", "fell_off_bus", "nvlink_flap", "xid_storm", "smi_hang", "driver_branch"),
+          "host": ("unreachable", "hang", "slow", "sshd_restart", "reboot", "down_for"),
+          "service": ("slurmd_down", "imex_crash", "slurmctld_down")}
+# what each target's flags are, for "no fault given"
+OPTIONS = {"gpu": "--xid CODE --gpu N, --fabric STATE, --gpu-missing N, --nvlink-down GPU:LINK, "
+                  "--ecc-uncorrectable N --gpu N, --fell-off-bus --gpu N, --nvlink-flap GPU:LINK, "
+                  "--xid-storm CODE --gpu N, --smi-hang, --driver-branch B",
+           "host": "--freeze (--unreachable), --hang, --slow SECONDS, --sshd-restart, --reboot [--down-for SECONDS]",
+           "service": "--slurmd-down, --imex-crash, --slurmctld-down"}
+EXAMPLES = {"gpu": "mctl lab fault gpu lab-r1-tray03 --xid 79 --gpu 0",
+            "host": "mctl lab fault host lab-r1-tray03 --freeze",
+            "service": "mctl lab fault service lab-r1-tray03 --slurmd-down"}
+
+
+def _flag(field: str) -> str:
+    return "--freeze" if field == "unreachable" else "--" + field.replace("_", "-")
+
+
+def _asked(req: FaultRequest, field: str) -> bool:
+    value = getattr(req, field)
+    return value is not None and value is not False        # GPU 0 and --slow 0 are given
+
+
+def given(req: FaultRequest, target: str) -> bool:
+    """Whether *req* asks for a fault of *target*'s family."""
+    return any(_asked(req, f) for f in FIELDS[target])
+
+
+def cleared(doc: dict | None, target: str | None) -> dict:
+    """The faults document with *target*'s faults removed (None: every fault)."""
+    if target is None:
+        return empty()
+    d = normalize(doc)
+    base = empty()
+    if target == "gpu":
+        for key in ("fabric", "gpu_missing", "nvlink_down", "ecc_uncorrectable", "xid"):
+            d[key] = base[key]
+        for key in _emulator_empty():
+            d.pop(key, None)
+    elif target == "host":
+        d["unreachable"], d["hang"] = False, False
+        d.pop("slow", None)
+    else:
+        for key in ("slurmd_down", "imex_crash", "slurmctld_down"):
+            d.pop(key, None)
+    return d
+
+
+def _validate_target(req: FaultRequest) -> None:
+    if req.target is None:
+        return
+    if req.target not in TARGETS:
+        raise UsageError(f"{req.target!r} is not a target of faults.json", hint=f"one of {', '.join(TARGETS)}")
+    for other in TARGETS:
+        if other != req.target:
+            stray = [f for f in FIELDS[other] if _asked(req, f)]
+            if stray:
+                raise UsageError(f"{_flag(stray[0])} is a {other} fault, not a {req.target} one",
+                                 hint=f"mctl lab fault {other} HOST {_flag(stray[0])} ...")
+
+
+def _no_fault_hint(target: str | None) -> str:
+    if target is not None:
+        return f"give one of {OPTIONS[target]}; e.g. {EXAMPLES[target]}"
+    return "give one of " + "; ".join(f"{t}: {OPTIONS[t]}" for t in TARGETS) + "; or clear"
+
+
+def check_delay(value: float, option: str, maximum: float) -> None:
+    """A delay fault's seconds: above 0 and at most *maximum* (NaN refused)."""
+    if value != value or not 0 < value <= maximum:
+        raise UsageError(f"{option} {value:g}: not a delay in seconds",
+                         hint=f"give seconds above 0 and at most {maximum:g}, e.g. {option} 3")
 
 
 def _gpu_index(value: int, what: str) -> int:
@@ -101,16 +185,13 @@ def _gpu_index(value: int, what: str) -> int:
 
 
 def validate(req: FaultRequest) -> None:
+    _validate_target(req)
     if req.is_empty():
-        raise UsageError("no fault given",
-                         hint="give one of --xid CODE --gpu N, --fabric STATE, --gpu-missing N, --nvlink-down GPU:LINK, "
-                              "--ecc-uncorrectable N --gpu N, --unreachable (--freeze), --hang, --slow SECONDS, "
-                              "--sshd-restart, --reboot, --slurmd-down, --imex-crash, --slurmctld-down, --fell-off-bus --gpu N, "
-                              "--nvlink-flap GPU:LINK, --xid-storm CODE --gpu N, --smi-hang, --driver-branch B, or --clear")
+        raise UsageError("no fault given", hint=_no_fault_hint(req.target))
     if req.clear and not _only_clear(req):
         raise UsageError("--clear cannot be combined with other faults", hint="clear first, then inject")
     if (req.xid is not None or req.ecc_uncorrectable is not None) and req.gpu is None:
-        raise UsageError("--xid and --ecc-uncorrectable need --gpu N", hint="e.g. mctl lab fault lab-r1-tray03 --xid 79 --gpu 0")
+        raise UsageError("--xid and --ecc-uncorrectable need --gpu N", hint=f"e.g. {EXAMPLES['gpu']}")
     _validate_emulator(req)
     if req.gpu is not None and req.xid is None and req.ecc_uncorrectable is None and not (
             req.fell_off_bus or req.xid_storm is not None):
@@ -131,9 +212,7 @@ def validate(req: FaultRequest) -> None:
 
 
 def _only_clear(req: FaultRequest) -> bool:
-    return not (req.unreachable or req.hang or req.has_host_fault()) and all(
-        v is None for v in (req.xid, req.gpu, req.fabric, req.gpu_missing, req.nvlink_down, req.ecc_uncorrectable)) \
-        and not _emulator_given(req)
+    return not any(given(req, t) for t in TARGETS)
 
 
 def parse_link(text: str, option: str = "--nvlink-down") -> tuple[int, int]:
@@ -152,7 +231,7 @@ def apply(doc: dict | None, req: FaultRequest, now: float) -> dict:
     """The faults document after *req*; the input is not changed."""
     validate(req)
     if req.clear:
-        return empty()
+        return cleared(doc, req.target)
     d = normalize(doc)
     d = {k: (list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v) for k, v in d.items()}
     if req.fabric is not None:
@@ -209,9 +288,7 @@ def _host_fault_labels(d: dict) -> list[str]:
 
 def _validate_host_faults(req: FaultRequest) -> None:
     if req.slow is not None:
-        if req.slow != req.slow or not 0 < req.slow <= SLOW_MAX_S:      # NaN too
-            raise UsageError(f"--slow {req.slow:g}: not a delay in seconds",
-                             hint=f"give seconds above 0 and at most {SLOW_MAX_S:g}, e.g. --slow 3")
+        check_delay(req.slow, "--slow", SLOW_MAX_S)
     if req.down_for is not None:
         if not req.reboot:
             raise UsageError("--down-for only goes with --reboot", hint="e.g. --reboot --down-for 10")
@@ -221,7 +298,7 @@ def _validate_host_faults(req: FaultRequest) -> None:
     events = req.events()
     if events:
         others = FaultRequest(**{k: v for k, v in vars(req).items()
-                                 if k not in ("sshd_restart", "reboot", "down_for")})
+                                 if k not in ("sshd_restart", "reboot", "down_for", "target")})
         if len(events) > 1 or not others.is_empty():
             raise UsageError(f"--{events[0]} is an event and goes alone",
                              hint="inject other faults in a separate call (a reboot clears the host's process "
@@ -232,7 +309,7 @@ def _apply_host_faults(d: dict, req: FaultRequest) -> None:
     if req.slow is not None:
         d["slow"] = float(req.slow)
     for key in ("slurmd_down", "imex_crash", "slurmctld_down"):
-        if getattr(req, key) and not d.get(key):        # again: keep what --clear is to restart
+        if getattr(req, key) and not d.get(key):        # again: keep what a clear is to restart
             d[key] = True
 
 
@@ -296,7 +373,7 @@ def _validate_emulator(req: FaultRequest) -> None:
     storm_or_xid = req.xid if req.xid is not None else req.xid_storm
     if req.nonfatal and (storm_or_xid is None or storm_or_xid not in NVLINK5_XIDS):
         raise UsageError("--nonfatal goes with --xid or --xid-storm 144..150 (NVLink5 XIDs say Fatal or Nonfatal)",
-                         hint="e.g. mctl lab fault lab-r1-tray03 --xid 145 --nonfatal --gpu 0")
+                         hint="e.g. mctl lab fault gpu lab-r1-tray03 --xid 145 --nonfatal --gpu 0")
     if req.recovery_action is not None:
         if req.xid != 154:
             raise UsageError("--recovery-action goes with --xid 154", hint="e.g. --xid 154 --recovery-action drain-reset")

@@ -139,7 +139,7 @@ def shutdown(services):
         pass
 
 
-# Written by `mctl lab fault --reboot`: from then on every boot of this host starts its enabled
+# Written by `mctl lab fault host --reboot`: from then on every boot of this host starts its enabled
 # units, as systemd does at boot (the first boot after `lab up` does not: the playbooks set them up).
 BOOT_UNITS = "/var/lib/mctl-lab/boot-units.json"
 BOOT_UNITS_SCRIPT = r"""

@@ -11,7 +11,8 @@ not mounted yet, so that is safe). Once it runs, the only safe way in is
 through the host's own root, `/proc/<init pid>/root/...`: writing into the
 upper folder of a mounted overlay is undefined (readers inside may keep seeing
 the old file). :func:`host_path` gives that path; the NMX-M emulator and
-`lab fault` use it.
+`lab fault` use it. :func:`run_inside` runs a command in the host's namespaces
+without SSH (a host with a fault on its sshd must still be put right).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mctl.errors import EnvironmentProblem
-from mctl.lab import procs
+from mctl.lab import procs, services
+from mctl.lab.layout import LabLayout
 
 NSINIT = Path(__file__).resolve().parent / "nsinit.py"
 HOSTINIT = Path(__file__).resolve().parent / "hostinit.py"
@@ -40,6 +42,7 @@ SSHD_DROPIN = "/etc/ssh/sshd_config.d/00-mctl-lab.conf"
 SSHD_FAULT_DROPIN = "/etc/ssh/sshd_config.d/01-mctl-lab-fault.conf"
 BOOT_UNITS_FILE = STATE_IN_HOST + "/boot-units.json"   # written by `lab fault --reboot`; read by the host's init
 BOOT_ID_FILE = "boot_id"        # hosts/<name>/boot_id: the boot id this boot of the host reads in /proc
+FAULT_EXEC_LOG = "fault-exec.log"   # hosts/<name>/fault-exec.log: commands the lab ran inside the host
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,7 @@ def sshd_config(address: str) -> str:
 HANG_SCRIPT = (
     "#!/bin/sh\n"
     "# mctl lab fault --hang: sshd runs this (through /etc/ssh/sshrc) before every session's command,\n"
-    "# which then never starts, as on a host whose processes are stuck. `mctl lab fault TRAY --clear` ends it.\n"
+    "# which then never starts, as on a host whose processes are stuck. `mctl lab fault clear HOST` ends it.\n"
     "while :; do sleep 3600; done\n"
 )
 
@@ -207,6 +210,114 @@ def host_path(lab_dir: Path, name: str, inner: str) -> Path:
                                  hint="see 'mctl lab status'; 'mctl lab down' then 'mctl lab up' restarts the lab")
     return Path(f"/proc/{init.pid}/root") / inner.lstrip("/")
 
+
+def members(paths: HostPaths) -> tuple[procs.Proc, list[procs.Proc]]:
+    """The running host's init and every process in its PID namespace."""
+    table = procs.scan()
+    init = init_proc(paths, table)
+    if init is None:
+        raise EnvironmentProblem(f"lab host {paths.name} is not running", hint="see 'mctl lab status'")
+    return init, procs.in_namespace(table, init)
+
+
+def run_inside(paths: HostPaths, argv: list[str], *, timeout: float) -> tuple[int, str]:
+    """Run a command inside the host's namespaces and root (as its init would), output to FAULT_EXEC_LOG;
+    its exit status and the last line it said (an error line if there was one).
+
+    Not over SSH: a host with --hang or --slow must still be put right by a clear.
+    """
+    init, _members = members(paths)
+    enter = ["nsenter", "-t", str(init.pid), "-m", "-u", "-i", "-p"]
+    try:
+        if os.readlink(f"/proc/{init.pid}/ns/time") != os.readlink("/proc/self/ns/time"):
+            enter.append("-T")
+    except OSError:
+        pass
+    enter += ["-r", "-w", "--", "/usr/bin/env", "-i", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+              "HOME=/root", "LANG=C.UTF-8", *argv]
+    log_path = paths.dir / FAULT_EXEC_LOG
+    with open(log_path, "ab") as log:
+        start = log.tell()
+        log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
+        log.flush()
+        # A pipe would be held open by the daemon the command starts; a file is not waited for.
+        proc = subprocess.Popen(enter, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            rc = 124
+    with open(log_path, "rb") as fh:
+        fh.seek(start)
+        said = [l.strip() for l in fh.read().decode(errors="replace").splitlines()[1:] if l.strip()]
+    errors = [l for l in said if "ERROR" in l or "error" in l]
+    return rc, ((errors or said)[-1][:200] if said else "no output")
+
+
+def boot_id(paths: HostPaths) -> str | None:
+    """The boot id the host's current boot reads in /proc (None before its first boot)."""
+    try:
+        return (paths.dir / BOOT_ID_FILE).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def wait_ready(lab_dir: Path, layout: LabLayout, timeout: float, only: list[str] | None = None) -> None:
+    """Until every host's listening services accept connections (each host's own sockets, not another
+    lab's on the same address); fail fast on a dead host."""
+    want: dict[str, list[tuple[str, int]]] = {}
+    for h in layout.hosts():
+        if only is not None and h.name not in only:
+            continue
+        want[h.name] = [(h.address, s.port) for s in services.host_services(h.kind) if s.port]
+    deadline = time.monotonic() + timeout
+    pending = set(want)
+    next_dead_check = time.monotonic() + 2
+    while pending:
+        listening = procs.listening_sockets()
+        maybe = {n for n in pending if all(w in listening for w in want[n])}
+        if maybe:
+            table = procs.scan()
+            pending -= {n for n in maybe
+                        if _owns_sockets(HostPaths(lab_dir, n), table, {listening[w] for w in want[n]})}
+        if not pending:
+            return
+        now = time.monotonic()
+        if now >= next_dead_check:
+            table = procs.scan()
+            dead = [n for n in sorted(pending)
+                    if HostPaths(lab_dir, n).pidfile.exists() and init_proc(HostPaths(lab_dir, n), table) is None]
+            if dead:
+                raise EnvironmentProblem(f"lab host {dead[0]} stopped while starting"
+                                         + (f" (and {len(dead) - 1} more)" if len(dead) > 1 else ""),
+                                         hint=console_hint(HostPaths(lab_dir, dead[0])))
+            next_dead_check = now + 2
+        if now >= deadline:
+            first = sorted(pending)[0]
+            raise EnvironmentProblem(f"{len(pending)} lab host(s) did not start within {timeout:.0f} s "
+                                     f"(first: {first})", hint=console_hint(HostPaths(lab_dir, first)))
+        time.sleep(0.1)
+
+
+def _owns_sockets(paths: HostPaths, table: dict[int, procs.Proc], inodes: set[int]) -> bool:
+    """Whether the listening sockets are this host's own (and not another lab's on the same address)."""
+    init = init_proc(paths, table)
+    if init is None:
+        return False
+    held: set[int] = set()
+    for p in procs.in_namespace(table, init):
+        held |= procs.socket_inodes(p.pid)
+    return inodes <= held
+
+
+def console_hint(paths: HostPaths) -> str:
+    try:
+        tail = paths.console.read_text().strip().splitlines()[-3:]
+    except OSError:
+        tail = []
+    return f"its console log {paths.console} ends: {' | '.join(tail)}" if tail else f"see {paths.console}"
 
 
 def _time_namespace(fresh: bool) -> list[str]:

@@ -33,7 +33,7 @@ Config (JSON):
                                 (default 50; 0: the whole list)
   faults_file                   optional JSON file of faults (same keys as below),
                                 re-read when it changes: what `mctl lab fault
-                                RACK --nmx ...` writes
+                                nmx RACK ...` writes
   domain_uuid, chassis_serial   the rack's NVLink domain and chassis
   chassis_id                    1 (default)
   state_file                    JSON file keeping partitions across restarts

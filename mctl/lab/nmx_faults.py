@@ -1,9 +1,9 @@
-"""`mctl lab fault RACK-or-TRAY --nmx 500|timeout|slow|clear`: faults of a rack's NMX-M emulator.
+"""`mctl lab fault nmx RACK-or-TRAY 500|timeout|slow|clear`: faults of a rack's NMX-M emulator.
 
 The fault is state in the rack's `nmx-faults.json` (next to the emulator's config
 under racks/<rack>/), which the running emulator re-reads when it changes; it
-stays until `--nmx clear` (or `mctl lab fault RACK --clear`). What each stands for
-on a real rack:
+stays until `mctl lab fault clear RACK` (or `mctl lab fault nmx RACK clear`). What
+each stands for on a real rack:
 
   500      NMX-M answers every request with HTTP 500 (a crashed backend behind
            the gateway, a database that is down): mctl retries, then reports
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mctl.errors import UsageError
+from mctl.lab.labdir import LabFiles, open_lab
 
 NMX_FAULTS = ("500", "timeout", "slow", "clear")
 SLOW_S = 3.0                    # well inside the client's 15 s per-request deadline
@@ -32,7 +33,7 @@ _DOCS = {"500": {"fail_all": True, "status": 500}, "timeout": {"hang": True}, "s
 
 def fault_doc(kind: str) -> dict:
     if kind not in NMX_FAULTS:
-        raise UsageError(f"--nmx {kind!r}: unknown NMX-M fault", hint=f"one of {', '.join(NMX_FAULTS)}")
+        raise UsageError(f"{kind!r}: unknown NMX-M fault", hint=f"one of {', '.join(NMX_FAULTS)}")
     return dict(_DOCS[kind])
 
 
@@ -59,22 +60,15 @@ class NmxFaultResult:
 
 
 def rack_of(lab_dir: Path, name: str) -> str | None:
-    """The rack *name* is, or whose tray or head node it is; None for an unknown name."""
-    from mctl.lab.control import load_record, layout_of
-
-    record = load_record(Path(lab_dir).resolve())
-    if record is None:
-        raise UsageError(f"no lab in {lab_dir}", hint=f"start one with 'mctl lab up --dir {lab_dir}'")
-    layout = layout_of(record)
+    """The rack *name* is, or whose tray, head node or switch tray it is; None for an unknown name."""
+    layout = open_lab(lab_dir).layout
     if name in layout.rack_names():
         return name
-    host = layout.host(name)
+    host = layout.host(name) or layout.switch(name)
     return host.rack if host is not None else None
 
 
 def faults_path(lab_dir: Path, rack: str) -> Path:
-    from mctl.lab.control import LabFiles
-
     return LabFiles(Path(lab_dir).resolve()).rack_dir(rack) / FAULTS_NAME
 
 
@@ -91,9 +85,7 @@ def apply(lab_dir: Path, target: str, kind: str, *, dry_run: bool = False) -> Nm
     doc = fault_doc(kind)
     rack = rack_of(lab_dir, target)
     if rack is None:
-        from mctl.lab.control import load_record, layout_of
-
-        layout = layout_of(load_record(Path(lab_dir).resolve()) or {})
+        layout = open_lab(lab_dir).layout
         raise UsageError(f"unknown lab rack or tray {target!r}", hint=f"racks: {', '.join(layout.rack_names())}")
     path = faults_path(lab_dir, rack)
     try:

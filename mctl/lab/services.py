@@ -215,7 +215,7 @@ def nmx_files(ctx: RackContext) -> dict[str, Path]:
     d = ctx.log_dir
     return {"config": d / "nmx.json", "credentials": d / "nmx.cred", "state": d / "nmx-state.json",
             "log": d / "nmx-requests.log", "ro_credentials": d / "nmx-ro.cred",
-            "faults": d / "nmx-faults.json"}          # `mctl lab fault RACK --nmx ...` (mctl/lab/nmx_faults.py)
+            "faults": d / "nmx-faults.json"}          # `mctl lab fault nmx RACK ...` (mctl/lab/nmx_faults.py)
 
 
 def nmx_config(ctx: RackContext) -> dict:

@@ -173,12 +173,13 @@ def test_bad_input(lab, capsys):
     again = run_cli(capsys, "lab", "up", "--trays", "2", "--dir", str(lab.dir))
     assert again.code == 2
     assert "already up" in again.err and "mctl lab status" in again.err and "mctl lab down" in again.err
-    unknown = run_cli(capsys, "lab", "fault", "lab-r1-tray99", "--xid", "79", "--gpu", "0", "--dir", str(lab.dir))
+    unknown = run_cli(capsys, "lab", "fault", "gpu", "lab-r1-tray99", "--xid", "79", "--gpu", "0",
+                      "--dir", str(lab.dir))
     assert unknown.code == 2
     assert "unknown lab tray 'lab-r1-tray99'" in unknown.err and f"lab-r1-tray[01-{len(lab.trays):02d}]" in unknown.err
-    no_gpu = run_cli(capsys, "lab", "fault", lab.trays[0], "--xid", "79", "--dir", str(lab.dir))
+    no_gpu = run_cli(capsys, "lab", "fault", "gpu", lab.trays[0], "--xid", "79", "--dir", str(lab.dir))
     assert no_gpu.code == 2 and "--gpu" in no_gpu.err
-    head_gpu = run_cli(capsys, "lab", "fault", lab.head, "--fabric", "degraded", "--dir", str(lab.dir))
+    head_gpu = run_cli(capsys, "lab", "fault", "gpu", lab.head, "--fabric", "degraded", "--dir", str(lab.dir))
     assert head_gpu.code == 2 and "has no GPUs" in head_gpu.err
 
 
@@ -191,7 +192,7 @@ def test_gpu_faults_show_where_real_ones_would(lab):
     tray = lab.trays[-1]
     try:
         # XID: a kernel-log line (parsed by mctl's kernel-log reader) naming the GPU's PCI address.
-        cli = lab.mctl("lab", "fault", tray, "--xid", "79", "--gpu", "2", "--dir", str(lab.dir))
+        cli = lab.mctl("lab", "fault", "gpu", tray, "--xid", "79", "--gpu", "2", "--dir", str(lab.dir))
         assert cli.returncode == 0 and "xid 79 gpu2" in cli.stdout, cli.stderr
         events = parse_xid_events(lab.run(tray, "cat /var/log/kern.log").stdout)
         assert [e.code for e in events] == [79]

@@ -159,7 +159,7 @@ def test_graceful_shutdown_of_a_frozen_tray_is_not_answered_force_off_is(lab):
     tray = lab.trays[0]
     paths = control.LabFiles(lab.dir)
     host = control.layout_of(control.load_record(lab.dir)).host(tray)
-    frozen = lab.mctl("lab", "fault", tray, "--freeze", "--dir", str(lab.dir))
+    frozen = lab.mctl("lab", "fault", "host", tray, "--freeze", "--dir", str(lab.dir))
     assert frozen.returncode == 0, frozen.stderr
     try:
         code, _ = redfish(lab, tray, "/redfish/v1/Systems/System_0/Actions/ComputerSystem.Reset", method="POST",
@@ -361,6 +361,40 @@ def test_rack_power_off_then_on_in_order_each_stage_checked_through_redfish_and_
         print(f"\nrack power off {off_s:.1f}s, on {on_s:.1f}s ({len(lab.trays)} trays, {len(switch_trays)} switch trays)")
     finally:
         _restore(lab)           # the switch trays go with the fixture, whatever their state
+
+
+def test_lab_fault_bmc_on_a_switch_tray_and_a_hung_compute_tray_bmc(lab, switch_trays):
+    """`mctl lab fault bmc`: a switch tray's leak where the real tray has it (MGX_BMC_0), and a hung tray BMC
+    that takes connections and answers nothing while its host runs on; both seen by curl, cleared by `clear`."""
+    sw, tray = switch_trays[0], lab.trays[0]
+    detectors = "/redfish/v1/Chassis/MGX_BMC_0/ThermalSubsystem/LeakDetection/LeakDetectors"
+    try:
+        cli = lab.mctl("lab", "fault", "bmc", sw, "--leak", "critical", "--detector", "leakage3", "--dir", str(lab.dir))
+        assert cli.returncode == 0 and f"{sw} bmc: leak critical leakage3" in cli.stdout, cli.stderr
+        assert redfish(lab, sw, f"{detectors}/leakage3")[1]["DetectorState"] == "Critical"
+        assert redfish(lab, sw, f"{detectors}/leakage1")[1]["DetectorState"] == "OK"
+        assert redfish(lab, sw, "/redfish/v1/Chassis/MGX_BMC_0")[1]["Status"]["HealthRollup"] == "Critical"
+        shown = {s["name"]: s["faults"] for s in control.status(lab.dir)["switch_trays"]}
+        assert shown[sw] == ["leak critical leakage3"]
+
+        hung = lab.mctl("lab", "fault", "bmc", tray, "--hang", "--dir", str(lab.dir))
+        assert hung.returncode == 0 and f"{tray} bmc: bmc never answers" in hung.stdout, hung.stderr
+        d = bmcs.lab_bmc_dir(lab.dir)
+        user_pw = (d / "credentials").read_text().strip()
+        probe = subprocess.run(["curl", "-sS", "--max-time", "3", "--cacert", str(d / "ca.pem"), "-u", user_pw,
+                                "-o", "/dev/null", "-w", "%{time_appconnect}",
+                                f"https://{bmc_address(lab, tray)}/redfish/v1/Systems/System_0"],
+                               capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+        assert probe.returncode == 28, (probe.returncode, probe.stdout, probe.stderr)   # timed out, not refused
+        assert float(probe.stdout) > 0                                                   # TLS was taken
+        assert ssh_ok(lab, tray)                                                         # the host runs on
+    finally:
+        clear = lab.mctl("lab", "fault", "clear", sw, "--dir", str(lab.dir))
+        assert clear.returncode == 0 and f"{sw} bmc: no faults" in clear.stdout, clear.stderr
+        clear = lab.mctl("lab", "fault", "clear", tray, "--target", "bmc", "--dir", str(lab.dir))
+        assert clear.returncode == 0 and f"{tray} bmc: no faults" in clear.stdout, clear.stderr
+    assert power_state(lab, tray) == "On"
+    assert redfish(lab, sw, f"{detectors}/leakage3")[1]["DetectorState"] == "OK"
 
 
 def test_power_under_a_held_rack_lock_is_refused_and_sends_nothing(lab):

@@ -115,7 +115,7 @@ def test_freeze_silences_open_and_new_connections(lab, tmp_path):
             # ([w]: the pattern must not match the shell that runs pgrep)
             wait_for("the waiting command", lambda: lab.run(tray, f"pgrep -f '[w]hile \\[ ! -e {go}'",
                                                             check=False).returncode == 0)
-            cli = lab.mctl("lab", "fault", tray, "--freeze", "--dir", str(lab.dir))
+            cli = lab.mctl("lab", "fault", "host", tray, "--freeze", "--dir", str(lab.dir))
             assert cli.returncode == 0 and "unreachable" in cli.stdout, cli.stderr
             # Every process of the host is stopped, not just sshd.
             row = _row(lab, tray)
@@ -237,7 +237,7 @@ def test_sshd_restart_drops_open_connections_and_comes_back(lab, tmp_path):
     tray = lab.trays[0]
     with kept(lab, tray, tmp_path) as k:
         before = {p["pid"] for p in _row(lab, tray)["processes"] if p["comm"].startswith("sshd")}
-        cli = lab.mctl("lab", "fault", tray, "--sshd-restart", "--dir", str(lab.dir))
+        cli = lab.mctl("lab", "fault", "host", tray, "--sshd-restart", "--dir", str(lab.dir))
         assert cli.returncode == 0, cli.stderr
         # The kept connection was reset: its master is gone.
         wait_for("the kept connection to be dropped", lambda: not k.alive())
@@ -251,13 +251,13 @@ def test_sshd_restart_drops_open_connections_and_comes_back(lab, tmp_path):
 def test_bad_host_fault_requests(lab, capsys):
     from tests.unit.cli_helpers import run_cli
 
-    head_only = run_cli(capsys, "lab", "fault", lab.trays[0], "--slurmctld-down", "--dir", str(lab.dir))
+    head_only = run_cli(capsys, "lab", "fault", "service", lab.trays[0], "--slurmctld-down", "--dir", str(lab.dir))
     assert head_only.code == 2 and "head node" in head_only.err
-    tray_only = run_cli(capsys, "lab", "fault", lab.head, "--slurmd-down", "--dir", str(lab.dir))
+    tray_only = run_cli(capsys, "lab", "fault", "service", lab.head, "--slurmd-down", "--dir", str(lab.dir))
     assert tray_only.code == 2 and "compute tray" in tray_only.err
-    event = run_cli(capsys, "lab", "fault", lab.trays[0], "--reboot", "--hang", "--dir", str(lab.dir))
+    event = run_cli(capsys, "lab", "fault", "host", lab.trays[0], "--reboot", "--hang", "--dir", str(lab.dir))
     assert event.code == 2 and "goes alone" in event.err
-    slow = run_cli(capsys, "lab", "fault", lab.trays[0], "--slow", "0", "--dir", str(lab.dir))
+    slow = run_cli(capsys, "lab", "fault", "host", lab.trays[0], "--slow", "0", "--dir", str(lab.dir))
     assert slow.code == 2 and "--slow" in slow.err
 
 

@@ -45,7 +45,7 @@ def _wait(what, predicate, deadline_s=30.0, step=0.2):
 def test_all_links_down_nonfatal_and_fatal_nvlink5_and_154(lab):
     tray = lab.trays[-1]
     try:
-        cli = lab.mctl("lab", "fault", tray, "--nvlink-down", "1:all", "--dir", str(lab.dir))
+        cli = lab.mctl("lab", "fault", "gpu", tray, "--nvlink-down", "1:all", "--dir", str(lab.dir))
         assert cli.returncode == 0 and "nvlink gpu1:all links down" in cli.stdout, cli.stderr
         out = lab.run(tray, "nvidia-smi nvlink --status").stdout.splitlines()
         i = next(n for n, line in enumerate(out) if line.startswith("GPU 1: "))
@@ -75,7 +75,7 @@ def test_fell_off_the_bus_without_an_xid(lab):
     tray = lab.trays[-1]
     try:
         before = len(_kern_lines(lab, tray))
-        cli = lab.mctl("lab", "fault", tray, "--fell-off-bus", "--gpu", "2", "--dir", str(lab.dir))
+        cli = lab.mctl("lab", "fault", "gpu", tray, "--fell-off-bus", "--gpu", "2", "--dir", str(lab.dir))
         assert cli.returncode == 0, cli.stderr
         new = _kern_lines(lab, tray)[before:]
         texts = [line.split("] ", 1)[1] for line in new]
@@ -94,7 +94,7 @@ def test_fell_off_the_bus_without_an_xid(lab):
 def test_driver_branches_change_the_xml_shape(lab):
     tray = lab.trays[-1]
     try:
-        cli = lab.mctl("lab", "fault", tray, "--driver-branch", "535", "--dir", str(lab.dir))
+        cli = lab.mctl("lab", "fault", "gpu", tray, "--driver-branch", "535", "--dir", str(lab.dir))
         assert cli.returncode == 0 and "driver branch R535" in cli.stdout, cli.stderr
         tree = ET.fromstring(lab.run(tray, "nvidia-smi -q -x").stdout)
         assert tree.findtext("driver_version").startswith("535.")
@@ -134,7 +134,7 @@ def test_xid_storm_appends_hundreds_of_lines_and_stops_after_clear(lab):
     count = "wc -l < /var/log/kern.log"
     try:
         before = int(lab.run(tray, count).stdout)
-        cli = lab.mctl("lab", "fault", tray, "--xid-storm", "145", "--nonfatal", "--gpu", "3", "--dir", str(lab.dir))
+        cli = lab.mctl("lab", "fault", "gpu", tray, "--xid-storm", "145", "--nonfatal", "--gpu", "3", "--dir", str(lab.dir))
         assert cli.returncode == 0 and "xid storm 145 nonfatal gpu3" in cli.stdout, cli.stderr
         burst = int(lab.run(tray, count).stdout)
         assert burst - before == emu.STORM_BURST
@@ -154,7 +154,7 @@ def test_smi_hang_blocks_nvidia_smi_until_clear(lab):
     tray = lab.trays[-1]
     try:
         lab.run(tray, "nvidia-smi nvlink --status >/dev/null")      # an answer the launcher would replay
-        cli = lab.mctl("lab", "fault", tray, "--smi-hang", "--dir", str(lab.dir))
+        cli = lab.mctl("lab", "fault", "gpu", tray, "--smi-hang", "--dir", str(lab.dir))
         assert cli.returncode == 0 and "nvidia-smi hangs" in cli.stdout, cli.stderr
         for cmd in ("nvidia-smi nvlink --status", "nvidia-smi -q -x", "nvidia-smi -L"):
             with pytest.raises(subprocess.TimeoutExpired):

@@ -644,29 +644,29 @@ def test_lab_fault_nmx_500_timeout_slow_and_clear(lab):
     client = NMXClient.for_rack(site, rack, policy=quick)
     assert client.count("gpus") == 4 * len(lab.trays)
     try:
-        dry = lab.mctl("lab", "fault", lab.rack, "--nmx", "500", "--dry-run", "--dir", str(lab.dir))
+        dry = lab.mctl("lab", "fault", "nmx", lab.rack, "500", "--dry-run", "--dir", str(lab.dir))
         assert dry.returncode == 0 and "would: write nmx-faults.json" in dry.stdout
         assert client.count("gpus") == 4 * len(lab.trays)
-        res = lab.mctl("lab", "fault", lab.trays[0], "--nmx", "500", "--dir", str(lab.dir), "--json")
+        res = lab.mctl("lab", "fault", "nmx", lab.trays[0], "500", "--dir", str(lab.dir), "--json")
         assert res.returncode == 0, res.stderr
         assert json.loads(res.stdout)["after"] == ["nmx answers 500"]
         shown = json.loads(lab.mctl("lab", "status", "--dir", str(lab.dir), "--json").stdout)["rack_services"]
         assert [s["faults"] for s in shown if s["name"] == "nmx"] == [["nmx answers 500"]]
         listed = lab.mctl("partition", "list", lab.rack)
         assert listed.returncode == 3 and "unavailable" in listed.stderr and "HTTP 500" in listed.stderr
-        assert lab.mctl("lab", "fault", lab.rack, "--nmx", "timeout", "--dir", str(lab.dir)).returncode == 0
+        assert lab.mctl("lab", "fault", "nmx", lab.rack, "timeout", "--dir", str(lab.dir)).returncode == 0
         started = time.monotonic()
         with pytest.raises(NMXUnavailable, match="unavailable"):
             client.partitions()
         assert time.monotonic() - started < 10
-        assert lab.mctl("lab", "fault", lab.rack, "--nmx", "slow", "--dir", str(lab.dir)).returncode == 0
+        assert lab.mctl("lab", "fault", "nmx", lab.rack, "slow", "--dir", str(lab.dir)).returncode == 0
         started = time.monotonic()
         assert NMXClient.for_rack(site, rack).count("gpus") == 4 * len(lab.trays)     # late, inside the deadline
         assert time.monotonic() - started >= 2.5
-        bad = lab.mctl("lab", "fault", lab.rack, "--nmx", "404", "--dir", str(lab.dir))
+        bad = lab.mctl("lab", "fault", "nmx", lab.rack, "404", "--dir", str(lab.dir))
         assert bad.returncode == 2 and "one of 500, timeout, slow, clear" in bad.stderr
     finally:
-        cleared = lab.mctl("lab", "fault", lab.rack, "--clear", "--dir", str(lab.dir))
+        cleared = lab.mctl("lab", "fault", "clear", lab.rack, "--dir", str(lab.dir))
         assert cleared.returncode == 0 and f"{lab.rack} nmx: no faults" in cleared.stdout
     assert lab.mctl("partition", "list", lab.rack).returncode == 0
 

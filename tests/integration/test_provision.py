@@ -95,7 +95,7 @@ def test_failing_tray_reported_and_retry_only_failed(lab, provisioned):
 
 def test_unreachable_tray_does_not_stop_the_others(lab, provisioned):
     bad = lab.trays[-1]
-    proc = lab.mctl("lab", "fault", bad, "--unreachable", "--dir", str(lab.dir))
+    proc = lab.mctl("lab", "fault", "host", bad, "--unreachable", "--dir", str(lab.dir))
     assert proc.returncode == 0, proc.stderr
     try:
         code, result = provision(lab, lab.rack, "--tags", "base")

@@ -72,8 +72,9 @@ def faulted(lab):
     assert base.returncode == 0, base.stderr
     dark, hung, short = lab.trays[1], lab.trays[2], lab.trays[3]
     try:
-        for tray, args in ((dark, ["--unreachable"]), (hung, ["--hang"]), (short, ["--gpu-missing", "1"])):
-            p = lab.mctl("lab", "fault", tray, *args, "--dir", str(lab.dir))
+        for tray, (target, *args) in ((dark, ["host", "--unreachable"]), (hung, ["host", "--hang"]),
+                                      (short, ["gpu", "--gpu-missing", "1"])):
+            p = lab.mctl("lab", "fault", target, tray, *args, "--dir", str(lab.dir))
             assert p.returncode == 0, p.stderr
         proc, data = inventory(lab, "--diff", "--timeout", "8")
     finally:

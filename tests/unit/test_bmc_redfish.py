@@ -40,7 +40,7 @@ def _blob(data: bytes) -> str:
 
 def test_captures_are_byte_exact_copies():
     rows = [ln.split(" ", 1) for ln in (REAL / "MANIFEST").read_text().splitlines() if ln.strip()]
-    assert len(rows) == 127
+    assert len(rows) == 137
     listed = {path for _blob_id, path in rows}
     on_disk = {str(p.relative_to(REAL)) for p in REAL.rglob("index.json")}
     assert listed == on_disk

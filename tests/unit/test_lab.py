@@ -88,6 +88,48 @@ def test_fault_requests_are_validated(req, words):
     assert words in exc.value.message or words in (exc.value.hint or "")
 
 
+def test_a_fault_request_for_a_target_takes_only_its_faults_and_clears_only_them():
+    doc = faults.apply(None, faults.FaultRequest(xid=79, gpu=0, nvlink_flap="1:2", hang=True, slow=2.0,
+                                                 slurmd_down=True), now=1.0)
+    gpu = faults.apply(doc, faults.FaultRequest(clear=True, target="gpu"), now=2.0)
+    assert faults.active(gpu) == ["hang", "slow 2s", "slurmd down"] and "nvlink_flap" not in gpu
+    host = faults.apply(doc, faults.FaultRequest(clear=True, target="host"), now=2.0)
+    assert faults.active(host) == ["xid 79 gpu0", "nvlink gpu1:link2 flapping", "slurmd down"]
+    service = faults.apply(doc, faults.FaultRequest(clear=True, target="service"), now=2.0)
+    assert "slurmd_down" not in service and faults.active(service)[-1] == "slow 2s"
+    everything = faults.apply(doc, faults.FaultRequest(clear=True), now=2.0)
+    assert everything == faults.empty() == faults.cleared(doc, None)
+    assert faults.given(faults.FaultRequest(gpu_missing=0), "gpu") and not faults.given(faults.FaultRequest(), "gpu")
+    for req, words in ((faults.FaultRequest(target="host", xid=79, gpu=0), "--xid is a gpu fault, not a host one"),
+                       (faults.FaultRequest(target="gpu", unreachable=True), "--freeze is a host fault"),
+                       (faults.FaultRequest(target="disk"), "not a target"),
+                       (faults.FaultRequest(target="service"), "--slurmd-down"),
+                       (faults.FaultRequest(target="gpu"), "mctl lab fault gpu lab-r1-tray03 --xid 79 --gpu 0")):
+        with pytest.raises(UsageError) as exc:
+            faults.validate(req)
+        assert words in exc.value.message + (exc.value.hint or ""), req
+
+
+def test_every_fault_target_has_an_example_and_the_old_flat_form_is_pointed_to_it(capsys, tmp_path):
+    for target in ("gpu", "host", "service", "bmc", "nmx", "clear"):
+        res = run_cli(capsys, "lab", "fault", target, "--help")
+        assert res.code == 0 and f"Example: mctl lab fault {target} " in res.out, target
+    for old, now in ((["lab-r1-tray03", "--xid", "79", "--gpu", "0"], "mctl lab fault gpu lab-r1-tray03 --xid 79"),
+                     (["lab-r1-tray03", "--freeze"], "mctl lab fault host lab-r1-tray03 --freeze"),
+                     (["lab-r1-head", "--slurmctld-down"], "mctl lab fault service lab-r1-head --slurmctld-down"),
+                     (["lab-r1-tray03", "--leak", "critical", "--leak-detector", "X"],
+                      "mctl lab fault bmc lab-r1-tray03 --leak critical --detector X"),
+                     (["lab-r1", "--nmx", "timeout"], "mctl lab fault nmx lab-r1 timeout"),
+                     (["lab-r1-tray03", "--clear"], "mctl lab fault clear lab-r1-tray03")):
+        res = run_cli(capsys, "lab", "fault", *old, "--dir", str(tmp_path))
+        assert res.code == 2 and "is not a fault target" in res.err and now in res.err, (old, res.err)
+    assert not any(tmp_path.iterdir())
+    wrong = run_cli(capsys, "lab", "fault", "host", "lab-r1-tray03", "--xid", "79", "--dir", str(tmp_path))
+    assert wrong.code == 2 and "No such option: --xid" in wrong.err
+    none = run_cli(capsys, "lab", "fault", "service", "lab-r1-tray03", "--dir", str(tmp_path))
+    assert none.code == 2 and "no lab in" in none.err
+
+
 def test_lab_inventory_loads_as_an_ordinary_site(tmp_path):
     lay = LabLayout("lab", racks=2, trays=4, net=201)
     (tmp_path / "mctl.yml").write_text(inventory(lay, identity_file=tmp_path / "ssh/id_ed25519",
@@ -154,7 +196,7 @@ def test_cli_without_a_lab(capsys, tmp_path):
     assert down.code == 0 and "nothing to do" in down.out
     st = run_cli(capsys, "lab", "status", "--dir", str(tmp_path / "none"), "--json")
     assert st.code == 0 and json.loads(st.out)["up"] is False
-    fault = run_cli(capsys, "lab", "fault", "lab-r1-tray01", "--xid", "79", "--gpu", "0", "--dir", str(tmp_path))
+    fault = run_cli(capsys, "lab", "fault", "gpu", "lab-r1-tray01", "--xid", "79", "--gpu", "0", "--dir", str(tmp_path))
     assert fault.code == 2 and "no lab in" in fault.err and "mctl lab up" in fault.err
     ssh = run_cli(capsys, "lab", "ssh", "lab-r1-tray01", "--dir", str(tmp_path))
     assert ssh.code == 2 and "no lab in" in ssh.err

@@ -18,7 +18,7 @@ from mctl.model.tray import Clock, TrayFacts, TrayExpectation
 from mctl.facts.kernel_log import observe_xid
 from mctl.facts.probe import Section, parse_boot_id
 from mctl.model.settings import HealthSettings
-from mctl.lab import control, faults, hostinit, hosts
+from mctl.lab import daemon_faults, faults, host_faults, hostinit, hosts, inject
 from mctl.lab.layout import LabLayout
 from mctl.model.findings import Severity
 
@@ -89,20 +89,20 @@ def _no_fault_hint() -> str:
 def test_which_host_takes_which_daemon_fault():
     lay = LabLayout("lab", 1, 2)
     tray, head = lay.host("lab-r1-tray01"), lay.host("lab-r1-head")
-    control._check_host_fault_kind(head, faults.FaultRequest(slurmctld_down=True), [], [])
-    control._check_host_fault_kind(tray, faults.FaultRequest(slurmd_down=True, imex_crash=True), [], [])
+    daemon_faults.check_kind(head, faults.FaultRequest(slurmctld_down=True), [], [])
+    daemon_faults.check_kind(tray, faults.FaultRequest(slurmd_down=True, imex_crash=True), [], [])
     with pytest.raises(UsageError, match="head node"):
-        control._check_host_fault_kind(tray, faults.FaultRequest(slurmctld_down=True), [], ["lab-r1-head"])
+        daemon_faults.check_kind(tray, faults.FaultRequest(slurmctld_down=True), [], ["lab-r1-head"])
     with pytest.raises(UsageError, match="compute tray"):
-        control._check_host_fault_kind(head, faults.FaultRequest(imex_crash=True), ["lab-r1-tray01"], [])
+        daemon_faults.check_kind(head, faults.FaultRequest(imex_crash=True), ["lab-r1-tray01"], [])
 
 
 def test_sshrc_renders_hang_slow_or_nothing():
-    hang = control._sshrc_text({"hang": True, "slow": 2.0})
-    assert hang.startswith(control.SSHRC_MARK) and f"exec {hosts.HANG_IN_HOST}" in hang   # hang wins
-    slow = control._sshrc_text({"hang": False, "slow": 1.5})
-    assert slow.startswith(control.SSHRC_MARK) and "sleep 1.5\n" in slow
-    assert control._sshrc_text({"hang": False}) is None
+    hang = host_faults.sshrc_text({"hang": True, "slow": 2.0})
+    assert hang.startswith(host_faults.SSHRC_MARK) and f"exec {hosts.HANG_IN_HOST}" in hang   # hang wins
+    slow = host_faults.sshrc_text({"hang": False, "slow": 1.5})
+    assert slow.startswith(host_faults.SSHRC_MARK) and "sleep 1.5\n" in slow
+    assert host_faults.sshrc_text({"hang": False}) is None
     # sshd runs it with /bin/sh: both parse
     for text in (hang, slow):
         assert subprocess.run(["/bin/sh", "-n", "-c", text]).returncode == 0
@@ -112,19 +112,19 @@ def test_actions_say_what_each_fault_does():
     lay = LabLayout("lab", 1, 2)
     tray = lay.host("lab-r1-tray01")
     empty = faults.empty()
-    reboot = control._fault_actions(tray, empty, empty, faults.FaultRequest(reboot=True, down_for=7))
+    reboot = inject.fault_actions(tray, empty, empty, faults.FaultRequest(reboot=True, down_for=7))
     assert len(reboot) == 1 and "off for 7s" in reboot[0] and "new boot id" in reboot[0]
-    restart = control._fault_actions(tray, empty, empty, faults.FaultRequest(sshd_restart=True))
+    restart = inject.fault_actions(tray, empty, empty, faults.FaultRequest(sshd_restart=True))
     assert len(restart) == 1 and "reset every open SSH connection" in restart[0]
     req = faults.FaultRequest(slurmd_down=True, slow=2)
     new = faults.apply(empty, req, now=0)
-    acts = control._fault_actions(tray, empty, new, req)
+    acts = inject.fault_actions(tray, empty, new, req)
     assert any("starts 2s late" in a for a in acts) and any("keep slurmd.service from starting" in a for a in acts)
-    cleared = control._fault_actions(tray, dict(new, slurmd_down={"restart": False}), empty,
-                                     faults.FaultRequest(clear=True))
+    cleared = inject.fault_actions(tray, dict(new, slurmd_down={"restart": False}), empty,
+                                   faults.FaultRequest(clear=True))
     assert any("(it was not running)" in a for a in cleared)
-    freeze = control._fault_actions(tray, empty, faults.apply(empty, faults.FaultRequest(unreachable=True), 0),
-                                    faults.FaultRequest(unreachable=True))
+    freeze = inject.fault_actions(tray, empty, faults.apply(empty, faults.FaultRequest(unreachable=True), 0),
+                                  faults.FaultRequest(unreachable=True))
     assert any("every process of the host" in a for a in freeze)
 
 

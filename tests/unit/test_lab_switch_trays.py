@@ -81,7 +81,12 @@ def test_switch_tree_is_the_switch_capture_with_its_reset_action_info():
     assert f"{ROOT}/UpdateService/FirmwareInventory/MGX_FW_NVSwitch_0" in tree
     info = tree[f"{ROOT}/Systems/System_0/ResetActionInfo"]["Parameters"][0]["AllowableValues"]
     assert "Nmi" not in info and {"On", "ForceOff", "GracefulShutdown", "PowerCycle"} <= set(info)
-    assert not any("LeakDetector" in p for p in tree)       # the compute tray's detectors are not added
+    # the compute tray's detectors are not added; the switch tray's own are the capture's, on MGX_BMC_0
+    assert not any("Chassis_0" in p for p in tree)
+    detectors = tree[f"{ROOT}/Chassis/MGX_BMC_0/ThermalSubsystem/LeakDetection/LeakDetectors"]["Members"]
+    assert sorted(m["@odata.id"].rsplit("/", 1)[-1] for m in detectors) == [
+        "leakage1", "leakage2", "leakage3", "leakage4", "leakage5", "leakage6", "leakage_aggr"]
+    assert all(tree[m["@odata.id"]]["DetectorState"] == "OK" for m in detectors)
     # one captured serial, shared by the tray's chassis and its system, stays shared per lab tray
     a = emu.personalize(tree[f"{ROOT}/Chassis/SYS_eeprom"], tray_id="lab/sw1", tray_index=0, slot=1, power="Off",
                         serial_by_value=True)

@@ -188,7 +188,7 @@ RECOVERY_ACTIONS = {"reset": (0x1, "GPU Reset Required", "Reset"),
 NVLINK_ALL_INACTIVE_TEXT = "NVML: Unable to retrieve NVLink information as all links are inActive"
 STORM_RATE = 20                # lines a second while an XID storm is set
 STORM_MAX_APPEND = 2000        # most lines one call appends (a tray left stormed for hours stays bounded)
-STORM_BURST = 500              # lines `mctl lab fault --xid-storm` writes at once
+STORM_BURST = 500              # lines `mctl lab fault gpu --xid-storm` writes at once
 KERN_LOG_PATH = "/var/log/kern.log"
 KERN_LOG_ENV = "MCTL_LAB_KERN_LOG"
 FLAP_PERIOD_S = 6.0            # --nvlink-flap: down 3 s, up 3 s
@@ -359,7 +359,7 @@ def load(env=None):
     return state, faults
 
 
-# Driver branches a tray can run (gpus.json "driver_branch", or `mctl lab fault TRAY --driver-branch B`):
+# Driver branches a tray can run (gpus.json "driver_branch", or `mctl lab fault gpu TRAY --driver-branch B`):
 # version and CUDA version printed, and the element tree differences (see _branch_tree; sources in
 # docs/lab.md). 570 is the shape of the real GB200 capture in tests/fixtures/gb200-nvidia-smi-q-x.xml.
 BRANCHES = {"535": ("535.129.03", "12.2"), "570": ("570.148.08", "12.8"), "580": ("580.105.08", "13.0")}
