@@ -102,7 +102,7 @@ def up(lab_dir: Path, *, racks: int = 1, trays: int = 18, name: str = "lab", net
             try:
                 progress(f"starting {len(layout.hosts())} hosts ({racks} rack(s) x {trays} trays + head)")
                 missing = _start_hosts(files, layout, rootfs, rack_svcs, os_only=os_only)
-                hosts.wait_ready(files.dir, layout, timeout)
+                hosts.wait_ready(files.dir, services.listeners(layout), timeout)
                 _start_rack_services(files, layout, rack_svcs)
                 progress(f"starting {len(bmcs.bmc_units(layout))} tray BMCs (Redfish, sushy-tools)")
                 bmcs.start(files.dir, layout, MARKER_ENV)

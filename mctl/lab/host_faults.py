@@ -283,7 +283,7 @@ def power_on(files: LabFiles, layout: LabLayout, record: dict, host: LabHost) ->
                                  hint="mctl lab down, then mctl lab up")
     hosts.spawn(paths, rootfs, fresh_clock=True,
                 char_devices=hosts.TRAY_CHAR_DEVICES if host.kind == "tray" else ())
-    hosts.wait_ready(files.dir, layout, 60.0, only=[host.name])
+    hosts.wait_ready(files.dir, services.listeners(layout, [host.name]), 60.0)
     if host.kind == "tray" and any(s.get("name") == services.NMX_SERVICE.name
                                    for s in record.get("rack_services", [])):
         services.refresh_nmx(rack_context(files, layout, host.rack))      # its files moved to a new /proc/<pid>

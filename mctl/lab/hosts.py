@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mctl.errors import EnvironmentProblem
-from mctl.lab import procs, services
+from mctl.lab import procs
 from mctl.lab.layout import LabLayout
 
 NSINIT = Path(__file__).resolve().parent / "nsinit.py"
@@ -264,14 +264,10 @@ def boot_id(paths: HostPaths) -> str | None:
         return None
 
 
-def wait_ready(lab_dir: Path, layout: LabLayout, timeout: float, only: list[str] | None = None) -> None:
-    """Until every host's listening services accept connections (each host's own sockets, not another
-    lab's on the same address); fail fast on a dead host."""
-    want: dict[str, list[tuple[str, int]]] = {}
-    for h in layout.hosts():
-        if only is not None and h.name not in only:
-            continue
-        want[h.name] = [(h.address, s.port) for s in services.host_services(h.kind) if s.port]
+def wait_ready(lab_dir: Path, want: dict[str, list[tuple[str, int]]], timeout: float) -> None:
+    """Until every host's listening services (*want*: host -> (address, port), mctl.lab.services.listeners)
+    accept connections (each host's own sockets, not another lab's on the same address); fail fast on a
+    dead host."""
     deadline = time.monotonic() + timeout
     pending = set(want)
     next_dead_check = time.monotonic() + 2

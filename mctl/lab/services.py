@@ -348,3 +348,9 @@ def host_files(kind: Kind) -> list[HostFile]:
 
 def host_services(kind: Kind) -> list[HostService]:
     return [s for s in HOST_SERVICES if kind in s.kinds]
+
+
+def listeners(layout: LabLayout, only: list[str] | None = None) -> dict[str, list[tuple[str, int]]]:
+    """host -> the (address, port) its services listen on once it is up (mctl.lab.hosts.wait_ready)."""
+    return {h.name: [(h.address, s.port) for s in host_services(h.kind) if s.port]
+            for h in layout.hosts() if only is None or h.name in only}

@@ -70,13 +70,11 @@ KNOWN_VIOLATIONS: set[tuple[str, str]] = set()
 KNOWN_CROSS_IMPORTS: set[tuple[str, str]] = set()
 
 # Import circles still there, each as the exact set of its modules (one strongly connected
-# component). health/'s are issue 26's to remove (the watch's engine and its two runners; the
-# policy and the ladder). The lab's are the lab tool's own: lab/control.py and its fault modules
-# go with issue 26's split of `lab fault` by target; the apt repository packs the files that the
-# registry of lab services lists, and the registry starts the repository as a rack service.
+# component); the product has none (health/'s went with issue 26's sweep, responders and actuator).
+# The lab's one is the lab tool's own: the apt repository packs the files that the registry of lab
+# services lists, and the registry starts the repository as a rack service.
 KNOWN_CYCLES: set[frozenset[str]] = {
     frozenset({"mctl.lab.aptrepo", "mctl.lab.services"}),
-    frozenset({"mctl.lab.bmc_faults", "mctl.lab.control", "mctl.lab.nmx_faults"}),
 }
 
 
