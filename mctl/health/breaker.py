@@ -89,6 +89,12 @@ def admit(state: BreakerState, host: str, rack: str | None, sizes: Mapping[str, 
                      f"{after} of {size} trays of {where} drained by mctl within {window}")
 
 
+def count(state: BreakerState, host: str, rack: str | None, now: float) -> BreakerState:
+    """Record a drain that the breaker does not decide (a critical leak's): it counts in the window all the
+    same, so the drains it admits after it are fewer; a tripped breaker stays tripped."""
+    return replace(state, drains=state.drains + ((now, host, rack),))
+
+
 def discard(state: BreakerState, host: str, at: float) -> BreakerState:
     """Forget a drain that was admitted but did not happen (the scheduler refused it)."""
     return replace(state, drains=tuple(d for d in state.drains if not (d[1] == host and d[0] == at)))

@@ -44,6 +44,7 @@ from mctl.model.findings import Severity
 
 if TYPE_CHECKING:
     from mctl.health.record import Latch, LeakEpisode
+    from mctl.model.budget import BudgetView
 
 
 @dataclass
@@ -128,6 +129,7 @@ class TrayStep:
     decisions: list[Decision] = field(default_factory=list)
     notes: list[Decision] = field(default_factory=list)
     want: tuple[str, str] | None = None         # (reason, full) of a drain the breaker must admit
+    outranks: bool = False                      # the drain is a critical leak's: no breaker or budget holds it back
 
     def note(self, action: str, why: str, now: float, **kw: Any) -> "TrayStep":
         """A skip or queue: decided every sweep, logged once per change of its message."""
@@ -254,14 +256,47 @@ def decide_tray(prev: TrayRecord, verdict: TrayVerdict, node: NodeView | None, s
     if refusal is not None:
         who = "mctl elsewhere (node check or another watch)" if node.mctl_drain else "an operator or another tool"
         return step.note(SKIP, f"already drained by {who}: {node.reason or 'no reason'}", now)
+    from mctl.health import leaks
+
     step.want = want
+    step.outranks = bool(leaks.drain_now(v.findings))
     return step
+
+
+def admit(state: BreakerState, step: TrayStep, v: TrayVerdict, settings: HealthSettings,
+          rack_sizes: Mapping[str, int], budget: "BudgetView | None", *, now: float
+          ) -> tuple[BreakerState, Decision | None, str | None]:
+    """(the breaker, the drain, why not) for a tray that wants a drain: a critical leak is drained whatever
+    the breaker and the site's safety budget say (counted by both); otherwise a tripped budget holds it
+    back, then the breaker decides. The budget's grant itself is asked atomically with the drain (by the
+    scheduler's script: mctl.sched.slurm.budget), so this only saves a refusal the ledger would give."""
+    reason, full = step.want or ("", "")
+    if step.outranks:
+        state = breakerlib.count(state, v.host, v.rack, now)
+        return state, Decision(v.host, DRAIN, "a critical leak: drained whatever the circuit breaker and the safety "
+                                              "budget say (counted by both)", reason=reason, full=full, rack=v.rack,
+                               at=now, outranks_budget=True), None
+    held = budget.held_back() if budget is not None else None
+    if held is not None:
+        return state, None, held
+    adm = breakerlib.admit(state, v.host, v.rack, rack_sizes, max_share=settings.breaker_max_share,
+                           window_s=settings.breaker_window_s, scope=settings.breaker_scope, now=now)
+    if not adm.allowed:
+        return adm.state, None, adm.why
+    return adm.state, Decision(v.host, DRAIN, adm.why, reason=reason, full=full, rack=v.rack, at=now), None
+
+
+def drained(record: TrayRecord, d: Decision) -> TrayRecord:
+    """The tray's record once mctl decided to drain it (before the scheduler answers)."""
+    return replace(record, drained=True, reason=d.reason, full_reason=d.full, drained_at=d.at, note=None,
+                   healthy_streak=0)
 
 
 def decide(records: Mapping[str, TrayRecord], verdicts: Sequence[TrayVerdict], nodes: Mapping[str, NodeView] | None,
            settings: HealthSettings, breaker: BreakerState, rack_sizes: Mapping[str, int], *,
-           now: float) -> Outcome:
-    """Decisions for this sweep. *nodes* None: the scheduler did not answer (actions are queued)."""
+           now: float, budget: "BudgetView | None" = None) -> Outcome:
+    """Decisions for this sweep. *nodes* None: the scheduler did not answer (actions are queued); *budget*:
+    the site's safety budget as the scheduler holds it (None: not read)."""
     out = dict(records)
     decisions: list[Decision] = []
     notes: list[Decision] = []
@@ -278,20 +313,17 @@ def decide(records: Mapping[str, TrayRecord], verdicts: Sequence[TrayVerdict], n
     # Critical trays before unreachable ones, then by name: who gets drained first is reproducible.
     wanted.sort(key=lambda w: (not w[0].reached, w[0].host))
     for v, step in wanted:
-        reason, full = step.want
-        adm = breakerlib.admit(state, v.host, v.rack, rack_sizes, max_share=settings.breaker_max_share,
-                               window_s=settings.breaker_window_s, scope=settings.breaker_scope, now=now)
-        state = adm.state
-        if not adm.allowed:
+        state, d, why = admit(state, step, v, settings, rack_sizes, budget, now=now)
+        if d is None:
+            reason, full = step.want
             seen = len(step.decisions), len(step.notes)
-            step.note(SKIP, adm.why, now, reason=reason, full=full)
+            step.note(SKIP, why or "", now, reason=reason, full=full)
             decisions += step.decisions[seen[0]:]
             notes += step.notes[seen[1]:]
             out[v.host] = step.record
             continue
-        decisions.append(Decision(v.host, DRAIN, adm.why, reason=reason, full=full, rack=v.rack, at=now))
-        out[v.host] = replace(step.record, drained=True, reason=reason, full_reason=full, drained_at=now, note=None,
-                              healthy_streak=0)
+        decisions.append(d)
+        out[v.host] = drained(step.record, d)
     return Outcome(out, decisions, state, notes)
 
 

@@ -103,6 +103,8 @@ class Decision:
     # a resume of a node DOWN after mctl's own reboot of it (the recovery ladder): the guard then allows
     # DOWN and checks the reason is still the one the watch saw
     after_reboot: bool = False
+    # a drain the safety budget counts but never holds back, nor the circuit breaker (a critical leak)
+    outranks_budget: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -22,6 +22,47 @@ import json, sys
 path = "STATE"
 nodes = json.load(open(path))
 args = sys.argv[1:]
+lic = nodes.setdefault("_licenses", {})            # name -> count (slurm.conf's Licenses=)
+res = nodes.setdefault("_reservations", {})        # name -> {"licenses": {name: n}, "comment": ...}
+def save():
+    json.dump(nodes, open(path, "w"))
+if args[:2] == ["show", "license"]:                # as 24.11 prints it; nothing for an unknown name
+    for name in args[2:] or list(lic):
+        if name in lic:
+            taken = sum(r["licenses"].get(name, 0) for r in res.values())
+            print(f"LicenseName={name}\n    Total={lic[name]} Used=0 Free={lic[name]} Reserved={taken} Remote=no")
+    sys.exit(0)
+if args[:2] == ["show", "reservation"]:
+    names = [a for a in args[2:] if a != "-o"]
+    if names and names[0] not in res:
+        print(f"Reservation {names[0]} not found"); sys.exit(1)
+    shown = names or list(res)
+    if not shown:
+        print("No reservations in the system")
+    for name in shown:
+        r = res[name]
+        print(f"ReservationName={name} StartTime=2026-12-02T15:02:00 Flags=ANY_NODES "
+              f"Licenses={','.join(f'{k}:{v}' for k, v in r['licenses'].items())} State=ACTIVE Comment={r['comment']}")
+    sys.exit(0)
+if args[:2] == ["create", "reservation"]:
+    kv = dict(a.split("=", 1) for a in args[2:])
+    name = kv["ReservationName"]
+    if name in res:
+        print("Error creating the reservation: Duplicate reservation name"); sys.exit(1)
+    want = {k: int(v) for k, v in (x.split(":") for x in kv["Licenses"].split(","))}
+    for k, n in want.items():
+        if k not in lic or sum(r["licenses"].get(k, 0) for r in res.values()) + n > lic[k]:
+            print("Error creating the reservation: Invalid license specification"); sys.exit(1)
+    res[name] = {"licenses": want, "comment": kv.get("Comment", "(null)")}
+    save()
+    print(f"Reservation created: {name}")
+    sys.exit(0)
+if args[:2] == ["delete", "reservation"] or (args[:1] == ["delete"] and args[1].startswith("reservation=")):
+    name = args[1].split("=", 1)[1] if "=" in args[1] else args[2]
+    if res.pop(name, None) is None:
+        print(f"delete_reservation reservation={name}: Requested reservation is invalid"); sys.exit(1)
+    save()
+    sys.exit(0)
 if args[:3] == ["show", "node", "-o"]:
     if nodes.get("_down_controller"):
         print("slurm_load_node error: Unable to contact slurm controller (connect failure)", file=sys.stderr)
@@ -65,10 +106,15 @@ def slurm(tmp_path):
 
     class Slurm:
         def set(self, **nodes):
+            # the safety budget mctl deploy slurm renders (generous unless a test gives its own)
+            nodes.setdefault("_licenses", {"mctl_budget_site": 99, "mctl_budget_rack_none": 99, "mctl_budget_trip": 1})
             state.write_text(json.dumps(nodes))
 
         def nodes(self):
-            return json.loads(state.read_text())
+            return {k: v for k, v in json.loads(state.read_text()).items() if k not in ("_licenses", "_reservations")}
+
+        def reservations(self):
+            return json.loads(state.read_text()).get("_reservations", {})
 
         def run(self, script_text: str) -> str:
             env = dict(os.environ, PATH=f"{bindir}:/usr/bin:/bin")
@@ -159,3 +205,58 @@ def test_no_scontrol_outlives_the_deadline_on_the_controller(slurm):
     slurm.set(t1={"state": "IDLE+DRAIN", "reason": "mctl: xid 79 gpu0 (fell off bus)"})
     (r,) = parse_apply(slurm.run(apply_script(ds, limit_s=5)), ds)
     assert r.ok and slurm.nodes()["t1"]["state"] == "IDLE"        # a quick scontrol is not cut
+
+
+# --- the safety budget (mctl.sched.slurm.budget): a grant per tray, in the same script as its drain --------
+
+BUDGET_1 = {"mctl_budget_site": 2, "mctl_budget_rack_r1": 1, "mctl_budget_trip": 1}
+
+
+def _drain(host: str, **kw) -> Decision:
+    return Decision(host, DRAIN, "x", reason="mctl: xid 79 gpu0", rack="r1", **kw)
+
+
+def test_the_budget_grants_each_drain_once_and_trips_when_full(slurm):
+    slurm.set(_licenses=BUDGET_1, t1={"state": "IDLE"}, t2={"state": "IDLE"}, t3={"state": "IDLE"})
+    ds = [_drain("t1"), _drain("t2")]
+    first, second = parse_apply(slurm.run(apply_script(ds)), ds)
+    assert first.ok and not second.ok and second.refused and not second.not_ours
+    assert "held back by the safety budget: every grant of rack r1 or of the site is taken" in second.error
+    assert "Reserved=1" in second.error                              # what slurmctld said, for the operator
+    assert slurm.nodes()["t2"] == {"state": "IDLE"}                  # never drained
+    res = slurm.reservations()
+    assert set(res) == {"mctl_budget_t1", "mctl_budget_tripped"}
+    assert res["mctl_budget_tripped"]["comment"].startswith("refused t2: mctl: xid 79 gpu0")
+    # tripped: sticky, whatever the count says, until a person resets it
+    (third,) = parse_apply(slurm.run(apply_script([_drain("t3")])), [_drain("t3")])
+    assert third.refused and "it is tripped (refused t2: mctl: xid 79 gpu0)" in third.error
+    # the same tray drained again (the node check after the watch) asks no second grant
+    slurm.run("scontrol update NodeName=t1 State=RESUME")
+    (again,) = parse_apply(slurm.run(apply_script([_drain("t1")])), [_drain("t1")])
+    assert not again.ok and "tripped" in again.error                # tripped comes first
+    # a resume is never refused, and gives the grant back
+    slurm.run("scontrol update NodeName=t1 State=DRAIN Reason=mctl:x")
+    rs = [Decision("t1", RESUME, "healthy")]
+    assert parse_apply(slurm.run(apply_script(rs)), rs)[0].ok
+    assert set(slurm.reservations()) == {"mctl_budget_tripped"}
+
+
+def test_a_drain_that_does_not_happen_gives_its_grant_back(slurm):
+    slurm.set(_licenses=BUDGET_1, t1={"state": "IDLE+DRAIN", "reason": "ops: cable"})
+    (r,) = parse_apply(slurm.run(apply_script([_drain("t1")])), [_drain("t1")])
+    assert r.refused and slurm.reservations() == {}                  # the guard refused before the grant
+
+
+def test_a_leak_is_counted_but_never_held_back(slurm):
+    slurm.set(_licenses=BUDGET_1, t1={"state": "IDLE"}, t2={"state": "IDLE"})
+    ds = [_drain("t1", outranks_budget=True), _drain("t2", outranks_budget=True)]
+    assert [r.ok for r in parse_apply(slurm.run(apply_script(ds)), ds)] == [True, True]
+    assert slurm.nodes()["t2"]["state"] == "IDLE+DRAIN"
+    assert "mctl_budget_t1" in slurm.reservations()                  # counted where a grant was left
+
+
+def test_no_budget_in_slurm_is_said_and_drains_nothing(slurm):
+    slurm.set(_licenses={}, t1={"state": "IDLE"})
+    (r,) = parse_apply(slurm.run(apply_script([_drain("t1")])), [_drain("t1")])
+    assert r.refused and "the safety budget is not in Slurm" in r.error and "mctl deploy slurm" in r.error
+    assert slurm.nodes()["t1"] == {"state": "IDLE"}

@@ -107,7 +107,7 @@ def test_health_check_on_by_default(example):
     conf = render(example, parse_version("slurm 24.11.5"), gb200_hardware(example)).files["slurm.conf"]
     lines = [l for l in conf.splitlines() if l.startswith("HealthCheck")]
     assert lines == ["HealthCheckProgram=/usr/local/sbin/mctl-node-check", "HealthCheckInterval=300",
-                     "HealthCheckNodeState=ANY"]
+                     "HealthCheckNodeState=ANY,CYCLE"]
 
 
 def test_health_check_off_when_the_site_says_so(tmp_path):

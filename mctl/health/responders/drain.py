@@ -19,7 +19,6 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from mctl.health import breaker as breakerlib
 from mctl.health import policy, store
 from mctl.health.actuator import Act, Done
 from mctl.health.record import TrayRecord, TrayVerdict
@@ -70,7 +69,7 @@ class DrainResponder(Responder):
         tripped_before = state.breaker.tripped
         acted = early.before if early is not None else {}
         outcome = policy.decide(state.records, [v for v in result.verdicts if v.host not in acted],
-                                result.nodes, ctx.settings, state.breaker, ctx.sizes, now=ctx.now)
+                                result.nodes, ctx.settings, state.breaker, ctx.sizes, now=ctx.now, budget=_budget(ctx))
         for v in result.verdicts:
             if v.host in acted:
                 # Drained earlier in this sweep: its record advances once, on the whole verdict (the
@@ -95,7 +94,7 @@ class DrainResponder(Responder):
 
     def dry_run(self, ctx: Context, state: store.HealthState) -> list[Decision]:
         outcome = policy.decide(state.records, ctx.result.verdicts, ctx.result.nodes, ctx.settings, state.breaker,
-                                ctx.sizes, now=ctx.now)
+                                ctx.sizes, now=ctx.now, budget=_budget(ctx))
         state.records, state.breaker = outcome.records, outcome.breaker
         return outcome.decisions
 
@@ -131,17 +130,13 @@ class DrainResponder(Responder):
                 step = policy.decide_tray(prev, v, nodes.get(host), s, answered=True, now=now)
                 if step.want is None:
                     continue
-                adm = breakerlib.admit(breaker, host, v.rack, ctx.sizes, max_share=s.breaker_max_share,
-                                       window_s=s.breaker_window_s, scope=s.breaker_scope, now=now)
-                if not adm.allowed:
+                admitted, d, _why = policy.admit(breaker, step, v, s, ctx.sizes, _budget(ctx), now=now)
+                if d is None:
                     continue        # not tripped here: the end of the sweep decides it with every other tray
-                breaker = adm.state
-                reason, full = step.want
-                d = Decision(host, DRAIN, adm.why, reason=reason, full=full, rack=v.rack, at=now)
+                breaker = admitted
                 early.before[host] = prev
                 verdicts[host] = v
-                records[host] = replace(step.record, drained=True, reason=reason, full_reason=full, drained_at=now,
-                                        note=None, healthy_streak=0)
+                records[host] = policy.drained(step.record, d)
                 decisions += step.decisions + [d]
                 notes += step.notes
                 wanted.append(d)
@@ -218,6 +213,11 @@ class EarlyDrains:
             self.task.cancel()
         elif not self.task.cancelled():
             self.task.exception()       # retrieved: the sweep's own error is the one reported
+
+
+def _budget(ctx: Context):
+    """The site's safety budget as the scheduler's last read showed it (None: this scheduler keeps none)."""
+    return getattr(ctx.scheduler, "budget", None)
 
 
 def _with_drain_of(advanced: TrayRecord, drained: TrayRecord) -> TrayRecord:

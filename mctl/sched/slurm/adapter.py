@@ -14,7 +14,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from mctl.model.drain import ActResult, Decision, NodeView, SchedulerUnreachable
+from mctl.model.budget import BudgetView
+from mctl.sched.slurm.budget import SHOW_RESERVATIONS, parse_reservations
 from mctl.sched.slurm.drain import apply_script, controller_down, parse_apply, read_nodes, show_node_command
+
+RESERVATIONS_MARK = "@@mctl-reservations"
+# the nodes, then the reservations (the safety budget's grants); the nodes' exit status is the command's
+READ_COMMAND = (f"{show_node_command()}; rc=$?; echo {RESERVATIONS_MARK}; {SHOW_RESERVATIONS} 2>/dev/null; "
+                "exit $rc")
 
 if TYPE_CHECKING:
     from mctl.model.site import Site
@@ -29,13 +36,15 @@ class SlurmAdapter:
         self.pool = pool
         self.target = target
         self.timeout = timeout
+        self.budget: BudgetView | None = None        # the safety budget's grants as the last read saw them
 
     @property
     def where(self) -> str:
         return f"slurmctld on {self.target.name}"
 
     async def read(self, *, deadline: float | None = None) -> tuple[dict[str, NodeView], dict[str, "NodeState"]]:
-        result = await self.pool.run_one(self.target, show_node_command(), timeout=self.timeout,
+        """Every node, and the safety budget's grants beside them (one round trip; `budget`)."""
+        result = await self.pool.run_one(self.target, READ_COMMAND, timeout=self.timeout,
                                          deadline=min(self.timeout, deadline) if deadline else None)
         if not result.status.reached:
             raise SchedulerUnreachable(f"{self.target.name} did not answer: {result.summary()}")
@@ -45,7 +54,9 @@ class SlurmAdapter:
             if controller_down(text):
                 raise SchedulerUnreachable(f"slurmctld did not answer on {self.target.name}: {said}")
             raise SchedulerUnreachable(f"scontrol on {self.target.name} failed: {said}")
-        return read_nodes(result.stdout)
+        nodes, _, reservations = result.stdout.partition(RESERVATIONS_MARK + "\n")
+        self.budget = parse_reservations(reservations)
+        return read_nodes(nodes)
 
     async def apply(self, decisions: Sequence[Decision], *, deadline: float | None = None) -> list[ActResult]:
         if not decisions:

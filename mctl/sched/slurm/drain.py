@@ -26,6 +26,8 @@ SHOW_NODES = "scontrol show node -o"
 MARK = "@@mctl-action"
 RC_REFUSED = 3        # the guard refused: the node is drained (by anyone), down, or not drained
 RC_NOT_OURS = 4       # the guard refused: the reason no longer starts with the owner's prefix
+RC_BUDGET = 5         # the safety budget refused the grant (tripped, or every grant taken): mctl.sched.slurm.budget
+RC_NO_BUDGET = 6      # ... or it is not in Slurm at all (not deployed)
 # Slurm keeps a resumed node's last reason (24.11, checked in the lab; docs/decisions.md D18), so
 # a resume replaces the owner's reason with its own in the same update; none starts with 'mctl:'.
 RESUMED_REASON = "resumed by mctl"
@@ -84,37 +86,64 @@ class Guard:
 
 
 @dataclass(frozen=True)
+class Grant:
+    """Ask the site's safety budget (mctl.sched.slurm.budget) for the tray before a drain: the tray's rack
+    and the grant's words. *count_only*: the drain goes ahead even if the budget refuses (a leak's: the
+    budget counts it but never blocks it)."""
+
+    rack: str | None
+    comment: str
+    count_only: bool = False
+
+
+@dataclass(frozen=True)
 class Step:
-    """One guarded `scontrol update NodeName=host State=state Reason=reason`."""
+    """One guarded `scontrol update NodeName=host State=state Reason=reason`; a drain may first ask the
+    safety budget for a grant (`grant`), a resume give the tray's grant back (`release`)."""
 
     host: str
     state: str                     # DRAIN | RESUME
     reason: str
     guard: Guard
+    grant: Grant | None = None
+    release: bool = False
 
     def lines(self) -> list[str]:
+        from mctl.sched.slurm import budget
+
         q = shlex.quote(self.host)
+        asked: list[str] = []
+        if self.grant is not None:
+            asked = budget.grant_lines(self.host, self.grant.rack, self.grant.comment)
+            if self.grant.count_only:
+                asked.append(f"[ \"$rc\" != {budget.RC_BUDGET} ] && [ \"$rc\" != {budget.RC_NO_BUDGET} ] || "
+                             "{ echo 'counted beyond it: a leak is never held back'; rc=; }")
         return [
             "rc=",
             f"s=$(scontrol show node -o {q} 2>&1) || {{ printf '%s\\n' \"$s\"; rc=1; }}",
             *self.guard.lines(),
+            *asked,
             f"[ -n \"$rc\" ] || {{ scontrol update NodeName={q} State={self.state} Reason={shlex.quote(self.reason)} "
             "2>&1; rc=$?; }",
+            *(budget.give_back_lines(self.host) if self.grant is not None else []),
+            *(budget.release_lines(self.host) if self.release else []),
             f"printf '\\n{MARK} %s rc=%d\\n' {q} \"$rc\"",
         ]
 
 
-def drain_step(host: str, reason: str, *, verb: str = "refused") -> Step:
-    """Drain unless something holds the node already (drained, down or failing, by anyone)."""
-    return Step(host, "DRAIN", reason, Guard(free=True, verb=verb))
+def drain_step(host: str, reason: str, *, verb: str = "refused", grant: Grant | None = None) -> Step:
+    """Drain unless something holds the node already (drained, down or failing, by anyone); with *grant*,
+    only once the safety budget grants the tray."""
+    return Step(host, "DRAIN", reason, Guard(free=True, verb=verb), grant)
 
 
 def resume_step(host: str, *, prefix: str = REASON_PREFIX, reason: str = RESUMED_REASON, owner: str = "mctl",
-                verb: str = "refused", not_down: bool = True, held: bool = False) -> Step:
+                verb: str = "refused", not_down: bool = True, held: bool = False, release: bool = False) -> Step:
     """Resume only while the reason still starts with *prefix*; the resume replaces it with *reason*
-    in the same update. The watch's resume also refuses a down node; bring-up's requires a drain."""
+    in the same update. The watch's resume also refuses a down node; bring-up's requires a drain.
+    *release*: the tray's grant of the safety budget goes back once resumed."""
     return Step(host, "RESUME", reason, Guard(not_down=not_down, owner_prefix=prefix, held=held, owner=owner,
-                                              verb=verb))
+                                              verb=verb), release=release)
 
 
 def _bounded_scontrol(limit_s: float) -> list[str]:
@@ -178,8 +207,8 @@ def parse(stdout: str, hosts: Sequence[str]) -> dict[str, StepResult]:
         rc, text = said[host]
         if rc == 0:
             out[host] = StepResult(host, "done", text)
-        elif rc in (RC_REFUSED, RC_NOT_OURS):
-            out[host] = StepResult(host, "refused" if rc == RC_REFUSED else "not-ours", text)
+        elif rc in (RC_REFUSED, RC_NOT_OURS, RC_BUDGET, RC_NO_BUDGET):
+            out[host] = StepResult(host, "not-ours" if rc == RC_NOT_OURS else "refused", text)
         else:
             out[host] = StepResult(host, "unreachable" if controller_down(text) else "failed",
                                    text or f"scontrol exited {rc}")
@@ -189,14 +218,17 @@ def parse(stdout: str, hosts: Sequence[str]) -> dict[str, StepResult]:
 # --- the remediation policy's decisions ------------------------------------------------------------
 
 def _step_of(d: Decision) -> Step:
+    """Every drain of the remediation policy asks the safety budget first (a leak's is counted, never
+    held back); every resume gives the tray's grant back."""
     if d.action == DRAIN:
-        return drain_step(d.host, d.reason or REASON_PREFIX)
+        return drain_step(d.host, d.reason or REASON_PREFIX,
+                          grant=Grant(d.rack, d.reason or d.why, count_only=d.outranks_budget))
     if d.action == RESUME and d.after_reboot:
         # DOWN after the recovery ladder's own reboot: the reason must still be the one the watch saw
         return resume_step(d.host, prefix=d.reason if d.reason and not d.reason.startswith(REASON_PREFIX)
-                           else REASON_PREFIX, not_down=False)
+                           else REASON_PREFIX, not_down=False, release=True)
     if d.action == RESUME:
-        return resume_step(d.host)
+        return resume_step(d.host, release=True)
     raise ValueError(f"not a scheduler action: {d.action}")
 
 

@@ -19,7 +19,7 @@ script of mctl.sched.slurm.drain). Everything runs on the controller through one
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from mctl.model.drain import REASON_PREFIX
 from mctl.sched.slurm import drain as sd
@@ -46,6 +46,7 @@ class HoldOwner:
     release_reason: str               # what the reason says once released (Slurm keeps the last one)
     release_down: bool = False        # a release also opens a held tray that is down
     release_held: bool = False        # a release needs the tray drained (not merely down)
+    budget: bool = True               # its holds are trays out of service by mctl's decision: each needs a grant
 
     def holds(self, node: NodeState) -> bool:
         """The node is drained or down with one of this owner's reasons."""
@@ -53,8 +54,9 @@ class HoldOwner:
 
 
 PARTITION_CHANGE = HoldOwner("mctl", "mctl: partition change", "refused", REASON_PREFIX, sd.RESUMED_REASON)
+# A rack under bring-up is not in service yet: its holds take no grant of the safety budget.
 BRING_UP = HoldOwner("bring-up", "mctl: bring-up", "left alone", "mctl: bring-up", REASON_OPENED,
-                     release_down=True, release_held=True)
+                     release_down=True, release_held=True, budget=False)
 
 # The partition change's prefix under its historical name (reasons, error texts and tests read it).
 HOLD_PREFIX = PARTITION_CHANGE.prefix
@@ -72,16 +74,23 @@ def bringup_reason(run_id: str) -> str:
 
 # ------------------------------------------------------------------ scripts and their results (pure)
 
-def hold_script(owner: HoldOwner, trays: Sequence[str], reason: str) -> str:
-    """Drain each tray with *reason* unless something holds it already (drained or down by anyone)."""
-    return sd.script([sd.drain_step(t, reason, verb=owner.verb) for t in trays])
+def hold_script(owner: HoldOwner, trays: Sequence[str], reason: str,
+                racks: "Mapping[str, str | None] | None" = None) -> str:
+    """Drain each tray with *reason* unless something holds it already (drained or down by anyone); an
+    owner whose holds count asks the safety budget for each tray first (*racks*: tray -> its rack)."""
+    def grant(t: str) -> "sd.Grant | None":
+        return sd.Grant((racks or {}).get(t), reason) if owner.budget else None
+
+    return sd.script([sd.drain_step(t, reason, verb=owner.verb, grant=grant(t)) for t in trays])
 
 
 def release_script(owner: HoldOwner, trays: Sequence[str]) -> str:
     """Resume each tray only while its reason is still the owner's; the resume sets the owner's
-    release reason in the same update, so the hold reason is never left behind."""
+    release reason in the same update, so the hold reason is never left behind (and gives the tray's
+    grant of the safety budget back)."""
     return sd.script([sd.resume_step(t, prefix=owner.release_prefix, reason=owner.release_reason, owner=owner.name,
-                                     verb=owner.verb, not_down=not owner.release_down, held=owner.release_held)
+                                     verb=owner.verb, not_down=not owner.release_down, held=owner.release_held,
+                                     release=owner.budget)
                       for t in trays])
 
 
@@ -177,7 +186,8 @@ def hold(site: "Site", trays: Sequence[str], owner: HoldOwner, reason: str) -> t
     todo = [t for t in trays if t not in already]
     held, refused = list(already), {}
     if todo:
-        result = controller_run(site, hold_script(owner, todo, reason))
+        racks = {t: (site.host(t).rack if site.host(t) is not None else None) for t in todo}
+        result = controller_run(site, hold_script(owner, todo, reason, racks))
         for t, r in sd.parse(result.stdout, todo).items():
             if r.ok:
                 held.append(t)

@@ -19,6 +19,7 @@ from ClusterShell.NodeSet import NodeSet
 from mctl.errors import UsageError
 from mctl.model.settings import SlurmSettings
 from mctl.model.site import Host, Site, fold
+from mctl.sched.slurm.budget import site_licenses
 from mctl.sched.slurm.facts import NodeHardware
 from mctl.sched.slurm.gpus import TrayGpus
 from mctl.sched.slurm.topology import Block, Plugin, block_sizes, blocks_for, render_topology
@@ -263,6 +264,8 @@ def _globals(site: Site, settings: SlurmSettings, controller: Host, plugin: Plug
         # IMEX per-job scope: the prolog runs as root on every node of the job at allocation (Alloc),
         # before the first task; the epilog after the job on every node.
         g += [("Prolog", imex_job.prolog_path), ("Epilog", imex_job.epilog_path), ("PrologFlags", "Alloc")]
+    # The site's safety budget: one license per rack and one for the site (mctl.sched.slurm.budget, D64).
+    g.append(("Licenses", site_licenses(site)))
     if node_check_enabled(settings):
         g += [("HealthCheckProgram", settings.node_check_program),
               ("HealthCheckInterval", str(settings.health_check_interval)),
@@ -271,11 +274,15 @@ def _globals(site: Site, settings: SlurmSettings, controller: Host, plugin: Plug
 
 
 def _merge_extra(params: list[tuple[str, str]], extra: Mapping[str, str]) -> list[tuple[str, str]]:
-    """scheduler.slurm.extra wins over mctl's value for the same key (Slurm keys are case-insensitive)."""
+    """scheduler.slurm.extra wins over mctl's value for the same key (Slurm keys are case-insensitive),
+    except `Licenses`: the site's own licenses are kept beside the safety budget's."""
     wanted = {k.lower(): (k, str(v)) for k, v in extra.items()}
     out = []
     for key, value in params:
-        if key.lower() in wanted:
+        if key.lower() == "licenses" and key.lower() in wanted:
+            theirs = wanted.pop(key.lower())
+            out.append((theirs[0], f"{theirs[1]},{value}"))
+        elif key.lower() in wanted:
             out.append(wanted.pop(key.lower()))
         else:
             out.append((key, value))

@@ -1,0 +1,50 @@
+"""The site's safety budget as the actors see it: who holds a grant, and whether it is tripped (pure).
+
+A grant is one tray out of service by mctl's own decision; the budget caps them per rack and per
+site (mctl.model.settings.BudgetSettings) and, once a grant is refused, is tripped until a person
+resets it. Where the grants are kept depends on the site's scheduler (Slurm: mctl.sched.slurm.budget);
+every actor reads them as a `BudgetView`. Standard library only (the node check carries it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class Grant:
+    tray: str
+    licenses: str = ""                  # what the grant holds (Slurm: the licenses of its reservation)
+    start: str | None = None            # when it was granted, as the ledger prints it
+    comment: str | None = None          # who asked, and why
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tray": self.tray, "licenses": self.licenses, "start": self.start, "comment": self.comment}
+
+
+@dataclass(frozen=True)
+class BudgetView:
+    """The grants the ledger holds, and whether (and why) the budget is tripped."""
+
+    grants: dict[str, Grant] = field(default_factory=dict)
+    tripped: str | None = None          # the trip's words ("refused TRAY: ..."), or None
+    tripped_at: str | None = None
+
+    def held_by(self, rack_of: Mapping[str, str | None]) -> dict[str | None, list[str]]:
+        """rack -> the trays of it that hold a grant."""
+        out: dict[str | None, list[str]] = {}
+        for tray in sorted(self.grants):
+            out.setdefault(rack_of.get(tray), []).append(tray)
+        return out
+
+    def held_back(self) -> str | None:
+        """Why no new tray may be taken out of service now (None: the ledger decides each grant)."""
+        if self.tripped is None:
+            return None
+        return (f"held back by the safety budget: it is tripped ({self.tripped}); "
+                "'mctl health breaker reset' once a person looked")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"grants": [g.to_dict() for _, g in sorted(self.grants.items())], "tripped": self.tripped,
+                "tripped_at": self.tripped_at}
