@@ -7,9 +7,11 @@ A *leak episode* starts with the first sweep whose BMC reading has a detector in
   flaps Critical -> OK -> Critical neither resumes the tray nor restarts anything), so the policy drains
   it at once (whatever `confirm_sweeps` and whether SSH reaches it) and never resumes it;
 - `power_off_after` (`health.leak.power_off_after`, default 600 s as BCM's "going down timeout") after
-  the episode started, a tray mctl holds drained is powered off through its BMC (ForceOff, POSTed once:
-  `sent`); an episode powers a tray off at most once, however often the signal flaps, and mctl never
-  powers a tray on;
+  the episode started, the tray is powered off through its BMC (ForceOff, POSTed once: `sent`) — any
+  tray: drained by mctl, by an operator, or DOWN, whatever the circuit breaker and the safety budget
+  say (they count it, never block it), unless the inventory excludes it by name (`health.leak.exclude`);
+  an episode powers a tray off at most once, however often the signal flaps, and mctl never powers a
+  tray on;
 - it ends after `clear_sweeps` BMC readings in a row without Critical (sweeps whose BMC did not answer
   count neither way) and, once the tray was powered off, only when SSH reaches the tray again (a person
   powered it on after the repair). Then the tray is healthy again and resumed as usual; a later Critical
@@ -82,11 +84,12 @@ def drain_now(findings: Sequence[Finding]) -> list[Finding]:
     return _critical(findings)
 
 
-def power_off_due(episode: LeakEpisode | None, *, drained: bool, breaker_tripped: bool, enabled: bool,
-                  after_s: float, now: float) -> str | None:
-    """Why the tray is powered off now, or None. Only a tray mctl holds drained, never twice an episode,
-    never while the breaker is tripped."""
-    if episode is None or episode.sent or not enabled or not drained or breaker_tripped:
+def power_off_due(episode: LeakEpisode | None, *, excluded: bool, enabled: bool, after_s: float,
+                  now: float) -> str | None:
+    """Why the tray is powered off now, or None. Any tray with an open episode — drained by mctl, by an
+    operator, or DOWN; whatever the circuit breaker or the safety budget say — unless the inventory
+    excludes it by name (`health.leak.exclude`); never twice an episode."""
+    if episode is None or episode.sent or not enabled or excluded:
         return None
     since = episode.since
     if now < since + after_s:
@@ -94,16 +97,14 @@ def power_off_due(episode: LeakEpisode | None, *, drained: bool, breaker_tripped
     return f"critical leak since {_clock(since)}, {now - since:.0f}s >= health.leak.power_off_after {after_s:g}s"
 
 
-def blocked(episode: LeakEpisode | None, *, drained: bool, breaker_tripped: bool, enabled: bool) -> str | None:
+def blocked(episode: LeakEpisode | None, *, excluded: bool, enabled: bool) -> str | None:
     """Why an open episode will not power the tray off (said in the action log once), or None."""
     if episode is None or episode.sent:
         return None
     if not enabled:
         return "health.leak.power_off is false: the tray stays on"
-    if breaker_tripped:
-        return "the circuit breaker is tripped: no automatic power-off"
-    if not drained:
-        return "mctl holds no drain on the tray (drained by someone else, down, or refused): no power-off"
+    if excluded:
+        return "the inventory excludes it from automatic power-off (health.leak.exclude)"
     return None
 
 

@@ -222,13 +222,14 @@ def test_an_episode_holds_the_leak_through_a_flap_and_ends_after_clear_readings(
 
 def test_power_off_is_due_once_after_the_timeout_and_only_for_mctls_drain():
     _, ep = leaks.step(None, leak_findings("leak-critical"), reached=True, now=T0, clear_sweeps=3)
-    due = lambda e, now, **kw: leaks.power_off_due(e, **{"drained": True, "breaker_tripped": False,  # noqa: E731
+    due = lambda e, now, **kw: leaks.power_off_due(e, **{"excluded": False,  # noqa: E731
                                                          "enabled": True, "after_s": 600.0, "now": now, **kw})
     assert due(ep, T0 + 599.9) is None
     assert "600s >= health.leak.power_off_after 600s" in due(ep, T0 + 600)
-    assert due(ep, T0 + 600, drained=False) is None and due(ep, T0 + 600, breaker_tripped=True) is None
+    assert due(ep, T0 + 600, excluded=True) is None                  # the inventory excludes it by name
     assert due(ep, T0 + 600, enabled=False) is None
-    assert "someone else" in leaks.blocked(ep, drained=False, breaker_tripped=False, enabled=True)
+    assert "health.leak.exclude" in leaks.blocked(ep, excluded=True, enabled=True)
+    assert leaks.blocked(ep, excluded=False, enabled=True) is None     # whoever drained it, DOWN or not
     off = leaks.sent(ep, at=T0 + 600, result="ok", power_state="Off")
     assert due(off, T0 + 10_000) is None and leaks.powered_off_for_leak(off)
     # powered off: the episode outlives clear readings until SSH reaches the tray again (a person powered it on)
@@ -287,12 +288,14 @@ def test_a_flapping_leak_is_drained_once_held_and_never_resumed_while_open():
     assert recs["t01"].leak is None and acts == ["resume"]
 
 
-def test_a_tripped_breaker_refuses_the_leak_drain_like_any_other():
+def test_a_leak_outranks_a_tripped_breaker():
+    """Issue 27.4 turned this around: a tripped breaker used to refuse the leak's drain and its power-off;
+    a leak now drains and powers off whatever the breaker says (the breaker counts it)."""
     tripped = BreakerState(tripped=True, tripped_at=T0 - 1, reason="test")
-    recs, acts, _ = sweep({}, verdict(BMC_CASES["leak-critical"]), NODE, HealthSettings(), T0, breaker=tripped)
-    assert acts == ["skip"] and not recs["t01"].drained and recs["t01"].leak is not None
-    assert leaks.power_off_due(recs["t01"].leak, drained=False, breaker_tripped=True, enabled=True, after_s=0,
-                               now=T0 + 1) is None
+    recs, acts, out = sweep({}, verdict(BMC_CASES["leak-critical"]), NODE, HealthSettings(), T0, breaker=tripped)
+    assert acts == ["drain"] and recs["t01"].drained and recs["t01"].leak is not None
+    assert out.decisions[-1].outranks_budget and [d[1] for d in out.breaker.drains] == ["t01"]
+    assert leaks.power_off_due(recs["t01"].leak, excluded=False, enabled=True, after_s=0, now=T0 + 1) is not None
 
 
 def test_the_record_keeps_the_episode_across_a_restart():

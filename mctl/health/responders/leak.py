@@ -64,11 +64,11 @@ class LeakResponder(Responder):
                 continue
             if now < ep.since + s.leak_power_off_after_s:
                 continue
-            why = leaks.power_off_due(ep, drained=rec.drained, breaker_tripped=state.breaker.tripped,
-                                      enabled=s.leak_power_off, after_s=s.leak_power_off_after_s, now=now)
+            excluded = name in s.leak_exclude
+            why = leaks.power_off_due(ep, excluded=excluded, enabled=s.leak_power_off,
+                                      after_s=s.leak_power_off_after_s, now=now)
             if why is None:
-                blocked = leaks.blocked(ep, drained=rec.drained, breaker_tripped=state.breaker.tripped,
-                                        enabled=s.leak_power_off)
+                blocked = leaks.blocked(ep, excluded=excluded, enabled=s.leak_power_off)
                 if blocked and ep.blocked != blocked:
                     notes.append(Decision(name, SKIP, f"leak: not powered off: {blocked}", reason=rec.reason,
                                           rack=rec.rack, at=now))
