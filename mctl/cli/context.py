@@ -47,7 +47,9 @@ def set_options(opts: Options) -> None:
 
 
 def want_json(local: bool) -> bool:
-    """--json may be given before or after the subcommand."""
+    """--json given before or after the subcommand. Only partition.py, partition_change.py and lab.py still
+    ask this (their owners move them to render.output(), which every other command uses); a test keeps
+    any other module from calling it."""
     if local:
         _current.json = True
     return _current.json

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from mctl.cli import render
-from mctl.cli.context import options, want_json
+from mctl.cli.context import options
 from mctl.cli.options import DryRunOpt, JsonOpt, finite
 from mctl.errors import EXIT_FINDINGS, UsageError
 
@@ -64,10 +64,8 @@ def check(
         hold_racks(_racks_of(site, resolve_scope(site, target).names), "health check --remediate", dry_run=dry_run)
     result = run_check(site, target, opts.state_dir, remediate=remediate,
                        dry_run=dry_run, timeout=timeout)
-    if want_json(json_):
-        render.print_json(result.to_dict())
-    else:
-        _print_check(result, all_findings)
+    out = render.output(json_)
+    out.result(result.to_dict(), lambda: _print_check(out, result, all_findings))
     threshold = {"warn": 1, "critical": 2}[fail_on]
     if any(f.severity.rank >= threshold for f in result.findings):
         raise typer.Exit(EXIT_FINDINGS)
@@ -77,17 +75,12 @@ def _racks_of(site, hosts) -> list[str]:
     return sorted({r.name for r in (site.rack_of(h) for h in hosts) if r is not None})
 
 
-def _print_check(result, all_findings: bool) -> None:
-
-    from rich.text import Text
-
+def _print_check(out: render.Output, result, all_findings: bool) -> None:
     from mctl.cli.health_screen import STYLE
+    from mctl.health.watch import ISOLATE_ACTIONS, LADDER_ACTIONS
+    from mctl.model.drain import NOTES
 
-    con = render.console()
-    table = render.data_table(title=f"health sweep #{result.number}: {len(result.verdicts)} trays in {result.elapsed:.2f}s",
-                  title_justify="left")
-    for col in ("tray", "status", "scheduler", "critical", "warn", "first finding"):
-        table.add_column(col, overflow="fold")
+    rows = []
     for v in result.verdicts:
         status = result.tray_status(v.host)
         node = (result.nodes or {}).get(v.host)
@@ -95,42 +88,37 @@ def _print_check(result, all_findings: bool) -> None:
         warns = [f for f in v.findings if f.severity.value == "warn"]
         first = (crit or warns or [None])[0]
         sched = "-" if node is None else node.state + (f" ({node.reason})" if node.reason else "")
-        table.add_row(v.host, Text(status, style=STYLE.get(status, "")) if render.interactive() else status, sched,
-                      str(len(crit)), str(len(warns)), f"{first.check}: {first.message}" if first else "")
-    con.print(table)
+        rows.append((v.host, render.Styled(status, STYLE.get(status, "")), sched, str(len(crit)), str(len(warns)),
+                     f"{first.check}: {first.message}" if first else ""))
+    out.table(f"health sweep #{result.number}: {len(result.verdicts)} trays in {result.elapsed:.2f}s",
+              [render.Column(c, fold=True) for c in ("tray", "status", "scheduler", "critical", "warn",
+                                                     "first finding")], rows, boxed=True)
     shown = [f for f in result.findings if all_findings or f.severity.value != "ok"]
     if shown:
-        con.print("findings:", markup=False, highlight=False)
+        out.line("findings:")
         for f in shown:
-            con.print(f"  {f.severity.value.upper():8} {f.host or '-'}  {f.check}: {f.message}", markup=False,
-                      highlight=False)
+            out.line(f"  {f.severity.value.upper():8} {f.host or '-'}  {f.check}: {f.message}")
             if f.action and f.severity.value != "ok":
-                con.print(f"           action: {f.action}", markup=False, highlight=False)
+                out.line(f"           action: {f.action}")
     if result.remediate:
         verb = "would " if result.dry_run else ""
-        from mctl.health.watch import ISOLATE_ACTIONS, LADDER_ACTIONS
-
-        from mctl.model.drain import NOTES
-
         acts = [d for d in result.decisions if d.action in ("drain", "resume", *NOTES,
                                                             "power-off", *LADDER_ACTIONS, *ISOLATE_ACTIONS)]
         if not acts:
-            con.print("remediation: nothing to do", markup=False, highlight=False)
+            out.line("remediation: nothing to do")
         for d in acts:
             what = f"{verb}{d.action}" if d.action in ("drain", "resume", "power-off", *LADDER_ACTIONS,
                                                        *ISOLATE_ACTIONS) else d.action
-            con.print(f"  {what.upper():13} {d.host}  {d.reason or ''}  ({d.why})", markup=False, highlight=False)
+            out.line(f"  {what.upper():13} {d.host}  {d.reason or ''}  ({d.why})")
         for e in result.logged:
             if e.action == "breaker-trip":
-                con.print(f"  BREAKER TRIPPED: {e.reason}", markup=False, highlight=False)
+                out.line(f"  BREAKER TRIPPED: {e.reason}")
             elif e.action in (*LADDER_ACTIONS, "ladder", "recovered", "repair-hook",      # the recovery ladder
                               *ISOLATE_ACTIONS, "isolate-wait"):                          # isolations
-                con.print(f"  {e.action.upper():13} {e.tray}  {e.why or ''}  ({e.result})", markup=False,
-                          highlight=False)
+                out.line(f"  {e.action.upper():13} {e.tray}  {e.why or ''}  ({e.result})")
     counts = {s: sum(1 for f in result.findings if f.severity.value == s) for s in ("critical", "warn")}
-    con.print(f"{counts['critical']} critical, {counts['warn']} warn" +
-              (f"; scheduler: {result.scheduler_error}" if result.scheduler_error else ""),
-              markup=False, highlight=False)
+    out.line(f"{counts['critical']} critical, {counts['warn']} warn" +
+             (f"; scheduler: {result.scheduler_error}" if result.scheduler_error else ""))
 
 
 @app.command()
@@ -175,35 +163,29 @@ def watch(
     from mctl.health.session import WatchSession
 
     opts = options()
+    out = render.Output()                   # no JSON form: a --json before 'health' is ignored, as always
     session = WatchSession.configure(opts.site(), opts.state_dir, target, interval=interval, remediate=remediate,
                                      metrics_textfile=metrics_textfile, metrics_port=metrics_port,
                                      metrics_listen=metrics_listen, sweeps=sweeps, timeout=timeout, dry_run=dry_run,
-                                     on_warning=render.warn)
-    if not render.interactive():
-        session.run(_plain_lines)
+                                     on_warning=out.warn)
+    if not out.rich:
+        session.run(lambda view, events, swept: _plain_lines(out, view, events, swept))
         return
-    from rich.live import Live
-
     from mctl.cli.health_screen import WatchScreen
 
-    live = Live(WatchScreen(session.view), console=render.console(), screen=True, auto_refresh=True,
-                refresh_per_second=2, redirect_stdout=False, redirect_stderr=False)
+    live = out.screen(WatchScreen(session.view))
     session.run(lambda view, events, swept: live.refresh(), display=live)
-    render.console().print(f"mctl health watch stopped after {session.sweeps_done} sweeps",
-                           markup=False, highlight=False)
+    out.line(f"mctl health watch stopped after {session.sweeps_done} sweeps")
 
 
-def _plain_lines(view, events, swept: bool) -> None:
+def _plain_lines(out: render.Output, view, events, swept: bool) -> None:
     """Off a terminal: one log line per event and per sweep."""
-    import sys
-
     from mctl.cli.health_screen import event_lines, sweep_line
 
-    for line in event_lines(events):
-        sys.stdout.write(line + "\n")
+    out.lines(event_lines(events))
     if swept:
-        sys.stdout.write(sweep_line(view) + "\n")
-    sys.stdout.flush()
+        out.line(sweep_line(view))
+    out.flush()
 
 
 @app.command()
@@ -216,25 +198,23 @@ def drains(json_: JsonOpt = False) -> None:
 
     opts = options()
     report = list_drains(opts.site(), opts.state_dir)
-    if want_json(json_):
-        render.print_json(report.to_dict())
-        return
+    out = render.output(json_)
+    out.result(report.to_dict(), lambda: _print_drains(out, report))
+
+
+def _print_drains(out: render.Output, report) -> None:
     from datetime import datetime
 
-
-    con = render.console()
-    table = render.data_table(title=f"{len(report.rows)} tray(s) drained by mctl", title_justify="left")
-    for col in ("tray", "rack", "state", "reason", "since", "healthy sweeps", "owner"):
-        table.add_column(col, overflow="fold")
-    for r in report.rows:
-        since = datetime.fromtimestamp(r.drained_at).strftime("%Y-%m-%d %H:%M:%S") if r.drained_at else "-"
-        table.add_row(r.host, r.rack or "-", r.state or "?", r.reason or "-", since, str(r.healthy_streak), r.owner)
-    con.print(table)
+    rows = [(r.host, r.rack or "-", r.state or "?", r.reason or "-",
+             datetime.fromtimestamp(r.drained_at).strftime("%Y-%m-%d %H:%M:%S") if r.drained_at else "-",
+             str(r.healthy_streak), r.owner) for r in report.rows]
+    out.table(f"{len(report.rows)} tray(s) drained by mctl",
+              [render.Column(c, fold=True) for c in ("tray", "rack", "state", "reason", "since", "healthy sweeps",
+                                                     "owner")], rows, boxed=True)
     if report.breaker.get("tripped"):
-        con.print(f"circuit breaker TRIPPED: {report.breaker.get('reason')} (mctl health breaker reset)",
-                  markup=False, highlight=False)
+        out.line(f"circuit breaker TRIPPED: {report.breaker.get('reason')} (mctl health breaker reset)")
     if report.scheduler_error:
-        render.warn(f"scheduler not read: {report.scheduler_error}")
+        out.warn(f"scheduler not read: {report.scheduler_error}")
 
 
 @app.command()
@@ -259,13 +239,9 @@ def resume(
     # the racks' locks first: a bring-up or partition change holds its trays with 'mctl:' reasons too
     hold_racks(_racks_of(site, resolve_scope(site, target).names), "health resume", dry_run=dry_run)
     rows = resume_by_hand(site, target, opts.state_dir, dry_run=dry_run)
-    if want_json(json_):
-        render.print_json({"dry_run": dry_run, "trays": [r.to_dict() for r in rows]})
-    else:
-        con = render.console()
-        for r in rows:
-            con.print(f"{r.result.upper():13} {r.host}  {r.reason or ''}  {r.detail}".rstrip(), markup=False,
-                      highlight=False)
+    out = render.output(json_)
+    out.result({"dry_run": dry_run, "trays": [r.to_dict() for r in rows]},
+               lambda: out.lines(f"{r.result.upper():13} {r.host}  {r.reason or ''}  {r.detail}".rstrip() for r in rows))
     if any(r.result in ("refused", "failed") for r in rows):
         raise typer.Exit(EXIT_FINDINGS)
 
@@ -280,13 +256,11 @@ def breaker_status(json_: JsonOpt = False) -> None:
 
     opts = options()
     data = status(opts.state_dir, opts.site())
-    if want_json(json_):
-        render.print_json(data)
-        return
     state = f"TRIPPED: {data['reason']}" if data["tripped"] else "closed"
-    render.console().print(f"circuit breaker {state}; {data['recent_drains']} automatic drain(s) in the window "
-                           f"({data['scope']} share limit {data['max_drained_share']:.0%} per {data['window_s']:g}s)",
-                           markup=False, highlight=False)
+    out = render.output(json_)
+    out.result(data, lambda: out.line(
+        f"circuit breaker {state}; {data['recent_drains']} automatic drain(s) in the window "
+        f"({data['scope']} share limit {data['max_drained_share']:.0%} per {data['window_s']:g}s)"))
 
 
 @breaker_app.command("reset")
@@ -299,12 +273,10 @@ def breaker_reset(dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
 
     opts = options()
     data = reset(opts.state_dir, dry_run=dry_run)
-    if want_json(json_):
-        render.print_json(data)
-        return
     if not data["was_tripped"]:
         text = "circuit breaker was not tripped; drain count cleared" if not dry_run else \
             "circuit breaker is not tripped; reset would clear the drain count"
     else:
         text = ("would reset" if dry_run else "reset") + f" the circuit breaker (was: {data['reason']})"
-    render.console().print(text, markup=False, highlight=False)
+    out = render.output(json_)
+    out.result(data, lambda: out.line(text))

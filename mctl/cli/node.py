@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from mctl.cli import render
-from mctl.cli.context import options, want_json
+from mctl.cli.context import options
 from mctl.cli.options import DryRunOpt, JsonOpt
 from mctl.errors import EXIT_FINDINGS, UsageError
 
@@ -46,12 +46,8 @@ def check(
     except (ValueError, KeyError) as exc:
         raise UsageError(f"node-check config: {exc}", hint="see docs/health.md for its format") from None
     result = node_check.run(cfg, drain=False if no_drain else None, dry_run=dry_run, use_nvml=not no_nvml)
-    if want_json(json_):
-        render.print_json(result.to_dict())
-    else:
-        import sys
-
-        sys.stdout.write(node_check.render_text(result, verbose=verbose))
+    out = render.output(json_)
+    out.result(result.to_dict(), lambda: out.block(node_check.render_text(result, verbose=verbose)))
     if result.worst.value == "critical":
         raise typer.Exit(EXIT_FINDINGS)
 
@@ -86,15 +82,12 @@ def install_check(
                           connect_timeout=site.ssh.connect_timeout)
     result = run_playbook(req, opts.state_dir)
     ok = result.status == "successful" and not result.failed_hosts
-    if want_json(json_):
-        render.print_json({"dry_run": dry_run, "trays": scope.names, "ok": ok, "run": result.to_dict()})
-    else:
-        con = render.console()
-        for host, recap in sorted(result.hosts.items()):
-            con.print(f"  {host}: {recap.status} (changed {recap.changed})"
-                      + (f": {recap.failed_task}: {recap.message}" if recap.failed_task else ""),
-                      markup=False, highlight=False)
-        con.print(f"{'checked' if dry_run else 'installed'} the node check on {len(scope.names)} tray(s): "
-                  f"{'ok' if ok else 'FAILED'} (run folder {result.run_dir})", markup=False, highlight=False)
+    out = render.output(json_)
+    out.result({"dry_run": dry_run, "trays": scope.names, "ok": ok, "run": result.to_dict()}, lambda: out.lines(
+        [f"  {host}: {recap.status} (changed {recap.changed})"
+         + (f": {recap.failed_task}: {recap.message}" if recap.failed_task else "")
+         for host, recap in sorted(result.hosts.items())]
+        + [f"{'checked' if dry_run else 'installed'} the node check on {len(scope.names)} tray(s): "
+           f"{'ok' if ok else 'FAILED'} (run folder {result.run_dir})"]))
     if not ok:
         raise typer.Exit(3)

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from mctl.cli import render
-from mctl.cli.context import options, want_json
+from mctl.cli.context import options
 from mctl.cli.options import DryRunOpt, JsonOpt, finite
 from mctl.errors import EXIT_PARTIAL, UsageError
 
@@ -45,14 +45,11 @@ def _run(action: str, hosts, *, force: bool, dry_run: bool, json_: bool, gracefu
     if action != "status":
         racks = sorted({h.rack for h in hosts if h.rack})
         hold_racks(racks, f"power {action}" if not rack else f"rack power {action} {rack}", dry_run=dry_run)
-    progress = None if want_json(json_) else (lambda m: render.line(m))
+    out = render.output(json_)
     report = power.run(site, action, power.groups_of(hosts), settings=settings, force=force, dry_run=dry_run,
                        stage_s=deadline or power.DEFAULT_STAGE_S, graceful_s=power.DEFAULT_GRACEFUL_S
-                       if graceful is None else graceful, all_or_nothing=whole_rack, progress=progress)
-    if want_json(json_):
-        render.print_json(report.to_dict())
-    else:
-        _print(report)
+                       if graceful is None else graceful, all_or_nothing=whole_rack, progress=out.line)
+    out.result(report.to_dict(), lambda: _print(out, report))
     if report.exit_code == EXIT_PARTIAL:
         from mctl.cli.bmc import partial_failure
 
@@ -61,7 +58,7 @@ def _run(action: str, hosts, *, force: bool, dry_run: bool, json_: bool, gracefu
                               kinds_hint={"refused": "--force acts on busy trays"})
 
 
-def _print(report) -> None:
+def _print(out: render.Output, report) -> None:
     rows = []
     for s in report.stages:
         if not s.trays:
@@ -78,13 +75,13 @@ def _print(report) -> None:
                          else os_word[t.os_answered],
                          ", ".join(t.sent) + (" " if t.sent else "") + ("ok" if t.ok else f"{t.error_kind}: {t.error}")))
     title = f"power {report.action}" + (" (dry run)" if report.dry_run else "")
-    render.table(title, ("stage", "tray", "bmc", "before", "after", "OS (ssh)", "result"), rows)
+    out.table(title, ("stage", "tray", "bmc", "before", "after", "OS (ssh)", "result"), rows)
     if report.work_error:
-        render.line(f"work: cannot be read: {report.work_error}")
+        out.line(f"work: cannot be read: {report.work_error}")
     for w in report.work:
-        render.line(f"work: {w['kind']} {w['id']} ({w['state']}) on {','.join(w['nodes'])}")
+        out.line(f"work: {w['kind']} {w['id']} ({w['state']}) on {','.join(w['nodes'])}")
     stages = "; ".join(f"{s.name} {s.state}" + (f" {s.elapsed:.1f}s" if s.elapsed else "") for s in report.stages)
-    render.line(f"{len(report.trays)} trays, {len(report.failed)} not done; stages: {stages} "
+    out.line(f"{len(report.trays)} trays, {len(report.failed)} not done; stages: {stages} "
                 f"({report.elapsed:.1f}s)")
 
 
