@@ -74,7 +74,7 @@ def main() -> int:
     try:
         mctl(env, "provision", "lab-r1", "--tags", "imex")
         mctl(env, "deploy", "slurm")
-        mctl(env, "imex", "apply", "lab-r1", "--wait", "120")
+        mctl(env, "imex", "apply", "lab-r1", "--imex-wait", "120")
         mctl(env, "partition", "create", "lab-r1", "--template", "all")
         for _ in range(args.rounds):
             row: dict = {"load_avg": round(os.getloadavg()[0], 1)}

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import Annotated, Optional
 
 import typer
 from typer.core import TyperGroup
 
 from mctl.cli import render
 from mctl.cli.context import options
-from mctl.cli.options import JsonOpt, finite
+from mctl.cli.options import AllRacksOpt, FailOnOpt, JsonOpt, RacksArg, TimeoutOpt
 from mctl.errors import EXIT_FINDINGS, EXIT_PARTIAL, UsageError
 
 
@@ -31,22 +31,15 @@ FORMATS = ("table", "json", "junit", "prometheus")
 
 @app.command("run")
 def run(
-    racks: Annotated[Optional[List[str]], typer.Argument(metavar="RACK",
-                                                         help="Racks to audit (default: every rack).",
-                                                         show_default=False)] = None,
-    all_racks: Annotated[bool, typer.Option("--all", help="Every rack of the inventory (the default).")] = False,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="table, json, junit or prometheus.")] = "table",
+    racks: RacksArg = None,
+    all_racks: AllRacksOpt = False,
+    fmt: Annotated[str, typer.Option("--format", help="table, json, junit or prometheus.")] = "table",
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to FILE "
                                                    "(atomically) instead of stdout.", dir_okay=False)] = None,
-    fail_on: Annotated[str, typer.Option("--fail-on", help="Exit 1 when a finding is at or above: warn|critical.")
-                       ] = "critical",
+    fail_on: FailOnOpt = "critical",
     drain_age: Annotated[str, typer.Option("--drain-age", help="A tray drained longer than this is a finding "
                                                                "(e.g. 12h, 1d, 90m).")] = "1d",
-    timeout: Annotated[Optional[float], typer.Option("--timeout", "-t", click_type=finite(min=1.0),
-                                                     help="Deadline in seconds for each tray's whole probe (default: "
-                                                          "health.tray_deadline, else 15, at most "
-                                                          "ssh.command_timeout).")
-                       ] = None,
+    timeout: TimeoutOpt = None,
     no_health: Annotated[bool, typer.Option("--no-health", help="Leave out the health check catalogue.")] = False,
     no_history: Annotated[bool, typer.Option("--no-history", help="Do not record this run in the history.")] = False,
     json_: JsonOpt = False,
@@ -54,6 +47,8 @@ def run(
     """Compare what the inventory wants with what the racks run, and add every health check's findings.
 
     'mctl audit RACK' and 'mctl audit run RACK' are the same (a rack named 'history' needs the latter).
+    No rack (or --all) audits every rack. --timeout: each tray's whole probe (default: health.tray_deadline,
+    else 15, at most ssh.command_timeout).
 
     Rule families: versions (OS, kernel, NVIDIA driver, CUDA, Slurm on each tray against its
     image), imex (nodes_config.cfg and config.cfg per tray against the partition plan), slurm

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
-
 import typer
 
 from mctl.cli import render
 from mctl.cli.context import options
-from mctl.cli.options import JsonOpt, finite
+from mctl.cli.options import JsonOpt, NoSaveOpt, SnapshotDiffOpt, TargetArg, TimeoutOpt
 from mctl.errors import EXIT_PARTIAL, PartialFailure
 
 app = typer.Typer(help="Tray BMCs over Redfish: inventory serials, power state and firmware.",
@@ -17,17 +15,16 @@ app = typer.Typer(help="Tray BMCs over Redfish: inventory serials, power state a
 
 @app.command()
 def inventory(
-    target: Annotated[Optional[str], typer.Argument(
-        help="Trays (node set) or a rack name: its compute and switch trays (default: every tray).",
-        show_default=False)] = None,
-    diff: Annotated[bool, typer.Option("--diff", help="Show what changed since the last snapshot.")] = False,
-    timeout: Annotated[Optional[float], typer.Option(
-        "--timeout", "-t", click_type=finite(min=1.0),
-        help="Seconds each tray's BMC may take in all (default: bmc.deadline_s, 60).")] = None,
-    no_save: Annotated[bool, typer.Option("--no-save", help="Do not store this run as a snapshot.")] = False,
+    target: TargetArg = None,
+    diff: SnapshotDiffOpt = False,
+    timeout: TimeoutOpt = None,
+    no_save: NoSaveOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """Read every tray's BMC over Redfish: serials, slot, power state, firmware, sensors.
+
+    A rack name reads its compute and switch trays; no argument, every tray. --timeout: what each
+    tray's BMC may take in all (default: bmc.deadline_s, 60).
 
     GET only, one connection per BMC, trays in parallel: the service root, Systems, Managers,
     UpdateService/FirmwareInventory, every Chassis, and the tray chassis' PowerSubsystem,

@@ -8,20 +8,16 @@ import typer
 
 from mctl.cli import render
 from mctl.cli.context import options
-from mctl.cli.options import JsonOpt, finite
+from mctl.cli.options import JsonOpt, NodesArg, TimeoutOpt
 from mctl.errors import PartialFailure, UsageError
 
 COMMAND_SETTINGS: dict = {}
 
 
 def command(
-    nodeset: Annotated[str, typer.Argument(help="Node set, rack name or @group (@all, @compute, @head, @RACK).",
-                                           show_default=False)],
+    nodeset: NodesArg,
     cmd: Annotated[Optional[List[str]], typer.Argument(help="The command, after '--'.", show_default=False)] = None,
-    timeout: Annotated[Optional[float], typer.Option("--timeout", "-t", click_type=finite(min=0.1),
-                                                     help="Seconds the command may run on each host "
-                                                          "(default: ssh.command_timeout); connecting and "
-                                                          "opening the session get ssh.connect_timeout each.")] = None,
+    timeout: TimeoutOpt = None,
     fanout: Annotated[Optional[int], typer.Option("--fanout", "-f", min=1,
                                                   help="Hosts at a time (default: ssh.concurrency).")] = None,
     json_: JsonOpt = False,
@@ -29,8 +25,10 @@ def command(
     """Run CMD on every host of NODESET over SSH and print each distinct output once.
 
     The words after '--' are joined with spaces and run by the remote login shell, as
-    ssh does. Exit 0 when every host succeeded, 3 when some failed or could not be
-    reached (they are listed), 2 for bad input.
+    ssh does. --timeout: how long the command may run on each host (default:
+    ssh.command_timeout); connecting and opening the session get ssh.connect_timeout each.
+    Exit 0 when every host succeeded, 3 when some failed or could not be reached (they are
+    listed), 2 for bad input.
 
     Example: mctl -i inventories/lab exec lab-r1 -- uname -r
     """

@@ -9,7 +9,8 @@ import typer
 
 from mctl.cli import render
 from mctl.cli.context import options
-from mctl.cli.options import DryRunOpt, JsonOpt, finite
+from mctl.cli.options import (DryRunOpt, FailOnOpt, JsonOpt, NodesArg, PassedOpt, RemediateOpt, TargetArg, TimeoutOpt,
+                              finite)
 from mctl.errors import EXIT_FINDINGS, UsageError
 
 app = typer.Typer(help="Health checks, the watch that drains failed trays, and mctl's drains.",
@@ -17,24 +18,15 @@ app = typer.Typer(help="Health checks, the watch that drains failed trays, and m
 breaker_app = typer.Typer(help="The circuit breaker that stops automatic drains.", no_args_is_help=True)
 app.add_typer(breaker_app, name="breaker")
 
-TargetArg = Annotated[Optional[str], typer.Argument(metavar="[NODESET|RACK]",
-                                                    help="Trays or racks (default: every compute tray).",
-                                                    show_default=False)]
-TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", "-t", click_type=finite(min=1.0),
-                                                     help="Deadline in seconds for each tray's whole probe "
-                                                          "(default: health.tray_deadline, else the interval "
-                                                          "within 5..15, at most ssh.command_timeout).")]
 SEVERITIES = ("warn", "critical")
 
 
 @app.command()
 def check(
     target: TargetArg = None,
-    fail_on: Annotated[str, typer.Option("--fail-on", help="Exit 1 when a finding is at or above: warn|critical.")
-                       ] = "critical",
-    remediate: Annotated[bool, typer.Option("--remediate", help="Also drain/resume through the scheduler, as one "
-                                                                "sweep of the watch would.")] = False,
-    all_findings: Annotated[bool, typer.Option("--all", help="List passed checks too.")] = False,
+    fail_on: FailOnOpt = "critical",
+    remediate: RemediateOpt = None,
+    passed: PassedOpt = False,
     timeout: TimeoutOpt = None,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
@@ -47,7 +39,9 @@ def check(
     power, IMEX daemon and domain, slurmd, disk and memory, a reboot since the last sweep (boot
     id; XIDs from before it no longer count). With --remediate the policy decides
     and drains (reason 'mctl: ...') or resumes, as the watch does; with --dry-run it only says
-    what it would do. Exit 0 ok, 1 a finding at or above --fail-on, 2 bad input.
+    what it would do. The trays are every compute tray by default (a rack name: its compute trays).
+    --timeout: each tray's whole probe (default: health.tray_deadline, else the interval within
+    5..15 s, at most ssh.command_timeout). Exit 0 ok, 1 a finding at or above --fail-on, 2 bad input.
 
     Example: mctl -i inventories/lab health check lab-r1 --fail-on warn
     """
@@ -57,6 +51,7 @@ def check(
         raise UsageError(f"--fail-on {fail_on!r}: expected warn or critical")
     opts = options()
     site = opts.site()
+    remediate = bool(remediate)
     if remediate:
         from mctl.cli.locking import hold_racks
         from mctl.health.site_view import resolve_scope
@@ -65,7 +60,7 @@ def check(
     result = run_check(site, target, opts.state_dir, remediate=remediate,
                        dry_run=dry_run, timeout=timeout)
     out = render.output(json_)
-    out.result(result.to_dict(), lambda: _print_check(out, result, all_findings))
+    out.result(result.to_dict(), lambda: _print_check(out, result, passed))
     threshold = {"warn": 1, "critical": 2}[fail_on]
     if any(f.severity.rank >= threshold for f in result.findings):
         raise typer.Exit(EXIT_FINDINGS)
@@ -75,7 +70,7 @@ def _racks_of(site, hosts) -> list[str]:
     return sorted({r.name for r in (site.rack_of(h) for h in hosts) if r is not None})
 
 
-def _print_check(out: render.Output, result, all_findings: bool) -> None:
+def _print_check(out: render.Output, result, passed: bool) -> None:
     from mctl.cli.health_screen import STYLE
     from mctl.health.watch import ISOLATE_ACTIONS, LADDER_ACTIONS
     from mctl.model.drain import NOTES
@@ -93,7 +88,7 @@ def _print_check(out: render.Output, result, all_findings: bool) -> None:
     out.table(f"health sweep #{result.number}: {len(result.verdicts)} trays in {result.elapsed:.2f}s",
               [render.Column(c, fold=True) for c in ("tray", "status", "scheduler", "critical", "warn",
                                                      "first finding")], rows, boxed=True)
-    shown = [f for f in result.findings if all_findings or f.severity.value != "ok"]
+    shown = [f for f in result.findings if passed or f.severity.value != "ok"]
     if shown:
         out.line("findings:")
         for f in shown:
@@ -127,8 +122,7 @@ def watch(
     interval: Annotated[Optional[float], typer.Option("--interval", click_type=finite(min=0.2),
                                                       help="Seconds between sweeps (default: health.interval).")
                         ] = None,
-    remediate: Annotated[Optional[bool], typer.Option("--remediate/--no-remediate",
-                                                      help="Drain and resume (default: health.remediate).")] = None,
+    remediate: RemediateOpt = None,
     metrics_textfile: Annotated[Optional[Path], typer.Option("--metrics-textfile",
                                                              help="Write Prometheus metrics here after each sweep "
                                                                   "(node_exporter textfile collector).")] = None,
@@ -219,7 +213,7 @@ def _print_drains(out: render.Output, report) -> None:
 
 @app.command()
 def resume(
-    target: Annotated[str, typer.Argument(metavar="NODESET", help="Trays to resume.")],
+    target: NodesArg,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:

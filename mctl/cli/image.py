@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from mctl.cli import render
 from mctl.cli.context import options
-from mctl.cli.options import JsonOpt, finite
+from mctl.cli.options import JsonOpt, NodesArg, TimeoutOpt
 from mctl.errors import EXIT_FINDINGS, EXIT_PARTIAL, UsageError
 
 app = typer.Typer(help="Software image definitions and drift against trays.", no_args_is_help=True)
@@ -70,11 +70,8 @@ def _print_image(out: render.Output, img) -> None:
 
 @app.command()
 def diff(
-    nodeset: Annotated[str, typer.Argument(metavar="NODESET", help="Compute trays: node set, rack name or @group.",
-                                           show_default=False)],
-    timeout: Annotated[Optional[float], typer.Option("--timeout", "-t", click_type=finite(min=1.0),
-                                                     help="Seconds the probe may run on each tray "
-                                                          "(default: ssh.command_timeout).")] = None,
+    nodeset: NodesArg,
+    timeout: TimeoutOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """Show, per tray, each component of its image: the version wanted and the version found.
@@ -82,7 +79,8 @@ def diff(
     Reads the OS release, kernel, slurmd -V and nvidia-smi on every tray at once, each
     under its own deadline, and compares them with the same rules as 'mctl audit'
     (versions). Components whose version mctl does not read from a tray are listed as
-    not-checked, never as a match. Read-only.
+    not-checked, never as a match. Read-only. Compute trays only. --timeout: how long the probe
+    may run on each tray (default: ssh.command_timeout).
 
     Exit 0 no drift, 1 a tray drifts (a version differs or is not reported), 2 bad input,
     3 a tray could not be read (the others are still reported).

@@ -9,7 +9,7 @@ import typer
 
 from mctl.cli import render
 from mctl.cli.context import options
-from mctl.cli.options import DryRunOpt, JsonOpt, finite
+from mctl.cli.options import DryRunOpt, ImexWaitOpt, JsonOpt, OneRackArg, RackArg, finite
 from mctl.errors import EXIT_FINDINGS, PartialFailure, UsageError
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ def _settings(site: "Site"):
 
 
 @app.command("render")
-def render_(rack: Annotated[str, typer.Argument(help="Rack name.", show_default=False)],
+def render_(rack: RackArg,
             tray: Annotated[Optional[str], typer.Option("--tray", help="Only this tray's files.")] = None,
             scope: Annotated[str, typer.Option("--scope", help="'partition': static domains, one per partition; "
                                                "'job': Slurm prolog/epilog that scope IMEX to each exclusive job.")]
@@ -100,7 +100,7 @@ def _print_files(out: render.Output, wrote: str | None, files) -> None:
 
 
 @app.command()
-def status(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", show_default=False)] = None,
+def status(rack: OneRackArg = None,
            json_: JsonOpt = False) -> None:
     """Check every IMEX domain over SSH: node lists as rendered, daemons READY, every link connected.
 
@@ -131,12 +131,10 @@ def status(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.",
 
 
 @app.command()
-def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", show_default=False)] = None,
+def apply(rack: OneRackArg = None,
           restart: Annotated[bool, typer.Option("--restart", help="Restart the daemon on every tray, also where "
                                                 "the files are already right.")] = False,
-          wait: Annotated[float, typer.Option("--wait", click_type=finite(min=0),
-                                              help="Seconds to wait for every domain to be UP "
-                                                   "afterwards (0: do not wait).")] = 0,
+          imex_wait: ImexWaitOpt = 0,
           reach_wait: Annotated[float, typer.Option("--reach-wait", click_type=finite(min=0, max=3600),
                                                     help="Seconds to keep asking a tray that cannot be reached "
                                                     "before its domain is left unchanged.")] = 15,
@@ -148,8 +146,8 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", 
     domain with a tray that cannot be reached is not touched at all (no file written, no daemon
     restarted): apply asks that tray again for up to --reach-wait seconds, then leaves the
     domain as it is and names the tray. The restart command is vars.imex.restart_command
-    (default: systemctl restart nvidia-imex). Exit 3 when some trays or domains could not be
-    updated.
+    (default: systemctl restart nvidia-imex). --imex-wait then waits for every domain to be UP.
+    Exit 3 when some trays or domains could not be updated.
 
     Example: mctl -i inventories/lab imex apply lab-r1 --dry-run
     """
@@ -195,8 +193,8 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", 
             out.warn(f"{host}: {why}")
         done.append(result.to_dict())
     healths = []
-    if wait and not dry_run:
-        healths = wait_for_imex(site, racks, settings, wait=wait)
+    if imex_wait and not dry_run:
+        healths = wait_for_imex(site, racks, settings, wait=imex_wait)
         for h in healths:
             out.line(f"{h.domain.rack}/{h.domain.name}: {h.state}"
                      + (f" ({'; '.join(r.message for r in h.reasons)})" if h.reasons else ""))

@@ -6,7 +6,7 @@ import typer
 
 from mctl.cli import render
 from mctl.cli.context import options
-from mctl.cli.options import JsonOpt
+from mctl.cli.options import JsonOpt, OneRackArg
 from mctl.errors import EXIT_USAGE, UsageError
 
 app = typer.Typer(help="Check and show the site inventory.", no_args_is_help=True)
@@ -43,7 +43,7 @@ def _print_problems(out: render.Output, site, problems) -> None:
 
 
 @app.command()
-def show(rack: str = typer.Argument(None, help="Only this rack."), json_: JsonOpt = False) -> None:
+def show(rack: OneRackArg = None, json_: JsonOpt = False) -> None:
     """Show racks, trays, addresses and partitions as mctl understands them.
 
     Example: mctl -i inventories/example-gb200 inventory show rack-a --json

@@ -2,30 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
-
 import typer
 
 from mctl.cli import render
 from mctl.cli.context import options
-from mctl.cli.options import DryRunOpt, JsonOpt, finite
+from mctl.cli.options import DeadlineOpt, DryRunOpt, ForceOpt, GracefulOpt, JsonOpt, NodesArg, RackArg
 from mctl.errors import EXIT_PARTIAL, UsageError
 
 app = typer.Typer(help="Tray power through the BMCs (Redfish): status, on, off, cycle.", no_args_is_help=True)
 rack_power_app = typer.Typer(help="A whole rack's power in order: shelves, switch trays, compute trays "
                                   "(off: the reverse).", no_args_is_help=True)
-
-NodesArg = Annotated[str, typer.Argument(help="Trays (node set) or a rack name.", show_default=False)]
-RackArg = Annotated[str, typer.Argument(help="Rack name (see 'mctl inventory show').", show_default=False)]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Act on trays with running jobs or pods too "
-                                                        "(or when the queue cannot be read).")]
-GracefulOpt = Annotated[Optional[float], typer.Option(
-    "--graceful-wait", click_type=finite(min=0.0),
-    help="Seconds a GracefulShutdown may take before ForceOff (default 60).")]
-DeadlineOpt = Annotated[Optional[float], typer.Option(
-    "--deadline", click_type=finite(min=1.0),
-    help="Seconds each stage may take to report its state (Redfish and SSH; default 600).")]
-
 
 def _hosts(site, target: str):
     from mctl.cli.bmc import _hosts as bmc_hosts

@@ -8,19 +8,20 @@ import typer
 
 from mctl.cli import render
 from mctl.cli.context import options
-from mctl.cli.options import DryRunOpt, JsonOpt
+from mctl.cli.options import DryRunOpt, JsonOpt, NodesArg
 from mctl.errors import EXIT_PARTIAL
 
 COMMAND_SETTINGS: dict = {}
 
 
 def command(
-    target: Annotated[str, typer.Argument(help="Node set, rack name or @group.")],
+    target: NodesArg,
     image: Annotated[Optional[str], typer.Option("--image", help="Use this image instead of the inventory's.")] = None,
     tags: Annotated[Optional[str], typer.Option("--tags", help="Only these roles: base,nvidia,imex,health.")] = None,
     limit: Annotated[Optional[str], typer.Option("--limit", help="Further restrict to this node set.")] = None,
     check: Annotated[bool, typer.Option("--check", help="Ansible check mode: report, change nothing.")] = False,
-    diff: Annotated[bool, typer.Option("--diff", help="Show file differences.")] = False,
+    file_diff: Annotated[bool, typer.Option("--file-diff", help="Show the changes in each file the run makes "
+                                                                "(Ansible's diff mode).")] = False,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Only the hosts that failed last time.")] = False,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
@@ -38,7 +39,7 @@ def command(
     site = opts.site()
     plan = plan_provision(site, opts.state_dir, target, image=image,
                           tags=[t.strip() for t in tags.split(",") if t.strip()] if tags else None,
-                          limit=limit, check=check, diff=diff, retry_failed=retry_failed)
+                          limit=limit, check=check, diff=file_diff, retry_failed=retry_failed)
     from mctl.cli.locking import hold_racks
     from mctl.transport.identity import check_identity_file
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, List, Optional
-
 import typer
 
 from mctl.cli import render
 from mctl.cli.context import options
-from mctl.cli.options import JsonOpt, finite
+from mctl.cli.options import AllRacksOpt, JsonOpt, NoSaveOpt, RacksArg, SnapshotDiffOpt, TimeoutOpt
 from mctl.errors import EXIT_FINDINGS, EXIT_PARTIAL, PartialFailure
 
 app = typer.Typer(help="Racks: inventory what is really there, bring a rack up.", no_args_is_help=True)
@@ -16,16 +14,11 @@ app = typer.Typer(help="Racks: inventory what is really there, bring a rack up."
 
 @app.command()
 def inventory(
-    racks: Annotated[Optional[List[str]], typer.Argument(help="Rack names (see 'mctl inventory show').",
-                                                         show_default=False)] = None,
-    all_racks: Annotated[bool, typer.Option("--all", help="Every rack of the inventory.")] = False,
-    diff: Annotated[bool, typer.Option("--diff", help="Show what changed since the last snapshot.")] = False,
-    timeout: Annotated[Optional[float], typer.Option("--timeout", "-t", click_type=finite(min=1.0),
-                                                     help="Deadline in seconds for each tray's whole probe (default: "
-                                                          "health.tray_deadline, else 15, at most "
-                                                          "ssh.command_timeout).")
-                       ] = None,
-    no_save: Annotated[bool, typer.Option("--no-save", help="Do not store this run as a snapshot.")] = False,
+    racks: RacksArg = None,
+    all_racks: AllRacksOpt = False,
+    diff: SnapshotDiffOpt = False,
+    timeout: TimeoutOpt = None,
+    no_save: NoSaveOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """Collect every compute tray's facts over SSH and check them against the rack's shape.
@@ -35,7 +28,8 @@ def inventory(
     with 4 GPUs each, one NVLink domain (cluster UUID) not shared with another rack, the 4 GPUs
     of a tray in one clique, and fabric Completed/Success. Each run is saved under
     <state>/snapshots/inventory/RACK/; --diff compares with the previous one (a changed GPU
-    serial is a hardware swap, a changed clique a partition change).
+    serial is a hardware swap, a changed clique a partition change). --timeout: each tray's whole
+    probe (default: health.tray_deadline, else 15, at most ssh.command_timeout).
 
     Exit 0 ok, 1 critical findings, 2 bad input, 3 some trays unreachable or hung.
 

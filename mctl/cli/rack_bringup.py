@@ -9,19 +9,18 @@ import typer
 
 from mctl.cli import render
 from mctl.cli.context import options
-from mctl.cli.options import DryRunOpt, JsonOpt, finite
+from mctl.cli.options import DryRunOpt, ImexWaitOpt, JsonOpt, RackArg, ResumeOpt
 
 PhaseOpt = Optional[str]
 
 
 def bring_up(
-    rack: Annotated[str, typer.Argument(help="Rack name.", show_default=False)],
+    rack: RackArg,
     from_phase: Annotated[PhaseOpt, typer.Option("--from", help="Start at this phase (preflight, inventory, "
                                                  "provision, partitions, imex, scheduler, health, burn-in, open).")]
     = None,
     until_phase: Annotated[PhaseOpt, typer.Option("--until", help="Stop after this phase.")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the last run of this rack from the first phase "
-                                         "it did not finish.")] = False,
+    resume: ResumeOpt = False,
     trust_new_keys: Annotated[bool, typer.Option("--trust-new-keys", help="Record host keys of hosts not in "
                                                  "known_hosts yet (never replaces a changed key).")] = False,
     accept: Annotated[Optional[List[str]], typer.Option("--accept", help="Health finding to accept in the gate: "
@@ -31,8 +30,7 @@ def bring_up(
                                               "those already provisioned.")] = False,
     burn_in: Annotated[str, typer.Option("--burn-in", help="off, quick, medium or long (DCGM level / NCCL size).")]
     = "medium",
-    imex_wait: Annotated[float, typer.Option("--imex-wait", click_type=finite(min=0),
-                                             help="Seconds to wait for the IMEX domains to be UP.")] = 60.0,
+    imex_wait: ImexWaitOpt = 60.0,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:

@@ -8,7 +8,7 @@ import typer
 
 from mctl.cli import render
 from mctl.cli.context import options
-from mctl.cli.options import DryRunOpt, JsonOpt
+from mctl.cli.options import DryRunOpt, JsonOpt, NodesArg
 from mctl.errors import PartialFailure
 
 app = typer.Typer(help="SSH host-key trust for the site's hosts.", no_args_is_help=True)
@@ -16,8 +16,7 @@ app = typer.Typer(help="SSH host-key trust for the site's hosts.", no_args_is_he
 
 @app.command()
 def trust(
-    nodeset: Annotated[str, typer.Argument(help="Node set, rack name or @group (@all, @compute, @head, @RACK).",
-                                           show_default=False)],
+    nodeset: NodesArg,
     replace: Annotated[bool, typer.Option("--replace",
                                           help="Replace a recorded key that changed (after you verified why).")] = False,
     dry_run: DryRunOpt = False,
