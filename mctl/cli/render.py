@@ -369,12 +369,12 @@ class Output:
         if yes:
             return
         if _plain_in():
-            raise UsageError(f"{what} needs a confirmation and there is no terminal to ask; nothing was sent",
+            raise UsageError(f"{what} needs a confirmation and there is no terminal to ask; nothing was done",
                              hint="add --yes to go ahead without a question")
         import typer
 
         if not typer.confirm(printable(question), default=False, err=True):
-            raise UsageError(f"not confirmed; {what}: nothing was sent")
+            raise UsageError(f"not confirmed; {what}: nothing was done")
 
     def status(self, text: str) -> ContextManager[Any]:
         """A spinner with *text* on stderr while a long read runs, on a terminal; nothing elsewhere."""

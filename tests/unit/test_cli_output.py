@@ -112,7 +112,7 @@ def test_confirm_without_a_terminal_is_refused_unless_yes(monkeypatch):
     with pytest.raises(UsageError) as err:
         out.confirm("power off t1?", yes=False, what="power off t1")
     assert err.value.exit_code == 2
-    assert err.value.message == "power off t1 needs a confirmation and there is no terminal to ask; nothing was sent"
+    assert err.value.message == "power off t1 needs a confirmation and there is no terminal to ask; nothing was done"
     assert "--yes" in err.value.hint
 
 
