@@ -167,8 +167,14 @@ def watch(
         return
     from mctl.cli.health_screen import WatchScreen
 
-    live = out.screen(WatchScreen(session.view))
-    session.run(lambda view, events, swept: live.refresh(), display=live)
+    screen = WatchScreen(session.view)
+    live = out.screen(screen)
+
+    def update(view, events, swept: bool) -> None:
+        screen.update(swept)
+        live.refresh()
+
+    session.run(update, display=live)
     out.line(f"mctl health watch stopped after {session.sweeps_done} sweeps")
 
 
