@@ -73,7 +73,7 @@ def run_shape(shape: str) -> dict:
         lab_dir = Path(tmp) / "lab"
         env = dict(os.environ, MCTL_STATE_DIR=tmp, NO_COLOR="1")
         before = mem_available_mib()
-        up_s, proc = mctl("lab", "up", "--racks", str(racks), "--trays", str(trays), "--dir", str(lab_dir),
+        up_s, proc = mctl("lab", "up", "--racks", str(racks), "--compute-trays", str(trays), "--dir", str(lab_dir),
                           "--net", str(free_net()), "--json", env=env)
         if proc.returncode != 0:
             raise SystemExit(f"lab up failed: {proc.stderr}")

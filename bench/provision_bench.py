@@ -54,7 +54,7 @@ def main() -> int:
     env = dict(os.environ, MCTL_STATE_DIR=str(work), MCTL_INVENTORY=str(work / "lab"))
     mctl = [sys.executable, "-m", "mctl"]
     net = free_net()
-    subprocess.run(mctl + ["lab", "up", "--trays", str(args.trays), "--net", str(net)], env=env, check=True,
+    subprocess.run(mctl + ["lab", "up", "--compute-trays", str(args.trays), "--net", str(net)], env=env, check=True,
                    capture_output=True)
     try:
         first_s, proc = timed(mctl + ["provision", "lab-r1"], env)

@@ -68,13 +68,13 @@ def main() -> int:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mctl-repartbench-"))
     env = dict(os.environ, MCTL_STATE_DIR=str(work), MCTL_INVENTORY=str(work / "lab"), NO_COLOR="1")
-    mctl(env, "lab", "up", "--trays", str(args.trays), "--net", str(free_net()))
+    mctl(env, "lab", "up", "--compute-trays", str(args.trays), "--net", str(free_net()))
     tray = f"lab-r1-tray{args.trays // 2:02d}"
     rounds = []
     try:
         mctl(env, "provision", "lab-r1", "--tags", "imex")
         mctl(env, "deploy", "slurm")
-        mctl(env, "imex", "apply", "lab-r1", "--wait", "120")
+        mctl(env, "imex", "apply", "lab-r1", "--imex-wait", "120")
         mctl(env, "partition", "create", "lab-r1", "--template", "all")
         for _ in range(args.rounds):
             row: dict = {"load_avg": round(os.getloadavg()[0], 1)}

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import Annotated, Optional
 
 import typer
 from typer.core import TyperGroup
 
 from mctl.cli import render
-from mctl.cli.context import options, want_json
-from mctl.cli.options import JsonOpt, finite
+from mctl.cli.context import options
+from mctl.cli.options import AllRacksOpt, FailOnOpt, JsonOpt, RacksArg, TimeoutOpt
 from mctl.errors import EXIT_FINDINGS, EXIT_PARTIAL, UsageError
 
 
@@ -30,22 +31,15 @@ FORMATS = ("table", "json", "junit", "prometheus")
 
 @app.command("run")
 def run(
-    racks: Annotated[Optional[List[str]], typer.Argument(metavar="RACK",
-                                                         help="Racks to audit (default: every rack).",
-                                                         show_default=False)] = None,
-    all_racks: Annotated[bool, typer.Option("--all", help="Every rack of the inventory (the default).")] = False,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="table, json, junit or prometheus.")] = "table",
+    racks: RacksArg = None,
+    all_racks: AllRacksOpt = False,
+    fmt: Annotated[str, typer.Option("--format", help="table, json, junit or prometheus.")] = "table",
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to FILE "
                                                    "(atomically) instead of stdout.", dir_okay=False)] = None,
-    fail_on: Annotated[str, typer.Option("--fail-on", help="Exit 1 when a finding is at or above: warn|critical.")
-                       ] = "critical",
+    fail_on: FailOnOpt = "critical",
     drain_age: Annotated[str, typer.Option("--drain-age", help="A tray drained longer than this is a finding "
                                                                "(e.g. 12h, 1d, 90m).")] = "1d",
-    timeout: Annotated[Optional[float], typer.Option("--timeout", "-t", click_type=finite(min=1.0),
-                                                     help="Deadline in seconds for each tray's whole probe (default: "
-                                                          "health.tray_deadline, else 15, at most "
-                                                          "ssh.command_timeout).")
-                       ] = None,
+    timeout: TimeoutOpt = None,
     no_health: Annotated[bool, typer.Option("--no-health", help="Leave out the health check catalogue.")] = False,
     no_history: Annotated[bool, typer.Option("--no-history", help="Do not record this run in the history.")] = False,
     json_: JsonOpt = False,
@@ -53,6 +47,8 @@ def run(
     """Compare what the inventory wants with what the racks run, and add every health check's findings.
 
     'mctl audit RACK' and 'mctl audit run RACK' are the same (a rack named 'history' needs the latter).
+    No rack (or --all) audits every rack. --timeout: each tray's whole probe (default: health.tray_deadline,
+    else 15, at most ssh.command_timeout).
 
     Rule families: versions (OS, kernel, NVIDIA driver, CUDA, Slurm on each tray against its
     image), imex (nodes_config.cfg and config.cfg per tray against the partition plan), slurm
@@ -74,7 +70,8 @@ def run(
     from mctl.audit.reporters import render as render_report
     from mctl.audit.service import AuditSettings, run_audit, select_racks
 
-    if want_json(json_):
+    out = render.output(json_)
+    if out.json:
         if fmt not in ("table", "json"):
             raise UsageError(f"--json and --format {fmt} contradict each other", hint="give one of them")
         fmt = "json"
@@ -89,10 +86,7 @@ def run(
     site = opts.site()
     chosen = select_racks(site, racks or [], all_racks)
     settings = AuditSettings(fail_on=fail_on, drain_age_s=age, timeout=timeout, health=not no_health)
-    if render.interactive() and output is None:
-        with render.err_console().status(render.escape(f"auditing {', '.join(r.name for r in chosen)} ...")):
-            report = run_audit(site, chosen, state_dir=opts.state_dir, settings=settings, record=not no_history)
-    else:
+    with out.status(f"auditing {', '.join(r.name for r in chosen)} ...") if output is None else nullcontext():
         report = run_audit(site, chosen, state_dir=opts.state_dir, settings=settings, record=not no_history)
     text = render_report(report, fmt, verbose=opts.verbose > 0)
     if output is not None:
@@ -100,15 +94,12 @@ def run(
 
         atomic_write(output, text, mode=0o644)
     else:
-        import sys
-
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        out.document(text)
     code = report.exit_code
     if code == EXIT_PARTIAL:
         gaps = "; ".join(f"{g.family} on {g.scope}" for g in report.gaps[:4])
         more = f" (and {len(report.gaps) - 4} more)" if len(report.gaps) > 4 else ""
-        render.warn(f"audit incomplete: not checked: {gaps}{more}")
+        out.warn(f"audit incomplete: not checked: {gaps}{more}")
     if code in (EXIT_FINDINGS, EXIT_PARTIAL):
         raise typer.Exit(code)
 
@@ -140,12 +131,10 @@ def history(
         lives = store.lifecycles(start)
     finally:
         store.close()
-    if want_json(json_):
-        render.print_json({"since": since, "runs": runs, "findings": [l.to_dict() for l in lives],
-                           "summary": {s: sum(l.status == s for l in lives)
-                                       for s in ("new", "persisting", "resolved")}})
-        return
-    _print_history(since, runs, lives)
+    out = render.output(json_)
+    out.result({"since": since, "runs": runs, "findings": [l.to_dict() for l in lives],
+                "summary": {s: sum(l.status == s for l in lives) for s in ("new", "persisting", "resolved")}},
+               lambda: _print_history(out, since, runs, lives))
 
 
 def _short_time(t: float | None) -> str:
@@ -156,10 +145,8 @@ def _short_time(t: float | None) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%MZ")
 
 
-def _print_history(since: str, runs: list[dict], lives: list) -> None:
-    import sys
-
-    out = [f"audit history, last {since}: {len(runs)} run{'s' if len(runs) != 1 else ''}"
+def _print_history(out: render.Output, since: str, runs: list[dict], lives: list) -> None:
+    text = [f"audit history, last {since}: {len(runs)} run{'s' if len(runs) != 1 else ''}"
            + (f", latest {runs[-1]['started']} (exit {runs[-1]['exit_code']})" if runs else "")]
     if lives:
         rows = [["STATUS", "SEVERITY", "CHECK", "HOST", "FIRST SEEN", "LAST SEEN", "RESOLVED", "MESSAGE"]]
@@ -167,9 +154,9 @@ def _print_history(since: str, runs: list[dict], lives: list) -> None:
             rows.append([l.status, l.severity, l.check, l.host or "-", _short_time(l.first_seen),
                          _short_time(l.last_seen), _short_time(l.resolved_at), l.message])
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-        out += ["  ".join(c.ljust(widths[i]) for i, c in enumerate(r[:-1])) + "  " + r[-1] for r in rows]
+        text += ["  ".join(c.ljust(widths[i]) for i, c in enumerate(r[:-1])) + "  " + r[-1] for r in rows]
     else:
-        out.append("no findings in this window")
+        text.append("no findings in this window")
     counts = {s: sum(l.status == s for l in lives) for s in ("new", "persisting", "resolved")}
-    out.append(f"{counts['new']} new, {counts['persisting']} persisting, {counts['resolved']} resolved")
-    sys.stdout.write("\n".join(out) + "\n")
+    text.append(f"{counts['new']} new, {counts['persisting']} persisting, {counts['resolved']} resolved")
+    out.block("\n".join(text) + "\n")

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
-
 import typer
 
 from mctl.cli import render
-from mctl.cli.context import options, want_json
-from mctl.cli.options import JsonOpt, finite
+from mctl.cli.context import options
+from mctl.cli.options import JsonOpt, NoSaveOpt, SnapshotDiffOpt, TargetArg, TimeoutOpt
 from mctl.errors import EXIT_PARTIAL, PartialFailure
 
 app = typer.Typer(help="Tray BMCs over Redfish: inventory serials, power state and firmware.",
@@ -17,17 +15,16 @@ app = typer.Typer(help="Tray BMCs over Redfish: inventory serials, power state a
 
 @app.command()
 def inventory(
-    target: Annotated[Optional[str], typer.Argument(
-        help="Trays (node set) or a rack name: its compute and switch trays (default: every tray).",
-        show_default=False)] = None,
-    diff: Annotated[bool, typer.Option("--diff", help="Show what changed since the last snapshot.")] = False,
-    timeout: Annotated[Optional[float], typer.Option(
-        "--timeout", "-t", click_type=finite(min=1.0),
-        help="Seconds each tray's BMC may take in all (default: bmc.deadline_s, 60).")] = None,
-    no_save: Annotated[bool, typer.Option("--no-save", help="Do not store this run as a snapshot.")] = False,
+    target: TargetArg = None,
+    diff: SnapshotDiffOpt = False,
+    timeout: TimeoutOpt = None,
+    no_save: NoSaveOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """Read every tray's BMC over Redfish: serials, slot, power state, firmware, sensors.
+
+    A rack name reads its compute and switch trays; no argument, every tray. --timeout: what each
+    tray's BMC may take in all (default: bmc.deadline_s, 60).
 
     GET only, one connection per BMC, trays in parallel: the service root, Systems, Managers,
     UpdateService/FirmwareInventory, every Chassis, and the tray chassis' PowerSubsystem,
@@ -46,11 +43,9 @@ def inventory(
     opts = options()
     site = opts.site()
     hosts = _hosts(site, target)
+    out = render.output(json_)
     report = run_inventory(site, hosts, state_dir=opts.state_dir, save=not no_save, diff=diff, timeout_s=timeout)
-    if want_json(json_):
-        render.print_json(report.to_dict())
-    else:
-        _print(report, diff)
+    out.result(report.to_dict(), lambda: _print(out, report, diff))
     if report.exit_code == EXIT_PARTIAL:
         raise partial_failure(report.failed, "BMC", "not read", hint="every other tray was read; see the errors above")
 
@@ -89,7 +84,7 @@ def _cell(values: list[str] | None) -> str:
     return ",".join(values) if values else "-"
 
 
-def _print(report, show_diff: bool) -> None:
+def _print(out: render.Output, report, show_diff: bool) -> None:
     rows = []
     for t in report.trays:
         if not t.ok:
@@ -100,20 +95,20 @@ def _print(report, show_diff: bool) -> None:
                      t.power_state or "-", _cell(t.versions.get("bmc")), _cell(t.versions.get("bios")),
                      ", ".join(f"{k} {_cell(v)}" for k, v in t.versions.items() if k not in ("bmc", "bios")) or "-",
                      f"power/thermal {health}, {t.sensors if t.sensors is not None else '?'} sensors"))
-    render.table("BMC inventory", ("tray", "bmc", "serial", "slot", "power", "BMC fw", "BIOS", "other firmware",
+    out.table("BMC inventory", ("tray", "bmc", "serial", "slot", "power", "BMC fw", "BIOS", "other firmware",
                                    "sensors"), rows)
     if report.changes is not None or show_diff:
         for rack in sorted(report.previous):
             changes = (report.changes or {}).get(rack, [])
             if report.previous.get(rack) is None:
-                render.line(f"diff: no earlier BMC snapshot of {rack}; this run is the baseline")
+                out.line(f"diff: no earlier BMC snapshot of {rack}; this run is the baseline")
             elif not changes:
-                render.line(f"diff {rack}: no changes")
+                out.line(f"diff {rack}: no changes")
             else:
-                render.line(f"diff {rack}: {len(changes)} change{'s' if len(changes) > 1 else ''}")
+                out.line(f"diff {rack}: {len(changes)} change{'s' if len(changes) > 1 else ''}")
                 for c in changes:
-                    render.line(f"  {c['host']}  {c['kind']}: {c['message']}")
+                    out.line(f"  {c['host']}  {c['kind']}: {c['message']}")
     read = len(report.trays) - len(report.failed)
     saved = ", ".join(report.snapshot_paths.values())
-    render.line(f"{len(report.trays)} trays, {read} BMCs read, {len(report.failed)} not read "
+    out.line(f"{len(report.trays)} trays, {read} BMCs read, {len(report.failed)} not read "
                 f"({report.elapsed:.1f}s)" + (f"; snapshot {saved}" if saved else ""))

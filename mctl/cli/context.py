@@ -44,10 +44,3 @@ def options() -> Options:
 def set_options(opts: Options) -> None:
     global _current
     _current = opts
-
-
-def want_json(local: bool) -> bool:
-    """--json may be given before or after the subcommand."""
-    if local:
-        _current.json = True
-    return _current.json

@@ -8,8 +8,9 @@ from typing import Annotated, Optional
 import typer
 
 from mctl.cli import render
-from mctl.cli.context import options, want_json
+from mctl.cli.context import options
 from mctl.cli.options import DryRunOpt, JsonOpt
+from mctl.cli.provision import host_failure
 from mctl.errors import EXIT_PARTIAL
 
 app = typer.Typer(help="Deploy the site's scheduler: Slurm (daemons, blocks from NVLink partitions) or Kubernetes.\n\n"
@@ -45,22 +46,16 @@ def slurm(
     site = opts.site()
     check_scheduler(site, "slurm")                  # a wrong command is refused before any state is touched
     hold_racks(list(site.racks), "deploy slurm", dry_run=dry_run)    # before it asks a tray or prints
-    as_json = want_json(json_)
+    out = render.output(json_)
     plan = plan_slurm(site, opts.state_dir, topology_only=topology_only)
-    if not as_json:
-        _print_plan(plan)
+    _print_plan(out, plan)
     if dry_run:
         diff = diff_hosts(plan)
-        if as_json:
-            render.print_json({"dry_run": True, "plan": plan.to_dict(), "diff": diff.to_dict()})
-        else:
-            _print_diff(plan, diff)
+        out.result({"dry_run": True, "plan": plan.to_dict(), "diff": diff.to_dict()},
+                   lambda: _print_diff(out, plan, diff))
         return
-    result = apply(plan, on_event=_failure_lines, verify=not no_verify, locked=True)
-    if as_json:
-        render.print_json(result.to_dict())
-    else:
-        _print_result(result)
+    result = apply(plan, on_event=lambda ev: host_failure(out, ev), verify=not no_verify, locked=True)
+    out.result(result.to_dict(), lambda: _print_result(out, result))
     if result.run.status == "canceled":
         raise typer.Exit(130)
     if result.run.failed_hosts or result.run.status != "successful" or (
@@ -68,80 +63,66 @@ def slurm(
         raise typer.Exit(EXIT_PARTIAL)
 
 
-def _print_plan(plan) -> None:
+def _print_plan(out: render.Output, plan) -> None:
     from mctl.model.site import fold
 
-    con = render.console()
     cfg = plan.config
-    con.print(f"Slurm {cfg.version} on {cfg.controller.name} (slurmctld); {len(cfg.nodes)} trays {fold(cfg.nodes)}",
-              markup=False, highlight=False)
+    out.line(f"Slurm {cfg.version} on {cfg.controller.name} (slurmctld); {len(cfg.nodes)} trays {fold(cfg.nodes)}")
     sizes = f", BlockSizes={','.join(map(str, cfg.block_sizes))}" if cfg.block_sizes else ""
-    con.print(f"topology/{cfg.plugin}: {len(cfg.blocks)} block(s){sizes}"
-              f"{'; switch/nvidia_imex' if cfg.imex else ''}", markup=False, highlight=False)
+    out.line(f"topology/{cfg.plugin}: {len(cfg.blocks)} block(s){sizes}{'; switch/nvidia_imex' if cfg.imex else ''}")
     for b in cfg.blocks:
         why = {"partition": f"NVLink partition {b.partition}", "rack": "whole rack (no partitions)",
                "unpartitioned": "trays in no partition (fabric default partition)"}[b.kind]
-        con.print(f"  {b.name:<24} {b.nodeset:<32} {b.size:>3} trays  {why}", markup=False, highlight=False)
+        out.line(f"  {b.name:<24} {b.nodeset:<32} {b.size:>3} trays  {why}")
     for w in cfg.warnings:
-        render.warn(w)
+        out.warn(w, in_result=True)
 
 
-def _print_diff(plan, diff) -> None:
+def _print_diff(out: render.Output, plan, diff) -> None:
     from mctl.model.site import fold
 
-    con = render.console()
     for f in diff.files:
         where = f"{fold(f.hosts)} ({len(f.hosts)})"
         if f.status == "same":
-            con.print(f"{f.path}: unchanged on {where}", markup=False, highlight=False)
+            out.line(f"{f.path}: unchanged on {where}")
         elif f.status == "unreachable":
-            con.print(f"{f.path}: unknown on {where}: unreachable", markup=False, highlight=False)
+            out.line(f"{f.path}: unknown on {where}: unreachable")
         else:
-            con.print(f"{f.path}: {'new' if f.status == 'new' else 'changes'} on {where}", markup=False,
-                      highlight=False)
-            con.print(f.diff.rstrip("\n"), markup=False, highlight=False)
+            out.line(f"{f.path}: {'new' if f.status == 'new' else 'changes'} on {where}")
+            out.verbatim(f.diff.rstrip("\n"))
     key = diff.munge
     if key.get("would-create"):
-        con.print(f"MUNGE key: a new site key would be made ({plan.key_path}) and installed on "
-                  f"{fold(key['would-create'])}", markup=False, highlight=False)
+        out.line(f"MUNGE key: a new site key would be made ({plan.key_path}) and installed on "
+                 f"{fold(key['would-create'])}")
     for state, text in (("missing", "would be installed on"), ("differs", "differs, would be replaced on"),
                         ("same", "already in place on")):
         if key.get(state):
-            con.print(f"MUNGE key {text} {fold(key[state])}", markup=False, highlight=False)
-    con.print(f"{diff.changes} change(s); nothing changed (--dry-run)", markup=False, highlight=False)
+            out.line(f"MUNGE key {text} {fold(key[state])}")
+    out.line(f"{diff.changes} change(s); nothing changed (--dry-run)")
 
 
-def _print_result(result) -> None:
+def _print_result(out: render.Output, result) -> None:
     from mctl.model.site import fold
 
-    con = render.console()
     run = result.run
     changed = sorted(h for h, r in run.hosts.items() if r.changed)
-    con.print(f"playbook {run.run_id}: {run.status} in {run.ended - run.started:.1f}s; "
-              f"changed {fold(changed) if changed else 'nothing'}", markup=False, highlight=False)
+    out.line(f"playbook {run.run_id}: {run.status} in {run.ended - run.started:.1f}s; "
+             f"changed {fold(changed) if changed else 'nothing'}")
     if result.key_created:
-        con.print(f"MUNGE key made for the site: {result.plan.key_path} (0600)", markup=False, highlight=False)
+        out.line(f"MUNGE key made for the site: {result.plan.key_path} (0600)")
     for name in run.failed_hosts:
         r = run.hosts[name]
-        con.print(f"{name}: {r.status} at task '{r.failed_task}': {r.message}", markup=False, highlight=False)
+        out.line(f"{name}: {r.status} at task '{r.failed_task}': {r.message}")
     v = result.verification
     if v is not None:
         if v.ok:
             drained = f" ({len(v.drained)} drained: {fold(v.drained)})" if v.drained else ""
-            con.print(f"verified in {v.seconds:.0f}s: all {len(v.nodes)} trays registered{drained}; "
-                      f"{v.topology_plugin} blocks match the partitions ({len(v.blocks_found)})",
-                      markup=False, highlight=False)
+            out.line(f"verified in {v.seconds:.0f}s: all {len(v.nodes)} trays registered{drained}; "
+                     f"{v.topology_plugin} blocks match the partitions ({len(v.blocks_found)})")
         else:
             for p in v.problems():
-                render.error(p)
-    con.print(f"run folder: {run.run_dir}", markup=False, highlight=False)
-
-
-def _failure_lines(ev) -> None:
-    """Hosts that fail show up while the playbook still runs on the others."""
-    if ev.kind in ("failed", "unreachable"):
-        render.err_console().print(f"{ev.host}: {ev.kind} at '{ev.task}': {ev.message}", markup=False,
-                                   highlight=False)
+                out.error(p)
+    out.line(f"run folder: {run.run_dir}")
 
 
 @app.command("k8s")
@@ -174,25 +155,21 @@ def k8s(
 
     opts = options()
     site = opts.site()
-    as_json = want_json(json_)
+    out = render.output(json_)
     check_scheduler(site, "k8s")
     from mctl.cli.locking import hold_racks
 
     hold_racks(list(site.racks), "deploy k8s", dry_run=dry_run)     # before it writes, asks or prints
     bundle = render_k8s(site)
-    if not as_json:
-        for w in bundle.warnings:
-            render.warn(w)
+    for w in bundle.warnings:
+        out.warn(w, in_result=True)
     if render_dir is not None:
         written = [] if dry_run else _write_bundle(bundle, render_dir)
-        if as_json:
-            render.print_json({"dry_run": dry_run, "dir": str(render_dir), **bundle.to_dict()})
-            return
-        con = render.console()
-        for rel in sorted(bundle.files):
-            con.print(f"{'would write' if dry_run else 'wrote'} {render_dir / rel}", markup=False, highlight=False)
-        if not dry_run:
-            con.print(f"{len(written)} files; next: see {render_dir / 'README.md'}", markup=False, highlight=False)
+        out.result({"dry_run": dry_run, "dir": str(render_dir), **bundle.to_dict()},
+                   lambda: out.lines([f"{'would write' if dry_run else 'wrote'} {render_dir / rel}"
+                                      for rel in sorted(bundle.files)]
+                                     + ([] if dry_run else [f"{len(written)} files; next: see "
+                                                            f"{render_dir / 'README.md'}"])))
         return
     settings = settings_of(site)
     path = kubeconfig or ((site.root / settings.kubeconfig) if settings.kubeconfig else kc.default_path())
@@ -200,22 +177,19 @@ def k8s(
     plan = plan_k8s(bundle, client)
     if not dry_run:
         apply_k8s(plan, client)
-    if as_json:
-        render.print_json({"dry_run": dry_run, **plan.to_dict()})
-        return
-    con = render.console()
-    con.print(f"Kubernetes {plan.server_version} at {plan.server} (context {plan.context})", markup=False,
-              highlight=False)
+    out.result({"dry_run": dry_run, **plan.to_dict()}, lambda: _print_k8s_plan(out, plan, dry_run))
+
+
+def _print_k8s_plan(out: render.Output, plan, dry_run: bool) -> None:
+    out.line(f"Kubernetes {plan.server_version} at {plan.server} (context {plan.context})")
     for w in plan.warnings:
-        render.warn(w)
+        out.warn(w)
     verb = {"create": "would create" if dry_run else "created", "update": "would update" if dry_run else "updated",
             "unchanged": "unchanged", "skip": "skipped"}
     for c in plan.changes:
         where = f"{c.namespace}/" if c.namespace else ""
-        con.print(f"  {verb[c.action]:<13} {c.kind} {where}{c.name}{'  ' + c.detail if c.detail else ''}",
-                  markup=False, highlight=False)
-    con.print(f"{len(plan.pending)} change(s){'; nothing changed (--dry-run)' if dry_run else ''}", markup=False,
-              highlight=False)
+        out.line(f"  {verb[c.action]:<13} {c.kind} {where}{c.name}{'  ' + c.detail if c.detail else ''}")
+    out.line(f"{len(plan.pending)} change(s){'; nothing changed (--dry-run)' if dry_run else ''}")
 
 
 def _write_bundle(bundle, folder: Path) -> list[Path]:

@@ -7,21 +7,17 @@ from typing import Annotated, List, Optional
 import typer
 
 from mctl.cli import render
-from mctl.cli.context import options, want_json
-from mctl.cli.options import JsonOpt, finite
+from mctl.cli.context import options
+from mctl.cli.options import JsonOpt, NodesArg, TimeoutOpt
 from mctl.errors import PartialFailure, UsageError
 
 COMMAND_SETTINGS: dict = {}
 
 
 def command(
-    nodeset: Annotated[str, typer.Argument(help="Node set, rack name or @group (@all, @compute, @head, @RACK).",
-                                           show_default=False)],
+    nodeset: NodesArg,
     cmd: Annotated[Optional[List[str]], typer.Argument(help="The command, after '--'.", show_default=False)] = None,
-    timeout: Annotated[Optional[float], typer.Option("--timeout", "-t", click_type=finite(min=0.1),
-                                                     help="Seconds the command may run on each host "
-                                                          "(default: ssh.command_timeout); connecting and "
-                                                          "opening the session get ssh.connect_timeout each.")] = None,
+    timeout: TimeoutOpt = None,
     fanout: Annotated[Optional[int], typer.Option("--fanout", "-f", min=1,
                                                   help="Hosts at a time (default: ssh.concurrency).")] = None,
     json_: JsonOpt = False,
@@ -29,8 +25,10 @@ def command(
     """Run CMD on every host of NODESET over SSH and print each distinct output once.
 
     The words after '--' are joined with spaces and run by the remote login shell, as
-    ssh does. Exit 0 when every host succeeded, 3 when some failed or could not be
-    reached (they are listed), 2 for bad input.
+    ssh does. --timeout: how long the command may run on each host (default:
+    ssh.command_timeout); connecting and opening the session get ssh.connect_timeout each.
+    Exit 0 when every host succeeded, 3 when some failed or could not be reached (they are
+    listed), 2 for bad input.
 
     Example: mctl -i inventories/lab exec lab-r1 -- uname -r
     """
@@ -47,12 +45,11 @@ def command(
     groups = group_by_output(results)
     bad = [r for r in results if not r.ok]
 
-    if want_json(json_):
-        render.print_json({"command": command_text, "nodeset": nodeset, "hosts": [r.to_dict() for r in results],
-                           "groups": [g.to_dict() for g in groups],
-                           "summary": {"total": len(results), "ok": len(results) - len(bad), "not_ok": len(bad)}})
-    else:
-        _print_groups(groups)
+    out = render.output(json_)
+    out.result({"command": command_text, "nodeset": nodeset, "hosts": [r.to_dict() for r in results],
+                "groups": [g.to_dict() for g in groups],
+                "summary": {"total": len(results), "ok": len(results) - len(bad), "not_ok": len(bad)}},
+               lambda: _print_groups(out, groups))
     if bad:
         from mctl.model.site import fold
 
@@ -69,18 +66,14 @@ def command(
                              hint="; ".join(hints) or None)
 
 
-def _print_groups(groups) -> None:
-    con = render.console()
+def _print_groups(out: render.Output, groups) -> None:
     for g in groups:
         state = "" if g.status.value == "ok" else (
             f" exit {g.exit_code}" if g.status.value == "failed" and g.exit_code is not None
             else f" {g.status.value}" + (f": {g.error}" if g.error else ""))
         title = f"{g.nodes} ({g.count}){state}"
         rule = "-" * min(max(len(title), 15), 100)
-        if render.interactive():
-            con.print(f"[bold]{rule}\n{render.escape(title)}\n{rule}[/]", markup=True, highlight=False)
-        else:
-            con.print(f"{rule}\n{title}\n{rule}", markup=False, highlight=False)
+        out.line(f"{rule}\n{title}\n{rule}", style="bold")
         text = g.stdout + (g.stderr if g.stderr else "")
         if text:
-            con.out(text.rstrip("\n"), highlight=False)
+            out.verbatim(text.rstrip("\n"))

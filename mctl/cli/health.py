@@ -8,8 +8,9 @@ from typing import Annotated, Optional
 import typer
 
 from mctl.cli import render
-from mctl.cli.context import options, want_json
-from mctl.cli.options import DryRunOpt, JsonOpt, finite
+from mctl.cli.context import options
+from mctl.cli.options import (DryRunOpt, FailOnOpt, JsonOpt, NodesArg, PassedOpt, RemediateOpt, TargetArg, TimeoutOpt,
+                              finite)
 from mctl.errors import EXIT_FINDINGS, UsageError
 
 app = typer.Typer(help="Health checks, the watch that drains failed trays, and mctl's drains.",
@@ -17,24 +18,15 @@ app = typer.Typer(help="Health checks, the watch that drains failed trays, and m
 breaker_app = typer.Typer(help="The circuit breaker that stops automatic drains.", no_args_is_help=True)
 app.add_typer(breaker_app, name="breaker")
 
-TargetArg = Annotated[Optional[str], typer.Argument(metavar="[NODESET|RACK]",
-                                                    help="Trays or racks (default: every compute tray).",
-                                                    show_default=False)]
-TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", "-t", click_type=finite(min=1.0),
-                                                     help="Deadline in seconds for each tray's whole probe "
-                                                          "(default: health.tray_deadline, else the interval "
-                                                          "within 5..15, at most ssh.command_timeout).")]
 SEVERITIES = ("warn", "critical")
 
 
 @app.command()
 def check(
     target: TargetArg = None,
-    fail_on: Annotated[str, typer.Option("--fail-on", help="Exit 1 when a finding is at or above: warn|critical.")
-                       ] = "critical",
-    remediate: Annotated[bool, typer.Option("--remediate", help="Also drain/resume through the scheduler, as one "
-                                                                "sweep of the watch would.")] = False,
-    all_findings: Annotated[bool, typer.Option("--all", help="List passed checks too.")] = False,
+    fail_on: FailOnOpt = "critical",
+    remediate: RemediateOpt = None,
+    passed: PassedOpt = False,
     timeout: TimeoutOpt = None,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
@@ -47,7 +39,9 @@ def check(
     power, IMEX daemon and domain, slurmd, disk and memory, a reboot since the last sweep (boot
     id; XIDs from before it no longer count). With --remediate the policy decides
     and drains (reason 'mctl: ...') or resumes, as the watch does; with --dry-run it only says
-    what it would do. Exit 0 ok, 1 a finding at or above --fail-on, 2 bad input.
+    what it would do. The trays are every compute tray by default (a rack name: its compute trays).
+    --timeout: each tray's whole probe (default: health.tray_deadline, else the interval within
+    5..15 s, at most ssh.command_timeout). Exit 0 ok, 1 a finding at or above --fail-on, 2 bad input.
 
     Example: mctl -i inventories/lab health check lab-r1 --fail-on warn
     """
@@ -57,6 +51,7 @@ def check(
         raise UsageError(f"--fail-on {fail_on!r}: expected warn or critical")
     opts = options()
     site = opts.site()
+    remediate = bool(remediate)
     if remediate:
         from mctl.cli.locking import hold_racks
         from mctl.health.site_view import resolve_scope
@@ -64,10 +59,8 @@ def check(
         hold_racks(_racks_of(site, resolve_scope(site, target).names), "health check --remediate", dry_run=dry_run)
     result = run_check(site, target, opts.state_dir, remediate=remediate,
                        dry_run=dry_run, timeout=timeout)
-    if want_json(json_):
-        render.print_json(result.to_dict())
-    else:
-        _print_check(result, all_findings)
+    out = render.output(json_)
+    out.result(result.to_dict(), lambda: _print_check(out, result, passed))
     threshold = {"warn": 1, "critical": 2}[fail_on]
     if any(f.severity.rank >= threshold for f in result.findings):
         raise typer.Exit(EXIT_FINDINGS)
@@ -77,17 +70,12 @@ def _racks_of(site, hosts) -> list[str]:
     return sorted({r.name for r in (site.rack_of(h) for h in hosts) if r is not None})
 
 
-def _print_check(result, all_findings: bool) -> None:
-
-    from rich.text import Text
-
+def _print_check(out: render.Output, result, passed: bool) -> None:
     from mctl.cli.health_screen import STYLE
+    from mctl.health.watch import ISOLATE_ACTIONS, LADDER_ACTIONS
+    from mctl.model.drain import NOTES
 
-    con = render.console()
-    table = render.data_table(title=f"health sweep #{result.number}: {len(result.verdicts)} trays in {result.elapsed:.2f}s",
-                  title_justify="left")
-    for col in ("tray", "status", "scheduler", "critical", "warn", "first finding"):
-        table.add_column(col, overflow="fold")
+    rows = []
     for v in result.verdicts:
         status = result.tray_status(v.host)
         node = (result.nodes or {}).get(v.host)
@@ -95,42 +83,37 @@ def _print_check(result, all_findings: bool) -> None:
         warns = [f for f in v.findings if f.severity.value == "warn"]
         first = (crit or warns or [None])[0]
         sched = "-" if node is None else node.state + (f" ({node.reason})" if node.reason else "")
-        table.add_row(v.host, Text(status, style=STYLE.get(status, "")) if render.interactive() else status, sched,
-                      str(len(crit)), str(len(warns)), f"{first.check}: {first.message}" if first else "")
-    con.print(table)
-    shown = [f for f in result.findings if all_findings or f.severity.value != "ok"]
+        rows.append((v.host, render.Styled(status, STYLE.get(status, "")), sched, str(len(crit)), str(len(warns)),
+                     f"{first.check}: {first.message}" if first else ""))
+    out.table(f"health sweep #{result.number}: {len(result.verdicts)} trays in {result.elapsed:.2f}s",
+              [render.Column(c, fold=True) for c in ("tray", "status", "scheduler", "critical", "warn",
+                                                     "first finding")], rows, boxed=True)
+    shown = [f for f in result.findings if passed or f.severity.value != "ok"]
     if shown:
-        con.print("findings:", markup=False, highlight=False)
+        out.line("findings:")
         for f in shown:
-            con.print(f"  {f.severity.value.upper():8} {f.host or '-'}  {f.check}: {f.message}", markup=False,
-                      highlight=False)
+            out.line(f"  {f.severity.value.upper():8} {f.host or '-'}  {f.check}: {f.message}")
             if f.action and f.severity.value != "ok":
-                con.print(f"           action: {f.action}", markup=False, highlight=False)
+                out.line(f"           action: {f.action}")
     if result.remediate:
         verb = "would " if result.dry_run else ""
-        from mctl.health.watch import ISOLATE_ACTIONS, LADDER_ACTIONS
-
-        from mctl.model.drain import NOTES
-
         acts = [d for d in result.decisions if d.action in ("drain", "resume", *NOTES,
                                                             "power-off", *LADDER_ACTIONS, *ISOLATE_ACTIONS)]
         if not acts:
-            con.print("remediation: nothing to do", markup=False, highlight=False)
+            out.line("remediation: nothing to do")
         for d in acts:
             what = f"{verb}{d.action}" if d.action in ("drain", "resume", "power-off", *LADDER_ACTIONS,
                                                        *ISOLATE_ACTIONS) else d.action
-            con.print(f"  {what.upper():13} {d.host}  {d.reason or ''}  ({d.why})", markup=False, highlight=False)
+            out.line(f"  {what.upper():13} {d.host}  {d.reason or ''}  ({d.why})")
         for e in result.logged:
             if e.action == "breaker-trip":
-                con.print(f"  BREAKER TRIPPED: {e.reason}", markup=False, highlight=False)
+                out.line(f"  BREAKER TRIPPED: {e.reason}")
             elif e.action in (*LADDER_ACTIONS, "ladder", "recovered", "repair-hook",      # the recovery ladder
                               *ISOLATE_ACTIONS, "isolate-wait"):                          # isolations
-                con.print(f"  {e.action.upper():13} {e.tray}  {e.why or ''}  ({e.result})", markup=False,
-                          highlight=False)
+                out.line(f"  {e.action.upper():13} {e.tray}  {e.why or ''}  ({e.result})")
     counts = {s: sum(1 for f in result.findings if f.severity.value == s) for s in ("critical", "warn")}
-    con.print(f"{counts['critical']} critical, {counts['warn']} warn" +
-              (f"; scheduler: {result.scheduler_error}" if result.scheduler_error else ""),
-              markup=False, highlight=False)
+    out.line(f"{counts['critical']} critical, {counts['warn']} warn" +
+             (f"; scheduler: {result.scheduler_error}" if result.scheduler_error else ""))
 
 
 @app.command()
@@ -139,8 +122,7 @@ def watch(
     interval: Annotated[Optional[float], typer.Option("--interval", click_type=finite(min=0.2),
                                                       help="Seconds between sweeps (default: health.interval).")
                         ] = None,
-    remediate: Annotated[Optional[bool], typer.Option("--remediate/--no-remediate",
-                                                      help="Drain and resume (default: health.remediate).")] = None,
+    remediate: RemediateOpt = None,
     metrics_textfile: Annotated[Optional[Path], typer.Option("--metrics-textfile",
                                                              help="Write Prometheus metrics here after each sweep "
                                                                   "(node_exporter textfile collector).")] = None,
@@ -175,35 +157,35 @@ def watch(
     from mctl.health.session import WatchSession
 
     opts = options()
+    out = render.Output()                   # no JSON form: a --json before 'health' is ignored, as always
     session = WatchSession.configure(opts.site(), opts.state_dir, target, interval=interval, remediate=remediate,
                                      metrics_textfile=metrics_textfile, metrics_port=metrics_port,
                                      metrics_listen=metrics_listen, sweeps=sweeps, timeout=timeout, dry_run=dry_run,
-                                     on_warning=render.warn)
-    if not render.interactive():
-        session.run(_plain_lines)
+                                     on_warning=out.warn)
+    if not out.rich:
+        session.run(lambda view, events, swept: _plain_lines(out, view, events, swept))
         return
-    from rich.live import Live
-
     from mctl.cli.health_screen import WatchScreen
 
-    live = Live(WatchScreen(session.view), console=render.console(), screen=True, auto_refresh=True,
-                refresh_per_second=2, redirect_stdout=False, redirect_stderr=False)
-    session.run(lambda view, events, swept: live.refresh(), display=live)
-    render.console().print(f"mctl health watch stopped after {session.sweeps_done} sweeps",
-                           markup=False, highlight=False)
+    screen = WatchScreen(session.view)
+    live = out.screen(screen)
+
+    def update(view, events, swept: bool) -> None:
+        screen.update(swept)
+        live.refresh()
+
+    session.run(update, display=live)
+    out.line(f"mctl health watch stopped after {session.sweeps_done} sweeps")
 
 
-def _plain_lines(view, events, swept: bool) -> None:
+def _plain_lines(out: render.Output, view, events, swept: bool) -> None:
     """Off a terminal: one log line per event and per sweep."""
-    import sys
-
     from mctl.cli.health_screen import event_lines, sweep_line
 
-    for line in event_lines(events):
-        sys.stdout.write(line + "\n")
+    out.lines(event_lines(events))
     if swept:
-        sys.stdout.write(sweep_line(view) + "\n")
-    sys.stdout.flush()
+        out.line(sweep_line(view))
+    out.flush()
 
 
 @app.command()
@@ -216,30 +198,28 @@ def drains(json_: JsonOpt = False) -> None:
 
     opts = options()
     report = list_drains(opts.site(), opts.state_dir)
-    if want_json(json_):
-        render.print_json(report.to_dict())
-        return
+    out = render.output(json_)
+    out.result(report.to_dict(), lambda: _print_drains(out, report))
+
+
+def _print_drains(out: render.Output, report) -> None:
     from datetime import datetime
 
-
-    con = render.console()
-    table = render.data_table(title=f"{len(report.rows)} tray(s) drained by mctl", title_justify="left")
-    for col in ("tray", "rack", "state", "reason", "since", "healthy sweeps", "owner"):
-        table.add_column(col, overflow="fold")
-    for r in report.rows:
-        since = datetime.fromtimestamp(r.drained_at).strftime("%Y-%m-%d %H:%M:%S") if r.drained_at else "-"
-        table.add_row(r.host, r.rack or "-", r.state or "?", r.reason or "-", since, str(r.healthy_streak), r.owner)
-    con.print(table)
+    rows = [(r.host, r.rack or "-", r.state or "?", r.reason or "-",
+             datetime.fromtimestamp(r.drained_at).strftime("%Y-%m-%d %H:%M:%S") if r.drained_at else "-",
+             str(r.healthy_streak), r.owner) for r in report.rows]
+    out.table(f"{len(report.rows)} tray(s) drained by mctl",
+              [render.Column(c, fold=True) for c in ("tray", "rack", "state", "reason", "since", "healthy sweeps",
+                                                     "owner")], rows, boxed=True)
     if report.breaker.get("tripped"):
-        con.print(f"circuit breaker TRIPPED: {report.breaker.get('reason')} (mctl health breaker reset)",
-                  markup=False, highlight=False)
+        out.line(f"circuit breaker TRIPPED: {report.breaker.get('reason')} (mctl health breaker reset)")
     if report.scheduler_error:
-        render.warn(f"scheduler not read: {report.scheduler_error}")
+        out.warn(f"scheduler not read: {report.scheduler_error}")
 
 
 @app.command()
 def resume(
-    target: Annotated[str, typer.Argument(metavar="NODESET", help="Trays to resume.")],
+    target: NodesArg,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:
@@ -259,13 +239,9 @@ def resume(
     # the racks' locks first: a bring-up or partition change holds its trays with 'mctl:' reasons too
     hold_racks(_racks_of(site, resolve_scope(site, target).names), "health resume", dry_run=dry_run)
     rows = resume_by_hand(site, target, opts.state_dir, dry_run=dry_run)
-    if want_json(json_):
-        render.print_json({"dry_run": dry_run, "trays": [r.to_dict() for r in rows]})
-    else:
-        con = render.console()
-        for r in rows:
-            con.print(f"{r.result.upper():13} {r.host}  {r.reason or ''}  {r.detail}".rstrip(), markup=False,
-                      highlight=False)
+    out = render.output(json_)
+    out.result({"dry_run": dry_run, "trays": [r.to_dict() for r in rows]},
+               lambda: out.lines(f"{r.result.upper():13} {r.host}  {r.reason or ''}  {r.detail}".rstrip() for r in rows))
     if any(r.result in ("refused", "failed") for r in rows):
         raise typer.Exit(EXIT_FINDINGS)
 
@@ -280,13 +256,11 @@ def breaker_status(json_: JsonOpt = False) -> None:
 
     opts = options()
     data = status(opts.state_dir, opts.site())
-    if want_json(json_):
-        render.print_json(data)
-        return
     state = f"TRIPPED: {data['reason']}" if data["tripped"] else "closed"
-    render.console().print(f"circuit breaker {state}; {data['recent_drains']} automatic drain(s) in the window "
-                           f"({data['scope']} share limit {data['max_drained_share']:.0%} per {data['window_s']:g}s)",
-                           markup=False, highlight=False)
+    out = render.output(json_)
+    out.result(data, lambda: out.line(
+        f"circuit breaker {state}; {data['recent_drains']} automatic drain(s) in the window "
+        f"({data['scope']} share limit {data['max_drained_share']:.0%} per {data['window_s']:g}s)"))
 
 
 @breaker_app.command("reset")
@@ -299,12 +273,10 @@ def breaker_reset(dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
 
     opts = options()
     data = reset(opts.state_dir, dry_run=dry_run)
-    if want_json(json_):
-        render.print_json(data)
-        return
     if not data["was_tripped"]:
         text = "circuit breaker was not tripped; drain count cleared" if not dry_run else \
             "circuit breaker is not tripped; reset would clear the drain count"
     else:
         text = ("would reset" if dry_run else "reset") + f" the circuit breaker (was: {data['reason']})"
-    render.console().print(text, markup=False, highlight=False)
+    out = render.output(json_)
+    out.result(data, lambda: out.line(text))

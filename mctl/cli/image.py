@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from mctl.cli import render
-from mctl.cli.context import options, want_json
-from mctl.cli.options import JsonOpt, finite
+from mctl.cli.context import options
+from mctl.cli.options import JsonOpt, NodesArg, TimeoutOpt
 from mctl.errors import EXIT_FINDINGS, EXIT_PARTIAL, UsageError
 
 app = typer.Typer(help="Software image definitions and drift against trays.", no_args_is_help=True)
@@ -35,16 +35,10 @@ def list_(json_: JsonOpt = False) -> None:
         driver = img.components.get("nvidia_driver")
         rows.append({"name": name, "description": img.description, "os": f"{img.os.distribution} {img.os.release}",
                      "driver": driver.version if driver else None, "trays": fold(users.get(name, [])) or None})
-    if want_json(json_):
-        render.print_json({"images_dir": str(catalog.folder), "images": rows})
-        return
-
-    table = render.data_table(title=f"images in {catalog.folder}", title_justify="left")
-    for col in ("name", "os", "driver", "used by", "description"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(r["name"], r["os"], r["driver"] or "-", r["trays"] or "-", r["description"])
-    render.console().print(table)
+    out = render.output(json_)
+    out.result({"images_dir": str(catalog.folder), "images": rows}, lambda: out.table(
+        f"images in {catalog.folder}", ("name", "os", "driver", "used by", "description"),
+        [(r["name"], r["os"], r["driver"] or "-", r["trays"] or "-", r["description"]) for r in rows], boxed=True))
 
 
 @app.command()
@@ -56,30 +50,28 @@ def show(name: Annotated[str, typer.Argument(help="Image name.")], json_: JsonOp
     from mctl.images import ImageCatalog
 
     img = ImageCatalog(options().site().images_dir).get(name)
-    if want_json(json_):
-        render.print_json(img.ansible_vars())
-        return
-    con = render.console()
-    con.print(f"{img.name}: {img.description}", markup=False)
-    con.print(f"  os: {img.os.distribution} {img.os.release}, kernel {img.os.kernel or 'any'}", markup=False)
+    out = render.output(json_)
+    out.result(img.ansible_vars(), lambda: _print_image(out, img))
+
+
+def _print_image(out: render.Output, img) -> None:
+    out.line(f"{img.name}: {img.description}")
+    out.line(f"  os: {img.os.distribution} {img.os.release}, kernel {img.os.kernel or 'any'}")
     for cname, comp in img.components.items():
         extra = f", branch {comp.branch}" if comp.branch else ""
-        con.print(f"  {cname}: {comp.version}{extra} (from {comp.delivery})", markup=False)
+        out.line(f"  {cname}: {comp.version}{extra} (from {comp.delivery})")
     if img.packages:
-        con.print(f"  packages: {', '.join(img.packages)}", markup=False)
+        out.line(f"  packages: {', '.join(img.packages)}")
     for k, v in img.sysctls.items():
-        con.print(f"  sysctl {k} = {v}", markup=False)
+        out.line(f"  sysctl {k} = {v}")
     if img.kernel_parameters:
-        con.print(f"  kernel parameters: {' '.join(img.kernel_parameters)}", markup=False)
+        out.line(f"  kernel parameters: {' '.join(img.kernel_parameters)}")
 
 
 @app.command()
 def diff(
-    nodeset: Annotated[str, typer.Argument(metavar="NODESET", help="Compute trays: node set, rack name or @group.",
-                                           show_default=False)],
-    timeout: Annotated[Optional[float], typer.Option("--timeout", "-t", click_type=finite(min=1.0),
-                                                     help="Seconds the probe may run on each tray "
-                                                          "(default: ssh.command_timeout).")] = None,
+    nodeset: NodesArg,
+    timeout: TimeoutOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """Show, per tray, each component of its image: the version wanted and the version found.
@@ -87,7 +79,8 @@ def diff(
     Reads the OS release, kernel, slurmd -V and nvidia-smi on every tray at once, each
     under its own deadline, and compares them with the same rules as 'mctl audit'
     (versions). Components whose version mctl does not read from a tray are listed as
-    not-checked, never as a match. Read-only.
+    not-checked, never as a match. Read-only. Compute trays only. --timeout: how long the probe
+    may run on each tray (default: ssh.command_timeout).
 
     Exit 0 no drift, 1 a tray drifts (a version differs or is not reported), 2 bad input,
     3 a tray could not be read (the others are still reported).
@@ -105,34 +98,33 @@ def diff(
     if not hosts:
         raise UsageError(f"{nodeset!r} names no compute trays ({fold(others)} only)",
                          hint="image diff compares compute trays with their image, e.g. a rack name or @compute")
+    out = render.output(json_)
     if others:
-        render.warn(f"not compared (not compute trays): {fold(others)}")
-    if render.interactive() and not want_json(json_):
-        with render.err_console().status(f"reading versions on {fold([h.name for h in hosts])} ..."):
-            report = run_diff(site, hosts, timeout=timeout)
-    else:
+        out.warn(f"not compared (not compute trays): {fold(others)}")
+    with out.status(f"reading versions on {fold([h.name for h in hosts])} ..."):
         report = run_diff(site, hosts, timeout=timeout)
-    if want_json(json_):
-        render.print_json(report.to_dict())
-    else:
-        rows = []
-        for t in report.trays:
-            if t.error is not None or t.image is None:
-                rows.append([t.host, t.image or "-", "-", "-", "-", t.status])
-                continue
-            d = t.to_dict()
-            for c in d["components"]:
-                found = c["found"] if c["found"] is not None else "-"
-                rows.append([t.host, t.image, c["component"], c["wanted"], found, c["status"]])
-        render.table(None, ["tray", "image", "component", "wanted", "found", "status"], rows)
-        for t in report.trays:
-            if t.error is not None:
-                render.line(f"{t.host}: could not be read: {t.error}")
-            for comp, why in t.notes.items():
-                if any(r.component == comp and r.found is None for r in t.rows):
-                    render.line(f"{t.host}: {comp}: {why}")
+    out.result(report.to_dict(), lambda: _print_diff(out, report))
     if report.unreadable:
-        render.warn(f"not read: {fold(report.unreadable)}; the other trays are reported")
+        out.warn(f"not read: {fold(report.unreadable)}; the other trays are reported")
         raise typer.Exit(EXIT_PARTIAL)
     if report.drifted:
         raise typer.Exit(EXIT_FINDINGS)
+
+
+def _print_diff(out: render.Output, report) -> None:
+    rows = []
+    for t in report.trays:
+        if t.error is not None or t.image is None:
+            rows.append([t.host, t.image or "-", "-", "-", "-", t.status])
+            continue
+        d = t.to_dict()
+        for c in d["components"]:
+            found = c["found"] if c["found"] is not None else "-"
+            rows.append([t.host, t.image, c["component"], c["wanted"], found, c["status"]])
+    out.table(None, ["tray", "image", "component", "wanted", "found", "status"], rows)
+    for t in report.trays:
+        if t.error is not None:
+            out.line(f"{t.host}: could not be read: {t.error}")
+        for comp, why in t.notes.items():
+            if any(r.component == comp and r.found is None for r in t.rows):
+                out.line(f"{t.host}: {comp}: {why}")

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from mctl.cli import render
-from mctl.cli.context import options, want_json
-from mctl.cli.options import DryRunOpt, JsonOpt, finite
+from mctl.cli.context import options
+from mctl.cli.options import DryRunOpt, ImexWaitOpt, JsonOpt, OneRackArg, RackArg, finite
 from mctl.errors import EXIT_FINDINGS, PartialFailure, UsageError
 
 if TYPE_CHECKING:
@@ -18,10 +18,6 @@ if TYPE_CHECKING:
 app = typer.Typer(help="IMEX domains derived from the NVLink partitions: render, check, apply.\n\n"
                        "Example: mctl -i inventories/lab imex status lab-r1",
                   no_args_is_help=True)
-
-
-def _say(text: str) -> None:
-    render.console().print(text, markup=False, highlight=False)
 
 
 def _racks(site: "Site", rack: str | None) -> list["Rack"]:
@@ -38,12 +34,12 @@ def _settings(site: "Site"):
 
 
 @app.command("render")
-def render_(rack: Annotated[str, typer.Argument(help="Rack name.", show_default=False)],
+def render_(rack: RackArg,
             tray: Annotated[Optional[str], typer.Option("--tray", help="Only this tray's files.")] = None,
             scope: Annotated[str, typer.Option("--scope", help="'partition': static domains, one per partition; "
                                                "'job': Slurm prolog/epilog that scope IMEX to each exclusive job.")]
             = "partition",
-            out: Annotated[Optional[Path], typer.Option("--out", help="Write files under this folder "
+            folder: Annotated[Optional[Path], typer.Option("--out", help="Write files under this folder "
                                                         "(<out>/<tray>/etc/nvidia-imex/... or <out>/prolog.d/...) "
                                                         "instead of printing them.")] = None,
             json_: JsonOpt = False) -> None:
@@ -60,24 +56,19 @@ def render_(rack: Annotated[str, typer.Argument(help="Rack name.", show_default=
     from mctl.state.files import atomic_write
 
     site = options().site()
+    out = render.output(json_)
     r = _racks(site, rack)[0]
     if scope not in ("partition", "job"):
         raise UsageError(f"unknown scope {scope!r}", hint="use --scope partition or --scope job")
     if scope == "job":
         job = JobScopeSettings.from_imex(_settings(site))     # what `mctl deploy slurm` installs (imex_scope: job)
         scripts = {PROLOG_NAME: render_prolog(job), EPILOG_NAME: render_epilog(job)}
-        if out is not None:
+        if folder is not None:
             for rel, text in scripts.items():
-                atomic_write(out / rel, text, mode=0o755)
-        if want_json(json_):
-            render.print_json({"rack": rack, "scope": "job", "files": scripts,
-                               "written_to": str(out) if out else None})
-        elif out is not None:
-            _say(f"wrote {', '.join(str(out / rel) for rel in scripts)}")
-        else:
-            for rel, text in scripts.items():
-                _say(f"==> {rel} <==")
-                _say(text.rstrip("\n"))
+                atomic_write(folder / rel, text, mode=0o755)
+        wrote = f"wrote {', '.join(str(folder / rel) for rel in scripts)}" if folder is not None else None
+        out.result({"rack": rack, "scope": "job", "files": scripts, "written_to": str(folder) if folder else None},
+                   lambda: _print_files(out, wrote, ((rel, text) for rel, text in scripts.items())))
         return
     trays = render_rack(r, _settings(site))
     if tray is not None:
@@ -85,27 +76,31 @@ def render_(rack: Annotated[str, typer.Argument(help="Rack name.", show_default=
         if not trays:
             raise UsageError(f"{tray} is not a compute tray of rack {rack}",
                              hint=f"trays: {', '.join(h.name for h in r.compute[:3])}, ...")
-    if out is not None:
-        writes = [(local_path(out, t.tray, path), text) for t in trays for path, text in t.files]  # all checked first
+    if folder is not None:
+        writes = [(local_path(folder, t.tray, path), text) for t in trays for path, text in t.files]  # all checked first
         for dest, text in writes:
             atomic_write(dest, text, mode=0o644)
-    if want_json(json_):
-        render.print_json({"rack": rack, "scope": "partition", "domains": domains_summary(imex_domains(r)),
-                           "trays": [{"tray": t.tray, "address": t.address, "domain": t.domain,
-                                      "files": dict(t.files)} for t in trays],
-                           "written_to": str(out) if out else None})
+    out.result({"rack": rack, "scope": "partition", "domains": domains_summary(imex_domains(r)),
+                "trays": [{"tray": t.tray, "address": t.address, "domain": t.domain, "files": dict(t.files)}
+                          for t in trays],
+                "written_to": str(folder) if folder else None},
+               lambda: _print_files(out, f"wrote files for {len(trays)} trays under {folder}" if folder is not None
+                                    else None, ((f"{t.tray}:{path} (IMEX domain {t.domain})", text)
+                                                for t in trays for path, text in t.files)))
+
+
+def _print_files(out: render.Output, wrote: str | None, files) -> None:
+    """What was written where (--out), else each file under a ==> NAME <== line, as tail prints them."""
+    if wrote is not None:
+        out.line(wrote)
         return
-    if out is not None:
-        _say(f"wrote files for {len(trays)} trays under {out}")
-        return
-    for t in trays:
-        for path, text in t.files:
-            _say(f"==> {t.tray}:{path} (IMEX domain {t.domain}) <==")
-            _say(text.rstrip("\n"))
+    for name, text in files:
+        out.line(f"==> {name} <==")
+        out.line(text.rstrip("\n"))
 
 
 @app.command()
-def status(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", show_default=False)] = None,
+def status(rack: OneRackArg = None,
            json_: JsonOpt = False) -> None:
     """Check every IMEX domain over SSH: node lists as rendered, daemons READY, every link connected.
 
@@ -120,21 +115,15 @@ def status(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.",
     from mctl.fabric.service import imex_status
 
     site = options().site()
-    healths, unreachable = imex_status(site, _racks(site, rack), _settings(site))
-    if want_json(json_):
-        render.print_json({"domains": [h.to_dict() for h in healths]})
-    else:
+    from mctl.model.site import fold
 
-        table = render.data_table(title_justify="left")
-        for col in ("rack", "domain", "state", "trays", "reasons"):
-            table.add_column(col)
-        from mctl.model.site import fold
-        for h in healths:
-            table.add_row(h.domain.rack, h.domain.name, h.state, fold(h.domain.trays),
-                          "\n".join(r.message for r in h.reasons) or "-")
-        render.console().print(table)
+    healths, unreachable = imex_status(site, _racks(site, rack), _settings(site))
+    out = render.output(json_)
+    out.result({"domains": [h.to_dict() for h in healths]}, lambda: out.table(
+        None, ("rack", "domain", "state", "trays", "reasons"),
+        [(h.domain.rack, h.domain.name, h.state, fold(h.domain.trays), "\n".join(r.message for r in h.reasons) or "-")
+         for h in healths], boxed=True))
     if unreachable:
-        from mctl.model.site import fold
         raise PartialFailure(f"{len(unreachable)} trays could not be reached: {fold(unreachable)}",
                              hint="see 'mctl exec TRAYS -- true' for the SSH error of each")
     if any(h.state != "UP" for h in healths):
@@ -142,12 +131,10 @@ def status(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.",
 
 
 @app.command()
-def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", show_default=False)] = None,
+def apply(rack: OneRackArg = None,
           restart: Annotated[bool, typer.Option("--restart", help="Restart the daemon on every tray, also where "
                                                 "the files are already right.")] = False,
-          wait: Annotated[float, typer.Option("--wait", click_type=finite(min=0),
-                                              help="Seconds to wait for every domain to be UP "
-                                                   "afterwards (0: do not wait).")] = 0,
+          imex_wait: ImexWaitOpt = 0,
           reach_wait: Annotated[float, typer.Option("--reach-wait", click_type=finite(min=0, max=3600),
                                                     help="Seconds to keep asking a tray that cannot be reached "
                                                     "before its domain is left unchanged.")] = 15,
@@ -159,8 +146,8 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", 
     domain with a tray that cannot be reached is not touched at all (no file written, no daemon
     restarted): apply asks that tray again for up to --reach-wait seconds, then leaves the
     domain as it is and names the tray. The restart command is vars.imex.restart_command
-    (default: systemctl restart nvidia-imex). Exit 3 when some trays or domains could not be
-    updated.
+    (default: systemctl restart nvidia-imex). --imex-wait then waits for every domain to be UP.
+    Exit 3 when some trays or domains could not be updated.
 
     Example: mctl -i inventories/lab imex apply lab-r1 --dry-run
     """
@@ -173,29 +160,27 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", 
     settings = _settings(site)
     racks = _racks(site, rack)
     hold_racks([r.name for r in racks], "imex apply", dry_run=dry_run)   # before anything is printed or pushed
-    quiet = want_json(json_)
-    out: list[dict] = []
+    out = render.output(json_)
+    done: list[dict] = []
     failed: list[str] = []
 
     def show(plan: ImexApplyResult) -> None:
-        if quiet:
-            return
         if plan.changes:
             for t, files in plan.changes.items():
-                _say(f"{plan.rack}: {'would write' if dry_run else 'writing'} {', '.join(files)} on {t}")
+                out.line(f"{plan.rack}: {'would write' if dry_run else 'writing'} {', '.join(files)} on {t}")
         else:
-            _say(f"{plan.rack}: IMEX files on every reachable tray match the partitions")
+            out.line(f"{plan.rack}: IMEX files on every reachable tray match the partitions")
         if plan.restart:
-            _say(f"{plan.rack}: {'would restart' if dry_run else 'restarting'} IMEX on {fold(plan.restart)}")
+            out.line(f"{plan.rack}: {'would restart' if dry_run else 'restarting'} IMEX on {fold(plan.restart)}")
         if plan.unreachable:
-            render.warn(f"{plan.rack}: cannot reach {fold(plan.unreachable)}")
+            out.warn(f"{plan.rack}: cannot reach {fold(plan.unreachable)}", in_result=True)
         for domain, lost in plan.held.items():
-            render.warn(f"{plan.rack}: IMEX domain {domain} {'would be' if dry_run else 'is'} left unchanged "
-                        f"(no file written, no daemon restarted): {fold(lost)} cannot be reached")
+            out.warn(f"{plan.rack}: IMEX domain {domain} {'would be' if dry_run else 'is'} left unchanged "
+                     f"(no file written, no daemon restarted): {fold(lost)} cannot be reached", in_result=True)
 
     def waiting(blocked: dict[str, list[str]], left: float) -> None:
         lost = sorted({t for trays in blocked.values() for t in trays})
-        render.warn(f"{fold(lost)} cannot be reached: asking again for up to {left:.0f}s before leaving IMEX "
+        out.warn(f"{fold(lost)} cannot be reached: asking again for up to {left:.0f}s before leaving IMEX "
                     f"domain{'s' if len(blocked) > 1 else ''} {', '.join(blocked)} unchanged")
 
     held: list[str] = []
@@ -205,17 +190,15 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", 
         failed += result.unreachable + list(result.failed)
         held += [f"{r.name}/{d} ({fold(lost)} unreachable)" for d, lost in result.held.items()]
         for host, why in result.failed.items():
-            render.warn(f"{host}: {why}")
-        out.append(result.to_dict())
+            out.warn(f"{host}: {why}")
+        done.append(result.to_dict())
     healths = []
-    if wait and not dry_run:
-        healths = wait_for_imex(site, racks, settings, wait=wait)
-        if not quiet:
-            for h in healths:
-                _say(f"{h.domain.rack}/{h.domain.name}: {h.state}"
+    if imex_wait and not dry_run:
+        healths = wait_for_imex(site, racks, settings, wait=imex_wait)
+        for h in healths:
+            out.line(f"{h.domain.rack}/{h.domain.name}: {h.state}"
                      + (f" ({'; '.join(r.message for r in h.reasons)})" if h.reasons else ""))
-    if quiet:
-        render.print_json({"dry_run": dry_run, "racks": out, "domains": [h.to_dict() for h in healths]})
+    out.result({"dry_run": dry_run, "racks": done, "domains": [h.to_dict() for h in healths]})
     if held:
         raise PartialFailure(f"IMEX domain{'s' if len(held) > 1 else ''} left unchanged: {', '.join(held)}",
                              hint="bring the tray back (or move it out of the partition), then run "

@@ -11,17 +11,15 @@ import typer
 from typer.core import TyperGroup
 
 from mctl.cli import render
-from mctl.cli.context import options, want_json
-from mctl.cli.options import DryRunOpt, JsonOpt, finite
+from mctl.cli.context import options
+from mctl.cli.options import DryRunOpt, HangOpt, JsonOpt, LabDirOpt, SlowOpt, finite
 
 app = typer.Typer(
     help="The virtual NVL72 lab: real Linux hosts (namespaces, overlay roots, sshd, Slurm) with emulated GPUs.\n\n"
-         "Example: mctl lab up --racks 1 --trays 18",
+         "Example: mctl lab up --racks 1 --compute-trays 18",
     no_args_is_help=True,
 )
 
-DirOpt = Annotated[Optional[Path], typer.Option("--dir", envvar="MCTL_LAB_DIR", show_envvar=False,
-                                                help="Lab folder (default <state dir>/lab).")]
 
 
 def _lab_dir(value: Path | None) -> Path:
@@ -33,21 +31,17 @@ def _dir_flag(lab_dir: Path) -> str:
     return "" if lab_dir == default else f" --dir {lab_dir}"
 
 
-def _say(message: str) -> None:
-    render.err_console().print(message, markup=False, highlight=False)
-
-
 @app.command()
 def up(
     racks: Annotated[int, typer.Option("--racks", min=1, max=99, help="Racks (each its own NVLink domain).")] = 1,
-    trays: Annotated[int, typer.Option("--trays", min=1, max=18, help="Compute trays per rack.")] = 18,
+    trays: Annotated[int, typer.Option("--compute-trays", min=1, max=18, help="Compute trays per rack.")] = 18,
     switch_trays: Annotated[int, typer.Option("--switch-trays", min=0, max=9,
                                               help="NVLink switch trays per rack: each is a BMC only "
                                                    "(Redfish, the real switch tray's tree), no host.")] = 0,
-    lab_dir: DirOpt = None,
+    lab_dir: LabDirOpt = None,
     net: Annotated[int, typer.Option("--net", min=1, max=254,
                                      help="Second address octet: hosts get 127.NET.RACK.TRAY.")] = 77,
-    timeout: Annotated[float, typer.Option("--timeout", click_type=finite(),
+    timeout: Annotated[float, typer.Option("--start-timeout", click_type=finite(),
                                            help="Seconds to wait for every host's sshd.")] = 180.0,
     os_only: Annotated[bool, typer.Option("--os-only", help="Trays start with the OS image only: the GPU tools "
                                           "come with provisioning, through the lab's apt repository.")] = False,
@@ -60,14 +54,14 @@ def up(
     so every other command works on the lab as on any site. The image is built on first use
     (a few minutes, then cached).
 
-    Example: mctl lab up --racks 1 --trays 18
+    Example: mctl lab up --racks 1 --compute-trays 18
     """
     from mctl.lab import control, image
     from mctl.lab.layout import LabLayout
     from mctl.lab.site import IMAGE_NAME, REPO_IMAGES
 
+    out = render.output(json_)
     path = _lab_dir(lab_dir)
-    as_json = want_json(json_)
     if dry_run:
         layout = LabLayout("lab", racks, trays, net, switch_trays)
         spec = image.load_spec(REPO_IMAGES / f"{IMAGE_NAME}.yml")
@@ -77,32 +71,25 @@ def up(
                 "switch_trays": [{"name": sw.name, "address": sw.address, "bmc": layout.switch_bmc_address(sw)}
                                  for sw in layout.switches()],
                 "inventory": str(path / control.INVENTORY)}
-        if as_json:
-            render.print_json({"dry_run": True, "plan": plan})
-            return
-        con = render.console()
-        con.print(f"would start {len(plan['hosts'])} hosts in {path} "
-                  f"(image {spec.name}: {'cached' if plan['image_cached'] else 'to build'} at {spec.cache_dir})",
-                  markup=False, highlight=False)
-        for h in plan["hosts"]:
-            con.print(f"  {h['name']:<18} {h['kind']:<5} {h['address']}", markup=False, highlight=False)
-        for sw in plan["switch_trays"]:
-            con.print(f"  {sw['name']:<18} {'switch':<6} BMC {sw['bmc']} (no host)", markup=False, highlight=False)
+        out.result({"dry_run": True, "plan": plan}, lambda: out.lines(
+            [f"would start {len(plan['hosts'])} hosts in {path} (image {spec.name}: "
+             f"{'cached' if plan['image_cached'] else 'to build'} at {spec.cache_dir})"]
+            + [f"  {h['name']:<18} {h['kind']:<5} {h['address']}" for h in plan["hosts"]]
+            + [f"  {sw['name']:<18} {'switch':<6} BMC {sw['bmc']} (no host)" for sw in plan["switch_trays"]]))
         return
     result = control.up(path, racks=racks, trays=trays, net=net, timeout=timeout, os_only=os_only,
-                        switch_trays=switch_trays, progress=(lambda _m: None) if as_json else _say)
+                        switch_trays=switch_trays, progress=(lambda _m: None) if out.json else out.event)
     flag = _dir_flag(result.dir)
     for dest in result.missing_files:
-        render.warn(f"{dest} not installed: its source is not in this checkout yet")
-    if as_json:
-        render.print_json({"dir": str(result.dir), "inventory": str(result.inventory),
-                           "seconds": round(result.seconds, 2), "image_dir": str(result.image_dir),
-                           "racks": racks, "trays": trays, "switch_trays": switch_trays,
-                           "missing_files": result.missing_files,
-                           "hosts": [{"name": h.name, "kind": h.kind, "rack": h.rack, "address": h.address}
-                                     for h in result.layout.hosts()]})
+        out.warn(f"{dest} not installed: its source is not in this checkout yet")
+    if out.json:
+        out.result({"dir": str(result.dir), "inventory": str(result.inventory),
+                    "seconds": round(result.seconds, 2), "image_dir": str(result.image_dir),
+                    "racks": racks, "trays": trays, "switch_trays": switch_trays,
+                    "missing_files": result.missing_files,
+                    "hosts": [{"name": h.name, "kind": h.kind, "rack": h.rack, "address": h.address}
+                              for h in result.layout.hosts()]})
         return
-    con = render.console()
     first = result.layout.trays_of(result.layout.rack_names()[0])[0].name
     lines = [
         f"lab up: {racks} rack(s) x {trays} trays + head node, {len(result.layout.hosts())} hosts "
@@ -119,12 +106,11 @@ def up(
         f"  mctl lab status{flag}",
         f"  mctl lab down{flag}",
     ]
-    for line in lines:
-        con.print(line, markup=False, highlight=False)
+    out.lines(lines)
 
 
 @app.command()
-def status(lab_dir: DirOpt = None, json_: JsonOpt = False) -> None:
+def status(lab_dir: LabDirOpt = None, json_: JsonOpt = False) -> None:
     """Hosts, addresses, processes and faults of the lab, read from the running system.
 
     Example: mctl lab status --json
@@ -132,43 +118,37 @@ def status(lab_dir: DirOpt = None, json_: JsonOpt = False) -> None:
 
     from mctl.lab import control
 
+    out = render.output(json_)
     path = _lab_dir(lab_dir)
     st = control.status(path)
-    if want_json(json_):
-        render.print_json(st)
+    if out.json:
+        out.result(st)
         return
-    con = render.console()
     if not st["configured"]:
         extra = f" ({len(st['stray_processes'])} leftover processes: run 'mctl lab down{_dir_flag(path)}')" \
             if st["stray_processes"] else ""
-        con.print(f"no lab in {path}{extra}", markup=False, highlight=False)
+        out.line(f"no lab in {path}{extra}")
         return
-    con.print(f"lab {st['name']} in {st['dir']}: {st['hosts_running']}/{st['hosts_total']} hosts running, "
-              f"{st['processes']} processes, {st['rss_kib'] / 1024:.0f} MiB resident", markup=False, highlight=False)
-    con.print(f"inventory: {st['inventory']}", markup=False, highlight=False)
+    out.line(f"lab {st['name']} in {st['dir']}: {st['hosts_running']}/{st['hosts_total']} hosts running, "
+             f"{st['processes']} processes, {st['rss_kib'] / 1024:.0f} MiB resident")
+    out.line(f"inventory: {st['inventory']}")
     img = st.get("image") or {}
     pkgs = ", ".join(f"{k} {v}" for k, v in sorted((img.get("packages") or {}).items()))
-    con.print(f"image: {img.get('name')} ({img.get('dir')}){': ' + pkgs if pkgs else ''}", markup=False,
-              highlight=False)
-    table = render.data_table(title_justify="left")
-    for col in ("host", "kind", "address", "state", "ssh", "procs", "faults"):
-        table.add_column(col)
-    for h in st["hosts"]:
-        table.add_row(h["name"], h["kind"], h["address"], "running" if h["running"] else "down", h["ssh"],
-                      str(len(h["processes"])), ", ".join(h["faults"]) or "-")
-    con.print(table)
+    out.line(f"image: {img.get('name')} ({img.get('dir')}){': ' + pkgs if pkgs else ''}")
+    out.table(None, ("host", "kind", "address", "state", "ssh", "procs", "faults"),
+              [(h["name"], h["kind"], h["address"], "running" if h["running"] else "down", h["ssh"],
+                str(len(h["processes"])), ", ".join(h["faults"]) or "-") for h in st["hosts"]], boxed=True)
     for svc in st["rack_services"]:
-        con.print(f"{svc['rack']} {svc['name']} {svc['address']}:{svc['port']} "
-                  f"{'running' if svc['running'] else 'down'}"
-                  f"{' (' + ', '.join(svc['faults']) + ')' if svc.get('faults') else ''}", markup=False,
-                  highlight=False)
+        out.line(f"{svc['rack']} {svc['name']} {svc['address']}:{svc['port']} "
+                 f"{'running' if svc['running'] else 'down'}"
+                 f"{' (' + ', '.join(svc['faults']) + ')' if svc.get('faults') else ''}")
     for sw in st.get("switch_trays", []):
-        con.print(f"{sw['name']} switch tray BMC {sw['bmc']} {'listening' if sw['bmc_listening'] else 'down'}"
-                  f"{' (' + ', '.join(sw['faults']) + ')' if sw['faults'] else ''}", markup=False, highlight=False)
+        out.line(f"{sw['name']} switch tray BMC {sw['bmc']} {'listening' if sw['bmc_listening'] else 'down'}"
+                 f"{' (' + ', '.join(sw['faults']) + ')' if sw['faults'] else ''}")
 
 
 @app.command()
-def down(lab_dir: DirOpt = None, dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
+def down(lab_dir: LabDirOpt = None, dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
     """Stop every lab host and service and remove the lab folder's hosts, keys and inventory.
 
     Leaves no process, mount or overlay behind. Nothing running is not an error.
@@ -177,27 +157,20 @@ def down(lab_dir: DirOpt = None, dry_run: DryRunOpt = False, json_: JsonOpt = Fa
     """
     from mctl.lab import control
 
+    out = render.output(json_)
     path = _lab_dir(lab_dir)
-    as_json = want_json(json_)
     if dry_run:
         running = control.lab_processes(path)
         plan = {"dir": str(path), "processes": len(running), "remove": path.is_dir()}
-        if as_json:
-            render.print_json({"dry_run": True, "plan": plan})
-        else:
-            render.console().print(f"would stop {len(running)} lab processes and remove the lab files in {path}",
-                                   markup=False, highlight=False)
+        out.result({"dry_run": True, "plan": plan},
+                   lambda: out.line(f"would stop {len(running)} lab processes and remove the lab files in {path}"))
         return
-    result = control.down(path, progress=(lambda _m: None) if as_json else _say)
-    if as_json:
-        render.print_json({"dir": str(result.dir), "stopped_processes": result.stopped, "removed": result.removed,
-                           "seconds": round(result.seconds, 2)})
-        return
-    if not result.stopped and not result.removed:
-        render.console().print(f"no lab in {path}; nothing to do", markup=False, highlight=False)
-    else:
-        render.console().print(f"lab down: stopped {result.stopped} processes, removed {path} "
-                               f"in {result.seconds:.1f} s", markup=False, highlight=False)
+    result = control.down(path, progress=(lambda _m: None) if out.json else out.event)
+    out.result({"dir": str(result.dir), "stopped_processes": result.stopped, "removed": result.removed,
+                "seconds": round(result.seconds, 2)},
+               lambda: out.line(f"no lab in {path}; nothing to do" if not result.stopped and not result.removed
+                                else f"lab down: stopped {result.stopped} processes, removed {path} "
+                                     f"in {result.seconds:.1f} s"))
 
 
 # --- mctl lab fault TARGET ... -------------------------------------------------------------------
@@ -255,14 +228,10 @@ def _show_fault(res, dry_run: bool, json_: bool) -> None:
     else:
         key, name = "host", res.host
         label = f"{res.host} bmc" if isinstance(res, BmcFaultResult) else res.host
-    if want_json(json_):
-        render.print_json({key: name, "dry_run": dry_run, "before": res.before, "after": res.after,
-                           "actions": res.actions})
-        return
-    con = render.console()
-    for act in res.actions:
-        con.print(f"{'would' if dry_run else 'did'}: {act}", markup=False, highlight=False)
-    con.print(f"{label}: {', '.join(res.after) or 'no faults'}", markup=False, highlight=False)
+    out = render.output(json_)
+    out.result({key: name, "dry_run": dry_run, "before": res.before, "after": res.after, "actions": res.actions},
+               lambda: out.lines([f"{'would' if dry_run else 'did'}: {act}" for act in res.actions]
+                                 + [f"{label}: {', '.join(res.after) or 'no faults'}"]))
 
 
 def _inject(lab_dir: Path | None, host: str, req, dry_run: bool, json_: bool) -> None:
@@ -301,7 +270,7 @@ def fault_gpu(
     driver_branch: Annotated[Optional[str], typer.Option(
         "--driver-branch", metavar="BRANCH",
         help="535 | 570 | 580: nvidia-smi answers in that branch's XML shape.")] = None,
-    lab_dir: DirOpt = None,
+    lab_dir: LabDirOpt = None,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:
@@ -324,10 +293,8 @@ def fault_host(
     freeze: Annotated[bool, typer.Option("--freeze", "--unreachable",
                                          help="Every process of the host stops: open and new connections get no "
                                               "answer (power loss, panic).")] = False,
-    hang: Annotated[bool, typer.Option("--hang", help="Logins work, every command (open connections too) "
-                                                      "never returns.")] = False,
-    slow: Annotated[Optional[float], typer.Option("--slow", metavar="SECONDS", click_type=finite(min=0),
-                                                  help="Every command starts SECONDS late.")] = None,
+    hang: HangOpt = False,
+    slow: SlowOpt = None,
     sshd_restart: Annotated[bool, typer.Option("--sshd-restart", help="Event: open connections reset, sshd "
                                                                       "restarted.")] = False,
     reboot: Annotated[bool, typer.Option("--reboot", help="Event: the host stops and boots again (new boot id, "
@@ -335,7 +302,7 @@ def fault_host(
     down_for: Annotated[Optional[float], typer.Option("--down-for", metavar="SECONDS", click_type=finite(min=0),
                                                       help="With --reboot: seconds the host stays off "
                                                            "(default 2).")] = None,
-    lab_dir: DirOpt = None,
+    lab_dir: LabDirOpt = None,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:
@@ -356,7 +323,7 @@ def fault_service(
     imex_crash: Annotated[bool, typer.Option("--imex-crash", help="The IMEX daemon killed.")] = False,
     slurmctld_down: Annotated[bool, typer.Option("--slurmctld-down",
                                                  help="Head node: slurmctld killed and kept down.")] = False,
-    lab_dir: DirOpt = None,
+    lab_dir: LabDirOpt = None,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:
@@ -381,11 +348,9 @@ def fault_bmc(
                                            "Chassis_0_LeakDetector_0_ColdPlate, a switch tray's leakage1).")] = None,
     psu_fail: Annotated[bool, typer.Option(
         "--psu-fail", help="A compute tray's BMC reports its power subsystem Critical (a failed supply).")] = False,
-    hang: Annotated[bool, typer.Option("--hang", help="The BMC takes connections and requests and answers none "
-                                                      "(open connections too).")] = False,
-    slow: Annotated[Optional[float], typer.Option("--slow", metavar="SECONDS", click_type=finite(min=0),
-                                                  help="The BMC answers every request SECONDS late.")] = None,
-    lab_dir: DirOpt = None,
+    hang: HangOpt = False,
+    slow: SlowOpt = None,
+    lab_dir: LabDirOpt = None,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:
@@ -404,7 +369,7 @@ def fault_nmx(
     rack: Annotated[str, typer.Argument(help="Rack (or one of its trays).")],
     kind: Annotated[str, typer.Argument(help="500 (every request fails) | timeout (never answered) "
                                                              "| slow (answers 3 s late) | clear.")],
-    lab_dir: DirOpt = None,
+    lab_dir: LabDirOpt = None,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:
@@ -424,7 +389,7 @@ def fault_clear(
         "--target", metavar="TARGET",
         help="Only these faults: gpu | host | service | bmc | nmx (the rack's). Default: all of a host's (a compute "
              "tray's BMC too), a switch tray's BMC, a rack's NMX-M.")] = None,
-    lab_dir: DirOpt = None,
+    lab_dir: LabDirOpt = None,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:
@@ -441,7 +406,7 @@ def fault_clear(
 def ssh(
     host: Annotated[str, typer.Argument(help="Lab host (tray or head node).")],
     command: Annotated[Optional[list[str]], typer.Argument(help="Command to run (after --).")] = None,
-    lab_dir: DirOpt = None,
+    lab_dir: LabDirOpt = None,
 ) -> None:
     """Open a shell on a lab host with the lab's key and known_hosts, or run a command there.
 
@@ -451,6 +416,5 @@ def ssh(
 
     argv = control.ssh_argv(_lab_dir(lab_dir), host, list(command or []),
                             tty=not command and sys.stdin.isatty())
-    sys.stdout.flush()
-    sys.stderr.flush()
+    render.output().flush()             # what was written goes out before ssh replaces this process
     os.execvp(argv[0], argv)

@@ -26,7 +26,7 @@ def hold_racks(racks: Iterable[str], purpose: str, *, dry_run: bool = False) -> 
         for name in names:
             holder = lock_holder(rack_lock_path(state_dir, name))
             if holder:
-                render.warn(f"rack {name} is locked {describe_holder(holder)}; this dry run shows the state "
+                render.Output().warn(f"rack {name} is locked {describe_holder(holder)}; this dry run shows the state "
                             "before that command finishes")
         return names
     ctx = _current_context()

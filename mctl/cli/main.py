@@ -18,6 +18,7 @@ import typer
 from mctl import __version__
 from mctl.cli import render
 from mctl.cli.context import DEFAULT_STATE_DIR, Options, set_options
+from mctl.cli.options import JsonOpt
 from mctl.errors import EXIT_INTERNAL, EXIT_USAGE, MctlError
 
 try:  # typer >= 0.22 carries its own copy of click
@@ -53,14 +54,14 @@ _VALUE_OPTIONS = {"-i", "--inventory", "--state-dir"}
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"mctl {__version__}")
+        render.write(f"mctl {__version__}\n")
         raise typer.Exit()
 
 
 def root(
     inventory: Annotated[Optional[str], typer.Option("--inventory", "-i", envvar="MCTL_INVENTORY",
                                                      help="Inventory directory or mctl.yml file.")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+    json_out: JsonOpt = False,
     verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="More detail; repeat for more.")] = 0,
     state_dir: Annotated[Optional[Path], typer.Option("--state-dir", envvar="MCTL_STATE_DIR",
                                                       help=f"State directory (default {DEFAULT_STATE_DIR}).")] = None,
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Exit as exc:
         return exc.exit_code
     except getattr(_cx, "NoArgsIsHelpError", ()) as exc:
-        sys.stdout.write(exc.format_message() + "\n")
+        render.write(exc.format_message() + "\n")
         return 0
     except _cx.ClickException as exc:
         # Usage errors: unknown option, missing argument, bad value.
@@ -148,11 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except SystemExit as exc:  # completion helpers exit directly
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
-    except typer.Abort:
-        sys.stderr.write("mctl: interrupted\n")
-        return 130
-    except KeyboardInterrupt:
-        sys.stderr.write("mctl: interrupted\n")
+    except (typer.Abort, KeyboardInterrupt):
+        render.write("mctl: interrupted\n", err=True)
         return 130
     except BrokenPipeError:
         # Output piped into head/less that closed early.
@@ -171,12 +169,12 @@ def _internal_error(exc: BaseException, args: list[str]) -> int:
     verbose = _verbose(args)
     try:
         if verbose:
-            sys.stderr.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+            render.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)), err=True)
         render.error(f"internal error: {what}",
                      "this is a bug in mctl; please report it with the output of the same command run with -v"
                      if not verbose else "this is a bug in mctl; please report it with the traceback above")
     except Exception:  # noqa: BLE001 - even the error printer failed: plain text, still one line
-        sys.stderr.write(f"mctl: error: internal error: {what}\n")
+        render.write(f"mctl: error: internal error: {what}\n", err=True)
     return EXIT_INTERNAL
 
 

@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from mctl.cli import render
-from mctl.cli.context import options, want_json
-from mctl.cli.options import DryRunOpt, JsonOpt
+from mctl.cli.context import options
+from mctl.cli.options import DryRunOpt, JsonOpt, NodesArg, PassedOpt
 from mctl.errors import EXIT_FINDINGS, UsageError
 
 app = typer.Typer(help="Commands for a compute tray itself (the node check, Slurm's HealthCheckProgram).",
@@ -25,7 +25,7 @@ def check(
     no_drain: Annotated[bool, typer.Option("--no-drain", help="Report only; never drain or resume.")] = False,
     no_nvml: Annotated[bool, typer.Option("--no-nvml", help="Read GPUs with nvidia-smi even when NVML loads.")
                        ] = False,
-    verbose: Annotated[bool, typer.Option("--all", help="List passed checks too.")] = False,
+    passed: PassedOpt = False,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:
@@ -37,7 +37,7 @@ def check(
     Slurm's 60 s limit. The standalone copy installed by 'mctl node install-check' runs the same
     code as /usr/local/sbin/mctl-node-check. Exit 0 ok, 1 critical findings, 2 bad config.
 
-    Example: mctl node check --no-drain --all
+    Example: mctl node check --no-drain --passed
     """
     from mctl.health import node_check
 
@@ -46,25 +46,21 @@ def check(
     except (ValueError, KeyError) as exc:
         raise UsageError(f"node-check config: {exc}", hint="see docs/health.md for its format") from None
     result = node_check.run(cfg, drain=False if no_drain else None, dry_run=dry_run, use_nvml=not no_nvml)
-    if want_json(json_):
-        render.print_json(result.to_dict())
-    else:
-        import sys
-
-        sys.stdout.write(node_check.render_text(result, verbose=verbose))
+    out = render.output(json_)
+    out.result(result.to_dict(), lambda: out.block(node_check.render_text(result, verbose=passed)))
     if result.worst.value == "critical":
         raise typer.Exit(EXIT_FINDINGS)
 
 
 @app.command("install-check")
 def install_check(
-    target: Annotated[str, typer.Argument(metavar="NODESET|RACK", help="Compute trays to install it on.")],
+    target: NodesArg,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """Install the node check on trays (playbook site.yml, tag health): the modules it needs under
     /usr/local/lib/mctl-node-check, /etc/mctl/node-check.json from the inventory, and
-    /usr/local/sbin/mctl-node-check. 'mctl provision' and 'mctl deploy slurm' install it too;
+    /usr/local/sbin/mctl-node-check (on the compute trays of NODESET). 'mctl provision' and 'mctl deploy slurm' install it too;
     slurm.conf names it as HealthCheckProgram unless scheduler.slurm.node_check is false.
 
     Example: mctl -i inventories/lab node install-check lab-r1
@@ -86,15 +82,12 @@ def install_check(
                           connect_timeout=site.ssh.connect_timeout)
     result = run_playbook(req, opts.state_dir)
     ok = result.status == "successful" and not result.failed_hosts
-    if want_json(json_):
-        render.print_json({"dry_run": dry_run, "trays": scope.names, "ok": ok, "run": result.to_dict()})
-    else:
-        con = render.console()
-        for host, recap in sorted(result.hosts.items()):
-            con.print(f"  {host}: {recap.status} (changed {recap.changed})"
-                      + (f": {recap.failed_task}: {recap.message}" if recap.failed_task else ""),
-                      markup=False, highlight=False)
-        con.print(f"{'checked' if dry_run else 'installed'} the node check on {len(scope.names)} tray(s): "
-                  f"{'ok' if ok else 'FAILED'} (run folder {result.run_dir})", markup=False, highlight=False)
+    out = render.output(json_)
+    out.result({"dry_run": dry_run, "trays": scope.names, "ok": ok, "run": result.to_dict()}, lambda: out.lines(
+        [f"  {host}: {recap.status} (changed {recap.changed})"
+         + (f": {recap.failed_task}: {recap.message}" if recap.failed_task else "")
+         for host, recap in sorted(result.hosts.items())]
+        + [f"{'checked' if dry_run else 'installed'} the node check on {len(scope.names)} tray(s): "
+           f"{'ok' if ok else 'FAILED'} (run folder {result.run_dir})"]))
     if not ok:
         raise typer.Exit(3)

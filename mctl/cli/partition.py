@@ -8,9 +8,9 @@ import typer
 
 from mctl.cli import partition_change as change
 from mctl.cli import render
-from mctl.cli.context import options, want_json
-from mctl.cli.partition_change import DrainOpt, ForceOpt, NmxOnlyOpt, WaitOpt, YesOpt
-from mctl.cli.options import DryRunOpt, JsonOpt
+from mctl.cli.context import options
+from mctl.cli.options import (ByLocationOpt, DrainOpt, DryRunOpt, ForceOpt, JsonOpt, NmxOnlyOpt, NoApplyOpt, RackArg,
+                              ResumeOpt, TraysOpt, WaitOpt, YesOpt)
 from mctl.errors import PartialFailure, UsageError
 
 if TYPE_CHECKING:
@@ -20,19 +20,10 @@ app = typer.Typer(help="NVLink partitions: desired in the inventory, applied thr
                        "Example: mctl -i inventories/lab partition create lab-r1 --template 2x9",
                   no_args_is_help=True)
 
-RackArg = Annotated[str, typer.Argument(help="Rack name.", show_default=False)]
-ByLocationOpt = Annotated[bool, typer.Option("--by-location", help="Create partitions with location members "
-                                             "(domain, chassis, slot, host, device) instead of GPU IDs.")]
-
-
 def _rack(site: "Site", name: str) -> "Rack":
     if name not in site.racks:
         raise UsageError(f"unknown rack {name!r}", hint=f"known racks: {', '.join(site.racks)}")
     return site.racks[name]
-
-
-def _say(text: str) -> None:
-    render.console().print(text, markup=False, highlight=False)
 
 
 # ------------------------------------------------------------------ reports
@@ -52,24 +43,18 @@ def list_(rack: Annotated[Optional[str], typer.Argument(help="Only this rack.", 
     """
     from mctl.fabric.report import partition_report
 
+    out = render.output(json_)
     site = options().site()
     racks = [_rack(site, rack)] if rack else list(site.racks.values())
     report = partition_report(site, racks, offline=offline)
-    rows, errors = report.rows, report.errors
-    if want_json(json_):
-        render.print_json(report.to_dict())
-    else:
-
-        table = render.data_table(title_justify="left")
-        for col in ("rack", "partition", "state", "id", "health", "gpus", "trays (NMX-M)", "trays (inventory)"):
-            table.add_column(col)
-        for row in rows:
-            table.add_row(row.rack, row.name, row.state, str(row.partition_id or "-"), row.health or "-",
-                          str(row.gpus), row.trays if row.state not in ("declared", "missing") else "-",
-                          row.desired or "-")
-        render.console().print(table)
-        for name, msg in errors.items():
-            render.warn(f"rack {name}: {msg}")
+    errors = report.errors
+    out.result(report.to_dict(), lambda: out.table(
+        None, ("rack", "partition", "state", "id", "health", "gpus", "trays (NMX-M)", "trays (inventory)"),
+        [(row.rack, row.name, row.state, str(row.partition_id or "-"), row.health or "-", str(row.gpus),
+          row.trays if row.state not in ("declared", "missing") else "-", row.desired or "-") for row in report.rows],
+        boxed=True))
+    for name, msg in errors.items():
+        out.warn(f"rack {name}: {msg}", in_result=True)
     if errors:
         raise PartialFailure(f"NMX-M could not be asked for {len(errors)} of {len(racks)} racks "
                              f"({', '.join(errors)})", hint="the inventory's partitions are shown as 'declared'")
@@ -86,30 +71,31 @@ def show(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition name
     from mctl.model.fabric import describe_members
     from mctl.model.site import fold
 
+    out = render.output(json_)
     r = _rack(options().site(), rack)
     data = partition_detail(options().site(), r, name)
     found = data.pop("found")
-    members = data["members"]
-    if want_json(json_):
-        render.print_json(data)
+    if out.json:
+        out.result(data)
         return
-    _say(f"partition {name} of rack {rack}")
+    members = data["members"]
+    out.line(f"partition {name} of rack {rack}")
     trays = data["inventory_trays"]
-    _say(f"  inventory: {fold(trays) if trays is not None else 'not declared'}")
+    out.line(f"  inventory: {fold(trays) if trays is not None else 'not declared'}")
     if r.nmx is None:
-        _say("  NMX-M: no endpoint configured for this rack")
+        out.line("  NMX-M: no endpoint configured for this rack")
         return
     if not found:
-        _say(f"  NMX-M ({r.nmx.url}): not present (run 'mctl partition apply {rack}')")
+        out.line(f"  NMX-M ({r.nmx.url}): not present (run 'mctl partition apply {rack}')")
         return
-    _say(f"  NMX-M: PartitionID {data['partition_id']}, id {data['id']}, {data['type']}, health {data['health']}")
+    out.line(f"  NMX-M: PartitionID {data['partition_id']}, id {data['id']}, {data['type']}, health {data['health']}")
     by_tray: dict[str, list[dict]] = {}
     for m in members:
         by_tray.setdefault(m["tray"] or "(not this rack)", []).append(m)
     for tray, ms in by_tray.items():
         gpus = ", ".join(f"{m['gpu']}={m['gpu_id']}" if m["gpu"] is not None else m["gpu_id"] for m in ms)
-        _say(f"    {tray}: {gpus}")
-    _say(f"  members: {describe_members([(m['tray'], m['gpu']) for m in members if m['tray']], r.gpus_per_tray)}")
+        out.line(f"    {tray}: {gpus}")
+    out.line(f"  members: {describe_members([(m['tray'], m['gpu']) for m in members if m['tray']], r.gpus_per_tray)}")
 
 
 @app.command()
@@ -134,21 +120,19 @@ def templates(rack: Annotated[Optional[str], typer.Argument(help="Show what each
                  "result": f"{c} partition{'s' if c > 1 else ''} of {18 // c} tray{'s' if 18 // c > 1 else ''} "
                            "(full NVL72 rack)"} for t, c in TEMPLATES.items()]
         title = "templates (for a full 18-tray rack; give RACK for a partly populated one)"
-    if want_json(json_):
-        render.print_json({"rack": rack, "templates": rows})
-        return
-    _say(title)
-    for row in rows:
-        _say(f"  {row['template']:<5} {row['result']}")
+    out = render.output(json_)
+    out.result({"rack": rack, "templates": rows},
+               lambda: out.lines([title] + [f"  {row['template']:<5} {row['result']}" for row in rows]))
 
 
 # ------------------------------------------------------------------ changes (through mctl.change.service)
 
-def _run(req) -> None:
+def _run(req, json_: bool) -> None:
     """Run the change through the change service with the terminal's UI, then render its result."""
     from mctl.change.service import execute
 
-    change.render_result(execute(options().site(), req, options().state_dir, change.TerminalUI(yes=req.yes)))
+    ui = change.TerminalUI(render.output(json_), yes=req.yes)
+    ui.render(execute(options().site(), req, options().state_dir, ui))
 
 
 @app.command()
@@ -157,10 +141,7 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
           prune: Annotated[bool, typer.Option("--prune", help="Also delete NMX-M partitions the inventory does "
                                                               "not declare.")] = False,
           by_location: ByLocationOpt = False, drain: DrainOpt = False, wait: WaitOpt = None,
-          force: ForceOpt = False, yes: YesOpt = False, nmx_only: NmxOnlyOpt = False,
-          resume: Annotated[bool, typer.Option("--resume", help="Finish the rack's last partition change (create, "
-                                               "apply, delete, isolate, restore) that was stopped: forward, or its "
-                                               "rollback where one had begun.")] = False,
+          force: ForceOpt = False, yes: YesOpt = False, nmx_only: NmxOnlyOpt = False, resume: ResumeOpt = False,
           dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
     """Make NMX-M's partitions match the inventory, and every layer follow: create, update, delete, in a safe order.
 
@@ -184,16 +165,15 @@ def apply(rack: Annotated[Optional[str], typer.Argument(help="Only this rack (de
     from mctl.change.request import ChangeRequest, check_consent
     from mctl.fabric.service import kind_of
 
-    want_json(json_)                    # before any plan is shown: --json may follow the subcommand
     check_consent(drain, wait, force, yes)
     options().site()
     if resume:
-        return _resume(rack, dry_run=dry_run, other=prune or by_location or drain or force or yes or nmx_only)
+        return _resume(rack, json_, dry_run=dry_run, other=prune or by_location or drain or force or yes or nmx_only)
     _run(ChangeRequest("apply", rack=rack, prune=prune, kind=kind_of(by_location), drain=drain, wait=wait,
-                       force=force, yes=yes, nmx_only=nmx_only, dry_run=dry_run))
+                       force=force, yes=yes, nmx_only=nmx_only, dry_run=dry_run), json_)
 
 
-def _resume(rack: str | None, *, dry_run: bool, other: bool) -> None:
+def _resume(rack: str | None, json_: bool, *, dry_run: bool, other: bool) -> None:
     from mctl.change.request import ChangeRequest
 
     if rack is None:
@@ -201,23 +181,21 @@ def _resume(rack: str | None, *, dry_run: bool, other: bool) -> None:
     if dry_run or other:
         raise UsageError("--resume continues the last change with its own options; it takes no other option",
                          hint=f"'mctl partition apply {rack} --resume'")
-    _run(ChangeRequest("resume", rack=rack))
+    _run(ChangeRequest("resume", rack=rack), json_)
 
 
 @app.command()
 def create(rack: RackArg,
            name: Annotated[Optional[str], typer.Argument(help="Partition name (with --trays or --gpus).",
                                                         show_default=False)] = None,
-           template: Annotated[Optional[str], typer.Option("--template", "-t", help="all, 2x9, 3x6, 6x3 or 18x1: "
+           template: Annotated[Optional[str], typer.Option("--template", help="all, 2x9, 3x6, 6x3 or 18x1: "
                                                            "replace the rack's partitions with equal ones.")] = None,
-           trays: Annotated[Optional[str], typer.Option("--trays", help="Trays of the new partition (node set).")]
-           = None,
+           trays: TraysOpt = None,
            gpus: Annotated[Optional[List[str]], typer.Option("--gpus", help="TRAYS:GPUS members, e.g. "
                                                             "lab-r1-tray01:0-1 (needs --gpu-granularity).")] = None,
            gpu_granularity: Annotated[bool, typer.Option("--gpu-granularity", help="Allow a partition that "
                                                          "splits a tray (IMEX and Slurm cannot follow it).")] = False,
-           no_apply: Annotated[bool, typer.Option("--no-apply", help="Only record in the inventory.")] = False,
-           by_location: ByLocationOpt = False, drain: DrainOpt = False, wait: WaitOpt = None,
+           no_apply: NoApplyOpt = False, by_location: ByLocationOpt = False, drain: DrainOpt = False, wait: WaitOpt = None,
            force: ForceOpt = False, yes: YesOpt = False, nmx_only: NmxOnlyOpt = False, dry_run: DryRunOpt = False,
            json_: JsonOpt = False) -> None:
     """Create partitions: record them in the inventory (mctl.yml, previous copy in mctl.yml.bak), then apply.
@@ -236,7 +214,6 @@ def create(rack: RackArg,
     from mctl.fabric.partitions import check_partition_name, parse_gpu_members, parse_trays
     from mctl.fabric.service import kind_of
 
-    want_json(json_)
     r = rack_of(options().site(), rack)
     given = [x for x in (template, trays, gpus) if x]
     if len(given) != 1:
@@ -254,13 +231,12 @@ def create(rack: RackArg,
                        trays=parse_trays(r, trays) if trays else (),
                        gpus=tuple(parse_gpu_members(r, gpus)) if gpus else (), gpu_granularity=gpu_granularity,
                        no_apply=no_apply, kind=kind_of(by_location), drain=drain, wait=wait, force=force, yes=yes,
-                       nmx_only=nmx_only, dry_run=dry_run))
+                       nmx_only=nmx_only, dry_run=dry_run), json_)
 
 
 @app.command()
 def delete(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition name.", show_default=False)],
-           no_apply: Annotated[bool, typer.Option("--no-apply", help="Only remove it from the inventory.")] = False,
-           drain: DrainOpt = False, wait: WaitOpt = None, force: ForceOpt = False, yes: YesOpt = False,
+           no_apply: NoApplyOpt = False, drain: DrainOpt = False, wait: WaitOpt = None, force: ForceOpt = False, yes: YesOpt = False,
            nmx_only: NmxOnlyOpt = False, dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
     """Delete a partition: remove it from the inventory and from NMX-M; its GPUs return to the default partition.
 
@@ -272,11 +248,10 @@ def delete(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition na
     from mctl.change.request import ChangeRequest, check_consent
     from mctl.change.service import rack_of
 
-    want_json(json_)
     rack_of(options().site(), rack)
     check_consent(drain, wait, force, yes)
     _run(ChangeRequest("delete", rack=rack, name=name, no_apply=no_apply, drain=drain, wait=wait, force=force,
-                       yes=yes, nmx_only=nmx_only, dry_run=dry_run))
+                       yes=yes, nmx_only=nmx_only, dry_run=dry_run), json_)
 
 
 # ------------------------------------------------------------------ around a failed tray
@@ -303,10 +278,10 @@ def isolate(tray: TrayArg,
     from mctl.change.request import ChangeRequest, check_consent
     from mctl.change.service import rack_of_tray
 
-    want_json(json_)
     rack_of_tray(options().site(), tray)
     check_consent(drain, wait, force, yes)
-    _run(ChangeRequest("isolate", tray=tray, to=to, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run))
+    _run(ChangeRequest("isolate", tray=tray, to=to, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run),
+         json_)
 
 
 @app.command()
@@ -322,7 +297,6 @@ def restore(tray: TrayArg, drain: DrainOpt = False, wait: WaitOpt = None, force:
     from mctl.change.request import ChangeRequest, check_consent
     from mctl.change.service import rack_of_tray
 
-    want_json(json_)
     rack_of_tray(options().site(), tray)
     check_consent(drain, wait, force, yes)
-    _run(ChangeRequest("restore", tray=tray, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run))
+    _run(ChangeRequest("restore", tray=tray, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run), json_)

@@ -2,30 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
-
 import typer
 
 from mctl.cli import render
-from mctl.cli.context import options, want_json
-from mctl.cli.options import DryRunOpt, JsonOpt, finite
+from mctl.cli.context import options
+from mctl.cli.options import DeadlineOpt, DryRunOpt, ForceOpt, GracefulOpt, JsonOpt, NodesArg, RackArg, YesOpt
 from mctl.errors import EXIT_PARTIAL, UsageError
 
 app = typer.Typer(help="Tray power through the BMCs (Redfish): status, on, off, cycle.", no_args_is_help=True)
 rack_power_app = typer.Typer(help="A whole rack's power in order: shelves, switch trays, compute trays "
                                   "(off: the reverse).", no_args_is_help=True)
-
-NodesArg = Annotated[str, typer.Argument(help="Trays (node set) or a rack name.", show_default=False)]
-RackArg = Annotated[str, typer.Argument(help="Rack name (see 'mctl inventory show').", show_default=False)]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Act on trays with running jobs or pods too "
-                                                        "(or when the queue cannot be read).")]
-GracefulOpt = Annotated[Optional[float], typer.Option(
-    "--graceful-wait", click_type=finite(min=0.0),
-    help="Seconds a GracefulShutdown may take before ForceOff (default 60).")]
-DeadlineOpt = Annotated[Optional[float], typer.Option(
-    "--deadline", click_type=finite(min=1.0),
-    help="Seconds each stage may take to report its state (Redfish and SSH; default 600).")]
-
 
 def _hosts(site, target: str):
     from mctl.cli.bmc import _hosts as bmc_hosts
@@ -34,7 +20,7 @@ def _hosts(site, target: str):
 
 
 def _run(action: str, hosts, *, force: bool, dry_run: bool, json_: bool, graceful: float | None,
-         deadline: float | None, whole_rack: bool = False, rack: str | None = None) -> None:
+         deadline: float | None, whole_rack: bool = False, rack: str | None = None, yes: bool = False) -> None:
     from mctl.bmc import power
     from mctl.bmc.inventory import settings_for
     from mctl.cli.locking import hold_racks
@@ -43,18 +29,20 @@ def _run(action: str, hosts, *, force: bool, dry_run: bool, json_: bool, gracefu
     opts = options()
     site = opts.site()
     settings = settings_for(site)
+    out = render.output(json_)
+    what = f"power {action} " + (f"rack {rack}" if rack else _named(hosts))
+    if action in ASKS and not dry_run:
+        # before the lock and the BMCs: a refusal changes nothing, and nobody waits on an open question
+        out.confirm(f"{what} ({len(hosts)} tray{'s' if len(hosts) != 1 else ''}): {ASKS[action]}. Go ahead?",
+                    yes=yes, what=what)
     if action != "status":
         racks = sorted({h.rack for h in hosts if h.rack})
         hold_racks(racks, f"power {action}" if not rack else f"rack power {action} {rack}", dry_run=dry_run)
-    progress = None if want_json(json_) else (lambda m: render.line(m))
     report = power.run(site, action, power.groups_of(hosts), settings=settings, force=force, dry_run=dry_run,
                        stage_s=deadline or power.DEFAULT_STAGE_S, graceful_s=power.DEFAULT_GRACEFUL_S
-                       if graceful is None else graceful, all_or_nothing=whole_rack, progress=progress,
+                       if graceful is None else graceful, all_or_nothing=whole_rack, progress=out.line,
                        work_lookup=lambda names: discover(site, names))
-    if want_json(json_):
-        render.print_json(report.to_dict())
-    else:
-        _print(report)
+    out.result(report.to_dict(), lambda: _print(out, report))
     if report.exit_code == EXIT_PARTIAL:
         from mctl.cli.bmc import partial_failure
 
@@ -63,7 +51,16 @@ def _run(action: str, hosts, *, force: bool, dry_run: bool, json_: bool, gracefu
                               kinds_hint={"refused": "--force acts on busy trays"})
 
 
-def _print(report) -> None:
+ASKS = {"off": "whatever runs there stops", "cycle": "whatever runs there is cut off"}     # asked unless --yes
+
+
+def _named(hosts) -> str:
+    from mctl.model.site import fold
+
+    return fold([h.name for h in hosts])
+
+
+def _print(out: render.Output, report) -> None:
     rows = []
     for s in report.stages:
         if not s.trays:
@@ -80,13 +77,13 @@ def _print(report) -> None:
                          else os_word[t.os_answered],
                          ", ".join(t.sent) + (" " if t.sent else "") + ("ok" if t.ok else f"{t.error_kind}: {t.error}")))
     title = f"power {report.action}" + (" (dry run)" if report.dry_run else "")
-    render.table(title, ("stage", "tray", "bmc", "before", "after", "OS (ssh)", "result"), rows)
+    out.table(title, ("stage", "tray", "bmc", "before", "after", "OS (ssh)", "result"), rows)
     if report.work_error:
-        render.line(f"work: cannot be read: {report.work_error}")
+        out.line(f"work: cannot be read: {report.work_error}")
     for w in report.work:
-        render.line(f"work: {w['kind']} {w['id']} ({w['state']}) on {','.join(w['nodes'])}")
+        out.line(f"work: {w['kind']} {w['id']} ({w['state']}) on {','.join(w['nodes'])}")
     stages = "; ".join(f"{s.name} {s.state}" + (f" {s.elapsed:.1f}s" if s.elapsed else "") for s in report.stages)
-    render.line(f"{len(report.trays)} trays, {len(report.failed)} not done; stages: {stages} "
+    out.line(f"{len(report.trays)} trays, {len(report.failed)} not done; stages: {stages} "
                 f"({report.elapsed:.1f}s)")
 
 
@@ -120,37 +117,43 @@ def on(nodes: NodesArg, dry_run: DryRunOpt = False, deadline: DeadlineOpt = None
 
 
 @app.command()
-def off(nodes: NodesArg, force: ForceOpt = False, dry_run: DryRunOpt = False, graceful_wait: GracefulOpt = None,
-        deadline: DeadlineOpt = None, json_: JsonOpt = False) -> None:
+def off(nodes: NodesArg, force: ForceOpt = False, yes: YesOpt = False, dry_run: DryRunOpt = False,
+        graceful_wait: GracefulOpt = None, deadline: DeadlineOpt = None, json_: JsonOpt = False) -> None:
     """Power trays off through their BMCs: GracefulShutdown where the OS answers, ForceOff otherwise.
 
     A tray still on after --graceful-wait gets ForceOff. Compute trays before switch trays. Trays
     with running Slurm jobs (or GPU pods) are refused unless --force; drain them and let the work
     end first. Waits until Redfish says Off and SSH no longer reaches the tray.
 
-    Exit 0 done, 2 bad input, 3 some trays refused or failed (every other tray went on).
+    Asks before anything is sent (on the terminal, default no) unless --yes; without a terminal
+    it is refused unless --yes, --force or not. --dry-run never asks.
+
+    Exit 0 done, 2 bad input or not confirmed (nothing sent), 3 some trays refused or failed
+    (every other tray went on).
 
     Example: mctl power off lab-r1-tray03 --dry-run
     """
     site = options().site()
     _run("off", _hosts(site, nodes), force=force, dry_run=dry_run, json_=json_, graceful=graceful_wait,
-         deadline=deadline)
+         deadline=deadline, yes=yes)
 
 
 @app.command()
-def cycle(nodes: NodesArg, force: ForceOpt = False, dry_run: DryRunOpt = False, deadline: DeadlineOpt = None,
-          json_: JsonOpt = False) -> None:
+def cycle(nodes: NodesArg, force: ForceOpt = False, yes: YesOpt = False, dry_run: DryRunOpt = False,
+          deadline: DeadlineOpt = None, json_: JsonOpt = False) -> None:
     """Power-cycle trays through their BMCs (PowerCycle; On for a tray that is off).
 
     Waits until Redfish says On and the OS answers SSH with a new boot id. Busy trays are refused
-    unless --force.
+    unless --force. Asks first, as 'power off' does (--yes: do not ask; needed without a terminal).
 
-    Exit 0 done, 2 bad input, 3 some trays refused or failed (every other tray went on).
+    Exit 0 done, 2 bad input or not confirmed (nothing sent), 3 some trays refused or failed
+    (every other tray went on).
 
-    Example: mctl power cycle lab-r1-tray02
+    Example: mctl power cycle lab-r1-tray02 --yes
     """
     site = options().site()
-    _run("cycle", _hosts(site, nodes), force=force, dry_run=dry_run, json_=json_, graceful=None, deadline=deadline)
+    _run("cycle", _hosts(site, nodes), force=force, dry_run=dry_run, json_=json_, graceful=None, deadline=deadline,
+         yes=yes)
 
 
 def _rack_hosts(site, rack: str):
@@ -181,19 +184,20 @@ def rack_on(rack: RackArg, dry_run: DryRunOpt = False, deadline: DeadlineOpt = N
 
 
 @rack_power_app.command("off")
-def rack_off(rack: RackArg, force: ForceOpt = False, dry_run: DryRunOpt = False, graceful_wait: GracefulOpt = None,
-             deadline: DeadlineOpt = None, json_: JsonOpt = False) -> None:
+def rack_off(rack: RackArg, force: ForceOpt = False, yes: YesOpt = False, dry_run: DryRunOpt = False,
+             graceful_wait: GracefulOpt = None, deadline: DeadlineOpt = None, json_: JsonOpt = False) -> None:
     """Power a rack off in order: compute trays, switch trays, power shelves; each stage waits for its state.
 
     Compute trays get GracefulShutdown where the OS answers, ForceOff otherwise or after
     --graceful-wait. A tray with running jobs refuses the whole rack unless --force. Under the
-    rack lock.
+    rack lock. Asks first, as 'power off' does (--yes: do not ask; needed without a terminal).
 
-    Exit 0 done, 2 bad input, 3 refused or a tray failed (the later stages were not started).
+    Exit 0 done, 2 bad input or not confirmed (nothing sent), 3 refused or a tray failed (the
+    later stages were not started).
 
     Example: mctl rack power off lab-r1 --dry-run
     """
     site = options().site()
     name, hosts = _rack_hosts(site, rack)
     _run("off", hosts, force=force, dry_run=dry_run, json_=json_, graceful=graceful_wait, deadline=deadline,
-         whole_rack=True, rack=name)
+         whole_rack=True, rack=name, yes=yes)

@@ -7,20 +7,21 @@ from typing import Annotated, Optional
 import typer
 
 from mctl.cli import render
-from mctl.cli.context import options, want_json
-from mctl.cli.options import DryRunOpt, JsonOpt
+from mctl.cli.context import options
+from mctl.cli.options import DryRunOpt, JsonOpt, NodesArg
 from mctl.errors import EXIT_PARTIAL
 
 COMMAND_SETTINGS: dict = {}
 
 
 def command(
-    target: Annotated[str, typer.Argument(help="Node set, rack name or @group.")],
+    target: NodesArg,
     image: Annotated[Optional[str], typer.Option("--image", help="Use this image instead of the inventory's.")] = None,
     tags: Annotated[Optional[str], typer.Option("--tags", help="Only these roles: base,nvidia,imex,health.")] = None,
     limit: Annotated[Optional[str], typer.Option("--limit", help="Further restrict to this node set.")] = None,
     check: Annotated[bool, typer.Option("--check", help="Ansible check mode: report, change nothing.")] = False,
-    diff: Annotated[bool, typer.Option("--diff", help="Show file differences.")] = False,
+    file_diff: Annotated[bool, typer.Option("--file-diff", help="Show the changes in each file the run makes "
+                                                                "(Ansible's diff mode).")] = False,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Only the hosts that failed last time.")] = False,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
@@ -38,7 +39,7 @@ def command(
     site = opts.site()
     plan = plan_provision(site, opts.state_dir, target, image=image,
                           tags=[t.strip() for t in tags.split(",") if t.strip()] if tags else None,
-                          limit=limit, check=check, diff=diff, retry_failed=retry_failed)
+                          limit=limit, check=check, diff=file_diff, retry_failed=retry_failed)
     from mctl.cli.locking import hold_racks
     from mctl.transport.identity import check_identity_file
 
@@ -47,88 +48,55 @@ def command(
     # Every rack of the hosts, before anything is printed; --dry-run and --check change nothing: no lock.
     racks = [r.name for r in (site.rack_of(h) for h in plan.hosts) if r is not None]
     hold_racks(racks, "provision", dry_run=dry_run or check)
-    as_json = want_json(json_)
+    out = render.output(json_)
     if dry_run:
-        if as_json:
-            render.print_json({"dry_run": True, "plan": plan.to_dict()})
-        else:
-            _print_plan(plan)
+        out.result({"dry_run": True, "plan": plan.to_dict()}, lambda: _print_plan(out, plan))
         return
-    progress = _Progress(plan.hosts, live=render.interactive() and not as_json)
-    with progress:
-        result = provision(plan, opts.state_dir, on_event=progress.event)
-    if as_json:
-        render.print_json(result.to_dict())
-    else:
-        _print_recap(result)
+    with out.hosts(plan.hosts) as progress:
+        result = provision(plan, opts.state_dir, on_event=lambda ev: host_event(out, progress, ev))
+    out.result(result.to_dict(), lambda: _print_recap(out, result))
     if result.status == "canceled":
-        render.error(f"interrupted; the run folder {result.run_dir} holds everything up to the interruption",
+        out.error(f"interrupted; the run folder {result.run_dir} holds everything up to the interruption",
                      "re-run the same command, or add --retry-failed to run only the hosts that failed")
         raise typer.Exit(130)
     if result.failed_hosts or result.status != "successful":
         raise typer.Exit(EXIT_PARTIAL)
 
 
-def _print_plan(plan) -> None:
+def _print_plan(out: render.Output, plan) -> None:
     from mctl.model.site import fold
 
-    con = render.console()
-    con.print(f"plan: run playbook {plan.playbook} on {len(plan.hosts)} hosts: {fold(plan.hosts)}", markup=False)
-    con.print(f"  tags: {','.join(plan.tags) if plan.tags else 'all'}"
-              f"{'  (check mode)' if plan.check else ''}{'  (diff)' if plan.diff else ''}", markup=False)
+    out.line(f"plan: run playbook {plan.playbook} on {len(plan.hosts)} hosts: {fold(plan.hosts)}")
+    out.line(f"  tags: {','.join(plan.tags) if plan.tags else 'all'}"
+             f"{'  (check mode)' if plan.check else ''}{'  (diff)' if plan.diff else ''}")
     by_image: dict[str, list[str]] = {}
     for host, img in plan.images.items():
         by_image.setdefault(img or "-", []).append(host)
     for img, hosts in by_image.items():
-        con.print(f"  image {img}: {fold(hosts)}", markup=False)
-    con.print("nothing changed (--dry-run)", markup=False)
+        out.line(f"  image {img}: {fold(hosts)}")
+    out.line("nothing changed (--dry-run)")
 
 
-def _print_recap(result) -> None:
-
-    con = render.console()
-    table = render.data_table(title=f"provision {result.run_id}: {result.status} in {result.ended - result.started:.1f}s",
-                  title_justify="left")
-    for col in ("host", "ok", "changed", "failed", "unreachable", "skipped", "status"):
-        table.add_column(col, justify="right" if col not in ("host", "status") else "left")
-    for name in sorted(result.hosts):
-        r = result.hosts[name]
-        table.add_row(name, str(r.ok), str(r.changed), str(r.failed), str(r.unreachable), str(r.skipped), r.status)
-    con.print(table)
+def _print_recap(out: render.Output, result) -> None:
+    cols = [render.Column(c, right=c not in ("host", "status"))
+            for c in ("host", "ok", "changed", "failed", "unreachable", "skipped", "status")]
+    rows = [(name, str(r.ok), str(r.changed), str(r.failed), str(r.unreachable), str(r.skipped), r.status)
+            for name, r in sorted(result.hosts.items())]
+    out.table(f"provision {result.run_id}: {result.status} in {result.ended - result.started:.1f}s", cols, rows,
+              boxed=True)
     for name in result.failed_hosts:
         r = result.hosts[name]
-        con.print(f"{name}: {r.status} at task '{r.failed_task}': {r.message}", markup=False, highlight=False)
-    con.print(f"run folder: {result.run_dir}", markup=False, highlight=False)
+        out.line(f"{name}: {r.status} at task '{r.failed_task}': {r.message}")
+    out.line(f"run folder: {result.run_dir}")
 
 
-class _Progress:
-    """Live per-host progress on a terminal; failures as plain lines otherwise."""
+def host_event(out: render.Output, progress: render.HostProgress, ev, indent: str = "") -> None:
+    """A playbook event: the host's progress line on a terminal; a failure as a line where none is shown."""
+    if not progress.update(ev.host, f"{ev.host}: {ev.kind:<9} {ev.task}"):
+        host_failure(out, ev, indent)
 
-    def __init__(self, hosts: list[str], live: bool):
-        self.hosts = hosts
-        self.live = live
-        self._progress = None
-        self._tasks: dict[str, int] = {}
 
-    def __enter__(self):
-        if self.live:
-            from rich.progress import Progress, SpinnerColumn, TextColumn
-
-            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), console=render.console(),
-                                      transient=True)
-            self._progress.__enter__()
-            for h in self.hosts:
-                self._tasks[h] = self._progress.add_task(render.escape(f"{h}: waiting"))
-        return self
-
-    def __exit__(self, *exc):
-        if self._progress is not None:
-            self._progress.__exit__(*exc)
-        return False
-
-    def event(self, ev) -> None:
-        if self._progress is not None and ev.host in self._tasks:
-            self._progress.update(self._tasks[ev.host], description=render.escape(f"{ev.host}: {ev.kind:<9} {ev.task}"))
-        elif ev.kind in ("failed", "unreachable"):
-            render.err_console().print(f"{ev.host}: {ev.kind} at '{ev.task}': {ev.message}", markup=False,
-                                       highlight=False)
+def host_failure(out: render.Output, ev, indent: str = "") -> None:
+    """Hosts that fail show up while the playbook still runs on the others (on stderr, --json or not)."""
+    if ev.kind in ("failed", "unreachable"):
+        out.event(f"{indent}{ev.host}: {ev.kind} at '{ev.task}': {ev.message}")

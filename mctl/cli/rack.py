@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, List, Optional
-
 import typer
 
 from mctl.cli import render
-from mctl.cli.context import options, want_json
-from mctl.cli.options import JsonOpt, finite
+from mctl.cli.context import options
+from mctl.cli.options import AllRacksOpt, JsonOpt, NoSaveOpt, RacksArg, SnapshotDiffOpt, TimeoutOpt
 from mctl.errors import EXIT_FINDINGS, EXIT_PARTIAL, PartialFailure
 
 app = typer.Typer(help="Racks: inventory what is really there, bring a rack up.", no_args_is_help=True)
@@ -16,16 +14,11 @@ app = typer.Typer(help="Racks: inventory what is really there, bring a rack up."
 
 @app.command()
 def inventory(
-    racks: Annotated[Optional[List[str]], typer.Argument(help="Rack names (see 'mctl inventory show').",
-                                                         show_default=False)] = None,
-    all_racks: Annotated[bool, typer.Option("--all", help="Every rack of the inventory.")] = False,
-    diff: Annotated[bool, typer.Option("--diff", help="Show what changed since the last snapshot.")] = False,
-    timeout: Annotated[Optional[float], typer.Option("--timeout", "-t", click_type=finite(min=1.0),
-                                                     help="Deadline in seconds for each tray's whole probe (default: "
-                                                          "health.tray_deadline, else 15, at most "
-                                                          "ssh.command_timeout).")
-                       ] = None,
-    no_save: Annotated[bool, typer.Option("--no-save", help="Do not store this run as a snapshot.")] = False,
+    racks: RacksArg = None,
+    all_racks: AllRacksOpt = False,
+    diff: SnapshotDiffOpt = False,
+    timeout: TimeoutOpt = None,
+    no_save: NoSaveOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """Collect every compute tray's facts over SSH and check them against the rack's shape.
@@ -35,7 +28,8 @@ def inventory(
     with 4 GPUs each, one NVLink domain (cluster UUID) not shared with another rack, the 4 GPUs
     of a tray in one clique, and fabric Completed/Success. Each run is saved under
     <state>/snapshots/inventory/RACK/; --diff compares with the previous one (a changed GPU
-    serial is a hardware swap, a changed clique a partition change).
+    serial is a hardware swap, a changed clique a partition change). --timeout: each tray's whole
+    probe (default: health.tray_deadline, else 15, at most ssh.command_timeout).
 
     Exit 0 ok, 1 critical findings, 2 bad input, 3 some trays unreachable or hung.
 
@@ -46,11 +40,9 @@ def inventory(
     opts = options()
     site = opts.site()
     chosen = select_racks(site, racks or [], all_racks)
+    out = render.output(json_)
     report = run_inventory(site, chosen, state_dir=opts.state_dir, timeout=timeout, save=not no_save, diff=diff)
-    if want_json(json_):
-        render.print_json(report.to_dict())
-    else:
-        _print_report(report, diff)
+    out.result(report.to_dict(), lambda: _print_report(out, report, diff))
     code = report.exit_code
     if code == EXIT_PARTIAL:
         from mctl.model.site import fold
@@ -84,7 +76,7 @@ def _findings_cell(findings) -> str:
     return ", ".join(parts) if parts else "ok"
 
 
-def _print_report(report, show_diff: bool) -> None:
+def _print_report(out: render.Output, report, show_diff: bool) -> None:
     for r in report.racks:
         rack = r.rack
         domain = rack.nvlink_domain or "not declared"
@@ -104,38 +96,38 @@ def _print_report(report, show_diff: bool) -> None:
             rows.append((t.host, t.address, f"{len(g.gpus)}/{rack.gpus_per_tray}", g.driver_version or "-",
                          ",".join(u.split("-")[0] for u in g.cluster_uuids) or "none",
                          ",".join(str(c) for c in g.clique_ids) or "-", _fabric_cell(t), _findings_cell(mine)))
-        render.table(f"rack {rack.name}: {rack.model}, {rack.compute_trays} compute trays x "
+        out.table(f"rack {rack.name}: {rack.model}, {rack.compute_trays} compute trays x "
                      f"{rack.gpus_per_tray} GPUs, NVLink domain {domain}",
                      ("tray", "address", "GPUs", "driver", "cluster", "clique", "fabric", "findings"), rows)
         if r.changes is not None or show_diff:
-            _print_changes(r)
+            _print_changes(out, r)
     findings = [f for f in report.findings if f.severity.value != "ok" or f.action]
     if findings:
-        render.line("findings:")
+        out.line("findings:")
         for f in findings:
-            render.line(f"  {f.severity.value.upper():8} {f.host or '-'}  {f.check}: {f.message}")
+            out.line(f"  {f.severity.value.upper():8} {f.host or '-'}  {f.check}: {f.message}")
             if f.action:
-                render.line(f"           action: {f.action}")
+                out.line(f"           action: {f.action}")
     trays = sum(len(r.trays) for r in report.racks)
     dark = sum(len(r.unreached) for r in report.racks)
     crit = sum(f.severity.value == "critical" for f in report.findings)
     wrn = sum(f.severity.value == "warn" for f in report.findings)
     saved = [str(r.snapshot_path) for r in report.racks if r.snapshot_path]
-    render.line(f"{trays} trays, {trays - dark} inventoried, {dark} not reached; {crit} critical, {wrn} warn "
+    out.line(f"{trays} trays, {trays - dark} inventoried, {dark} not reached; {crit} critical, {wrn} warn "
                 f"({report.elapsed:.1f}s)" + (f"; snapshot {', '.join(saved)}" if saved else ""))
 
 
-def _print_changes(r) -> None:
+def _print_changes(out: render.Output, r) -> None:
     if r.previous_path is None:
-        render.line(f"diff: no earlier snapshot of rack {r.rack.name}; this run is the baseline")
+        out.line(f"diff: no earlier snapshot of rack {r.rack.name}; this run is the baseline")
         return
     since = r.previous_taken_at.strftime("%Y-%m-%d %H:%M:%S UTC") if r.previous_taken_at else str(r.previous_path)
     if not r.changes:
-        render.line(f"diff since {since}: no changes")
+        out.line(f"diff since {since}: no changes")
         return
-    render.line(f"diff since {since}: {len(r.changes)} change{'s' if len(r.changes) > 1 else ''}")
+    out.line(f"diff since {since}: {len(r.changes)} change{'s' if len(r.changes) > 1 else ''}")
     for c in r.changes:
-        render.line(f"  {c.host}  {c.kind}: {c.message}")
+        out.line(f"  {c.host}  {c.kind}: {c.message}")
 
 from mctl.cli.power import rack_power_app as _rack_power  # noqa: E402
 

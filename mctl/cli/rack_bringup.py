@@ -8,20 +8,19 @@ from typing import Annotated, List, Optional
 import typer
 
 from mctl.cli import render
-from mctl.cli.context import options, want_json
-from mctl.cli.options import DryRunOpt, JsonOpt, finite
+from mctl.cli.context import options
+from mctl.cli.options import DryRunOpt, ImexWaitOpt, JsonOpt, RackArg, ResumeOpt
 
 PhaseOpt = Optional[str]
 
 
 def bring_up(
-    rack: Annotated[str, typer.Argument(help="Rack name.", show_default=False)],
+    rack: RackArg,
     from_phase: Annotated[PhaseOpt, typer.Option("--from", help="Start at this phase (preflight, inventory, "
                                                  "provision, partitions, imex, scheduler, health, burn-in, open).")]
     = None,
     until_phase: Annotated[PhaseOpt, typer.Option("--until", help="Stop after this phase.")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the last run of this rack from the first phase "
-                                         "it did not finish.")] = False,
+    resume: ResumeOpt = False,
     trust_new_keys: Annotated[bool, typer.Option("--trust-new-keys", help="Record host keys of hosts not in "
                                                  "known_hosts yet (never replaces a changed key).")] = False,
     accept: Annotated[Optional[List[str]], typer.Option("--accept", help="Health finding to accept in the gate: "
@@ -31,8 +30,7 @@ def bring_up(
                                               "those already provisioned.")] = False,
     burn_in: Annotated[str, typer.Option("--burn-in", help="off, quick, medium or long (DCGM level / NCCL size).")]
     = "medium",
-    imex_wait: Annotated[float, typer.Option("--imex-wait", click_type=finite(min=0),
-                                             help="Seconds to wait for the IMEX domains to be UP.")] = 60.0,
+    imex_wait: ImexWaitOpt = 60.0,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:
@@ -52,86 +50,76 @@ def bring_up(
 
     opts = options()
     site = opts.site()
-    as_json = want_json(json_)
+    out = render.output(json_)
     choice = Options(from_phase=from_phase, until_phase=until_phase, trust_new_keys=trust_new_keys,
                      accept=tuple(accept or ()), reprovision=reprovision, burn_in=burn_in, imex_wait=imex_wait)
     if dry_run:
         planned = plan_bring_up(site, rack, opts.state_dir, choice)
-        if as_json:
-            render.print_json({"dry_run": True, "rack": rack, "phases": [p.to_dict() for p in planned]})
-        else:
-            _print_plan(rack, planned)
+        out.result({"dry_run": True, "rack": rack, "phases": [p.to_dict() for p in planned]},
+                   lambda: _print_plan(out, rack, planned))
         return
     started = time.monotonic()
-    report = _Live() if not as_json else None
-    result = run(site, rack, opts.state_dir, choice, resume=resume, report=report)
-    if as_json:
-        render.print_json(result.to_dict())
-    else:
-        _print_result(result, time.monotonic() - started)
+    result = run(site, rack, opts.state_dir, choice, resume=resume, report=None if out.json else _Live(out))
+    out.result(result.to_dict(), lambda: _print_result(out, result, time.monotonic() - started))
     if result.status == "interrupted":
-        render.error(f"interrupted in phase {result.failed_phase}; the journal {result.journal.path} holds every "
+        out.error(f"interrupted in phase {result.failed_phase}; the journal {result.journal.path} holds every "
                      "finished phase", f"continue with 'mctl rack bring-up {rack} --resume'")
         raise typer.Exit(130)
     if result.error is not None:
         raise result.error
 
 
-def _say(text: str, style: str | None = None) -> None:
-    render.console().print(text, markup=False, highlight=False, style=style)
-
-
-def _print_plan(rack: str, planned) -> None:
-    _say(f"bring-up plan for rack {rack} (--dry-run: nothing is changed)")
+def _print_plan(out: render.Output, rack: str, planned) -> None:
+    out.line(f"bring-up plan for rack {rack} (--dry-run: nothing is changed)")
     for i, p in enumerate(planned, start=1):
-        _say(f"[{i}/{len(planned)}] {p.name}: {p.title}")
+        out.line(f"[{i}/{len(planned)}] {p.name}: {p.title}")
         for line in p.lines:
-            _say(f"      {line}")
+            out.line(f"      {line}")
         if p.error:
-            _say(f"      cannot tell yet: {p.error}")
+            out.line(f"      cannot tell yet: {p.error}")
 
 
-def _print_result(result, seconds: float) -> None:
+def _print_result(out: render.Output, result, seconds: float) -> None:
     from mctl.model.site import fold
 
     data = result.to_dict()
     rack = data["rack"]
     if result.status == "failed":
         phase = next(p for p in data["phases"] if p["phase"] == result.failed_phase)
-        _say(f"bring-up of rack {rack} stopped at phase {result.failed_phase} after {seconds:.0f}s "
-             f"(run {data['run_id']})")
+        out.line(f"bring-up of rack {rack} stopped at phase {result.failed_phase} after {seconds:.0f}s "
+                 f"(run {data['run_id']})")
         for line in phase["details"]:
-            _say(f"  {line}")
-        _say(f"journal: {data['journal']}")
+            out.line(f"  {line}")
+        out.line(f"journal: {data['journal']}")
         return
     if result.status != "succeeded":
         return
     if result.already_up:
-        _say(f"rack {rack} is already up: nothing changed ({len(result.ran)} phases checked in {seconds:.0f}s)")
+        out.line(f"rack {rack} is already up: nothing changed ({len(result.ran)} phases checked in {seconds:.0f}s)")
     else:
-        _say(f"bring-up of rack {rack} succeeded in {_duration(seconds)} (run {data['run_id']})")
+        out.line(f"bring-up of rack {rack} succeeded in {_duration(seconds)} (run {data['run_id']})")
     s = data["summary"]
     trays = s["trays"]
     if trays["total"]:
         extra = f"; drained by others: {fold(trays['drained_by_others'])}" if trays["drained_by_others"] else ""
-        _say(f"  trays ready:   {trays['open']}/{trays['total']} open in Slurm{extra}")
+        out.line(f"  trays ready:   {trays['open']}/{trays['total']} open in Slurm{extra}")
     parts = s["partitions"]
     if parts is not None:
-        _say("  partitions:    " + (", ".join(f"{p['name']} {p['trays']} (ID {p['partition_id']})" for p in parts)
-                                    if parts else "none declared: the rack is NMX-M's default partition"))
+        out.line("  partitions:    " + (", ".join(f"{p['name']} {p['trays']} (ID {p['partition_id']})" for p in parts)
+                                        if parts else "none declared: the rack is NMX-M's default partition"))
     if s["imex_domains"]:
-        _say("  IMEX domains:  " + ", ".join(f"{d['name']} {d['state']}" for d in s["imex_domains"]))
+        out.line("  IMEX domains:  " + ", ".join(f"{d['name']} {d['state']}" for d in s["imex_domains"]))
     if s["scheduler"]["blocks"]:
-        _say("  Slurm blocks:  " + ", ".join(f"{b['name']}={b['trays']}" for b in s["scheduler"]["blocks"]))
+        out.line("  Slurm blocks:  " + ", ".join(f"{b['name']}={b['trays']}" for b in s["scheduler"]["blocks"]))
     health = s["health"]
     if health["checks_passed"] is not None:
         found = health["findings"] or []
-        _say(f"  health:        {health['checks_passed']} checks passed; "
-             + (f"{len(found)} findings ({len(health['accepted'] or [])} accepted)" if found else "no findings"))
+        out.line(f"  health:        {health['checks_passed']} checks passed; "
+                 + (f"{len(found)} findings ({len(health['accepted'] or [])} accepted)" if found else "no findings"))
     for p in data["phases"]:
         if p["status"] == "skipped":
-            _say(f"  {p['phase']}: skipped: {p['summary']}")
-    _say(f"  journal:       {data['journal']}")
+            out.line(f"  {p['phase']}: skipped: {p['summary']}")
+    out.line(f"  journal:       {data['journal']}")
 
 
 def _duration(seconds: float) -> str:
@@ -141,10 +129,9 @@ def _duration(seconds: float) -> str:
 class _Live:
     """Phase lines as they happen; per-host progress inside provisioning and the Slurm deploy."""
 
-    def __init__(self) -> None:
-        self.interactive = render.interactive()
-        self._progress = None
-        self._rows: dict[str, int] = {}
+    def __init__(self, out: render.Output) -> None:
+        self.out = out
+        self._progress: render.HostProgress | None = None
         self._task: str | None = None
         self._counts: dict[str, int] = {}
         self._index = ""
@@ -153,30 +140,23 @@ class _Live:
         from mctl.bringup.context import TITLES
 
         self._index = f"[{index}/{total}]"
-        _say(f"{self._index} {name}: {TITLES[name]} ...")
+        self.out.line(f"{self._index} {name}: {TITLES[name]} ...")
 
     def line(self, text: str) -> None:
-        _say(f"      {text}")
+        self.out.line(f"      {text}")
 
     def hosts_started(self, what: str, hosts: list[str]) -> None:
         from mctl.model.site import fold
 
         self._task, self._counts = None, {}
-        _say(f"      {what} {len(hosts)} hosts: {fold(hosts)}")
-        if self.interactive:
-            from rich.progress import Progress, SpinnerColumn, TextColumn
-
-            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), console=render.console(),
-                                      transient=True)
-            self._progress.__enter__()
-            self._rows = {h: self._progress.add_task(render.escape(f"{h}: waiting")) for h in hosts}
+        self.out.line(f"      {what} {len(hosts)} hosts: {fold(hosts)}")
+        self._progress = self.out.hosts(hosts).start()
 
     def host_event(self, ev) -> None:
-        if ev.kind in ("failed", "unreachable"):
-            render.err_console().print(f"      {ev.host}: {ev.kind} at '{ev.task}': {ev.message}", markup=False,
-                                       highlight=False)
-        if self._progress is not None and ev.host in self._rows:
-            self._progress.update(self._rows[ev.host], description=render.escape(f"{ev.host}: {ev.kind:<9} {ev.task}"))
+        from mctl.cli.provision import host_failure
+
+        host_failure(self.out, ev, indent="      ")
+        if self._progress is not None and self._progress.update(ev.host, f"{ev.host}: {ev.kind:<9} {ev.task}"):
             return
         if ev.task != self._task:
             self._flush()
@@ -187,16 +167,16 @@ class _Live:
         """Tasks run in lock step on every host: a new task's first event closes the previous task."""
         if self._task is not None and self._counts:
             done = ", ".join(f"{n} {k}" for k, n in sorted(self._counts.items()))
-            _say(f"      task '{self._task}': {done}")
+            self.out.line(f"      task '{self._task}': {done}")
         self._task = None
         self._counts = {}
 
     def hosts_ended(self) -> None:
         self._flush()
         if self._progress is not None:
-            self._progress.__exit__(None, None, None)
+            self._progress.stop()
             self._progress = None
 
     def phase_ended(self, name: str, status: str, summary: str, seconds: float) -> None:
         word = {"failed": "FAILED", "interrupted": "INTERRUPTED"}.get(status, status)
-        _say(f"{self._index} {name}: {word} ({seconds:.1f}s): {summary}")
+        self.out.line(f"{self._index} {name}: {word} ({seconds:.1f}s): {summary}")

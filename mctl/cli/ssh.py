@@ -7,8 +7,8 @@ from typing import Annotated
 import typer
 
 from mctl.cli import render
-from mctl.cli.context import options, want_json
-from mctl.cli.options import DryRunOpt, JsonOpt
+from mctl.cli.context import options
+from mctl.cli.options import DryRunOpt, JsonOpt, NodesArg
 from mctl.errors import PartialFailure
 
 app = typer.Typer(help="SSH host-key trust for the site's hosts.", no_args_is_help=True)
@@ -16,8 +16,7 @@ app = typer.Typer(help="SSH host-key trust for the site's hosts.", no_args_is_he
 
 @app.command()
 def trust(
-    nodeset: Annotated[str, typer.Argument(help="Node set, rack name or @group (@all, @compute, @head, @RACK).",
-                                           show_default=False)],
+    nodeset: NodesArg,
     replace: Annotated[bool, typer.Option("--replace",
                                           help="Replace a recorded key that changed (after you verified why).")] = False,
     dry_run: DryRunOpt = False,
@@ -41,11 +40,9 @@ def trust(
     config = SSHConfig.from_site(site)
     outcomes = trust_hosts(config, targets_for(site, hosts), replace=replace, dry_run=dry_run,
                            lock_path=None if dry_run else opts.state_dir / "locks" / "known_hosts.lock")
-    if want_json(json_):
-        render.print_json({"known_hosts": str(config.known_hosts), "dry_run": dry_run,
-                           "hosts": [o.to_dict() for o in outcomes]})
-    else:
-        _print(outcomes, str(config.known_hosts), dry_run)
+    out = render.output(json_)
+    out.result({"known_hosts": str(config.known_hosts), "dry_run": dry_run, "hosts": [o.to_dict() for o in outcomes]},
+               lambda: _print(out, outcomes, str(config.known_hosts), dry_run))
     refused = [o for o in outcomes if o.action == REFUSED]
     failed = [o for o in outcomes if not o.trusted and o.action != REFUSED]
     if refused or failed:
@@ -61,23 +58,17 @@ def trust(
                              if refused else "check that sshd runs on those hosts")
 
 
-def _print(outcomes, known_hosts: str, dry_run: bool) -> None:
-
-    con = render.console()
+def _print(out: render.Output, outcomes, known_hosts: str, dry_run: bool) -> None:
     verb = {"added": "would add" if dry_run else "added", "replaced": "would replace" if dry_run else "replaced",
             "unchanged": "already trusted", "refused-changed": "CHANGED - refused", "unreachable": "unreachable"}
-    table = render.data_table(title=f"host keys ({known_hosts}){' - dry run, nothing written' if dry_run else ''}",
-                  title_justify="left")
-    for col in ("host", "address", "key", "fingerprint", "result"):
-        table.add_column(col)
-    for o in outcomes:
-        table.add_row(o.host, o.address if o.port == 22 else f"{o.address}:{o.port}",
-                      o.key.key_type if o.key else "-", o.key.fingerprint if o.key else "-",
-                      verb.get(o.action, o.action) + (f" ({o.error})" if o.action == "unreachable" and o.error else ""))
-    con.print(table)
+    rows = [(o.host, o.address if o.port == 22 else f"{o.address}:{o.port}",
+             o.key.key_type if o.key else "-", o.key.fingerprint if o.key else "-",
+             verb.get(o.action, o.action) + (f" ({o.error})" if o.action == "unreachable" and o.error else ""))
+            for o in outcomes]
+    out.table(f"host keys ({known_hosts}){' - dry run, nothing written' if dry_run else ''}",
+              ("host", "address", "key", "fingerprint", "result"), rows, boxed=True)
     for o in outcomes:
         if o.action == "refused-changed":
-            con.print(f"WARNING: {o.host}: {o.error}", markup=False, highlight=False)
+            out.line(f"WARNING: {o.host}: {o.error}")
         elif o.action == "replaced" and o.previous:
-            con.print(f"{o.host}: replaced {', '.join(k.describe() for k in o.previous)}", markup=False,
-                      highlight=False)
+            out.line(f"{o.host}: replaced {', '.join(k.describe() for k in o.previous)}")

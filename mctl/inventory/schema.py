@@ -120,7 +120,7 @@ class SlurmSpec(Spec):
     node_check = F(bool, True)
     node_check_installed = F(Opt(bool), None)                     # deprecated: the old name of node_check
     node_check_program = F(str, "/usr/local/sbin/mctl-node-check")
-    health_check_node_state = F(str, "ANY,CYCLE")                # CYCLE spreads the checks over the interval (D64)
+    health_check_node_state = F(str, "ANY,CYCLE")                # CYCLE spreads the checks over the interval (D67)
     state_save_location = F(str, "/var/spool/slurmctld")
     slurmd_spool_dir = F(str, "/var/spool/slurmd")
     log_dir = F(str, "/var/log/slurm")

@@ -73,7 +73,7 @@ def up(lab_dir: Path, *, racks: int = 1, trays: int = 18, name: str = "lab", net
     try:
         layout = LabLayout(name, racks, trays, net, switch_trays)
     except ValueError as exc:
-        raise UsageError(f"invalid lab shape: {exc}", hint="e.g. mctl lab up --racks 1 --trays 18") from None
+        raise UsageError(f"invalid lab shape: {exc}", hint="e.g. mctl lab up --racks 1 --compute-trays 18") from None
     rack_svcs = list(services.RACK_SERVICES if rack_services is None else rack_services)
     spec = image.load_spec(images_dir / f"{IMAGE_NAME}.yml")
     prereq.require(need_build=not image.is_built(spec))

@@ -318,7 +318,7 @@ class SlurmSettings:
     node_check: bool = True                     # HealthCheckProgram and the node check with the deployment
     node_check_installed: bool | None = None    # deprecated: the old name of node_check
     node_check_program: str = "/usr/local/sbin/mctl-node-check"
-    health_check_node_state: str = "ANY,CYCLE"     # CYCLE spreads the checks over the interval (D64)
+    health_check_node_state: str = "ANY,CYCLE"     # CYCLE spreads the checks over the interval (D67)
     state_save_location: str = "/var/spool/slurmctld"
     slurmd_spool_dir: str = "/var/spool/slurmd"
     log_dir: str = "/var/log/slurm"

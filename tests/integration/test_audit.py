@@ -53,7 +53,7 @@ def audited(tmp_path_factory) -> Audited:
     with own_lab(tmp_path_factory.mktemp("mctl-audit-state"), trays=4, label="audit lab") as lab:
         tmp = tmp_path_factory.mktemp("audit")
         site = _write_site(lab, tmp / "site", PARTITIONS)
-        for args in (("partition", "apply", lab.rack), ("imex", "apply", lab.rack, "--wait", "30")):
+        for args in (("partition", "apply", lab.rack), ("imex", "apply", lab.rack, "--imex-wait", "30")):
             proc = lab.mctl("-i", str(site), *args, timeout=300)
             assert proc.returncode == 0, f"{args}: {proc.stderr}\n{proc.stdout}"
         proc, _ = _deploy(lab, site)

@@ -142,7 +142,7 @@ def test_nonfatal_nvlink5_xid_does_not_drain_and_fatal_does(lab, health, kern_lo
 # --- the same forms as the lab itself emits them (mctl lab fault), end to end --------------------
 
 def _sweep(health, tray: str) -> dict:
-    proc = health("--json", "health", "check", tray, "--all", "--remediate", "--dry-run")
+    proc = health("--json", "health", "check", tray, "--passed", "--remediate", "--dry-run")
     assert proc.returncode in (0, 1), proc.stderr
     return json.loads(proc.stdout)
 

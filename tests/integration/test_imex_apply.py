@@ -51,7 +51,7 @@ def rack(tmp_path_factory) -> Rack:
 
 def _up(rack: Rack, site: Path) -> None:
     """Apply *site* and wait (bounded) for every domain to be UP, read through both -N forms."""
-    proc = rack.imex(site, "apply", rack.lab.rack, "--wait", "90")
+    proc = rack.imex(site, "apply", rack.lab.rack, "--imex-wait", "90")
     assert proc.returncode == 0, f"{proc.stderr}\n{proc.stdout}"
     status = rack.imex(site, "status", rack.lab.rack, "--json")
     assert status.returncode == 0, f"{status.stderr}\n{status.stdout}"

@@ -328,7 +328,7 @@ def test_imex_apply_and_status_on_the_lab(lab, tmp_path):
     try:
         plan = lab.mctl("-i", str(inv), "imex", "apply", lab.rack, "--dry-run")
         assert plan.returncode == 0, plan.stderr
-        applied = lab.mctl("-i", str(inv), "imex", "apply", lab.rack, "--wait", "30", "--json")
+        applied = lab.mctl("-i", str(inv), "imex", "apply", lab.rack, "--imex-wait", "30", "--json")
         assert applied.returncode == 0, applied.stderr + applied.stdout
         domains = {d["domain"]: d for d in json.loads(applied.stdout)["domains"]}
         assert {n: d["state"] for n, d in domains.items()} == {"p0": "UP", "p1": "UP"}
@@ -348,7 +348,7 @@ def test_imex_apply_and_status_on_the_lab(lab, tmp_path):
         assert p0["state"] != "UP"
         assert any(r["tray"] == victim and r["message"].startswith(f"node map mismatch on tray {victim}")
                    for r in p0["reasons"]), p0
-        fixed = lab.mctl("-i", str(inv), "imex", "apply", lab.rack, "--wait", "30")
+        fixed = lab.mctl("-i", str(inv), "imex", "apply", lab.rack, "--imex-wait", "30")
         assert fixed.returncode == 0, fixed.stderr + fixed.stdout
         assert lab.mctl("-i", str(inv), "imex", "status", lab.rack).returncode == 0
     finally:

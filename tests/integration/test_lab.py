@@ -170,7 +170,7 @@ def test_host_init_restarts_a_service_that_dies(lab):
 
 
 def test_bad_input(lab, capsys):
-    again = run_cli(capsys, "lab", "up", "--trays", "2", "--dir", str(lab.dir))
+    again = run_cli(capsys, "lab", "up", "--compute-trays", "2", "--dir", str(lab.dir))
     assert again.code == 2
     assert "already up" in again.err and "mctl lab status" in again.err and "mctl lab down" in again.err
     unknown = run_cli(capsys, "lab", "fault", "gpu", "lab-r1-tray99", "--xid", "79", "--gpu", "0",

@@ -231,16 +231,16 @@ def test_power_off_refuses_a_tray_with_a_running_slurm_job_unless_force(lab, slu
         plan = _power_json(lab.mctl("-i", str(slurm_site), "power", "off", tray, "--dry-run", "--json"))
         (t,) = [t for s in plan["stages"] for t in s["trays"]]
         assert t["error_kind"] == "refused" and f"slurm {job}" in t["error"]
-        proc = lab.mctl("-i", str(slurm_site), "power", "off", tray, "--json", timeout=300)
+        proc = lab.mctl("-i", str(slurm_site), "power", "off", tray, "--yes", "--json", timeout=300)
         data = _power_json(proc)
         assert proc.returncode == 3
         (t,) = [t for s in data["stages"] for t in s["trays"]]
         assert t["error_kind"] == "refused" and t["sent"] == [] and any(w["id"] == job for w in data["work"])
         assert power_state(lab, tray) == "On" and ssh_ok(lab, tray)
-        whole = _power_json(lab.mctl("-i", str(slurm_site), "rack", "power", "off", lab.rack, "--json"))
+        whole = _power_json(lab.mctl("-i", str(slurm_site), "rack", "power", "off", lab.rack, "--yes", "--json"))
         assert all(t["error_kind"] == "refused" and t["sent"] == [] for s in whole["stages"] for t in s["trays"])
         assert all(power_state(lab, t) == "On" for t in lab.trays)
-        forced = lab.mctl("-i", str(slurm_site), "power", "off", tray, "--force", "--json", timeout=300)
+        forced = lab.mctl("-i", str(slurm_site), "power", "off", tray, "--force", "--yes", "--json", timeout=300)
         (t,) = [t for s in _power_json(forced)["stages"] for t in s["trays"]]
         assert forced.returncode == 0 and t["ok"] and t["sent"][0] == "GracefulShutdown" and t["after"] == "Off"
         assert not ssh_ok(lab, tray)
@@ -314,7 +314,7 @@ def test_rack_power_off_then_on_in_order_each_stage_checked_through_redfish_and_
 
         since = time.time()
         start = time.monotonic()
-        off = lab.mctl("rack", "power", "off", lab.rack, "--json", timeout=900)
+        off = lab.mctl("rack", "power", "off", lab.rack, "--yes", "--json", timeout=900)
         off_s = time.monotonic() - start
         data = _power_json(off)
         assert off.returncode == 0, off.stderr
@@ -402,8 +402,22 @@ def test_power_under_a_held_rack_lock_is_refused_and_sends_nothing(lab):
 
     tray = lab.trays[0]
     with rack_lock(lab.state_dir, lab.rack, purpose="test holds the rack"):
-        proc = lab.mctl("power", "off", tray, "--json", timeout=120)
+        proc = lab.mctl("power", "off", tray, "--yes", "--json", timeout=120)
     assert proc.returncode != 0 and "lock" in (proc.stderr + proc.stdout).lower()
+    assert power_state(lab, tray) == "On" and ssh_ok(lab, tray)
+
+
+def test_power_off_and_cycle_without_a_terminal_and_without_yes_send_no_reset(lab):
+    """Issue 27.6: no terminal to ask (the test's stdin) and no --yes: refused before the lock and the BMCs,
+    --force or not; the trays' BMCs log no power step."""
+    tray = lab.trays[0]
+    since = time.time()
+    for args in (("power", "off", tray), ("power", "off", tray, "--force", "--json"), ("power", "cycle", tray),
+                 ("rack", "power", "off", lab.rack, "--force")):
+        proc = lab.mctl(*args)
+        assert proc.returncode == 2, (args, proc.stdout[-500:], proc.stderr)
+        assert "no terminal to ask" in proc.stderr and "--yes" in proc.stderr and proc.stdout == ""
+    assert all(_power_events(lab, t, since) == [] for t in lab.trays)
     assert power_state(lab, tray) == "On" and ssh_ok(lab, tray)
 
 

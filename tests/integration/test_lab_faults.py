@@ -321,7 +321,7 @@ def test_slurmctld_down_on_the_head_node(lab, slurm_site):
 
 def test_imex_crash_kills_the_daemon_and_clear_starts_it(lab, slurm_site):
     tray = lab.trays[0]
-    applied = lab.mctl("-i", str(slurm_site), "imex", "apply", lab.rack, "--wait", "30", timeout=300)
+    applied = lab.mctl("-i", str(slurm_site), "imex", "apply", lab.rack, "--imex-wait", "30", timeout=300)
     assert applied.returncode == 0, applied.stderr + applied.stdout
     try:
         wait_for("the IMEX daemon", lambda: _running(lab, tray, "nvidia-imex"))
@@ -355,7 +355,7 @@ def _resume_if_slurm_says_rebooted(lab, tray):
 
 
 def _health(lab, tray) -> dict:
-    proc = lab.mctl("health", "check", tray, "--json", "--all", timeout=180)
+    proc = lab.mctl("health", "check", tray, "--json", "--passed", timeout=180)
     assert proc.returncode in (0, 1), proc.stderr
     return json.loads(proc.stdout)
 

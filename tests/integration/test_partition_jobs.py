@@ -75,7 +75,7 @@ def site(lab, tmp_path_factory):
     assert proc.returncode == 0, f"deploy slurm failed ({proc.returncode}): {proc.stderr}\n{proc.stdout[-2000:]}"
     # IMEX as this site's partitions want it (an earlier test's partitions may have left the daemons
     # not ready, and slurmd's node check rightly drains such a tray), then every tray idle
-    proc = lab.mctl(*base, "imex", "apply", lab.rack, "--wait", "60", timeout=300)
+    proc = lab.mctl(*base, "imex", "apply", lab.rack, "--imex-wait", "60", timeout=300)
     assert proc.returncode == 0, f"imex apply failed ({proc.returncode}): {proc.stderr}\n{proc.stdout[-2000:]}"
     lab.settle_slurm()
     try:

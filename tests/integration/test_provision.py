@@ -59,7 +59,7 @@ def test_check_diff_changes_nothing(lab, provisioned):
     tray = lab.trays[0]
     lab.run(tray, "echo '# local edit' >> /etc/security/limits.d/90-mctl.conf")
     try:
-        code, result = provision(lab, tray, "--check", "--diff")
+        code, result = provision(lab, tray, "--check", "--file-diff")
         assert code == 0
         assert result["check"] is True
         assert result["hosts"][tray]["changed"] >= 1

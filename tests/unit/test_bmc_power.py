@@ -179,3 +179,61 @@ def test_dry_run_sends_nothing(pki):
     with MockupServer(GB200, host=hosts[0].bmc, port=port, tls=tls) as srv:
         report = _run(hosts, [srv], port, ca, "off", probe=Probe({"t1": "b"}), dry_run=True)
     assert srv.requests == [] and report.exit_code == EXIT_OK and report.dry_run
+
+
+# ------------------------------------------------------------------ confirmations (issue 27.6)
+
+def _site(tmp: Path, ca: Path, port: int, bmc: str) -> Path:
+    cred = tmp / "bmc.cred"
+    cred.write_text("root:0penBmc\n")
+    cred.chmod(0o600)
+    (tmp / "mctl.yml").write_text(f"""\
+site: powertest
+bmc: {{credentials_file: bmc.cred, verify_tls: {ca}, port: {port}, timeout_s: 3, deadline_s: 10}}
+racks:
+  r1:
+    shape: {{compute_trays: 1, switch_trays: 0}}
+    compute: {{nodes: r1-tray1, addresses: 127.65.0.1, bmc: {bmc}}}
+""")
+    return tmp / "mctl.yml"
+
+
+@pytest.fixture
+def one_tray(pki, tmp_path):
+    """`mctl power` on an inventory of one tray whose BMC is the GB200 capture (POSTs recorded, never applied)."""
+    from cli_helpers import run_cli
+
+    ca, tls = pki
+    bmc = "127.65.4.1"
+    port = free_port([bmc])
+    inv = _site(tmp_path, ca, port, bmc)
+    with MockupServer(GB200, host=bmc, port=port, tls=tls) as srv:
+        yield srv, lambda capsys, *args: run_cli(capsys, "-i", str(inv), "--state-dir", str(tmp_path / "state"),
+                                                 *args)
+
+
+@pytest.mark.parametrize("args", [("power", "off", "r1-tray1"), ("power", "off", "r1-tray1", "--force"),
+                                  ("power", "cycle", "r1-tray1", "--force", "--json"), ("power", "cycle", "r1"),
+                                  ("rack", "power", "off", "r1"), ("rack", "power", "off", "r1", "--force")],
+                         ids=" ".join)
+def test_power_off_and_cycle_without_a_terminal_need_yes_and_send_nothing(capsys, one_tray, args):
+    srv, mctl = one_tray
+    r = mctl(capsys, *args)
+    assert r.code == 2, r.err
+    assert "needs a confirmation and there is no terminal to ask; nothing was done" in r.err
+    assert "hint: add --yes" in r.err and r.out == ""
+    assert srv.requests == []                 # the BMC was not even asked for its state
+
+
+def test_power_off_with_yes_is_sent_and_a_dry_run_never_asks(capsys, one_tray):
+    srv, mctl = one_tray
+    dry = mctl(capsys, "power", "off", "r1-tray1", "--force", "--dry-run", "--json")
+    assert dry.code == 0, dry.err
+    assert json.loads(dry.out)["dry_run"] and srv.posts == []
+    # the stage's deadline covers the OS probe, the state read and the POST (a loaded machine needs seconds),
+    # then runs out: the capture stays On whatever is POSTed
+    sent = mctl(capsys, "power", "off", "r1-tray1", "--force", "--yes", "--deadline", "6", "--json")
+    (t,) = [t for s in json.loads(sent.out)["stages"] for t in s["trays"]]
+    assert _posts(srv) == ["ForceOff"] and t["sent"] == ["ForceOff"]
+    assert sent.code == 3 and t["error_kind"] == "timeout" and "still On" in t["error"]
+    assert "confirmation" not in sent.err

@@ -115,3 +115,88 @@ def test_metrics_text_and_server(tmp_path):
         assert body == text
     finally:
         server.close()
+
+
+# ------------------------------------------------------------------ the trays that are not healthy, and the start
+
+def _line(text: str, *parts: str) -> str:
+    """The one screen line holding every part, in that order."""
+    found = [l for l in text.splitlines() if all(p in l for p in parts)
+             and [l.index(p) for p in parts] == sorted(l.index(p) for p in parts)]
+    assert len(found) == 1, (parts, text)
+    return found[0]
+
+
+def test_each_tray_not_healthy_shows_its_first_finding_and_what_mctl_did():
+    text = draw(view(), 140, 40)
+    assert "not healthy: 3 trays - first finding, what mctl did" in text
+    _line(text, "tray02", "drained", "gpu.xid: xid 79 gpu0 (fell off bus)", "drained: mctl: xid 79 gpu0 (fell off bus)")
+    _line(text, "tray03", "unreachable", "tray.reachable: unreachable", "none yet: unreachable 2 sweep(s)")
+    _line(text, "tray04", "warn", "none: only critical trays are drained")
+    assert not [l for l in text.splitlines() if "tray01" in l and "healthy" not in l and "╭" not in l]
+
+
+def test_held_back_by_the_breaker_queued_and_skipped_say_why():
+    from mctl.model.drain import Decision
+    from mctl.model.findings import Finding, Severity
+
+    ecc = Finding(Severity.CRITICAL, HOSTS[0], "gpu.ecc", "2 uncorrectable ECC errors on gpu1", None,
+                  {"short": "ecc uncorrectable gpu1"})
+    r = result(tripped=True)
+    r.verdicts[0] = TrayVerdict(HOSTS[0], "lab-r1", "ok", Severity.CRITICAL, (ecc,))
+    r.verdicts[3] = TrayVerdict(HOSTS[3], "lab-r1", "ok", Severity.CRITICAL, (ecc,))
+    r.decisions = [Decision(HOSTS[0], "skip", "draining lab-r1-tray01 would make 2 of 4 trays of rack lab-r1 "
+                            "drained by mctl within 1h (50% > 25%)", reason="mctl: ecc uncorrectable gpu1",
+                            full="gpu.ecc: 2 uncorrectable ECC errors on gpu1"),
+                   Decision(HOSTS[2], "queue", "scheduler unreachable: drain queued", reason="mctl: unreachable 2"),
+                   Decision(HOSTS[3], "skip", "node is DOWN; mctl never touches down nodes")]
+    v = view()
+    v.last = r
+    v.statuses = {vd.host: r.tray_status(vd.host) for vd in r.verdicts}
+    text = draw(v, 200, 40)
+    _line(text, "tray01", "critical", "gpu.ecc: ecc uncorrectable gpu1",
+          "held back by the breaker: draining lab-r1-tray01 would make 2 of 4 trays")
+    _line(text, "tray03", "unreachable", "queued: scheduler unreachable: drain queued")
+    _line(text, "tray04", "critical", "skipped: node is DOWN; mctl never touches down nodes")
+
+
+def test_report_only_and_dry_run_say_so():
+    from mctl.cli.health_screen import what_mctl_did
+    from mctl.model.drain import Decision
+
+    r = result()
+    r.remediate, r.logged, r.records = False, [], {}
+    r.nodes = {h: NodeView(h, state="IDLE") for h in HOSTS}
+    assert what_mctl_did(r, HOSTS[1], "critical") == "none: report only (remediation off)"
+    r.remediate, r.dry_run = True, True
+    r.decisions = [Decision(HOSTS[1], "drain", "1 of 4", reason="mctl: xid 79 gpu0 (fell off bus)")]
+    assert what_mctl_did(r, HOSTS[1], "critical") == "would drain (dry run): mctl: xid 79 gpu0 (fell off bus)"
+
+
+def test_the_event_pane_starts_with_the_problems_of_the_first_sweep():
+    """A watch started on sick trays: the first sweep changes no status (nothing came before it), and the pane
+    still lists what it found."""
+    from mctl.cli.health_screen import start_events
+
+    v = view()
+    v.events.clear()
+    screen = WatchScreen(v)
+    screen.update(swept=True)
+    assert [e.text for e in start_events(v.last)] == [
+        "at start: drained: gpu.xid: xid 79 gpu0 (fell off bus)", "at start: unreachable: tray.reachable: unreachable",
+        "at start: warn"]
+    con = Console(width=140, height=40, record=True, color_system=None, force_terminal=True)
+    con.print(screen)
+    text = con.export_text()
+    _line(text, "STATUS", "lab-r1-tray02", "at start: drained: gpu.xid: xid 79 gpu0 (fell off bus)")
+    _line(text, "STATUS", "lab-r1-tray03", "at start: unreachable")
+    later = result(number=4)
+    v.last = later
+    v.add(Event(later.started + 1, "resume", HOSTS[1], "healthy for 2 sweeps"))
+    screen.update(swept=True)                        # a later sweep: the start stays the first one's
+    con = Console(width=140, height=40, record=True, color_system=None, force_terminal=True)
+    con.print(screen)
+    lines = con.export_text().splitlines()
+    resume = next(i for i, l in enumerate(lines) if "RESUME" in l)
+    start = next(i for i, l in enumerate(lines) if "at start: drained" in l)
+    assert resume < start                            # newest first

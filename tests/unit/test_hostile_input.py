@@ -304,7 +304,7 @@ CLI_CASES = [
     ("rack-inventory-timeout-inf", ["rack", "inventory", "--timeout", "inf"], "--timeout"),
     ("imex-apply-wait-nan", ["imex", "apply", "--wait", "nan"], "--wait"),
     ("bring-up-imex-wait-inf", ["rack", "bring-up", "rack-a", "--imex-wait", "inf"], "--imex-wait"),
-    ("lab-up-timeout-nan", ["lab", "up", "--dry-run", "--timeout", "nan"], "--timeout"),
+    ("lab-up-timeout-nan", ["lab", "up", "--dry-run", "--start-timeout", "nan"], "--start-timeout"),
     ("exec-ten-million-trays", ["exec", "tray[1-10000000]", "--", "true"], "10,000,000"),
     ("exec-huge-range", ["exec", "rack-a-tray[1-99999999999999]", "--", "true"], "names"),
     ("exec-many-terms", ["exec", "a[1-40000],b[1-40000]", "--", "true"], "names"),

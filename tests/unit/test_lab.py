@@ -200,12 +200,12 @@ def test_cli_without_a_lab(capsys, tmp_path):
     assert fault.code == 2 and "no lab in" in fault.err and "mctl lab up" in fault.err
     ssh = run_cli(capsys, "lab", "ssh", "lab-r1-tray01", "--dir", str(tmp_path))
     assert ssh.code == 2 and "no lab in" in ssh.err
-    too_many = run_cli(capsys, "lab", "up", "--trays", "19", "--dir", str(tmp_path))
+    too_many = run_cli(capsys, "lab", "up", "--compute-trays", "19", "--dir", str(tmp_path))
     assert too_many.code == 2 and "Traceback" not in too_many.err
 
 
 def test_cli_up_dry_run_changes_nothing(capsys, tmp_path):
-    res = run_cli(capsys, "lab", "up", "--racks", "2", "--trays", "2", "--dir", str(tmp_path / "lab"), "--dry-run",
+    res = run_cli(capsys, "lab", "up", "--racks", "2", "--compute-trays", "2", "--dir", str(tmp_path / "lab"), "--dry-run",
                   "--json")
     assert res.code == 0
     plan = json.loads(res.out)["plan"]

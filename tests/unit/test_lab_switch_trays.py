@@ -184,14 +184,14 @@ def test_nmx_emulator_takes_a_powered_off_switch_trays_node_and_links_down(tmp_p
 def test_cli_up_dry_run_lists_switch_tray_bmcs_and_refuses_too_many(capsys, tmp_path):
     from tests.unit.cli_helpers import run_cli
 
-    res = run_cli(capsys, "lab", "up", "--trays", "2", "--switch-trays", "2", "--dir", str(tmp_path / "lab"),
+    res = run_cli(capsys, "lab", "up", "--compute-trays", "2", "--switch-trays", "2", "--dir", str(tmp_path / "lab"),
                   "--dry-run", "--json")
     assert res.code == 0, res.err
     plan = json.loads(res.out)["plan"]
     assert plan["switch_trays"] == [{"name": "lab-r1-sw01", "address": "127.77.1.61", "bmc": "127.77.101.61"},
                                     {"name": "lab-r1-sw02", "address": "127.77.1.62", "bmc": "127.77.101.62"}]
     assert [h["name"] for h in plan["hosts"]] == ["lab-r1-head", "lab-r1-tray01", "lab-r1-tray02"]  # no host
-    text = run_cli(capsys, "lab", "up", "--trays", "1", "--switch-trays", "1", "--dir", str(tmp_path / "lab"),
+    text = run_cli(capsys, "lab", "up", "--compute-trays", "1", "--switch-trays", "1", "--dir", str(tmp_path / "lab"),
                    "--dry-run")
     assert text.code == 0 and "lab-r1-sw01" in text.out and "BMC 127.77.101.61 (no host)" in text.out
     for bad in ("10", "-1", "x"):

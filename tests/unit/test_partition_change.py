@@ -201,10 +201,11 @@ def gate(site, cp, *, drain, wait, force, yes, dry_run):
     """The jobs rule as the CLI applies it: the change service's gate with the terminal's UI."""
     from mctl.change.request import ChangeRequest
     from mctl.change.service import gate as service_gate
+    from mctl.cli import render
     from mctl.cli.partition_change import TerminalUI
 
     req = ChangeRequest("apply", rack=cp.rack, drain=drain, wait=wait, force=force, yes=yes, dry_run=dry_run)
-    return service_gate(site, cp, req, TerminalUI(yes=yes))
+    return service_gate(site, cp, req, TerminalUI(render.output(False), yes=yes))
 
 
 def test_gate_refuses_and_names_the_job(tmp_path):

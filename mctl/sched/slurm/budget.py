@@ -3,7 +3,7 @@
 Every actor of mctl that takes a tray out of service — the watch, every tray's node check,
 `health check --remediate`, a partition change's or a rollout's hold — runs on its own host, so the
 budget's state must be shared and each grant decided atomically. slurmctld, which every one of them
-already reaches to drain, does both (decision D64):
+already reaches to drain, does both (decision D67):
 
 - `mctl deploy slurm` renders one Slurm *license* per rack (`mctl_budget_rack_<rack>`, its count the
   rack's limit) and one for the site (`mctl_budget_site`, the site's limit), plus `mctl_budget_trip:1`;

@@ -264,7 +264,7 @@ def _globals(site: Site, settings: SlurmSettings, controller: Host, plugin: Plug
         # IMEX per-job scope: the prolog runs as root on every node of the job at allocation (Alloc),
         # before the first task; the epilog after the job on every node.
         g += [("Prolog", imex_job.prolog_path), ("Epilog", imex_job.epilog_path), ("PrologFlags", "Alloc")]
-    # The site's safety budget: one license per rack and one for the site (mctl.sched.slurm.budget, D64).
+    # The site's safety budget: one license per rack and one for the site (mctl.sched.slurm.budget, D67).
     g.append(("Licenses", site_licenses(site)))
     if node_check_enabled(settings):
         g += [("HealthCheckProgram", settings.node_check_program),
