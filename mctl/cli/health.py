@@ -213,6 +213,8 @@ def _print_drains(out: render.Output, report) -> None:
                                                      "owner")], rows, boxed=True)
     if report.breaker.get("tripped"):
         out.line(f"circuit breaker TRIPPED: {report.breaker.get('reason')} (mctl health breaker reset)")
+    if report.budget is not None:
+        out.lines(_budget_lines(report.budget))
     if report.scheduler_error:
         out.warn(f"scheduler not read: {report.scheduler_error}")
 
@@ -258,9 +260,25 @@ def breaker_status(json_: JsonOpt = False) -> None:
     data = status(opts.state_dir, opts.site())
     state = f"TRIPPED: {data['reason']}" if data["tripped"] else "closed"
     out = render.output(json_)
-    out.result(data, lambda: out.line(
+    out.result(data, lambda: out.lines([
         f"circuit breaker {state}; {data['recent_drains']} automatic drain(s) in the window "
-        f"({data['scope']} share limit {data['max_drained_share']:.0%} per {data['window_s']:g}s)"))
+        f"({data['scope']} share limit {data['max_drained_share']:.0%} per {data['window_s']:g}s)"]
+        + (_budget_lines(data["budget"]) if data.get("budget") else [])))
+    if data.get("budget_error"):
+        out.warn(f"the safety budget was not read: {data['budget_error']}", in_result=True)
+
+
+def _budget_lines(budget: dict) -> list[str]:
+    """The site's safety budget for a person: tripped or not, and each rack's grants against its limit."""
+    from mctl.model.site import fold
+
+    head = f"safety budget TRIPPED: {budget['tripped']} (mctl health breaker reset)" if budget.get("tripped") \
+        else "safety budget open"
+    site = budget["site"]
+    lines = [f"{head}; site {len(site['held'])}/{site['limit']} trays out of service by mctl"]
+    for rack, r in sorted(budget["racks"].items()):
+        lines.append(f"  rack {rack}: {len(r['held'])}/{r['limit']}" + (f" ({fold(r['held'])})" if r["held"] else ""))
+    return lines
 
 
 @breaker_app.command("reset")
@@ -272,11 +290,17 @@ def breaker_reset(dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
     from mctl.health.service import breaker_reset as reset
 
     opts = options()
-    data = reset(opts.state_dir, dry_run=dry_run)
+    data = reset(opts.state_dir, dry_run=dry_run, site=opts.site() if opts.inventory else None)
+    if data.get("budget_was_tripped"):
+        budget = ("would lift" if dry_run else "lifted") + f" the safety budget's trip ({data['budget_was_tripped']})"
+    else:
+        budget = None
     if not data["was_tripped"]:
         text = "circuit breaker was not tripped; drain count cleared" if not dry_run else \
             "circuit breaker is not tripped; reset would clear the drain count"
     else:
         text = ("would reset" if dry_run else "reset") + f" the circuit breaker (was: {data['reason']})"
     out = render.output(json_)
-    out.result(data, lambda: out.line(text))
+    out.result(data, lambda: out.lines([text] + ([budget] if budget else [])))
+    if data.get("budget_error"):
+        out.warn(f"the safety budget was not read: {data['budget_error']}", in_result=True)

@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from mctl import checks
 from mctl.health import policy, store
@@ -39,6 +39,9 @@ from mctl.model.settings import HealthSettings
 from mctl.model.drain import DRAIN, RESUME, SKIP, Decision
 from mctl.sched.slurm.drain import apply_script, controller_down, parse_apply, read_nodes, show_node_command
 from mctl.model.findings import Severity, sort_findings, worst
+
+if TYPE_CHECKING:
+    from mctl.model.budget import BudgetView
 
 DEFAULT_CONFIG = "/etc/mctl/node-check.json"
 DEFAULT_STATE_DIR = "/var/lib/mctl-node-check"
@@ -146,13 +149,18 @@ def gather(config: NodeCheckConfig, deadline: Deadline, *, use_nvml: bool = True
     return facts
 
 
-def _slurm_nodes(deadline: Deadline) -> tuple[dict | None, dict | None, str | None]:
-    rc, out, err = _run(["/bin/sh", "-c", show_node_command()], deadline.left(SCONTROL_TIMEOUT))
+def _slurm_nodes(deadline: Deadline) -> tuple[dict | None, dict | None, str | None, "BudgetView | None"]:
+    """Slurm's nodes and the site's safety budget (its grants, whether it is tripped), in one read."""
+    from mctl.sched.slurm.budget import split_reservations, with_reservations
+
+    rc, out, err = _run(["/bin/sh", "-c", with_reservations(show_node_command())], deadline.left(SCONTROL_TIMEOUT))
     if rc != 0:
         said = ((err or out).strip().splitlines() or [f"exit {rc}"])[-1]
-        return None, None, ("slurmctld did not answer: " if controller_down(err + out) else "scontrol failed: ") + said
-    views, states = read_nodes(out)
-    return views, states, None
+        return None, None, ("slurmctld did not answer: " if controller_down(err + out) else "scontrol failed: ") \
+            + said, None
+    nodes, budget = split_reservations(out)
+    views, states = read_nodes(nodes)
+    return views, states, None, budget
 
 
 def _share_guard(config: NodeCheckConfig, views: dict) -> str | None:
@@ -196,12 +204,12 @@ def run(config: NodeCheckConfig, *, drain: bool | None = None, dry_run: bool = F
         deadline_s: float = DEADLINE_S) -> NodeCheckResult:
     deadline = Deadline(deadline_s)
     t0 = time.monotonic()
-    views = states = None
+    views = states = budget = None
     sched_error = None
     acting = config.drain if drain is None else drain
     facts = gather(config, deadline, use_nvml=use_nvml)
     if config.scheduler == "slurm":
-        views, states, sched_error = _slurm_nodes(deadline)
+        views, states, sched_error, budget = _slurm_nodes(deadline)
         facts = facts.with_slurm_node((states or {}).get(config.node))
     state_dir = Path(config.state_dir)
     state = store.HealthState()
@@ -218,7 +226,8 @@ def run(config: NodeCheckConfig, *, drain: bool | None = None, dry_run: bool = F
     actions: list = []
     if acting and config.scheduler == "slurm":
         outcome = policy.decide(state.records, [verdict], views, config.settings, BreakerState(),
-                                {config.expect.rack or "": max(1, len(config.rack_nodes))}, now=time.time())
+                                {config.expect.rack or "": max(1, len(config.rack_nodes))}, now=time.time(),
+                                budget=budget)
         drains = [d for d in outcome.decisions if d.action == DRAIN]
         guard = _share_guard(config, views) if drains and views is not None else None
         if guard:

@@ -69,10 +69,27 @@ class DrainReport:
     rows: list[DrainRow]
     scheduler_error: str | None = None
     breaker: dict[str, Any] = field(default_factory=dict)
+    budget: dict[str, Any] | None = None          # the site's safety budget (budget_summary), None: not kept here
 
     def to_dict(self) -> dict[str, Any]:
-        return {"drains": [r.to_dict() for r in self.rows], "scheduler_error": self.scheduler_error,
-                "breaker": self.breaker}
+        out = {"drains": [r.to_dict() for r in self.rows], "scheduler_error": self.scheduler_error,
+               "breaker": self.breaker}
+        if self.budget is not None:
+            out["budget"] = self.budget
+        return out
+
+
+def budget_summary(site: "Site", view) -> dict[str, Any]:
+    """The site's safety budget: per rack and for the site the limit and the trays holding its grants,
+    whether it is tripped and why (*view*: mctl.model.budget.BudgetView as the scheduler holds it)."""
+    b = site.safety.budget
+    racks = {h.name: h.rack for h in site.compute_trays()}
+    held = view.held_by(racks)
+    per_rack = {name: len(r.compute) for name, r in site.racks.items()}
+    return {"tripped": view.tripped, "tripped_at": view.tripped_at,
+            "site": {"limit": b.site_limit(sum(per_rack.values())), "held": sorted(view.grants)},
+            "racks": {name: {"limit": b.rack_limit(n), "held": held.get(name, [])} for name, n in per_rack.items()},
+            "grants": view.to_dict()["grants"]}
 
 
 def _on_scheduler(site: "Site", names: list[str], work):
@@ -92,8 +109,10 @@ def _on_scheduler(site: "Site", names: list[str], work):
 
 
 def _read_nodes(site: "Site", names: list[str]):
+    """(views, states, the safety budget's view or None) from the site's scheduler."""
     async def read(adapter):
-        return await adapter.read()
+        views, states = await adapter.read()
+        return views, states, getattr(adapter, "budget", None)
 
     return _on_scheduler(site, names, read)
 
@@ -101,8 +120,9 @@ def _read_nodes(site: "Site", names: list[str]):
 def list_drains(site: "Site", state_dir: Path) -> DrainReport:
     state = store.load_state(state_dir)
     racks = {h.name: h.rack for h in site.compute_trays()}
+    budget = None
     try:
-        views, _ = _read_nodes(site, list(racks))
+        views, _, budget = _read_nodes(site, list(racks))
         error = None
     except SchedulerUnreachable as exc:
         views, error = None, str(exc)
@@ -118,7 +138,7 @@ def list_drains(site: "Site", state_dir: Path) -> DrainReport:
     for host, node in sorted((views or {}).items()):
         if host not in seen and node.mctl_drain:
             rows.append(DrainRow(host, racks.get(host), node.state, node.reason, "mctl (node check or another watch)"))
-    return DrainReport(rows, error, state.breaker.to_dict())
+    return DrainReport(rows, error, state.breaker.to_dict(), budget_summary(site, budget) if budget else None)
 
 
 # --- resume by hand --------------------------------------------------------------------------------
@@ -141,7 +161,7 @@ def resume_by_hand(site: "Site", expr: str, state_dir: Path, *, dry_run: bool = 
     """
     scope = resolve_scope(site, expr)
     try:
-        views, _ = _read_nodes(site, scope.names)
+        views, _, _ = _read_nodes(site, scope.names)
     except SchedulerUnreachable as exc:
         raise EnvironmentProblem(f"cannot resume: {exc}", hint="try again once slurmctld answers") from None
     rows: list[ResumeRow] = []
@@ -204,23 +224,61 @@ def _ordered(rows: list[ResumeRow], names: list[str]) -> list[ResumeRow]:
 # --- breaker ----------------------------------------------------------------------------------------
 
 def breaker_status(state_dir: Path, site: "Site") -> dict[str, Any]:
-    state = store.load_state(state_dir)
+    """The watch's circuit breaker, and the site's safety budget as the scheduler keeps it."""
+    state = store.load_state(state_dir)           # a damaged state file is named before the scheduler is asked
     settings = settings_of(site)
     now = time.time()
     recent = state.breaker.recent(now, settings.breaker_window_s)
-    return {**state.breaker.to_dict(), "recent_drains": len(recent), "max_drained_share": settings.breaker_max_share,
-            "window_s": settings.breaker_window_s, "scope": settings.breaker_scope}
+    out = {**state.breaker.to_dict(), "recent_drains": len(recent), "max_drained_share": settings.breaker_max_share,
+           "window_s": settings.breaker_window_s, "scope": settings.breaker_scope}
+    out["budget"], out["budget_error"] = _budget_of(site)
+    return out
 
 
-def breaker_reset(state_dir: Path, *, dry_run: bool = False) -> dict[str, Any]:
+def _budget_of(site: "Site") -> tuple[dict[str, Any] | None, str | None]:
+    """(budget_summary, None), or (None, why it was not read); (None, None) where no scheduler keeps one."""
+    from mctl.errors import MctlError
+
+    if site.scheduler is None or site.scheduler.type != "slurm":
+        return None, None
+    try:
+        _, _, view = _read_nodes(site, [h.name for h in site.compute_trays()])
+    except SchedulerUnreachable as exc:
+        return None, str(exc)
+    except MctlError as exc:                   # no SSH key here, say: the breaker is still the state's
+        return None, exc.message
+    return (budget_summary(site, view) if view is not None else None), None
+
+
+def breaker_reset(state_dir: Path, *, dry_run: bool = False, site: "Site | None" = None) -> dict[str, Any]:
+    """Close the watch's circuit breaker and lift the site's safety budget's trip (its grants stay: they are
+    trays still out of service). Both are a person's call, logged."""
+    store.load_state(state_dir)                   # a damaged state file is named before the scheduler is asked
+    budget, budget_error = _budget_of(site) if site is not None else (None, None)
+    budget_tripped = budget.get("tripped") if budget else None
     with store.state_lock(state_dir):
         state = store.load_state(state_dir)
         before = state.breaker
+        out = {"was_tripped": before.tripped, "reason": before.reason, "dry_run": dry_run,
+               "budget_was_tripped": budget_tripped, "budget_error": budget_error}
         if dry_run:
-            return {"was_tripped": before.tripped, "reason": before.reason, "dry_run": True}
+            return out
         state.breaker = breaker_reset_state(before)
-        store.append_actions(state_dir, [store.action_entry("breaker-reset", None, before.reason, who=store.actor(),
-                                                            result="ok", was_tripped=before.tripped,
-                                                            cleared_drains=len(before.drains))])
+        lines = [store.action_entry("breaker-reset", None, before.reason, who=store.actor(), result="ok",
+                                    was_tripped=before.tripped, cleared_drains=len(before.drains))]
+        if budget_tripped:
+            result = _lift_budget_trip(site)
+            lines.append(store.action_entry("budget-reset", None, None, who=store.actor(), result=result,
+                                            why=f"a person lifted the trip ({budget_tripped})"))
+            out["budget_reset"] = result
+        store.append_actions(state_dir, lines)
         store.save_state(state_dir, state)
-    return {"was_tripped": before.tripped, "reason": before.reason, "dry_run": False}
+    return out
+
+
+def _lift_budget_trip(site: "Site") -> str:
+    from mctl.sched.slurm.budget import reset_script
+    from mctl.sched.slurm.control import run_on_controller
+
+    r = run_on_controller(site, reset_script(), timeout=30.0, deadline=40.0)
+    return "ok" if r.status.reached and r.ok else f"failed: {r.summary()}"

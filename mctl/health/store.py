@@ -54,16 +54,21 @@ class HealthState:
     records: dict[str, TrayRecord] = field(default_factory=dict)
     breaker: BreakerState = field(default_factory=BreakerState)
     updated: float | None = None
+    budget_trip: str | None = None      # the safety budget's trip the watch last logged (said once per trip)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "site": self.site, "updated": self.updated,
-                "breaker": self.breaker.to_dict(), "trays": {h: r.to_dict() for h, r in sorted(self.records.items())}}
+        out = {"schema": SCHEMA, "site": self.site, "updated": self.updated,
+               "breaker": self.breaker.to_dict(), "trays": {h: r.to_dict() for h, r in sorted(self.records.items())}}
+        if self.budget_trip is not None:
+            out["budget_trip"] = self.budget_trip
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "HealthState":
         return cls(site=data.get("site"), updated=data.get("updated"),
                    breaker=BreakerState.from_dict(data.get("breaker")),
-                   records={h: TrayRecord.from_dict(r) for h, r in (data.get("trays") or {}).items()})
+                   records={h: TrayRecord.from_dict(r) for h, r in (data.get("trays") or {}).items()},
+                   budget_trip=data.get("budget_trip"))
 
 
 STATE_HINT = ("move the damaged file aside; mctl starts with empty health state "
@@ -103,6 +108,7 @@ def check_state_shape(path: Path, data: dict[str, Any]) -> None:
     try:
         check_shape(path, data.get("site"), (str, type(None)), "site")
         check_shape(path, data.get("updated"), (int, float, type(None)), "updated")
+        check_shape(path, data.get("budget_trip"), (str, type(None)), "budget_trip")
         check_breaker_shape(path, data.get("breaker"))
         trays = check_shape(path, data.get("trays"), (dict, type(None)), "trays") or {}
         for host, rec in trays.items():

@@ -25,6 +25,9 @@ from mctl.health.record import TrayRecord, TrayVerdict
 from mctl.health.responders import Context, Responder
 from mctl.model.drain import DRAIN, QUEUE, RESUME, ActResult, Decision, NodeView
 from mctl.model.findings import Severity
+from mctl.model.site import fold
+
+GRANT_GRACE_S = 60.0       # a grant seen with its tray back in service this long goes back
 
 if TYPE_CHECKING:
     from mctl.model.tray import TrayFacts
@@ -57,6 +60,7 @@ class DrainResponder(Responder):
     def __init__(self) -> None:
         self.reconciled = False          # intents a killed mctl left are reconciled once, on the first sweep
         self.early: EarlyDrains | None = None     # this sweep's early drains (the engine sets it)
+        self.stale_since: dict[str, float] = {}   # tray -> when its grant was first seen with the tray back in service
 
     # ------------------------------------------------------------------ the end of the sweep
 
@@ -84,6 +88,8 @@ class DrainResponder(Responder):
         if b.tripped and not tripped_before:
             notes.append(store.action_entry("breaker-trip", None, b.reason, who=ctx.who, at=b.tripped_at,
                                             result="tripped", scope=ctx.settings.breaker_scope))
+        notes += self._budget_lines(ctx, state)
+        notes += await self._give_back(ctx, result.nodes)
 
         def commit() -> None:
             state.records, state.breaker, state.site = outcome.records, outcome.breaker, ctx.site.name
@@ -91,6 +97,45 @@ class DrainResponder(Responder):
         lines = await ctx.actuator.run(state, acts, before=before, after=notes, commit=commit)
         ctx.decisions += outcome.decisions
         return lines
+
+    def _budget_lines(self, ctx: Context, state: store.HealthState) -> list[store.ActionEntry]:
+        """One `budget-trip` line per trip of the site's safety budget (whoever tripped it: this watch, a
+        tray's node check, a hold), naming the tray refused and the trays that hold its grants."""
+        budget = _budget(ctx)
+        if budget is None:
+            return []
+        if budget.tripped is None:
+            state.budget_trip = None
+            return []
+        if state.budget_trip == budget.tripped:
+            return []
+        state.budget_trip = budget.tripped
+        held = sorted(budget.grants)
+        return [store.action_entry("budget-trip", None, None, who=ctx.who, result="tripped",
+                                   why=f"the safety budget tripped: {budget.tripped}; {len(held)} trays hold its grants"
+                                       f"{' (' + fold(held) + ')' if held else ''}; no tray is taken out of service "
+                                       "by mctl until 'mctl health breaker reset'",
+                                   grants=held, tripped_at=budget.tripped_at)]
+
+    async def _give_back(self, ctx: Context, nodes: dict[str, NodeView] | None) -> list[store.ActionEntry]:
+        """Grants of the safety budget whose tray is back in service by other hands (an operator resumed it:
+        neither drained nor held by mctl, nor down) go back, once seen so for a minute (a grant is made just
+        before its drain, so a young one may be a drain in flight)."""
+        budget = _budget(ctx)
+        release = getattr(ctx.scheduler, "release_grants", None)
+        if budget is None or nodes is None or release is None:
+            return []
+        back = [t for t in budget.grants if t in nodes and not nodes[t].mctl_drain and not nodes[t].down]
+        self.stale_since = {t: self.stale_since.get(t, ctx.now) for t in back}
+        due = sorted(t for t, since in self.stale_since.items() if ctx.now - since >= GRANT_GRACE_S)
+        if not due:
+            return []
+        done = await release(due)
+        for t in done:
+            self.stale_since.pop(t, None)
+        return [store.action_entry("budget-release", t, None, who=ctx.who, result="ok" if t in done else "failed",
+                                   why=f"back in service by other hands ({nodes[t].state}): its grant of the safety "
+                                       "budget goes back") for t in due]
 
     def dry_run(self, ctx: Context, state: store.HealthState) -> list[Decision]:
         outcome = policy.decide(state.records, ctx.result.verdicts, ctx.result.nodes, ctx.settings, state.breaker,

@@ -15,13 +15,10 @@ from typing import TYPE_CHECKING, Sequence
 
 from mctl.model.drain import ActResult, Decision, NodeView, SchedulerUnreachable
 from mctl.model.budget import BudgetView
-from mctl.sched.slurm.budget import SHOW_RESERVATIONS, parse_reservations
+from mctl.sched.slurm.budget import split_reservations, with_reservations
 from mctl.sched.slurm.drain import apply_script, controller_down, parse_apply, read_nodes, show_node_command
 
-RESERVATIONS_MARK = "@@mctl-reservations"
-# the nodes, then the reservations (the safety budget's grants); the nodes' exit status is the command's
-READ_COMMAND = (f"{show_node_command()}; rc=$?; echo {RESERVATIONS_MARK}; {SHOW_RESERVATIONS} 2>/dev/null; "
-                "exit $rc")
+READ_COMMAND = with_reservations(show_node_command())    # the nodes, then the safety budget's grants
 
 if TYPE_CHECKING:
     from mctl.model.site import Site
@@ -54,8 +51,7 @@ class SlurmAdapter:
             if controller_down(text):
                 raise SchedulerUnreachable(f"slurmctld did not answer on {self.target.name}: {said}")
             raise SchedulerUnreachable(f"scontrol on {self.target.name} failed: {said}")
-        nodes, _, reservations = result.stdout.partition(RESERVATIONS_MARK + "\n")
-        self.budget = parse_reservations(reservations)
+        nodes, self.budget = split_reservations(result.stdout)
         return read_nodes(nodes)
 
     async def apply(self, decisions: Sequence[Decision], *, deadline: float | None = None) -> list[ActResult]:
@@ -68,6 +64,17 @@ class SlurmAdapter:
             return [ActResult(d, False, f"{self.target.name}: {result.summary()}", unreachable=True)
                     for d in decisions]
         return parse_apply(result.stdout, decisions)
+
+
+    async def release_grants(self, trays: Sequence[str], *, deadline: float | None = None) -> list[str]:
+        """Give back the safety budget's grants of *trays* (mctl.sched.slurm.budget); the trays done."""
+        from mctl.sched.slurm.budget import release_script
+
+        result = await self.pool.run_one(self.target, release_script(trays), timeout=self.timeout,
+                                         deadline=min(self.timeout, deadline) if deadline else None)
+        if not result.status.reached:
+            return []
+        return [line.split()[1] for line in result.stdout.splitlines() if line.startswith("released ")]
 
 
 def slurm_adapter(site: "Site", pool: "SSHPool") -> SlurmAdapter:

@@ -138,6 +138,21 @@ def parse_reservations(text: str) -> BudgetView:
     return BudgetView(grants, tripped, tripped_at)
 
 
+RESERVATIONS_MARK = "@@mctl-reservations"
+
+
+def with_reservations(command: str) -> str:
+    """*command* (a read of the nodes), then the reservations (the budget's grants); *command*'s exit
+    status is the script's."""
+    return f"{command}; rc=$?; echo {RESERVATIONS_MARK}; {SHOW_RESERVATIONS} 2>/dev/null; exit $rc"
+
+
+def split_reservations(stdout: str) -> tuple[str, BudgetView]:
+    """What `with_reservations` printed -> (the nodes' part, the budget's grants and trip)."""
+    nodes, _, reservations = stdout.partition(RESERVATIONS_MARK + "\n")
+    return nodes, parse_reservations(reservations)
+
+
 def reset_script() -> str:
     """Lift the trip (the grants stay: they are trays still out of service)."""
     return f"scontrol delete reservation={TRIPPED} 2>&1; true\n"
@@ -145,5 +160,5 @@ def reset_script() -> str:
 
 def release_script(trays) -> str:
     """Release the grants of *trays* (back in service by other hands)."""
-    return "".join(f"scontrol delete reservation={grant_name(t)} >/dev/null 2>&1; echo \"released {t} $?\"\n"
-                   for t in trays)
+    return "".join(f"scontrol delete reservation={grant_name(t)} >/dev/null 2>&1 && echo \"released {t}\"\n"
+                   for t in trays) + "true\n"
