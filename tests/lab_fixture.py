@@ -161,6 +161,19 @@ class LabHandle:
                 raise AssertionError(f"Slurm not settled within {timeout:g} s: jobs {left}, trays {states}")
             time.sleep(1)
 
+    def clear_budget(self) -> list[str]:
+        """The site's safety budget as a new test expects it: not tripped, and no grant left for a tray that is
+        back in service (a test resumes trays with plain scontrol, as an operator may; the watch gives such a
+        grant back only once it is 10 s old). The reservations deleted."""
+        if not self.run(self.head, "test -e /etc/slurm/slurm.conf", check=False).returncode == 0:
+            return []
+        script = ("drained=$(sinfo -h -N -o '%N %T %E' 2>/dev/null | awk '$2 ~ /drain|down|fail/ && $3 ~ /^mctl:/ "
+                  "{print $1}'); for r in $(scontrol show reservation -o 2>/dev/null | "
+                  "grep -o 'ReservationName=mctl_budget_[^ ]*' | cut -d= -f2); do t=${r#mctl_budget_}; "
+                  "case \" $(echo $drained) \" in *\" $t \"*) continue;; esac; "
+                  "scontrol delete reservation=$r >/dev/null 2>&1 && echo $r; done; true")
+        return self.run(self.head, script, check=False).stdout.split()
+
     def clear_faults(self, host: str | None = None) -> None:
         from mctl.lab import control
         from mctl.lab.faults import FaultRequest

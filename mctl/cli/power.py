@@ -38,10 +38,12 @@ def _run(action: str, hosts, *, force: bool, dry_run: bool, json_: bool, gracefu
     if action != "status":
         racks = sorted({h.rack for h in hosts if h.rack})
         hold_racks(racks, f"power {action}" if not rack else f"rack power {action} {rack}", dry_run=dry_run)
+    granted = _ask_budget(site, action, hosts, force=force, dry_run=dry_run, out=out)
     report = power.run(site, action, power.groups_of(hosts), settings=settings, force=force, dry_run=dry_run,
                        stage_s=deadline or power.DEFAULT_STAGE_S, graceful_s=power.DEFAULT_GRACEFUL_S
                        if graceful is None else graceful, all_or_nothing=whole_rack, progress=out.line,
                        work_lookup=lambda names: discover(site, names))
+    _give_back(site, action, hosts, granted, dry_run=dry_run)
     out.result(report.to_dict(), lambda: _print(out, report))
     if report.exit_code == EXIT_PARTIAL:
         from mctl.cli.bmc import partial_failure
@@ -52,6 +54,47 @@ def _run(action: str, hosts, *, force: bool, dry_run: bool, json_: bool, gracefu
 
 
 ASKS = {"off": "whatever runs there stops", "cycle": "whatever runs there is cut off"}     # asked unless --yes
+BUDGET_WORD = "mctl power"            # the grants a power command asks start so (its power on gives them back)
+
+
+def _ask_budget(site, action: str, hosts, *, force: bool, dry_run: bool, out) -> list[str]:
+    """Power off and cycle take compute trays out of service: each asks the site's safety budget first
+    (mctl.sched.slurm.budget); a refusal stops the command unless --force (then it is counted where it fits,
+    and never trips the budget). The trays granted."""
+    import getpass
+    import socket
+
+    from mctl.model.site import fold
+    from mctl.sched.slurm import holds
+
+    trays = [h.name for h in hosts if h.role == "compute"]
+    if action not in ("off", "cycle") or dry_run or not trays:
+        return []
+    if site.scheduler is None or site.scheduler.type != "slurm":
+        out.warn("no Slurm keeps the site's safety budget here: this power command is not counted in it")
+        return []
+    granted, refused = holds.grant_budget(site, trays, f"{BUDGET_WORD} {action} by {getpass.getuser()}@{socket.gethostname()}", count_only=force)
+    if refused and not force:
+        holds.release_budget(site, granted)
+        why = "; ".join(f"{t}: {w}" for t, w in sorted(refused.items()))
+        raise UsageError(f"the safety budget refuses {fold(refused)}: {why}; nothing was powered",
+                         hint="wait until trays are back in service, or give --force to go beyond it "
+                              "(it is counted where it fits)")
+    for t, w in sorted(refused.items()):
+        out.warn(f"{t}: beyond the safety budget (--force): {w}")
+    return granted
+
+
+def _give_back(site, action: str, hosts, granted: list[str], *, dry_run: bool) -> None:
+    """A cycle's grants go back once it is done; a power on gives back the grants a power off asked."""
+    from mctl.sched.slurm import holds
+
+    if dry_run or site.scheduler is None or site.scheduler.type != "slurm":
+        return
+    if action == "cycle" and granted:
+        holds.release_budget(site, granted)
+    elif action == "on":
+        holds.release_own_budget(site, [h.name for h in hosts if h.role == "compute"], BUDGET_WORD)
 
 
 def _named(hosts) -> str:

@@ -133,7 +133,7 @@ class Engine:
         return store.load_state(self.state_dir)
 
     def _context(self, result: SweepResult | None) -> Context:
-        hosts = {h.name: h for h in self.scope.hosts}
+        hosts = {h.name: h for r in self.site.racks.values() for h in (*r.compute, *r.switches)}
         actuator = Actuator(self.state_dir, self.who, {
             "scheduler": scheduler_batch(self.scheduler, self.act_deadline),
             "power-off": power_off_batch(lambda: hosts, self.oob_settings, self.oob_problem,

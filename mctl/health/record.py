@@ -324,3 +324,30 @@ class TrayRecord:
         else:
             fields["latches"] = None
         return cls(**fields)
+
+
+# ------------------------------------------------------------------ a rack's leaks (the rack-wide response)
+
+@dataclass(frozen=True)
+class RackLeak:
+    """A rack whose leaks passed the rack-wide threshold (health.leak.rack_share) or whose switch tray
+    leaks (health.leak.switch_tray: rack): since when, and its one power-off of the whole rack."""
+
+    since: float
+    why: str
+    sent: bool = False
+    result: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"since": self.since, "why": self.why, "sent": self.sent, "result": self.result}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "RackLeak":
+        d = _mapping(data, "rack leak")
+        since = _num(d, "since")
+        if since is None:
+            raise ValueError("since is missing")
+        sent = d.get("sent", False)
+        if not isinstance(sent, bool):
+            raise ValueError(f"sent must be true or false, not {type(sent).__name__}")
+        return cls(since, _text(d, "why") or "", sent, _text(d, "result"))

@@ -28,7 +28,7 @@ from typing import Any, Iterator
 
 from mctl.errors import EnvironmentProblem
 from mctl.health.breaker import BreakerState
-from mctl.health.record import TrayRecord
+from mctl.health.record import LeakEpisode, RackLeak, TrayRecord
 from mctl.model.drain import QUEUE, ActResult, Decision
 from mctl.state.files import DamagedState, check_shape, ensure_dir, read_json, write_json
 from mctl.state.lock import file_lock
@@ -55,12 +55,18 @@ class HealthState:
     breaker: BreakerState = field(default_factory=BreakerState)
     updated: float | None = None
     budget_trip: str | None = None      # the safety budget's trip the watch last logged (said once per trip)
+    switch_leaks: dict[str, LeakEpisode] = field(default_factory=dict)   # switch tray -> its open leak episode
+    rack_leaks: dict[str, RackLeak] = field(default_factory=dict)        # rack -> its rack-wide leak response
 
     def to_dict(self) -> dict[str, Any]:
         out = {"schema": SCHEMA, "site": self.site, "updated": self.updated,
                "breaker": self.breaker.to_dict(), "trays": {h: r.to_dict() for h, r in sorted(self.records.items())}}
         if self.budget_trip is not None:
             out["budget_trip"] = self.budget_trip
+        if self.switch_leaks:
+            out["switch_leaks"] = {t: e.to_dict() for t, e in sorted(self.switch_leaks.items())}
+        if self.rack_leaks:
+            out["rack_leaks"] = {r: x.to_dict() for r, x in sorted(self.rack_leaks.items())}
         return out
 
     @classmethod
@@ -68,7 +74,9 @@ class HealthState:
         return cls(site=data.get("site"), updated=data.get("updated"),
                    breaker=BreakerState.from_dict(data.get("breaker")),
                    records={h: TrayRecord.from_dict(r) for h, r in (data.get("trays") or {}).items()},
-                   budget_trip=data.get("budget_trip"))
+                   budget_trip=data.get("budget_trip"),
+                   switch_leaks={t: LeakEpisode.from_dict(e) for t, e in (data.get("switch_leaks") or {}).items()},
+                   rack_leaks={r: RackLeak.from_dict(x) for r, x in (data.get("rack_leaks") or {}).items()})
 
 
 STATE_HINT = ("move the damaged file aside; mctl starts with empty health state "
@@ -109,6 +117,12 @@ def check_state_shape(path: Path, data: dict[str, Any]) -> None:
         check_shape(path, data.get("site"), (str, type(None)), "site")
         check_shape(path, data.get("updated"), (int, float, type(None)), "updated")
         check_shape(path, data.get("budget_trip"), (str, type(None)), "budget_trip")
+        for key, read in (("switch_leaks", LeakEpisode.from_dict), ("rack_leaks", RackLeak.from_dict)):
+            for name, value in (check_shape(path, data.get(key), (dict, type(None)), key) or {}).items():
+                try:
+                    read(value)
+                except (TypeError, ValueError) as exc:
+                    raise DamagedState(path, f"{key}.{name}: {exc}") from None
         check_breaker_shape(path, data.get("breaker"))
         trays = check_shape(path, data.get("trays"), (dict, type(None)), "trays") or {}
         for host, rec in trays.items():

@@ -30,6 +30,18 @@ class BudgetView:
     grants: dict[str, Grant] = field(default_factory=dict)
     tripped: str | None = None          # the trip's words ("refused TRAY: ..."), or None
     tripped_at: str | None = None
+    now: str | None = None              # the ledger's clock when read, in the form of a grant's start
+
+    def age(self, tray: str) -> float | None:
+        """Seconds since *tray*'s grant was made, by the ledger's own clock (None: not known)."""
+        from datetime import datetime
+
+        g = self.grants.get(tray)
+        try:
+            return (datetime.fromisoformat(self.now or "") - datetime.fromisoformat(g.start or "")).total_seconds() \
+                if g is not None else None
+        except ValueError:
+            return None
 
     def held_by(self, rack_of: Mapping[str, str | None]) -> dict[str | None, list[str]]:
         """rack -> the trays of it that hold a grant."""

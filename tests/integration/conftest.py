@@ -34,3 +34,7 @@ def _kern_logs_as_found(request):
     sizes = lab.kern_log_sizes()
     yield
     lab.restore_kern_logs(sizes)
+    # ... and the site's safety budget as the next test expects it: not tripped, no grant left of a tray back
+    # in service (tests resume trays with plain scontrol, as an operator may)
+    lab.clear_budget()
+

@@ -27,7 +27,7 @@ from mctl.model.drain import DRAIN, QUEUE, RESUME, ActResult, Decision, NodeView
 from mctl.model.findings import Severity
 from mctl.model.site import fold
 
-GRANT_GRACE_S = 60.0       # a grant seen with its tray back in service this long goes back
+GRANT_GRACE_S = 10.0       # a grant this old whose tray is back in service goes back
 
 if TYPE_CHECKING:
     from mctl.model.tray import TrayFacts
@@ -119,15 +119,21 @@ class DrainResponder(Responder):
 
     async def _give_back(self, ctx: Context, nodes: dict[str, NodeView] | None) -> list[store.ActionEntry]:
         """Grants of the safety budget whose tray is back in service by other hands (an operator resumed it:
-        neither drained nor held by mctl, nor down) go back, once seen so for a minute (a grant is made just
-        before its drain, so a young one may be a drain in flight)."""
+        neither drained nor held by mctl, nor down) go back, once the grant is older than GRANT_GRACE_S by the
+        controller's clock (a grant is made just before its drain, so a young one may be a drain in flight);
+        where that clock was not read, once this watch saw it so for that long."""
         budget = _budget(ctx)
         release = getattr(ctx.scheduler, "release_grants", None)
         if budget is None or nodes is None or release is None:
             return []
         back = [t for t in budget.grants if t in nodes and not nodes[t].mctl_drain and not nodes[t].down]
         self.stale_since = {t: self.stale_since.get(t, ctx.now) for t in back}
-        due = sorted(t for t, since in self.stale_since.items() if ctx.now - since >= GRANT_GRACE_S)
+
+        def old(t: str) -> bool:
+            age = budget.age(t)
+            return (age if age is not None else ctx.now - self.stale_since[t]) >= GRANT_GRACE_S
+
+        due = sorted(t for t in back if old(t))
         if not due:
             return []
         done = await release(due)

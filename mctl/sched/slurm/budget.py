@@ -70,15 +70,16 @@ def usable(name: str) -> bool:
 
 # ------------------------------------------------------------------ script lines (inside a drain step)
 
-def grant_lines(tray: str, rack: str | None, comment: str) -> list[str]:
+def grant_lines(tray: str, rack: str | None, comment: str, *, trip: bool = True) -> list[str]:
     """Ask the grant for *tray* (once `rc` is still empty): refused when the budget is tripped, when the
     rack's or the site's licenses are all granted (which trips it), or when the budget is not in Slurm.
-    Sets `g` when this step created the grant (so a drain that does not happen gives it back). Every
+    Sets `g` when this step created the grant (so a drain that does not happen gives it back). *trip*
+    False: a refusal is said but does not trip the budget (an operator's own command asking). Every
     scontrol is written `$(scontrol ` or `{ scontrol ` so a bounded script bounds it too (drain.script)."""
     name, rl = grant_name(tray), rack_license(rack)
     lic = f"{SITE_LICENSE}:1,{rl}:1"
     note = shlex.quote(comment[:200])
-    trip = shlex.quote(f"refused {tray}: {comment}"[:200])
+    tripped = shlex.quote(f"refused {tray}: {comment}"[:200])
     where = f"rack {rack or 'none'}"
     return [
         "g=",
@@ -92,8 +93,9 @@ def grant_lines(tray: str, rack: str | None, comment: str) -> list[str]:
         f"case \"$l $m\" in *LicenseName={SITE_LICENSE}*LicenseName={rl}*) "
         f"echo \"held back by the safety budget: every grant of {where} or of the site is taken: $(printf '%s %s' "
         f"\"$l\" \"$m\" | tr -s ' \\n' ' ')\"; "
-        f"{{ scontrol create reservation ReservationName={TRIPPED} Licenses={TRIP_LICENSE}:1 StartTime=now "
-        f"Duration=UNLIMITED Users=root Flags=ANY_NODES Comment={trip} >/dev/null 2>&1; }}; rc={RC_BUDGET};; "
+        + (f"{{ scontrol create reservation ReservationName={TRIPPED} Licenses={TRIP_LICENSE}:1 StartTime=now "
+           f"Duration=UNLIMITED Users=root Flags=ANY_NODES Comment={tripped} >/dev/null 2>&1; }}; " if trip else "")
+        + f"rc={RC_BUDGET};; "
         f"*) echo \"the safety budget is not in Slurm (no license {SITE_LICENSE} or {rl}): run 'mctl deploy "
         f"slurm'\"; rc={RC_NO_BUDGET};; esac;; esac; }}",
     ]
@@ -141,16 +143,23 @@ def parse_reservations(text: str) -> BudgetView:
 RESERVATIONS_MARK = "@@mctl-reservations"
 
 
+NOW_MARK = "@@mctl-now "
+
+
 def with_reservations(command: str) -> str:
-    """*command* (a read of the nodes), then the reservations (the budget's grants); *command*'s exit
-    status is the script's."""
-    return f"{command}; rc=$?; echo {RESERVATIONS_MARK}; {SHOW_RESERVATIONS} 2>/dev/null; exit $rc"
+    """*command* (a read of the nodes), then the reservations (the budget's grants) and the controller's
+    clock (a grant's age is the controller's to tell); *command*'s exit status is the script's."""
+    return (f"{command}; rc=$?; echo {RESERVATIONS_MARK}; {SHOW_RESERVATIONS} 2>/dev/null; "
+            f"echo \"{NOW_MARK}$(date +%Y-%m-%dT%H:%M:%S)\"; exit $rc")
 
 
 def split_reservations(stdout: str) -> tuple[str, BudgetView]:
     """What `with_reservations` printed -> (the nodes' part, the budget's grants and trip)."""
-    nodes, _, reservations = stdout.partition(RESERVATIONS_MARK + "\n")
-    return nodes, parse_reservations(reservations)
+    from dataclasses import replace
+
+    nodes, _, rest = stdout.partition(RESERVATIONS_MARK + "\n")
+    reservations, _, now = rest.partition(NOW_MARK)
+    return nodes, replace(parse_reservations(reservations), now=now.strip() or None)
 
 
 def reset_script() -> str:
@@ -162,3 +171,39 @@ def release_script(trays) -> str:
     """Release the grants of *trays* (back in service by other hands)."""
     return "".join(f"scontrol delete reservation={grant_name(t)} >/dev/null 2>&1 && echo \"released {t}\"\n"
                    for t in trays) + "true\n"
+
+
+# ------------------------------------------------------------------ the round trips (a command's own grants)
+
+def grant_script(trays: Mapping[str, str | None], comment: str, *, count_only: bool = False) -> str:
+    """One grant per tray (*trays*: tray -> its rack), each printing `@@mctl-grant TRAY rc=N` (0 granted or
+    held already, RC_BUDGET refused, RC_NO_BUDGET not deployed); *count_only*: refused is said, not tripped."""
+    lines: list[str] = []
+    for tray, rack in trays.items():
+        lines += ["rc="] + grant_lines(tray, rack, comment, trip=not count_only)
+        lines.append(f"printf '\\n@@mctl-grant %s rc=%d\\n' {shlex.quote(tray)} \"${{rc:-0}}\"")
+    return "\n".join(lines) + "\n"
+
+
+def parse_grants(stdout: str, trays) -> tuple[list[str], dict[str, str]]:
+    """(granted, {tray: why not}) from what grant_script printed; a tray without its line was not asked."""
+    granted: list[str] = []
+    refused: dict[str, str] = {}
+    said: list[str] = []
+    seen: set[str] = set()
+    for line in stdout.splitlines():
+        m = re.match(r"@@mctl-grant (\S+) rc=(\d+)$", line.strip())
+        if not m:
+            if line.strip():
+                said.append(line.strip())
+            continue
+        seen.add(m[1])
+        if m[2] == "0":
+            granted.append(m[1])
+        else:
+            refused[m[1]] = " ".join(said) or f"refused (rc {m[2]})"
+        said = []
+    for t in trays:
+        if t not in seen:
+            refused[t] = "no answer from the controller"
+    return granted, refused

@@ -212,3 +212,39 @@ def _said(tray: str, r: "sd.StepResult") -> str:
     from mctl.model.drain import DRAIN, Decision
 
     return sd.act_result(Decision(tray, DRAIN, ""), r).error or "refused"
+
+
+# ------------------------------------------------------------------ the safety budget's grants asked by a command
+
+def grant_budget(site: "Site", trays: Sequence[str], comment: str, *,
+                 count_only: bool = False) -> tuple[list[str], dict[str, str]]:
+    """Ask the site's safety budget (mctl.sched.slurm.budget) for *trays* on the controller without holding
+    them (a power off): (granted, {tray: why not}); *count_only*: a refusal does not trip the budget."""
+    from mctl.sched.slurm import budget
+    from mctl.sched.slurm.control import controller_run
+
+    racks = {t: (site.host(t).rack if site.host(t) is not None else None) for t in trays}
+    result = controller_run(site, budget.grant_script(racks, comment, count_only=count_only))
+    return budget.parse_grants(result.stdout, list(trays))
+
+
+def release_budget(site: "Site", trays: Sequence[str]) -> list[str]:
+    """Give back the grants of *trays* (the trays back in service); the trays whose grant went back."""
+    from mctl.sched.slurm import budget
+    from mctl.sched.slurm.control import controller_run
+
+    if not trays:
+        return []
+    result = controller_run(site, budget.release_script(trays))
+    return [line.split()[1] for line in result.stdout.splitlines() if line.startswith("released ")]
+
+
+def release_own_budget(site: "Site", trays: Sequence[str], word: str) -> list[str]:
+    """Give back the grants of *trays* that a command whose words start with *word* asked (a power off's,
+    at its power on): never a grant the watch or a hold holds for the same tray."""
+    from mctl.sched.slurm import budget
+    from mctl.sched.slurm.control import controller_run
+
+    view = budget.parse_reservations(controller_run(site, budget.SHOW_RESERVATIONS).stdout)
+    own = [t for t in trays if t in view.grants and (view.grants[t].comment or "").startswith(word)]
+    return release_budget(site, own)
