@@ -275,6 +275,9 @@ def render_text(result: NodeCheckResult, *, verbose: bool = False) -> str:
     for d in result.decisions:
         verb = f"would {d.action}" if result.dry_run and d.action in (DRAIN, RESUME) else d.action
         lines.append(f"  {verb.upper()}: {d.reason or ''} ({d.why})".replace(" ()", ""))
+    for a in result.actions:
+        if not a.ok:                        # a drain the controller refused: the guard, or the safety budget
+            lines.append(f"  {a.action.upper()} NOT DONE: {a.result}")
     if result.scheduler_error:
         lines.append(f"  scheduler: {result.scheduler_error}")
     return "\n".join(lines) + "\n"

@@ -367,3 +367,60 @@ def test_node_check_installed_on_the_trays_drains_its_own_node(lab, health, site
            .stdout.splitlines()]
     assert [e["action"] for e in log] == ["drain", "resume"]
     assert log[0]["who"].startswith(f"mctl node check on {tray}")
+
+
+def test_node_checks_started_together_never_drain_past_the_safety_budget(lab, health, site):
+    """Issue 27.1: a common-mode fault on every tray, every tray's node check started at the same instant
+    (as slurmd runs them), 10 rounds with a resume between: Slurm never shows more trays drained by mctl than
+    the site's budget (4 trays: 1), the first refusal trips it, and the watch asked at the same moment
+    adds none. Before the budget, each check counted the drains it saw and 2 of 4 were drained."""
+    import threading
+
+    proc = health("node", "install-check", "@compute", timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    limit = 1                                   # safety.budget's defaults: min(floor(0.25 x 4), 4)
+    by_watch: list[str] = []
+
+    def mctl_drained() -> list[str]:
+        return sorted(t for t, (st, reason) in sinfo(lab).items() if "drain" in st and reason.startswith("mctl:"))
+
+    def grants() -> list[str]:
+        out = lab.run(lab.head, "scontrol show reservation -o 2>/dev/null", check=False).stdout
+        return sorted(w.split("=", 1)[1] for w in out.split() if w.startswith("ReservationName=mctl_budget_"))
+
+    for round_ in range(10):
+        for t in lab.trays:
+            fault(lab, t, xid=79, gpu=0)
+        start = threading.Barrier(len(lab.trays) + (1 if round_ == 0 else 0))
+        said: dict[str, str] = {}
+
+        def check(tray: str) -> None:
+            start.wait(timeout=60)
+            said[tray] = lab.run(tray, "/usr/local/sbin/mctl-node-check", check=False, timeout=90).stdout
+
+        def watch() -> None:
+            start.wait(timeout=60)
+            said["watch"] = health("--json", "health", "check", "--remediate").stdout
+
+        threads = [threading.Thread(target=check, args=(t,)) for t in lab.trays]
+        if round_ == 0:
+            threads.append(threading.Thread(target=watch))
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=180)
+        drained = mctl_drained()
+        assert 1 <= len(drained) <= limit, (round_, drained, said)
+        if round_ == 0:
+            by_watch = [a["tray"] for a in json.loads(said["watch"])["actions"]
+                        if a["action"] == "drain" and a["result"] == "ok"]
+            assert set(by_watch) <= set(drained), (by_watch, drained)        # the watch adds none beyond it
+        held_back = [t for t in lab.trays if t not in drained and t not in by_watch]
+        assert all("held back by the safety budget" in said[t] for t in held_back), (round_, said)
+        assert "mctl_budget_tripped" in grants() and set(drained) <= {g[len("mctl_budget_"):] for g in grants()}
+        # a person looks, resumes the trays and lifts the trip
+        for t in lab.trays:
+            fault(lab, t, clear=True)
+        lab.run(lab.head, f"scontrol update NodeName={','.join(lab.trays)} State=RESUME", check=False)
+        lab.clear_budget()
+        wait_for("every tray idle again", lambda: mctl_drained() == [], 60)
