@@ -21,9 +21,8 @@ app = typer.Typer(help="NVLink partitions: desired in the inventory, applied thr
                   no_args_is_help=True)
 
 def _rack(site: "Site", name: str) -> "Rack":
-    if name not in site.racks:
-        raise UsageError(f"unknown rack {name!r}", hint=f"known racks: {', '.join(site.racks)}")
-    return site.racks[name]
+    from mctl.change.service import rack_of
+    return rack_of(site, name)
 
 
 # ------------------------------------------------------------------ reports
@@ -68,8 +67,6 @@ def show(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition name
     Example: mctl -i inventories/lab partition show lab-r1 p0 --json
     """
     from mctl.fabric.report import partition_detail
-    from mctl.model.fabric import describe_members
-    from mctl.model.site import fold
 
     out = render.output(json_)
     r = _rack(options().site(), rack)
@@ -78,24 +75,7 @@ def show(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition name
     if out.json:
         out.result(data)
         return
-    members = data["members"]
-    out.line(f"partition {name} of rack {rack}")
-    trays = data["inventory_trays"]
-    out.line(f"  inventory: {fold(trays) if trays is not None else 'not declared'}")
-    if r.nmx is None:
-        out.line("  NMX-M: no endpoint configured for this rack")
-        return
-    if not found:
-        out.line(f"  NMX-M ({r.nmx.url}): not present (run 'mctl partition apply {rack}')")
-        return
-    out.line(f"  NMX-M: PartitionID {data['partition_id']}, id {data['id']}, {data['type']}, health {data['health']}")
-    by_tray: dict[str, list[dict]] = {}
-    for m in members:
-        by_tray.setdefault(m["tray"] or "(not this rack)", []).append(m)
-    for tray, ms in by_tray.items():
-        gpus = ", ".join(f"{m['gpu']}={m['gpu_id']}" if m["gpu"] is not None else m["gpu_id"] for m in ms)
-        out.line(f"    {tray}: {gpus}")
-    out.line(f"  members: {describe_members([(m['tray'], m['gpu']) for m in members if m['tray']], r.gpus_per_tray)}")
+    change.render_detail(out, r, name, data, found)
 
 
 @app.command()

@@ -174,3 +174,28 @@ def _part(name: str | None, trays: Sequence[str]) -> str:
     return f"{name} ({fold(trays)})" if name else "default partition"
 
 
+
+
+def render_detail(out, r, name: str, data: dict, found: bool) -> None:
+    """The text of 'partition show': the inventory's trays, then NMX-M's view per tray."""
+    from mctl.model.fabric import describe_members
+    from mctl.model.site import fold
+
+    members = data["members"]
+    out.line(f"partition {name} of rack {r.name}")
+    trays = data["inventory_trays"]
+    out.line(f"  inventory: {fold(trays) if trays is not None else 'not declared'}")
+    if r.nmx is None:
+        out.line("  NMX-M: no endpoint configured for this rack")
+        return
+    if not found:
+        out.line(f"  NMX-M ({r.nmx.url}): not present (run 'mctl partition apply {r.name}')")
+        return
+    out.line(f"  NMX-M: PartitionID {data['partition_id']}, id {data['id']}, {data['type']}, health {data['health']}")
+    by_tray: dict[str, list[dict]] = {}
+    for m in members:
+        by_tray.setdefault(m["tray"] or "(not this rack)", []).append(m)
+    for tray, ms in by_tray.items():
+        gpus = ", ".join(f"{m['gpu']}={m['gpu_id']}" if m["gpu"] is not None else m["gpu_id"] for m in ms)
+        out.line(f"    {tray}: {gpus}")
+    out.line(f"  members: {describe_members([(m['tray'], m['gpu']) for m in members if m['tray']], r.gpus_per_tray)}")

@@ -310,3 +310,15 @@ def test_only_the_cli_draws():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
             drawing += [name for n in names if n.split(".")[0] == "rich"]
     assert not drawing, sorted(set(drawing))
+
+
+CLI_LIBRARY_LIMIT = 8       # a handful: the CLI parses, builds a request, calls a service and renders
+
+
+def test_no_cli_module_imports_more_than_a_handful_of_library_modules():
+    """A CLI module that needs many library modules is conducting a workflow itself; that belongs
+    in a service (mctl.change, mctl.provision, mctl.health) the CLI calls once."""
+    graph = _graph()
+    wide = {name: sorted(t for t in targets if _package(t) != "cli")
+            for name, targets in graph.items() if _package(name) == "cli" and not _is_lab(name)}
+    assert not {n: ts for n, ts in wide.items() if len(ts) > CLI_LIBRARY_LIMIT}, wide
