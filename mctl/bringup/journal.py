@@ -245,6 +245,17 @@ class Journal:
         p["artifacts"].update(artifacts or {})
         self.save()
 
+    def finish_outcome(self, name: str, outcome: Any) -> None:
+        """Record a step's outcome (status, summary, changed, details, artifacts)."""
+        self.finish(name, outcome.status, outcome.summary, changed=outcome.changed, details=outcome.details,
+                    artifacts=outcome.artifacts)
+
+    def crashed(self, name: str, exc: BaseException) -> None:
+        """A step ended by an internal error: the step and the run are marked failed (the caller re-raises)."""
+        self.finish(name, FAILED, f"internal error: {exc!r}", error={"message": repr(exc), "hint": None,
+                                                                     "exit_code": None})
+        self.close(RUN_FAILED)
+
     def close(self, status: str, result: dict[str, Any] | None = None) -> None:
         self.data["status"] = status
         self.data["result"] = result

@@ -229,12 +229,9 @@ def bring_up(site: "Site", rack: str, state_dir: Path, options: Options, *, resu
                 journal.close(jr.RUN_FAILED, result.to_dict())
                 return result
             except BaseException as exc:
-                journal.finish(name, jr.FAILED, f"internal error: {exc!r}",
-                               error={"message": repr(exc), "hint": None, "exit_code": None})
-                journal.close(jr.RUN_FAILED)
+                journal.crashed(name, exc)
                 raise
-            journal.finish(name, outcome.status, outcome.summary, changed=outcome.changed, details=outcome.details,
-                           artifacts=outcome.artifacts)
+            journal.finish_outcome(name, outcome)
             report.phase_ended(name, outcome.status, outcome.summary, time.monotonic() - started)
         result = BringUpResult(journal, jr.RUN_SUCCEEDED, EXIT_OK, resume, None, None, tuple(ran))
         journal.close(jr.RUN_SUCCEEDED, result.to_dict())

@@ -325,12 +325,9 @@ def _run(site: "Site", spec: ChangeSpec, journal: ChangeJournal, report: Report,
             report.line(f"step {name} failed: {exc.message}; rolling back to the partitions before")
             continue
         except BaseException as exc:
-            journal.finish(name, jr.FAILED, f"internal error: {exc!r}",
-                           error={"message": repr(exc), "hint": None, "exit_code": None})
-            journal.close(jr.RUN_FAILED)
+            journal.crashed(name, exc)
             raise
-        journal.finish(name, outcome.status, outcome.summary, changed=outcome.changed, details=outcome.details,
-                       artifacts=outcome.artifacts)
+        journal.finish_outcome(name, outcome)
         report.step_ended(name, outcome.status, outcome.summary, time.monotonic() - started)
     rollback = journal.data.get("rollback")
     if rollback:
