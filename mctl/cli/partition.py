@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING, Annotated, List, Optional
 
 import typer
 
-from mctl.cli import partition_change as change
 from mctl.cli import render
 from mctl.cli.context import options
 from mctl.cli.options import (ByLocationOpt, DrainOpt, DryRunOpt, ForceOpt, JsonOpt, NmxOnlyOpt, NoApplyOpt, RackArg,
@@ -75,7 +74,8 @@ def show(rack: RackArg, name: Annotated[str, typer.Argument(help="Partition name
     if out.json:
         out.result(data)
         return
-    change.render_detail(out, r, name, data, found)
+    from mctl.cli.partition_change import render_detail
+    render_detail(out, r, name, data, found)
 
 
 @app.command()
@@ -110,6 +110,7 @@ def templates(rack: Annotated[Optional[str], typer.Argument(help="Show what each
 def _run(req, json_: bool) -> None:
     """Run the change through the change service with the terminal's UI, then render its result."""
     from mctl.change.service import execute
+    from mctl.cli import partition_change as change
 
     ui = change.TerminalUI(render.output(json_), yes=req.yes)
     ui.render(execute(options().site(), req, options().state_dir, ui))

@@ -387,13 +387,15 @@ def test_node_check_installed_on_the_trays_drains_its_own_node(lab, health, site
 def test_node_checks_started_together_never_drain_past_the_safety_budget(lab, health, site):
     """Issue 27.1: a common-mode fault on every tray, every tray's node check started at the same instant
     (as slurmd runs them), 10 rounds with a resume between: Slurm never shows more trays drained by mctl than
-    the site's budget (4 trays: 1), the first refusal trips it, and the watch asked at the same moment
+    the site's budget (4 trays: 1; MCTL_TEST_TRAYS=18: 4), the first refusal trips it, and the watch asked at the same moment
     adds none. Before the budget, each check counted the drains it saw and 2 of 4 were drained."""
     import threading
 
     proc = health("node", "install-check", "@compute", timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
-    limit = 1                                   # safety.budget's defaults: min(floor(0.25 x 4), 4)
+    from mctl.model.settings import BudgetSettings
+
+    limit = BudgetSettings().rack_limit(len(lab.trays))  # the defaults: 4 trays 1, 18 trays (MCTL_TEST_TRAYS=18) 4
     by_watch: list[str] = []
 
     def mctl_drained() -> list[str]:
