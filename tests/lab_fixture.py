@@ -241,7 +241,19 @@ def own_lab(state_dir: Path, *, trays: int, label: str = "lab", **up_options) ->
             control.down(result.dir)
 
 
+#: The shared lab's safety budget (mctl.model.settings.BudgetSettings): half of its 4 trays, so tests that
+#: drain two trays (the breaker's, a frozen and a faulted tray) test what they name; the budget's own test
+#: reads the limit from the inventory. Every site a test derives from lab.inventory, and every Slurm deploy
+#: from it, carries it (slurmctld enforces the caps it was deployed with).
+LAB_BUDGET = {"rack_share": 0.5}
+
+
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory) -> LabHandle:
+    import yaml
+
     with own_lab(tmp_path_factory.mktemp("mctl-state"), trays=int(os.environ.get(TRAYS_ENV) or 4)) as handle:
+        doc = yaml.safe_load(handle.inventory.read_text())
+        doc.setdefault("safety", {})["budget"] = dict(LAB_BUDGET)
+        handle.inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
         yield handle

@@ -278,6 +278,8 @@ def _budget_lines(budget: dict) -> list[str]:
     lines = [f"{head}; site {len(site['held'])}/{site['limit']} trays out of service by mctl"]
     for rack, r in sorted(budget["racks"].items()):
         lines.append(f"  rack {rack}: {len(r['held'])}/{r['limit']}" + (f" ({fold(r['held'])})" if r["held"] else ""))
+    lines += [f"  NOT APPLIED: {d} (run 'mctl deploy slurm'; the scheduler's number holds)"
+              for d in budget.get("drift") or []]
     return lines
 
 

@@ -82,6 +82,8 @@ class DrainReport:
 def budget_summary(site: "Site", view) -> dict[str, Any]:
     """The site's safety budget: per rack and for the site the limit and the trays holding its grants,
     whether it is tripped and why (*view*: mctl.model.budget.BudgetView as the scheduler holds it)."""
+    from mctl.sched.slurm.budget import site_caps
+
     b = site.safety.budget
     racks = {h.name: h.rack for h in site.compute_trays()}
     held = view.held_by(racks)
@@ -89,7 +91,7 @@ def budget_summary(site: "Site", view) -> dict[str, Any]:
     return {"tripped": view.tripped, "tripped_at": view.tripped_at,
             "site": {"limit": b.site_limit(sum(per_rack.values())), "held": sorted(view.grants)},
             "racks": {name: {"limit": b.rack_limit(n), "held": held.get(name, [])} for name, n in per_rack.items()},
-            "grants": view.to_dict()["grants"]}
+            "grants": view.to_dict()["grants"], "drift": view.drift(site_caps(site))}
 
 
 def _on_scheduler(site: "Site", names: list[str], work):

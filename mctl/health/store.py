@@ -55,6 +55,7 @@ class HealthState:
     breaker: BreakerState = field(default_factory=BreakerState)
     updated: float | None = None
     budget_trip: str | None = None      # the safety budget's trip the watch last logged (said once per trip)
+    budget_drift: str | None = None     # where the scheduler's caps differ from the inventory's (said once)
     switch_leaks: dict[str, LeakEpisode] = field(default_factory=dict)   # switch tray -> its open leak episode
     rack_leaks: dict[str, RackLeak] = field(default_factory=dict)        # rack -> its rack-wide leak response
 
@@ -63,6 +64,8 @@ class HealthState:
                "breaker": self.breaker.to_dict(), "trays": {h: r.to_dict() for h, r in sorted(self.records.items())}}
         if self.budget_trip is not None:
             out["budget_trip"] = self.budget_trip
+        if self.budget_drift is not None:
+            out["budget_drift"] = self.budget_drift
         if self.switch_leaks:
             out["switch_leaks"] = {t: e.to_dict() for t, e in sorted(self.switch_leaks.items())}
         if self.rack_leaks:
@@ -74,7 +77,7 @@ class HealthState:
         return cls(site=data.get("site"), updated=data.get("updated"),
                    breaker=BreakerState.from_dict(data.get("breaker")),
                    records={h: TrayRecord.from_dict(r) for h, r in (data.get("trays") or {}).items()},
-                   budget_trip=data.get("budget_trip"),
+                   budget_trip=data.get("budget_trip"), budget_drift=data.get("budget_drift"),
                    switch_leaks={t: LeakEpisode.from_dict(e) for t, e in (data.get("switch_leaks") or {}).items()},
                    rack_leaks={r: RackLeak.from_dict(x) for r, x in (data.get("rack_leaks") or {}).items()})
 
@@ -117,6 +120,7 @@ def check_state_shape(path: Path, data: dict[str, Any]) -> None:
         check_shape(path, data.get("site"), (str, type(None)), "site")
         check_shape(path, data.get("updated"), (int, float, type(None)), "updated")
         check_shape(path, data.get("budget_trip"), (str, type(None)), "budget_trip")
+        check_shape(path, data.get("budget_drift"), (str, type(None)), "budget_drift")
         for key, read in (("switch_leaks", LeakEpisode.from_dict), ("rack_leaks", RackLeak.from_dict)):
             for name, value in (check_shape(path, data.get(key), (dict, type(None)), key) or {}).items():
                 try:

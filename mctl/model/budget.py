@@ -31,6 +31,7 @@ class BudgetView:
     tripped: str | None = None          # the trip's words ("refused TRAY: ..."), or None
     tripped_at: str | None = None
     now: str | None = None              # the ledger's clock when read, in the form of a grant's start
+    limits: dict[str, int] = field(default_factory=dict)    # what the ledger enforces: each cap by its name
 
     def age(self, tray: str) -> float | None:
         """Seconds since *tray*'s grant was made, by the ledger's own clock (None: not known)."""
@@ -56,6 +57,20 @@ class BudgetView:
             return None
         return (f"held back by the safety budget: it is tripped ({self.tripped}); "
                 "'mctl health breaker reset' once a person looked")
+
+    def drift(self, expected: Mapping[str, int]) -> list[str]:
+        """Where the ledger's caps differ from the inventory's (*expected*: cap name -> limit): the inventory
+        was changed and not applied, and the ledger's numbers are the ones that hold. Empty when the caps
+        were not read (an older ledger, or none)."""
+        if not self.limits:
+            return []
+        out = []
+        for name, want in sorted(expected.items()):
+            have = self.limits.get(name)
+            if have != want:
+                out.append(f"{name}: the inventory says {want}, the scheduler enforces "
+                           f"{'none' if have is None else have}")
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {"grants": [g.to_dict() for _, g in sorted(self.grants.items())], "tripped": self.tripped,

@@ -278,22 +278,7 @@ def test_drain_waits_in_a_queue_while_the_controller_is_unreachable(lab, health)
     assert [e["action"] for e in actions(health.state)] == ["queue", "drain"]
 
 
-def test_breaker_trips_at_its_threshold_and_stays_until_reset(lab, health, site, tmp_path):
-    # The breaker is a rate (drains within its window, counted afresh after a reset); the site's safety
-    # budget is a level (trays out of service by mctl's decision). This test is the breaker's: its site lets
-    # the budget hold 2 of 4, so after the reset the second drain is the breaker's to allow. With the default
-    # budget (1 of 4) it would be held back by the budget instead (test_node_checks_started_together...).
-    doc = yaml.safe_load((site / "mctl.yml").read_text())
-    doc["safety"] = {"budget": {"rack_share": 0.5}}
-    roomy = tmp_path / "site"
-    roomy.mkdir()
-    (roomy / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    state = health.state
-
-    def health(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-        return lab.mctl("-i", str(roomy), "--state-dir", str(state), *args, timeout=timeout)
-
-    health.state = state
+def test_breaker_trips_at_its_threshold_and_stays_until_reset(lab, health):
     a, b = lab.trays[0], lab.trays[1]
     fault(lab, a, nvlink_down="0:1")
     fault(lab, b, nvlink_down="0:2")
@@ -387,15 +372,16 @@ def test_node_check_installed_on_the_trays_drains_its_own_node(lab, health, site
 def test_node_checks_started_together_never_drain_past_the_safety_budget(lab, health, site):
     """Issue 27.1: a common-mode fault on every tray, every tray's node check started at the same instant
     (as slurmd runs them), 10 rounds with a resume between: Slurm never shows more trays drained by mctl than
-    the site's budget (4 trays: 1; MCTL_TEST_TRAYS=18: 4), the first refusal trips it, and the watch asked at the same moment
-    adds none. Before the budget, each check counted the drains it saw and 2 of 4 were drained."""
+    the site's budget (the shared lab's: 2 of 4; MCTL_TEST_TRAYS=18: 4), the first refusal trips it, and the watch asked at the same moment
+    adds none. Before the budget, each check counted the drains it saw and drained past its own limit."""
     import threading
 
     proc = health("node", "install-check", "@compute", timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
-    from mctl.model.settings import BudgetSettings
+    from mctl.inventory.loader import load_site
 
-    limit = BudgetSettings().rack_limit(len(lab.trays))  # the defaults: 4 trays 1, 18 trays (MCTL_TEST_TRAYS=18) 4
+    # the shared lab's budget (lab_fixture.LAB_BUDGET, half a rack): 4 trays 2; MCTL_TEST_TRAYS=18: 4 (rack_max)
+    limit = load_site(site).safety.budget.rack_limit(len(lab.trays))
     by_watch: list[str] = []
 
     def mctl_drained() -> list[str]:

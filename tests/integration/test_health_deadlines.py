@@ -31,10 +31,9 @@ _SWEEP = re.compile(r" SWEEP   #(\d+): .* (\d+\.\d+)s$")
 
 @pytest.fixture(scope="module")
 def roomy_site(site, tmp_path_factory) -> Path:
-    """The health site with a breaker and a safety budget that let two of the four trays be drained."""
+    """The health site with a breaker that lets two of the four trays be drained."""
     doc = yaml.safe_load((site / "mctl.yml").read_text())
     doc["health"]["breaker"]["max_drained_share"] = 0.5
-    doc["safety"] = {"budget": {"rack_share": 0.5}}
     folder = tmp_path_factory.mktemp("deadline-site")
     (folder / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
     return folder

@@ -104,18 +104,34 @@ class DrainResponder(Responder):
         budget = _budget(ctx)
         if budget is None:
             return []
+        out = self._drift_line(ctx, state, budget)
         if budget.tripped is None:
             state.budget_trip = None
-            return []
+            return out
         if state.budget_trip == budget.tripped:
-            return []
+            return out
         state.budget_trip = budget.tripped
         held = sorted(budget.grants)
-        return [store.action_entry("budget-trip", None, None, who=ctx.who, result="tripped",
+        return out + [store.action_entry("budget-trip", None, None, who=ctx.who, result="tripped",
                                    why=f"the safety budget tripped: {budget.tripped}; {len(held)} trays hold its grants"
                                        f"{' (' + fold(held) + ')' if held else ''}; no tray is taken out of service "
                                        "by mctl until 'mctl health breaker reset'",
                                    grants=held, tripped_at=budget.tripped_at)]
+
+    def _drift_line(self, ctx: Context, state: store.HealthState, budget) -> list[store.ActionEntry]:
+        """One `budget-drift` line when the scheduler enforces other caps than the inventory declares (the
+        inventory changed, `mctl deploy slurm` not run yet): the scheduler's numbers are the ones that hold."""
+        from mctl.sched.slurm.budget import site_caps
+
+        drift = "; ".join(budget.drift(site_caps(ctx.site)))
+        if (drift or None) == state.budget_drift:
+            return []
+        state.budget_drift = drift or None
+        if not drift:
+            return []
+        return [store.action_entry("budget-drift", None, None, who=ctx.who, result="differs",
+                                   why=f"the safety budget in the scheduler is not the inventory's ({drift}); the "
+                                       "scheduler's caps hold until 'mctl deploy slurm' applies the inventory")]
 
     async def _give_back(self, ctx: Context, nodes: dict[str, NodeView] | None) -> list[store.ActionEntry]:
         """Grants of the safety budget whose tray is back in service by other hands (an operator resumed it:

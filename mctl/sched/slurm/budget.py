@@ -48,19 +48,30 @@ def grant_name(tray: str) -> str:
     return f"{PREFIX}{tray}"
 
 
+def caps(limits: Mapping[str, int], site_limit: int) -> dict[str, int]:
+    """license name -> count: each rack's limit, the site's, the trip marker."""
+    out = {SITE_LICENSE: max(0, site_limit)}
+    out.update({rack_license(r): max(0, n) for r, n in sorted(limits.items())})
+    out[TRIP_LICENSE] = 1
+    return out
+
+
 def licenses(limits: Mapping[str, int], site_limit: int) -> str:
     """slurm.conf's `Licenses=` value for the budget: each rack's limit, the site's, the trip marker."""
-    parts = [f"{SITE_LICENSE}:{max(0, site_limit)}"]
-    parts += [f"{rack_license(r)}:{max(0, n)}" for r, n in sorted(limits.items())]
-    return ",".join(parts + [f"{TRIP_LICENSE}:1"])
+    return ",".join(f"{name}:{n}" for name, n in caps(limits, site_limit).items())
+
+
+def site_caps(site) -> dict[str, int]:
+    """*site*'s budget (mctl.model.settings.BudgetSettings) as license counts: each rack's limit from its
+    compute trays, the site's from all of them."""
+    b = site.safety.budget
+    per_rack = {name: len(r.compute) for name, r in site.racks.items()}
+    return caps({name: b.rack_limit(n) for name, n in per_rack.items()}, b.site_limit(sum(per_rack.values())))
 
 
 def site_licenses(site) -> str:
-    """The `Licenses=` value for *site*'s budget (mctl.model.settings.BudgetSettings): each rack's limit
-    from its compute trays, the site's from all of them."""
-    b = site.safety.budget
-    per_rack = {name: len(r.compute) for name, r in site.racks.items()}
-    return licenses({name: b.rack_limit(n) for name, n in per_rack.items()}, b.site_limit(sum(per_rack.values())))
+    """The `Licenses=` value for *site*'s budget."""
+    return ",".join(f"{name}:{n}" for name, n in site_caps(site).items())
 
 
 def usable(name: str) -> bool:
@@ -140,26 +151,42 @@ def parse_reservations(text: str) -> BudgetView:
     return BudgetView(grants, tripped, tripped_at)
 
 
+SHOW_LICENSES = "scontrol show license -o"
+
+
+def parse_licenses(text: str) -> dict[str, int]:
+    """`scontrol show license -o` -> the budget's caps as slurmctld enforces them (license -> Total)."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        fields = dict(_FIELD.findall(line.strip()))
+        name, total = fields.get("LicenseName", ""), fields.get("Total", "")
+        if name.startswith(PREFIX) and total.isdigit():
+            out[name] = int(total)
+    return out
+
+
 RESERVATIONS_MARK = "@@mctl-reservations"
-
-
+LICENSES_MARK = "@@mctl-licenses"
 NOW_MARK = "@@mctl-now "
 
 
 def with_reservations(command: str) -> str:
-    """*command* (a read of the nodes), then the reservations (the budget's grants) and the controller's
-    clock (a grant's age is the controller's to tell); *command*'s exit status is the script's."""
+    """*command* (a read of the nodes), then the reservations (the budget's grants), the licenses (its caps)
+    and the controller's clock (a grant's age is the controller's to tell); *command*'s exit status is the
+    script's."""
     return (f"{command}; rc=$?; echo {RESERVATIONS_MARK}; {SHOW_RESERVATIONS} 2>/dev/null; "
+            f"echo {LICENSES_MARK}; {SHOW_LICENSES} 2>/dev/null; "
             f"echo \"{NOW_MARK}$(date +%Y-%m-%dT%H:%M:%S)\"; exit $rc")
 
 
 def split_reservations(stdout: str) -> tuple[str, BudgetView]:
-    """What `with_reservations` printed -> (the nodes' part, the budget's grants and trip)."""
+    """What `with_reservations` printed -> (the nodes' part, the budget's grants, trip and caps)."""
     from dataclasses import replace
 
     nodes, _, rest = stdout.partition(RESERVATIONS_MARK + "\n")
-    reservations, _, now = rest.partition(NOW_MARK)
-    return nodes, replace(parse_reservations(reservations), now=now.strip() or None)
+    rest, _, now = rest.partition(NOW_MARK)
+    reservations, _, lics = rest.partition(LICENSES_MARK + "\n")
+    return nodes, replace(parse_reservations(reservations), now=now.strip() or None, limits=parse_licenses(lics))
 
 
 def reset_script() -> str:
