@@ -266,6 +266,9 @@ def breaker_status(json_: JsonOpt = False) -> None:
         + (_budget_lines(data["budget"]) if data.get("budget") else [])))
     if data.get("budget_error"):
         out.warn(f"the safety budget was not read: {data['budget_error']}", in_result=True)
+    elif data.get("budget") is None and opts.site().scheduler is not None:
+        from mctl.health.session import NO_BUDGET
+        out.warn(NO_BUDGET, in_result=True)
 
 
 def _budget_lines(budget: dict) -> list[str]:

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 OnUpdate = Callable[[WatchView, "list[Event]", bool], None]
 
 NO_SCHEDULER = "the inventory names no scheduler: watching without remediation"
+NO_BUDGET = ("the safety budget (safety.budget) is kept by slurmctld; this Kubernetes site has no shared ledger, "
+             "so only the watch's circuit breaker caps its drains (node checks and other actors are not counted)")
 
 
 @dataclass
@@ -63,6 +65,8 @@ class WatchSession:
             acting = False
             if on_warning is not None:
                 on_warning(NO_SCHEDULER)
+        if acting and site.scheduler is not None and site.scheduler.type != "slurm" and on_warning is not None:
+            on_warning(NO_BUDGET)
         textfile = metrics_textfile or (Path(site.health.metrics_textfile) if site.health.metrics_textfile else None)
         port = metrics_port or site.health.metrics_port
         listen_text = metrics_listen if metrics_listen is not None else site.health.metrics_listen
