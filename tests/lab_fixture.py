@@ -174,6 +174,40 @@ class LabHandle:
                   "scontrol delete reservation=$r >/dev/null 2>&1 && echo $r; done; true")
         return self.run(self.head, script, check=False).stdout.split()
 
+    @contextlib.contextmanager
+    def budget_caps(self, site_dir: Path) -> Iterator[dict[str, int]]:
+        """slurmctld enforcing the safety budget of the inventory in *site_dir* for the block, then the caps it
+        had again: the `Licenses=` line `mctl deploy slurm` renders for that inventory, written into every
+        host's slurm.conf and applied with `scontrol reconfigure` (what a redeploy changes for a budget, without
+        the rest of a deploy). Yields the caps (license -> count) once slurmctld shows them."""
+        import time
+
+        from mctl.inventory.loader import load_site
+        from mctl.sched.slurm.budget import parse_licenses, site_caps, site_licenses
+
+        conf = "/etc/slurm/slurm.conf"
+        before = self.run(self.head, f"sed -n 's/^Licenses=//p' {conf}").stdout.strip()
+        assert before, f"no Licenses= line in the head's {conf}: is Slurm deployed?"
+
+        def apply(value: str) -> dict[str, int]:
+            want = {n: int(c) for n, _, c in (p.rpartition(":") for p in value.split(",")) if n.startswith("mctl_")}
+            for host in [self.head, *self.trays]:
+                self.run(host, f"sed -i 's/^Licenses=.*/Licenses={value}/' {conf}")
+            self.run(self.head, "scontrol reconfigure")
+            deadline = time.monotonic() + 60
+            while parse_licenses(self.run(self.head, "scontrol show license -o", check=False).stdout) != want:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"slurmctld did not take the budget's caps {want}")
+                time.sleep(0.5)
+            return want
+
+        site = load_site(site_dir)
+        assert apply(site_licenses(site)) == site_caps(site)
+        try:
+            yield site_caps(site)
+        finally:
+            apply(before)
+
     def clear_faults(self, host: str | None = None) -> None:
         from mctl.lab import control
         from mctl.lab.faults import FaultRequest
