@@ -51,7 +51,7 @@ def site(lab, tmp_path_factory):
     rack = doc["racks"][lab.rack]
     rack.pop("partitions", None)
     # a partition change's --drain holds every tray it touches: each needs a grant of the site's safety
-    # budget, which for 4 trays is 1 by default; this rack lets mctl hold 2 (a pair changes partition)
+    # budget, which for 4 trays is 1 by default; this site lets mctl hold 2 (a pair changes partition)
     doc["safety"] = {"budget": {"rack_share": 0.5}}
     emulator = None
     if "nmx" not in rack:
