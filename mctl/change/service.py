@@ -173,7 +173,8 @@ def hold_for_change(site: "Site", cp: "ChangePlan", wait: float, *,
     from mctl.sched.slurm import holds
     from mctl.sched.work import wait_for_jobs
 
-    held, refused = holds.hold(site, list(cp.affected), holds.PARTITION_CHANGE, holds.change_reason(cp.rack))
+    held, refused = holds.hold_within_budget(site, list(cp.affected), holds.PARTITION_CHANGE,
+                                             holds.change_reason(cp.rack))
     if on_held is not None:
         on_held(held, refused)
     left = wait_for_jobs(site, list(cp.affected), wait)

@@ -152,7 +152,8 @@ def test_node_check_is_slurms_health_check_by_default(lab, slurm):
     config = lab.run(lab.head, "scontrol show config").stdout
     values = {k.strip(): v.strip() for k, _, v in (l.partition("=") for l in config.splitlines()) if _}
     assert values["HealthCheckProgram"] == "/usr/local/sbin/mctl-node-check"
-    assert values["HealthCheckInterval"] == "300 sec" and values["HealthCheckNodeState"] == "ANY"
+    # ANY,CYCLE since issue 27: slurmd spreads the checks over the interval (slurmctld shows it CYCLE,ANY)
+    assert values["HealthCheckInterval"] == "300 sec" and values["HealthCheckNodeState"] == "CYCLE,ANY"
     tray = lab.trays[0]
     run = lab.run(tray, "/usr/local/sbin/mctl-node-check --no-drain --json", check=False, timeout=60)
     data = json.loads(run.stdout)

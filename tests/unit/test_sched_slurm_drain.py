@@ -260,3 +260,17 @@ def test_no_budget_in_slurm_is_said_and_drains_nothing(slurm):
     (r,) = parse_apply(slurm.run(apply_script([_drain("t1")])), [_drain("t1")])
     assert r.refused and "the safety budget is not in Slurm" in r.error and "mctl deploy slurm" in r.error
     assert slurm.nodes()["t1"] == {"state": "IDLE"}
+
+
+def test_a_commands_hold_refused_by_the_budget_does_not_trip_it(slurm):
+    """A partition change's or a rollout's hold is a person's command: the refusal is said to them, and the
+    site's budget stays open for the watch and the node checks."""
+    from mctl.sched.slurm import holds
+
+    slurm.set(_licenses=BUDGET_1, t1={"state": "IDLE"}, t2={"state": "IDLE"})
+    out = slurm.run(holds.hold_script(holds.PARTITION_CHANGE, ["t1", "t2"], "mctl: partition change of r1",
+                                      {"t1": "r1", "t2": "r1"}))
+    r1, r2 = (holds.parse_actions(out, ["t1", "t2"])[t] for t in ("t1", "t2"))
+    assert r1[0] == "done" and r2[0] == "refused" and holds.BUDGET_REFUSAL in r2[1]
+    assert holds.budget_refused({"t2": r2[1]}) == {"t2": r2[1]}
+    assert set(slurm.reservations()) == {"mctl_budget_t1"}            # no mctl_budget_tripped

@@ -94,6 +94,7 @@ class Grant:
     rack: str | None
     comment: str
     count_only: bool = False
+    trip: bool = True                   # False: a refusal is said but does not trip the budget (a person's command)
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ class Step:
         q = shlex.quote(self.host)
         asked: list[str] = []
         if self.grant is not None:
-            asked = budget.grant_lines(self.host, self.grant.rack, self.grant.comment)
+            asked = budget.grant_lines(self.host, self.grant.rack, self.grant.comment, trip=self.grant.trip)
             if self.grant.count_only:
                 asked.append(f"[ \"$rc\" != {budget.RC_BUDGET} ] && [ \"$rc\" != {budget.RC_NO_BUDGET} ] || "
                              "{ echo 'counted beyond it: a leak is never held back'; rc=; }")

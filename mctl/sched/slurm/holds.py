@@ -77,9 +77,10 @@ def bringup_reason(run_id: str) -> str:
 def hold_script(owner: HoldOwner, trays: Sequence[str], reason: str,
                 racks: "Mapping[str, str | None] | None" = None) -> str:
     """Drain each tray with *reason* unless something holds it already (drained or down by anyone); an
-    owner whose holds count asks the safety budget for each tray first (*racks*: tray -> its rack)."""
+    owner whose holds count asks the safety budget for each tray first (*racks*: tray -> its rack). A hold
+    is a person's command: a refusal is said to them and does not trip the site's budget."""
     def grant(t: str) -> "sd.Grant | None":
-        return sd.Grant((racks or {}).get(t), reason) if owner.budget else None
+        return sd.Grant((racks or {}).get(t), reason, trip=False) if owner.budget else None
 
     return sd.script([sd.drain_step(t, reason, verb=owner.verb, grant=grant(t)) for t in trays])
 
@@ -195,6 +196,47 @@ def hold(site: "Site", trays: Sequence[str], owner: HoldOwner, reason: str) -> t
                 refused[t] = _said(t, r)
     order = {t: i for i, t in enumerate(trays)}
     return sorted(held, key=order.__getitem__), refused
+
+
+BUDGET_REFUSAL = "held back by the safety budget"
+
+
+def budget_refused(refused: Mapping[str, str]) -> dict[str, str]:
+    """The trays of a hold's {tray: why not} that the safety budget refused."""
+    return {t: why for t, why in refused.items() if BUDGET_REFUSAL in why or "safety budget is not in Slurm" in why}
+
+
+def hold_within_budget(site: "Site", trays: Sequence[str], owner: HoldOwner,
+                       reason: str) -> tuple[list[str], dict[str, str]]:
+    """`hold`, all or nothing against the safety budget: when it refuses any tray, the trays this call held
+    are released again (their grants go back) and UsageError (exit 2) names the refusal and the way out;
+    otherwise what `hold` returns. Trays held already by *owner* (a stopped change) stay held."""
+    from mctl.errors import UsageError
+    from mctl.model.site import fold
+
+    shown = _states(site)
+    before = {t for t in trays if t in shown and shown[t].drained and owner.holds(shown[t])}
+    held, refused = hold(site, trays, owner, reason)
+    over = budget_refused(refused)
+    if not over:
+        return held, refused
+    fresh = [t for t in held if t not in before]
+    left = release(site, fresh, owner) if fresh else {}
+    why = next(iter(over.values()))
+    raise UsageError(f"the safety budget refuses to hold {fold(sorted(over))} ({len(over)} of the {len(trays)} "
+                     f"trays to hold): {why}; nothing was changed"
+                     + (f", and {fold(sorted(left))} could not be released: {'; '.join(left.values())}" if left
+                        else f"{', and ' + fold(fresh) + ' released again' if fresh else ''}"),
+                     hint="a hold is a tray out of service: see 'mctl health drains' for the trays that hold its "
+                          "grants; for a maintenance that holds more, raise safety.budget in mctl.yml "
+                          "(allow_whole_rack for a whole rack) and run 'mctl deploy slurm', or act on fewer trays "
+                          "at once")
+
+
+def _states(site: "Site") -> dict:
+    from mctl.sched.slurm.control import controller_run
+
+    return sd.read_nodes(controller_run(site, sd.show_node_command()).stdout)[1]
 
 
 def release(site: "Site", trays: Sequence[str], owner: HoldOwner) -> dict[str, str]:
