@@ -50,9 +50,9 @@ def site(lab, tmp_path_factory):
     doc = yaml.safe_load(lab.inventory.read_text())
     rack = doc["racks"][lab.rack]
     rack.pop("partitions", None)
-    # a partition change's --drain holds every tray it touches: each needs a grant of the site's safety
-    # budget, which for 4 trays is 1 by default; this site lets mctl hold 2 (a pair changes partition)
-    doc["safety"] = {"budget": {"rack_share": 0.5}}
+    # a partition change's --drain holds every tray it touches, each with a grant of the site's safety
+    # budget (all or nothing); this site's maintenance may hold its whole rack (p0 -> all touches 4 trays)
+    doc["safety"] = {"budget": {"rack_share": 1.0, "site_share": 1.0, "allow_whole_rack": True}}
     emulator = None
     if "nmx" not in rack:
         trays = []
