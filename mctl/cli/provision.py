@@ -9,6 +9,7 @@ import typer
 from mctl.cli import render
 from mctl.cli.context import options, want_json
 from mctl.cli.options import DryRunOpt, JsonOpt
+from mctl.cli.provision_rollout import DrainOpt, ForceOpt, ResumeOpt, RollingOpt, WaitOpt, YesOpt
 from mctl.errors import EXIT_PARTIAL
 
 COMMAND_SETTINGS: dict = {}
@@ -22,18 +23,37 @@ def command(
     check: Annotated[bool, typer.Option("--check", help="Ansible check mode: report, change nothing.")] = False,
     diff: Annotated[bool, typer.Option("--diff", help="Show file differences.")] = False,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Only the hosts that failed last time.")] = False,
+    drain: DrainOpt = False,
+    wait: WaitOpt = None,
+    force: ForceOpt = False,
+    yes: YesOpt = False,
+    rolling: RollingOpt = None,
+    resume: ResumeOpt = False,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """Provision trays with the site playbook through ansible-runner.
 
     Every run keeps its folder (command, events, stdout, recap) under the state directory.
-    Exit 3 when some hosts failed.
+    A provisioning whose changes disrupt running work (a new driver, IMEX, slurmd, MUNGE) on trays
+    with jobs is refused, the jobs named (exit 2, nothing changed), unless --drain (hold those trays,
+    wait for their jobs, provision, reboot where needed, verify, release; --rolling N: N trays at a
+    time) or --force; harmless changes go ahead (docs/provisioning.md). --dry-run shows each tray's
+    changes and the work on it. Exit 3 when some hosts failed or a rollout stopped.
 
-    Example: mctl -i inventories/lab provision lab-r1 --tags base,nvidia
+    Example: mctl -i inventories/lab provision lab-r1 --image lab-debian13-580 --rolling 2 --drain
     """
-    from mctl.provision.service import plan_provision, provision
+    from mctl.provision.service import plan_provision
+    from mctl.rollout.request import ProvisionRequest, check_resume
 
+    if resume:
+        check_resume([name for name, given in (("--image", image), ("--tags", tags), ("--limit", limit),
+                                               ("--check", check), ("--diff", diff), ("--retry-failed", retry_failed),
+                                               ("--drain", drain), ("--wait", wait is not None), ("--force", force),
+                                               ("--yes", yes), ("--rolling", rolling is not None),
+                                               ("--dry-run", dry_run)) if given])
+    req = ProvisionRequest(drain=drain, wait=wait, force=force, yes=yes, rolling=rolling, resume=resume,
+                           dry_run=dry_run)
     opts = options()
     site = opts.site()
     plan = plan_provision(site, opts.state_dir, target, image=image,
@@ -48,15 +68,36 @@ def command(
     racks = [r.name for r in (site.rack_of(h) for h in plan.hosts) if r is not None]
     hold_racks(racks, "provision", dry_run=dry_run or check)
     as_json = want_json(json_)
+    if dry_run and not as_json:
+        _print_plan(plan)
+    from mctl.cli.provision_rollout import TerminalUI, print_rollout
+    from mctl.rollout.service import ProvisionRefused, execute
+
+    ui = TerminalUI(yes=yes, quiet=as_json, progress=lambda hosts: _Progress(list(hosts), live=render.interactive()
+                                                                             and not as_json))
+    try:
+        outcome = execute(site, plan, req, opts.state_dir, ui)
+    except ProvisionRefused as exc:
+        if as_json:
+            render.print_json({"refused": True, "disruption": exc.view})
+        raise
     if dry_run:
         if as_json:
-            render.print_json({"dry_run": True, "plan": plan.to_dict()})
+            render.print_json(outcome.document)
         else:
-            _print_plan(plan)
+            render.console().print("nothing changed (--dry-run)", markup=False)
         return
-    progress = _Progress(plan.hosts, live=render.interactive() and not as_json)
-    with progress:
-        result = provision(plan, opts.state_dir, on_event=progress.event)
+    if outcome.rollout is not None:
+        if as_json:
+            render.print_json(outcome.document)
+        else:
+            print_rollout(outcome.document)
+        if outcome.error is not None:
+            raise outcome.error
+        if outcome.done and not as_json:
+            render.console().print(outcome.done, markup=False, highlight=False)
+        return
+    result = outcome.run
     if as_json:
         render.print_json(result.to_dict())
     else:
@@ -81,7 +122,6 @@ def _print_plan(plan) -> None:
         by_image.setdefault(img or "-", []).append(host)
     for img, hosts in by_image.items():
         con.print(f"  image {img}: {fold(hosts)}", markup=False)
-    con.print("nothing changed (--dry-run)", markup=False)
 
 
 def _print_recap(result) -> None:

@@ -56,7 +56,7 @@ LAYERS: dict[str, int] = {
     "mctl": 0, "errors": 0, "model": 0,
     "inventory": 1, "facts": 1, "checks": 1, "transport": 1, "state": 1, "images": 1, "ansible": 1,
     "fabric": 2, "sched": 2, "provision": 2, "bmc": 2,
-    "health": 3, "audit": 3, "bringup": 3, "rackinv": 3, "change": 3,
+    "health": 3, "audit": 3, "bringup": 3, "rackinv": 3, "change": 3, "rollout": 3,
     "cli": 4, "__main__": 4,
 }
 LAB = "lab"
