@@ -44,6 +44,17 @@ def _say(text: str) -> None:
     render.console().print(text, markup=False, highlight=False)
 
 
+def confirm_breaking(yes: bool) -> bool:
+    """--force's question before running work is broken (a partition change, a provisioning): --yes answers
+    it; without a terminal to ask, nothing is changed."""
+    if yes:
+        return True
+    if not sys.stdin.isatty():
+        raise UsageError("--force needs a confirmation and there is no terminal to ask; nothing was changed",
+                         hint="give --yes as well to go ahead without a question")
+    return typer.confirm("go ahead and break it?", default=False, err=True)
+
+
 class TerminalUI(ChangeUI):
     """The change service's UI on the operator's terminal (plain text off a terminal; silent with --json)."""
 
@@ -73,12 +84,7 @@ class TerminalUI(ChangeUI):
             render.warn(text)
 
     def confirm(self, cp: "ChangePlan", breaks: str) -> bool:
-        if self.yes:
-            return True
-        if not sys.stdin.isatty():
-            raise UsageError("--force needs a confirmation and there is no terminal to ask; nothing was changed",
-                             hint="give --yes as well to go ahead without a question")
-        return typer.confirm("go ahead and break it?", default=False, err=True)
+        return confirm_breaking(self.yes)
 
     def held(self, held: Sequence[str], refused: dict[str, str], busy: Sequence[str], seconds: float) -> None:
         from mctl.model.site import fold

@@ -9,7 +9,6 @@ See docs/provisioning.md ("Running work") and docs/decisions.md (D62-D65).
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import TYPE_CHECKING, Annotated, Any, Callable, ContextManager, Optional, Sequence
 
@@ -17,7 +16,6 @@ import typer
 
 from mctl.cli import render
 from mctl.cli.options import finite
-from mctl.errors import UsageError
 from mctl.rollout.ui import RolloutUI
 
 if TYPE_CHECKING:
@@ -68,12 +66,9 @@ class TerminalUI(RolloutUI):
         render.warn(text)
 
     def confirm(self, breaks: str) -> bool:
-        if self.yes:
-            return True
-        if not sys.stdin.isatty():
-            raise UsageError("--force needs a confirmation and there is no terminal to ask; nothing was changed",
-                             hint="give --yes as well to go ahead without a question")
-        return typer.confirm("go ahead and break it?", default=False, err=True)
+        from mctl.cli.partition_change import confirm_breaking
+
+        return confirm_breaking(self.yes)
 
     def progress(self, hosts: Sequence[str]) -> ContextManager[Any]:
         self._progress = self._progress_of(hosts)

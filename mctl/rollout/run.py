@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from mctl.bringup import journal as jr
 from mctl.bringup.journal import Journal
-from mctl.errors import MctlError, PartialFailure, UsageError
+from mctl.change.run import Outcome
+from mctl.errors import MctlError, PartialFailure
 from mctl.rollout.ui import RolloutUI
 
 if TYPE_CHECKING:
@@ -133,9 +134,7 @@ class RolloutRun:
                 "free": ro["spec"]["free"], "unchanged": ro["spec"]["unchanged"], "trays": ro["state"],
                 "batches": ro["batches"],
                 "error": {"message": self.error.message, "hint": self.error.hint} if self.error else None,
-                "steps": [{"step": p["name"], "status": p["status"], "summary": p["summary"],
-                           "seconds": round(p["ended"] - p["started"], 2) if p.get("started") and p.get("ended")
-                           else None, "details": p["details"]} for p in d["phases"]]}
+                "steps": self.journal.phase_rows()}
 
 
 # ------------------------------------------------------------------ the run
@@ -177,15 +176,6 @@ class _Ctx:
         return self.journal.run_id
 
 
-@dataclass
-class Outcome:
-    status: str
-    summary: str
-    changed: bool = False
-    details: list[str] = field(default_factory=list)
-    artifacts: dict[str, Any] = field(default_factory=dict)
-
-
 def start_rollout(site: "Site", spec: RolloutSpec, state_dir: Path, ui: RolloutUI | None = None) -> RolloutRun:
     """Journal a new rollout and run it; the caller holds the rack lock. Never raises for a failed step."""
     ui = ui or RolloutUI()
@@ -200,30 +190,16 @@ def start_rollout(site: "Site", spec: RolloutSpec, state_dir: Path, ui: RolloutU
 
 
 def last_rollout(state_dir: Path, rack: str) -> RolloutJournal | None:
-    runs = sorted(RolloutJournal.runs(Path(state_dir), rack), key=lambda j: (j.data.get("created") or 0, j.run_id))
-    return runs[-1] if runs else None
+    runs = RolloutJournal.by_time(RolloutJournal.runs(Path(state_dir), rack))
+    return runs[-1] if runs else None  # type: ignore[return-value]
 
 
 def resume_rollout(site: "Site", rack: str, state_dir: Path, ui: RolloutUI | None = None) -> RolloutRun:
     """Finish the last rollout of *rack*: the step it stopped at, its failed trays first, then the rest."""
     ui = ui or RolloutUI()
-    damaged: list = []
-    runs = sorted(RolloutJournal.runs(Path(state_dir), rack, damaged=damaged),
-                  key=lambda j: (j.data.get("created") or 0, j.run_id))
-    last = runs[-1] if runs else None
-    if damaged and (last is None or damaged[-1].path.parent.name > last.path.parent.name):
-        bad = damaged[-1]
-        bad.hint = f"move the run folder {bad.path.parent} aside; then check 'mctl image diff {rack}' and provision again"
-        raise bad
-    if last is None:
-        raise UsageError(f"no provisioning rollout of rack {rack} to resume",
-                         hint=f"start one: mctl provision {rack} --drain [--rolling N]")
-    if last.status == jr.RUN_SUCCEEDED:
-        raise UsageError(f"the last provisioning rollout of rack {rack} ({last.run_id}) finished; nothing to resume",
-                         hint=f"see 'mctl image diff {rack}'")
-    if last.status == jr.RUN_RUNNING:
-        raise UsageError(f"the provisioning rollout {last.run_id} of rack {rack} is still running (its process is "
-                         "alive)", hint="wait for it to end")
+    last = RolloutJournal.to_resume(state_dir, rack, none_hint=f"start one: mctl provision {rack} --drain [--rolling N]",
+                                    finished_hint=f"see 'mctl image diff {rack}'",
+                                    damaged_hint=f"then check 'mctl image diff {rack}' and provision again")
     if not isinstance(last.data.get("rollout"), dict):
         from mctl.state.files import DamagedState
         raise DamagedState(last.path, "it records no rollout")
@@ -320,8 +296,8 @@ def _run(site: "Site", spec: RolloutSpec, journal: RolloutJournal, ui: RolloutUI
             journal.finish(name, jr.INTERRUPTED, "interrupted")
             journal.close(jr.RUN_INTERRUPTED)
             ui.step_ended(number, step, jr.INTERRUPTED, "interrupted", time.monotonic() - started)
-            err = PartialFailure(f"rack {spec.rack}: the provisioning rollout {journal.run_id} was interrupted at "
-                                 f"{name}", hint=_resume_hint(ctx))
+            err = MctlError(f"rack {spec.rack}: the provisioning rollout {journal.run_id} was interrupted at {name}",
+                            hint=_resume_hint(ctx), exit_code=EXIT_INTERRUPTED)
             return RolloutRun(journal, jr.RUN_INTERRUPTED, EXIT_INTERRUPTED, resumed, err)
         except MctlError as exc:
             journal.finish(name, jr.FAILED, exc.message, error={"message": exc.message, "hint": exc.hint,
@@ -333,9 +309,7 @@ def _run(site: "Site", spec: RolloutSpec, journal: RolloutJournal, ui: RolloutUI
             journal.close(jr.RUN_FAILED, {"error": err.message, "hint": err.hint})
             return RolloutRun(journal, jr.RUN_FAILED, err.exit_code, resumed, err)
         except BaseException as exc:
-            journal.finish(name, jr.FAILED, f"internal error: {exc!r}",
-                           error={"message": repr(exc), "hint": None, "exit_code": None})
-            journal.close(jr.RUN_FAILED)
+            journal.crashed(name, exc)
             raise
         journal.finish(name, outcome.status, outcome.summary, changed=outcome.changed, details=outcome.details,
                        artifacts=outcome.artifacts)
@@ -493,28 +467,36 @@ def _wait(ctx: _Ctx, number: int) -> Outcome:
 
 
 def _provision(ctx: _Ctx, number: int) -> Outcome:
-    from mctl.model.site import fold
-
     trays = ctx.taking(number, HELD, PROVISIONED)
     if not trays:
         return Outcome(jr.SKIPPED, "no tray held in this batch")
     result, failed, reboot = _playbook(ctx, trays, reboot_after=True)
     for t in trays:
+        st = ctx.state(t)
+        st["reboot"] = bool(st.get("reboot")) or reboot.get(t, False)
+    out = _settle(ctx, trays, {t: f"provisioning {w}" for t, w in failed.items()}, PROVISIONED, "provisioned")
+    out.artifacts = {"run_id": result.run_id, "run_dir": result.run_dir}
+    return out
+
+
+def _settle(ctx: _Ctx, trays: Sequence[str], failed: dict[str, str], status: str, verb: str, *,
+            changed: bool = True, said: str = "") -> Outcome:
+    """The step's end for each tray: *status*, or failed with why (it stays held); the step's outcome."""
+    from mctl.model.site import fold
+
+    for t in trays:
         if t in failed:
-            ctx.state(t).update(status=FAILED, error=f"provisioning {failed[t]}")
+            ctx.state(t).update(status=FAILED, error=failed[t])
         else:
-            st = ctx.state(t)
-            st.update(status=PROVISIONED, reboot=bool(st.get("reboot")) or reboot[t])
+            ctx.state(t).update(status=status)
     ctx.journal.save()
     good = [t for t in trays if t not in failed]
-    details = [f"{t}: {w}" for t, w in failed.items()]
-    return Outcome(jr.DONE, f"provisioned {fold(good) if good else 'no tray'}"
-                   + (f"; failed: {fold(failed)} (stay held)" if failed else ""), bool(good), details,
-                   {"run_id": result.run_id, "run_dir": result.run_dir})
+    return Outcome(jr.DONE, f"{verb} {fold(good) if good else 'no tray'}{said}"
+                   + (f"; failed: {fold(failed)} (stay held)" if failed else ""), changed and bool(good),
+                   [f"{t}: {w}" for t, w in failed.items()])
 
 
 def _reboot(ctx: _Ctx, number: int) -> Outcome:
-    from mctl.model.site import fold
     from mctl.rollout import tray
 
     need = [t for t in ctx.taking(number, PROVISIONED) if ctx.state(t).get("reboot")]
@@ -532,27 +514,15 @@ def _reboot(ctx: _Ctx, number: int) -> Outcome:
     now, _ = tray.boot_ids(ctx.site, ctx.hosts(need))
     ask = [t for t in need if now.get(t) == ctx.state(t)["boot_id"]]      # not rebooted yet (nor going down)
     refused = tray.send_reboot(ctx.site, ctx.hosts(ask))
-    for t, why in refused.items():
-        ctx.state(t).update(status=FAILED, error=f"reboot not asked: {why}")
     waiting = [t for t in need if t not in refused]
     late = tray.wait_rebooted(ctx.site, ctx.hosts(waiting), {t: ctx.state(t)["boot_id"] for t in waiting},
                               ctx.spec.reboot_timeout)
-    for t in waiting:
-        if t in late:
-            ctx.state(t).update(status=FAILED, error=f"reboot: {late[t]}")
-        else:
-            ctx.state(t).update(status=REBOOTED)
-    ctx.journal.save()
-    back = [t for t in waiting if t not in late]
-    bad = {**refused, **late}
-    return Outcome(jr.DONE, f"rebooted {fold(back) if back else 'no tray'}"
-                   + (f"; failed: {fold(bad)} (stay held)" if bad else ""), bool(back),
-                   [f"{t}: {w}" for t, w in bad.items()])
+    return _settle(ctx, need, {**{t: f"reboot not asked: {w}" for t, w in refused.items()},
+                               **{t: f"reboot: {w}" for t, w in late.items()}}, REBOOTED, "rebooted")
 
 
 def _verify(ctx: _Ctx, number: int) -> Outcome:
     from mctl.images import ImageCatalog
-    from mctl.model.site import fold
     from mctl.rollout import tray
 
     trays = ctx.taking(number, PROVISIONED, REBOOTED, VERIFIED)
@@ -561,16 +531,8 @@ def _verify(ctx: _Ctx, number: int) -> Outcome:
     catalog = ImageCatalog(ctx.site.images_dir)
     images = {t: catalog.get(name) for t, name in ctx.spec.plan["images"].items() if t in trays and name}
     failed = tray.verify_until(ctx.site, ctx.hosts(trays), images, ctx.spec.verify_timeout)
-    for t in trays:
-        if t in failed:
-            ctx.state(t).update(status=FAILED, error=f"not verified: {failed[t]}")
-        else:
-            ctx.state(t).update(status=VERIFIED)
-    ctx.journal.save()
-    good = [t for t in trays if t not in failed]
-    return Outcome(jr.DONE, f"verified {fold(good) if good else 'no tray'} (image diff matches, node check passes)"
-                   + (f"; failed: {fold(failed)} (stay held)" if failed else ""), False,
-                   [f"{t}: {w}" for t, w in failed.items()])
+    return _settle(ctx, trays, {t: f"not verified: {w}" for t, w in failed.items()}, VERIFIED, "verified",
+                   changed=False, said=" (image diff matches, node check passes)")
 
 
 def _release(ctx: _Ctx, number: int) -> Outcome:

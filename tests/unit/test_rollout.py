@@ -422,7 +422,7 @@ def test_resume_refuses_what_it_cannot_finish(site, rack, tmp_path):
     with pytest.raises(UsageError, match="no provisioning rollout of rack rack-a to resume"):
         ro.resume_rollout(site, "rack-a", tmp_path)
     run = ro.start_rollout(site, _spec(size=4), tmp_path)
-    with pytest.raises(UsageError, match="finished; nothing to resume"):
+    with pytest.raises(UsageError, match=r"finished \(succeeded\); nothing to resume"):
         ro.resume_rollout(site, "rack-a", tmp_path)
     _kill_at(run.journal, "batch-1:verify")
     run.journal.data["attempts"][-1]["pid"] = __import__("os").getpid()        # its process is alive
