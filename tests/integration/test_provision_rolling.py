@@ -145,7 +145,7 @@ def test_a_new_driver_branch_under_a_job_is_refused_naming_it_and_changes_nothin
         assert lab.run(t[0], "dpkg-query -W -f '${Version}' nvidia-utils-570").stdout == "570.148.08-0ubuntu1"
         assert _job_state(lab, job)[0] == "RUNNING" and _held(lab) == []
         # without a terminal, --force needs --yes (and still changes nothing without it)
-        proc = lab.mctl("provision", lab.rack, "--image", IMAGE, "--force", timeout=600)
+        proc = lab.mctl("provision", t[0], "--image", IMAGE, "--force", timeout=600)
         assert proc.returncode == 2 and "there is no terminal to ask" in proc.stderr, proc.stderr
         assert _driver(lab, t[0]) == "570.148.08"
 
