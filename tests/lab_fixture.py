@@ -216,6 +216,20 @@ class LabHandle:
             control.fault(self.dir, name, FaultRequest(clear=True))
 
 
+def wait_for(what: str, probe, deadline: float = 120.0, every: float = 0.5):
+    """probe()'s first true answer, asked every *every* seconds; AssertionError naming *what* after *deadline*."""
+    import time
+
+    end = time.monotonic() + deadline
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {deadline:g}s waiting for {what}")
+        time.sleep(every)
+
+
 def _free_net() -> int:
     """A second octet with nothing listening on any 127.N.x.x address."""
     from mctl.lab.procs import listening_tcp

@@ -119,6 +119,23 @@ class HostEvent:
     message: str | None = None
 
 
+# The keys of a module's result that say what it changed (mctl_files, mctl_apt_components); a TaskChange keeps
+# only these, so a change carries no file content or secret out of the run.
+CHANGE_KEYS = ("changed_files", "components", "disrupts", "reboot")
+
+
+@dataclass(frozen=True)
+class TaskChange:
+    """A task that changed something on a host (in check mode: would change it), as its event says: the
+    role and task that declare what such a change does to running work (mctl.provision.disruption)."""
+
+    host: str
+    role: str                          # "" for a task of the playbook itself
+    task: str
+    action: str                        # the module (mctl_files, ansible.builtin.systemd_service, ...)
+    result: dict[str, Any] = field(default_factory=dict)    # the CHANGE_KEYS the module reported
+
+
 def playbook_path(name: str) -> Path:
     p = Path(name)
     if not p.is_absolute() and not p.exists():
@@ -253,8 +270,10 @@ def new_run_dir(state_dir: Path, kind: str = "provision") -> tuple[str, Path]:
 
 
 def run_playbook(req: PlaybookRequest, state_dir: Path, *, kind: str = "provision",
-                 on_event: Callable[[HostEvent], None] | None = None) -> RunResult:
-    """Run *req* and return the per-host recap. Ctrl-C cancels the run cleanly."""
+                 on_event: Callable[[HostEvent], None] | None = None,
+                 on_change: Callable[[TaskChange], None] | None = None) -> RunResult:
+    """Run *req* and return the per-host recap. Ctrl-C cancels the run cleanly. *on_change* is told every
+    task that changed something (or, in check mode, would)."""
     check_ansible()
     from ansible_runner.interface import init_runner
 
@@ -266,7 +285,7 @@ def run_playbook(req: PlaybookRequest, state_dir: Path, *, kind: str = "provisio
     cancel = threading.Event()
 
     def handle(event: dict[str, Any]) -> bool:
-        _absorb(event, hosts, on_event)
+        _absorb(event, hosts, on_event, on_change)
         return True
 
     cmdline = []
@@ -337,7 +356,8 @@ def load_recap(path: Path) -> RunResult:
     return RunResult.from_dict({**data, "hosts": {h: {**r, "host": h} for h, r in data["hosts"].items()}})
 
 
-def _absorb(event: dict[str, Any], hosts: dict[str, HostRecap], on_event: Callable[[HostEvent], None] | None) -> None:
+def _absorb(event: dict[str, Any], hosts: dict[str, HostRecap], on_event: Callable[[HostEvent], None] | None,
+            on_change: Callable[[TaskChange], None] | None = None) -> None:
     kind = event.get("event", "")
     data = event.get("event_data") or {}
     host = data.get("host")
@@ -362,6 +382,9 @@ def _absorb(event: dict[str, Any], hosts: dict[str, HostRecap], on_event: Callab
         _emit(on_event, HostEvent(host, "unreachable", task, _message(res)))
     elif kind == "runner_on_ok":
         _emit(on_event, HostEvent(host, "changed" if res.get("changed") else "ok", task))
+        if on_change is not None and res.get("changed"):
+            on_change(TaskChange(host, str(data.get("role") or ""), task, str(data.get("task_action") or ""),
+                                 {k: res[k] for k in CHANGE_KEYS if k in res}))
     elif kind == "runner_on_skipped":
         _emit(on_event, HostEvent(host, "skipped", task))
 

@@ -167,12 +167,14 @@ def plan(site: "Site", hosts: Sequence["Host"]) -> dict[str, "SoftwareImage"]:
     return {h.name: loaded[h.image] for h in hosts if h.image}
 
 
-def diff(site: "Site", hosts: Sequence["Host"], *, timeout: float | None = None) -> DiffReport:
-    """Probe every tray of *hosts* at once (each under its own deadline) and compare."""
+def diff(site: "Site", hosts: Sequence["Host"], *, timeout: float | None = None,
+         images: dict[str, "SoftwareImage"] | None = None) -> DiffReport:
+    """Probe every tray of *hosts* at once (each under its own deadline) and compare, with each tray's image
+    from the inventory, or from *images* (a provisioning with another image verifies against that one)."""
     from mctl.facts.probe import AUDIT, from_result, probe_command
     from mctl.transport import SSHConfig, run_sync, targets_for
 
-    images = plan(site, hosts)
+    images = plan(site, hosts) if images is None else images
     config = SSHConfig.from_site(site)
     command_timeout = float(timeout if timeout is not None else config.command_timeout)
     asked = [h for h in hosts if h.name in images]

@@ -162,6 +162,34 @@ class Journal:
         runs = cls.runs(state_dir, rack)
         return runs[-1] if runs else None
 
+    @classmethod
+    def by_time(cls, runs: list["Journal"]) -> list["Journal"]:
+        """Oldest first by creation time (two run ids of one second sort by their random part)."""
+        return sorted(runs, key=lambda j: (j.data.get("created") or 0, j.run_id))
+
+    @classmethod
+    def to_resume(cls, state_dir: Path, rack: str, *, finished: tuple[str, ...] = (RUN_SUCCEEDED,),
+                  none_hint: str, finished_hint: str, damaged_hint: str) -> "Journal":
+        """The rack's last run, for a resume: UsageError when there is none, it finished (a status in
+        *finished*) or its process still runs; its DamagedState when a newer run's journal is damaged (a
+        resume never picks an older run behind the operator's back)."""
+        damaged: list[DamagedState] = []
+        runs = cls.by_time(cls.runs(Path(state_dir), rack, damaged=damaged))
+        last = runs[-1] if runs else None
+        if damaged and (last is None or damaged[-1].path.parent.name > last.path.parent.name):
+            bad = damaged[-1]
+            bad.hint = f"move the run folder {bad.path.parent} aside; {damaged_hint}"
+            raise bad
+        if last is None:
+            raise UsageError(f"no {cls.LABEL} of rack {rack} to resume", hint=none_hint)
+        if last.status in finished:
+            raise UsageError(f"the last {cls.LABEL} of rack {rack} ({last.run_id}) finished ({last.status}); "
+                             "nothing to resume", hint=finished_hint)
+        if last.status == RUN_RUNNING:
+            raise UsageError(f"the {cls.LABEL} {last.run_id} of rack {rack} is still running (its process is alive)",
+                             hint="wait for it to end")
+        return last
+
     # --- reading --------------------------------------------------------------------------
 
     @property
@@ -201,6 +229,12 @@ class Journal:
             if p["status"] not in FINISHED:
                 return p["name"]
         return None
+
+    def phase_rows(self) -> list[dict[str, Any]]:
+        """Every phase as a run's --json document lists it: name, status, summary, seconds, details, error."""
+        return [{"step": p["name"], "status": p["status"], "summary": p["summary"], "changed": p["changed"],
+                 "seconds": round(p["ended"] - p["started"], 2) if p.get("started") and p.get("ended") else None,
+                 "details": p["details"], "error": p["error"]} for p in self.data["phases"]]
 
     def completed(self) -> list[str]:
         return [p["name"] for p in self.data["phases"] if p["status"] in (DONE, SKIPPED)]

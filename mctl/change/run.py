@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from mctl.bringup import journal as jr
 from mctl.bringup.journal import Journal
-from mctl.errors import EnvironmentProblem, MctlError, PartialFailure, UsageError
+from mctl.errors import EnvironmentProblem, MctlError, PartialFailure
 from mctl.fabric import change as ch
 
 if TYPE_CHECKING:
@@ -143,10 +143,7 @@ class ChangeRun:
                 "exit_code": self.exit_code, "resumed": self.resumed, "change": d.get("change"),
                 "rollback": d.get("rollback"),
                 "error": {"message": self.error.message, "hint": self.error.hint} if self.error else None,
-                "ran": list(self.ran),
-                "steps": [{"step": p["name"], "status": p["status"], "summary": p["summary"], "changed": p["changed"],
-                           "seconds": round(p["ended"] - p["started"], 2) if p.get("started") and p.get("ended")
-                           else None, "details": p["details"], "error": p["error"]} for p in d["phases"]]}
+                "ran": list(self.ran), "steps": self.journal.phase_rows()}
 
 
 # ------------------------------------------------------------------ the run
@@ -233,8 +230,7 @@ def run_change(site: "Site", spec: ChangeSpec, state_dir: Path, *, report: Repor
 
 
 def _by_time(runs: list[ChangeJournal]) -> list[ChangeJournal]:
-    """Oldest first by creation time (two run ids of one second sort by their random part)."""
-    return sorted(runs, key=lambda j: (j.data.get("created") or 0, j.run_id))
+    return ChangeJournal.by_time(runs)  # type: ignore[return-value]
 
 
 def last_change(state_dir: Path, rack: str) -> ChangeJournal | None:
@@ -260,22 +256,10 @@ def resume_change(site: "Site", rack: str, state_dir: Path, *, report: Report | 
     """Finish the last change of *rack* (forward, or its rollback where one had begun)."""
     report = report or Report()
     with _lock(state_dir, rack):
-        damaged: list = []
-        runs = _by_time(ChangeJournal.runs(Path(state_dir), rack, damaged=damaged))
-        last = runs[-1] if runs else None
-        if damaged and (last is None or damaged[-1].path.parent.name > last.path.parent.name):
-            bad = damaged[-1]
-            bad.hint = f"move the run folder {bad.path.parent} aside; then check 'mctl audit' and change again"
-            raise bad
-        if last is None:
-            raise UsageError(f"no partition change of rack {rack} to resume",
-                             hint=f"see 'mctl partition list {rack}'")
-        if last.status in (jr.RUN_SUCCEEDED, "rolled-back"):
-            raise UsageError(f"the last partition change of rack {rack} ({last.run_id}) finished "
-                             f"({last.status}); nothing to resume", hint=f"see 'mctl partition list {rack}'")
-        if last.status == jr.RUN_RUNNING:
-            raise UsageError(f"the partition change {last.run_id} of rack {rack} is still running (its process "
-                             "is alive)", hint="wait for it to end")
+        last = ChangeJournal.to_resume(state_dir, rack, finished=(jr.RUN_SUCCEEDED, "rolled-back"),
+                                       none_hint=f"see 'mctl partition list {rack}'",
+                                       finished_hint=f"see 'mctl partition list {rack}'",
+                                       damaged_hint="then check 'mctl audit' and change again")
         spec = ChangeSpec.from_dict(last.path, last.data.get("change"))
         last.attempt()
         todo = [p for p in last.phase_names() if last.phase(p)["status"] not in jr.FINISHED

@@ -89,9 +89,10 @@ ImexWaitOpt = Annotated[float, typer.Option("--imex-wait", click_type=finite(min
 
 # ------------------------------------------------------------------ running work on the trays (issue 27)
 
-DrainOpt = Annotated[bool, typer.Option("--drain", help="When jobs run on the trays the change touches: hold those "
-                                                        "trays in Slurm (reason 'mctl: partition change ...'), wait "
-                                                        "for the jobs to end (--wait), then go on.")]
+DrainOpt = Annotated[bool, typer.Option("--drain", help="When jobs run on the trays the change disrupts: hold those "
+                                                        "trays in Slurm (reason 'mctl: partition change ...', "
+                                                        "'mctl: provision ...'), wait for the jobs to end (--wait), "
+                                                        "then go on.")]
 WaitOpt = Annotated[Optional[float], typer.Option("--wait", click_type=finite(min=0.0), metavar="SECONDS",
                                                   help="With --drain: how long to wait for the jobs on the held "
                                                        "trays (default 600).")]

@@ -8,7 +8,8 @@ import typer
 
 from mctl.cli import render
 from mctl.cli.context import options
-from mctl.cli.options import DryRunOpt, JsonOpt, NodesArg
+from mctl.cli.options import DrainOpt, DryRunOpt, ForceOpt, JsonOpt, NodesArg, ResumeOpt, WaitOpt, YesOpt
+from mctl.cli.provision_rollout import RollingOpt
 from mctl.errors import EXIT_PARTIAL
 
 COMMAND_SETTINGS: dict = {}
@@ -23,18 +24,37 @@ def command(
     file_diff: Annotated[bool, typer.Option("--file-diff", help="Show the changes in each file the run makes "
                                                                 "(Ansible's diff mode).")] = False,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Only the hosts that failed last time.")] = False,
+    drain: DrainOpt = False,
+    wait: WaitOpt = None,
+    force: ForceOpt = False,
+    yes: YesOpt = False,
+    rolling: RollingOpt = None,
+    resume: ResumeOpt = False,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """Provision trays with the site playbook through ansible-runner.
 
     Every run keeps its folder (command, events, stdout, recap) under the state directory.
-    Exit 3 when some hosts failed.
+    A provisioning whose changes disrupt running work (a new driver, IMEX, slurmd, MUNGE) on trays
+    with jobs is refused, the jobs named (exit 2, nothing changed), unless --drain (hold those trays,
+    wait for their jobs, provision, reboot where needed, verify, release; --rolling N: N trays at a
+    time) or --force; harmless changes go ahead (docs/provisioning.md). --dry-run shows each tray's
+    changes and the work on it. Exit 3 when some hosts failed or a rollout stopped.
 
-    Example: mctl -i inventories/lab provision lab-r1 --tags base,nvidia
+    Example: mctl -i inventories/lab provision lab-r1 --image lab-debian13-580 --rolling 2 --drain
     """
-    from mctl.provision.service import plan_provision, provision
+    from mctl.provision.service import plan_provision
+    from mctl.rollout.request import ProvisionRequest, check_resume
 
+    if resume:
+        check_resume([name for name, given in (("--image", image), ("--tags", tags), ("--limit", limit),
+                                               ("--check", check), ("--file-diff", file_diff), ("--retry-failed", retry_failed),
+                                               ("--drain", drain), ("--wait", wait is not None), ("--force", force),
+                                               ("--yes", yes), ("--rolling", rolling is not None),
+                                               ("--dry-run", dry_run)) if given])
+    req = ProvisionRequest(drain=drain, wait=wait, force=force, yes=yes, rolling=rolling, resume=resume,
+                           dry_run=dry_run)
     opts = options()
     site = opts.site()
     plan = plan_provision(site, opts.state_dir, target, image=image,
@@ -49,11 +69,29 @@ def command(
     racks = [r.name for r in (site.rack_of(h) for h in plan.hosts) if r is not None]
     hold_racks(racks, "provision", dry_run=dry_run or check)
     out = render.output(json_)
+    if dry_run and not out.json:
+        _print_plan(out, plan)
+    from mctl.cli.provision_rollout import TerminalUI, print_rollout
+    from mctl.rollout.service import ProvisionRefused, execute
+
+    ui = TerminalUI(out, yes=yes)
+    try:
+        outcome = execute(site, plan, req, opts.state_dir, ui)
+    except ProvisionRefused as exc:
+        if out.json:
+            out.result({"refused": True, "disruption": exc.view})
+        raise
     if dry_run:
-        out.result({"dry_run": True, "plan": plan.to_dict()}, lambda: _print_plan(out, plan))
+        out.result(outcome.document, lambda: out.line("nothing changed (--dry-run)"))
         return
-    with out.hosts(plan.hosts) as progress:
-        result = provision(plan, opts.state_dir, on_event=lambda ev: host_event(out, progress, ev))
+    if outcome.rollout is not None:
+        out.result(outcome.document, lambda: print_rollout(out, outcome.document))
+        if outcome.error is not None:
+            raise outcome.error
+        if outcome.done and not out.json:
+            out.line(outcome.done)
+        return
+    result = outcome.run
     out.result(result.to_dict(), lambda: _print_recap(out, result))
     if result.status == "canceled":
         out.error(f"interrupted; the run folder {result.run_dir} holds everything up to the interruption",
@@ -74,7 +112,6 @@ def _print_plan(out: render.Output, plan) -> None:
         by_image.setdefault(img or "-", []).append(host)
     for img, hosts in by_image.items():
         out.line(f"  image {img}: {fold(hosts)}")
-    out.line("nothing changed (--dry-run)")
 
 
 def _print_recap(out: render.Output, result) -> None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Iterable, Sequence
 
-from mctl.model.change import ChangePlan, ImexDomainChange, TrayChange
+# the jobs rule's words (DRAIN, FORCE, GO, REFUSE) are read from here by the change service and its tests
+from mctl.model.change import DRAIN, FORCE, GO, REFUSE, ChangePlan, ImexDomainChange, TrayChange, work_rule  # noqa: F401
 
 if TYPE_CHECKING:
     from mctl.fabric.imex import ImexSettings
@@ -107,22 +108,9 @@ def imex_changes(rack_before: "Rack", rack_after: "Rack", settings: "ImexSetting
 
 # ------------------------------------------------------------------ the jobs rule
 
-REFUSE, DRAIN, FORCE, GO = "refuse", "drain", "force", "go"
-
-
 def decide(plan: ChangePlan, *, drain: bool, force: bool) -> str:
-    """What a change does about the work on its trays: go (none), refuse, drain first, or force through.
-
-    Work that could not be read counts as work (a change never goes ahead blind) unless --force;
-    --drain holds Slurm trays, so Kubernetes pods (or unreadable work) are refused with it too.
-    """
-    if not plan.affected or (plan.work_known and not plan.work):
-        return GO
-    if force:
-        return FORCE
-    if drain and plan.work_known and all(w.kind == "slurm" for w in plan.work):
-        return DRAIN        # --drain holds trays in Slurm; pods are not drained by it
-    return REFUSE
+    """What a change does about the work on its trays (mctl.model.change.work_rule, the one jobs rule)."""
+    return work_rule(bool(plan.affected), plan.work, plan.work_known, drain=drain, force=force)
 
 
 # ------------------------------------------------------------------ the steps of a change, in their safe order

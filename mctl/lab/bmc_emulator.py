@@ -7,7 +7,9 @@ What sushy-tools does here: the HTTP service (Flask), authentication (its Basic 
 htpasswd file), routing, its error documents, `Systems`, `Systems/{id}` and the
 `ComputerSystem.Reset` action, all through a systems driver of mctl's (`LabSystemsDriver`) that acts on
 the lab tray: ForceOff / GracefulShutdown stop the tray's host (SSH, Slurm and IMEX go away), On boots
-it again (a new boot id), PowerCycle / ForceRestart / GracefulRestart do both.
+it again (a new boot id), PowerCycle / ForceRestart / GracefulRestart do both. It also takes the tray
+OS's own `systemctl reboot` (the lab's systemctl leaves a request in the host, mctl.lab.hosts
+REBOOT_REQUEST): off, then on, logged as the power event `OSReboot` (a lab host cannot restart itself).
 
 What sushy-tools lacks, added here (docs/decisions.md, D42): the resource tree and ids of the
 real GB200 compute-tray capture (tests/fixtures/real/redfish/nvidia_gb200: service root, `BMC_0` and
@@ -257,6 +259,44 @@ class LabSystemsDriver(_driver_base()):  # type: ignore[misc]
             with self._lock:
                 self._transition = None
 
+    def watch_os_reboots(self, every: float = 0.5) -> threading.Thread:
+        """Take the tray OS's reboot requests (its `systemctl reboot`) for as long as the BMC runs."""
+        import time
+
+        def loop() -> None:
+            while True:
+                time.sleep(every)
+                try:
+                    self.take_os_reboot()
+                except Exception:                   # the next look tries again; the BMC goes on serving
+                    LOG.exception("reading the OS's reboot request failed")
+
+        thread = threading.Thread(target=loop, name="os-reboot", daemon=True)
+        thread.start()
+        return thread
+
+    def take_os_reboot(self) -> bool:
+        """When the host asked for a reboot: take the request (the host's systemctl returns) and restart it."""
+        from mctl.errors import EnvironmentProblem
+        from mctl.lab import hosts
+
+        control, files, _layout, _record, host = self._lab()
+        try:
+            request = hosts.host_path(files.dir, host.name, hosts.REBOOT_REQUEST)
+        except EnvironmentProblem:
+            return False                            # the host is off
+        if not request.exists():
+            return False
+        with self._lock:
+            if self._transition:
+                return False                        # a Reset is running: the request goes with the host
+            self._transition = "PoweringOff"
+        request.unlink(missing_ok=True)
+        LOG.info("%s: the OS asked for a reboot", host.name)
+        threading.Thread(target=self._run, args=("OSReboot", ["off", "on"]), name="os-reboot-run",
+                         daemon=True).start()
+        return True
+
     def get_boot_device(self, identity: str) -> str:
         return self._boot[self.uuid(identity)]
 
@@ -373,6 +413,8 @@ def build_app(config: dict[str, Any], tree: dict[str, dict[str, Any]] | None = N
                                                         or (SWITCH_CAPTURE if kind == "switch" else CAPTURE)))
     add_missing(tree, kind)
     driver = (SwitchSystemsDriver if kind == "switch" else LabSystemsDriver)(config, tree)
+    if kind != "switch" and config.get("watch_os_reboots", True):
+        driver.watch_os_reboots()
     app = st.app
     _remember_good_logins()
     type(app).systems = property(lambda self: driver)      # sushy-tools' backend list is hard-coded

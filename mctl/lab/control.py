@@ -232,6 +232,7 @@ def _write_host_files(w: hosts.UpperWriter, ctx: services.HostContext, h: LabHos
     w.put("/root/.ssh/authorized_keys", lab_key.public_line + "\n", 0o600)
     w.put(hosts.INIT_IN_HOST, hostinit, 0o755)
     w.put(hosts.HANG_IN_HOST, hosts.HANG_SCRIPT, 0o755)
+    w.put(hosts.SYSTEMCTL_IN_HOST, hosts.LAB_SYSTEMCTL, 0o755)
     w.mkdir("/var/log/mctl-lab")
     svc = [{"name": s.name, "argv": s.argv(ctx), "dirs": list(s.dirs), "restart": s.restart,
             "log": f"/var/log/mctl-lab/{s.name}.log"} for s in services.host_services(h.kind)]

@@ -301,13 +301,22 @@ def _stop_host(files: LabFiles, host: LabHost, *, force: bool = False) -> None:
     if init is None:
         return
     launcher = init.ppid
+    # The host's processes are those of its pid namespace, but only while its init lives: once the namespace
+    # is gone the kernel may hand its inode number (what /proc/PID/ns/pid names) to a new one, and a host
+    # booting meanwhile (trays of a rack rebooting together) would be taken for this one and killed. So
+    # after its init is gone only the processes already seen as its own are waited for.
+    members: set[int] = set()
 
     def alive() -> list[procs.Proc]:
         t = procs.scan()
-        out = [p for p in t.values() if p.pidns == init.pidns and p.state != "Z"]
+        now = t.get(init.pid)
+        if now is not None and now.pidns == init.pidns and now.state != "Z":
+            members.update(p.pid for p in t.values() if p.pidns == init.pidns)
+        out = [p for p in t.values() if p.pid in members and p.pidns == init.pidns and p.state != "Z"]
         lp = t.get(launcher)
         return out + ([lp] if lp is not None and lp.comm == "unshare" and lp.state != "Z" else [])
 
+    alive()
     if not force:
         send_signal(init.pid, signal.SIGTERM)
         send_signal(init.pid, signal.SIGCONT)

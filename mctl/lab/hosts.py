@@ -43,6 +43,32 @@ SSHD_FAULT_DROPIN = "/etc/ssh/sshd_config.d/01-mctl-lab-fault.conf"
 BOOT_UNITS_FILE = STATE_IN_HOST + "/boot-units.json"   # written by `lab fault --reboot`; read by the host's init
 BOOT_ID_FILE = "boot_id"        # hosts/<name>/boot_id: the boot id this boot of the host reads in /proc
 FAULT_EXEC_LOG = "fault-exec.log"   # hosts/<name>/fault-exec.log: commands the lab ran inside the host
+# `systemctl reboot` in a lab host (LAB_SYSTEMCTL) leaves this file; the tray's BMC emulator takes it and
+# restarts the host (a lab host cannot restart its own namespaces). In /run: gone with the boot it asked in.
+REBOOT_REQUEST = "/run/mctl-lab/reboot-requested"
+SYSTEMCTL_IN_HOST = "/usr/local/sbin/systemctl"     # before the image's /usr/bin/systemctl on root's PATH
+LAB_SYSTEMCTL = """#!/bin/sh
+# The lab's systemctl (mctl/lab/hosts.py): the image's docker-systemctl-replacement for every verb but
+# `reboot`, which it lacks. A lab host cannot restart its own namespaces, so a reboot is asked of the
+# machine side, where the tray's BMC emulator restarts the host as a reboot does (every process ends, a
+# new boot id, the enabled units started). Like systemd's, it returns once the reboot is taken; where no
+# BMC takes it (a head node has none) it fails, named, instead of doing nothing.
+verb=
+for a in "$@"; do case "$a" in -*) ;; *) verb=$a; break ;; esac; done
+if [ "$verb" = reboot ]; then
+    mkdir -p /run/mctl-lab && : > @REQUEST@ || exit 1
+    i=0
+    while [ -e @REQUEST@ ] && [ "$i" -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    if [ -e @REQUEST@ ]; then
+        rm -f @REQUEST@
+        echo "systemctl reboot: the lab's machine side did not take the request within 10 s (in the lab a host" \
+             "reboots through its BMC emulator; this host has none running)" >&2
+        exit 1
+    fi
+    exit 0
+fi
+exec /usr/bin/systemctl "$@"
+""".replace("@REQUEST@", REBOOT_REQUEST)
 
 
 @dataclass(frozen=True)

@@ -220,12 +220,21 @@ def nmx_files(ctx: RackContext) -> dict[str, Path]:
 
 def nmx_config(ctx: RackContext) -> dict:
     """The emulator's config: the rack's trays with their gpus.json as the running trays see them."""
+    from mctl.errors import EnvironmentProblem
     from mctl.lab.gpus import GPUS_PER_TRAY, chassis_serial
     from mctl.lab.hosts import GPUS_FILE, host_path
 
+    def gpus_json(name: str) -> str | None:
+        """Where the running tray's gpus.json is; None for a tray that is off (several trays of a rack may
+        reboot at once: the last one up writes every path again)."""
+        try:
+            return str(host_path(ctx.lab_dir, name, GPUS_FILE))
+        except EnvironmentProblem:
+            return None
+
     files = nmx_files(ctx)
     trays = [{"name": t.name, "tray_index": t.tray_index, "slot_id": t.slot, "host_id": 1, "gpus": GPUS_PER_TRAY,
-              "gpus_json": str(host_path(ctx.lab_dir, t.name, GPUS_FILE))} for t in ctx.layout.trays_of(ctx.rack)]
+              "gpus_json": gpus_json(t.name)} for t in ctx.layout.trays_of(ctx.rack)]
     return {"listen": ctx.address, "port": NMX_PORT, "credentials_file": str(files["credentials"]),
             "domain_uuid": ctx.layout.nvlink_domain(ctx.rack), "chassis_serial": chassis_serial(ctx.layout, ctx.rack),
             "state_file": str(files["state"]), "trays": trays,

@@ -128,6 +128,25 @@ class ChangePlan:
                 "work_error": self.work_error}
 
 
+# ------------------------------------------------------------------ the jobs rule (partition changes, provisioning)
+
+REFUSE, DRAIN, FORCE, GO = "refuse", "drain", "force", "go"
+
+
+def work_rule(touches: bool, work: Iterable[RunningWork], work_known: bool, *, drain: bool, force: bool) -> str:
+    """What a change does about the work on the trays it would disrupt: go (none), refuse, drain first, or
+    force through. Work that could not be read counts as work (a change never goes ahead blind) unless
+    --force; --drain holds Slurm trays, so Kubernetes pods (or unreadable work) are refused with it too."""
+    work = tuple(work)
+    if not touches or (work_known and not work):
+        return GO
+    if force:
+        return FORCE
+    if drain and work_known and all(w.kind == "slurm" for w in work):
+        return DRAIN        # --drain holds trays in Slurm; pods are not drained by it
+    return REFUSE
+
+
 def work_on(work: Iterable[RunningWork], trays: Iterable[str]) -> tuple[RunningWork, ...]:
     """The jobs and pods that run on at least one of *trays*."""
     wanted = set(trays)

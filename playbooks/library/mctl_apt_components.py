@@ -15,6 +15,12 @@ For each component of the image, in the image's order:
 Components marked ``hold: true`` (driver, IMEX) are held (apt-mark hold), as is the kernel the
 image names. The first component that cannot be installed or verified fails the host, with the
 component's name and apt's own error lines: never a silent skip. Every apt call has a deadline.
+
+What a change does to running work is reported with the result, in check mode too (mctl's provisioning
+reads it from its check pass, docs/decisions.md D71): ``disrupts`` lists the components whose packages
+are (or would be) installed or removed and that are not named ``harmless`` (a component the role does
+not know is disruptive), ``reboot`` those of them named ``reboot`` (their change takes effect at the
+next boot). Keys, sources, pins and holds disrupt nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ options:
   kernel_package: {description: Kernel package to verify and hold (empty when the image names none)., type: str, default: ""}
   update_timeout: {description: Seconds one apt-get update may take., type: int, default: 120}
   install_timeout: {description: Seconds one apt-get install may take., type: int, default: 600}
+  harmless: {description: "Components whose packages can change under running work (reported in neither
+             disrupts nor reboot).", type: list, default: []}
+  reboot: {description: Components whose change takes effect at the next boot (the driver)., type: list, default: []}
 """
 
 import os
@@ -287,6 +296,8 @@ def main():
         "kernel_package": {"type": "str", "default": ""},
         "update_timeout": {"type": "int", "default": 120},
         "install_timeout": {"type": "int", "default": 600},
+        "harmless": {"type": "list", "elements": "str", "default": []},
+        "reboot": {"type": "list", "elements": "str", "default": []},
     }, supports_check_mode=True)
     p = module.params
     check = module.check_mode
@@ -326,6 +337,8 @@ def main():
             changed = True
             for c, pk in fetch.items():
                 report[c]["installed"] = [f"{n}={v}" for n, v in pk]
+            for o, (c, _n) in sorted(old.items()):
+                report[c].setdefault("removed", []).append(f"{o}={state[o][0]}")
         elif fetch:
             update(plan, {plan.repo(c)[0] for c in fetch}, p["update_timeout"])
             if old:
@@ -389,8 +402,15 @@ def main():
                 if rc != 0:
                     raise Failed(f"apt-mark hold {' '.join(new_holds)} failed (exit {rc}): {apt_errors(out)}")
     except Failed as exc:
-        module.fail_json(msg=str(exc), changed=changed, components=report)
-    module.exit_json(changed=changed, components=report, held=sorted(set(to_hold)))
+        module.fail_json(msg=str(exc), changed=changed, components=report, **disruption(report, p))
+    module.exit_json(changed=changed, components=report, held=sorted(set(to_hold)), **disruption(report, p))
+
+
+def disruption(report, params):
+    """What the packages changed (or would change) do to running work: {disrupts, reboot} (component names)."""
+    moved = [c for c, r in report.items() if c != "packages" and (r.get("installed") or r.get("removed"))]
+    disrupts = [c for c in moved if c not in params["harmless"]]
+    return {"disrupts": disrupts, "reboot": [c for c in disrupts if c in params["reboot"]]}
 
 
 if __name__ == "__main__":

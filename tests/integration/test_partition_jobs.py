@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
@@ -27,17 +26,11 @@ import pytest
 import yaml
 
 from mctl.lab.nmx_emulator import Config, NMXEmulator
+from tests.lab_fixture import wait_for
 
 
 def _wait(what: str, probe, deadline: float = 120.0, every: float = 1.0):
-    end = time.monotonic() + deadline
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {deadline:g}s waiting for {what}")
-        time.sleep(every)
+    return wait_for(what, probe, deadline, every)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ dependency). The layers, lowest first; a package may import its own layer and an
   0  model, errors (and the `mctl` package itself, which only holds the version)
   1  inventory, facts, checks, transport, state, images, ansible
   2  fabric, sched, provision, bmc
-  3  health, audit, bringup, rackinv
+  3  health, audit, bringup, rackinv, change, rollout
   4  cli (and `mctl.__main__`, which only starts it)
 
 Packages the issue did not name, placed by what they are:
@@ -23,6 +23,8 @@ Packages the issue did not name, placed by what they are:
   that runs a playbook uses) sits on the inventory and the state directory: layer 1.
 - rackinv (one rack's inventory run: probe, validate, snapshot) composes facts, transport and
   state like health and audit do: layer 3.
+- change (the partition change's conductor) and rollout (provisioning under the jobs rule, rolling
+  changes) each compose several layer-2 subsystems with a journal: layer 3.
 
 Layer 2 is one subsystem per package, and a subsystem does not reach into another: a layer-2
 package imports its own package and layers 0-1 only. What two of them share goes down (a
@@ -56,7 +58,7 @@ LAYERS: dict[str, int] = {
     "mctl": 0, "errors": 0, "model": 0,
     "inventory": 1, "facts": 1, "checks": 1, "transport": 1, "state": 1, "images": 1, "ansible": 1,
     "fabric": 2, "sched": 2, "provision": 2, "bmc": 2,
-    "health": 3, "audit": 3, "bringup": 3, "rackinv": 3, "change": 3,
+    "health": 3, "audit": 3, "bringup": 3, "rackinv": 3, "change": 3, "rollout": 3,
     "cli": 4, "__main__": 4,
 }
 LAB = "lab"

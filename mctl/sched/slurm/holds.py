@@ -1,14 +1,17 @@
 """Holding trays out of Slurm and letting them go: the one home of every hold mctl takes.
 
 A hold is a drain whose reason starts with its owner's prefix, so the owner (and only the owner)
-finds and lifts it again, and every other guard of mctl takes the tray for held. Two owners hold
+finds and lifts it again, and every other guard of mctl takes the tray for held. Three owners hold
 trays today, each described by a `HoldOwner` (data, not code):
 
 - a partition change (`mctl partition ... --drain`, mctl.change): "mctl: partition change of RACK:
   held until the change is done", lifted once the change is done on every layer;
 - bring-up (mctl.bringup): "mctl: bring-up RUN: opens when health and burn-in pass", so no job
   lands before the health gate and burn-in pass; the open phase lifts exactly those, and its
-  resume also opens a held tray that is down (a restarted slurmd), with `REASON_OPENED`.
+  resume also opens a held tray that is down (a restarted slurmd), with `REASON_OPENED`;
+- provisioning (`mctl provision ... --drain`, `--rolling N`, mctl.rollout): "mctl: provision RUN:
+  held until its provisioning is verified", lifted once the tray's new software is verified; the
+  release also opens a held tray that is down (the rollout reboots trays), with `REASON_PROVISIONED`.
 
 A tray drained or down for any other reason (an operator's, the health watch's) is never touched:
 each action re-checks its guard on the controller right before `scontrol update` (the one guarded
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
 # it), so the resume sets this one in the same `scontrol update`: the hold reason is gone, and
 # the text does not start with 'mctl:', so no guard of mctl ever takes the tray for held.
 REASON_OPENED = "opened by mctl bring-up"
+REASON_PROVISIONED = "released by mctl provision"
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,9 @@ PARTITION_CHANGE = HoldOwner("mctl", "mctl: partition change", "refused", REASON
 # A rack under bring-up is not in service yet: its holds take no grant of the safety budget.
 BRING_UP = HoldOwner("bring-up", "mctl: bring-up", "left alone", "mctl: bring-up", REASON_OPENED,
                      release_down=True, release_held=True, budget=False)
+# A rollout's hold takes a tray out of service: each needs a grant (a refused tray waits for a later batch).
+PROVISION = HoldOwner("provision", "mctl: provision", "left alone", "mctl: provision", REASON_PROVISIONED,
+                      release_down=True, release_held=True)
 
 # The partition change's prefix under its historical name (reasons, error texts and tests read it).
 HOLD_PREFIX = PARTITION_CHANGE.prefix
@@ -70,6 +77,11 @@ def change_reason(rack: str) -> str:
 def bringup_reason(run_id: str) -> str:
     """The reason of bring-up's hold during run *run_id*."""
     return f"{BRING_UP.prefix} {run_id}: opens when health and burn-in pass"
+
+
+def provision_reason(run_id: str) -> str:
+    """The reason of provisioning's hold during rollout *run_id*."""
+    return f"{PROVISION.prefix} {run_id}: held until its provisioning is verified"
 
 
 # ------------------------------------------------------------------ scripts and their results (pure)
