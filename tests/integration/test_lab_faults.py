@@ -136,7 +136,8 @@ def test_freeze_silences_open_and_new_connections(lab, tmp_path):
                 out, _err = running.communicate(timeout=WAIT_S)
             except subprocess.TimeoutExpired:
                 running.kill()
-                out, _err = running.communicate()
+                k.close()          # the master holds the session's pipes too: ended, they close (no wait unbounded)
+                out, _err = running.communicate(timeout=WAIT_S)
         # Continued, it goes on where it stopped, on the same connection.
         assert out.strip() == "late" and running.returncode == 0
         wait_for("the kept connection to answer after --clear", k.answers)
