@@ -36,6 +36,8 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
+from tests.helpers import wait_for
+
 REPO = Path(__file__).resolve().parents[1]
 CRDS = REPO / "tests" / "fixtures" / "golden" / "k8s" / "crds"
 CACHE = Path(os.environ.get("MCTL_KUBE_CACHE", "/var/cache/mctl/kube-apiserver"))
@@ -336,12 +338,10 @@ class KubeServer:
             self.add_crd(name)
 
     def wait_for(self, cond, what: str, deadline: float = 60.0) -> None:
-        end = time.monotonic() + deadline
-        while time.monotonic() < end:
-            if cond():
-                return
-            time.sleep(0.1)
-        raise ApiFailed(f"{what}: not after {deadline:.0f} s")
+        try:
+            wait_for(what, cond, deadline, every=0.1)
+        except AssertionError as exc:
+            raise ApiFailed(str(exc)) from None
 
     # ---- what mctl wrote ----
     def mark(self) -> None:
@@ -441,7 +441,7 @@ def kube_skip(reason: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def kube_apiserver(tmp_path_factory) -> Iterator[KubeServer]:
+def kube_apiserver(tmp_path_factory, processes) -> Iterator[KubeServer]:
     """etcd + kube-apiserver for the session, stopped at its end (skipped, with the reason, when not built)."""
     found = binaries()
     if isinstance(found, str):

@@ -97,7 +97,7 @@ def test_which_host_takes_which_daemon_fault():
         control._check_host_fault_kind(head, faults.FaultRequest(imex_crash=True), ["lab-r1-tray01"], [])
 
 
-def test_sshrc_renders_hang_slow_or_nothing():
+def test_sshrc_renders_hang_slow_or_nothing(processes):
     hang = control._sshrc_text({"hang": True, "slow": 2.0})
     assert hang.startswith(control.SSHRC_MARK) and f"exec {hosts.HANG_IN_HOST}" in hang   # hang wins
     slow = control._sshrc_text({"hang": False, "slow": 1.5})
@@ -128,7 +128,7 @@ def test_actions_say_what_each_fault_does():
     assert any("every process of the host" in a for a in freeze)
 
 
-def test_boot_units_one_shot(tmp_path, monkeypatch):
+def test_boot_units_one_shot(tmp_path, monkeypatch, processes):
     path = tmp_path / "boot-units.json"
     monkeypatch.setattr(hostinit, "BOOT_UNITS", str(path))
     assert hostinit.boot_units() is None                        # first boot after `lab up`: nothing
