@@ -90,3 +90,28 @@ def test_a_build_in_progress_is_waited_for_with_a_deadline(tmp_path, processes):
     finally:
         holder.kill()
         holder.wait(10)
+
+
+def test_the_fixture_waits_for_a_build_running_now_and_then_finds_its_binaries(tmp_path, processes):
+    """scripts/test builds a missing kube-apiserver beside the tests: the fixture waits while the build holds
+    the cache's lock (a stand-in build here: flock for two seconds, then the binaries in place)."""
+    from tests.kube_apiserver import building, built
+
+    cache = tmp_path / "cache"
+    bindir = cache / "1.0" / "bin"
+    bindir.mkdir(parents=True)
+    script = (f"flock {cache / '.lock'} sh -c 'sleep 2; for b in kube-apiserver etcd; do "
+              f"printf \"#!/bin/sh\\n\" > {bindir}/$b; chmod 755 {bindir}/$b; done; ln -s 1.0 {cache / 'current'}'")
+    holder = subprocess.Popen(["sh", "-c", script])
+    try:
+        deadline = time.monotonic() + 10
+        while not building(cache) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert building(cache) and isinstance(binaries(cache), str)
+        found = built(cache, wait=30)
+        assert found == (cache / "current" / "bin" / "kube-apiserver", cache / "current" / "bin" / "etcd")
+        assert not building(cache)
+    finally:
+        holder.kill()
+        holder.wait(10)
+    assert isinstance(built(tmp_path / "nothing", wait=30), str)         # no build running: no wait at all
