@@ -94,10 +94,11 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """Each test marked with its tier; the run ordered pure, emulators, lab, slow. Inside a tier the
-    collection order is kept, except that the real kube-apiserver's tests go after the others, the
-    end-to-end tests after those (they bring the shared lab's rack fully up, which no other test expects)
-    and the chaos run last of all (it faults the shared lab at random). A tier marker written on a test
-    that its fixtures contradict is an error: the tier is what the fixtures say."""
+    collection order is kept, except that the real kube-apiserver's emulator tests go after the other
+    emulator tests, and the end-to-end tests after the other slow ones (they bring the shared lab's rack
+    fully up, which no other test expects), the chaos run last of all (it faults the shared lab at
+    random). A tier marker written on a test that its fixtures contradict is an error: the tier is what
+    the fixtures say."""
     wrong = []
     for item in items:
         tier = tier_of(item)
@@ -115,9 +116,11 @@ def pytest_collection_modifyitems(config, items):
             return 3
         if E2E in Path(str(item.fspath)).resolve().parents:
             return 2
-        # the real kube-apiserver's tests after the others of their tier: a cold build of it, started by
-        # scripts/test beside the tests, has the longest time to end before they wait for it
-        return 1 if "kube_apiserver" in item.fixturenames else 0
+        # the real kube-apiserver's emulator tests after the others: a cold build of it, started by
+        # scripts/test beside the tests, has the pure tier and the rest of this one to end before they
+        # wait for it (in the lab tier they keep their place: test_health_k8s expects NMX-M as the lab
+        # modules before test_partition_jobs leave it)
+        return 1 if item.stash[_TIER] == "emulators" and "kube_apiserver" in item.fixturenames else 0
 
     items[:] = sorted(items, key=lambda i: (TIERS.index(i.stash[_TIER]), last(i)))    # stable: order kept
 
@@ -266,6 +269,10 @@ class TierReport:
             tr.write_line(f"{'install':<10} {'':>11} {_clock(float(install)):>9}  (scripts/install before the "
                           "tests: system packages, .venv)")
         from tests.kube_apiserver import BUILD_WAITED
+        from tests.lab_fixture import REDEPLOYS
+
+        for why in REDEPLOYS:
+            tr.write_line(f"{'':<10} slurm_lab deployed Slurm again: {why}")
 
         for waited in BUILD_WAITED:
             tr.write_line(f"{'':<10} {'':>11} {_clock(waited):>9}  (the Kubernetes tests waited for the "

@@ -255,6 +255,8 @@ def own_lab(processes):
 SLURM_FILES = ("/etc/slurm/slurm.conf", "/etc/slurm/topology.conf", "/etc/slurm/gres.conf", "/etc/slurm/cgroup.conf",
                "/etc/munge/munge.key")
 TOPOLOGY = "/etc/slurm/topology.conf"
+#: Each time slurm_lab deployed again in this session, what it found changed (the tier summary lists them).
+REDEPLOYS: list[str] = []
 
 
 @dataclass
@@ -298,11 +300,12 @@ class SlurmLab:
         return sorted(states) == sorted(self.lab.trays) and not any(
             s.startswith(("unk", "future")) for s in states.values())
 
-    def restore(self, *, topology_only: bool = False) -> None:
+    def restore(self, *, topology_only: bool = False, why: str = "a module put it back") -> None:
         """Deploy `site` again (a deploy changes only what differs; `--topology-only` when only the topology
         was changed) and wait for every tray idle. The files must then be the first deploy's again."""
         from tests.helpers import deploy_slurm
 
+        REDEPLOYS.append(f"{why} ({'--topology-only' if topology_only else 'a full deploy'})")
         proc, _ = deploy_slurm(self.lab, self.site, *(["--topology-only"] if topology_only else []))
         assert proc.returncode == 0, f"deploy slurm (restore) failed ({proc.returncode}): {proc.stderr}\n" \
                                      f"{proc.stdout[-3000:]}"
@@ -317,7 +320,7 @@ class SlurmLab:
         if changed or not self.registered():
             what = ", ".join(sorted(changed)) or "the trays' registrations"
             sys.stderr.write(f"[slurm_lab] {what} not as deployed on the lab: deploying it again\n")
-            self.restore(topology_only=changed == {TOPOLOGY} and self.registered())
+            self.restore(topology_only=changed == {TOPOLOGY} and self.registered(), why=f"{what} changed")
         else:
             self.lab.settle_slurm()
         return self

@@ -52,7 +52,7 @@ def site(slurm_lab, tmp_path_factory):
     finally:
         lab.run(lab.head, "scancel --user=root; true", check=False)
         # Leave the trays as slurm_lab deployed them (partition scope), no IMEX files.
-        slurm_lab.restore()
+        slurm_lab.restore(why="test_imex_job's job scope put back")
         for tray in lab.trays:
             lab.run(tray, f"systemctl stop nvidia-imex >/dev/null 2>&1; rm -f {IMEX_CONFIG} {NODES_CONFIG} "
                           "/etc/slurm/prolog.d/90-mctl-imex.sh /etc/slurm/epilog.d/90-mctl-imex.sh; true",
