@@ -4,7 +4,8 @@ The binaries are built once by scripts/build-kube-apiserver (run by scripts/inst
 $MCTL_KUBE_CACHE (default /var/cache/mctl/kube-apiserver)/current/bin. When they are not
 there, every test using the `kube_apiserver` fixture is skipped with the reason the build
 gave (its FAILED file names the log); MCTL_REQUIRE_KUBE_APISERVER=1 turns that skip into a
-failure (CI).
+failure (CI). A build running now (scripts/test starts a cold one in the background, while the
+tests before the Kubernetes ones run) is waited for first, up to MCTL_KUBE_BUILD_WAIT s (30 min).
 
 One server per session (about 5 s to start): HTTPS with a throwaway CA, static tokens for an
 admin (system:masters, used by the tests to arrange and read back) and for `mctl` (RBAC: only
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -36,10 +38,14 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
+from tests.helpers import wait_for
+
 REPO = Path(__file__).resolve().parents[1]
 CRDS = REPO / "tests" / "fixtures" / "golden" / "k8s" / "crds"
 CACHE = Path(os.environ.get("MCTL_KUBE_CACHE", "/var/cache/mctl/kube-apiserver"))
 REQUIRE_ENV = "MCTL_REQUIRE_KUBE_APISERVER"
+BUILD_WAIT_ENV = "MCTL_KUBE_BUILD_WAIT"         # s the fixture waits for a build running now (default 30 min)
+BUILD_WAITED: list[float] = []                  # how long the fixture waited for it, if it did
 CD_CRD = "computedomains.resource.nvidia.com"
 TOPO_CRD = "topologies.kai.scheduler"
 CD_PATH = "/apis/resource.nvidia.com/v1beta1"
@@ -66,6 +72,29 @@ rules:
   verbs: [create, update, patch, delete, deletecollection]
 - level: None
 """
+
+
+def building(cache: Path = CACHE) -> bool:
+    """Whether scripts/build-kube-apiserver is building into *cache* now (it holds <cache>/.lock throughout;
+    scripts/test starts a cold build in the background while the tests before the Kubernetes ones run)."""
+    lock = cache / ".lock"
+    if not lock.exists():
+        return False
+    with open(lock) as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+    return False
+
+
+def built(cache: Path = CACHE, wait: float = 0.0) -> tuple[Path, Path] | str:
+    """binaries(), after waiting up to *wait* seconds for a build running now to end."""
+    if building(cache):
+        wait_for(f"the kube-apiserver build into {cache} to end (scripts/build-kube-apiserver)",
+                 lambda: not building(cache), wait, every=2.0)
+    return binaries(cache)
 
 
 def binaries(cache: Path = CACHE) -> tuple[Path, Path] | str:
@@ -336,12 +365,10 @@ class KubeServer:
             self.add_crd(name)
 
     def wait_for(self, cond, what: str, deadline: float = 60.0) -> None:
-        end = time.monotonic() + deadline
-        while time.monotonic() < end:
-            if cond():
-                return
-            time.sleep(0.1)
-        raise ApiFailed(f"{what}: not after {deadline:.0f} s")
+        try:
+            wait_for(what, cond, deadline, every=0.1)
+        except AssertionError as exc:
+            raise ApiFailed(str(exc)) from None
 
     # ---- what mctl wrote ----
     def mark(self) -> None:
@@ -441,9 +468,12 @@ def kube_skip(reason: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def kube_apiserver(tmp_path_factory) -> Iterator[KubeServer]:
+def kube_apiserver(tmp_path_factory, processes) -> Iterator[KubeServer]:
     """etcd + kube-apiserver for the session, stopped at its end (skipped, with the reason, when not built)."""
-    found = binaries()
+    started, waits = time.monotonic(), building()
+    found = built(wait=float(os.environ.get(BUILD_WAIT_ENV) or 1800))
+    if waits:
+        BUILD_WAITED.append(time.monotonic() - started)      # the tier summary says so
     if isinstance(found, str):
         kube_skip(found)
     api_bin, etcd_bin = found

@@ -30,6 +30,14 @@ minutes; cached in /var/cache/mctl/images or $MCTL_IMAGE_CACHE).
 
 A test that injects a fault must clear it (try/finally with lab.clear_faults)
 because the lab is shared by the session.
+
+Three more fixtures (registered in tests/conftest.py like `lab`):
+
+    own_lab            own_lab(state_dir, trays=N, label=..., **up_options): a lab of the module's own, as a
+                       context manager (the slow tier); for what the shared lab must keep
+    slurm_lab          the shared lab with Slurm deployed by `mctl deploy slurm` once per session (module
+                       scope: each module gets it as deployed, see SlurmLab)
+    slurm_deployed     the session's one deploy behind slurm_lab
 """
 
 from __future__ import annotations
@@ -216,20 +224,6 @@ class LabHandle:
             control.fault(self.dir, name, FaultRequest(clear=True))
 
 
-def wait_for(what: str, probe, deadline: float = 120.0, every: float = 0.5):
-    """probe()'s first true answer, asked every *every* seconds; AssertionError naming *what* after *deadline*."""
-    import time
-
-    end = time.monotonic() + deadline
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {deadline:g}s waiting for {what}")
-        time.sleep(every)
-
-
 def _free_net() -> int:
     """A second octet with nothing listening on any 127.N.x.x address."""
     from mctl.lab.procs import listening_tcp
@@ -254,7 +248,7 @@ def lab_skip_reason() -> str | None:
 
 
 @contextlib.contextmanager
-def own_lab(state_dir: Path, *, trays: int, label: str = "lab", **up_options) -> Iterator[LabHandle]:
+def _own_lab(state_dir: Path, *, trays: int, label: str = "lab", **up_options) -> Iterator[LabHandle]:
     """A lab of its own in *state_dir* (one rack of *trays*), on a free address block, taken down after.
 
     For modules that change what the shared session lab must keep (its partitions, its software):
@@ -300,8 +294,116 @@ LAB_BUDGET = {"rack_share": 0.5, "site_share": 0.5}
 def lab(tmp_path_factory) -> LabHandle:
     import yaml
 
-    with own_lab(tmp_path_factory.mktemp("mctl-state"), trays=int(os.environ.get(TRAYS_ENV) or 4)) as handle:
+    with _own_lab(tmp_path_factory.mktemp("mctl-state"), trays=int(os.environ.get(TRAYS_ENV) or 4)) as handle:
         doc = yaml.safe_load(handle.inventory.read_text())
         doc.setdefault("safety", {})["budget"] = dict(LAB_BUDGET)
         handle.inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
         yield handle
+
+
+@pytest.fixture(scope="session")
+def own_lab(processes):
+    """own_lab(state_dir, trays=N, label=..., **up_options): a lab of the requesting module's own, a context
+    manager (up on entry, down on exit). Requesting it puts the module's tests in the slow tier."""
+    return _own_lab
+
+
+# ------------------------------------------------------------------ Slurm deployed on the shared lab
+
+#: What a deploy writes on every host, read back to tell whether an earlier module changed it.
+SLURM_FILES = ("/etc/slurm/slurm.conf", "/etc/slurm/topology.conf", "/etc/slurm/gres.conf", "/etc/slurm/cgroup.conf",
+               "/etc/munge/munge.key")
+TOPOLOGY = "/etc/slurm/topology.conf"
+#: Each time slurm_lab deployed again in this session, what it found changed (the tier summary lists them).
+REDEPLOYS: list[str] = []
+
+
+@dataclass
+class SlurmLab:
+    """The shared lab with Slurm deployed by `mctl deploy slurm` from `site`: the lab's own inventory with
+    the partitions an operator records for it (tests.helpers.PARTITIONS: p0 = trays 1-2, p1 = trays 3-4).
+
+    Deployed once per session (`dry` and `first` are that first deploy's --dry-run and result, on the lab
+    as it came up). A module gets it through the module-scoped `slurm_lab` fixture, which hands it over as
+    deployed: Slurm's files on every host as the deploy wrote them (a module that deployed other ones, or
+    another topology, has them put back by one more deploy here), every tray registered, no job, no mctl
+    drain, every tray idle. A module that changes the deploy on purpose may call restore() when it ends."""
+
+    lab: LabHandle
+    site: Path
+    dry: dict
+    first: dict
+    files: dict[str, str] = field(default_factory=dict)      # host -> deployed_files() after the first deploy
+
+    def deployed_files(self) -> dict[str, str]:
+        """host -> the sha256 sums of SLURM_FILES there, one line a file (an error text where a host or a
+        file is missing)."""
+        cmd = "sha256sum " + " ".join(SLURM_FILES) + " 2>&1"
+        return {h: self.lab.run(h, cmd, check=False, timeout=60).stdout for h in self.lab.hosts}
+
+    def _changed(self) -> set[str]:
+        """The SLURM_FILES that are not the deploy's on some host ("?" for what sha256sum could not read)."""
+        now = self.deployed_files()
+        if now == self.files:
+            return set()
+        changed = set()
+        for host, text in now.items():
+            for line in set(text.splitlines()) ^ set(self.files.get(host, "?").splitlines()):
+                path = line.split()[-1] if line.split() else "?"
+                changed.add(path if path in SLURM_FILES else "?")
+        return changed
+
+    def registered(self) -> bool:
+        out = self.lab.run(self.lab.head, "sinfo -h -N -o '%N|%T' 2>/dev/null", check=False).stdout
+        states = dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+        return sorted(states) == sorted(self.lab.trays) and not any(
+            s.startswith(("unk", "future")) for s in states.values())
+
+    def restore(self, *, topology_only: bool = False, why: str = "a module put it back") -> None:
+        """Deploy `site` again (a deploy changes only what differs; `--topology-only` when only the topology
+        was changed) and wait for every tray idle. The files must then be the first deploy's again."""
+        from tests.helpers import deploy_slurm
+
+        REDEPLOYS.append(f"{why} ({'--topology-only' if topology_only else 'a full deploy'})")
+        proc, _ = deploy_slurm(self.lab, self.site, *(["--topology-only"] if topology_only else []))
+        assert proc.returncode == 0, f"deploy slurm (restore) failed ({proc.returncode}): {proc.stderr}\n" \
+                                     f"{proc.stdout[-3000:]}"
+        changed = self._changed()
+        assert not changed, f"after deploying {self.site} again, {sorted(changed)} still differ from the first deploy"
+        self.lab.settle_slurm()
+
+    def ensure(self) -> "SlurmLab":
+        """The lab as deployed (see the class), deploying again only when its Slurm files or registrations
+        are not the deploy's any more."""
+        changed = self._changed()
+        if changed or not self.registered():
+            what = ", ".join(sorted(changed)) or "the trays' registrations"
+            sys.stderr.write(f"[slurm_lab] {what} not as deployed on the lab: deploying it again\n")
+            self.restore(topology_only=changed == {TOPOLOGY} and self.registered(), why=f"{what} changed")
+        else:
+            self.lab.settle_slurm()
+        return self
+
+
+@pytest.fixture(scope="session")
+def slurm_deployed(lab, tmp_path_factory) -> SlurmLab:
+    """The session's one `mctl deploy slurm` on the shared lab (a --dry-run first), for slurm_lab."""
+    from tests.helpers import PARTITIONS, deploy_slurm, write_site
+
+    if len(lab.trays) < 4:
+        pytest.skip(f"needs a lab with 4 trays ({TRAYS_ENV})")
+    site = write_site(lab, tmp_path_factory.mktemp("slurm-site"), PARTITIONS)
+    proc, dry = deploy_slurm(lab, site, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    proc, first = deploy_slurm(lab, site)
+    assert proc.returncode == 0, f"deploy slurm failed ({proc.returncode}): {proc.stderr}\n{proc.stdout[-3000:]}"
+    deployed = SlurmLab(lab, site, dry, first)
+    deployed.files = deployed.deployed_files()
+    lab.settle_slurm()          # drains the node check made while the deploy brought slurmd up are lifted
+    return deployed
+
+
+@pytest.fixture(scope="module")
+def slurm_lab(slurm_deployed) -> SlurmLab:
+    """The shared lab with Slurm as the session deployed it, checked (and put back if needed) per module."""
+    return slurm_deployed.ensure()

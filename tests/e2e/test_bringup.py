@@ -1,6 +1,7 @@
 """`mctl rack bring-up` end to end on the session's lab: real SSH, Ansible, NMX-M and IMEX emulators, Slurm.
 
-One bring-up of the lab rack (partitions recorded first, as the demo does),
+One bring-up of the lab rack (partitions recorded first, as the demo does; the slow tier, after
+every other test on the shared lab: docs/testing.md),
 then: a re-run changes nothing; a run killed (SIGKILL) while it provisions is
 resumed from provisioning; a tray that fails provisioning stops the rack there
 and the run resumes once the fault is cleared.
@@ -40,7 +41,7 @@ def imex_pids(lab) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def brought_up(lab):
+def brought_up(lab, long_run):
     if len(lab.trays) < 4:
         pytest.skip("needs a lab with 4 trays (MCTL_TEST_TRAYS)")
     # The session's lab may carry what earlier tests injected: faults (cleared here) and XID lines in the

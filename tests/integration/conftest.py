@@ -1,26 +1,19 @@
-"""Integration tests: every test here runs against the shared virtual lab (the `lab` fixture).
+"""Fixtures the integration modules share: the health site and its per-test runner, the Slurm site.
 
-The fixture and its handle live in tests/lab_fixture.py and are registered in
-tests/conftest.py, so tests/e2e uses the same lab (one start per session). See
-that module for the handle's API. Every test under this folder is marked `lab`.
+The labs themselves (`lab`, `own_lab`, `slurm_lab`) live in tests/lab_fixture.py and are registered in
+tests/conftest.py, so tests/e2e uses the same shared lab (one start per session); a test's tier comes
+from the fixtures it uses (tests/conftest.py), not from this folder. Plain helpers (wait_for, Slurm
+views, the watch, BMC reads) are in tests/helpers.py.
 """
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.lab_fixture import TRAYS_ENV, LabHandle, _free_net, lab_skip_reason  # noqa: F401 - imported by tests
-
-
-def pytest_collection_modifyitems(config, items):
-    here = Path(__file__).resolve().parent
-    for item in items:
-        if here in Path(str(item.fspath)).resolve().parents:
-            item.add_marker(pytest.mark.lab)
-
-
+from tests.helpers import HEALTH, sinfo, wait_for, write_health_site
 
 
 @pytest.fixture(autouse=True)
@@ -38,3 +31,38 @@ def _kern_logs_as_found(request):
     # in service (tests resume trays with plain scontrol, as an operator may)
     lab.clear_budget()
 
+
+@pytest.fixture(scope="module")
+def slurm_site(slurm_lab) -> Path:
+    """The inventory folder Slurm was deployed from on the shared lab (p0 = trays 1-2, p1 = trays 3-4)."""
+    return slurm_lab.site
+
+
+@pytest.fixture(scope="module")
+def health_site(slurm_lab, tmp_path_factory) -> Path:
+    """The lab's inventory with short health settings (tests.helpers.HEALTH), on the Slurm-deployed lab."""
+    return write_health_site(slurm_lab.lab, tmp_path_factory.mktemp("health-site"), HEALTH)
+
+
+@pytest.fixture
+def health(lab, health_site, tmp_path):
+    """Run mctl against the health site with this test's own state directory; clean up the lab after."""
+    state = tmp_path / "state"
+
+    def mctl(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+        return lab.mctl("-i", str(health_site), "--state-dir", str(state), *args, timeout=timeout)
+
+    mctl.state = state
+    sizes = lab.kern_log_sizes()
+    try:
+        yield mctl
+    finally:
+        lab.clear_faults()
+        lab.restore_kern_logs(sizes)     # XID lines a test wrote must not count in the next test's sweeps
+        for node, (st, reason) in sinfo(lab).items():
+            if ("drain" in st and reason.startswith(("mctl:", "ops:"))) or st.startswith("down"):
+                # a tray frozen during the test is DOWN (not responding) in Slurm: the next test starts clean
+                lab.run(lab.head, f"scontrol update NodeName={node} State=RESUME", check=False)
+        wait_for("every tray idle or allocated again after the test",
+                 lambda: all(st.rstrip("*") in ("idle", "allocated", "mixed", "completing") and not st.endswith("*")
+                             for st, _ in sinfo(lab).values()), 60, every=0.5)

@@ -1,12 +1,10 @@
 """mctl audit on a virtual rack: a clean rack audits clean; four kinds of drift each show in every format.
 
-The audit needs a rack in its desired state first (NMX-M partitions, IMEX files,
-Slurm with blocks), so this module runs its own small lab rather than the
-session's: deploying Slurm on the shared lab ahead of test_deploy_slurm.py
-(which sorts after this file) would break that module's first-deploy
-assertions. The site is deployed the way test_deploy_slurm.py does it (its
-helpers, its partitions), once per module. Every drift is undone in a finally
-block, because the tests share this lab.
+The audit needs a rack in its desired state first (NMX-M partitions applied, IMEX
+files, Slurm with blocks), which the shared lab does not keep, so this module runs
+its own small lab (`own_lab`). The site is deployed with the partitions the
+session's Slurm has (tests.helpers.PARTITIONS), once per module. Every drift is
+undone in a finally block, because the tests share this lab.
 """
 
 from __future__ import annotations
@@ -25,8 +23,8 @@ from typing import Callable
 
 import pytest
 
-from tests.lab_fixture import TRAYS_ENV, LabHandle, own_lab
-from tests.integration.test_deploy_slurm import PARTITIONS, _deploy, _write_site
+from tests.helpers import PARTITIONS, deploy_slurm, write_site
+from tests.lab_fixture import TRAYS_ENV, LabHandle
 
 FORMATS = ("table", "json", "junit", "prometheus")
 
@@ -47,16 +45,16 @@ class Audited:
 
 
 @pytest.fixture(scope="module")
-def audited(tmp_path_factory) -> Audited:
+def audited(own_lab, tmp_path_factory) -> Audited:
     if int(os.environ.get(TRAYS_ENV) or 4) < 4:
         pytest.skip("needs 4 trays")
     with own_lab(tmp_path_factory.mktemp("mctl-audit-state"), trays=4, label="audit lab") as lab:
         tmp = tmp_path_factory.mktemp("audit")
-        site = _write_site(lab, tmp / "site", PARTITIONS)
+        site = write_site(lab, tmp / "site", PARTITIONS)
         for args in (("partition", "apply", lab.rack), ("imex", "apply", lab.rack, "--imex-wait", "30")):
             proc = lab.mctl("-i", str(site), *args, timeout=300)
             assert proc.returncode == 0, f"{args}: {proc.stderr}\n{proc.stdout}"
-        proc, _ = _deploy(lab, site)
+        proc, _ = deploy_slurm(lab, site)
         assert proc.returncode == 0, f"deploy failed ({proc.returncode}): {proc.stderr}\n{proc.stdout[-3000:]}"
         yield Audited(lab, site, tmp)
 

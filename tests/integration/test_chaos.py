@@ -1,8 +1,8 @@
 """A short chaos soak on the shared lab: bench/chaos.py's Soak for two minutes, invariants asserted.
 
 `mctl health watch --interval 5 --remediate` runs against real Slurm (the health site of
-test_health, Slurm deployed once per session) while a seeded schedule injects and clears lab
-faults on the trays (two at once at most), kills slurmctld for four sweeps, puts NMX-M faults on
+tests/integration/conftest.py: Slurm deployed once per session) while a seeded schedule injects and
+clears lab faults on the trays (two at once at most), kills slurmctld for four sweeps, puts NMX-M faults on
 the rack and `kill -9`s the watch (restarted on the same state directory). One tray is drained
 by an operator (`ops: ...`) at the start. The Soak cleans up after itself (faults cleared, watch
 stopped, its drains and the operator's resumed), since the lab is shared by the session.
@@ -26,7 +26,6 @@ from __future__ import annotations
 import pytest
 
 from bench.chaos import Soak, summary
-from tests.integration.test_health import site  # noqa: F401 - the fixture: health site, Slurm deployed
 
 INTERVAL = 5.0
 SWEEP_BOUND = INTERVAL + 5.0 + 6.0
@@ -34,9 +33,9 @@ SECONDS = 120
 SEED = 1      # its drain-worthy fault (fell_off_bus at 10 s) is drained before the slurmctld outage (36-56 s); seed 15 had its only one inside it
 
 
-def test_chaos_soak_keeps_the_invariants(lab, site, tmp_path):  # noqa: F811 - the fixture
+def test_chaos_soak_keeps_the_invariants(lab, health_site, tmp_path, long_run):
     lab.settle_slurm(timeout=180)       # the soak starts from a rack with no mctl drain (earlier tests' lifted)
-    soak = Soak(lab.dir, site / "mctl.yml", tmp_path, seconds=SECONDS, seed=SEED, interval=INTERVAL,
+    soak = Soak(lab.dir, health_site / "mctl.yml", tmp_path, seconds=SECONDS, seed=SEED, interval=INTERVAL,
                 share=0.75, window="1m", max_concurrent=2, env=lab._env)
     report = soak.run()
     text = summary(report)

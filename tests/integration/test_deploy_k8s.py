@@ -231,14 +231,14 @@ def test_workload_namespace_is_created_first(tmp_path, kube):
     assert kube.writes() == []
 
 
-def test_kubeconfig_missing(tmp_path):
+def test_kubeconfig_missing(tmp_path, processes):
     site = _site(tmp_path / "site", tmp_path / "nope" / "kubeconfig")
     res = mctl(tmp_path, "-i", str(site), "deploy", "k8s")
     assert res.returncode == 2
     assert "kubeconfig not found" in res.stderr and "Traceback" not in res.stderr
 
 
-def test_api_unreachable(tmp_path):
+def test_api_unreachable(tmp_path, sockets):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]           # closed again before mctl connects
@@ -253,6 +253,6 @@ def test_api_unreachable(tmp_path):
     assert "cannot reach the Kubernetes API" in res.stderr and "nothing was applied" in res.stderr
 
 
-def test_slurm_inventory_refused(tmp_path):
+def test_slurm_inventory_refused(tmp_path, processes):
     res = mctl(tmp_path, "-i", str(REPO / "inventories" / "example-gb200"), "deploy", "k8s")
     assert res.returncode == 2 and "not k8s" in res.stderr

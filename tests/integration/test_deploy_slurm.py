@@ -1,8 +1,9 @@
 """mctl deploy slurm on the lab: real slurmctld/slurmd/munged, real jobs, blocks from partitions.
 
-One deploy per session (module fixture), then assertions against the running
-cluster. The site is the lab's own inventory with two NVLink partitions added
-(p0 = trays 1-2, p1 = trays 3-4), the way an operator records them.
+One deploy per session (`slurm_lab`, tests/lab_fixture.py: this module asserts on its dry run and
+result), then assertions against the running cluster. The site is the lab's own inventory with two
+NVLink partitions added (p0 = trays 1-2, p1 = trays 3-4), the way an operator records them; the
+topology this module changes is put back by `slurm_lab` for the next module.
 """
 
 from __future__ import annotations
@@ -13,42 +14,14 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
-PARTITIONS = [{"name": "p0", "trays": "lab-r1-tray[01-02]"}, {"name": "p1", "trays": "lab-r1-tray[03-04]"}]
-
-
-def _write_site(lab, folder: Path, partitions: list[dict]) -> Path:
-    doc = yaml.safe_load(lab.inventory.read_text())
-    doc["racks"][lab.rack]["partitions"] = partitions
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    return folder
-
-
-def _deploy(lab, site: Path, *args: str):
-    proc = lab.mctl("-i", str(site), "--json", "deploy", "slurm", *args, timeout=900)
-    try:
-        data = json.loads(proc.stdout)
-    except ValueError:
-        data = None
-    return proc, data
+from tests.helpers import deploy_slurm, srun, write_site
 
 
 @pytest.fixture(scope="module")
-def slurm(lab, tmp_path_factory):
-    if len(lab.trays) < 4:
-        pytest.skip("needs a lab with 4 trays (MCTL_TEST_TRAYS)")
-    site = _write_site(lab, tmp_path_factory.mktemp("slurm-site"), PARTITIONS)
-    proc, dry = _deploy(lab, site, "--dry-run")
-    assert proc.returncode == 0, proc.stderr
-    proc, data = _deploy(lab, site)
-    assert proc.returncode == 0, f"deploy failed ({proc.returncode}): {proc.stderr}\n{proc.stdout[-3000:]}"
-    return {"site": site, "dry": dry, "first": data}
-
-
-def srun(lab, args: str, check: bool = True):
-    return lab.run(lab.head, f"srun --immediate=30 {args}", timeout=90, check=check)
+def slurm(slurm_lab):
+    """The session's deploy (tests/lab_fixture.py: the first on this lab, a --dry-run before it)."""
+    return {"site": slurm_lab.site, "dry": slurm_lab.dry, "first": slurm_lab.first}
 
 
 def test_dry_run_showed_new_files_and_key(slurm):
@@ -113,9 +86,9 @@ def test_drained_tray_is_not_used(lab, slurm):
 
 
 def test_redeploy_changes_nothing(lab, slurm):
-    proc, dry = _deploy(lab, slurm["site"], "--dry-run")
+    proc, dry = deploy_slurm(lab, slurm["site"], "--dry-run")
     assert proc.returncode == 0 and dry["diff"]["changes"] == 0
-    proc, data = _deploy(lab, slurm["site"])
+    proc, data = deploy_slurm(lab, slurm["site"])
     assert proc.returncode == 0, proc.stderr
     assert {h: r["changed"] for h, r in data["run"]["hosts"].items()} == {h: 0 for h in lab.hosts}
     assert data["verification"]["ok"]
@@ -127,7 +100,7 @@ def test_unreachable_tray_refuses_before_changing_anything(lab, slurm):
 
     control.fault(lab.dir, "lab-r1-tray04", FaultRequest(unreachable=True))
     try:
-        proc, _ = _deploy(lab, slurm["site"])
+        proc, _ = deploy_slurm(lab, slurm["site"])
     finally:
         lab.clear_faults("lab-r1-tray04")
     assert proc.returncode == 3
@@ -135,8 +108,8 @@ def test_unreachable_tray_refuses_before_changing_anything(lab, slurm):
 
 
 def test_topology_only_after_partition_change(lab, slurm, tmp_path):
-    site = _write_site(lab, tmp_path / "site", [{"name": "all", "trays": "lab-r1-tray[01-04]"}])
-    proc, data = _deploy(lab, site, "--topology-only")
+    site = write_site(lab, tmp_path / "site", [{"name": "all", "trays": "lab-r1-tray[01-04]"}])
+    proc, data = deploy_slurm(lab, site, "--topology-only")
     assert proc.returncode == 0, proc.stderr
     assert data["verification"]["blocks_found"] == {"lab-r1-all": "lab-r1-tray[01-04]"}
     changed = {h: r["changed"] for h, r in data["run"]["hosts"].items()}
@@ -171,7 +144,7 @@ def test_gres_follows_the_rack_inventory_a_missing_gpu_is_configured_as_it_is(la
     try:
         inv = lab.mctl("rack", "inventory", lab.rack, timeout=180)
         assert inv.returncode == 1, inv.stdout + inv.stderr          # the missing GPU is a critical finding
-        proc, data = _deploy(lab, slurm["site"], "--dry-run")
+        proc, data = deploy_slurm(lab, slurm["site"], "--dry-run")
         assert proc.returncode == 0, proc.stderr
         plan = data["plan"]
         assert any(f"{short} reported 3 GPUs" in w and "Gres=gpu:3" in w for w in plan["warnings"]), plan["warnings"]
@@ -183,7 +156,7 @@ def test_gres_follows_the_rack_inventory_a_missing_gpu_is_configured_as_it_is(la
         lab.clear_faults(short)
         again = lab.mctl("rack", "inventory", lab.rack, timeout=180)     # the GPU is back: the facts say 4 again
     assert again.returncode == 0, again.stdout + again.stderr
-    proc, data = _deploy(lab, slurm["site"], "--dry-run")
+    proc, data = deploy_slurm(lab, slurm["site"], "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert data["plan"]["gpus"]["from_model"] is None and data["plan"]["gpus"]["per_tray"][short]["count"] == 4
     assert not [w for w in data["plan"]["warnings"] if "GPU" in w], data["plan"]["warnings"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -21,139 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-HEALTH = {"interval": 1, "resume_after_healthy_sweeps": 2, "unreachable_sweeps_before_drain": 2,
-          "xid_window": "15s", "imex": "ignore", "breaker": {"max_drained_share": 0.25, "window": "1h"}}
-
-
-def sinfo(lab) -> dict[str, tuple[str, str]]:
-    """node -> (state, reason) as Slurm reports it now. Slurm keeps the last reason on a node it
-    resumed (`scontrol show node` still prints it); like `sinfo -R`, only a drained, down or failed
-    node's reason is shown here."""
-    out = lab.run(lab.head, "sinfo -h -N -o '%N|%T|%E'").stdout
-    rows = [line.split("|", 2) for line in out.splitlines() if line.strip()]
-    return {n: (s, "" if r == "none" or not any(w in s for w in ("drain", "down", "fail")) else r)
-            for n, s, r in rows}
-
-
-def wait_for(what, check, timeout: float, every: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(every)
-
-
-def settled(lab, tray: str) -> None:
-    """The tray is idle with no reason. Right after a RESUME, slurmctld marks the node not responding
-    (`idle*`) until its ping comes back; on a loaded machine that takes a moment."""
-    wait_for(f"{tray} idle and responding", lambda: sinfo(lab)[tray] == ("idle", ""), 30, every=0.3)
-
-
-def fault(lab, tray: str, **request) -> None:
-    """`mctl lab fault` in-process: the fault lands at a known moment, without a CLI start-up in between."""
-    from mctl.lab import control
-    from mctl.lab.faults import FaultRequest
-
-    control.fault(lab.dir, tray, FaultRequest(**request))
-
-
-def srun(lab, args: str, check: bool = True):
-    return lab.run(lab.head, f"srun --immediate=30 {args}", timeout=90, check=check)
-
-
-@pytest.fixture(scope="module")
-def site(lab, tmp_path_factory) -> Path:
-    if len(lab.trays) < 4:
-        pytest.skip("needs a lab with 4 trays (MCTL_TEST_TRAYS)")
-    folder = tmp_path_factory.mktemp("health-site")
-    doc = yaml.safe_load(lab.inventory.read_text())
-    doc["health"] = HEALTH
-    (folder / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    nodes = {}
-    try:
-        nodes = sinfo(lab)
-    except AssertionError:
-        pass
-    if sorted(nodes) != lab.trays or any(s.startswith(("down", "unk")) for s, _ in nodes.values()):
-        proc = lab.mctl("-i", str(folder), "deploy", "slurm", timeout=900)
-        assert proc.returncode == 0, f"deploy slurm failed: {proc.stderr}\n{proc.stdout[-2000:]}"
-        for node, (st, reason) in sinfo(lab).items():     # drains the node check made before it was turned off
-            if "drain" in st and reason.startswith("mctl:"):
-                lab.run(lab.head, f"scontrol update NodeName={node} State=RESUME", check=False)
-        wait_for("every tray idle in Slurm", lambda: set(s for s, _ in sinfo(lab).values()) <= {"idle"}, 120)
-    return folder
-
-
-@pytest.fixture
-def health(lab, site, tmp_path):
-    """Run mctl against the health site with this test's own state directory; clean up the lab after."""
-    state = tmp_path / "state"
-
-    def mctl(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-        return lab.mctl("-i", str(site), "--state-dir", str(state), *args, timeout=timeout)
-
-    mctl.state = state
-    sizes = lab.kern_log_sizes()
-    try:
-        yield mctl
-    finally:
-        lab.clear_faults()
-        lab.restore_kern_logs(sizes)     # XID lines a test wrote must not count in the next test's sweeps
-        for node, (st, reason) in sinfo(lab).items():
-            if ("drain" in st and reason.startswith(("mctl:", "ops:"))) or st.startswith("down"):
-                # a tray frozen during the test is DOWN (not responding) in Slurm: the next test starts clean
-                lab.run(lab.head, f"scontrol update NodeName={node} State=RESUME", check=False)
-        wait_for("every tray idle or allocated again after the test",
-                 lambda: all(st.rstrip("*") in ("idle", "allocated", "mixed", "completing") and not st.endswith("*")
-                             for st, _ in sinfo(lab).values()), 60, every=0.5)
-
-
-def actions(state: Path) -> list[dict]:
-    """The action log without the intent lines (each drain and resume is preceded by one)."""
-    path = state / "health" / "actions.jsonl"
-    log = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    intents = {e["intent_id"] for e in log if e["action"] == "intent"}
-    assert intents <= {e.get("intent_id") for e in log if e["action"] != "intent"}, "an intent without its result"
-    return [e for e in log if e["action"] != "intent"]
-
-
-class Watch:
-    """`mctl health watch` in the background with plain log lines (stdout is a pipe)."""
-
-    def __init__(self, lab, site: Path, state: Path, *args: str):
-        env = dict(lab._env)
-        self.proc = subprocess.Popen([sys.executable, "-m", "mctl", "-i", str(site), "--state-dir", str(state),
-                                      "health", "watch", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=env, bufsize=1)
-        self.lines: list[str] = []
-        os.set_blocking(self.proc.stdout.fileno(), False)
-
-    def read(self) -> list[str]:
-        while True:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.lines.append(line.rstrip("\n"))
-        return self.lines
-
-    def sweeps(self) -> int:
-        return sum(" SWEEP " in l for l in self.read())
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        os.set_blocking(self.proc.stdout.fileno(), True)
-        self.lines += [l.rstrip("\n") for l in self.proc.stdout.read().splitlines()]
-        return self.proc.returncode
-
+from tests.helpers import Watch, actions, fault, settled, sinfo, srun, wait_for
 
 # --- tests ----------------------------------------------------------------------------------------
 
@@ -184,9 +51,9 @@ def test_dry_run_changes_nothing(lab, health):
     assert not health.state.exists() or not any(health.state.rglob("*.json*"))
 
 
-def test_xid_79_drains_within_two_sweeps_jobs_avoid_it_and_it_resumes(lab, health, site):
+def test_xid_79_drains_within_two_sweeps_jobs_avoid_it_and_it_resumes(lab, health, health_site):
     tray = lab.trays[1]
-    watch = Watch(lab, site, health.state, "--interval", "1")
+    watch = Watch(lab, health_site, health.state, "--interval", "1")
     try:
         wait_for("the first sweep", lambda: watch.sweeps() >= 1, 60)
         fault(lab, tray, xid=79, gpu=0)
@@ -306,12 +173,12 @@ def test_breaker_trips_at_its_threshold_and_stays_until_reset(lab, health):
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-def test_watch_in_tmux_shows_the_drained_tray(lab, health, site):
+def test_watch_in_tmux_shows_the_drained_tray(lab, health, health_site):
     tray = lab.trays[2]
     session = f"mctl-health-{os.getpid()}"
     env = {k: v for k, v in lab._env.items() if k not in ("NO_COLOR", "COLUMNS", "LINES")}
     env["TERM"] = "xterm-256color"
-    cmd = (f"{sys.executable} -m mctl -i {site} --state-dir {health.state} health watch --interval 1; "
+    cmd = (f"{sys.executable} -m mctl -i {health_site} --state-dir {health.state} health watch --interval 1; "
            "echo watch-exit=$?; sleep 60")
 
     def tmux(*args: str) -> str:
@@ -340,7 +207,7 @@ def test_watch_in_tmux_shows_the_drained_tray(lab, health, site):
     assert sinfo(lab)[tray] == ("drained", "mctl: nvlink gpu3 link17 down")
 
 
-def test_node_check_installed_on_the_trays_drains_its_own_node(lab, health, site):
+def test_node_check_installed_on_the_trays_drains_its_own_node(lab, health, health_site):
     tray = lab.trays[0]
     proc = health("node", "install-check", lab.trays[0], timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
@@ -369,7 +236,7 @@ def test_node_check_installed_on_the_trays_drains_its_own_node(lab, health, site
     assert log[0]["who"].startswith(f"mctl node check on {tray}")
 
 
-def test_node_checks_started_together_never_drain_past_the_safety_budget(lab, health, site, tmp_path):
+def test_node_checks_started_together_never_drain_past_the_safety_budget(lab, health, health_site, tmp_path):
     """Issue 27.1: a common-mode fault on every tray, every tray's node check started at the same instant
     (as slurmd runs them), 10 rounds with a resume between: Slurm never shows more trays drained by mctl than
     the site's budget (the default: 1 of 4; MCTL_TEST_TRAYS=18: 4), the first refusal trips it, and the
@@ -383,7 +250,7 @@ def test_node_checks_started_together_never_drain_past_the_safety_budget(lab, he
     # The default budget (a quarter of a rack: 4 trays 1, MCTL_TEST_TRAYS=18 4), narrower than the shared lab's
     # (lab_fixture.LAB_BUDGET) and than what the node check's own rule lets through when all start together (2
     # of 4): what holds the drains here is the budget alone.
-    doc = yaml.safe_load((site / "mctl.yml").read_text())
+    doc = yaml.safe_load((health_site / "mctl.yml").read_text())
     doc["safety"] = {"budget": {}}
     narrow = tmp_path / "site"
     narrow.mkdir()

@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.test_health import (Watch, actions, fault, health, settled, sinfo, site,  # noqa: F401
-                                           wait_for)
+from tests.helpers import Watch, actions, fault, settled, sinfo, wait_for
 
 INTERVAL = 5.0
 # A sweep is its tray deadline (the interval here) plus, when it acts, the scheduler's actions
@@ -30,9 +29,9 @@ _SWEEP = re.compile(r" SWEEP   #(\d+): .* (\d+\.\d+)s$")
 
 
 @pytest.fixture(scope="module")
-def roomy_site(site, tmp_path_factory) -> Path:
+def roomy_site(health_site, tmp_path_factory) -> Path:
     """The health site with a breaker that lets two of the four trays be drained."""
-    doc = yaml.safe_load((site / "mctl.yml").read_text())
+    doc = yaml.safe_load((health_site / "mctl.yml").read_text())
     doc["health"]["breaker"]["max_drained_share"] = 0.5
     folder = tmp_path_factory.mktemp("deadline-site")
     (folder / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -16,9 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import yaml
-
-from tests.integration.test_health import HEALTH, fault, health, sinfo, wait_for  # noqa: F401  (health: a fixture)
+from tests.helpers import HEALTH, fault, write_health_site
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real"
 _DMESG_PREFIX = re.compile(r"^\s*(?:\[\s*\d+\.\d+\]\s*)?")
@@ -46,32 +44,16 @@ def _as_rsyslog(tray: str, messages: list[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def site(lab, tmp_path_factory) -> Path:
-    """test_health's site with a 10 min XID window: a loaded machine may take a while between
-    writing a line and the probe reading it, and each test restores the log it wrote to."""
-    if len(lab.trays) < 4:
-        pytest.skip("needs a lab with 4 trays (MCTL_TEST_TRAYS)")
-    folder = tmp_path_factory.mktemp("health-real-site")
-    doc = yaml.safe_load(lab.inventory.read_text())
-    doc["health"] = {**HEALTH, "xid_window": "10m"}
-    (folder / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    nodes = {}
-    try:
-        nodes = sinfo(lab)
-    except AssertionError:
-        pass
-    if sorted(nodes) != lab.trays or any(s.startswith(("down", "unk")) for s, _ in nodes.values()):
-        proc = lab.mctl("-i", str(folder), "deploy", "slurm", timeout=900)
-        assert proc.returncode == 0, f"deploy slurm failed: {proc.stderr}\n{proc.stdout[-2000:]}"
-        for node, (st, reason) in sinfo(lab).items():     # drains the node check made before it was turned off
-            if "drain" in st and reason.startswith("mctl:"):
-                lab.run(lab.head, f"scontrol update NodeName={node} State=RESUME", check=False)
-        wait_for("every tray idle in Slurm", lambda: set(s for s, _ in sinfo(lab).values()) <= {"idle"}, 120)
-    return folder
+def health_site(slurm_lab, tmp_path_factory) -> Path:
+    """The health site (tests/integration/conftest.py; the `health` runner uses this one here) with a 10 min
+    XID window: a loaded machine may take a while between writing a line and the probe reading it, and each
+    test restores the log it wrote to."""
+    return write_health_site(slurm_lab.lab, tmp_path_factory.mktemp("health-real-site"),
+                             {**HEALTH, "xid_window": "10m"})
 
 
 @pytest.fixture(autouse=True)
-def _clean_kernel_logs(lab, site):
+def _clean_kernel_logs(lab, health_site):
     """Each test starts from empty kernel logs: XIDs other tests left on the shared lab must not count here."""
     for tray in lab.trays:
         lab.run(tray, ": > /var/log/kern.log")

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import multiprocessing
 
 from mctl.health import store
-from mctl.state import rack_lock
+from mctl.state import rack_lock_path
 
 
 def test_damaged_health_state_stops_remediation_before_any_tray_is_asked(lab):
@@ -32,25 +31,11 @@ def test_damaged_health_state_stops_remediation_before_any_tray_is_asked(lab):
             path.write_bytes(saved)
 
 
-def test_imex_apply_is_refused_while_a_bring_up_holds_the_rack(lab):
-    ctx = multiprocessing.get_context("fork")
-    ready, release = ctx.Event(), ctx.Event()
-
-    def hold():
-        with rack_lock(lab.state_dir, lab.rack, purpose="mctl rack bring-up"):
-            ready.set()
-            release.wait(60)
-
-    proc = ctx.Process(target=hold)
-    proc.start()
-    try:
-        assert ready.wait(30)
+def test_imex_apply_is_refused_while_a_bring_up_holds_the_rack(lab, held_lock):
+    with held_lock(rack_lock_path(lab.state_dir, lab.rack), "mctl rack bring-up") as pid:
         result = lab.mctl("imex", "apply", lab.rack, "--restart")
         assert result.returncode == 2 and result.stdout == ""
-        assert f"rack {lab.rack} is locked by pid {proc.pid}" in result.stderr and "rack bring-up" in result.stderr
+        assert f"rack {lab.rack} is locked by pid {pid}" in result.stderr and "rack bring-up" in result.stderr
         dry = lab.mctl("imex", "apply", lab.rack, "--dry-run")
         assert dry.returncode in (0, 1, 3), dry.stderr          # a dry run goes on, naming the holder
-        assert f"rack {lab.rack} is locked by pid {proc.pid}" in dry.stderr
-    finally:
-        release.set()
-        proc.join(30)
+        assert f"rack {lab.rack} is locked by pid {pid}" in dry.stderr

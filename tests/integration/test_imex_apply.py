@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab_fixture import TRAYS_ENV, LabHandle, own_lab
-from tests.integration.test_deploy_slurm import PARTITIONS, _write_site
+from tests.helpers import PARTITIONS, write_site
+from tests.lab_fixture import TRAYS_ENV, LabHandle
 
 NODES = "/etc/nvidia-imex/nodes_config.cfg"
 CONFIG = "/etc/nvidia-imex/config.cfg"
@@ -41,12 +41,12 @@ class Rack:
 
 
 @pytest.fixture(scope="module")
-def rack(tmp_path_factory) -> Rack:
+def rack(own_lab, tmp_path_factory) -> Rack:
     if int(os.environ.get(TRAYS_ENV) or 4) < 4:
         pytest.skip("needs 4 trays")
     with own_lab(tmp_path_factory.mktemp("mctl-imex-state"), trays=4, label="imex lab") as lab:
         tmp = tmp_path_factory.mktemp("imex-sites")
-        yield Rack(lab, lab.inventory.parent, _write_site(lab, tmp / "split", PARTITIONS))
+        yield Rack(lab, lab.inventory.parent, write_site(lab, tmp / "split", PARTITIONS))
 
 
 def _up(rack: Rack, site: Path) -> None:

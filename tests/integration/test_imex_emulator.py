@@ -104,7 +104,7 @@ def _domain(tmp: Path, n: int, **kw) -> Domain:
 
 
 @pytest.fixture()
-def make_domain(tmp_path):
+def make_domain(tmp_path, processes, sockets):
     made: list[Domain] = []
 
     def make(n: int, **kw) -> Domain:
@@ -301,7 +301,6 @@ def test_mctl_status_logic_reads_the_emulated_domain(make_domain):
 
 # ------------------------------------------------------------------ the lab
 
-@pytest.mark.lab
 def test_imex_apply_and_status_on_the_lab(lab, tmp_path):
     """mctl imex apply/status over real SSH to lab trays; the daemon runs as the nvidia-imex unit under the image's
     systemctl (emulator, ctl and unit are installed here when the lab does not install them itself)."""

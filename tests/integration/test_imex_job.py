@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import json
 import re
+from functools import partial
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.integration.test_partition_jobs import _wait
+from tests.helpers import wait_for
 
 CHANNELS = "/dev/nvidia-caps-imex-channels"
 IMEX_CONFIG = "/etc/nvidia-imex/config.cfg"
 NODES_CONFIG = "/etc/nvidia-imex/nodes_config.cfg"
+
+_wait = partial(wait_for, timeout=120.0, every=1.0)
 
 
 def _deploy(lab, site: Path):
@@ -32,9 +35,8 @@ def _deploy(lab, site: Path):
 
 
 @pytest.fixture(scope="module")
-def site(lab, tmp_path_factory):
-    if len(lab.trays) < 4:
-        pytest.skip("needs a lab with 4 trays (MCTL_TEST_TRAYS)")
+def site(slurm_lab, tmp_path_factory):
+    lab = slurm_lab.lab
     folder = tmp_path_factory.mktemp("imex-job-site")
     doc = yaml.safe_load(lab.inventory.read_text())
     doc["scheduler"].setdefault("slurm", {})["imex_scope"] = "job"
@@ -49,8 +51,8 @@ def site(lab, tmp_path_factory):
         yield {"dir": folder, "deploy": data}
     finally:
         lab.run(lab.head, "scancel --user=root; true", check=False)
-        # Leave the trays as the lab made them: the lab's own inventory (partition scope), no IMEX files.
-        lab.mctl("--json", "deploy", "slurm", timeout=900)
+        # Leave the trays as slurm_lab deployed them (partition scope), no IMEX files.
+        slurm_lab.restore(why="test_imex_job's job scope put back")
         for tray in lab.trays:
             lab.run(tray, f"systemctl stop nvidia-imex >/dev/null 2>&1; rm -f {IMEX_CONFIG} {NODES_CONFIG} "
                           "/etc/slurm/prolog.d/90-mctl-imex.sh /etc/slurm/epilog.d/90-mctl-imex.sh; true",
@@ -91,7 +93,7 @@ def test_exclusive_job_gets_a_domain_of_exactly_its_trays(lab, site):
     job = lab.run(lab.head, f"sbatch --parsable --exclusive -N2 -w {','.join(pair)} -o {out} "
                             "/tmp/mctl-imex-job.sh").stdout.strip().split(";")[0]
     try:
-        _wait(f"job {job} to end", lambda: _squeue_state(lab, job) == "", deadline=180)
+        _wait(f"job {job} to end", lambda: _squeue_state(lab, job) == "", timeout=180)
     except AssertionError as exc:
         why = lab.run(lab.head, f"squeue -h -j {job} -o '%T %r'; sinfo -N -o '%N %T %E'", check=False).stdout
         raise AssertionError(f"{exc}\n{why}") from None
@@ -104,7 +106,7 @@ def test_exclusive_job_gets_a_domain_of_exactly_its_trays(lab, site):
     assert [addr for addr, _ in nodes] == want and {status for _, status in nodes} == {"READY"}, matrix
     # After the job: the epilog stopped both daemons and emptied the node list.
     for tray in pair:
-        _wait(f"the IMEX domain gone on {tray}", lambda t=tray: _daemon_gone(lab, t), deadline=60)
+        _wait(f"the IMEX domain gone on {tray}", lambda t=tray: _daemon_gone(lab, t), timeout=60)
     # The trays outside the job never got a domain.
     for tray in others:
         assert _daemon_gone(lab, tray), lab.run(tray, f"systemctl is-active nvidia-imex; cat {NODES_CONFIG}",
@@ -179,7 +181,7 @@ def test_two_jobs_see_their_own_channel(lab, site):
             jobs.append(lab.run(lab.head, f"sbatch --parsable -N1 -n1 -w {tray} -o /dev/null "
                                           f"/tmp/mctl-channel-job.sh {path}").stdout.strip().split(";")[0])
             seen[tray] = path
-        got = {t: _wait(f"the job's channel list on {t}", lambda t=t, p=p: _channel_of(lab, t, p), deadline=120)
+        got = {t: _wait(f"the job's channel list on {t}", lambda t=t, p=p: _channel_of(lab, t, p), timeout=120)
                for t, p in seen.items()}
         # both running at once: neither channel was freed for the other
         assert all(_squeue_state(lab, j) == "RUNNING" for j in jobs)

@@ -17,11 +17,10 @@ from mctl.facts.kernel_log import parse_xid_events
 from mctl.facts.nvidia_smi import parse_nvlink_status, parse_xml
 from mctl.inventory import load_site
 from mctl.lab import control, procs
-from mctl.lab.faults import FaultRequest
 from mctl.lab.services import RackService
+from tests.helpers import fault
+from tests.lab_fixture import _free_net
 from tests.unit.cli_helpers import run_cli
-
-pytestmark = pytest.mark.lab
 
 
 def test_every_host_answers_ssh_with_its_own_hostname(lab):
@@ -183,11 +182,6 @@ def test_bad_input(lab, capsys):
     assert head_gpu.code == 2 and "has no GPUs" in head_gpu.err
 
 
-def _fault(lab, tray, **kw):
-    """Inject through the library (the CLI path is covered once below; each CLI start costs ~1 s)."""
-    return control.fault(lab.dir, tray, FaultRequest(**kw))
-
-
 def test_gpu_faults_show_where_real_ones_would(lab):
     tray = lab.trays[-1]
     try:
@@ -201,26 +195,26 @@ def test_gpu_faults_show_where_real_ones_would(lab):
         # 79 = fallen off the bus: the driver still counts it but cannot read it.
         report = parse_xml(lab.run(tray, "nvidia-smi -q -x", check=False).stdout)
         assert report.attached_gpus == 4 and len(report.gpus) == 3
-        _fault(lab, tray, clear=True)
+        fault(lab, tray, clear=True)
 
-        _fault(lab, tray, gpu_missing=1)
+        fault(lab, tray, gpu_missing=1)
         assert parse_xml(lab.run(tray, "nvidia-smi -q -x").stdout).attached_gpus == 3
-        _fault(lab, tray, clear=True)
+        fault(lab, tray, clear=True)
 
-        _fault(lab, tray, fabric="in-progress")
+        fault(lab, tray, fabric="in-progress")
         assert {g.fabric.state for g in parse_xml(lab.run(tray, "nvidia-smi -q -x").stdout).gpus} == {"In Progress"}
-        _fault(lab, tray, fabric="unhealthy")
+        fault(lab, tray, fabric="unhealthy")
         gpus = parse_xml(lab.run(tray, "nvidia-smi -q -x").stdout).gpus
         assert not any(g.fabric_attached for g in gpus) and all(g.fabric.health.route_unhealthy for g in gpus)
-        _fault(lab, tray, fabric="degraded")
+        fault(lab, tray, fabric="degraded")
         assert all(g.fabric.health.degraded_bandwidth for g in parse_xml(lab.run(tray, "nvidia-smi -q -x").stdout).gpus)
-        _fault(lab, tray, clear=True)
+        fault(lab, tray, clear=True)
 
-        _fault(lab, tray, nvlink_down="0:3")
+        fault(lab, tray, nvlink_down="0:3")
         links = parse_nvlink_status(lab.run(tray, "nvidia-smi nvlink --status").stdout)
         gpu0 = links[0]
         assert gpu0.inactive_links == (3,)
-        _fault(lab, tray, ecc_uncorrectable=5, gpu=1)
+        fault(lab, tray, ecc_uncorrectable=5, gpu=1)
         gpu1 = parse_xml(lab.run(tray, "nvidia-smi -q -x").stdout).gpu(1)
         assert gpu1.ecc.volatile_dram_uncorrectable == 5 and gpu1.ecc.aggregate_dram_uncorrectable == 5
         # Faults persist (and combine) until cleared, and lab status reports them.
@@ -234,25 +228,26 @@ def test_gpu_faults_show_where_real_ones_would(lab):
 def test_unreachable_and_hang_look_like_real_failures(lab):
     tray = lab.trays[0]
     try:
-        _fault(lab, tray, unreachable=True)
+        fault(lab, tray, unreachable=True)
         started = time.monotonic()
         res = lab.run(tray, "hostname", check=False, connect_timeout=2, timeout=30)
         assert res.returncode == 255 and "timed out" in res.stderr
         assert time.monotonic() - started >= 1.5
         assert next(r for r in control.status(lab.dir)["hosts"] if r["name"] == tray)["ssh"] == "not answering"
-        _fault(lab, tray, clear=True)
+        fault(lab, tray, clear=True)
         assert lab.run(tray, "hostname").stdout.strip() == tray
 
-        _fault(lab, tray, hang=True)
+        fault(lab, tray, hang=True)
         with pytest.raises(subprocess.TimeoutExpired):
             lab.run(tray, "hostname", timeout=3)
-        _fault(lab, tray, clear=True)
+        fault(lab, tray, clear=True)
         assert lab.run(tray, "hostname").stdout.strip() == tray
         assert lab.run(tray, "pgrep -f /usr/lib/mctl-lab/hang", check=False).returncode == 1
     finally:
         lab.clear_faults(tray)
 
 
+@pytest.mark.usefixtures("own_lab")
 def test_rack_service_and_teardown_leave_nothing(tmp_path):
     """A lab of its own (one tray, one rack service) so the shared one stays up.
 
@@ -260,8 +255,6 @@ def test_rack_service_and_teardown_leave_nothing(tmp_path):
     added to the inventory and stopped through the registry's hooks; `down` kills
     everything, even a daemon that detached from its SSH session.
     """
-    from tests.integration.conftest import _free_net
-
     web = RackService(
         "web", port=18080,
         prepare=lambda ctx: (ctx.log_dir / "rack.txt").write_text(ctx.rack),

@@ -2,8 +2,7 @@
 Basic auth, a tray powered off and on through its BMC (the host goes away: SSH refused, no process
 left; it comes back with a new boot id), and `mctl power` / `mctl rack power` on them.
 
-The file is named to sort after test_deploy_slurm.py: that file expects to be the first to deploy
-Slurm in a session, and the job test here deploys it (test_lab_faults' module fixture)."""
+The job test here needs Slurm: `slurm_lab` (tests/lab_fixture.py), deployed once per session."""
 
 from __future__ import annotations
 
@@ -11,56 +10,15 @@ import json
 import stat
 import subprocess
 import time
+from functools import partial
 
 import pytest
 
 from mctl.lab import bmcs, control
+from tests import helpers
+from tests.helpers import bmc_address, power_restored, power_state, redfish, ssh_ok
 
-
-def wait_for(what, predicate, timeout=120.0, every=0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(every)
-
-
-def bmc_address(lab, tray):
-    record = control.load_record(lab.dir)
-    layout = control.layout_of(record)
-    sw = layout.switch(tray)
-    return layout.switch_bmc_address(sw) if sw else layout.bmc_address(layout.host(tray))
-
-
-def redfish(lab, tray, path, *, method="GET", body=None, password=None):
-    """One Redfish request with curl (an independent client): (HTTP status, JSON or None)."""
-    d = bmcs.lab_bmc_dir(lab.dir)
-    user, _, pw = (d / "credentials").read_text().strip().partition(":")
-    argv = ["curl", "-sS", "--max-time", "20", "--cacert", str(d / "ca.pem"), "-u", f"{user}:{password or pw}",
-            "-o", "-", "-w", "\n%{http_code}", "-X", method, f"https://{bmc_address(lab, tray)}{path}"]
-    if body is not None:
-        argv += ["-H", "Content-Type: application/json", "-d", json.dumps(body)]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
-    assert out.returncode == 0, out.stderr
-    text, _, code = out.stdout.rpartition("\n")
-    try:
-        doc = json.loads(text) if text.strip() else None
-    except ValueError:
-        doc = None
-    return int(code), doc
-
-
-def power_state(lab, tray):
-    code, doc = redfish(lab, tray, "/redfish/v1/Systems/System_0")
-    assert code == 200, (code, doc)
-    return doc["PowerState"]
-
-
-def ssh_ok(lab, tray):
-    return lab.run(tray, "true", check=False, timeout=20, connect_timeout=3).returncode == 0
+wait_for = partial(helpers.wait_for, timeout=120.0)       # every wait here: two minutes
 
 
 def test_lab_inventory_names_each_bmc_and_a_private_credentials_file(lab):
@@ -198,24 +156,6 @@ def _power_json(proc):
         raise AssertionError(f"exit {proc.returncode}, not JSON: {proc.stdout[-1500:]!r} {proc.stderr[-1500:]!r}")
 
 
-def _restore(lab):
-    """Every tray on and, if Slurm runs on the lab, back in service (a real slurmctld marks the reboot DOWN)."""
-    from tests.integration.test_lab_faults import _resume_if_slurm_says_rebooted
-
-    files = control.LabFiles(lab.dir)
-    layout = control.layout_of(control.load_record(lab.dir))
-    for tray in lab.trays:
-        if not control.host_running(files, layout.host(tray)):
-            redfish(lab, tray, "/redfish/v1/Systems/System_0/Actions/ComputerSystem.Reset", method="POST",
-                    body={"ResetType": "On"})
-    for tray in lab.trays:
-        wait_for(f"SSH on {tray}", lambda: ssh_ok(lab, tray))
-        _resume_if_slurm_says_rebooted(lab, tray)
-
-
-from tests.integration.test_lab_faults import slurm_site  # noqa: E402,F401 - the module's Slurm deploy
-
-
 def test_power_off_refuses_a_tray_with_a_running_slurm_job_unless_force(lab, slurm_site):
     tray = lab.trays[1]
     out = lab.run(lab.head, f"sbatch --parsable --no-requeue -N1 -w {tray} -o /dev/null --job-name=mctl-power-test "
@@ -245,7 +185,7 @@ def test_power_off_refuses_a_tray_with_a_running_slurm_job_unless_force(lab, slu
         assert forced.returncode == 0 and t["ok"] and t["sent"][0] == "GracefulShutdown" and t["after"] == "Off"
         assert not ssh_ok(lab, tray)
     finally:
-        _restore(lab)
+        power_restored(lab)
         _job_gone(lab, job, tray)
 
 
@@ -360,7 +300,7 @@ def test_rack_power_off_then_on_in_order_each_stage_checked_through_redfish_and_
         assert max(switch_on.values()) < min(compute_on.values())
         print(f"\nrack power off {off_s:.1f}s, on {on_s:.1f}s ({len(lab.trays)} trays, {len(switch_trays)} switch trays)")
     finally:
-        _restore(lab)           # the switch trays go with the fixture, whatever their state
+        power_restored(lab)           # the switch trays go with the fixture, whatever their state
 
 
 def test_lab_fault_bmc_on_a_switch_tray_and_a_hung_compute_tray_bmc(lab, switch_trays):

@@ -4,8 +4,8 @@ Each test keeps an SSH connection open (an OpenSSH ControlMaster, and for --hang
 also mctl's own asyncssh pool, as the health watch keeps one), injects the fault,
 checks what the open connection and a new one see, clears it in `finally`, and
 waits (with a deadline) until the kept connection works again. The daemon faults
-need Slurm: they deploy it exactly as test_deploy_slurm does (same site, so the
-deploy changes nothing when that module ran first).
+need Slurm: `slurm_lab` (tests/lab_fixture.py), deployed once per session, and its site for
+`imex apply`.
 """
 
 from __future__ import annotations
@@ -17,31 +17,19 @@ import subprocess
 import threading
 import time
 from contextlib import contextmanager
+from functools import partial
 
 import pytest
 
 from mctl.facts.kernel_log import parse_xid_events
 from mctl.lab import control
-from mctl.lab.faults import FaultRequest
+from tests import helpers
+from tests.helpers import fault, resume_if_rebooted, responding
+from tests.unit.cli_helpers import run_cli
 
 WAIT_S = 60.0          # deadline for every state a test waits for (a loaded machine is slow, not broken)
 SHORT_S = 3.0          # a command that should finish at once is given this long to show that it does not
-
-
-def wait_for(what: str, probe, deadline_s: float = WAIT_S, every: float = 0.2):
-    """probe() until it returns something true; fail naming *what* after the deadline."""
-    deadline = time.monotonic() + deadline_s
-    last = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"gave up waiting for {what} after {deadline_s:.0f}s (last: {last!r})")
-
-
-def _fault(lab, host, **kw):
-    return control.fault(lab.dir, host, FaultRequest(**kw))
+wait_for = partial(helpers.wait_for, timeout=WAIT_S, every=0.2)       # every wait here: WAIT_S, polled often
 
 
 def _row(lab, host):
@@ -136,7 +124,8 @@ def test_freeze_silences_open_and_new_connections(lab, tmp_path):
                 out, _err = running.communicate(timeout=WAIT_S)
             except subprocess.TimeoutExpired:
                 running.kill()
-                out, _err = running.communicate()
+                k.close()          # the master holds the session's pipes too: ended, they close (no wait unbounded)
+                out, _err = running.communicate(timeout=WAIT_S)
         # Continued, it goes on where it stopped, on the same connection.
         assert out.strip() == "late" and running.returncode == 0
         wait_for("the kept connection to answer after --clear", k.answers)
@@ -159,7 +148,7 @@ def test_freeze_silences_a_kept_asyncssh_connection(lab):
             first = await pool.run_one(target, "hostname", timeout=30)
             assert first.status.value == "ok" and first.stdout.strip() == tray, first
             try:
-                _fault(lab, tray, unreachable=True)
+                fault(lab, tray, unreachable=True)
                 with pytest.raises(asyncio.TimeoutError):
                     # bounded from outside: this test is about the host, not about the transport's deadlines
                     await asyncio.wait_for(pool.run_one(target, "hostname", timeout=None), SHORT_S)
@@ -188,7 +177,7 @@ def test_hang_reaches_open_connections_and_logins_still_work(lab, tmp_path):
             assert first.status.value == "ok" and first.stdout.strip() == tray, first
             with kept(lab, tray, tmp_path) as k:
                 try:
-                    _fault(lab, tray, hang=True)
+                    fault(lab, tray, hang=True)
                     assert _row(lab, tray)["ssh"] == "commands hang"
                     # mctl's kept asyncssh connection (as the watch keeps one): the command never finishes.
                     hung = await pool_run(pool, SHORT_S)
@@ -222,7 +211,7 @@ def test_slow_delays_every_command_on_an_open_connection(lab, tmp_path):
     tray = lab.trays[0]
     with kept(lab, tray, tmp_path) as k:
         try:
-            _fault(lab, tray, slow=2.0)
+            fault(lab, tray, slow=2.0)
             assert _row(lab, tray)["ssh"] == "commands slow (2s)" and _row(lab, tray)["faults"] == ["slow 2s"]
             started = time.monotonic()
             res = k.run("hostname", timeout=WAIT_S)
@@ -249,8 +238,6 @@ def test_sshd_restart_drops_open_connections_and_comes_back(lab, tmp_path):
 
 
 def test_bad_host_fault_requests(lab, capsys):
-    from tests.unit.cli_helpers import run_cli
-
     head_only = run_cli(capsys, "lab", "fault", "service", lab.trays[0], "--slurmctld-down", "--dir", str(lab.dir))
     assert head_only.code == 2 and "head node" in head_only.err
     tray_only = run_cli(capsys, "lab", "fault", "service", lab.head, "--slurmd-down", "--dir", str(lab.dir))
@@ -263,18 +250,6 @@ def test_bad_host_fault_requests(lab, capsys):
 
 # --- daemons: need Slurm (and IMEX for --imex-crash) ------------------------------------------------
 
-@pytest.fixture(scope="module")
-def slurm_site(lab, tmp_path_factory):
-    from tests.integration.test_deploy_slurm import PARTITIONS, _deploy, _write_site
-
-    if len(lab.trays) < 4:
-        pytest.skip("needs a lab with 4 trays (MCTL_TEST_TRAYS), as test_deploy_slurm")
-    site = _write_site(lab, tmp_path_factory.mktemp("faults-slurm-site"), PARTITIONS)
-    proc, _data = _deploy(lab, site)
-    assert proc.returncode == 0, f"deploy failed ({proc.returncode}): {proc.stderr}\n{proc.stdout[-3000:]}"
-    return site
-
-
 def _running(lab, host, name) -> bool:
     return lab.run(host, f"pgrep -x {name}", check=False).returncode == 0
 
@@ -283,7 +258,7 @@ def test_slurmd_down_is_kept_down_until_clear(lab, slurm_site):
     tray = lab.trays[0]
     assert _running(lab, tray, "slurmd")
     try:
-        _fault(lab, tray, slurmd_down=True)
+        fault(lab, tray, slurmd_down=True)
         wait_for("slurmd to be gone", lambda: not _running(lab, tray, "slurmd"))
         assert _row(lab, tray)["faults"] == ["slurmd down"]
         # It stays down: starting it fails, as a daemon that crashes at start would.
@@ -292,25 +267,12 @@ def test_slurmd_down_is_kept_down_until_clear(lab, slurm_site):
     finally:
         lab.clear_faults(tray)
     wait_for("slurmd back after --clear", lambda: _running(lab, tray, "slurmd"))
-    wait_for("slurmctld to hear from slurmd again", lambda: _responding(lab, tray))
-
-
-def _state(lab, tray) -> str:
-    import re
-
-    out = lab.run(lab.head, f"scontrol show node {tray} -o", check=False, timeout=30).stdout
-    state = re.search(r"\bState=(\S+)", out)
-    return state[1] if state else ""
-
-
-def _responding(lab, tray) -> bool:
-    state = _state(lab, tray)
-    return bool(state) and "*" not in state and "NOT_RESPONDING" not in state
+    wait_for("slurmctld to hear from slurmd again", lambda: responding(lab, tray))
 
 
 def test_slurmctld_down_on_the_head_node(lab, slurm_site):
     try:
-        _fault(lab, lab.head, slurmctld_down=True)
+        fault(lab, lab.head, slurmctld_down=True)
         wait_for("slurmctld to be gone", lambda: not _running(lab, lab.head, "slurmctld"))
         assert "DOWN" in lab.run(lab.head, "scontrol ping", check=False, timeout=60).stdout
     finally:
@@ -325,7 +287,7 @@ def test_imex_crash_kills_the_daemon_and_clear_starts_it(lab, slurm_site):
     assert applied.returncode == 0, applied.stderr + applied.stdout
     try:
         wait_for("the IMEX daemon", lambda: _running(lab, tray, "nvidia-imex"))
-        _fault(lab, tray, imex_crash=True)
+        fault(lab, tray, imex_crash=True)
         wait_for("the IMEX daemon to be gone", lambda: not _running(lab, tray, "nvidia-imex"))
         assert _row(lab, tray)["faults"] == ["imex crashed"]
         lab.clear_faults(tray)
@@ -338,20 +300,6 @@ def test_imex_crash_kills_the_daemon_and_clear_starts_it(lab, slurm_site):
 
 def _boot_id(lab, host) -> str:
     return lab.run(host, "cat /proc/sys/kernel/random/boot_id").stdout.strip()
-
-
-def _resume_if_slurm_says_rebooted(lab, tray):
-    """A real slurmctld marks an unexpected reboot DOWN (ReturnToService=1); the test leaves the node as it was."""
-    res = lab.run(lab.head, f"scontrol show node {tray} 2>/dev/null", check=False, timeout=30)
-    # The reason text outlives the DOWN state (Slurm keeps it on the idle node): only a node still DOWN
-    # for the reboot is resumed (RESUME of an idle node is refused: "Invalid node state specified").
-    state = next((w.split("=", 1)[1] for w in res.stdout.split() if w.startswith("State=")), "")
-    if res.returncode != 0 or "unexpectedly rebooted" not in res.stdout or "DOWN" not in state:
-        return
-    wait_for("slurmd on the rebooted tray", lambda: lab.run(tray, "pgrep -x slurmd", check=False).returncode == 0)
-    lab.run(lab.head, f"scontrol update NodeName={tray} State=RESUME", timeout=30)
-    # (Slurm keeps the reason text on the idle node; only the state says it is back.)
-    wait_for(f"{tray} back in service in Slurm", lambda: _responding(lab, tray) and "DOWN" not in _state(lab, tray))
 
 
 def _health(lab, tray) -> dict:
@@ -371,7 +319,7 @@ def test_reboot_new_boot_id_kern_log_kept_services_back_health_sees_it(lab, slur
     old_boot = _boot_id(lab, tray)
     old_uptime = float(lab.run(tray, "cat /proc/uptime").stdout.split()[0])
     try:
-        _fault(lab, tray, xid=48, gpu=1)            # a drain XID (double-bit ECC), before the reboot
+        fault(lab, tray, xid=48, gpu=1)            # a drain XID (double-bit ECC), before the reboot
         before = _health(lab, tray)
         assert any(f["severity"] == "critical" and "XID 48" in f["message"] for f in _findings(before, tray, "gpu.xid"))
         with kept(lab, tray, tmp_path) as k:
@@ -379,7 +327,7 @@ def test_reboot_new_boot_id_kern_log_kept_services_back_health_sees_it(lab, slur
 
             def reboot():
                 try:
-                    done["result"] = _fault(lab, tray, reboot=True, down_for=10)
+                    done["result"] = fault(lab, tray, reboot=True, down_for=10)
                 except BaseException as exc:      # noqa: BLE001 - reported by the main thread
                     done["error"] = exc
 
@@ -410,7 +358,7 @@ def test_reboot_new_boot_id_kern_log_kept_services_back_health_sees_it(lab, slur
         assert [f["severity"] for f in xid] == ["ok"] and "earlier boot" in xid[0]["message"], xid
         # Just after the boot a start-up check that fails warns (the boot grace, default 2 min), judged once it
         # ends; which of the two this run sees follows from the uptime the same probe read.
-        _fault(lab, tray, slurmd_down=True)
+        fault(lab, tray, slurmd_down=True)
         young = _health(lab, tray)
         (slurmd,) = [f for f in _findings(young, tray, "slurm.slurmd") if f["severity"] != "ok"]
         (boot,) = _findings(young, tray, "tray.boot")
@@ -422,6 +370,6 @@ def test_reboot_new_boot_id_kern_log_kept_services_back_health_sees_it(lab, slur
             assert slurmd["severity"] == "critical" and "boot_grace" not in slurmd.get("details", {}), slurmd
     finally:
         lab.clear_faults(tray)
-        _resume_if_slurm_says_rebooted(lab, tray)
+        resume_if_rebooted(lab, tray)
         if not imex_before:
             lab.run(tray, "systemctl stop nvidia-imex", check=False, timeout=60)

@@ -11,35 +11,23 @@ import re
 import subprocess
 import time
 import xml.etree.ElementTree as ET
+from functools import partial
 
 import pytest
 
 from mctl.facts.kernel_log import parse_xid_line
-from mctl.lab import control
 from mctl.lab.emulators import nvidia_smi as emu
-from mctl.lab.faults import FaultRequest
+from tests.helpers import fault, wait_for
 
 NVLINK5 = re.compile(r"NVRM: Xid \(PCI:[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\): (\d+), ([A-Z0-9_]+)\s+(Fatal|Nonfatal)"
                      r"\s+XC0 i0 Link \d\d \(0x[0-9a-f]{8}( 0x[0-9a-f]{8}){5}\)$")
-
-
-def _fault(lab, tray, **kw):
-    return control.fault(lab.dir, tray, FaultRequest(**kw))
 
 
 def _kern_lines(lab, tray) -> list[str]:
     return lab.run(tray, "cat /var/log/kern.log").stdout.splitlines()
 
 
-def _wait(what, predicate, deadline_s=30.0, step=0.2):
-    end = time.monotonic() + deadline_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"not within {deadline_s:g} s: {what}")
-        time.sleep(step)
+_wait = partial(wait_for, timeout=30.0, every=0.2)
 
 
 def test_all_links_down_nonfatal_and_fatal_nvlink5_and_154(lab):
@@ -53,9 +41,9 @@ def test_all_links_down_nonfatal_and_fatal_nvlink5_and_154(lab):
         assert out[i + 2].startswith("GPU 2: ")
 
         before = len(_kern_lines(lab, tray))
-        _fault(lab, tray, xid=145, gpu=0, nonfatal=True)
-        _fault(lab, tray, xid=149, gpu=1)
-        _fault(lab, tray, xid=154, gpu=1)
+        fault(lab, tray, xid=145, gpu=0, nonfatal=True)
+        fault(lab, tray, xid=149, gpu=1)
+        fault(lab, tray, xid=154, gpu=1)
         new = _kern_lines(lab, tray)[before:]
         assert len(new) == 3
         m145, m149 = NVLINK5.search(new[0]), NVLINK5.search(new[1])
@@ -100,7 +88,7 @@ def test_driver_branches_change_the_xml_shape(lab):
         assert tree.findtext("driver_version").startswith("535.")
         assert tree.find("gpu/gpu_power_readings/power_draw") is not None
         assert tree.find("gpu/gpu_power_readings/average_power_draw") is None
-        _fault(lab, tray, driver_branch="580")
+        fault(lab, tray, driver_branch="580")
         tree = ET.fromstring(lab.run(tray, "nvidia-smi -q -x").stdout)
         assert tree.findtext("driver_version").startswith("580.")
         assert [tree.find(f"gpu/ecc_errors/{tag}") is not None
@@ -116,7 +104,7 @@ def test_flapping_link_goes_down_and_up_then_stays_up_after_clear(lab):
     tray = lab.trays[-1]
     cmd = "nvidia-smi nvlink --status -i 0 | grep -c '<inactive>'; true"
     try:
-        _fault(lab, tray, nvlink_flap="0:5")
+        fault(lab, tray, nvlink_flap="0:5")
         _wait("link 0:5 seen down", lambda: lab.run(tray, cmd).stdout.strip() == "1")
         _wait("link 0:5 seen up again", lambda: lab.run(tray, cmd).stdout.strip() == "0")
         _wait("link 0:5 seen down again", lambda: lab.run(tray, cmd).stdout.strip() == "1")

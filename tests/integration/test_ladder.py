@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.test_health import Watch, fault, sinfo, site, wait_for  # noqa: F401
+from tests.helpers import Watch, fault, power_restored, sinfo, wait_for
 
 LADDER = {"power_cycle": True, "power_cycle_when": "unfixed", "fail_after_sweeps": 2, "max_failures": 3,
           "failure_window": "1h", "power_cycle_deadline": "45s", "verify_deadline": "45s", "retry_after": "2s"}
@@ -32,8 +32,8 @@ HOOK = ("import json, sys; open(sys.argv[1], 'a').write(json.dumps(sys.argv[2:])
 
 
 @pytest.fixture
-def ladder_site(site, tmp_path) -> Path:
-    doc = yaml.safe_load((site / "mctl.yml").read_text())
+def ladder_site(health_site, tmp_path) -> Path:
+    doc = yaml.safe_load((health_site / "mctl.yml").read_text())
     if not doc.get("bmc"):
         pytest.skip("the lab has no BMCs")
     hooked = tmp_path / "tickets.jsonl"
@@ -57,10 +57,8 @@ def _of(log, tray, action, **match):
 
 def _restore(lab, tray):
     """The tray on, back in Slurm and without faults, whatever the test left."""
-    from tests.integration.test_lab_bmcs import _restore as power_back
-
     lab.clear_faults(tray)
-    power_back(lab)
+    power_restored(lab)
     lab.settle_slurm(timeout=180)       # mctl: drains and DOWN nodes lifted (again while they settle), all idle
 
 

@@ -3,7 +3,8 @@ reads it over Redfish, drains the tray at once and powers it off through the BMC
 once; checked through Redfish and SSH. The tray is then cleared, powered on by hand and resumed by mctl, so the
 shared lab is left as found.
 
-The site is test_health's (short settings, real Slurm) with `health.leak.power_off_after: 3s`."""
+The site is the health site's (tests.helpers.HEALTH: short settings; real Slurm from `slurm_lab`) with
+`health.leak.power_off_after: 3s`."""
 
 from __future__ import annotations
 
@@ -12,18 +13,16 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from mctl.lab import bmc_faults
-from tests.integration.test_health import HEALTH, Watch, sinfo, wait_for
-from tests.integration.test_lab_bmcs import power_state, redfish, ssh_ok
+from tests.helpers import HEALTH, Watch, power_state, redfish, sinfo, ssh_ok, wait_for, write_health_site
 
 DETECTOR = "/redfish/v1/Chassis/Chassis_0/ThermalSubsystem/LeakDetection/LeakDetectors/Chassis_0_LeakDetector_0_ColdPlate"
 AFTER_S = 3
 
 
 def logged(state: Path, action: str | None) -> list[dict]:
-    """The action log's lines of *action*, read while the watch writes it (test_health.actions, which also
+    """The action log's lines of *action*, read while the watch writes it (tests.helpers.actions, which also
     checks that every intent has its result, is for a log at rest)."""
     path = state / "health" / "actions.jsonl"
     out = []
@@ -38,23 +37,9 @@ def logged(state: Path, action: str | None) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def leak_site(lab, tmp_path_factory) -> Path:
-    if len(lab.trays) < 4:
-        pytest.skip("needs a lab with 4 trays (MCTL_TEST_TRAYS)")
-    folder = tmp_path_factory.mktemp("leak-site")
-    doc = yaml.safe_load(lab.inventory.read_text())
-    doc["health"] = {**HEALTH, "resume_after_healthy_sweeps": 1,
-                     "leak": {"power_off_after": f"{AFTER_S}s", "clear_sweeps": 1}}
-    (folder / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    try:
-        nodes = sinfo(lab)
-    except AssertionError:
-        nodes = {}
-    if sorted(nodes) != lab.trays or any(s.startswith(("down", "unk")) for s, _ in nodes.values()):
-        proc = lab.mctl("-i", str(folder), "deploy", "slurm", timeout=900)
-        assert proc.returncode == 0, f"deploy slurm failed: {proc.stderr}\n{proc.stdout[-2000:]}"
-    lab.settle_slurm()
-    return folder
+def leak_site(slurm_lab, tmp_path_factory) -> Path:
+    return write_health_site(slurm_lab.lab, tmp_path_factory.mktemp("leak-site"), {
+        **HEALTH, "resume_after_healthy_sweeps": 1, "leak": {"power_off_after": f"{AFTER_S}s", "clear_sweeps": 1}})
 
 
 def test_critical_leak_drains_then_powers_off_after_the_timeout_once_and_is_restored(lab, leak_site, tmp_path):

@@ -61,7 +61,7 @@ def gpus_json(tmp: Path, tray: int) -> dict:
 
 
 @pytest.fixture()
-def emu(tmp_path):
+def emu(tmp_path, sockets):
     emulator = NMXEmulator(Config.from_dict(make_config(tmp_path))).start()
     try:
         yield emulator
@@ -207,13 +207,13 @@ def test_retries_faults_and_deadlines(emu):
         impatient.create_partition("slowop", list(client.compute_nodes()[1].gpu_ids))
 
 
-def test_unreachable_endpoint():
+def test_unreachable_endpoint(sockets):
     client = NMXClient("http://127.77.251.9:9", NMXCredentials("a", "b"), policy=FAST)
     with pytest.raises(NMXUnavailable, match="Connection refused"):
         client.partitions()
 
 
-def test_restart_keeps_partitions_and_resyncs_trays(tmp_path):
+def test_restart_keeps_partitions_and_resyncs_trays(tmp_path, processes):
     cfg_path = tmp_path / "nmx.json"
     cfg_path.write_text(json.dumps(make_config(tmp_path, port=0)))
 
@@ -341,7 +341,6 @@ def test_cli_create_apply_list_delete(emu, tmp_path, capsys):
 
 # ------------------------------------------------------------------ the lab
 
-@pytest.mark.lab
 def test_partitions_reach_the_trays_nvidia_smi(lab, tmp_path, capsys):
     """Contract check on a real lab: partition create -> NMX-M emulator -> tray gpus.json -> tray nvidia-smi."""
     import yaml
@@ -402,7 +401,7 @@ def ro_client(emulator: NMXEmulator, policy: RetryPolicy = FAST) -> NMXClient:
 
 
 @pytest.fixture()
-def emu_rw_ro(tmp_path):
+def emu_rw_ro(tmp_path, sockets):
     cfg = make_config(tmp_path, users=[{"username": "ro-user", "password": "ro-secret", "role": "ro"}])
     emulator = NMXEmulator(Config.from_dict(cfg)).start()
     try:
@@ -527,7 +526,7 @@ def test_injected_500_timeout_and_slow(emu):
     raw(emu, "POST", "/_lab/faults", {"clear": True})
 
 
-def test_faults_file_is_picked_up(tmp_path):
+def test_faults_file_is_picked_up(tmp_path, sockets):
     faults = tmp_path / "nmx-faults.json"
     emulator = NMXEmulator(Config.from_dict(make_config(tmp_path, faults_file=str(faults)))).start()
     try:
@@ -569,7 +568,7 @@ class _Recorder:
         self.server.server_close()
 
 
-def test_redirect_to_another_origin_never_carries_the_credentials():
+def test_redirect_to_another_origin_never_carries_the_credentials(sockets):
     from http.server import BaseHTTPRequestHandler
 
     from mctl.fabric.nmx import NMXForeignOrigin
@@ -634,7 +633,6 @@ def test_redirect_to_another_origin_never_carries_the_credentials():
 
 # -------------------------------------------- lab faults of a rack's NMX-M (issue 15.2)
 
-@pytest.mark.lab
 def test_lab_fault_nmx_500_timeout_slow_and_clear(lab):
     from mctl.inventory import load_site
 
@@ -671,7 +669,6 @@ def test_lab_fault_nmx_500_timeout_slow_and_clear(lab):
     assert lab.mctl("partition", "list", lab.rack).returncode == 0
 
 
-@pytest.mark.lab
 def test_lab_nmx_has_a_read_only_user(lab):
     from mctl.fabric.nmx import NMXReadOnly, load_credentials
     from mctl.inventory import load_site
@@ -686,7 +683,7 @@ def test_lab_nmx_has_a_read_only_user(lab):
         client.create_partition("ro-try", list(nodes[0].gpu_ids))
 
 
-def test_a_dripping_answer_is_cut_at_the_deadline():
+def test_a_dripping_answer_is_cut_at_the_deadline(sockets):
     """Each read arriving in time is not enough: the whole exchange has one deadline."""
     from http.server import BaseHTTPRequestHandler
 

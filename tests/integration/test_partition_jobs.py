@@ -20,25 +20,24 @@ import subprocess
 import sys
 import threading
 import urllib.request
+from functools import partial
 from pathlib import Path
 
 import pytest
 import yaml
 
 from mctl.lab.nmx_emulator import Config, NMXEmulator
-from tests.lab_fixture import wait_for
+from tests.helpers import wait_for
 
 
-def _wait(what: str, probe, deadline: float = 120.0, every: float = 1.0):
-    return wait_for(what, probe, deadline, every)
+_wait = partial(wait_for, timeout=120.0, every=1.0)       # every wait here: two minutes, polled each second
 
 
 @pytest.fixture(scope="module")
-def site(lab, tmp_path_factory):
+def site(slurm_lab, tmp_path_factory):
     from mctl.lab.hosts import host_path
 
-    if len(lab.trays) < 4:
-        pytest.skip("needs a lab with 4 trays (MCTL_TEST_TRAYS)")
+    lab = slurm_lab.lab
     tmp = tmp_path_factory.mktemp("partition-jobs")
     doc = yaml.safe_load(lab.inventory.read_text())
     rack = doc["racks"][lab.rack]
@@ -67,6 +66,8 @@ def site(lab, tmp_path_factory):
     (tmp / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
     nmx = dict(rack["nmx"])
     base = ["-i", str(tmp), "--state-dir", str(tmp / "state")]
+    # this site's own deploy (no partition yet: one block); the next module asking for slurm_lab gets the
+    # session's deploy back
     proc = lab.mctl(*base, "--json", "deploy", "slurm", timeout=900)
     assert proc.returncode == 0, f"deploy slurm failed ({proc.returncode}): {proc.stderr}\n{proc.stdout[-2000:]}"
     # IMEX as this site's partitions want it (an earlier test's partitions may have left the daemons
@@ -141,7 +142,7 @@ def test_changes_respect_the_job(lab, site):
 
         # --drain --wait: trays 1-2 are held, the job ends meanwhile, the change completes, the holds go
         def cancel_once_held():
-            _wait("the trays held", lambda: "DRAIN" in _node_state(lab, t[0]), deadline=120)
+            _wait("the trays held", lambda: "DRAIN" in _node_state(lab, t[0]), timeout=120)
             lab.run(lab.head, f"scancel {job}")
 
         canceller = threading.Thread(target=cancel_once_held, daemon=True)
@@ -214,7 +215,7 @@ def _assert_layers(lab, groups, blocks, drained=()):
         return ok or None
 
     try:
-        _wait("every layer to follow the partitions", settled, deadline=30)
+        _wait("every layer to follow the partitions", settled, timeout=30)
     except AssertionError:
         raise AssertionError(f"layers: {_layers(lab)}; wanted {groups} and {blocks}") from None
 
@@ -254,7 +255,7 @@ def test_a_killed_change_is_finished_by_resume_on_every_layer(lab, site):
                     {p["name"]: p["status"] for p in data["phases"]}.get("nmx") == "done"
             except (KeyError, IndexError, TypeError):
                 return None
-        _wait("the change past its NMX-M step", past_nmx, deadline=120, every=0.05)
+        _wait("the change past its NMX-M step", past_nmx, timeout=120, every=0.05)
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(timeout=30)

@@ -146,26 +146,10 @@ def test_run_folder_records_only_the_allowed_environment(lab, provisioned):
     assert odd == []
 
 
-def test_provision_is_refused_while_the_rack_is_locked(lab):
-    import multiprocessing
+def test_provision_is_refused_while_the_rack_is_locked(lab, held_lock):
+    from mctl.state import rack_lock_path
 
-    from mctl.state import rack_lock
-
-    ctx = multiprocessing.get_context("fork")
-    ready, release = ctx.Event(), ctx.Event()
-
-    def hold():
-        with rack_lock(lab.state_dir, lab.rack, purpose="mctl rack bring-up"):
-            ready.set()
-            release.wait(60)
-
-    proc = ctx.Process(target=hold)
-    proc.start()
-    try:
-        assert ready.wait(30)
+    with held_lock(rack_lock_path(lab.state_dir, lab.rack), "mctl rack bring-up") as pid:
         result = lab.mctl("provision", lab.trays[0])
         assert result.returncode == 2 and result.stdout == ""
-        assert f"rack {lab.rack} is locked by pid {proc.pid}" in result.stderr
-    finally:
-        release.set()
-        proc.join(30)
+        assert f"rack {lab.rack} is locked by pid {pid}" in result.stderr

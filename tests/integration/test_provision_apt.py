@@ -19,8 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab_fixture import own_lab
-
 REPO = Path(__file__).resolve().parents[2]
 DRIVER_PKGS = ["nvidia-driver-570-open", "nvidia-utils-570", "libnvidia-compute-570", "nvidia-compute-utils-570"]
 PROXY_FAULT = "/etc/apt/apt.conf.d/99-mctl-test-unreachable"
@@ -30,7 +28,7 @@ APT_TRAYS_ENV = "MCTL_TEST_APT_TRAYS"      # trays of the OS-only lab (default 2
 
 
 @pytest.fixture(scope="module")
-def oslab(tmp_path_factory):
+def oslab(own_lab, tmp_path_factory):
     # Two trays show every case here (a failing tray and one that goes on) at half the suite's time of four;
     # MCTL_TEST_APT_TRAYS=18 measures the 18-tray provisioning (the times go to stderr with -s).
     with own_lab(tmp_path_factory.mktemp("mctl-state-apt"), trays=int(os.environ.get(APT_TRAYS_ENV) or 2),

@@ -18,11 +18,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
+from functools import partial
 
 import pytest
 
-from tests.lab_fixture import wait_for as _wait
+from tests.helpers import wait_for
+
+_wait = partial(wait_for, timeout=120.0)        # every wait here: two minutes unless it says
 
 IMAGE = "lab-debian13-580"
 HOLD = "mctl: provision"
@@ -212,7 +214,7 @@ def test_a_rolling_change_takes_one_tray_at_a_time_waits_for_the_job_and_a_kille
 
             # killed while its first tray waits for the job: nothing half done on a tray, and the resume
             # must take the tray again and go on waiting
-            _wait("the rollout waiting for the job on its first tray", waiting_for_the_job, deadline=300, every=0.2)
+            _wait("the rollout waiting for the job on its first tray", waiting_for_the_job, timeout=300, every=0.2)
             os.killpg(proc.pid, signal.SIGKILL)
         finally:
             proc.wait(timeout=30)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.cli_helpers import run_cli
-from tests.unit.test_audit_rules import write_site
+from tests.helpers import captured_lab_site
 
 
 @pytest.fixture()
 def inv(tmp_path):
-    return str(write_site(tmp_path / "site"))
+    return str(captured_lab_site(tmp_path / "site"))
 
 
 @pytest.mark.parametrize("args, said", [

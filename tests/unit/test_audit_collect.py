@@ -24,7 +24,7 @@ def run_local(command: str, env: dict | None = None) -> HostResult:
     return HostResult("lab-r1-tray01", "127.0.0.1", status, proc.returncode, proc.stdout, proc.stderr)
 
 
-def test_tray_probe_reads_files_versions_and_absence(tmp_path):
+def test_tray_probe_reads_files_versions_and_absence(tmp_path, processes):
     nodes = tmp_path / "nodes_config.cfg"
     nodes.write_text("127.83.1.1\n127.83.1.2\n")
     absent = tmp_path / "config.cfg"
@@ -69,7 +69,7 @@ def fake_scontrol(tmp_path: Path, *, down: bool = False) -> dict:
     return {"PATH": f"{bin_dir}:/usr/bin:/bin"}
 
 
-def test_controller_probe_with_captured_slurm_output(tmp_path):
+def test_controller_probe_with_captured_slurm_output(tmp_path, processes):
     conf = tmp_path / "etc-slurm"
     conf.mkdir()
     (conf / "topology.conf").write_text("BlockName=lab-r1-p0 Nodes=lab-r1-tray[01-02]\n")
@@ -85,7 +85,7 @@ def test_controller_probe_with_captured_slurm_output(tmp_path):
     assert state.topology_conf == "BlockName=lab-r1-p0 Nodes=lab-r1-tray[01-02]\n"
 
 
-def test_controller_without_topology_conf_and_with_slurmctld_down(tmp_path):
+def test_controller_without_topology_conf_and_with_slurmctld_down(tmp_path, processes):
     nonce = "feedfacecafebeef"
     state = parse_controller(run_local(controller_command(nonce, str(tmp_path / "nowhere")),
                                        env=fake_scontrol(tmp_path)), nonce)
@@ -101,7 +101,7 @@ def test_controller_without_topology_conf_and_with_slurmctld_down(tmp_path):
     assert gone.error == "lab-r1-head: unreachable: no SSH answer within 5s" and not gone.reached
 
 
-def test_without_a_health_sweep_the_tray_probe_runs_nvidia_smi(tmp_path):
+def test_without_a_health_sweep_the_tray_probe_runs_nvidia_smi(tmp_path, processes):
     from mctl.audit.collect import Actual
 
     bin_dir = tmp_path / "bin"

@@ -151,9 +151,9 @@ def test_the_audit_of_a_kubernetes_site_compares_the_labels_and_a_failed_read_is
     from mctl.audit.collect import Actual, NodesView
     from mctl.audit.service import AuditSettings, evaluate, plan_audit
     from mctl.inventory import load_site
-    from tests.unit.test_audit_rules import write_site
+    from tests.helpers import captured_lab_site
 
-    folder = write_site(tmp_path / "site", nmx=False)
+    folder = captured_lab_site(tmp_path / "site", nmx=False)
     doc = yaml.safe_load((folder / "mctl.yml").read_text())
     doc["scheduler"] = {"type": "k8s"}
     (folder / "mctl.yml").write_text(yaml.safe_dump(doc))

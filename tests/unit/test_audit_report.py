@@ -30,7 +30,7 @@ from mctl.model.findings import Finding, Severity
 from mctl.model.gpu import GpuReport
 from mctl.sched.slurm.facts import parse_show_nodes, parse_show_topology
 from mctl.sched.slurm.topology import blocks_for, render_topology
-from tests.unit.test_audit_rules import CAPTURED, fabric_for, gpus_of, write_site
+from tests.helpers import CAPTURED, captured_lab_site, fabric_for, gpus_of
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden" / "audit"
 REGEN = os.environ.get("MCTL_REGEN_GOLDEN") == "1"
@@ -47,7 +47,7 @@ def golden(name: str, text: str) -> None:
 
 @pytest.fixture()
 def site(tmp_path):
-    return load_site(write_site(tmp_path / "site"))
+    return load_site(captured_lab_site(tmp_path / "site"))
 
 
 def tray_state(host: str, address: str, files: dict) -> TrayFacts:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime
 from pathlib import Path
 
 import pytest
-import yaml
 
 from mctl.audit.rules import drains, hostkeys, imex, nmx, slurm, versions
 from mctl.fabric.imex import expected_files
@@ -17,39 +15,19 @@ from mctl.fabric.reconcile import FabricState
 from mctl.images.catalog import load_image
 from mctl.images import drift
 from mctl.inventory import load_site
-from mctl.model.fabric import DEFAULT_PARTITION_ID, NmxComputeNode, NmxPartition
+from mctl.model.fabric import DEFAULT_PARTITION_ID, NmxPartition
 from mctl.model.findings import Severity
 from mctl.sched.slurm.facts import parse_show_nodes, parse_show_topology
 from mctl.sched.slurm.topology import block_sizes, blocks_for, render_topology
 from mctl.transport.results import HostKeyProblem
+from tests.helpers import CAPTURED, captured_lab_site, fabric_for, gpus_of
 
 REPO = Path(__file__).resolve().parents[2]
-CAPTURED = REPO / "tests" / "fixtures" / "golden" / "slurm" / "captured"
-DOMAIN = str(uuid.uuid5(uuid.NAMESPACE_URL, "mctl-lab/lab/lab-r1"))
-
-
-def write_site(folder: Path, *, partitions=(("p0", "lab-r1-tray[01-02]"), ("p1", "lab-r1-tray[03-04]")),
-               nmx: bool = True) -> Path:
-    """A lab-shaped site (4 trays at the captured addresses 127.83.1.x, Slurm, NMX-M)."""
-    rack = {
-        "model": "nvl72", "shape": {"compute_trays": 4, "switch_trays": 0}, "nvlink_domain": DOMAIN,
-        "head": {"name": "lab-r1-head", "address": "127.83.1.100"},
-        "compute": {"nodes": "lab-r1-tray[01-04]", "addresses": "127.83.1.[1-4]", "image": "lab-debian13"},
-        "partitions": [{"name": n, "trays": t} for n, t in partitions],
-    }
-    if nmx:
-        rack["nmx"] = {"url": "http://127.83.1.200:8443", "credentials_file": "nmx.cred"}
-    doc = {"plugin": "mctl", "site": "lab", "images_dir": str(REPO / "images"),
-           "ssh": {"user": "root", "known_hosts": "known_hosts"}, "racks": {"lab-r1": rack},
-           "scheduler": {"type": "slurm", "cluster_name": "lab", "controller": "lab-r1-head"}}
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    return folder
 
 
 @pytest.fixture()
 def site(tmp_path):
-    return load_site(write_site(tmp_path / "site"))
+    return load_site(captured_lab_site(tmp_path / "site"))
 
 
 def by_check(findings):
@@ -242,19 +220,6 @@ def test_topology_conf_against_the_partitions(site):
 
 
 # ------------------------------------------------------------------ NMX-M
-
-def fabric_for(rack, parts):
-    nodes = [NmxComputeNode(id=f"n{i}", name=h.name, domain_uuid=DOMAIN,
-                            gpu_ids=tuple(f"gpu-{i}-{d}" for d in range(4)), health="HEALTHY", chassis_id=1,
-                            chassis_serial="1", host_id=1, slot_id=i + 1, tray_index=i)
-             for i, h in enumerate(rack.compute)]
-    fabric = map_fabric(rack, nodes)
-    return FabricState(tuple(nodes), (), tuple(parts), fabric)
-
-
-def gpus_of(trays: range) -> tuple[str, ...]:
-    return tuple(f"gpu-{i}-{d}" for i in trays for d in range(4))
-
 
 def test_nmx_partitions_against_the_inventory(site):
     rack = site.racks["lab-r1"]

@@ -62,7 +62,7 @@ def _run(hosts, servers, port, ca, action, *, probe, **kw):
     return power.run(None, action, power.groups_of(hosts), settings=settings, probe=probe, **kw)
 
 
-def test_host_system_of_the_real_captures(pki):
+def test_host_system_of_the_real_captures(pki, sockets):
     ca, tls = pki
     for root, reset in ((GB200, True), (SWITCH, True)):
         with MockupServer(root, tls=tls) as srv:
@@ -84,7 +84,7 @@ def test_stage_order_on_and_off():
     assert [t.host for t in off[0].trays] == ["t1", "t2"] and [t.host for t in off[1].trays] == ["s1"]
 
 
-def test_off_is_graceful_then_forced_each_sent_once_and_the_deadline_reports_it(pki):
+def test_off_is_graceful_then_forced_each_sent_once_and_the_deadline_reports_it(pki, sockets):
     """The static capture stays On whatever is POSTed: GracefulShutdown, then ForceOff after the graceful wait,
     then the stage deadline; each reset POSTed exactly once."""
     ca, tls = pki
@@ -103,7 +103,7 @@ def test_off_is_graceful_then_forced_each_sent_once_and_the_deadline_reports_it(
     assert [s.state for s in report.stages] == ["failed", "not-started", "skipped"]
 
 
-def test_on_of_trays_already_on_sends_nothing(pki):
+def test_on_of_trays_already_on_sends_nothing(pki, sockets):
     ca, tls = pki
     hosts = _hosts(1)
     port = free_port([h.bmc for h in hosts])
@@ -114,7 +114,7 @@ def test_on_of_trays_already_on_sends_nothing(pki):
 
 
 @pytest.mark.parametrize("fault, kind", [("401", "auth"), ("500", "http"), ("malformed", "malformed")])
-def test_a_broken_bmc_is_reported_and_the_others_go_on(pki, fault, kind):
+def test_a_broken_bmc_is_reported_and_the_others_go_on(pki, fault, kind, sockets):
     ca, tls = pki
     hosts = _hosts(2)
     port = free_port([h.bmc for h in hosts])
@@ -128,7 +128,7 @@ def test_a_broken_bmc_is_reported_and_the_others_go_on(pki, fault, kind):
     assert report.exit_code == EXIT_PARTIAL and [t.host for t in report.failed] == ["t1"]
 
 
-def test_a_reset_whose_answer_is_lost_is_not_sent_again(pki):
+def test_a_reset_whose_answer_is_lost_is_not_sent_again(pki, sockets):
     ca, tls = pki
     hosts = _hosts(1)
     port = free_port([h.bmc for h in hosts])
@@ -140,7 +140,7 @@ def test_a_reset_whose_answer_is_lost_is_not_sent_again(pki):
     assert t.error_kind == "timeout" and "not sent again" in t.error
 
 
-def test_a_rejected_reset_is_reported_not_retried(pki):
+def test_a_rejected_reset_is_reported_not_retried(pki, sockets):
     ca, tls = pki
     hosts = _hosts(1)
     port = free_port([h.bmc for h in hosts])
@@ -149,7 +149,7 @@ def test_a_rejected_reset_is_reported_not_retried(pki):
     assert _posts(srv) == ["PowerCycle"] and report.trays[0].error_kind == "http"
 
 
-def test_busy_trays_are_refused_unless_force(pki):
+def test_busy_trays_are_refused_unless_force(pki, sockets):
     ca, tls = pki
     hosts = _hosts(2)
     port = free_port([h.bmc for h in hosts])
@@ -172,7 +172,7 @@ def test_busy_trays_are_refused_unless_force(pki):
         assert _posts(srvs[0]) == ["ForceOff"] and not forced.trays[0].refused
 
 
-def test_dry_run_sends_nothing(pki):
+def test_dry_run_sends_nothing(pki, sockets):
     ca, tls = pki
     hosts = _hosts(1)
     port = free_port([h.bmc for h in hosts])

@@ -60,7 +60,7 @@ def _client(srv: MockupServer, ca: Path | bool, cred: BMCCredentials = CRED, **k
                          timeout_s=5, **kw)
 
 
-def test_compute_tray_capture_read_through_the_library_over_verified_tls(pki):
+def test_compute_tray_capture_read_through_the_library_over_verified_tls(pki, sockets):
     ca, tls = pki
     with MockupServer(GB200, tls=tls) as srv:
         tray = TrayBMC("tray01", "compute", srv.host)
@@ -92,7 +92,7 @@ def test_compute_tray_capture_read_through_the_library_over_verified_tls(pki):
     assert client.requests == len(srv.requests) == 85
 
 
-def test_switch_tray_capture(pki):
+def test_switch_tray_capture(pki, sockets):
     ca, tls = pki
     with MockupServer(SWITCH, tls=tls) as srv:
         tray = TrayBMC("nvsw01", "switch", srv.host)
@@ -104,7 +104,7 @@ def test_switch_tray_capture(pki):
     assert [m["id"] for m in tray.managers] == ["BMC_0"]
 
 
-def test_tls_is_verified_by_default(pki):
+def test_tls_is_verified_by_default(pki, sockets):
     _ca, tls = pki
     with MockupServer(GB200, tls=tls) as srv:
         with pytest.raises(BMCError) as exc:
@@ -112,7 +112,7 @@ def test_tls_is_verified_by_default(pki):
     assert exc.value.kind == "tls"
 
 
-def test_wrong_credentials_are_reported_not_retried(pki):
+def test_wrong_credentials_are_reported_not_retried(pki, sockets):
     ca, tls = pki
     with MockupServer(GB200, tls=tls) as srv:
         client = _client(srv, ca, BAD)
@@ -124,7 +124,7 @@ def test_wrong_credentials_are_reported_not_retried(pki):
     assert "wrong" not in exc.value.message and "wrong" not in repr(client)
 
 
-def test_redirect_to_another_port_is_refused_and_gets_no_credentials(pki):
+def test_redirect_to_another_port_is_refused_and_gets_no_credentials(pki, sockets):
     ca, tls = pki
     with MockupServer(GB200, tls=tls, fault="redirect-port", fault_path="/redfish/v1/Systems") as srv:
         try:
@@ -138,7 +138,7 @@ def test_redirect_to_another_port_is_refused_and_gets_no_credentials(pki):
     assert exc.value.kind == "origin" and "another origin" in exc.value.message
 
 
-def test_same_origin_redirect_of_a_get_is_followed(pki):
+def test_same_origin_redirect_of_a_get_is_followed(pki, sockets):
     ca, tls = pki
     with MockupServer(GB200, tls=tls, fault="redirect-same", fault_path="/redfish/v1/Systems") as srv:
         doc = _client(srv, ca).get("/redfish/v1/Systems")
@@ -173,7 +173,7 @@ def _settings(ca: Path, deadline_s: float = 20.0) -> Settings:
     return Settings(CRED, verify_tls=str(ca), deadline_s=deadline_s, timeout_s=5)
 
 
-def test_a_trickling_bmc_is_cut_at_the_tray_deadline_and_others_go_on(pki):
+def test_a_trickling_bmc_is_cut_at_the_tray_deadline_and_others_go_on(pki, sockets):
     """Each read makes progress (no socket timeout fires); only the tray deadline stops it."""
     from mctl.model.site import Host
 
@@ -243,7 +243,7 @@ def rack(pki, tmp_path):
         yield inv, servers, tmp_path
 
 
-def test_bmc_inventory_reports_each_broken_bmc_and_reads_the_others(capsys, rack):
+def test_bmc_inventory_reports_each_broken_bmc_and_reads_the_others(capsys, rack, sockets):
     inv, servers, tmp = rack
     start = time.monotonic()
     r = run_cli(capsys, "-i", str(inv), "--state-dir", str(tmp / "state"), "bmc", "inventory", "r1",
@@ -269,7 +269,7 @@ def test_bmc_inventory_reports_each_broken_bmc_and_reads_the_others(capsys, rack
     assert all(p.startswith("/redfish/v1") for s in servers.values() for p in s.paths())
 
 
-def test_bmc_inventory_table_and_swap_diff(capsys, pki, tmp_path):
+def test_bmc_inventory_table_and_swap_diff(capsys, pki, tmp_path, sockets):
     ca, tls = pki
     ip = "127.64.1.1"
     port = free_port([ip])
@@ -330,7 +330,7 @@ racks:
     assert r.code == 2 and "no bmc section" in r.err
 
 
-def test_hostile_values_from_a_bmc_are_escaped(capsys, pki, tmp_path):
+def test_hostile_values_from_a_bmc_are_escaped(capsys, pki, tmp_path, sockets):
     ca, tls = pki
     ip = "127.64.1.1"
     port = free_port([ip])
@@ -373,7 +373,7 @@ racks:
     assert r.code == 2 and message in (r.out + r.err), r.out + r.err
 
 
-def test_the_redfish_library_is_not_loaded_at_start_up():
+def test_the_redfish_library_is_not_loaded_at_start_up(processes):
     import subprocess
 
     code = ("import sys; from mctl.cli.main import main; main(['--help']); "
@@ -383,7 +383,7 @@ def test_the_redfish_library_is_not_loaded_at_start_up():
     assert out.stdout.strip().endswith("CLEAN"), out.stdout[-300:] + out.stderr[-300:]
 
 
-def test_a_bmc_that_does_not_listen_is_unreachable():
+def test_a_bmc_that_does_not_listen_is_unreachable(sockets):
     port = free_port(["127.64.1.1"])                         # nothing listens there
     client = RedfishClient(f"http://127.64.1.1:{port}", CRED, verify_tls=False, timeout_s=5)
     with pytest.raises(BMCError) as exc:
@@ -391,7 +391,7 @@ def test_a_bmc_that_does_not_listen_is_unreachable():
     assert exc.value.kind == "unreachable" and "0penBmc" not in exc.value.message
 
 
-def test_health_sweep_reads_leaks_and_power_of_the_real_capture_over_verified_tls(pki):
+def test_health_sweep_reads_leaks_and_power_of_the_real_capture_over_verified_tls(pki, sockets):
     """mctl.health.oob against the GB200 capture served as a static mockup: what the sweep judges, 7 GETs, and a
     BMC that hangs is reported at the deadline, not taken as healthy."""
     from mctl.health import oob

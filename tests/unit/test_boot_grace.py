@@ -18,8 +18,8 @@ from mctl.model.findings import Severity, worst
 from mctl.model.settings import HealthSettings
 from mctl.model.tray import Clock, ImexObservation, ServiceState
 
-from tests.unit.test_health_checks import by_check, expect, tray, xid_line  # the same real captures
 from mctl.facts.kernel_log import observe_xid, parse_xid_line
+from tests.helpers import by_check, expect, tray, xid_line  # the real captures of test_health_checks
 
 S = HealthSettings()
 STOPPED = ServiceState("slurmd.service", True, "inactive", "dead", source="process-table")

@@ -73,7 +73,7 @@ def test_journal_records_phases_atomically_and_finds_the_next_one(tmp_path):
     assert j.next_phase() is None
 
 
-def test_a_run_whose_process_died_reads_as_interrupted(tmp_path):
+def test_a_run_whose_process_died_reads_as_interrupted(tmp_path, processes):
     j = Journal.create(tmp_path, "site", "inv", "rack-a", list(PHASES), list(PHASES), {})
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     j.start("preflight")
@@ -196,7 +196,7 @@ def test_classify_keeps_an_operators_drain_apart_from_bring_ups():
     assert "1 open" in holds.summary(nodes) and "unknown to Slurm (t5)" in holds.summary(nodes)
 
 
-def test_scripts_guard_every_update_and_report_per_node():
+def test_scripts_guard_every_update_and_report_per_node(processes):
     drain = holds.hold_script(holds.BRING_UP, ["t1"], holds.bringup_reason("RUN"))
     assert "*DRAIN*|*DOWN*|*FAIL*" in drain and "State=DRAIN Reason='mctl: bring-up RUN: opens" in drain
     resume = holds.release_script(holds.BRING_UP, ["t2"])

@@ -132,7 +132,7 @@ def inventory_findings():
 
 def bmc_findings():
     """The out-of-band checks (mctl.checks.leak): the sweep reads them from each tray's BMC, node check never."""
-    from tests.unit.test_leaks import BMC_CASES
+    from tests.helpers import BMC_CASES
 
     out = []
     for settings in SETTINGS:

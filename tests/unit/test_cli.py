@@ -74,7 +74,7 @@ def test_unknown_rack_lists_known(capsys):
     assert "known racks: rack-a, rack-b" in result.err
 
 
-def test_plain_output_without_tty_has_no_escape_codes():
+def test_plain_output_without_tty_has_no_escape_codes(processes):
     env = dict(os.environ, COLUMNS="120")
     env.pop("NO_COLOR", None)
     proc = subprocess.run([sys.executable, "-m", "mctl", "-i", EXAMPLE, "inventory", "show", "rack-a"],
@@ -84,7 +84,7 @@ def test_plain_output_without_tty_has_no_escape_codes():
     assert "rack-a-tray01" in proc.stdout
 
 
-def test_console_script_exit_code_for_bad_input(tmp_path):
+def test_console_script_exit_code_for_bad_input(tmp_path, processes):
     proc = subprocess.run([sys.executable, "-m", "mctl", "-i", str(tmp_path / "missing"), "inventory", "validate"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2

@@ -78,7 +78,7 @@ def test_markers_with_another_nonce_are_content():
 
 # --- the script, run for real --------------------------------------------------------------------
 
-def test_probe_on_real_gb200_capture(tmp_path):
+def test_probe_on_real_gb200_capture(tmp_path, processes):
     result = run_probe(tmp_path, f"cat '{REAL_XML}'\n")
     assert result.ok, result.stderr
     facts = from_result(INVENTORY, result, NONCE, smi_timeout=10)
@@ -92,7 +92,7 @@ def test_probe_on_real_gb200_capture(tmp_path):
     assert facts.xid_source in ("/var/log/kern.log", "dmesg")
 
 
-def test_probe_when_nvidia_smi_hangs(tmp_path):
+def test_probe_when_nvidia_smi_hangs(tmp_path, processes):
     result = run_probe(tmp_path, "sleep 30\n", smi_timeout=1)
     facts = from_result(INVENTORY, result, NONCE, smi_timeout=1)
     assert facts.reached and facts.gpus is None
@@ -100,7 +100,7 @@ def test_probe_when_nvidia_smi_hangs(tmp_path):
     assert facts.os is not None            # the rest of the facts still came back
 
 
-def test_probe_when_nvidia_smi_prints_half_the_xml(tmp_path):
+def test_probe_when_nvidia_smi_prints_half_the_xml(tmp_path, processes):
     result = run_probe(tmp_path, f"head -c 20000 '{REAL_XML}'\necho 'Unable to determine the device handle' >&2\nexit 15\n")
     facts = from_result(INVENTORY, result, NONCE, smi_timeout=10)
     assert facts.gpus is None and facts.gpu_error.startswith("nvidia-smi output unreadable")
@@ -108,14 +108,14 @@ def test_probe_when_nvidia_smi_prints_half_the_xml(tmp_path):
     assert facts.gpu_messages == ("Unable to determine the device handle",)
 
 
-def test_probe_when_driver_is_gone(tmp_path):
+def test_probe_when_driver_is_gone(tmp_path, processes):
     result = run_probe(tmp_path, "echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
                                  "driver. Make sure that the latest NVIDIA driver is installed and running.\"\nexit 9\n")
     facts = from_result(INVENTORY, result, NONCE, smi_timeout=10)
     assert facts.gpus is None and "could not communicate" in facts.gpu_error
 
 
-def test_probe_without_nvidia_smi(tmp_path):
+def test_probe_without_nvidia_smi(tmp_path, processes):
     env = dict(os.environ, PATH="/usr/bin:/bin")
     proc = subprocess.run(probe_command(INVENTORY, NONCE, smi_timeout=5), shell=True, capture_output=True, text=True, env=env)
     facts = from_result(INVENTORY, ok(proc.stdout, proc.stderr), NONCE, smi_timeout=5)

@@ -61,7 +61,7 @@ def test_garbled_probe_is_a_parse_error(text):
         parse_service_probe(text)
 
 
-def test_imex_sums_from_real_sha256sum(tmp_path):
+def test_imex_sums_from_real_sha256sum(tmp_path, processes):
     (tmp_path / "config.cfg").write_text("SERVER_PORT=50000\n")
     (tmp_path / "nodes_config.cfg").write_text("10.0.0.1\n10.0.0.2\n")
     out = subprocess.run(["sha256sum", str(tmp_path / "config.cfg"), str(tmp_path / "nodes_config.cfg")],

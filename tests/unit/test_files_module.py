@@ -28,7 +28,7 @@ def run(tmp_path: Path, check: bool = False, diff: bool = False, **args) -> dict
     return json.loads(proc.stdout)
 
 
-def test_writes_only_what_differs_and_makes_folders(tmp_path):
+def test_writes_only_what_differs_and_makes_folders(tmp_path, processes):
     d = tmp_path / "etc" / "mctl"
     files = {str(d / "a.conf"): "a\n", str(d / "prog"): {"content": "#!/bin/sh\n", "mode": "0755"}}
     check = run(tmp_path, check=True, diff=True, dirs=[str(d)], files=files)
@@ -44,7 +44,7 @@ def test_writes_only_what_differs_and_makes_folders(tmp_path):
     assert run(tmp_path, dirs=[str(d)], files=files)["changed_files"] == [str(d / "a.conf")]
 
 
-def test_look_and_read_report_the_state_before_writing(tmp_path):
+def test_look_and_read_report_the_state_before_writing(tmp_path, processes):
     f, flag = tmp_path / "rec", tmp_path / "flag"
     flag.write_text("x\n")
     flag_mode = f"{flag.stat().st_mode & 0o7777:04o}"
@@ -59,7 +59,7 @@ def test_look_and_read_report_the_state_before_writing(tmp_path):
     assert again["sha256"] == {str(f): hashlib.sha256(b"one").hexdigest(), str(flag): None}
 
 
-def test_backup_keeps_the_previous_version(tmp_path):
+def test_backup_keeps_the_previous_version(tmp_path, processes):
     f = tmp_path / "config.cfg"
     f.write_text("old\n")
     f.chmod(0o644)
@@ -68,7 +68,7 @@ def test_backup_keeps_the_previous_version(tmp_path):
     assert f.read_text() == "new\n" and [b.read_text() for b in backups] == ["old\n"]
 
 
-def test_bad_input_fails_with_the_path(tmp_path):
+def test_bad_input_fails_with_the_path(tmp_path, processes):
     out = run(tmp_path, files={"relative/path": "x"})
     assert out["failed"] and "relative/path" in out["msg"]
     out = run(tmp_path, files={str(tmp_path / "missing-folder" / "f"): "x"})
@@ -77,7 +77,7 @@ def test_bad_input_fails_with_the_path(tmp_path):
     assert out["failed"] and "bad mode" in out["msg"]
 
 
-def test_units_reported_in_systemctls_words_before_any_write(tmp_path):
+def test_units_reported_in_systemctls_words_before_any_write(tmp_path, processes):
     # A stand-in systemctl on PATH answers as systemd does: the word on stdout, the exit code beside it.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -104,7 +104,7 @@ def test_units_reported_in_systemctls_words_before_any_write(tmp_path):
     assert bad.get("failed") and "not a unit name" in bad["msg"]
 
 
-def test_a_marked_block_is_kept_like_blockinfile_in_place_or_by_rename(tmp_path):
+def test_a_marked_block_is_kept_like_blockinfile_in_place_or_by_rename(tmp_path, processes):
     hosts = tmp_path / "hosts"
     hosts.write_text("127.0.0.1 localhost\n# BEGIN mctl site hosts\n10.0.0.9 old\n# END mctl site hosts\n::1 ip6\n")
     hosts.chmod(0o640)
@@ -128,7 +128,7 @@ def test_a_marked_block_is_kept_like_blockinfile_in_place_or_by_rename(tmp_path)
     assert out["failed"] and "marker" in out["msg"]
 
 
-def test_commands_run_after_the_writes_and_report_rc_and_output(tmp_path):
+def test_commands_run_after_the_writes_and_report_rc_and_output(tmp_path, processes):
     f = tmp_path / "f"
     out = run(tmp_path, check=False, files={str(f): "written\n"},
               commands={"cat": {"argv": ["cat", str(f)]}, "slow": {"argv": ["sleep", "5"], "timeout": 0.5},
@@ -141,7 +141,7 @@ def test_commands_run_after_the_writes_and_report_rc_and_output(tmp_path):
     assert out["failed"] and "argv" in out["msg"]
 
 
-def test_a_file_can_wait_for_another_files_text(tmp_path):
+def test_a_file_can_wait_for_another_files_text(tmp_path, processes):
     stamp, prog = tmp_path / "stamp", tmp_path / "prog"
     files = {str(prog): {"content": "#!/bin/sh\n", "mode": "0755", "after": {"path": str(stamp), "text": "v2\n"}}}
     out = run(tmp_path, files=files)
@@ -153,7 +153,7 @@ def test_a_file_can_wait_for_another_files_text(tmp_path):
     assert out["deferred"] == [] and out["changed_files"] == [str(prog)] and prog.read_text() == "#!/bin/sh\n"
 
 
-def test_a_command_is_skipped_when_a_file_it_depends_on_changed_or_its_unit_is_not_active(tmp_path):
+def test_a_command_is_skipped_when_a_file_it_depends_on_changed_or_its_unit_is_not_active(tmp_path, processes):
     conf = tmp_path / "chrony.conf"
     spec = {"argv": ["echo", "synced"], "unless": {"changed": [str(conf)]}}
     out = run(tmp_path, files={str(conf): "server a\n"}, commands={"wait": spec})

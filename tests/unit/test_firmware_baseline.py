@@ -114,12 +114,12 @@ def test_playbooks_do_not_get_the_firmware_section():
 
 
 def _probed(tmp_path):
-    from tests.unit.test_image_diff import probe_here
+    from tests.helpers import probe_here
 
     return probe_here(tmp_path, smi=None)
 
 
-def test_image_diff_shows_each_firmware_item_wanted_and_found(captured, tmp_path):
+def test_image_diff_shows_each_firmware_item_wanted_and_found(captured, tmp_path, processes):
     from dataclasses import replace
 
     from mctl.audit.image_diff import diff_tray

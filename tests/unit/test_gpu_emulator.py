@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import json
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,58 +19,16 @@ from mctl.facts import DriverUnavailable, FactsParseError
 from mctl.facts.kernel_log import parse_xid_line
 from mctl.facts.nvidia_smi import parse_list, parse_nvlink_status, parse_query_csv, parse_xml
 from mctl.lab.emulators import nvidia_smi as emu
+from tests.helpers import GPU_BUSES, GPU_DOMAIN, SMI_EMULATOR, EmulatedTray, contract_state
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "mctl" / "lab" / "emulators" / "nvidia_smi.py"
 GOLDEN = ROOT / "tests" / "fixtures" / "lab"
-DOMAIN = "3f5c1a9e-2b7d-5e04-8c61-9d2a4b7e0f13"
-BUSES = ("00000008:01:00.0", "00000009:01:00.0", "00000018:01:00.0", "00000019:01:00.0")
-
-
-def contract_state(**top) -> dict:
-    """gpus.json for one 4-GPU tray, shaped as the lab contract writes it."""
-    state = {
-        "schema": 1, "hostname": "lab-r1-tray03", "driver_version": "570.148.08", "cuda_version": "12.8",
-        "product_name": "NVIDIA GB200", "chassis_serial": "1825024170029", "tray_index": 2, "slot_number": 3,
-        "host_id": 1, "cluster_uuid": DOMAIN, "clique_id": 32766, "fabric_state": "Completed",
-        "fabric_status": "Success",
-        "gpus": [{"index": i, "uuid": f"GPU-{i:08x}-7c3e-5a1b-9d2f-4e6a8b0c1d2e", "serial": f"165502400012{i // 2}",
-                  "pci_bus_id": bus, "module_id": (2, 1, 4, 3)[i], "minor_number": i,
-                  "gpu_fabric_guid": f"0x983400ac35e1fa{i:02x}", "memory_total_mib": 189471,
-                  "power_limit_w": 1200.0, "temperature_c": 33 + i} for i, bus in enumerate(BUSES)],
-    }
-    state.update(top)
-    return state
-
-
-class Tray:
-    """A temp gpus.json/faults.json pair and a way to run the emulator against them."""
-
-    def __init__(self, tmp: Path, state: dict | None, faults: dict | None = None):
-        self.state_path = tmp / "gpus.json"
-        self.faults_path = tmp / "faults.json"
-        if state is not None:
-            self.state_path.write_text(json.dumps(state))
-        if faults is not None:
-            self.faults_path.write_text(json.dumps(faults))
-        self.state = state
-
-    def run(self, *args: str, timeout: float = 20) -> subprocess.CompletedProcess:
-        env = {"PATH": "/usr/bin:/bin", "TZ": "UTC", "LC_ALL": "C",
-               emu.STATE_ENV: str(self.state_path), emu.FAULTS_ENV: str(self.faults_path)}
-        return subprocess.run([sys.executable, "-I", str(SCRIPT), *args], env=env, capture_output=True,
-                              text=True, timeout=timeout)
-
-    def out(self, *args: str) -> str:
-        proc = self.run(*args)
-        assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
-        return proc.stdout
 
 
 @pytest.fixture
 def tray(tmp_path):
-    def make(faults: dict | None = None, **top) -> Tray:
-        return Tray(tmp_path, contract_state(**top), faults)
+    def make(faults: dict | None = None, **top) -> EmulatedTray:
+        return EmulatedTray(tmp_path, contract_state(**top), faults)
     return make
 
 
@@ -100,16 +57,16 @@ GOLDEN_CASES = {
 
 def _golden_output(tmp: Path, name: str) -> str:
     faults, args = GOLDEN_CASES[name]
-    return _normalize(Tray(tmp, contract_state(), faults).out(*args))
+    return _normalize(EmulatedTray(tmp, contract_state(), faults).out(*args))
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
-def test_golden_outputs(tmp_path, name):
+def test_golden_outputs(tmp_path, name, processes):
     assert _golden_output(tmp_path, name) == (GOLDEN / name).read_text(), \
         f"emulator output changed; if deliberate, run: python {Path(__file__).relative_to(ROOT)} --regen"
 
 
-def test_xml_follows_the_real_element_tree(tray):
+def test_xml_follows_the_real_element_tree(tray, processes):
     """Same root, DOCTYPE, top-level order and per-GPU element paths as the real GB200 capture."""
     import xml.etree.ElementTree as ET
 
@@ -128,7 +85,7 @@ def test_xml_follows_the_real_element_tree(tray):
     assert paths(ours.find("gpu")) == paths(real.find("gpu"))
 
 
-def test_round_trip_xml_to_state(tray):
+def test_round_trip_xml_to_state(tray, processes):
     t = tray()
     report = parse_xml(t.out("-q", "-x"))
     st = t.state
@@ -147,12 +104,12 @@ def test_round_trip_xml_to_state(tray):
         assert gpu.temperature_c == want["temperature_c"]
         assert gpu.product_name == st["product_name"]
         assert (gpu.fabric.state, gpu.fabric.status) == ("Completed", "Success")
-        assert (gpu.fabric.cluster_uuid, gpu.fabric.clique_id) == (DOMAIN, 32766)
+        assert (gpu.fabric.cluster_uuid, gpu.fabric.clique_id) == (GPU_DOMAIN, 32766)
         assert gpu.fabric.health.problems() == ()
         assert gpu.ecc.volatile_uncorrectable == 0 and gpu.remapped_rows.pending is False
         assert gpu.gpu_recovery_action == "None"
         assert gpu.fabric_attached
-    assert report.clique_label == f"{DOMAIN}.32766"
+    assert report.clique_label == f"{GPU_DOMAIN}.32766"
 
 
 QUERY = ["index", "name", "uuid", "serial", "pci.bus_id", "driver_version", "temperature.gpu", "power.draw",
@@ -162,7 +119,7 @@ QUERY = ["index", "name", "uuid", "serial", "pci.bus_id", "driver_version", "tem
 
 
 @pytest.mark.parametrize("fmt", ["csv", "csv,noheader", "csv,nounits", "csv,noheader,nounits"])
-def test_query_csv_round_trip(tray, fmt):
+def test_query_csv_round_trip(tray, fmt, processes):
     t = tray()
     rows = parse_query_csv(t.out(f"--query-gpu={','.join(QUERY)}", f"--format={fmt}"), QUERY)
     assert len(rows) == 4
@@ -177,11 +134,11 @@ def test_query_csv_round_trip(tray, fmt):
         assert row["ecc.errors.uncorrected.volatile.total"] == "0"
         assert row["ecc.errors.uncorrected.aggregate.total"] == "0"
         assert (row["fabric.state"], row["fabric.status"]) == ("Completed", "Success")
-        assert (row["fabric.clusterUuid"], row["fabric.cliqueId"]) == (DOMAIN, "32766")
+        assert (row["fabric.clusterUuid"], row["fabric.cliqueId"]) == (GPU_DOMAIN, "32766")
         assert row["module_id"] == str(want["module_id"])
 
 
-def test_query_units_and_header_are_real_style(tray):
+def test_query_units_and_header_are_real_style(tray, processes):
     text = tray().out("--query-gpu=index,power.draw,memory.total", "--format=csv")
     lines = text.splitlines()
     assert lines[0] == "index, power.draw [W], memory.total [MiB]"
@@ -189,7 +146,7 @@ def test_query_units_and_header_are_real_style(tray):
     assert tray().out("--query-gpu=memory.total", "--format=csv,noheader,nounits").splitlines() == ["189471"] * 4
 
 
-def test_unknown_query_field(tray):
+def test_unknown_query_field(tray, processes):
     proc = tray().run("--query-gpu=index,bogus.field", "--format=csv")
     assert proc.returncode == 2
     assert proc.stdout.startswith('Field "bogus.field" is not a valid field to query.')
@@ -197,7 +154,7 @@ def test_unknown_query_field(tray):
         parse_query_csv(proc.stdout, ["index", "bogus.field"])
 
 
-def test_list_and_nvlink_healthy(tray):
+def test_list_and_nvlink_healthy(tray, processes):
     t = tray()
     assert parse_list(t.out("-L")) == tuple((g["index"], "NVIDIA GB200", g["uuid"]) for g in t.state["gpus"])
     links = parse_nvlink_status(t.out("nvlink", "--status"))
@@ -206,14 +163,14 @@ def test_list_and_nvlink_healthy(tray):
     assert {l.speed_gbps for g in links for l in g.links} == {53.125}
 
 
-def test_select_one_gpu(tray):
+def test_select_one_gpu(tray, processes):
     t = tray()
     report = parse_xml(t.out("-q", "-x", "-i", "2"))
     assert [g.uuid for g in report.gpus] == [t.state["gpus"][2]["uuid"]]
     assert report.attached_gpus == 4
     only = parse_nvlink_status(t.out("nvlink", "--status", "-i", "1"))
     assert [g.index for g in only] == [1]
-    by_bus = parse_list(t.out("-L", "-i", BUSES[3]))
+    by_bus = parse_list(t.out("-L", "-i", GPU_BUSES[3]))
     assert by_bus == ((3, "NVIDIA GB200", t.state["gpus"][3]["uuid"]),)
     proc = t.run("-i", "9", "-L")
     assert (proc.returncode, proc.stdout.strip()) == (6, "No devices were found")
@@ -221,7 +178,7 @@ def test_select_one_gpu(tray):
 
 # --- faults ---
 
-def test_fault_gpu_missing(tray):
+def test_fault_gpu_missing(tray, processes):
     t = tray({"gpu_missing": [1]})
     report = parse_xml(t.out("-q", "-x"))
     want = [g for g in t.state["gpus"] if g["index"] != 1]
@@ -233,7 +190,7 @@ def test_fault_gpu_missing(tray):
     assert len(parse_query_csv(t.out("--query-gpu=uuid", "--format=csv,noheader"), ["uuid"])) == 3
 
 
-def test_fault_fabric_in_progress(tray):
+def test_fault_fabric_in_progress(tray, processes):
     t = tray({"fabric": "in-progress"})
     report = parse_xml(t.out("-q", "-x"))
     for gpu in report.gpus:
@@ -246,7 +203,7 @@ def test_fault_fabric_in_progress(tray):
     assert "        State                             : In Progress" in t.out("-q")
 
 
-def test_fault_fabric_degraded(tray):
+def test_fault_fabric_degraded(tray, processes):
     report = parse_xml(tray({"fabric": "degraded"}).out("-q", "-x"))
     for gpu in report.gpus:
         assert gpu.fabric.health.bandwidth == "Degraded" and gpu.fabric.health.degraded_bandwidth
@@ -254,7 +211,7 @@ def test_fault_fabric_degraded(tray):
         assert gpu.fabric_attached  # still Completed/Success: degraded is a health finding, not detachment
 
 
-def test_fault_fabric_unhealthy(tray):
+def test_fault_fabric_unhealthy(tray, processes):
     t = tray({"fabric": "unhealthy"})
     report = parse_xml(t.out("-q", "-x"))
     for gpu in report.gpus:
@@ -266,7 +223,7 @@ def test_fault_fabric_unhealthy(tray):
     assert row["fabric.status"] == "Unknown Error"
 
 
-def test_fault_ecc_uncorrectable(tray):
+def test_fault_ecc_uncorrectable(tray, processes):
     t = tray({"ecc_uncorrectable": {"0": 5}})
     report = parse_xml(t.out("-q", "-x"))
     bad, *good = report.gpus
@@ -282,7 +239,7 @@ def test_fault_ecc_uncorrectable(tray):
     assert table[8].endswith("|                    5 |") and table[12].endswith("|                    0 |")
 
 
-def test_fault_nvlink_down(tray):
+def test_fault_nvlink_down(tray, processes):
     t = tray({"nvlink_down": [[0, 3], [0, 17], [2, 0]]})
     links = parse_nvlink_status(t.out("nvlink", "--status"))
     assert [g.inactive_links for g in links] == [(3, 17), (), (0,), ()]
@@ -291,35 +248,35 @@ def test_fault_nvlink_down(tray):
     assert [g.fabric.health.bandwidth for g in report.gpus] == ["Degraded", "Full", "Degraded", "Full"]
 
 
-def test_fault_xid_79_makes_gpu_unreadable(tray):
+def test_fault_xid_79_makes_gpu_unreadable(tray, processes):
     t = tray({"xid": [{"gpu": 2, "code": 79, "time": 1764441497.5}]})
     proc = t.run("-q", "-x")
     assert proc.returncode == 0
     assert proc.stderr.strip() == "Unable to determine the device handle for GPU2: 0018:01:00.0: Unknown Error"
     report = parse_xml(proc.stdout)
     assert report.attached_gpus == 4 and len(report.gpus) == 3
-    assert BUSES[2] not in [g.pci_bus_id for g in report.gpus]
+    assert GPU_BUSES[2] not in [g.pci_bus_id for g in report.gpus]
     assert [i for i, _, _ in parse_list(t.out("-L"))] == [0, 1, 3]
 
 
-def test_fault_xid_reset_class_sets_recovery_action(tray):
+def test_fault_xid_reset_class_sets_recovery_action(tray, processes):
     report = parse_xml(tray({"xid": [{"gpu": 1, "code": 48, "time": 1.0}]}).out("-q", "-x"))
     assert [g.gpu_recovery_action for g in report.gpus] == ["None", "Reset", "None", "None"]
 
 
-def test_fault_xid_without_lasting_effect_changes_nothing(tmp_path):
-    healthy = _normalize(Tray(tmp_path, contract_state()).out("-q", "-x"))
-    with_xid = _normalize(Tray(tmp_path, contract_state(), {"xid": [{"gpu": 0, "code": 13, "time": 1.0}]}).out("-q", "-x"))
+def test_fault_xid_without_lasting_effect_changes_nothing(tmp_path, processes):
+    healthy = _normalize(EmulatedTray(tmp_path, contract_state()).out("-q", "-x"))
+    with_xid = _normalize(EmulatedTray(tmp_path, contract_state(), {"xid": [{"gpu": 0, "code": 13, "time": 1.0}]}).out("-q", "-x"))
     assert with_xid == healthy
 
 
-def test_empty_faults_file_is_healthy(tmp_path):
-    healthy = _normalize(Tray(tmp_path, contract_state()).out("-q", "-x"))
-    assert _normalize(Tray(tmp_path, contract_state(), {}).out("-q", "-x")) == healthy
+def test_empty_faults_file_is_healthy(tmp_path, processes):
+    healthy = _normalize(EmulatedTray(tmp_path, contract_state()).out("-q", "-x"))
+    assert _normalize(EmulatedTray(tmp_path, contract_state(), {}).out("-q", "-x")) == healthy
 
 
-def test_no_state_file_is_a_host_without_driver(tmp_path):
-    t = Tray(tmp_path, None)
+def test_no_state_file_is_a_host_without_driver(tmp_path, processes):
+    t = EmulatedTray(tmp_path, None)
     proc = t.run("-q", "-x")
     assert proc.returncode == 9
     assert proc.stdout.startswith("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.")
@@ -328,28 +285,28 @@ def test_no_state_file_is_a_host_without_driver(tmp_path):
     assert t.run().returncode == 9
 
 
-def test_host_level_faults_leave_gpus_alone(tmp_path):
+def test_host_level_faults_leave_gpus_alone(tmp_path, processes):
     """unreachable/hang act on the tray's sshd (the lab's job); the GPUs read as healthy."""
-    healthy = _normalize(Tray(tmp_path, contract_state()).out("-q", "-x"))
-    faulted = Tray(tmp_path, contract_state(), {"unreachable": True, "hang": True})
+    healthy = _normalize(EmulatedTray(tmp_path, contract_state()).out("-q", "-x"))
+    faulted = EmulatedTray(tmp_path, contract_state(), {"unreachable": True, "hang": True})
     assert _normalize(faulted.out("-q", "-x")) == healthy
 
 
-def test_two_cliques_and_zero_domain_are_rendered_per_gpu(tmp_path):
+def test_two_cliques_and_zero_domain_are_rendered_per_gpu(tmp_path, processes):
     state = contract_state()
     state["gpus"][0]["clique_id"] = 7
     state["gpus"][1]["clique_id"] = 7
-    report = parse_xml(Tray(tmp_path, state).out("-q", "-x"))
+    report = parse_xml(EmulatedTray(tmp_path, state).out("-q", "-x"))
     assert [g.fabric.clique_id for g in report.gpus] == [7, 7, 32766, 32766]
     assert report.clique_ids == (7, 32766) and report.clique_label is None
 
-    report = parse_xml(Tray(tmp_path, contract_state(cluster_uuid=None, clique_id=None)).out("-q", "-x"))
+    report = parse_xml(EmulatedTray(tmp_path, contract_state(cluster_uuid=None, clique_id=None)).out("-q", "-x"))
     assert "<clusterUuid>00000000-0000-0000-0000-000000000000</clusterUuid>" in \
-        Tray(tmp_path, contract_state(cluster_uuid=None, clique_id=None)).out("-q", "-x")
+        EmulatedTray(tmp_path, contract_state(cluster_uuid=None, clique_id=None)).out("-q", "-x")
     assert all(g.fabric.cluster_uuid is None and not g.fabric_attached for g in report.gpus)
 
 
-def test_bad_arguments(tray):
+def test_bad_arguments(tray, processes):
     t = tray()
     for args in (("--bogus",), ("-x",), ("--query-gpu=index",), ("--query-gpu=index", "--format=json"),
                  ("nvlink",)):
@@ -381,13 +338,13 @@ def test_xid_log_line_unknown_owner_and_messages():
 
 
 def test_emulator_is_stdlib_only():
-    tree = ast.parse(SCRIPT.read_text())
+    tree = ast.parse(SMI_EMULATOR.read_text())
     modules = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                for alias in node.names}
     modules |= {node.module.split(".")[0] for node in ast.walk(tree)
                 if isinstance(node, ast.ImportFrom) and node.module}
     assert modules - {"__future__"} <= set(sys.stdlib_module_names), modules
-    assert SCRIPT.read_text().startswith("#!/usr/bin/python3\n")
+    assert SMI_EMULATOR.read_text().startswith("#!/usr/bin/python3\n")
 
 
 if __name__ == "__main__" and "--regen" in sys.argv:

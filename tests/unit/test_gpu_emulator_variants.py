@@ -22,7 +22,7 @@ from mctl.facts.kernel_log import parse_xid_line
 from mctl.lab import faults as faultlib
 from mctl.lab.emulators import nvidia_smi as emu
 from mctl.model.findings import Severity
-from tests.unit.test_gpu_emulator import SCRIPT, Tray, contract_state
+from tests.helpers import SMI_EMULATOR, EmulatedTray, contract_state
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "tests" / "fixtures" / "real" / "lab-forms"
@@ -45,8 +45,8 @@ def message(line: str) -> str:
 
 # --- nvlink --status: all links down ---------------------------------------------------------------
 
-def test_all_links_down_prints_the_real_nvml_text_under_the_gpu_line(tmp_path):
-    t = Tray(tmp_path, contract_state(), {"nvlink_all_down": [1]})
+def test_all_links_down_prints_the_real_nvml_text_under_the_gpu_line(tmp_path, processes):
+    t = EmulatedTray(tmp_path, contract_state(), {"nvlink_all_down": [1]})
     out = t.out("nvlink", "--status").splitlines()
     sample = real("nvlink-status-all-inactive-b200.txt").splitlines()
     i = out.index(next(line for line in out if line.startswith("GPU 1: ")))
@@ -104,8 +104,8 @@ def test_xid_154_carries_the_recovery_action_the_real_way():
     assert "to 0x2 (Node Reboot Required)" in emu.event_line("h", GB200_BUS, 154, 1.0, uptime=1.0, recovery="reboot")
 
 
-def test_nvlink5_severity_and_154_show_in_nvidia_smi(tmp_path):
-    t = Tray(tmp_path, contract_state(), {"xid": [{"gpu": 0, "code": 145, "nonfatal": True, "time": 1.0},
+def test_nvlink5_severity_and_154_show_in_nvidia_smi(tmp_path, processes):
+    t = EmulatedTray(tmp_path, contract_state(), {"xid": [{"gpu": 0, "code": 145, "nonfatal": True, "time": 1.0},
                                                  {"gpu": 1, "code": 149, "nonfatal": False, "time": 1.0},
                                                  {"gpu": 2, "code": 154, "recovery": "drain-reset", "time": 1.0}]})
     tree = ET.fromstring(t.out("-q", "-x"))
@@ -128,8 +128,8 @@ def test_fell_off_bus_lines_follow_the_real_message():
     assert len({line[:line.index("] ") + 1] for line in lines[:3]}) == 1
 
 
-def test_fell_off_bus_gpu_is_lost_in_nvidia_smi(tmp_path):
-    t = Tray(tmp_path, contract_state(), {"fell_off_bus": [2]})
+def test_fell_off_bus_gpu_is_lost_in_nvidia_smi(tmp_path, processes):
+    t = EmulatedTray(tmp_path, contract_state(), {"fell_off_bus": [2]})
     proc = t.run("-q", "-x")
     assert proc.stderr.strip() == "Unable to determine the device handle for GPU2: 0018:01:00.0: Unknown Error"
     tree = ET.fromstring(proc.stdout)
@@ -143,9 +143,9 @@ def _children(elem):
     return [c.tag for c in elem]
 
 
-def test_r535_power_readings_follow_the_real_r535_shape(tmp_path):
+def test_r535_power_readings_follow_the_real_r535_shape(tmp_path, processes):
     sample = ET.fromstring("<gpu>" + real("q-x-r53x-power-readings-excerpt.xml") + "</module_power_readings></gpu>")
-    t = Tray(tmp_path, contract_state(), {"driver_branch": "535"})
+    t = EmulatedTray(tmp_path, contract_state(), {"driver_branch": "535"})
     tree = ET.fromstring(t.out("-q", "-x"))
     assert tree.findtext("driver_version").startswith("535.")
     gpu = tree.find("gpu")
@@ -155,8 +155,8 @@ def test_r535_power_readings_follow_the_real_r535_shape(tmp_path):
     assert "Power Draw" in t.out("-q")
 
 
-def test_r580_ecc_section_follows_the_real_r580_shape(tmp_path):
-    t = Tray(tmp_path, contract_state(), {"driver_branch": "580"})
+def test_r580_ecc_section_follows_the_real_r580_shape(tmp_path, processes):
+    t = EmulatedTray(tmp_path, contract_state(), {"driver_branch": "580"})
     sample = real("q-r580-ecc-excerpt.txt").splitlines()
     text = t.out("-q").splitlines()
 
@@ -173,10 +173,10 @@ def test_r580_ecc_section_follows_the_real_r580_shape(tmp_path):
     assert ET.fromstring(t.out("-q", "-x")).findtext("driver_version").startswith("580.")
 
 
-def test_branch_comes_from_gpus_json_and_the_fault_overrides_it(tmp_path):
-    t = Tray(tmp_path, contract_state(driver_branch="580"))
+def test_branch_comes_from_gpus_json_and_the_fault_overrides_it(tmp_path, processes):
+    t = EmulatedTray(tmp_path, contract_state(driver_branch="580"))
     assert ET.fromstring(t.out("-q", "-x")).find("gpu/ecc_errors/tpc_repair_pending") is not None
-    t = Tray(tmp_path, contract_state(driver_branch="580"), {"driver_branch": "570"})
+    t = EmulatedTray(tmp_path, contract_state(driver_branch="580"), {"driver_branch": "570"})
     tree = ET.fromstring(t.out("-q", "-x"))
     assert tree.find("gpu/ecc_errors/tpc_repair_pending") is None
     assert tree.find("gpu/gpu_power_readings/average_power_draw") is not None      # the real R570 capture's
@@ -186,7 +186,7 @@ def test_branch_comes_from_gpus_json_and_the_fault_overrides_it(tmp_path):
 
 # --- flapping links, storms ------------------------------------------------------------------------
 
-def test_flapping_link_follows_the_clock(tmp_path):
+def test_flapping_link_follows_the_clock(tmp_path, processes):
     # The rule at given instants (down the first half of each period), then the emulator itself with a period
     # long enough that no load on the machine moves the answer across a half period.
     from mctl.lab.emulators.nvidia_smi import flapping_down
@@ -196,7 +196,7 @@ def test_flapping_link_follows_the_clock(tmp_path):
     assert flapping_down(flap, 1, 101.0) == []
     now = time.time()
     for since, down in ((now - 1.0, True), (now - 301.0, False), (now - 601.0, True)):
-        t = Tray(tmp_path, contract_state(), {"nvlink_flap": [{"gpu": 0, "link": 5, "since": since, "period": 600.0}]})
+        t = EmulatedTray(tmp_path, contract_state(), {"nvlink_flap": [{"gpu": 0, "link": 5, "since": since, "period": 600.0}]})
         out = t.out("nvlink", "--status")
         assert ("\t Link 5: <inactive>" in out) is down, since - now
 
@@ -250,7 +250,7 @@ def test_xid_storm_fault_requests():
 
 def _launcher(tmp_path: Path) -> Path:
     script = tmp_path / "nvidia-smi"
-    script.write_text(emu.LAUNCHER.replace("@LIB@", str(SCRIPT.parent)))
+    script.write_text(emu.LAUNCHER.replace("@LIB@", str(SMI_EMULATOR.parent)))
     script.chmod(0o755)
     return script
 
@@ -268,7 +268,7 @@ def _write_faults(tmp_path: Path, doc: dict) -> None:
 
 
 @pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="the launcher runs /usr/bin/python3")
-def test_smi_hang_blocks_even_an_answer_the_launcher_would_replay(tmp_path):
+def test_smi_hang_blocks_even_an_answer_the_launcher_would_replay(tmp_path, processes):
     (tmp_path / "gpus.json").write_text(json.dumps(contract_state()))
     _write_faults(tmp_path, {})
     script = _launcher(tmp_path)
@@ -298,7 +298,7 @@ def _xid_function(log: Path, max_bytes: int) -> str:
     return body.replace("@XID_BYTES@", str(max_bytes)).replace("@XID_TAIL@", str(shell.XID_TAIL)) + "\nxid\n"
 
 
-def test_the_xid_probe_reads_only_the_tail_of_a_stormed_kern_log(tmp_path):
+def test_the_xid_probe_reads_only_the_tail_of_a_stormed_kern_log(tmp_path, processes):
     from mctl.facts import shell
 
     log = tmp_path / "kern.log"
@@ -325,13 +325,13 @@ def test_the_xid_probe_reads_only_the_tail_of_a_stormed_kern_log(tmp_path):
     assert shell.XID_BYTES == 4 << 20
 
 
-def test_a_storm_has_the_lasting_effect_of_its_code(tmp_path):
+def test_a_storm_has_the_lasting_effect_of_its_code(tmp_path, processes):
     now = time.time()
     faults = {"xid_storm": [{"gpu": 0, "code": 149, "nonfatal": False, "since": now},
                             {"gpu": 1, "code": 145, "nonfatal": True, "since": now}]}
     env_log = tmp_path / "kern.log"
-    t = Tray(tmp_path, contract_state(), faults)
-    proc = subprocess.run([__import__("sys").executable, "-I", str(SCRIPT), "-q", "-x"], capture_output=True, text=True,
+    t = EmulatedTray(tmp_path, contract_state(), faults)
+    proc = subprocess.run([__import__("sys").executable, "-I", str(SMI_EMULATOR), "-q", "-x"], capture_output=True, text=True,
                           timeout=30, env={"PATH": "/usr/bin:/bin", emu.STATE_ENV: str(t.state_path),
                                            emu.FAULTS_ENV: str(t.faults_path), emu.KERN_LOG_ENV: str(env_log)})
     tree = ET.fromstring(proc.stdout)
@@ -348,7 +348,7 @@ def _probe(tmp_path, faults, smi_timeout=20.0):
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
     smi = bindir / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\nexec {sys.executable} -I {SCRIPT} \"$@\"\n")
+    smi.write_text(f"#!/bin/sh\nexec {sys.executable} -I {SMI_EMULATOR} \"$@\"\n")
     smi.chmod(0o755)
     (tmp_path / "gpus.json").write_text(json.dumps(contract_state()))
     _write_faults(tmp_path, faults)
@@ -371,7 +371,7 @@ def _judge(facts):
     return checks.run_tray(facts, expect, HealthSettings(imex="ignore"))
 
 
-def test_probe_on_a_hung_nvidia_smi_ends_within_its_timeout_and_is_not_healthy(tmp_path):
+def test_probe_on_a_hung_nvidia_smi_ends_within_its_timeout_and_is_not_healthy(tmp_path, processes):
     t0 = time.monotonic()
     facts = _probe(tmp_path, {"smi_hang": True}, smi_timeout=2.0)
     assert time.monotonic() - t0 < 30
@@ -379,7 +379,7 @@ def test_probe_on_a_hung_nvidia_smi_ends_within_its_timeout_and_is_not_healthy(t
     assert any(f.severity is Severity.CRITICAL for f in _judge(facts))
 
 
-def test_probe_on_all_links_down_is_not_healthy(tmp_path):
+def test_probe_on_all_links_down_is_not_healthy(tmp_path, processes):
     found = _judge(_probe(tmp_path, {"nvlink_all_down": [0]}))
     nvlink = [f for f in found if f.check.startswith("nvlink")]
     assert nvlink and all(f.severity is not Severity.OK for f in nvlink)

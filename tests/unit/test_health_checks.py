@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -15,49 +14,23 @@ from mctl import checks
 from mctl.checks import compose_reason, drain_reason
 from mctl.checks import fabric_identity
 from mctl.facts.kernel_log import observe_xid
-from mctl.model.tray import Clock, DiskUsage, ImexObservation, Memory, TrayExpectation, TrayFacts
+from mctl.model.tray import DiskUsage, ImexObservation, Memory, TrayFacts
 from mctl.model.drain import REASON_MAX
 from mctl.model.settings import HealthSettings
 from mctl.model.findings import Severity, worst
 from mctl.model.gpu import GpuNvLinks, NvLink
 from mctl.sched.slurm.facts import parse_show_nodes
+from tests.helpers import GB200_GPUS, LINKS_OK, TRAY_CLOCK, by_check, expect, tray, xid_line
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
-REAL = parse_xml((FIX / "gb200-nvidia-smi-q-x.xml").read_text())
-REAL_DOMAIN = "889d2be1-4bbf-69e1-d3f2-97c465ee31aa"
 LAB_HEALTHY = parse_xml((FIX / "lab" / "healthy-q-x.xml").read_text())
 LAB_FAULTED = parse_xml((FIX / "lab" / "faulted-q-x.xml").read_text())
-LINKS_OK = parse_nvlink_status((FIX / "lab" / "healthy-nvlink-status.txt").read_text())
 LINKS_DOWN = parse_nvlink_status((FIX / "lab" / "faulted-nvlink-status.txt").read_text())
-CLOCK = Clock(epoch=1_764_441_600.0, local=datetime(2025, 11, 29, 18, 40, 0), uptime=86_400.0)
 S = HealthSettings()
-
-
-def tray(host="t01", gpus=REAL, **kw) -> TrayFacts:
-    base = dict(host=host, gpus=gpus, nvlinks=LINKS_OK, clock=CLOCK, xid_source="/var/log/kern.log",
-                slurmd=ServiceState("slurmd.service", True, "active", "running"),
-                disks=(DiskUsage("/", "/", 1000, 100, 900),), memory=Memory(1000, 800))
-    base.update(kw)
-    return TrayFacts(**base)
-
-
-def expect(host="t01", **kw) -> TrayExpectation:
-    base = dict(host=host, rack="rack-a", driver_version="570.148.08", nvlink_domain=REAL_DOMAIN, scheduler="slurm")
-    base.update(kw)
-    return TrayExpectation(**base)
 
 
 def run(facts, exp=None, settings=S):
     return checks.run_tray(facts, exp or expect(facts.host), settings)
-
-
-def by_check(findings, check):
-    return [f for f in findings if f.check == check]
-
-
-def xid_line(code: int, pci="0000:29:00", uptime=86_000.0, stamp="Nov 29 18:33:20", host="t01") -> str:
-    return (f"{stamp} {host} kernel: [{uptime:12.6f}] NVRM: Xid (PCI:{pci}): {code}, pid='<unknown>', "
-            f"name=<unknown>, GPU has fallen off the bus.")
 
 
 # --- real captures --------------------------------------------------------------------------------
@@ -130,11 +103,11 @@ def _fabric(report, **fields):
 
 
 def test_fabric_in_progress_is_a_warning_other_states_critical():
-    found = run(tray(gpus=_fabric(REAL, state="In Progress", status=None, cluster_uuid=None, clique_id=None)))
+    found = run(tray(gpus=_fabric(GB200_GPUS, state="In Progress", status=None, cluster_uuid=None, clique_id=None)))
     (f,) = by_check(found, "fabric.state")
     assert f.severity is Severity.WARN and "In Progress/N/A" in f.message
     assert not by_check(found, "fabric.domain")        # no domain yet is fabric.state's to report
-    found = run(tray(gpus=_fabric(REAL, status="Unknown Error")))
+    found = run(tray(gpus=_fabric(GB200_GPUS, status="Unknown Error")))
     assert by_check(found, "fabric.state")[0].severity is Severity.CRITICAL
     assert by_check(found, "fabric.state")[0].details["short"] == "fabric unknown error gpu0,1,2,3"
 
@@ -143,20 +116,20 @@ def test_fabric_domain_against_the_inventory():
     found = run(tray(), expect(nvlink_domain="7b968a6d-c8aa-45e1-9e07-e1e51be99c31"))
     (f,) = by_check(found, "fabric.domain")
     assert f.severity is Severity.CRITICAL and f.details["short"] == "wrong nvlink domain"
-    found = run(tray(gpus=_fabric(REAL, cluster_uuid=None)))
+    found = run(tray(gpus=_fabric(GB200_GPUS, cluster_uuid=None)))
     assert by_check(found, "fabric.domain")[0].details["short"] == "no nvlink domain"
 
 
 def test_clique_split_inside_a_tray():
-    gpus = tuple(replace(g, fabric=replace(g.fabric, clique_id=2 if g.index < 2 else 3)) for g in REAL.gpus)
-    found = run(tray(gpus=replace(REAL, gpus=gpus)))
+    gpus = tuple(replace(g, fabric=replace(g.fabric, clique_id=2 if g.index < 2 else 3)) for g in GB200_GPUS.gpus)
+    found = run(tray(gpus=replace(GB200_GPUS, gpus=gpus)))
     (f,) = by_check(found, "fabric.clique")
     assert f.severity is Severity.CRITICAL and f.details["short"] == "clique split"
 
 
 def test_clique_against_the_partition_plan():
     def with_clique(host, clique):
-        return tray(host, gpus=_fabric(REAL, clique_id=clique))
+        return tray(host, gpus=_fabric(GB200_GPUS, clique_id=clique))
     trays = [with_clique("t01", 2), with_clique("t02", 2), with_clique("t03", 5), with_clique("t04", 3),
              with_clique("t05", 3)]
     plan = {"t01": "p0", "t02": "p0", "t03": "p0", "t04": "p1", "t05": "p1"}
@@ -175,7 +148,7 @@ def test_clique_against_the_partition_plan():
 
 
 def _xids(*lines):
-    return tuple(observe_xid(parse_xid_line(line), CLOCK) for line in lines)
+    return tuple(observe_xid(parse_xid_line(line), TRAY_CLOCK) for line in lines)
 
 
 def test_recent_fatal_xid_is_critical_with_a_short_reason():
@@ -208,7 +181,7 @@ def test_xid_ages_out_and_earlier_boots_do_not_count():
 
 
 def test_xid_of_a_gpu_that_fell_off_is_named_from_nvidia_smis_message():
-    without_gpu0 = replace(REAL, gpus=REAL.gpus[1:])
+    without_gpu0 = replace(GB200_GPUS, gpus=GB200_GPUS.gpus[1:])
     facts = tray(gpus=without_gpu0, xids=_xids(xid_line(79, pci="0000:29:00")),
                  gpu_messages=("Unable to determine the device handle for GPU0: 0000:29:00.0: Unknown Error",))
     (f,) = by_check(run(facts), "gpu.xid")
@@ -221,19 +194,19 @@ def _gpu(report, index, **fields):
 
 
 def test_ecc_remapped_rows_and_recovery_action():
-    g0 = REAL.gpus[0]
-    report = _gpu(REAL, 0, ecc=replace(g0.ecc, volatile_uncorrectable=2, aggregate_uncorrectable=2))
+    g0 = GB200_GPUS.gpus[0]
+    report = _gpu(GB200_GPUS, 0, ecc=replace(g0.ecc, volatile_uncorrectable=2, aggregate_uncorrectable=2))
     (f,) = by_check(run(tray(gpus=report)), "gpu.ecc")
     assert f.severity is Severity.CRITICAL and "gpu0 2" in f.message
-    report = _gpu(REAL, 1, ecc=replace(g0.ecc, aggregate_uncorrectable=7))
+    report = _gpu(GB200_GPUS, 1, ecc=replace(g0.ecc, aggregate_uncorrectable=7))
     assert by_check(run(tray(gpus=report)), "gpu.ecc")[0].severity is Severity.WARN
-    report = _gpu(REAL, 2, remapped_rows=replace(g0.remapped_rows, failure=True))
+    report = _gpu(GB200_GPUS, 2, remapped_rows=replace(g0.remapped_rows, failure=True))
     (f,) = by_check(run(tray(gpus=report)), "gpu.remapped-rows")
     assert f.severity is Severity.CRITICAL and f.details["short"] == "row remap failure gpu2"
-    report = _gpu(REAL, 3, gpu_recovery_action="Reset")
+    report = _gpu(GB200_GPUS, 3, gpu_recovery_action="Reset")
     (f,) = by_check(run(tray(gpus=report)), "gpu.recovery")
     assert f.severity is Severity.CRITICAL and f.details["short"] == "gpu3 needs reset"
-    assert not by_check(run(tray(gpus=_gpu(REAL, 3, gpu_recovery_action="None"))), "gpu.recovery")
+    assert not by_check(run(tray(gpus=_gpu(GB200_GPUS, 3, gpu_recovery_action="None"))), "gpu.recovery")
 
 
 def test_nvlinks():
@@ -250,12 +223,12 @@ def test_nvlinks():
 
 
 def test_temperature_and_power():
-    report = _gpu(REAL, 1, temperature_c=93.0)
+    report = _gpu(GB200_GPUS, 1, temperature_c=93.0)
     (f,) = by_check(run(tray(gpus=report)), "gpu.temperature")
     assert f.severity is Severity.CRITICAL and f.details["short"] == "gpu1 temp 93C"
-    report = _gpu(REAL, 1, temperature_c=87.0)
+    report = _gpu(GB200_GPUS, 1, temperature_c=87.0)
     assert by_check(run(tray(gpus=report)), "gpu.temperature")[0].severity is Severity.WARN
-    report = _gpu(REAL, 2, power_draw_w=1300.0)
+    report = _gpu(GB200_GPUS, 2, power_draw_w=1300.0)
     (f,) = by_check(run(tray(gpus=report)), "gpu.power")
     assert f.severity is Severity.WARN and "1300 W" in f.message
 
@@ -305,7 +278,7 @@ def test_probe_problems_are_warnings():
 # --- drain reasons --------------------------------------------------------------------------------
 
 def test_drain_reason_fits_sinfo_and_prefers_the_most_specific_check():
-    found = run(tray(gpus=replace(REAL, gpus=REAL.gpus[1:]), xids=_xids(xid_line(79, pci="0000:29:00")),
+    found = run(tray(gpus=replace(GB200_GPUS, gpus=GB200_GPUS.gpus[1:]), xids=_xids(xid_line(79, pci="0000:29:00")),
                      gpu_messages=("Unable to determine the device handle for GPU0: 0000:29:00.0: Unknown Error",)))
     reason, full = drain_reason(found)
     assert reason == "mctl: xid 79 gpu0 (fell off bus) +1"

@@ -64,7 +64,7 @@ def test_node_check_with_a_missing_config_is_a_usage_error(capsys, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has nvidia-smi")
-def test_node_check_runs_here_without_gpus(capsys, tmp_path):
+def test_node_check_runs_here_without_gpus(capsys, tmp_path, processes):
     config = tmp_path / "c.json"
     config.write_text(json.dumps({"schema": 1, "node": "here", "scheduler": None, "drain": False,
                                   "expect": {"host": "here"}, "settings": {"disk_paths": ["/"]}}))

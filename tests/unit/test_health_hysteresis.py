@@ -12,8 +12,9 @@ from mctl.model.drain import DRAIN, RESUME
 from mctl.model.settings import HealthSettings
 from mctl.model.findings import Finding, Severity
 from mctl.model.settings import HealthSettings, HysteresisSettings
-from tests.unit.test_health_policy import S, Site
+from tests.helpers import PolicySite
 
+S = HealthSettings()
 H = HysteresisSettings()
 HOST = "r1-tray01"
 LINK_DOWN = Finding(Severity.CRITICAL, HOST, "nvlink.links", "NVLinks not up: gpu0 link5", None, {"gpu": 0})
@@ -97,7 +98,7 @@ def verdict(findings):
 
 
 def cycles(pattern: str, settings: HealthSettings = S):
-    site = Site([HOST] + [f"r1-tray{i:02d}" for i in range(2, 9)], settings)
+    site = PolicySite([HOST] + [f"r1-tray{i:02d}" for i in range(2, 9)], settings)
     acts = []
     for c in pattern:
         out = site.sweep([verdict([LINK_DOWN] if c == "D" else [LINK_OK])])
@@ -121,7 +122,7 @@ def test_without_hysteresis_the_same_flapping_oscillates():
 
 
 def test_an_xid_storm_that_a_bounded_tail_sometimes_misses_does_not_oscillate():
-    site = Site([HOST] + [f"r1-tray{i:02d}" for i in range(2, 9)])
+    site = PolicySite([HOST] + [f"r1-tray{i:02d}" for i in range(2, 9)])
     acts = []
     for c in "DuuuDuuuDuuuD" + "u" * 70:        # the fatal line sometimes pushed out of the tail by the storm
         out = site.sweep([verdict([XID] if c == "D" else [])])

@@ -12,7 +12,7 @@ from mctl.model.tray import TrayFacts
 from mctl.health.record import TrayVerdict
 from mctl.model.drain import DRAIN, NodeView
 from mctl.model.findings import Finding, Severity
-from tests.unit.test_transport_deadlines import _engine
+from tests.helpers import example_engine
 
 XID = Finding(Severity.CRITICAL, None, "gpu.xid", "XID 79 on gpu0: GPU has fallen off the bus", None,
               {"short": "xid 79 gpu0 (fell off bus)"})
@@ -49,7 +49,7 @@ class _Slurm:
 
 
 def _remediate(tmp_path, scheduler: _Slurm, host: str, rack: str) -> SweepResult:
-    engine, _ = _engine(tmp_path)
+    engine, _ = example_engine(tmp_path)
     engine.remediate = True
     engine.scheduler = scheduler
     verdict = TrayVerdict(host, rack, "ok", Severity.CRITICAL, (Finding(Severity.CRITICAL, host, XID.check,
@@ -62,7 +62,7 @@ def _remediate(tmp_path, scheduler: _Slurm, host: str, rack: str) -> SweepResult
 
 
 def _site_tray(tmp_path):
-    engine, _ = _engine(tmp_path)
+    engine, _ = example_engine(tmp_path)
     h = engine.scope.hosts[0]
     return h.name, h.rack
 

@@ -16,7 +16,7 @@ from mctl.inventory import load_site
 from mctl.model.findings import Finding, Severity
 from mctl.model.settings import HealthSettings
 from mctl.model.site import Partition
-from tests.unit.test_audit_rules import write_site
+from tests.helpers import captured_lab_site
 
 NOW = 1_800_000_000.0
 ON = HealthSettings(isolate=True)
@@ -25,7 +25,7 @@ T1, T2, T3, T4 = (f"lab-r1-tray0{n}" for n in range(1, 5))
 
 @pytest.fixture()
 def site(tmp_path):
-    return load_site(write_site(tmp_path / "site"))
+    return load_site(captured_lab_site(tmp_path / "site"))
 
 
 def verdict(host: str, *checks: str, severity: Severity = Severity.CRITICAL) -> TrayVerdict:
@@ -167,7 +167,7 @@ def test_metrics_only_once_the_watch_acted(site):
 # ------------------------------------------------------------------ the setting, checked at load
 
 def _with(tmp_path, isolate_doc, *, drop_nmx=False):
-    folder = write_site(tmp_path / "s", nmx=not drop_nmx)
+    folder = captured_lab_site(tmp_path / "s", nmx=not drop_nmx)
     doc = yaml.safe_load((folder / "mctl.yml").read_text())
     doc["health"] = {"isolate": isolate_doc}
     (folder / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -175,7 +175,7 @@ def _with(tmp_path, isolate_doc, *, drop_nmx=False):
 
 
 def test_the_setting_is_off_by_default_and_read_per_site(tmp_path):
-    assert load_site(write_site(tmp_path / "d")).health.isolate is False
+    assert load_site(captured_lab_site(tmp_path / "d")).health.isolate is False
     s = load_site(_with(tmp_path, {"enabled": True, "to": "default"})).health
     assert (s.isolate, s.isolate_to) == (True, "default")
     assert HealthSettings.from_dict(s.to_dict()) == s                       # travels with the rest
@@ -204,7 +204,7 @@ def test_enabled_without_nmx_is_a_load_problem_naming_the_rack(tmp_path):
     assert problems == []
 
 
-def test_bad_value_exits_2_with_a_hint(tmp_path):
+def test_bad_value_exits_2_with_a_hint(tmp_path, processes):
     import subprocess
     import sys
 
@@ -247,10 +247,7 @@ def test_the_engine_follows_the_partitions_an_isolation_or_a_restore_by_hand_wri
     assert engine.plans["lab-r1"][T2] == "p0"
 
 
-def test_the_rack_lock_is_taken_or_already_ours_someone_elses_is_a_wait(tmp_path):
-    import subprocess
-    import sys
-
+def test_the_rack_lock_is_taken_or_already_ours_someone_elses_is_a_wait(tmp_path, held_lock):
     from mctl.change.service import rack_lock_at as _rack_lock
     from mctl.state.lock import LockBusy, file_lock
 
@@ -262,17 +259,10 @@ def test_the_rack_lock_is_taken_or_already_ours_someone_elses_is_a_wait(tmp_path
     with file_lock(path, purpose="mctl health check --remediate"):
         with _rack_lock(path, "lab-r1"):                    # this process holds it: go on
             pass
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from mctl.state.lock import file_lock\n"
-                               f"with file_lock({str(path)!r}, purpose='other'):\n"
-                               "    print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with held_lock(path, "other"):
         with pytest.raises(LockBusy):
             with _rack_lock(path, "lab-r1"):
                 pass
-    finally:
-        holder.kill()
-        holder.wait(timeout=10)
 
 
 def test_dry_run_shows_the_isolation_it_would_start_and_writes_nothing(site, tmp_path):

@@ -10,7 +10,7 @@ import pytest
 
 from mctl.health.metrics import MetricsServer, listen_address, prom_value, render
 from tests.unit.cli_helpers import run_cli
-from tests.unit.test_health_screen import result
+from tests.helpers import watch_result
 
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "inventories" / "example-gb200")
 
@@ -21,7 +21,7 @@ def _sample(text: str, name: str) -> str:
 
 
 def test_the_last_sweep_timestamp_is_written_to_the_microsecond():
-    r = result()
+    r = watch_result()
     r.started = 1796110000.123456
     r.elapsed = 0.4216
     text = render(r, site="lab", interval=2.5)
@@ -53,7 +53,7 @@ def test_listen_addresses_that_are_refused(given):
         listen_address(given)
 
 
-def test_server_listens_where_it_is_told():
+def test_server_listens_where_it_is_told(sockets):
     other = "127.0.0.2"          # a loopback address that is not the default one
     server = MetricsServer(0, other).start()
     try:
@@ -67,7 +67,7 @@ def test_server_listens_where_it_is_told():
         server.close()
 
 
-def test_server_default_is_loopback_and_ipv6_works_where_the_machine_has_it():
+def test_server_default_is_loopback_and_ipv6_works_where_the_machine_has_it(sockets):
     server = MetricsServer(0)
     assert server.httpd.server_address[0] == "127.0.0.1"
     server.httpd.server_close()

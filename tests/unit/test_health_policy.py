@@ -14,9 +14,10 @@ from mctl.model.drain import ADOPT, DRAIN, FORGET, QUEUE, RESUME, SKIP, ActResul
 from mctl.model.settings import HealthSettings
 from mctl.model.findings import Finding, Severity
 from mctl.sched.slurm.facts import parse_show_nodes
+from tests.helpers import POLICY_NOW, PolicySite
 
 S = HealthSettings()
-NOW = 1_800_000_000.0
+NOW = POLICY_NOW
 XID = Finding(Severity.CRITICAL, None, "gpu.xid", "XID 79 on gpu0: GPU has fallen off the bus", None,
               {"short": "xid 79 gpu0 (fell off bus)"})
 
@@ -46,32 +47,6 @@ def idle(*hosts):
     return {h: NodeView(h, state="IDLE") for h in hosts}
 
 
-class Site:
-    """Sweeps in a row against a scheduler whose node states follow the decisions (as Slurm's would)."""
-
-    def __init__(self, hosts, settings=S, sizes=None):
-        self.records: dict[str, TrayRecord] = {}
-        self.breaker = BreakerState()
-        self.nodes = idle(*hosts)
-        self.settings = settings
-        self.sizes = sizes or {"r1": len(hosts)}
-        self.now = NOW
-
-    def sweep(self, verdicts, *, scheduler_up=True, apply=True):
-        self.now += 60
-        out = decide(self.records, verdicts, self.nodes if scheduler_up else None, self.settings, self.breaker,
-                     self.sizes, now=self.now)
-        if apply:
-            for d in out.actions:
-                settle(out, ActResult(d, True))
-                node = self.nodes[d.host]
-                self.nodes[d.host] = replace(node, drained=d.action == DRAIN,
-                                             reason=d.reason if d.action == DRAIN else None,
-                                             state="IDLE+DRAIN" if d.action == DRAIN else "IDLE")
-        self.records, self.breaker = out.records, out.breaker
-        return out
-
-
 def actions(out):
     return [(d.action, d.host) for d in out.actions]
 
@@ -79,7 +54,7 @@ def actions(out):
 # --- drain and resume ------------------------------------------------------------------------------
 
 def test_critical_tray_is_drained_on_the_first_sweep_with_an_mctl_reason():
-    site = Site(trays(4))
+    site = PolicySite(trays(4))
     out = site.sweep([ok("r1-tray01"), bad("r1-tray02"), ok("r1-tray03"), ok("r1-tray04")])
     (d,) = out.actions
     assert (d.action, d.host, d.reason) == (DRAIN, "r1-tray02", "mctl: xid 79 gpu0 (fell off bus)")
@@ -92,14 +67,14 @@ def test_critical_tray_is_drained_on_the_first_sweep_with_an_mctl_reason():
 
 
 def test_confirm_sweeps_waits_for_a_second_critical_sweep():
-    site = Site(trays(4), replace(S, confirm_sweeps=2))
+    site = PolicySite(trays(4), replace(S, confirm_sweeps=2))
     assert site.sweep([bad("r1-tray01")]).actions == []
     assert actions(site.sweep([bad("r1-tray01")])) == [(DRAIN, "r1-tray01")]
     assert "critical for 2 sweeps" in site.records["r1-tray01"].full_reason
 
 
 def test_resume_after_n_healthy_sweeps_only():
-    site = Site(trays(4))
+    site = PolicySite(trays(4))
     site.sweep([bad("r1-tray01")])
     for n in range(S.resume_after_healthy_sweeps - 1):
         assert site.sweep([ok("r1-tray01") if n % 2 else warn("r1-tray01")]).actions == []   # warn is healthy
@@ -111,7 +86,7 @@ def test_resume_after_n_healthy_sweeps_only():
 
 def test_a_relapse_restarts_the_healthy_count():
     # without hysteresis (a relapse within hysteresis_window_sweeps is a flap: tests/unit/test_health_hysteresis.py)
-    site = Site(trays(4), replace(S, hysteresis_checks=()))
+    site = PolicySite(trays(4), replace(S, hysteresis_checks=()))
     site.sweep([bad("r1-tray01")])
     site.sweep([ok("r1-tray01")])
     site.sweep([ok("r1-tray01")])
@@ -124,7 +99,7 @@ def test_a_relapse_restarts_the_healthy_count():
 # --- unreachable trays --------------------------------------------------------------------------------
 
 def test_unreachable_tray_is_drained_only_after_k_misses():
-    site = Site(trays(4))
+    site = PolicySite(trays(4))
     k = S.unreachable_sweeps_before_drain
     for _ in range(k - 1):
         assert site.sweep([dark("r1-tray03")]).actions == []
@@ -134,7 +109,7 @@ def test_unreachable_tray_is_drained_only_after_k_misses():
 
 
 def test_a_tray_that_answers_again_resets_its_misses():
-    site = Site(trays(4))
+    site = PolicySite(trays(4))
     site.sweep([dark("r1-tray03")])
     site.sweep([dark("r1-tray03")])
     site.sweep([ok("r1-tray03")])
@@ -143,7 +118,7 @@ def test_a_tray_that_answers_again_resets_its_misses():
 
 
 def test_hung_tray_counts_as_a_miss_and_says_so():
-    site = Site(trays(4), replace(S, unreachable_sweeps_before_drain=1))
+    site = PolicySite(trays(4), replace(S, unreachable_sweeps_before_drain=1))
     (d,) = site.sweep([dark("r1-tray02", reach="timeout")]).actions
     assert d.reason == "mctl: hung 1 sweeps"
 
@@ -151,7 +126,7 @@ def test_hung_tray_counts_as_a_miss_and_says_so():
 # --- guards -----------------------------------------------------------------------------------------------
 
 def test_operator_drain_is_never_overwritten_and_noted_once():
-    site = Site(trays(4))
+    site = PolicySite(trays(4))
     site.nodes["r1-tray02"] = NodeView("r1-tray02", drained=True, reason="ops: replacing PSU", state="IDLE+DRAIN")
     out = site.sweep([bad("r1-tray02")])
     assert out.actions == []
@@ -166,12 +141,12 @@ def test_operator_drain_is_never_overwritten_and_noted_once():
 
 
 def test_down_node_is_never_touched():
-    site = Site(trays(4))
+    site = PolicySite(trays(4))
     site.nodes["r1-tray01"] = NodeView("r1-tray01", down=True, state="DOWN*")
     (d,) = site.sweep([bad("r1-tray01")]).decisions
     assert d.action == SKIP and "down nodes" in d.why
     # our own drain on a node that went down is not resumed while it is down
-    site = Site(trays(4))
+    site = PolicySite(trays(4))
     site.sweep([bad("r1-tray01")])
     site.nodes["r1-tray01"] = replace(site.nodes["r1-tray01"], down=True, state="DOWN+DRAIN")
     for _ in range(S.resume_after_healthy_sweeps + 1):
@@ -179,7 +154,7 @@ def test_down_node_is_never_touched():
 
 
 def test_reason_taken_over_by_an_operator_is_forgotten():
-    site = Site(trays(4))
+    site = PolicySite(trays(4))
     site.sweep([bad("r1-tray01")])
     site.nodes["r1-tray01"] = replace(site.nodes["r1-tray01"], reason="ops: keep it out, RMA")
     out = site.sweep([ok("r1-tray01")])
@@ -190,7 +165,7 @@ def test_reason_taken_over_by_an_operator_is_forgotten():
 
 
 def test_resumed_outside_mctl_is_forgotten_then_drained_again_if_still_critical():
-    site = Site(trays(4))
+    site = PolicySite(trays(4))
     site.sweep([bad("r1-tray01")])
     site.nodes["r1-tray01"] = NodeView("r1-tray01", state="IDLE")        # an operator resumed it
     out = site.sweep([bad("r1-tray01")])
@@ -198,7 +173,7 @@ def test_resumed_outside_mctl_is_forgotten_then_drained_again_if_still_critical(
 
 
 def test_other_mctl_drain_is_left_alone():
-    site = Site(trays(4))
+    site = PolicySite(trays(4))
     site.nodes["r1-tray01"] = NodeView("r1-tray01", drained=True, reason="mctl: nvlink gpu1 link5 down",
                                        state="IDLE+DRAIN")
     (d,) = site.sweep([bad("r1-tray01")]).decisions
@@ -206,7 +181,7 @@ def test_other_mctl_drain_is_left_alone():
 
 
 def test_tray_unknown_to_the_scheduler_is_skipped():
-    site = Site(trays(4))
+    site = PolicySite(trays(4))
     del site.nodes["r1-tray04"]
     (d,) = site.sweep([bad("r1-tray04")]).decisions
     assert d.action == SKIP and "not a node" in d.why
@@ -215,7 +190,7 @@ def test_tray_unknown_to_the_scheduler_is_skipped():
 # --- the scheduler away -------------------------------------------------------------------------------
 
 def test_actions_queue_while_the_scheduler_is_unreachable_then_happen():
-    site = Site(trays(4))
+    site = PolicySite(trays(4))
     out = site.sweep([bad("r1-tray01")], scheduler_up=False)
     assert out.actions == [] and [(d.action, d.host) for d in out.notes] == [(QUEUE, "r1-tray01")]
     assert site.records["r1-tray01"].pending.action == DRAIN
@@ -227,14 +202,14 @@ def test_actions_queue_while_the_scheduler_is_unreachable_then_happen():
 
 
 def test_queued_drain_is_dropped_when_the_tray_recovers_first():
-    site = Site(trays(4))
+    site = PolicySite(trays(4))
     site.sweep([bad("r1-tray01")], scheduler_up=False)
     out = site.sweep([ok("r1-tray01")])
     assert out.actions == [] and site.records["r1-tray01"].pending is None
 
 
 def test_settle_failures():
-    site = Site(trays(4))
+    site = PolicySite(trays(4))
     out = decide({}, [bad("r1-tray01")], idle("r1-tray01"), S, BreakerState(), {"r1": 4}, now=NOW)
     (d,) = out.actions
     settle(out, ActResult(d, False, "slurmctld: Unable to contact slurm controller", unreachable=True))
@@ -250,7 +225,7 @@ def test_settle_failures():
 
 def test_six_faults_on_18_trays_trip_the_breaker_at_its_threshold():
     hosts = trays(18)
-    site = Site(hosts)
+    site = PolicySite(hosts)
     faulty = set(hosts[2:8])
     verdicts = [bad(h) if h in faulty else ok(h) for h in hosts]
     out = site.sweep(verdicts)
@@ -277,9 +252,9 @@ def test_six_faults_on_18_trays_trip_the_breaker_at_its_threshold():
 def test_breaker_counts_per_rack_or_per_site():
     hosts = trays(4, "a") + trays(4, "b")
     verdicts = [bad(h, h[:1]) if h in ("a-tray01", "b-tray01") else ok(h, h[:1]) for h in hosts]
-    site = Site(hosts, replace(S, breaker_max_share=0.25), sizes={"a": 4, "b": 4})
+    site = PolicySite(hosts, replace(S, breaker_max_share=0.25), sizes={"a": 4, "b": 4})
     assert len(site.sweep(verdicts).actions) == 2           # one per rack: 25% of each
-    site = Site(hosts, replace(S, breaker_max_share=0.2, breaker_scope="site"), sizes={"a": 4, "b": 4})
+    site = PolicySite(hosts, replace(S, breaker_max_share=0.2, breaker_scope="site"), sizes={"a": 4, "b": 4})
     out = site.sweep(verdicts)
     assert len(out.actions) == 1 and site.breaker.tripped and "of the site" in site.breaker.reason
 
@@ -354,7 +329,7 @@ def _drained_with_stamp(site, host, stamp=STAMP):
 
 def _resumed_then_drained_again(stamp):
     """A site whose r1-tray01 mctl drained and resumed, then drained again with the same reason and *stamp*."""
-    site = Site(trays(4), replace(S, resume_after_healthy_sweeps=1))
+    site = PolicySite(trays(4), replace(S, resume_after_healthy_sweeps=1))
     site.sweep([bad("r1-tray01")])
     _drained_with_stamp(site, "r1-tray01")
     site.sweep([ok("r1-tray01")])
@@ -364,7 +339,7 @@ def _resumed_then_drained_again(stamp):
 
 
 def test_a_drain_the_controller_restored_after_the_resume_is_adopted_and_resumed_again():
-    site = Site(trays(4), replace(S, resume_after_healthy_sweeps=2))
+    site = PolicySite(trays(4), replace(S, resume_after_healthy_sweeps=2))
     site.sweep([bad("r1-tray01")])
     _drained_with_stamp(site, "r1-tray01")
     site.sweep([ok("r1-tray01")])
@@ -408,7 +383,7 @@ def test_the_resume_memory_survives_the_state_file():
 def test_no_resume_before_a_restarted_controller_heard_from_the_node():
     # Seen in the lab: slurmctld restored from a saved state shows UNKNOWN+DRAIN until slurmd registers;
     # RESUME then lifts the drain and answers "Invalid node state specified". The resume waits.
-    site = Site(trays(4), replace(S, resume_after_healthy_sweeps=1))
+    site = PolicySite(trays(4), replace(S, resume_after_healthy_sweeps=1))
     site.sweep([bad("r1-tray01")])
     reason = site.records["r1-tray01"].reason
     site.nodes["r1-tray01"] = NodeView("r1-tray01", drained=True, reason=reason, state="UNKNOWN+DRAIN",

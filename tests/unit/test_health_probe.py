@@ -68,7 +68,7 @@ def judge(facts):
     return checks.run_tray(facts, expect, HealthSettings(imex="auto"))
 
 
-def test_healthy_tray_through_the_real_script(tray):
+def test_healthy_tray_through_the_real_script(tray, processes):
     facts = tray()
     assert facts.problems == () and facts.gpu_error is None
     assert len(facts.gpus.gpus) == 4 and facts.gpus.driver_version == "570.148.08"
@@ -82,7 +82,7 @@ def test_healthy_tray_through_the_real_script(tray):
     assert bad == []
 
 
-def test_faulted_tray_through_the_real_script(tray):
+def test_faulted_tray_through_the_real_script(tray, processes):
     facts = tray({"gpu_missing": [], "nvlink_down": [[2, 9]], "ecc_uncorrectable": {"1": 3},
                   "xid": [{"gpu": 0, "code": 79, "time": 0}]})
     assert len(facts.gpus.gpus) == 3 and facts.gpus.attached_gpus == 4
@@ -91,7 +91,7 @@ def test_faulted_tray_through_the_real_script(tray):
     assert {"gpu.count", "nvlink.links", "gpu.ecc", "gpu.recovery"} <= found
 
 
-def test_driver_gone(tray, tmp_path):
+def test_driver_gone(tray, tmp_path, processes):
     (tmp_path / "gpus.json").unlink()
     facts = tray()
     assert facts.gpus is None and "could not communicate with the NVIDIA driver" in facts.gpu_error
@@ -161,14 +161,14 @@ def imex_tray(tmp_path, domain_status: str | None):
     return facts.imex, calls.read_text().splitlines()
 
 
-def test_imex_asked_once_when_the_domain_is_up(tmp_path):
+def test_imex_asked_once_when_the_domain_is_up(tmp_path, processes):
     obs, calls = imex_tray(tmp_path, "UP")
     assert calls == [f"-c {tmp_path}/config.cfg -N -j"]                     # no -q: UP needs every daemon READY
     assert (obs.daemon_state, obs.domain_state, obs.error) == ("READY", "UP", None)
 
 
 @pytest.mark.parametrize("status", ["DEGRADED", None])
-def test_imex_daemon_asked_when_the_domain_is_not_up(tmp_path, status):
+def test_imex_daemon_asked_when_the_domain_is_not_up(tmp_path, status, processes):
     obs, calls = imex_tray(tmp_path, status)
     assert [c.split()[-1] for c in calls] == ["-j", "-q"]
     assert obs.daemon_state == "WAITING_FOR_PEERS"

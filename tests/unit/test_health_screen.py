@@ -16,33 +16,14 @@ from mctl.health.store import ActionEntry
 from mctl.model.drain import NodeView
 from mctl.cli.health_screen import WatchScreen, sweep_line
 from mctl.health.watch import Event, WatchView, events_of
-from mctl.model.findings import Finding, Severity
+from tests.helpers import WATCH_HOSTS, watch_result
 
-HOSTS = ["lab-r1-tray01", "lab-r1-tray02", "lab-r1-tray03", "lab-r1-tray04"]
-
-
-def result(number=3, tripped=False) -> SweepResult:
-    xid = Finding(Severity.CRITICAL, HOSTS[1], "gpu.xid", "XID 79 on gpu0: GPU has fallen off the bus", None,
-                  {"short": "xid 79 gpu0 (fell off bus)"})
-    verdicts = [TrayVerdict(HOSTS[0], "lab-r1", "ok", Severity.OK),
-                TrayVerdict(HOSTS[1], "lab-r1", "ok", Severity.CRITICAL, (xid,)),
-                TrayVerdict(HOSTS[2], "lab-r1", "unreachable", Severity.CRITICAL),
-                TrayVerdict(HOSTS[3], "lab-r1", "ok", Severity.WARN)]
-    nodes = {h: NodeView(h, state="IDLE") for h in HOSTS}
-    nodes[HOSTS[1]] = NodeView(HOSTS[1], drained=True, reason="mctl: xid 79 gpu0 (fell off bus)", state="IDLE+DRAIN")
-    records = {HOSTS[1]: TrayRecord(HOSTS[1], "lab-r1", drained=True, reason="mctl: xid 79 gpu0 (fell off bus)"),
-               HOSTS[2]: TrayRecord(HOSTS[2], "lab-r1", misses=2)}
-    logged = [ActionEntry.from_dict({"action": "drain", "tray": HOSTS[1], "reason": "mctl: xid 79 gpu0 (fell off bus)",
-                                     "result": "ok", "why": "1 of 4 trays of rack lab-r1 drained by mctl within 1h"})]
-    return SweepResult(number, time.time(), 0.42, {h: TrayFacts(h, elapsed=0.1) for h in HOSTS}, [xid],
-                       verdicts, nodes, "slurm", remediate=True, logged=logged,
-                       breaker=BreakerState(True, time.time(), "draining x would make 2 of 4") if tripped
-                       else BreakerState(), records=records)
+HOSTS = WATCH_HOSTS
 
 
 def view() -> WatchView:
     v = WatchView(site="lab", racks={"lab-r1": HOSTS}, interval=2, remediate=True, dry_run=False)
-    r = result()
+    r = watch_result()
     v.events.extend(events_of(r, {h: "healthy" for h in HOSTS}, dry_run=False))
     v.statuses = {vd.host: r.tray_status(vd.host) for vd in r.verdicts}
     v.last = r
@@ -73,12 +54,12 @@ def test_screen_survives_small_and_wide_terminals():
 
 def test_screen_shows_a_tripped_breaker():
     v = view()
-    v.last = result(tripped=True)
+    v.last = watch_result(tripped=True)
     assert "TRIPPED" in draw(v, 160, 40)
 
 
 def test_events_and_plain_lines():
-    r = result()
+    r = watch_result()
     events = events_of(r, {h: "healthy" for h in HOSTS}, dry_run=False)
     kinds = [(e.kind, e.host) for e in events]
     assert ("status", HOSTS[1]) in kinds and ("drain", HOSTS[1]) in kinds and ("status", HOSTS[0]) not in kinds
@@ -89,7 +70,7 @@ def test_events_and_plain_lines():
 
 
 def test_dry_run_events_say_would():
-    r = result()
+    r = watch_result()
     from mctl.model.drain import Decision
 
     r.dry_run = True
@@ -98,8 +79,8 @@ def test_dry_run_events_say_would():
     assert e.text.startswith("would drain (dry run): mctl: x")
 
 
-def test_metrics_text_and_server(tmp_path):
-    r = result()
+def test_metrics_text_and_server(tmp_path, sockets):
+    r = watch_result()
     text = render(r, site="lab", counters={"drain:ok": 1}, interval=2)
     assert 'mctl_health_tray_status{site="lab",rack="lab-r1",tray="lab-r1-tray02",status="drained"} 1' in text
     assert 'mctl_health_tray_status{site="lab",rack="lab-r1",tray="lab-r1-tray02",status="healthy"} 0' in text

@@ -9,7 +9,7 @@ import pytest
 
 from mctl.errors import UsageError
 from mctl.health.session import NO_SCHEDULER, WatchSession
-from tests.unit.test_partition_change import site_with
+from tests.helpers import site_with
 
 HEALTH = Path(__file__).resolve().parents[2] / "mctl" / "health"
 

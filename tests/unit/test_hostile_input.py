@@ -348,7 +348,7 @@ def test_finite_float_type_keeps_bounds_and_plain_numbers():
 
 # --- one test per injection path: the crafted value is refused before anything runs -----------------------
 
-def test_conf_dir_injection_is_refused_and_the_fetch_command_quotes(tmp_path, capsys):
+def test_conf_dir_injection_is_refused_and_the_fetch_command_quotes(tmp_path, capsys, processes):
     """scheduler.slurm.conf_dir reached a root shell on every Slurm host, even under --dry-run."""
     evil = "/etc/slurm'; touch /tmp/mctl-pwned; '"
     site = write_site(tmp_path, slurm(f'conf_dir: "{evil}"')(example_text()))
@@ -488,7 +488,7 @@ def test_ansible_ssh_options_are_quoted_strict_and_not_replaceable(tmp_path):
         ansible_view(site_dir)
 
 
-def test_ansible_inventory_plugin_shows_the_strict_options(tmp_path):
+def test_ansible_inventory_plugin_shows_the_strict_options(tmp_path, processes):
     """Through Ansible itself: what ansible-inventory hands to ssh for a tray."""
     exe = Path(sys.executable).parent / "ansible-inventory"
     if not exe.exists():

@@ -410,7 +410,7 @@ def test_rack_lock_name_is_never_a_path(state, rack):
 @pytest.mark.parametrize("content", [b"[1, 2]", b'"x"', b"\xff\xfe", b'{"pid": "1; rm -rf /", "since": [1]}',
                                      b"{" * 3000, b"[" * 3000],
                          ids=["array", "string", "binary", "wrong-types", "deep-object", "deep-array"])
-def test_damaged_lock_holder_record_still_gives_a_clean_refusal(state, content):
+def test_damaged_lock_holder_record_still_gives_a_clean_refusal(state, content, processes):
     ctx = multiprocessing.get_context("fork")
     ready, release = ctx.Event(), ctx.Event()
 
@@ -478,23 +478,11 @@ def test_ensure_dir_over_a_file_is_named(tmp_path):
         ensure_dir(tmp_path / "state" / "locks")
 
 
-def _hold_rack(state_dir, rack, ready, release, purpose="mctl rack bring-up"):
-    with rack_lock(state_dir, rack, purpose=purpose):
-        ready.set()
-        release.wait(30)
-
-
 @pytest.fixture()
-def held(state):
-    """rack-a's lock held by another process (as a bring-up would)."""
-    ctx = multiprocessing.get_context("fork")
-    ready, release = ctx.Event(), ctx.Event()
-    proc = ctx.Process(target=_hold_rack, args=(state, "rack-a", ready, release))
-    proc.start()
-    assert ready.wait(20)
-    yield proc
-    release.set()
-    proc.join(20)
+def held(state, held_lock):
+    """rack-a's lock held by another process (as a bring-up would): its pid."""
+    with held_lock(rack_lock_path(state, "rack-a"), "mctl rack bring-up") as pid:
+        yield pid
 
 
 @pytest.mark.parametrize("words", [
@@ -516,7 +504,7 @@ def test_mutating_command_takes_the_rack_lock_before_it_prints_anything(capsys, 
     r = run_cli(capsys, "-i", str(inv), "--state-dir", str(state), *words)
     assert r.code == 2, (r.out, r.err)
     assert r.out == ""                                   # nothing printed, planned or asked before the refusal
-    assert f"rack rack-a is locked by pid {held.pid}" in r.err and "rack bring-up" in r.err
+    assert f"rack rack-a is locked by pid {held}" in r.err and "rack bring-up" in r.err
     assert "Traceback" not in r.err
     assert (inv / "mctl.yml").read_text() == before
     assert not (state / "provision").exists()
@@ -527,7 +515,7 @@ def test_dry_run_takes_no_lock_but_names_the_holder(capsys, inv, state, held):
     r = run_cli(capsys, "-i", str(inv), "--state-dir", str(state), "partition", "create", "rack-a",
                 "--template", "3x6", "--no-apply", "--dry-run")
     assert r.code == 0, r.err
-    assert f"rack rack-a is locked by pid {held.pid}" in r.err and "this dry run" in r.err
+    assert f"rack rack-a is locked by pid {held}" in r.err and "this dry run" in r.err
     assert "p0=rack-a-tray[01-06]" in r.out
     assert (inv / "mctl.yml").read_text() == before
 
@@ -650,19 +638,11 @@ def test_markup_in_a_breaker_reason_from_the_state(capsys, rich_terminal, state)
     assert "[/x] [bold]boom" in r.out and "Traceback" not in r.err
 
 
-def test_markup_in_a_lock_holder_record(capsys, rich_terminal, inv, state):
-    ctx = multiprocessing.get_context("fork")
-    ready, release = ctx.Event(), ctx.Event()
-    proc = ctx.Process(target=_hold_rack, args=(state, "rack-a", ready, release, "[/x] [bold]"))
-    proc.start()
-    try:
-        assert ready.wait(20)
+def test_markup_in_a_lock_holder_record(capsys, rich_terminal, inv, state, held_lock):
+    with held_lock(rack_lock_path(state, "rack-a"), "[/x] [bold]"):
         r = run_cli(capsys, "-i", str(inv), "--state-dir", str(state), "partition", "delete", "rack-a", "p1",
                     "--no-apply")
         assert r.code == 2 and "[/x] [bold]" in r.err and "Traceback" not in r.err
-    finally:
-        release.set()
-        proc.join(20)
 
 
 # ------------------------------------------------------------------ the last net
@@ -741,7 +721,7 @@ def test_ansible_gets_only_the_variables_it_needs(monkeypatch):
     assert "ANSIBLE_SSH_CONTROL_PATH_DIR" in ansible_env()
 
 
-def test_ansible_run_folder_keeps_no_secret_from_mctl_environment(tmp_path, monkeypatch):
+def test_ansible_run_folder_keeps_no_secret_from_mctl_environment(tmp_path, monkeypatch, processes):
     """A real (local, tiny) ansible-runner run: the environment recorded in its folder is the allow-list."""
     from mctl.ansible.runner import PlaybookRequest, run_playbook
 

@@ -7,13 +7,10 @@ stand-in nvidia-smi on PATH that prints a captured `nvidia-smi -q -x`
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from mctl.facts.probe import AUDIT, from_result, probe_command
 from mctl.model.tray import TrayFacts
 from mctl.audit.rules import versions
 from mctl.images import load_image
@@ -22,7 +19,7 @@ from mctl.images.drift import DRIFT, MATCH, NOT_CHECKED, UNREPORTED, compare, im
 from mctl.images import drift
 from mctl.model.findings import Severity
 from mctl.model.site import Host
-from mctl.transport.results import HostResult, HostStatus
+from tests.helpers import probe_here
 
 REPO = Path(__file__).resolve().parents[2]
 REAL_XML = REPO / "tests" / "fixtures" / "real" / "netdata-rtx-4090-driver-535.xml"
@@ -30,23 +27,7 @@ LAB = load_image(REPO / "images" / "lab-debian13.yml")
 GB200 = load_image(REPO / "images" / "gb200-ubuntu24.04.yml")
 
 
-def probe_here(tmp_path: Path, *, smi: str | None) -> TrayFacts:
-    """The audit's tray probe on this machine; *smi* is the stand-in nvidia-smi's body (None: none on PATH)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    if smi is not None:
-        (bin_dir / "nvidia-smi").write_text("#!/bin/sh\n" + smi)
-        (bin_dir / "nvidia-smi").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
-    nonce = "00112233445566aa"
-    proc = subprocess.run(["/bin/sh", "-c", probe_command(AUDIT, nonce, smi_timeout=20)], capture_output=True, text=True,
-                          timeout=60, env=env)
-    result = HostResult("lab-r1-tray01", "127.0.0.1", HostStatus.OK if proc.returncode == 0 else HostStatus.FAILED,
-                        proc.returncode, proc.stdout, proc.stderr)
-    return from_result(AUDIT, result, nonce, smi_timeout=20)
-
-
-def test_driver_drift_from_a_real_nvidia_smi_answer(tmp_path):
+def test_driver_drift_from_a_real_nvidia_smi_answer(tmp_path, processes):
     state = probe_here(tmp_path, smi=f"cat {REAL_XML}\n")
     assert state.gpus is not None and state.gpus.driver_version == "535.86.05"
     tray = diff_tray("lab-r1-tray01", LAB, state, slurm_expected=False)
@@ -63,7 +44,7 @@ def test_driver_drift_from_a_real_nvidia_smi_answer(tmp_path):
     assert listed["munge"]["status"] == NOT_CHECKED and listed["munge"]["wanted"] == "0.5"
 
 
-def test_no_nvidia_smi_is_unreported_drift_with_the_reason(tmp_path):
+def test_no_nvidia_smi_is_unreported_drift_with_the_reason(tmp_path, processes):
     state = probe_here(tmp_path, smi=None)
     tray = diff_tray("lab-r1-tray01", LAB, state, slurm_expected=False)
     rows = {r.component: r for r in tray.rows}

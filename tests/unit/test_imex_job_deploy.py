@@ -14,14 +14,14 @@ from mctl.errors import UsageError
 from mctl.model.imex import ImexSettings
 from mctl.sched.slurm.imex_job import JobScopeSettings, render_epilog, render_job_config, render_prolog
 from mctl.sched.slurm import deploy, parse_slurmd_c, parse_version, render
-from tests.unit.test_slurm_render import GOLDEN, LAB_SETTINGS, lab_like
+from tests.helpers import SLURM_GOLDEN, SLURM_LAB_SETTINGS, lab_like_site
 
 REPO = Path(__file__).resolve().parents[2]
 REAL = REPO / "tests" / "fixtures" / "real"
 
 
 def _render(site):
-    _n, hw = parse_slurmd_c((GOLDEN / "captured" / "slurmd-C.txt").read_text())
+    _n, hw = parse_slurmd_c((SLURM_GOLDEN / "captured" / "slurmd-C.txt").read_text())
     return render(site, parse_version("slurm 24.11.5"), {t.name: hw for t in site.compute_trays()})
 
 
@@ -30,13 +30,13 @@ def _conf_lines(conf: str) -> list[str]:
 
 
 def test_partition_scope_is_the_default_and_names_no_prolog(tmp_path):
-    cfg = _render(lab_like(tmp_path, slurm=LAB_SETTINGS))
+    cfg = _render(lab_like_site(tmp_path, slurm=SLURM_LAB_SETTINGS))
     assert cfg.imex_job is None and cfg.to_dict()["imex_scope"] == "partition"
     assert not [l for l in _conf_lines(cfg.files["slurm.conf"]) if l.split("=")[0] in ("Prolog", "Epilog", "PrologFlags")]
 
 
 def test_job_scope_wires_prolog_epilog_and_alloc_into_slurm_conf(tmp_path):
-    cfg = _render(lab_like(tmp_path, slurm={**LAB_SETTINGS, "imex_scope": "job"}))
+    cfg = _render(lab_like_site(tmp_path, slurm={**SLURM_LAB_SETTINGS, "imex_scope": "job"}))
     lines = _conf_lines(cfg.files["slurm.conf"])
     assert "Prolog=/etc/slurm/prolog.d/90-mctl-imex.sh" in lines
     assert "Epilog=/etc/slurm/epilog.d/90-mctl-imex.sh" in lines
@@ -55,7 +55,7 @@ def test_job_scope_wires_prolog_epilog_and_alloc_into_slurm_conf(tmp_path):
 
 
 def test_job_scope_follows_conf_dir_and_vars_imex(tmp_path):
-    site = lab_like(tmp_path, slurm={**LAB_SETTINGS, "imex_scope": "job", "conf_dir": "/opt/slurm/etc"})
+    site = lab_like_site(tmp_path, slurm={**SLURM_LAB_SETTINGS, "imex_scope": "job", "conf_dir": "/opt/slurm/etc"})
     site.vars["imex"] = {"node_config_file": "/etc/nvidia-imex/job_nodes.cfg", "server_port": 51000,
                          "restart_command": "systemctl restart nvidia-imex.service"}
     cfg = _render(site)
@@ -70,26 +70,26 @@ def test_job_scope_follows_conf_dir_and_vars_imex(tmp_path):
                                          ({"epilog": "/etc/slurm/site-epilog.sh"}, "Epilog"),
                                          ({"PrologFlags": "Contain"}, "PrologFlags=Contain")])
 def test_extra_that_would_undo_the_job_scope_is_refused(tmp_path, extra, word):
-    site = lab_like(tmp_path, slurm={**LAB_SETTINGS, "imex_scope": "job", "extra": extra})
+    site = lab_like_site(tmp_path, slurm={**SLURM_LAB_SETTINGS, "imex_scope": "job", "extra": extra})
     with pytest.raises(UsageError) as exc:
         _render(site)
     assert word in exc.value.message and "nothing was changed" in exc.value.hint
 
 
 def test_extra_prolog_flags_with_alloc_is_kept(tmp_path):
-    site = lab_like(tmp_path, slurm={**LAB_SETTINGS, "imex_scope": "job", "extra": {"PrologFlags": "Alloc,Contain"}})
+    site = lab_like_site(tmp_path, slurm={**SLURM_LAB_SETTINGS, "imex_scope": "job", "extra": {"PrologFlags": "Alloc,Contain"}})
     lines = _conf_lines(_render(site).files["slurm.conf"])
     assert "PrologFlags=Alloc,Contain" in lines and "PrologFlags=Alloc" not in lines
 
 
 def test_unknown_scope_is_refused_by_the_inventory(tmp_path):
     with pytest.raises(UsageError) as exc:
-        lab_like(tmp_path, slurm={"imex_scope": "node"})
+        lab_like_site(tmp_path, slurm={"imex_scope": "node"})
     assert "imex_scope" in exc.value.message
 
 
 def test_job_scope_reaches_the_playbook_and_topology_only_leaves_it_out(tmp_path):
-    site = lab_like(tmp_path, slurm={**LAB_SETTINGS, "imex_scope": "job"})
+    site = lab_like_site(tmp_path, slurm={**SLURM_LAB_SETTINGS, "imex_scope": "job"})
     cfg = _render(site)
     plan = deploy.SlurmPlan(site, tmp_path / "state", cfg, [cfg.controller] + site.compute_trays())
     job = deploy._extravars(plan)["slurm_imex_job"]
@@ -98,7 +98,7 @@ def test_job_scope_reaches_the_playbook_and_topology_only_leaves_it_out(tmp_path
     plan.topology_only = True
     assert deploy._extravars(plan)["slurm_imex_job"] is None
     (tmp_path / "d").mkdir()
-    default = _render(lab_like(tmp_path / "d", slurm=LAB_SETTINGS))
+    default = _render(lab_like_site(tmp_path / "d", slurm=SLURM_LAB_SETTINGS))
     plan = deploy.SlurmPlan(site, tmp_path / "state", default, [default.controller] + site.compute_trays())
     assert deploy._extravars(plan)["slurm_imex_job"] is None
 
@@ -140,7 +140,7 @@ def _plugin_major(text: str):
     return None
 
 
-def test_tray_proc_devices_lists_the_channel_major_like_a_loaded_driver():
+def test_tray_proc_devices_lists_the_channel_major_like_a_loaded_driver(processes):
     ns = _nsinit()
     text = ns.proc_devices_text(MACHINE, ["nvidia-caps-imex-channels"])
     assert text == MACHINE.replace("245 hidraw\n", "245 hidraw\n253 nvidia-caps-imex-channels\n")
@@ -195,7 +195,7 @@ def _probe_imex(tmp_path: Path, nodes: str | None) -> int:
     return int(out.strip()), RC_ABSENT
 
 
-def test_probe_reads_an_empty_node_list_as_no_domain_wanted(tmp_path):
+def test_probe_reads_an_empty_node_list_as_no_domain_wanted(tmp_path, processes):
     rc, absent = _probe_imex(tmp_path, "")
     assert rc == absent                          # per-job scope between jobs: not checked
     (tmp_path / "b").mkdir()

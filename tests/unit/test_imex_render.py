@@ -169,7 +169,7 @@ def _run_probe(tmp_path: Path, ctl_script: str) -> str:
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=30).stdout
 
 
-def test_probe_output_round_trip(tmp_path):
+def test_probe_output_round_trip(tmp_path, processes):
     doc = '{"nodes": {"0": {"status": "READY", "host": "10.0.0.1", "connections": {"0": {"status": "CONNECTED"}, ' \
           '"1": {"status": "CONNECTED"}}}, "1": {"status": "READY", "host": "10.0.0.2", "connections": ' \
           '{"0": {"status": "CONNECTED"}, "1": {"status": "CONNECTED"}}}}, "status": "UP"}'
@@ -187,7 +187,7 @@ def test_probe_output_round_trip(tmp_path):
     assert files["nodes_config"] == "10.0.0.1\n10.0.0.2" and files["/etc/nvidia-imex/config.cfg"] is None
 
 
-def test_probe_with_a_dead_daemon(tmp_path):
+def test_probe_with_a_dead_daemon(tmp_path, processes):
     out = _run_probe(tmp_path, "echo 'cannot connect to the IMEX command service' >&2; exit 1\n")
     report, _ = report_from(HostResult("t1", "10.0.0.1", HostStatus.OK, 0, out))
     assert report.query is None and "cannot connect" in report.error
@@ -197,7 +197,7 @@ def test_probe_with_a_dead_daemon(tmp_path):
     assert not unreachable.reachable and files == {}
 
 
-def test_push_command_writes_atomically(tmp_path):
+def test_push_command_writes_atomically(tmp_path, processes):
     target = tmp_path / "etc" / "nvidia-imex" / "nodes_config.cfg"
     script = push_command({str(target): "10.0.0.1\n10.0.0.2\n", str(tmp_path / "q'uote.cfg"): "A=1\n"},
                           f"touch {tmp_path}/restarted")
@@ -213,7 +213,7 @@ def test_push_command_writes_atomically(tmp_path):
 
 # ------------------------------------------------------------ job scope
 
-def test_golden_job_scripts():
+def test_golden_job_scripts(processes):
     golden("prolog.sh", render_prolog())
     golden("epilog.sh", render_epilog())
     for text in (render_prolog(), render_epilog()):
@@ -248,7 +248,7 @@ def _run(script: str, env: dict) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-def test_prolog_and_epilog_for_an_exclusive_job(job_env):
+def test_prolog_and_epilog_for_an_exclusive_job(job_env, processes):
     tmp, settings, env = job_env
     result = _run(render_prolog(settings), env)
     assert result.returncode == 0, result.stderr
@@ -259,7 +259,7 @@ def test_prolog_and_epilog_for_an_exclusive_job(job_env):
     assert (tmp / "nodes_config.cfg").read_text() == "" and (tmp / "stopped").exists()
 
 
-def test_prolog_leaves_shared_jobs_alone(job_env):
+def test_prolog_leaves_shared_jobs_alone(job_env, processes):
     tmp, settings, env = job_env
     result = _run(render_prolog(settings), dict(env, STUB_OVERSUBSCRIBE="YES"))
     assert result.returncode == 0 and not (tmp / "nodes_config.cfg").exists() and not (tmp / "restarted").exists()

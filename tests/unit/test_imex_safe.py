@@ -114,7 +114,7 @@ def test_backup_is_named_beside_the_file():
     assert backup_path("/etc/nvidia-imex/nodes_config.cfg") == "/etc/nvidia-imex/nodes_config.cfg.mctl-bak"
 
 
-def test_push_keeps_the_previous_file_and_skips_identical_ones(tmp_path):
+def test_push_keeps_the_previous_file_and_skips_identical_ones(tmp_path, processes):
     nodes = tmp_path / "nodes_config.cfg"
     config = tmp_path / "config.cfg"
     nodes.write_text("10.0.0.1\n10.0.0.2\n")

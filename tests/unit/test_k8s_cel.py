@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from mctl.sched.k8s import render_k8s
-from tests.unit.test_k8s_render import k8s_site
+from tests.helpers import k8s_site
 
 CRDS = Path(__file__).resolve().parents[1] / "fixtures" / "golden" / "k8s" / "crds"
 ENV = celpy.Environment()

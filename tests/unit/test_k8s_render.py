@@ -24,6 +24,7 @@ import yaml
 from mctl.inventory import load_site
 from mctl.sched.k8s import render_k8s
 from mctl.sched.k8s.manifests import CLIQUE_LABEL, PARTITION_LABEL
+from tests.helpers import k8s_site
 from tests.unit.cli_helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,15 +33,6 @@ REGEN = os.environ.get("MCTL_REGEN_GOLDEN") == "1"
 K8S_VERSION = "1.32.0"                # the default of scheduler.k8s.kubernetes_version
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
-def k8s_site(tmp_path: Path, **k8s):
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    doc = yaml.safe_load((REPO / "inventories" / "example-gb200" / "mctl.yml").read_text())
-    doc["images_dir"] = str(REPO / "images")
-    doc["scheduler"] = {"type": "k8s", "k8s": k8s} if k8s else {"type": "k8s"}
-    (tmp_path / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    return load_site(tmp_path)
 
 
 def crd_schemas() -> dict[tuple[str, str], dict]:
@@ -163,7 +155,7 @@ def test_helm_values_avoid_the_pitfalls(tmp_path, bundle):
     assert '"https://charts.example.invalid/nvidia"' in script and "--version 25.8.0" in script
 
 
-def test_install_script_is_valid_shell(tmp_path, bundle):
+def test_install_script_is_valid_shell(tmp_path, bundle, processes):
     path = tmp_path / "install.sh"
     path.write_text(bundle.files["helm/install.sh"])
     subprocess.run(["sh", "-n", str(path)], check=True)

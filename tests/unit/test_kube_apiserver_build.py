@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "build-kube-apiserver"
 
 
-def test_a_failed_build_says_why_and_the_tier_is_skipped_with_it(tmp_path):
+def test_a_failed_build_says_why_and_the_tier_is_skipped_with_it(tmp_path, processes):
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "apt-get").write_text("#!/bin/sh\necho 'E: simulated: the archive cannot be reached' >&2\nexit 100\n")
@@ -44,7 +44,7 @@ def test_not_built_names_the_command(tmp_path):
 
 
 @pytest.mark.skipif(not (CACHE / "current").exists(), reason="kube-apiserver not built here")
-def test_a_cached_build_is_reused_without_apt(tmp_path):
+def test_a_cached_build_is_reused_without_apt(tmp_path, processes):
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "apt-get").write_text("#!/bin/sh\nexit 100\n")
@@ -65,7 +65,7 @@ def fake_cache(tmp_path: Path) -> Path:
     return cache
 
 
-def test_concurrent_installs_share_one_cache(tmp_path):
+def test_concurrent_installs_share_one_cache(tmp_path, processes):
     cache = fake_cache(tmp_path)
     env = dict(os.environ, MCTL_KUBE_CACHE=str(cache))
     procs = [subprocess.Popen([str(SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -75,7 +75,7 @@ def test_concurrent_installs_share_one_cache(tmp_path):
     assert all("kube-apiserver cached: 1.20.5+really1.20.2-1.1+deb12u1" in out for out, _err in outs)
 
 
-def test_a_build_in_progress_is_waited_for_with_a_deadline(tmp_path):
+def test_a_build_in_progress_is_waited_for_with_a_deadline(tmp_path, processes):
     cache = fake_cache(tmp_path)
     holder = subprocess.Popen(["flock", str(cache / ".lock"), "sleep", "30"])
     try:
@@ -90,3 +90,28 @@ def test_a_build_in_progress_is_waited_for_with_a_deadline(tmp_path):
     finally:
         holder.kill()
         holder.wait(10)
+
+
+def test_the_fixture_waits_for_a_build_running_now_and_then_finds_its_binaries(tmp_path, processes):
+    """scripts/test builds a missing kube-apiserver beside the tests: the fixture waits while the build holds
+    the cache's lock (a stand-in build here: flock for two seconds, then the binaries in place)."""
+    from tests.kube_apiserver import building, built
+
+    cache = tmp_path / "cache"
+    bindir = cache / "1.0" / "bin"
+    bindir.mkdir(parents=True)
+    script = (f"flock {cache / '.lock'} sh -c 'sleep 2; for b in kube-apiserver etcd; do "
+              f"printf \"#!/bin/sh\\n\" > {bindir}/$b; chmod 755 {bindir}/$b; done; ln -s 1.0 {cache / 'current'}'")
+    holder = subprocess.Popen(["sh", "-c", script])
+    try:
+        deadline = time.monotonic() + 10
+        while not building(cache) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert building(cache) and isinstance(binaries(cache), str)
+        found = built(cache, wait=30)
+        assert found == (cache / "current" / "bin" / "kube-apiserver", cache / "current" / "bin" / "etcd")
+        assert not building(cache)
+    finally:
+        holder.kill()
+        holder.wait(10)
+    assert isinstance(built(tmp_path / "nothing", wait=30), str)         # no build running: no wait at all

@@ -51,7 +51,7 @@ def test_inventory_names_each_repository_flat_with_the_lab_key(tmp_path):
 
 
 @pytest.mark.skipif(aptrepo.missing_programs() != [], reason="needs dpkg-deb, dpkg-scanpackages and gpg")
-def test_real_build_is_signed_and_indexed(tmp_path):
+def test_real_build_is_signed_and_indexed(tmp_path, processes):
     layout = LabLayout("lab", 1, 1, 77)
     tray = layout.trays_of("lab-r1")[0]
     root = aptrepo.build(tmp_path, IMAGES, services.HostContext(layout, tray, tmp_path))

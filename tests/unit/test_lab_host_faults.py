@@ -128,7 +128,7 @@ def test_actions_say_what_each_fault_does():
     assert any("every process of the host" in a for a in freeze)
 
 
-def test_boot_units_one_shot(tmp_path, monkeypatch):
+def test_boot_units_one_shot(tmp_path, monkeypatch, processes):
     path = tmp_path / "boot-units.json"
     monkeypatch.setattr(hostinit, "BOOT_UNITS", str(path))
     assert hostinit.boot_units() is None                        # first boot after `lab up`: nothing

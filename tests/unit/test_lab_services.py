@@ -46,7 +46,7 @@ def test_nmx_service_config_and_inventory(tmp_path):
     assert argv[1:4] == ["-m", "mctl.lab.nmx_emulator", "--config"] and argv[4].endswith("racks/lab-r1/nmx.json")
 
 
-def test_emulator_commands_import_their_module_so_the_tray_caches_bytecode(tmp_path):
+def test_emulator_commands_import_their_module_so_the_tray_caches_bytecode(tmp_path, processes):
     by_dest = {f.dest: f for f in services.HOST_FILES}
     smi = by_dest["/usr/bin/nvidia-smi"]                   # a shell script (replays, see below) importing it too
     assert smi.mode == 0o755 and "import nvidia_smi; nvidia_smi.run()" in smi.content(None).decode()
@@ -105,7 +105,7 @@ def smi_on_this_machine(tmp_path):
     return call, set_faults, state.parent
 
 
-def test_smi_replays_unchanged_answers_byte_for_byte_with_the_time_of_the_call(tmp_path):
+def test_smi_replays_unchanged_answers_byte_for_byte_with_the_time_of_the_call(tmp_path, processes):
     import re
     import time
 
@@ -127,7 +127,7 @@ def test_smi_replays_unchanged_answers_byte_for_byte_with_the_time_of_the_call(t
     assert nvl[0].stdout == nvl[1].stdout and nvl[0].stdout.count("53.125 GB/s") == 3 * 18
 
 
-def test_smi_replay_follows_every_change_of_the_state_files_at_once(tmp_path):
+def test_smi_replay_follows_every_change_of_the_state_files_at_once(tmp_path, processes):
     call, set_faults, folder = smi_on_this_machine(tmp_path)
     assert "<inactive>" not in call("nvlink", "--status").stdout        # no faults.json yet
     assert "<inactive>" not in call("nvlink", "--status").stdout        # replayed

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -21,75 +20,33 @@ from mctl.model.drain import NodeView
 from mctl.model.findings import Severity, worst
 from mctl.model.settings import HealthSettings
 from mctl.model.tray import TrayExpectation, TrayFacts
-
-CAPTURE = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "redfish" / "nvidia_gb200"
-DETECTORS = ("Chassis_0_LeakDetector_0_ColdPlate", "Chassis_0_LeakDetector_0_Manifold",
-             "Chassis_0_LeakDetector_1_ColdPlate", "Chassis_0_LeakDetector_1_Manifold")
-
-
-def doc(path: str) -> dict:
-    """A document of the real capture by its Redfish path."""
-    rel = path.removeprefix("/redfish/v1").strip("/")
-    return json.loads((CAPTURE / "redfish" / "v1" / rel / "index.json").read_text())
-
-
-class CaptureClient:
-    """The capture as a BMC answers it (GET only), with *changes* laid over some documents: a pure stand-in
-    for mctl.bmc.client.RedfishClient (the client itself is tested against the capture over HTTPS in
-    test_bmc_redfish.py)."""
-
-    def __init__(self, changes: dict[str, dict] | None = None, missing: tuple[str, ...] = (),
-                 silent: str | None = None):
-        self.changes, self.missing, self.silent, self.paths = changes or {}, missing, silent, []
-
-    def get(self, path: str) -> dict:
-        self.paths.append(path)
-        if self.silent:
-            raise BMCError(self.silent, f"GET {path} timed out")
-        if any(path.startswith(m) for m in self.missing):
-            raise BMCError("http", f"GET {path} answered HTTP 404", status=404)
-        out = doc(path)
-        for key, value in self.changes.get(path, {}).items():
-            out[key] = value
-        return out
-
-    def members(self, path: str) -> list[str]:
-        return [m["@odata.id"] for m in self.get(path)["Members"]]
-
-
-def detector_path(d: str) -> str:
-    return f"{leak.LEAK_DETECTORS}/{d}"
-
-
-def state(d: str, value: str) -> dict:
-    return {detector_path(d): {"DetectorState": value, "Status": {"Health": value, "State": "Enabled"}}}
-
+from tests.helpers import BMC_CASES, CAPTURE_DETECTORS, CaptureClient, capture_doc, detector_path
 
 # --- parsing the real capture ------------------------------------------------------------------------
 
 def test_the_real_capture_lists_four_moisture_detectors_one_critical():
     """The captured tray's BMC reported 1_ColdPlate Critical (Status Critical/Degraded) while that detector's
     twin voltage sensor read 1.7353 V, above its LowerCritical 1.617 V: a real Critical reading."""
-    coll = doc(leak.LEAK_DETECTORS)
-    assert [m["@odata.id"].rsplit("/", 1)[-1] for m in coll["Members"]] == list(DETECTORS)
-    parsed = [parse_detector(doc(m["@odata.id"])) for m in coll["Members"]]
+    coll = capture_doc(leak.LEAK_DETECTORS)
+    assert [m["@odata.id"].rsplit("/", 1)[-1] for m in coll["Members"]] == list(CAPTURE_DETECTORS)
+    parsed = [parse_detector(capture_doc(m["@odata.id"])) for m in coll["Members"]]
     assert [(d.id, d.state, d.kind, d.health, d.enabled) for d in parsed] == [
         (i, "Critical", "Moisture", "Critical", "Degraded") if i.endswith("1_ColdPlate") else
-        (i, "OK", "Moisture", "OK", "Enabled") for i in DETECTORS]
+        (i, "OK", "Moisture", "OK", "Enabled") for i in CAPTURE_DETECTORS]
     assert parsed[0].short == "0_ColdPlate" and parsed[3].short == "1_Manifold"
 
 
 def test_the_real_capture_power_subsystem_is_ok_and_lists_no_supply():
-    health, link = parse_power_subsystem(doc(leak.POWER_SUBSYSTEM))
+    health, link = parse_power_subsystem(capture_doc(leak.POWER_SUBSYSTEM))
     assert (health, link) == ("OK", "/redfish/v1/Chassis/Chassis_0/PowerSubsystem/PowerSupplies")
-    assert doc(link)["Members"] == []
+    assert capture_doc(link)["Members"] == []
 
 
 def test_the_capture_policy_names_the_same_detectors_as_critical_triggers():
     """The BMC's own LeakDetectionPolicy (off in the capture) reacts to these four DetectorState = Critical."""
-    policy = doc("/redfish/v1/Chassis/Chassis_0/Oem/Nvidia/Policies/LeakDetectionPolicy")
+    policy = capture_doc("/redfish/v1/Chassis/Chassis_0/Oem/Nvidia/Policies/LeakDetectionPolicy")
     props = [c["Property"] for c in policy["PolicyConditions"]]
-    assert props == [f"{detector_path(d)}/#DetectorState" for d in DETECTORS]
+    assert props == [f"{detector_path(d)}/#DetectorState" for d in CAPTURE_DETECTORS]
     assert {c["PropertyStringValue"] for c in policy["PolicyConditions"]} == {"Critical"}
     assert policy["PolicyEnabled"] is False
 
@@ -98,7 +55,7 @@ def test_read_tray_on_the_capture():
     client = CaptureClient()
     bmc = oob.read_tray(client)
     assert bmc.answered and bmc.power_health == "OK" and bmc.supplies == ()
-    assert [d.id for d in bmc.detectors] == list(DETECTORS)
+    assert [d.id for d in bmc.detectors] == list(CAPTURE_DETECTORS)
     assert [d.state for d in bmc.detectors] == ["OK", "OK", "Critical", "OK"]
     assert len(client.paths) == 7          # collection + 4 detectors, power subsystem, supplies
 
@@ -123,24 +80,6 @@ def test_a_supply_in_the_dmtf_shape_is_parsed():
         parse_supply({"Status": {}})
     with pytest.raises(ValueError):
         parse_detector({"DetectorState": "OK"})
-
-
-def reading(**changes) -> BmcHealth:
-    return oob.read_tray(CaptureClient(**changes))
-
-
-DRY = state(DETECTORS[2], "OK")          # the capture with its one Critical detector reading OK
-
-
-BMC_CASES = {
-    "capture": reading(changes=DRY),
-    "leak-critical": reading(),                                        # the capture as it is
-    "leak-warning": reading(changes={**DRY, **state(DETECTORS[3], "Warning")}),
-    "leak-unavailable": reading(changes={**DRY, **state(DETECTORS[1], "Unavailable")}),
-    "leak-unread": reading(missing=(leak.LEAK_DETECTORS,)),
-    "psu-fail": reading(changes={**DRY, leak.POWER_SUBSYSTEM: {"Status": {"Health": "Critical", "State": "Enabled"}}}),
-    "silent": BmcHealth(error="GET /redfish/v1/Systems/System_0 timed out", error_kind="timeout"),
-}
 
 
 def _facts(bmc: BmcHealth | None, **kw) -> TrayFacts:

@@ -411,7 +411,7 @@ def test_an_empty_undefined_partition_flows_through_the_planner():
     """NMX-M may hold a partition without GPUs (Members empty or null, Type UNDEFINED): planned, never a crash."""
     from mctl.fabric.partitions import map_fabric, partition_rows, plan_partitions
     from mctl.model.fabric import DesiredPartition
-    from tests.unit.test_partition_planner import make_nodes, make_rack
+    from tests.helpers import make_nodes, make_rack
 
     rack = make_rack(4)
     fabric = map_fabric(rack, make_nodes(rack))

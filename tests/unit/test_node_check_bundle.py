@@ -43,7 +43,7 @@ def isolated(lib: Path, code: str, *, env: dict | None = None, timeout: float = 
                           cwd="/", timeout=timeout, env=env)
 
 
-def test_bundle_imports_with_the_standard_library_alone(lib):
+def test_bundle_imports_with_the_standard_library_alone(lib, processes):
     lazy = ", ".join(repr(m) for m in bundle.LAZY)
     proc = isolated(lib, f"""
 import importlib, json
@@ -77,7 +77,7 @@ def test_tarball_is_reproducible():
     assert {m.mode for m in members if m.isfile()} == {0o644}
 
 
-def test_node_check_runs_isolated_against_the_gpu_emulator(lib, tmp_path):
+def test_node_check_runs_isolated_against_the_gpu_emulator(lib, tmp_path, processes):
     bindir = tmp_path / "bin"
     bindir.mkdir()
     smi = bindir / "nvidia-smi"
@@ -121,7 +121,7 @@ def test_node_check_runs_isolated_against_the_gpu_emulator(lib, tmp_path):
     assert proc.stdout.startswith("t01: ok")
 
 
-def test_bad_config_exits_2(lib, tmp_path):
+def test_bad_config_exits_2(lib, tmp_path, processes):
     bad = tmp_path / "c.json"
     bad.write_text(json.dumps({"schema": 7}))
     proc = isolated(lib, "from mctl.health.node_check import main; "
@@ -129,7 +129,7 @@ def test_bad_config_exits_2(lib, tmp_path):
     assert proc.returncode == 2 and "schema" in proc.stderr
 
 
-def test_wrapper_runs_the_installed_tree(lib, tmp_path):
+def test_wrapper_runs_the_installed_tree(lib, tmp_path, processes):
     script = tmp_path / "mctl-node-check"
     script.write_text(bundle.wrapper(python=sys.executable, lib_dir=str(lib)))
     script.chmod(0o755)
@@ -158,7 +158,7 @@ def test_stage_writes_only_on_change(tmp_path):
     assert path.stat().st_mtime_ns == before - 10**9
 
 
-def test_bundle_ships_nvidia_ml_py_and_names_the_path_it_used(lib):
+def test_bundle_ships_nvidia_ml_py_and_names_the_path_it_used(lib, processes):
     """pynvml travels in the bundle (no pip on the tray); without the driver's libnvidia-ml the
     node check says NVML did not load and which path it used instead, never that NVML worked."""
     import ctypes.util

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import yaml
 
 from mctl.change.plan import plan_change
 from mctl.fabric.change import DRAIN, FORCE, GO, REFUSE, before_from_plan, decide
@@ -17,31 +14,14 @@ from mctl.inventory import load_site
 from mctl.model.change import RunningWork
 from mctl.model.fabric import FabricGpu, GpuLocation, PartitionChange, PartitionPlan
 from mctl.model.site import Partition
+from tests.helpers import plan_for, site_with
 
 NODES = "/etc/nvidia-imex/nodes_config.cfg"
 CONFIG = "/etc/nvidia-imex/config.cfg"
 
 
-def site_with(tmp_path: Path, scheduler: str | None = "slurm", parts: list | None = None, trays: int = 4):
-    rack = {"shape": {"compute_trays": trays, "switch_trays": 0},
-            "head": {"name": "r1-head", "address": "10.0.1.100"},
-            "compute": {"nodes": f"r1-tray[01-{trays:02d}]", "addresses": f"10.0.1.[1-{trays}]"}}
-    if parts:
-        rack["partitions"] = parts
-    doc = {"plugin": "mctl", "site": "t", "racks": {"r1": rack}}
-    if scheduler:
-        doc["scheduler"] = {"type": scheduler}
-    (tmp_path / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    return load_site(tmp_path)
-
-
 def job(jid: str, *nodes: str, state: str = "R") -> RunningWork:
     return RunningWork("slurm", jid, "alice", f"job{jid}", state, tuple(nodes))
-
-
-def plan_for(site, after, work=(), nmx=None, **kw):
-    r = site.racks["r1"]
-    return plan_change(site, r, after, nmx, settings=ImexSettings(), work=work, **kw)
 
 
 def test_all_to_2x2_every_layer(tmp_path):

@@ -13,26 +13,10 @@ from mctl.fabric.partitions import (TEMPLATES, FabricMismatch, describe_change, 
                                     plan_partitions, template_partitions, template_table, validate_desired)
 from mctl.model.fabric import (DEFAULT_PARTITION_ID, DesiredPartition, GpuLocation, NmxComputeNode, NmxGpu,
                                NmxPartition)
-from mctl.model.site import Host, Rack, Site
+from mctl.model.site import Rack, Site
+from tests.helpers import PLANNER_DOMAIN, make_nodes, make_rack
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-DOMAIN = "3fbfc98b-7f95-4749-ab11-bd351a2aab3e"
-
-
-def make_rack(n: int = 18, name: str = "r1", domain: str | None = DOMAIN, vars_: dict | None = None) -> Rack:
-    compute = tuple(Host(f"{name}-tray{i:02d}", f"10.0.{ord(name[-1])}.{i}", "compute", name,
-                         vars=dict(vars_ or {})) for i in range(1, n + 1))
-    return Rack(name, "nvl72", n, 9, domain, None, None, compute, (), ())
-
-
-def make_nodes(rack: Rack, *, named: bool = True, domain: str = DOMAIN) -> list[NmxComputeNode]:
-    nodes = []
-    for i, host in enumerate(rack.compute):
-        gpu_ids = tuple(f"{i:02d}{d:02d}{'a' * 20}" for d in range(4))
-        nodes.append(NmxComputeNode(id=f"node-{rack.name}-{i}", name=host.name if named else f"node{i + 1}",
-                                    domain_uuid=domain, gpu_ids=gpu_ids, health="HEALTHY", chassis_id=1,
-                                    chassis_serial="1825024170029", host_id=1, slot_id=i + 1, tray_index=i))
-    return nodes
 
 
 def desired(rack: Rack, template: str) -> list[DesiredPartition]:
@@ -173,7 +157,7 @@ def test_map_fabric_on_the_real_compute_node_sample_by_position():
     # Names do not match the inventory, so TrayIndex N is the inventory's N+1-th tray.
     assert set(fabric.trays) == {"r1-tray05", "r1-tray13"}
     assert [g.gpu_id for g in fabric.trays["r1-tray13"]] == list(nodes[1].gpu_ids)
-    assert fabric.trays["r1-tray05"][0].location == GpuLocation(DOMAIN, 1, 5, 1, 0)
+    assert fabric.trays["r1-tray05"][0].location == GpuLocation(PLANNER_DOMAIN, 1, 5, 1, 0)
     assert len(fabric.missing) == 16 and fabric.matched_by.startswith("by position")
 
 
@@ -190,7 +174,7 @@ def test_map_fabric_prefers_names_and_filters_other_domains():
 def test_map_fabric_uses_device_ids_from_the_gpu_listing():
     rack = make_rack(1)
     nodes = make_nodes(rack)
-    gpus = [NmxGpu(gid, 3 - i, DOMAIN, DEFAULT_PARTITION_ID, "HEALTHY") for i, gid in enumerate(nodes[0].gpu_ids)]
+    gpus = [NmxGpu(gid, 3 - i, PLANNER_DOMAIN, DEFAULT_PARTITION_ID, "HEALTHY") for i, gid in enumerate(nodes[0].gpu_ids)]
     fabric = map_fabric(rack, nodes, gpus)
     by_dev = {g.device_id: g.gpu_id for g in fabric.trays["r1-tray01"]}
     assert by_dev[3] == nodes[0].gpu_ids[0] and by_dev[0] == nodes[0].gpu_ids[3]
@@ -287,7 +271,7 @@ def test_location_based_partitions_keep_their_kind():
     nmx = FakeNMX(fabric)
     for c in plan_partitions(rack, [DesiredPartition("a", "r1", ("r1-tray01",))], fabric, [],
                              kind="LOCATION_BASED").changes:
-        assert c.payload_members()[0] == {"DomainUUID": DOMAIN, "ChassisID": 1, "SlotID": 1, "HostID": 1,
+        assert c.payload_members()[0] == {"DomainUUID": PLANNER_DOMAIN, "ChassisID": 1, "SlotID": 1, "HostID": 1,
                                           "DeviceID": 0}
         nmx.apply(c)
     assert plan_partitions(rack, [DesiredPartition("a", "r1", ("r1-tray01",))], fabric, nmx.partitions()).empty

@@ -11,7 +11,7 @@ from mctl.change.service import held_hint
 from mctl.model.change import RunningWork
 from mctl.model.fabric import FabricGpu, GpuLocation, NmxPartition
 from mctl.model.site import Partition
-from tests.unit.test_partition_change import plan_for, site_with
+from tests.helpers import plan_for, site_with
 
 
 def test_plan_create_template_records_nothing_until_committed(tmp_path):

@@ -52,7 +52,7 @@ SCRIPTS = {
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
-def test_script_sections_in_order_and_sh_parses_it(name):
+def test_script_sections_in_order_and_sh_parses_it(name, processes):
     build, expected = SCRIPTS[name]
     command = build()
     body = body_of(command)
@@ -95,7 +95,7 @@ def test_builder_fills_only_its_own_placeholders():
         shell.script(NONCE, [shell.sec("a", "nope", needs=("nope",))])
 
 
-def test_framing_reads_back_through_split_sections():
+def test_framing_reads_back_through_split_sections(processes):
     steps = [shell.sec("hostname"), shell.sec("fail", "false"), shell.sec("err", "oops")]
     body = shell.script(NONCE, steps, local="oops() { echo oops >&2; }")
     proc = subprocess.run(["/bin/sh", "-c", body], capture_output=True, text=True, timeout=30)

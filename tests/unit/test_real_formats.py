@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
@@ -26,38 +25,31 @@ from mctl.model.settings import HealthSettings, parse_subcodes
 from mctl.model.findings import Severity
 from mctl.model.tray import TrayFacts
 from mctl.model.xid import DEFAULT_DRAIN_XIDS, judge, nvlink5_detail, recovery_change
+from tests.helpers import REAL_SAMPLES, REAL_SCHED_SAMPLES, real_text
 
-REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real"
 S = HealthSettings()
-
-
-def text(name: str) -> str:
-    return (REAL / name).read_text(encoding="ascii")
 
 
 # --- the set itself -------------------------------------------------------------------------------
 
 def test_every_sample_has_provenance_and_a_test():
-    readme = (REAL / "README.md").read_text(encoding="utf-8")
-    samples = sorted(p.name for p in REAL.iterdir() if p.is_file() and p.name != "README.md")
+    readme = (REAL_SAMPLES / "README.md").read_text(encoding="utf-8")
+    samples = sorted(p.name for p in REAL_SAMPLES.iterdir() if p.is_file() and p.name != "README.md")
     assert len(samples) >= 20
     for name in samples:
         assert f"`{name}`" in readme, f"{name} has no provenance row in tests/fixtures/real/README.md"
-    from tests.unit.test_real_formats_sched import SCHED    # nvidia-imex-ctl, IMEX log, Slurm
 
-    tested = set(XML) | set(NVLINK) | set(KERNEL_LOGS) | set(CSV) | set(SCHED)
+    tested = set(XML) | set(NVLINK) | set(KERNEL_LOGS) | set(CSV) | set(REAL_SCHED_SAMPLES)
     assert sorted(tested) == samples
 
 
 def test_samples_are_byte_exact_as_recorded():
     """The git blob ids in the README are those of the files as published (read back with git hash-object)."""
-    from tests.unit.test_real_formats_sched import SCHED
-
-    readme = (REAL / "README.md").read_text(encoding="utf-8")
-    for name in [*XML, *SCHED]:
+    readme = (REAL_SAMPLES / "README.md").read_text(encoding="utf-8")
+    for name in [*XML, *REAL_SCHED_SAMPLES]:
         if not name.startswith(("telegraf-", "netdata-", "jpsnips-", "slurm-on-aws-", "crusoe-", "minyang-chen-")):
             continue
-        data = (REAL / name).read_bytes()
+        data = (REAL_SAMPLES / name).read_bytes()
         blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
         assert blob in readme, f"{name}: blob {blob} not recorded"
 
@@ -90,7 +82,7 @@ XML = {
 @pytest.mark.parametrize("name", sorted(XML))
 def test_real_xml(name):
     driver, attached, blocks, bus, product, temp, draw, limit = XML[name]
-    report = parse_xml(text(name))
+    report = parse_xml(real_text(name))
     assert report.driver_version == driver
     assert report.attached_gpus == attached
     assert len(report.gpus) == blocks
@@ -103,10 +95,10 @@ def test_real_xml(name):
 def test_r535_power_draw_is_read_and_the_power_check_runs():
     """R535 puts the draw in <gpu_power_readings><power_draw> (no average/instant): it used to be None."""
     for name in ("telegraf-a100-sxm4-v12.xml", "netdata-rtx-4090-driver-535.xml"):
-        report = parse_xml(text(name))
-        assert "<gpu_power_readings>" in text(name) and "<average_power_draw>" not in text(name)
+        report = parse_xml(real_text(name))
+        assert "<gpu_power_readings>" in real_text(name) and "<average_power_draw>" not in real_text(name)
         assert report.gpus[0].power_draw_w is not None
-    report = parse_xml(text("netdata-rtx-4090-driver-535.xml"))
+    report = parse_xml(real_text("netdata-rtx-4090-driver-535.xml"))
     tray = TrayFacts(host="t01", gpus=report)
     power = [f for f in thermal.check(tray, None, S) if f.check == thermal.POWER]
     assert power[0].severity is Severity.OK
@@ -119,11 +111,11 @@ def test_r535_power_draw_is_read_and_the_power_check_runs():
 def test_r580_memory_repair_fields_read_and_judged():
     # R595 captures (the R580 schema, nvsmi_device_v13.dtd) say No for both repairs and N/A for the rest
     for name in ("telegraf-rtx-3080-v13.xml", "telegraf-rtx-4000-sff-ada-v13.xml"):
-        repair = parse_xml(text(name)).gpus[0].repair
+        repair = parse_xml(real_text(name)).gpus[0].repair
         assert (repair.channel_repair_pending, repair.tpc_repair_pending) == (False, False)
         assert (repair.unrepairable_memory, repair.sram_threshold_exceeded) == (None, None)
     # the same document with the driver saying Yes (edited here, in memory; the file stays as published)
-    doc = text("telegraf-rtx-3080-v13.xml")
+    doc = real_text("telegraf-rtx-3080-v13.xml")
     doc = doc.replace("<channel_repair_pending>No<", "<channel_repair_pending>Yes<")
     doc = doc.replace("<unrepairable_memory>N/A<", "<unrepairable_memory>Yes<")
     doc = doc.replace("<sram_threshold_exceeded>N/A<", "<sram_threshold_exceeded>Yes<")
@@ -140,7 +132,7 @@ def test_r580_memory_repair_fields_read_and_judged():
 
 def test_fewer_gpu_blocks_than_attached_gpus_is_a_finding():
     """The published A100 sample lists one <gpu> for attached_gpus 4."""
-    report = parse_xml(text("telegraf-a100-sxm4-v12.xml"))
+    report = parse_xml(real_text("telegraf-a100-sxm4-v12.xml"))
     tray = TrayFacts(host="t01", gpus=report)
     found = gpu_count.check(tray, TrayExpectation(host="t01", rack="r", gpus_per_tray=1), S)
     assert found[0].severity is Severity.CRITICAL and "driver counts 4" in found[0].message
@@ -173,17 +165,17 @@ NVLINK = {
 
 @pytest.mark.parametrize("name", sorted(NVLINK))
 def test_real_nvlink_status(name):
-    got = parse_nvlink_status(text(name))
+    got = parse_nvlink_status(real_text(name))
     assert [(g.index, len(g.links), g.inactive_links, g.all_inactive) for g in got] == NVLINK[name]
 
 
 def test_a100_links_are_25_gbps():
-    assert {l.speed_gbps for g in parse_nvlink_status(text("gpud-nvlink-status-a100.txt")) for l in g.links} == {25.0}
+    assert {l.speed_gbps for g in parse_nvlink_status(real_text("gpud-nvlink-status-a100.txt")) for l in g.links} == {25.0}
 
 
 def test_all_links_down_is_critical_with_the_gpu_named():
-    links = parse_nvlink_status(text("issue-gpud-1085-nvlink-all-inactive-b200.txt"))
-    report = parse_xml((REAL.parent / "gb200-nvidia-smi-q-x.xml").read_text())
+    links = parse_nvlink_status(real_text("issue-gpud-1085-nvlink-all-inactive-b200.txt"))
+    report = parse_xml((REAL_SAMPLES.parent / "gb200-nvidia-smi-q-x.xml").read_text())
     found = nvlink.check(TrayFacts(host="t01", gpus=report, nvlinks=links), None, S)
     assert found[0].severity is Severity.CRITICAL
     assert "gpu2 all 18 links down" in found[0].message
@@ -194,8 +186,8 @@ def test_all_links_down_is_critical_with_the_gpu_named():
 def test_all_inactive_sentence_on_stderr_names_the_gpus_without_links():
     from mctl.facts.nvidia_smi import with_stderr
 
-    sample = text("issue-gpud-1085-nvlink-all-inactive-b200.txt").splitlines()
-    stdout = "\n".join(text("gpud-nvlink-status-a100.txt").splitlines()[:13] + [sample[0]]) + "\n"
+    sample = real_text("issue-gpud-1085-nvlink-all-inactive-b200.txt").splitlines()
+    stdout = "\n".join(real_text("gpud-nvlink-status-a100.txt").splitlines()[:13] + [sample[0]]) + "\n"
     gpus = parse_nvlink_status(stdout)
     assert [(g.index, len(g.links), g.all_inactive) for g in gpus] == [(0, 12, False), (2, 0, False)]
     gpus = with_stderr(gpus, sample[1] + "\n")
@@ -230,12 +222,12 @@ KERNEL_LOGS = {
 
 @pytest.mark.parametrize("name", sorted(KERNEL_LOGS))
 def test_real_kernel_logs(name):
-    events = parse_xid_events(text(name))
+    events = parse_xid_events(real_text(name))
     assert [(e.pci, e.code, e.form, e.stamp_kind) for e in events] == KERNEL_LOGS[name]
 
 
 def test_dmesg_T_xid_119_stamps_and_ages():
-    events = parse_xid_events(text("gpud-dmesg-T-xid-119.log"))
+    events = parse_xid_events(real_text("gpud-dmesg-T-xid-119.log"))
     assert [e.timestamp for e in events] == ["Sun Feb 23 16:24:18 2025", "Sun Feb 23 16:24:24 2025",
                                              "Sun Feb 23 16:24:30 2025", "Sun Feb 23 16:27:12 2025",
                                              "Sun Feb 23 16:30:13 2025"]
@@ -246,7 +238,7 @@ def test_dmesg_T_xid_119_stamps_and_ages():
 
 
 def test_dmesg_iso_with_decode_columns_gives_an_age():
-    event = parse_xid_events(text("issue-gpud-pr870-dmesg-decode-iso.txt"))[0]
+    event = parse_xid_events(real_text("issue-gpud-pr870-dmesg-decode-iso.txt"))[0]
     assert event.timestamp == "2025-05-27T04:18:56,089671+00:00"
     epoch = datetime.fromisoformat("2025-05-27T04:28:56.089671+00:00").timestamp()
     obs = observe_xid(event, Clock(epoch=epoch, local=datetime(2025, 5, 27, 4, 28, 56), uptime=10_000.0))
@@ -254,7 +246,7 @@ def test_dmesg_iso_with_decode_columns_gives_an_age():
 
 
 def test_raw_uptime_stamp_ages_against_the_trays_uptime():
-    event = parse_xid_events(text("issue-nvsentinel-155-dmesg-fell-off-bus-no-xid.txt"))[0]
+    event = parse_xid_events(real_text("issue-nvsentinel-155-dmesg-fell-off-bus-no-xid.txt"))[0]
     assert event.uptime == 1843.308145
     obs = observe_xid(event, Clock(epoch=1e9, local=datetime(2025, 1, 1), uptime=2443.308145))
     assert round(obs.age_s, 3) == 600.0 and obs.this_boot is True
@@ -301,13 +293,13 @@ def test_stamp_age_refuses_garbage():
 
 def test_fell_off_bus_forms():
     # Xid 79 and the driver's own line about the same GPU: one event, the Xid
-    events = parse_xid_events(text("issue-akash-support-209-dmesg-T-xid79.txt"))
+    events = parse_xid_events(real_text("issue-akash-support-209-dmesg-T-xid79.txt"))
     assert [(e.code, e.form) for e in events] == [(79, "xid")]
     # no Xid at all: the driver's multi-line message is XID 79 for that GPU
-    events = parse_xid_events(text("issue-nvsentinel-155-dmesg-fell-off-bus-no-xid.txt"))
+    events = parse_xid_events(real_text("issue-nvsentinel-155-dmesg-fell-off-bus-no-xid.txt"))
     assert [(e.code, e.pci, e.form) for e in events] == [(79, "0000:b3:00.0", "fell-off-bus")]
     # as the probe's grep hands it over (the middle line does not match the grep)
-    grepped = "\n".join(l for l in text("issue-nvsentinel-155-dmesg-fell-off-bus-no-xid.txt").splitlines()
+    grepped = "\n".join(l for l in real_text("issue-nvsentinel-155-dmesg-fell-off-bus-no-xid.txt").splitlines()
                         if "NVRM: Xid" in l or "fallen off the bus" in l or "NVRM: The NVIDIA GPU" in l)
     assert [(e.code, e.form) for e in parse_xid_events(grepped)] == [(79, "fell-off-bus")]
     # the one-line forms, repeated: one event
@@ -321,7 +313,7 @@ def test_fell_off_bus_forms():
 
 
 def test_fell_off_bus_without_xid_drains_like_xid_79():
-    event = parse_xid_events(text("issue-nvsentinel-155-dmesg-fell-off-bus-no-xid.txt"))[0]
+    event = parse_xid_events(real_text("issue-nvsentinel-155-dmesg-fell-off-bus-no-xid.txt"))[0]
     clock = Clock(epoch=1e9, local=datetime(2025, 1, 1), uptime=1900.0)
     facts = TrayFacts(host="t01", xids=(observe_xid(event, clock),), xid_source="dmesg", clock=clock)
     found = xid.check(facts, None, S)
@@ -339,8 +331,8 @@ def _xid_findings(lines, settings=S):
 
 
 def test_real_nvlink5_lines_judged_by_their_word_and_subcode():
-    lines = text("issue-gpud-pr1174-nvlink5-kmsg-lines.txt").splitlines()
-    lines += text("issue-gpud-pr1160-nvlink5-kmsg-lines.txt").splitlines()
+    lines = real_text("issue-gpud-pr1174-nvlink5-kmsg-lines.txt").splitlines()
+    lines += real_text("issue-gpud-pr1160-nvlink5-kmsg-lines.txt").splitlines()
     verdicts = [(e.code, e.nvlink5.unit, e.nvlink5.fatal, e.nvlink5.subcode,
                  judge(e.code, e.message, DEFAULT_DRAIN_XIDS).drains) for e in parse_xid_events("\n".join(lines))]
     assert verdicts == [
@@ -354,8 +346,8 @@ def test_real_nvlink5_lines_judged_by_their_word_and_subcode():
 
 
 def test_nonfatal_nvlink5_does_not_drain_and_fatal_does():
-    nonfatal = text("issue-gpud-pr1174-nvlink5-kmsg-lines.txt").splitlines()[2]
-    fatal = text("issue-gpud-pr1174-nvlink5-kmsg-lines.txt").splitlines()[1]
+    nonfatal = real_text("issue-gpud-pr1174-nvlink5-kmsg-lines.txt").splitlines()[2]
+    fatal = real_text("issue-gpud-pr1174-nvlink5-kmsg-lines.txt").splitlines()[1]
     found = _xid_findings([nonfatal])
     assert found[0].severity is Severity.WARN and found[0].details["drains"] is False
     assert "NVIDIA's catalogue: ignore" in found[0].action
@@ -419,19 +411,19 @@ def test_real_query_csv():
     fields = ["name", "uuid", "fan.speed", "pstate", "memory.reserved", "memory.used", "memory.free",
               "utilization.gpu", "utilization.memory", "temperature.gpu", "power.draw", "clocks.current.graphics",
               "clocks.current.sm", "clocks.current.memory", "clocks.current.video"]
-    rows = parse_query_csv(text("netdata-tesla-p100.csv"), fields)
+    rows = parse_query_csv(real_text("netdata-tesla-p100.csv"), fields)
     assert len(rows) == 1
     row = rows[0]
     assert row["name"] == "Tesla P100-PCIE-16GB" and row["uuid"] == "GPU-ef1b2c9b-38d8-2090-2bd1-f567a3eb42a6"
     assert row["fan.speed"] is None and row["power.draw"] == "28.16" and row["memory.free"] == "16280"
-    rows = parse_query_csv(text("issue-provider-configs-91-query-gpu-h100nvl.csv"), ["name", "pci.device_id"],
+    rows = parse_query_csv(real_text("issue-provider-configs-91-query-gpu-h100nvl.csv"), ["name", "pci.device_id"],
                            header=False)
     assert rows == [{"name": "NVIDIA H100 NVL", "pci.device_id": "0x232110DE"}]
 
 
 # --- bad input ------------------------------------------------------------------------------------
 
-GB200 = (REAL.parent / "gb200-nvidia-smi-q-x.xml").read_text()
+GB200 = (REAL_SAMPLES.parent / "gb200-nvidia-smi-q-x.xml").read_text()
 BAD = {
     "empty": ("", "printed nothing"),
     "truncated": (GB200[: len(GB200) // 2], "output truncated"),
@@ -475,7 +467,7 @@ def test_bad_csv_and_nvlink_input():
     with pytest.raises(FactsParseError, match="unexpected text"):
         parse_nvlink_status("<html><body>502</body></html>")
     with pytest.raises(FactsParseError, match="unexpected text"):
-        parse_nvlink_status(text("issue-gpud-1085-nvlink-all-inactive-b200.txt")[:40])
+        parse_nvlink_status(real_text("issue-gpud-1085-nvlink-all-inactive-b200.txt")[:40])
     # links and the all-inactive sentence for one GPU cannot both be true
     with pytest.raises(FactsParseError, match="also says all links are inactive"):
         parse_nvlink_status("GPU 0: NVIDIA GB200 (UUID: GPU-1)\n\t Link 0: 53.125 GB/s\n"
@@ -491,7 +483,7 @@ def test_kernel_log_parser_survives_garbage():
 
 @pytest.mark.parametrize("name", ["issue-nvsentinel-155-dmesg-fell-off-bus-no-xid.txt",
                                   "issue-akash-support-209-dmesg-T-xid79.txt", "gpud-dmesg-T-xid-119.log"])
-def test_probe_grep_keeps_what_the_parser_needs(tmp_path, name):
+def test_probe_grep_keeps_what_the_parser_needs(tmp_path, name, processes):
     """The probe's own `xid` shell function over a real log (the kern.log path pointed at a copy)."""
     import subprocess
 
@@ -499,7 +491,7 @@ def test_probe_grep_keeps_what_the_parser_needs(tmp_path, name):
     from mctl.facts.probe import xid_section
 
     log = tmp_path / "kern.log"
-    log.write_bytes((REAL / name).read_bytes())
+    log.write_bytes((REAL_SAMPLES / name).read_bytes())
     body = shell.FUNCTIONS["xid"].replace("/var/log/kern.log", str(log)).replace("@XID_TAIL@", str(shell.XID_TAIL))
     body = body.replace("@XID_BYTES@", str(shell.XID_BYTES))
     out = subprocess.run(["/bin/sh", "-c", body + "\nxid\n"], capture_output=True, text=True, timeout=30).stdout

@@ -22,47 +22,25 @@ from ClusterShell.NodeSet import NodeSet
 from mctl.audit.rules.slurm import found_blocks
 from mctl.sched.slurm.facts import (NodeHardware, NodeState, key_values, parse_show_nodes, parse_show_topology,
                                    parse_slurmd_c)
-from tests.unit.test_real_formats import REAL, text
-
-# name -> what it is (the README row says where it comes from)
-IMEX = {
-    "jpsnips-imex-ctl-q-ready.txt": "nvidia-imex-ctl -q, IMEX 570.00 on GH200",
-    "jpsnips-imex-ctl-s-t-2000.txt": "nvidia-imex-ctl -s -t 2000 (wait for READY), same daemon",
-    "jpsnips-imex-daemon-log-570-node0.txt": "IMEX 570.00 daemon log, node 0 of a 2-node domain",
-    "issue-dra-driver-pr1465-imex-580-daemon-log.txt": "IMEX 580.159.04 daemon log start (stderr, host names)",
-    "issue-dra-driver-pr298-imex-570-nodes-config-and-log.txt": "nodes_config.cfg and IMEX 570.124.06 log start",
-    "issue-dra-driver-pr304-proc-devices-excerpt.txt": "/proc/devices with nvidia-caps-imex-channels (test_imex_job_deploy)",
-}
-SLURM = {
-    "slurm-on-aws-scontrol-show-node-down-cloud-powered-down.txt": "scontrol show node (no -o), Slurm 24.11",
-    "slurm-on-aws-scontrol-show-node-idle-cloud.txt": "scontrol show node (no -o), Slurm 24.11.7",
-    "slurm-on-aws-sinfo-N-down-powered-off.txt": "sinfo -N, the same two nodes powered off",
-    "issue-arjuna-users-164-reason-stamp.txt": "a Reason= with Slurm's [slurm@time] stamp",
-    "issue-arjuna-users-85-sinfo-state-suffixes.txt": "sinfo node states with $ and * suffixes",
-    "crusoe-slurm-scontrol-show-topology-block-gb200.txt": "scontrol show topology, block plugin, 10 x 18 GB200",
-    "crusoe-slurm-sinfo-down-not-responding.txt": "sinfo with a down* node",
-    "minyang-chen-slurmd-C-slurmnode6.txt": "slurmd -C of a 12-core, 2-thread node, with UpTime=",
-}
-SCHED = {**IMEX, **SLURM}
-
+from tests.helpers import REAL_SAMPLES, REAL_SCHED_SAMPLES, real_text
 
 def test_every_sched_sample_is_here_and_has_provenance():
-    readme = (REAL / "README.md").read_text(encoding="utf-8")
-    for name in SCHED:
-        assert (REAL / name).is_file(), name
+    readme = (REAL_SAMPLES / "README.md").read_text(encoding="utf-8")
+    for name in REAL_SCHED_SAMPLES:
+        assert (REAL_SAMPLES / name).is_file(), name
         assert f"`{name}`" in readme, f"{name} has no provenance row"
 
 
 # --- nvidia-imex-ctl --------------------------------------------------------------------------------
 
 def test_real_query_answer_is_ready():
-    assert text("jpsnips-imex-ctl-q-ready.txt") == "READY\n"
-    assert parse_query(text("jpsnips-imex-ctl-q-ready.txt")) == "READY"
+    assert real_text("jpsnips-imex-ctl-q-ready.txt") == "READY\n"
+    assert parse_query(real_text("jpsnips-imex-ctl-q-ready.txt")) == "READY"
 
 
 def test_real_wait_for_ready_output_reads_as_ready():
     """`-s -t 2000` prints `READY stopAtReady: 0`, `keepGoing: 1`, `Finishing subscription`, `READY`."""
-    sample = text("jpsnips-imex-ctl-s-t-2000.txt")
+    sample = real_text("jpsnips-imex-ctl-s-t-2000.txt")
     assert sample.splitlines()[0].startswith("READY ") and sample.splitlines()[-1] == "READY"
     assert parse_query(sample) == "READY"
 
@@ -72,12 +50,12 @@ def test_real_wait_for_ready_output_reads_as_ready():
 def test_foreign_imex_output_is_not_read_as_a_domain(name):
     """Whatever is not `-N` output (the -q word, the -s lines, the daemon log) is refused, not half-read."""
     with pytest.raises(FactsParseError):
-        parse_domain(text(name))
+        parse_domain(real_text(name))
 
 
 def test_daemon_log_is_not_a_query_answer():
     with pytest.raises(FactsParseError, match="not a daemon state"):
-        parse_query(text("jpsnips-imex-daemon-log-570-node0.txt"))
+        parse_query(real_text("jpsnips-imex-daemon-log-570-node0.txt"))
 
 
 _LOG_LINE = re.compile(r"^\[(?P<stamp>[A-Z][a-z]{2} \d{2} \d{4} \d{2}:\d{2}:\d{2})\] \[(?P<level>[A-Z]+)\] "
@@ -85,7 +63,7 @@ _LOG_LINE = re.compile(r"^\[(?P<stamp>[A-Z][a-z]{2} \d{2} \d{4} \d{2}:\d{2}:\d{2
 
 
 def test_real_daemon_log_layout():
-    lines = text("jpsnips-imex-daemon-log-570-node0.txt").splitlines()
+    lines = real_text("jpsnips-imex-daemon-log-570-node0.txt").splitlines()
     assert lines[0] == "IMEX Log initializing at: 3/25/2025 10:41:54.338"
     body = [ln for ln in lines[1:] if ln]
     assert body and all(_LOG_LINE.match(ln) for ln in body), [ln for ln in body if not _LOG_LINE.match(ln)]
@@ -106,7 +84,7 @@ _VERSION_LINE = re.compile(r"^IMEX version (?P<version>\S+) is running with the 
 ])
 def test_real_daemon_logs_of_three_versions(name, version, first):
     """Every line from `IMEX Log initializing at:` on has the one layout; 580 ends the version line with ':'."""
-    lines = text(name).splitlines()[first:]
+    lines = real_text(name).splitlines()[first:]
     assert re.match(r"^IMEX Log initializing at: \d{1,2}/\d{1,2}/\d{4} \d{2}:\d{2}:\d{2}\.\d{3}$", lines[0])
     body = [ln for ln in lines[1:] if ln]
     assert all(_LOG_LINE.match(ln) for ln in body), [ln for ln in body if not _LOG_LINE.match(ln)]
@@ -116,7 +94,7 @@ def test_real_daemon_logs_of_three_versions(name, version, first):
 
 
 def test_real_580_log_on_stderr_and_host_name_entries():
-    lines = text("issue-dra-driver-pr1465-imex-580-daemon-log.txt").splitlines()
+    lines = real_text("issue-dra-driver-pr1465-imex-580-daemon-log.txt").splitlines()
     # with no log file the daemon says so on stderr before the first stamped line
     assert lines[:3] == ["WARNING: failed to open IMEX log file  errno = No such file or directory",
                          "INFO: using stderr for IMEX logging",
@@ -132,19 +110,19 @@ def test_real_580_log_on_stderr_and_host_name_entries():
 
 
 def test_real_nodes_config_as_printed():
-    lines = text("issue-dra-driver-pr298-imex-570-nodes-config-and-log.txt").splitlines()
+    lines = real_text("issue-dra-driver-pr298-imex-570-nodes-config-and-log.txt").splitlines()
     assert lines[0] == "/etc/nvidia-imex/nodes_config.cfg:"
     assert parse_nodes_config("\n".join(lines[1:3])) == ("10.115.131.13", "10.115.131.6")
     # the whole capture is not a nodes_config.cfg (the log lines hold more than an address)
     with pytest.raises(FactsParseError):
-        parse_nodes_config(text("issue-dra-driver-pr298-imex-570-nodes-config-and-log.txt"))
+        parse_nodes_config(real_text("issue-dra-driver-pr298-imex-570-nodes-config-and-log.txt"))
 
 
 def test_lab_imex_daemon_logs_the_real_layout_and_messages():
     """The lab's IMEX daemon writes the layout and the start-up sentences of the real log above."""
     from mctl.lab.emulators.imex_daemon import Daemon
 
-    real = [_LOG_LINE.match(ln)["message"] for ln in text("jpsnips-imex-daemon-log-570-node0.txt").splitlines()
+    real = [_LOG_LINE.match(ln)["message"] for ln in real_text("jpsnips-imex-daemon-log-570-node0.txt").splitlines()
             if _LOG_LINE.match(ln)]
     daemon = Daemon("/nonexistent/config.cfg")
     daemon.log_fh = io.StringIO()
@@ -168,7 +146,7 @@ def test_lab_imex_daemon_logs_the_real_layout_and_messages():
 
 def test_multi_line_show_node_powered_down_cloud_node():
     """Without -o the state, reason and the rest are on indented lines: they belong to the node."""
-    [node] = parse_show_nodes(text("slurm-on-aws-scontrol-show-node-down-cloud-powered-down.txt"))
+    [node] = parse_show_nodes(real_text("slurm-on-aws-scontrol-show-node-down-cloud-powered-down.txt"))
     assert node.name == "gpu-st-ml-1"
     assert node.state == "DOWN+CLOUD+POWERED_DOWN"
     assert node.flags == {"DOWN", "CLOUD", "POWERED_DOWN"}
@@ -184,7 +162,7 @@ def test_multi_line_show_node_powered_down_cloud_node():
 
 
 def test_multi_line_show_node_registered_cloud_node():
-    [node] = parse_show_nodes(text("slurm-on-aws-scontrol-show-node-idle-cloud.txt"))
+    [node] = parse_show_nodes(real_text("slurm-on-aws-scontrol-show-node-idle-cloud.txt"))
     assert (node.name, node.state, node.address) == ("gpu-st-ml-1", "IDLE+CLOUD", "10.0.10.160")
     assert node.fields["Version"] == "24.11.7" and node.fields["SlurmdStartTime"] == "2026-03-11T11:05:49"
     assert node.fields["OS"] == "Linux 6.8.0-1045-aws #47~22.04.1-Ubuntu SMP Thu Jan 29 21:28:23 UTC 2026"
@@ -198,14 +176,14 @@ def test_multi_line_show_node_registered_cloud_node():
 
 def test_one_line_and_multi_line_forms_read_the_same():
     """The same capture joined onto one line (as -o prints it) reads to the same node (variant built here)."""
-    sample = text("slurm-on-aws-scontrol-show-node-idle-cloud.txt")
+    sample = real_text("slurm-on-aws-scontrol-show-node-idle-cloud.txt")
     one_line = " ".join(ln.strip() for ln in sample.splitlines() if ln.strip())
     [multi], [single] = parse_show_nodes(sample), parse_show_nodes(one_line)
     assert multi == single and multi.fields == single.fields
 
 
 def test_multi_line_records_end_at_an_unindented_line():
-    sample = text("slurm-on-aws-scontrol-show-node-down-cloud-powered-down.txt")
+    sample = real_text("slurm-on-aws-scontrol-show-node-down-cloud-powered-down.txt")
     [node] = parse_show_nodes(sample + "ubuntu@ip-10-0-0-130:~$ sudo tail -50 x\n   Weight=99\n")
     assert node.fields["Weight"] == "1"
 
@@ -222,7 +200,7 @@ def test_real_reason_stamps_are_split_off():
                                                            datetime(2026, 3, 11, 11, 5, 51)),
     }
     for name, (reason, who, since) in samples.items():
-        raw = key_values(text(name).replace("\n", " "))["Reason"]
+        raw = key_values(real_text(name).replace("\n", " "))["Reason"]
         # the real reasons on a drained node (variant: the state is set here, the reason is the real one)
         drain = drains.drain_of(NodeState("n1", "IDLE+DRAIN", raw))
         assert (drain.reason, drain.who, drain.since) == (reason, who, since), name
@@ -233,7 +211,7 @@ def test_real_reason_stamps_are_split_off():
 
 def _states(name: str) -> list[str]:
     return [line.split()[-1] if name.startswith("slurm-on-aws") else line.split()[1]
-            for line in text(name).splitlines()[(1 if name.startswith("slurm-on-aws") else 0):]]
+            for line in real_text(name).splitlines()[(1 if name.startswith("slurm-on-aws") else 0):]]
 
 
 def test_real_sinfo_states_with_suffixes():
@@ -259,7 +237,7 @@ def test_powered_off_suffix_is_not_registered():
 
 
 def test_crusoe_sinfo_down_star_is_not_registered():
-    lines = text("crusoe-slurm-sinfo-down-not-responding.txt").splitlines()
+    lines = real_text("crusoe-slurm-sinfo-down-not-responding.txt").splitlines()
     assert lines[0].split() == ["PARTITION", "AVAIL", "TIMELIMIT", "NODES", "STATE", "NODELIST"]
     states = {row.split()[5]: row.split()[4] for row in lines[1:]}
     assert states == {"slurm-compute-node-0": "down*", "slurm-compute-node-[1-7]": "idle"}
@@ -270,7 +248,7 @@ def test_crusoe_sinfo_down_star_is_not_registered():
 # --- Slurm: scontrol show topology (block plugin) ---------------------------------------------------
 
 def test_real_block_topology_of_ten_nvl72_racks():
-    entries = parse_show_topology(text("crusoe-slurm-scontrol-show-topology-block-gb200.txt"))
+    entries = parse_show_topology(real_text("crusoe-slurm-scontrol-show-topology-block-gb200.txt"))
     assert [e.name for e in entries] == [f"block{i:02d}" for i in range(1, 11)]
     assert {e.kind for e in entries} == {"block"} and {e.size for e in entries} == {18}
     assert entries[0].nodes == "slurm-compute-node-[000-017]" and entries[-1].nodes == "slurm-compute-node-[162-179]"
@@ -280,7 +258,7 @@ def test_real_block_topology_of_ten_nvl72_racks():
     blocks = found_blocks(entries, "block")
     assert blocks["block03"] == "slurm-compute-node-[036-053]" and len(blocks) == 10
     # the BlockIndex field is read too (the parser keeps every field in key_values)
-    first = text("crusoe-slurm-scontrol-show-topology-block-gb200.txt").splitlines()[0]
+    first = real_text("crusoe-slurm-scontrol-show-topology-block-gb200.txt").splitlines()[0]
     assert key_values(first) == {"BlockName": "block01", "BlockIndex": "0", "Nodes": "slurm-compute-node-[000-017]",
                                  "BlockSize": "18"}
 
@@ -288,7 +266,7 @@ def test_real_block_topology_of_ten_nvl72_racks():
 # --- Slurm: slurmd -C -------------------------------------------------------------------------------
 
 def test_real_slurmd_c():
-    sample = text("minyang-chen-slurmd-C-slurmnode6.txt")
+    sample = real_text("minyang-chen-slurmd-C-slurmnode6.txt")
     assert sample.splitlines()[1] == "UpTime=0-02:55:22"
     name, hw = parse_slurmd_c(sample)
     # RealMemory=56153 MiB is rounded down to whole GiB (54 GiB) so trays of one model share a line

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 
-def test_plain_table_and_lines_without_rich():
+def test_plain_table_and_lines_without_rich(processes):
     code = (
         "import sys\n"
         "from mctl.cli import render\n"

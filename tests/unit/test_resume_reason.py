@@ -17,7 +17,7 @@ def _run(state: str, reason: str) -> tuple[str, dict]:
     return out, holds.parse_actions(out, ["t2"])
 
 
-def test_bring_up_resume_replaces_its_hold_reason_in_the_same_update():
+def test_bring_up_resume_replaces_its_hold_reason_in_the_same_update(processes):
     out, result = _run("IDLE+DRAIN", "mctl: bring-up RUN: opens when health and burn-in pass [root@2026-12-01T08:58]")
     assert result["t2"][0] == "done"
     (update,) = [l for l in out.splitlines() if l.startswith("UPDATED")]
@@ -25,7 +25,7 @@ def test_bring_up_resume_replaces_its_hold_reason_in_the_same_update():
     assert not holds.REASON_OPENED.startswith("mctl:")       # never taken for a hold by any guard
 
 
-def test_bring_up_resume_leaves_a_node_that_is_no_longer_drained_alone():
+def test_bring_up_resume_leaves_a_node_that_is_no_longer_drained_alone(processes):
     # A tray resumed before (the reason stayed) or down: no RESUME of a DOWN node, no failed update.
     for state in ("IDLE", "DOWN+NOT_RESPONDING", "ALLOCATED"):
         out, result = _run(state, "mctl: bring-up RUN: opens when health and burn-in pass")

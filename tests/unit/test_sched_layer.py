@@ -55,7 +55,7 @@ def test_drained_down_and_owner_are_one_definition():
 
 # --- the script builder -----------------------------------------------------------------------------
 
-def test_drain_step_refuses_any_holder_and_quotes_the_reason():
+def test_drain_step_refuses_any_holder_and_quotes_the_reason(processes):
     script = sd.script([sd.drain_step("t1", "mctl: it's $(x)")])
     assert "*DRAIN*|*DOWN*|*FAIL*" in script and "Reason='mctl: it'\"'\"'s $(x)'" in script
     out = _run(script, "IDLE")
@@ -67,7 +67,7 @@ def test_drain_step_refuses_any_holder_and_quotes_the_reason():
         assert sd.parse(out, ["t1"])["t1"] == sd.StepResult("t1", "refused", f"refused: the node is {state}")
 
 
-def test_resume_step_guards_the_owner_and_sets_its_own_reason():
+def test_resume_step_guards_the_owner_and_sets_its_own_reason(processes):
     watch = sd.script([sd.resume_step("t1")])
     out = _run(watch, "IDLE+DRAIN", "mctl: xid 79 [root@2026-01-01T00:00:00]")
     assert f"UPDATED update NodeName=t1 State=RESUME Reason={sd.RESUMED_REASON}" in out
@@ -77,7 +77,7 @@ def test_resume_step_guards_the_owner_and_sets_its_own_reason():
     assert "UPDATED" not in out and sd.parse(out, ["t1"])["t1"].status == "refused"
 
 
-def test_bring_up_guard_is_the_same_builder_with_its_own_prefix():
+def test_bring_up_guard_is_the_same_builder_with_its_own_prefix(processes):
     open_step = sd.resume_step("t1", prefix="mctl: bring-up", reason="opened", owner="bring-up", verb="left alone",
                                not_down=False, held=True)
     script = sd.script([open_step])

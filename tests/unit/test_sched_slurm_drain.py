@@ -125,7 +125,7 @@ def slurm(tmp_path):
     return Slurm()
 
 
-def test_drain_and_resume_through_the_script(slurm):
+def test_drain_and_resume_through_the_script(slurm, processes):
     slurm.set(t1={"state": "IDLE"}, t2={"state": "ALLOCATED"})
     ds = [Decision("t1", DRAIN, "x", reason="mctl: xid 79 gpu0 (fell off bus)"),
           Decision("t2", DRAIN, "x", reason="mctl: nvlink gpu1 link5 down")]
@@ -144,7 +144,7 @@ def test_drain_and_resume_through_the_script(slurm):
     assert not views["t1"].drained and views["t1"].reason is None and not RESUMED_REASON.startswith("mctl:")
 
 
-def test_guards_refuse_at_the_last_moment(slurm):
+def test_guards_refuse_at_the_last_moment(slurm, processes):
     slurm.set(t1={"state": "IDLE+DRAIN", "reason": "ops: cable"}, t2={"state": "DOWN*"},
               t3={"state": "IDLE+DRAIN", "reason": "ops: took it over"}, t4={"state": "DOWN+DRAIN",
                                                                               "reason": "mctl: x"})
@@ -158,14 +158,14 @@ def test_guards_refuse_at_the_last_moment(slurm):
     assert slurm.nodes()["t1"]["reason"] == "ops: cable" and slurm.nodes()["t3"]["reason"] == "ops: took it over"
 
 
-def test_controller_down_marks_actions_unreachable(slurm):
+def test_controller_down_marks_actions_unreachable(slurm, processes):
     slurm.set(_down_controller=True, t1={"state": "IDLE"})
     ds = [Decision("t1", DRAIN, "x", reason="mctl: a")]
     (r,) = parse_apply(slurm.run(apply_script(ds)), ds)
     assert not r.ok and r.unreachable and "Unable to contact slurm controller" in r.error
 
 
-def test_reasons_with_shell_characters_are_quoted(slurm):
+def test_reasons_with_shell_characters_are_quoted(slurm, processes):
     slurm.set(t1={"state": "IDLE"})
     reason = "mctl: it's $(rm -rf /) `x` \"q\""
     ds = [Decision("t1", DRAIN, "x", reason=reason)]
@@ -187,7 +187,7 @@ def test_controller_down_texts():
     assert not controller_down("Node t9 not found")
 
 
-def test_no_scontrol_outlives_the_deadline_on_the_controller(slurm):
+def test_no_scontrol_outlives_the_deadline_on_the_controller(slurm, processes):
     """Dropping the connection at mctl's deadline does not stop a command on the controller: an
     scontrol retrying a slurmctld that is down would apply the resume when it comes back, after mctl
     logged it queued (found by bench/chaos.py). With limit_s the script kills it there, and the

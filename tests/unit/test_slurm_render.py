@@ -15,15 +15,15 @@ import yaml
 from mctl.errors import UsageError
 from mctl.inventory import load_site
 from mctl.sched.slurm import parse_slurmd_c, parse_version, render
+from tests.helpers import SLURM_GOLDEN, SLURM_LAB_SETTINGS, lab_like_site
 
 REPO = Path(__file__).resolve().parents[2]
-GOLDEN = REPO / "tests" / "fixtures" / "golden" / "slurm"
 REGEN = os.environ.get("MCTL_REGEN_GOLDEN") == "1"
 EXAMPLE = REPO / "inventories" / "example-gb200"
 
 
 def golden(folder: str, files: dict[str, str]) -> None:
-    where = GOLDEN / folder
+    where = SLURM_GOLDEN / folder
     if REGEN:
         where.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
@@ -34,7 +34,7 @@ def golden(folder: str, files: dict[str, str]) -> None:
 
 
 def gb200_hardware(site):
-    _name, hw = parse_slurmd_c((GOLDEN / "gb200-slurmd-C.txt").read_text())
+    _name, hw = parse_slurmd_c((SLURM_GOLDEN / "gb200-slurmd-C.txt").read_text())
     return {t.name: hw for t in site.compute_trays()}
 
 
@@ -46,27 +46,6 @@ def example():
 def write_site(tmp_path: Path, doc: dict) -> Path:
     (tmp_path / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
     return tmp_path
-
-
-def lab_like(tmp_path: Path, *, slurm: dict | None = None, partitions=None, trays: int = 4, racks: int = 1):
-    doc = {"plugin": "mctl", "site": "lab", "racks": {}, "scheduler": {"type": "slurm", "cluster_name": "Lab",
-                                                                       "controller": "lab-r1-head"}}
-    for r in range(1, racks + 1):
-        rack = {"shape": {"compute_trays": trays, "switch_trays": 0},
-                "head": {"name": f"lab-r{r}-head", "address": f"127.77.{r}.100"},
-                "compute": {"nodes": f"lab-r{r}-tray[01-{trays:02d}]", "addresses": f"127.77.{r}.[1-{trays}]",
-                            "vars": {"slurmd_port": f"[{16000 + r * 100 + 1}-{16000 + r * 100 + trays}]"}}}
-        if partitions and r == 1:
-            rack["partitions"] = partitions
-        doc["racks"][f"lab-r{r}"] = rack
-    if slurm:
-        doc["scheduler"]["slurm"] = slurm
-    return load_site(write_site(tmp_path, doc))
-
-
-LAB_SETTINGS = {"cgroup_plugin": "disabled", "proctrack_type": "proctrack/linuxproc", "task_plugin": "task/none",
-                "jobacct_gather_type": "jobacct_gather/linux", "gpu_device_nodes": "create",
-                "communication_parameters": "NoCtldInAddrAny"}
 
 
 def test_golden_example_block(example):
@@ -89,11 +68,11 @@ def test_golden_example_tree_fallback(example):
 
 
 def test_golden_lab_settings(tmp_path):
-    site = lab_like(tmp_path, slurm=LAB_SETTINGS,
+    site = lab_like_site(tmp_path, slurm=SLURM_LAB_SETTINGS,
                     partitions=[{"name": "p0", "trays": "lab-r1-tray[01-02]"},
                                 {"name": "p1", "trays": "lab-r1-tray[03-04]"}])
-    _n, hw = parse_slurmd_c((GOLDEN / "captured" / "slurmd-C.txt").read_text())
-    cfg = render(site, parse_version((GOLDEN / "captured" / "slurmctld-V.txt").read_text()),
+    _n, hw = parse_slurmd_c((SLURM_GOLDEN / "captured" / "slurmd-C.txt").read_text())
+    cfg = render(site, parse_version((SLURM_GOLDEN / "captured" / "slurmctld-V.txt").read_text()),
                  {t.name: hw for t in site.compute_trays()})
     golden("lab-24.11", cfg.files)
     conf = cfg.files["slurm.conf"]
@@ -111,17 +90,17 @@ def test_health_check_on_by_default(example):
 
 
 def test_health_check_off_when_the_site_says_so(tmp_path):
-    off = lab_like(tmp_path, slurm={"node_check": False})
+    off = lab_like_site(tmp_path, slurm={"node_check": False})
     hw = gb200_hardware(off)
     assert "HealthCheck" not in render(off, parse_version("slurm 24.11.5"), hw).files["slurm.conf"]
     (tmp_path / "tuned").mkdir()
     (tmp_path / "legacy").mkdir()
-    tuned = lab_like(tmp_path / "tuned", slurm={"health_check_interval": 60, "health_check_node_state": "IDLE,MIXED",
+    tuned = lab_like_site(tmp_path / "tuned", slurm={"health_check_interval": 60, "health_check_node_state": "IDLE,MIXED",
                                                  "node_check_program": "/opt/mctl/bin/node-check"})
     conf = render(tuned, parse_version("slurm 24.11.5"), hw).files["slurm.conf"]
     assert "HealthCheckProgram=/opt/mctl/bin/node-check\nHealthCheckInterval=60\nHealthCheckNodeState=IDLE,MIXED\n" in conf
     # the old, undocumented name still decides where an inventory sets it
-    legacy = lab_like(tmp_path / "legacy", slurm={"node_check_installed": False})
+    legacy = lab_like_site(tmp_path / "legacy", slurm={"node_check_installed": False})
     assert "HealthCheck" not in render(legacy, parse_version("slurm 24.11.5"), hw).files["slurm.conf"]
 
 
@@ -134,8 +113,8 @@ def test_block_without_block_sizes_on_23_11(example):
 
 
 def test_explicit_block_on_old_slurm_refuses(tmp_path):
-    site = lab_like(tmp_path, slurm={"topology": "block"})
-    hw = parse_slurmd_c((GOLDEN / "captured" / "slurmd-C.txt").read_text())[1]
+    site = lab_like_site(tmp_path, slurm={"topology": "block"})
+    hw = parse_slurmd_c((SLURM_GOLDEN / "captured" / "slurmd-C.txt").read_text())[1]
     with pytest.raises(UsageError, match="has no topology/block"):
         render(site, parse_version("slurm 23.02.1"), {t.name: hw for t in site.compute_trays()})
 
@@ -147,8 +126,8 @@ def test_too_old_slurm_refuses(example):
 
 
 def test_disabled_cgroup_with_cgroup_plugins_refuses(tmp_path):
-    site = lab_like(tmp_path, slurm={"cgroup_plugin": "disabled"})
-    hw = parse_slurmd_c((GOLDEN / "captured" / "slurmd-C.txt").read_text())[1]
+    site = lab_like_site(tmp_path, slurm={"cgroup_plugin": "disabled"})
+    hw = parse_slurmd_c((SLURM_GOLDEN / "captured" / "slurmd-C.txt").read_text())[1]
     with pytest.raises(UsageError, match="proctrack/cgroup"):
         render(site, parse_version("slurm 24.11.5"), {t.name: hw for t in site.compute_trays()})
 
@@ -161,15 +140,15 @@ def test_missing_facts_refuse(example):
 
 
 def test_extra_overrides_and_adds(tmp_path):
-    site = lab_like(tmp_path, slurm={"extra": {"selecttypeparameters": "CR_Core", "MailProg": "/bin/true"}})
-    hw = parse_slurmd_c((GOLDEN / "captured" / "slurmd-C.txt").read_text())[1]
+    site = lab_like_site(tmp_path, slurm={"extra": {"selecttypeparameters": "CR_Core", "MailProg": "/bin/true"}})
+    hw = parse_slurmd_c((SLURM_GOLDEN / "captured" / "slurmd-C.txt").read_text())[1]
     conf = render(site, parse_version("slurm 24.11.5"), {t.name: hw for t in site.compute_trays()}).files["slurm.conf"]
     assert "selecttypeparameters=CR_Core\n" in conf and "CR_Core_Memory" not in conf
     assert conf.count("MailProg=/bin/true") == 1
 
 
 def test_node_lines_split_when_hardware_or_ports_differ(tmp_path):
-    site = lab_like(tmp_path, trays=4)
+    site = lab_like_site(tmp_path, trays=4)
     small = parse_slurmd_c("NodeName=x CPUs=2 Boards=1 SocketsPerBoard=1 CoresPerSocket=2 ThreadsPerCore=1 "
                            "RealMemory=4000")[1]
     big = parse_slurmd_c("NodeName=x CPUs=4 Boards=1 SocketsPerBoard=1 CoresPerSocket=4 ThreadsPerCore=1 "
@@ -186,7 +165,7 @@ def test_node_lines_split_when_hardware_or_ports_differ(tmp_path):
 def test_topology_only_renders_topology_alone(example):
     cfg = render(example, parse_version("slurm 24.11.5"), None, topology_only=True)
     assert list(cfg.files) == ["topology.conf"]
-    assert cfg.files["topology.conf"] == (GOLDEN / "example-24.11" / "topology.conf").read_text()
+    assert cfg.files["topology.conf"] == (SLURM_GOLDEN / "example-24.11" / "topology.conf").read_text()
 
 
 # ------------------------------------------------------------------ GPUs from the trays' facts
@@ -211,8 +190,8 @@ def _snapshot_of(site, rack: str, minors_by_tray: dict, *, unreached: tuple = ()
 def test_gres_follows_the_trays_facts_a_missing_gpu_is_configured_as_it_is(tmp_path):
     from mctl.sched.slurm.gpus import tray_gpus
 
-    site = lab_like(tmp_path, slurm=LAB_SETTINGS)
-    _n, hw = parse_slurmd_c((GOLDEN / "captured" / "slurmd-C.txt").read_text())
+    site = lab_like_site(tmp_path, slurm=SLURM_LAB_SETTINGS)
+    _n, hw = parse_slurmd_c((SLURM_GOLDEN / "captured" / "slurmd-C.txt").read_text())
     snap = _snapshot_of(site, "lab-r1", {"lab-r1-tray02": (0, 1, 3)})
     gpus, warnings = tray_gpus(site, {"lab-r1": snap})
     assert gpus["lab-r1-tray02"].count == 3 and gpus["lab-r1-tray02"].source == "facts"
@@ -230,12 +209,12 @@ def test_gres_follows_the_trays_facts_a_missing_gpu_is_configured_as_it_is(tmp_p
 def test_gres_without_facts_falls_back_to_the_model_and_says_so(tmp_path):
     from mctl.sched.slurm.gpus import tray_gpus
 
-    site = lab_like(tmp_path, slurm=LAB_SETTINGS)
+    site = lab_like_site(tmp_path, slurm=SLURM_LAB_SETTINGS)
     gpus, warnings = tray_gpus(site, {"lab-r1": None})
     assert {g.count for g in gpus.values()} == {4} and {g.source for g in gpus.values()} == {"model"}
     assert warnings == ["no rack inventory of lab-r1 (mctl rack inventory lab-r1): Gres from the rack model, "
                         "4 GPUs per tray"]
-    _n, hw = parse_slurmd_c((GOLDEN / "captured" / "slurmd-C.txt").read_text())
+    _n, hw = parse_slurmd_c((SLURM_GOLDEN / "captured" / "slurmd-C.txt").read_text())
     hardware = {t.name: hw for t in site.compute_trays()}
     with_model = render(site, parse_version("slurm 24.11.5"), hardware, gpus=gpus)
     assert with_model.files == render(site, parse_version("slurm 24.11.5"), hardware).files   # same as before

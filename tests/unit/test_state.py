@@ -1,7 +1,6 @@
 """State directory helpers: atomic writes, locks that name their holder, snapshots."""
 
 import json
-import multiprocessing
 import os
 import time
 from datetime import datetime, timedelta, timezone
@@ -9,8 +8,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from mctl.errors import EnvironmentProblem
-from mctl.state import (LockBusy, atomic_write, latest_snapshot, list_snapshots, rack_lock, read_json,
-                        save_snapshot, write_json)
+from mctl.state import (LockBusy, atomic_write, latest_snapshot, list_snapshots, rack_lock, rack_lock_path,
+                        read_json, save_snapshot, write_json)
 
 
 def test_atomic_write_replaces_whole_file_and_keeps_mode(tmp_path):
@@ -39,45 +38,25 @@ def test_read_json_reports_damage_as_operator_error(tmp_path):
     assert "bad.json" in err.value.message
 
 
-def _hold(state_dir, ready, release):
-    with rack_lock(state_dir, "rack-a", purpose="bring-up"):
-        ready.set()
-        release.wait(10)
-
-
-def test_rack_lock_is_exclusive_and_names_holder(tmp_path):
-    ctx = multiprocessing.get_context("fork")
-    ready, release = ctx.Event(), ctx.Event()
-    proc = ctx.Process(target=_hold, args=(tmp_path, ready, release))
-    proc.start()
-    try:
-        assert ready.wait(10)
+def test_rack_lock_is_exclusive_and_names_holder(tmp_path, held_lock):
+    with held_lock(rack_lock_path(tmp_path, "rack-a"), "bring-up") as pid:
         with pytest.raises(LockBusy) as err:
             with rack_lock(tmp_path, "rack-a"):
                 pass
-        assert f"pid {proc.pid}" in err.value.message and "bring-up" in err.value.message
+        assert f"pid {pid}" in err.value.message and "bring-up" in err.value.message
         with rack_lock(tmp_path, "rack-b"):   # other racks are independent
             pass
-    finally:
-        release.set()
-        proc.join(10)
     with rack_lock(tmp_path, "rack-a", timeout=2):  # free again once the holder ended
         pass
 
 
-def test_lock_waits_up_to_timeout(tmp_path):
-    ctx = multiprocessing.get_context("fork")
-    ready, release = ctx.Event(), ctx.Event()
-    proc = ctx.Process(target=_hold, args=(tmp_path, ready, release))
-    proc.start()
-    assert ready.wait(10)
-    start = time.monotonic()
-    with pytest.raises(LockBusy):
-        with rack_lock(tmp_path, "rack-a", timeout=0.5):
-            pass
-    assert time.monotonic() - start >= 0.45
-    release.set()
-    proc.join(10)
+def test_lock_waits_up_to_timeout(tmp_path, held_lock):
+    with held_lock(rack_lock_path(tmp_path, "rack-a"), "bring-up"):
+        start = time.monotonic()
+        with pytest.raises(LockBusy):
+            with rack_lock(tmp_path, "rack-a", timeout=0.5):
+                pass
+        assert time.monotonic() - start >= 0.45
 
 
 def test_snapshots_are_time_ordered_and_pruned(tmp_path):

@@ -19,11 +19,11 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from mctl.transport import HostStatus, SSHConfig, SSHPool, SSHTarget
+from mctl.transport import HostStatus, SSHPool, SSHTarget
 from mctl.transport import ssh as ssh_mod
 from mctl.transport.ssh import per_tray_deadline
 
-from tests.unit.test_transport_ssh import FakeTray, _config, _trays, _trust, client_key  # noqa: F401 - fixture
+from tests.helpers import FakeTray, example_engine, fake_trays, ssh_config, trust_trays
 
 
 class FrozenProxy:
@@ -93,15 +93,15 @@ async def _wait_for(predicate, within: float, what: str) -> None:
 
 
 async def _frozen_setup(tmp_path, client_key, **config):
-    (tray,) = await _trays(client_key, 1)
+    (tray,) = await fake_trays(client_key, 1)
     proxy = FrozenProxy(tray.port)
     await proxy.start()
     _trust_proxy(tmp_path, tray, proxy)
-    pool = SSHPool(_config(tmp_path, client_key, **config))
+    pool = SSHPool(ssh_config(tmp_path, client_key, **config))
     return tray, proxy, pool
 
 
-def test_session_open_on_a_frozen_kept_connection_ends_at_the_deadline(tmp_path, client_key):
+def test_session_open_on_a_frozen_kept_connection_ends_at_the_deadline(tmp_path, client_key, sockets):
     async def main():
         tray, proxy, pool = await _frozen_setup(tmp_path, client_key, connect_timeout=30.0, command_timeout=30.0)
         first = await pool.run_one(_via(proxy, tray), "echo one", deadline=5.0)
@@ -127,7 +127,7 @@ def test_session_open_on_a_frozen_kept_connection_ends_at_the_deadline(tmp_path,
     assert closed_in < ssh_mod.CLOSE_TIMEOUT * 2 + 2.0       # the close never completes: aborted
 
 
-def test_session_open_is_bounded_without_a_caller_deadline(tmp_path, client_key):
+def test_session_open_is_bounded_without_a_caller_deadline(tmp_path, client_key, sockets):
     async def main():
         tray, proxy, pool = await _frozen_setup(tmp_path, client_key, connect_timeout=0.7, command_timeout=30.0)
         await pool.run_one(_via(proxy, tray), "echo one")
@@ -145,12 +145,12 @@ def test_session_open_is_bounded_without_a_caller_deadline(tmp_path, client_key)
     assert took < 5.0           # bounded by connect_timeout, not by the 30 s command timeout or keepalive
 
 
-def test_output_that_never_ends_is_a_timeout_and_the_connection_is_reopened(tmp_path, client_key):
+def test_output_that_never_ends_is_a_timeout_and_the_connection_is_reopened(tmp_path, client_key, sockets):
     async def main():
-        (tray,) = await _trays(client_key, 1)
-        _trust(tmp_path, [tray])
+        (tray,) = await fake_trays(client_key, 1)
+        trust_trays(tmp_path, [tray])
         target = SSHTarget(tray.name, "127.0.0.1", tray.port, "root")
-        async with SSHPool(_config(tmp_path, client_key, command_timeout=30.0)) as pool:
+        async with SSHPool(ssh_config(tmp_path, client_key, command_timeout=30.0)) as pool:
             await pool.run_one(target, "echo warm", deadline=5.0)
             t0 = time.monotonic()
             hung = await pool.run_one(target, "sleep 60", deadline=0.8)
@@ -171,13 +171,13 @@ def test_output_that_never_ends_is_a_timeout_and_the_connection_is_reopened(tmp_
     assert tray.connections == 2        # the command after used the connection opened in the background
 
 
-def test_a_host_that_never_speaks_ssh_ends_at_the_deadline_not_the_connect_timeout(tmp_path, client_key):
+def test_a_host_that_never_speaks_ssh_ends_at_the_deadline_not_the_connect_timeout(tmp_path, client_key, sockets):
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(8)
 
     async def main():
-        async with SSHPool(_config(tmp_path, client_key, connect_timeout=20.0)) as pool:
+        async with SSHPool(ssh_config(tmp_path, client_key, connect_timeout=20.0)) as pool:
             t0 = time.monotonic()
             r = await pool.run_one(SSHTarget("mute", "127.0.0.1", sock.getsockname()[1], "root"), "hostname",
                                    deadline=0.6)
@@ -195,17 +195,17 @@ def test_a_host_that_never_speaks_ssh_ends_at_the_deadline_not_the_connect_timeo
     assert closed_in < ssh_mod.CLOSE_TIMEOUT * 2 + 2.0      # the connect still going on is cancelled at close
 
 
-def test_a_fan_out_with_frozen_and_hung_hosts_ends_within_its_deadline(tmp_path, client_key):
+def test_a_fan_out_with_frozen_and_hung_hosts_ends_within_its_deadline(tmp_path, client_key, sockets):
     async def main():
-        trays = await _trays(client_key, 3)
-        _trust(tmp_path, trays[:2])
+        trays = await fake_trays(client_key, 3)
+        trust_trays(tmp_path, trays[:2])
         frozen_tray = trays[2]
         proxy = FrozenProxy(frozen_tray.port)
         await proxy.start()
         _trust_proxy(tmp_path, frozen_tray, proxy)
         targets = [SSHTarget(t.name, "127.0.0.1", t.port, "root") for t in trays[:2]] + [_via(proxy, frozen_tray)]
         commands = {trays[0].name: "echo fine", trays[1].name: "sleep 60", frozen_tray.name: "echo frozen"}
-        async with SSHPool(_config(tmp_path, client_key, connect_timeout=30.0, command_timeout=30.0)) as pool:
+        async with SSHPool(ssh_config(tmp_path, client_key, connect_timeout=30.0, command_timeout=30.0)) as pool:
             warm = await pool.run(targets, "echo warm", deadline=5.0)
             proxy.freeze()
             t0 = time.monotonic()
@@ -223,12 +223,12 @@ def test_a_fan_out_with_frozen_and_hung_hosts_ends_within_its_deadline(tmp_path,
     assert 0.9 <= took < 6.0
 
 
-def test_hosts_waiting_for_a_slot_are_reported_at_the_deadline(tmp_path, client_key):
+def test_hosts_waiting_for_a_slot_are_reported_at_the_deadline(tmp_path, client_key, sockets):
     async def main():
-        trays = await _trays(client_key, 3)
-        _trust(tmp_path, trays)
+        trays = await fake_trays(client_key, 3)
+        trust_trays(tmp_path, trays)
         targets = [SSHTarget(t.name, "127.0.0.1", t.port, "root") for t in trays]
-        async with SSHPool(_config(tmp_path, client_key, concurrency=1, command_timeout=30.0)) as pool:
+        async with SSHPool(ssh_config(tmp_path, client_key, concurrency=1, command_timeout=30.0)) as pool:
             t0 = time.monotonic()
             results = await pool.run(targets, "sleep 60", deadline=0.8)
             took = time.monotonic() - t0
@@ -259,24 +259,6 @@ def test_per_tray_deadline(kw, expected):
 
 # --- the health sweep: the deadline it gives each tray, and a scheduler that never answers --------
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "inventories" / "example-gb200"
-
-
-class _AnsweringPool:
-    """Answers every tray at once as unreachable and records the deadline it was given (no network)."""
-
-    def __init__(self, command_timeout: float = 60.0):
-        self.config = SSHConfig(known_hosts=Path("/nonexistent"), command_timeout=command_timeout)
-        self.deadlines: list[float | None] = []
-
-    async def run(self, targets, command, *, timeout=None, deadline=None, on_result=None):
-        from mctl.transport import HostResult
-
-        self.deadlines.append(deadline)
-        return [HostResult(t.name, t.address, HostStatus.UNREACHABLE, error="stand-in", phase="connect")
-                for t in targets]
-
-
 class _SilentScheduler:
     """A controller that takes the request and never answers (slurmctld's host frozen)."""
 
@@ -294,33 +276,21 @@ class _SilentScheduler:
         await asyncio.Event().wait()
 
 
-def _engine(tmp_path, *, interval=None, timeout=None):
-    from mctl.health.engine import Engine
-    from mctl.health.site_view import resolve_scope, settings_of
-    from mctl.inventory import load_site
-
-    site = load_site(EXAMPLE)
-    pool = _AnsweringPool()
-    engine = Engine(site, resolve_scope(site, "rack-a"), settings_of(site), tmp_path, pool, interval=interval,
-                    timeout=timeout)
-    return engine, pool
-
-
 def test_each_tray_of_a_sweep_gets_the_deadline_derived_from_the_interval(tmp_path):
-    engine, pool = _engine(tmp_path, interval=7)
+    engine, pool = example_engine(tmp_path, interval=7)
     engine.scheduler = None
     result = asyncio.run(engine.sweep())
     assert pool.deadlines == [7.0]
     assert engine.act_deadline == 7.0
     assert {v.reach for v in result.verdicts} == {"unreachable"}
-    engine, pool = _engine(tmp_path)                   # health.interval of the example: 60 -> the 15 s cap
+    engine, pool = example_engine(tmp_path)                   # health.interval of the example: 60 -> the 15 s cap
     assert engine.timeout == 15.0
-    engine, pool = _engine(tmp_path, interval=2, timeout=3)
+    engine, pool = example_engine(tmp_path, interval=2, timeout=3)
     assert engine.timeout == 3.0 and engine.act_deadline == 5.0
 
 
 def test_a_scheduler_that_never_answers_costs_one_deadline(tmp_path):
-    engine, pool = _engine(tmp_path, timeout=1.0)
+    engine, pool = example_engine(tmp_path, timeout=1.0)
     engine.scheduler = _SilentScheduler()
     t0 = time.monotonic()
     result = asyncio.run(engine.sweep())

@@ -27,7 +27,7 @@ def test_no_cache_means_real_search(tmp_path):
     assert oqs.liboqs_present(str(tmp_path / "missing")) is True
 
 
-def test_installed_shortcut_agrees_with_the_real_search():
+def test_installed_shortcut_agrees_with_the_real_search(processes):
     import mctl.transport  # noqa: F401  (installs the shortcut)
 
     if oqs.liboqs_present():

@@ -1,6 +1,6 @@
 """The SSH pool against real SSH servers (asyncssh, in-process, on 127.0.0.1).
 
-The servers speak the real protocol, so host-key checking, authentication,
+The servers (tests.helpers.FakeTray) speak the real protocol, so host-key checking, authentication,
 timeouts, retries and connection reuse are exercised as they are against sshd;
 the integration tests repeat the important cases against the lab's OpenSSH.
 """
@@ -10,124 +10,24 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from pathlib import Path
 
 import asyncssh
-import pytest
 
-from mctl.transport import HostStatus, SSHConfig, SSHPool, SSHTarget, run_sync
-from mctl.transport.known_hosts import HostKey, KnownHosts
+from mctl.transport import HostStatus, SSHPool, SSHTarget, run_sync
+from mctl.transport.known_hosts import KnownHosts
 from mctl.transport.trust import ADDED, REFUSED, REPLACED, UNCHANGED, UNREACHABLE, trust_hosts
-
-
-class FakeTray:
-    """A tiny SSH server whose 'shell' understands a few commands; counts connections."""
-
-    def __init__(self, name: str, client_key: asyncssh.SSHKey, site_busy: dict | None = None):
-        self.name = name
-        self.site_busy = site_busy if site_busy is not None else {"now": 0, "peak": 0}
-        self.host_key = asyncssh.generate_private_key("ssh-ed25519")
-        self.client_key = client_key
-        self.connections = 0
-        self.active = 0
-        self.peak = 0
-        self.server = None
-        self.port = 0
-        self.conns: list = []
-
-    def public(self) -> HostKey:
-        return HostKey.from_openssh(self.host_key.export_public_key("openssh").decode())
-
-    async def start(self, host_key: asyncssh.SSHKey | None = None) -> None:
-        if host_key is not None:
-            self.host_key = host_key
-        tray = self
-
-        class Server(asyncssh.SSHServer):
-            def connection_made(self, conn):
-                tray.connections += 1
-                tray.conns.append(conn)
-
-        authorized = asyncssh.import_authorized_keys(self.client_key.export_public_key("openssh").decode())
-        self.server = await asyncssh.listen("127.0.0.1", self.port, server_host_keys=[self.host_key],
-                                            authorized_client_keys=authorized, process_factory=self._handle,
-                                            server_factory=Server)
-        self.port = self.server.sockets[0].getsockname()[1]
-
-    async def stop(self) -> None:
-        self.server.close()
-        await self.server.wait_closed()
-
-    async def _handle(self, process: asyncssh.SSHServerProcess) -> None:
-        cmd = process.command or ""
-        self.active += 1
-        self.peak = max(self.peak, self.active)
-        self.site_busy["now"] += 1
-        self.site_busy["peak"] = max(self.site_busy["peak"], self.site_busy["now"])
-        try:
-            if cmd.startswith("echo "):
-                process.stdout.write(cmd[5:] + "\n")
-                process.exit(0)
-            elif cmd == "hostname":
-                process.stdout.write(self.name + "\n")
-                process.exit(0)
-            elif cmd.startswith("fail "):
-                process.stderr.write("something broke\n")
-                process.exit(int(cmd.split()[1]))
-            elif cmd.startswith("sleep "):
-                process.stdout.write("started\n")
-                await asyncio.sleep(float(cmd.split()[1]))
-                process.stdout.write("done\n")
-                process.exit(0)
-            else:
-                process.stderr.write(f"sh: {cmd}: not found\n")
-                process.exit(127)
-        finally:
-            self.active -= 1
-            self.site_busy["now"] -= 1
-
-
-@pytest.fixture
-def client_key(tmp_path: Path) -> Path:
-    key = asyncssh.generate_private_key("ssh-ed25519")
-    path = tmp_path / "id_ed25519"
-    key.write_private_key(str(path))
-    path.chmod(0o600)           # like ssh-keygen: mctl refuses a private key others can read
-    return path
-
-
-def _config(tmp_path: Path, client_key: Path, **kw) -> SSHConfig:
-    base = dict(known_hosts=tmp_path / "known_hosts", identity_file=client_key, user="root",
-                connect_timeout=3.0, command_timeout=5.0, retry_wait=0.05)
-    base.update(kw)
-    return SSHConfig(**base)
-
-
-def _trust(tmp_path: Path, trays: list[FakeTray]) -> None:
-    known = KnownHosts.load(tmp_path / "known_hosts")
-    for t in trays:
-        known.add(t.name, "127.0.0.1", t.port, t.public())
-    known.save()
+from tests.helpers import FakeTray, fake_trays, ssh_config, trust_trays
 
 
 def _target(t: FakeTray) -> SSHTarget:
     return SSHTarget(t.name, "127.0.0.1", t.port, "root")
 
 
-async def _trays(client_key: Path, n: int) -> list[FakeTray]:
-    key = asyncssh.read_private_key(str(client_key))
-    busy = {"now": 0, "peak": 0}
-    trays = [FakeTray(f"tray{i:02d}", key, busy) for i in range(1, n + 1)]
-    for t in trays:
-        await t.start()
-    return trays
-
-
-def test_trusted_hosts_run_and_report_exit_codes(tmp_path, client_key):
+def test_trusted_hosts_run_and_report_exit_codes(tmp_path, client_key, sockets):
     async def main():
-        trays = await _trays(client_key, 3)
-        _trust(tmp_path, trays)
-        async with SSHPool(_config(tmp_path, client_key)) as pool:
+        trays = await fake_trays(client_key, 3)
+        trust_trays(tmp_path, trays)
+        async with SSHPool(ssh_config(tmp_path, client_key)) as pool:
             ok = await pool.run([_target(t) for t in trays], "hostname")
             bad = await pool.run_one(_target(trays[0]), "fail 3")
         for t in trays:
@@ -143,10 +43,10 @@ def test_trusted_hosts_run_and_report_exit_codes(tmp_path, client_key):
     assert [t.connections for t in trays] == [1, 1, 1]
 
 
-def test_untrusted_host_is_refused_with_its_fingerprint(tmp_path, client_key):
+def test_untrusted_host_is_refused_with_its_fingerprint(tmp_path, client_key, sockets):
     async def main():
-        trays = await _trays(client_key, 1)
-        r = (await SSHPool(_config(tmp_path, client_key)).run([_target(trays[0])], "hostname"))[0]
+        trays = await fake_trays(client_key, 1)
+        r = (await SSHPool(ssh_config(tmp_path, client_key)).run([_target(trays[0])], "hostname"))[0]
         await trays[0].stop()
         return trays[0], r
 
@@ -157,14 +57,14 @@ def test_untrusted_host_is_refused_with_its_fingerprint(tmp_path, client_key):
     assert tray.public().fingerprint in r.error and "mctl ssh trust tray01" in r.error
 
 
-def test_changed_host_key_is_refused_naming_both_fingerprints(tmp_path, client_key):
+def test_changed_host_key_is_refused_naming_both_fingerprints(tmp_path, client_key, sockets):
     async def main():
-        trays = await _trays(client_key, 1)
-        _trust(tmp_path, trays)
+        trays = await fake_trays(client_key, 1)
+        trust_trays(tmp_path, trays)
         old = trays[0].public()
         await trays[0].stop()
         await trays[0].start(asyncssh.generate_private_key("ssh-ed25519"))  # "reinstalled" on the same port
-        r = await SSHPool(_config(tmp_path, client_key)).run_one(_target(trays[0]), "hostname")
+        r = await SSHPool(ssh_config(tmp_path, client_key)).run_one(_target(trays[0]), "hostname")
         await trays[0].stop()
         return old, trays[0].public(), r
 
@@ -176,11 +76,11 @@ def test_changed_host_key_is_refused_naming_both_fingerprints(tmp_path, client_k
     assert "--replace" in r.error
 
 
-def test_command_timeout_keeps_partial_output_and_connection(tmp_path, client_key):
+def test_command_timeout_keeps_partial_output_and_connection(tmp_path, client_key, sockets):
     async def main():
-        trays = await _trays(client_key, 1)
-        _trust(tmp_path, trays)
-        async with SSHPool(_config(tmp_path, client_key)) as pool:
+        trays = await fake_trays(client_key, 1)
+        trust_trays(tmp_path, trays)
+        async with SSHPool(ssh_config(tmp_path, client_key)) as pool:
             slow = await pool.run_one(_target(trays[0]), "sleep 5", timeout=0.5)
             after = await pool.run_one(_target(trays[0]), "echo still here")
         await trays[0].stop()
@@ -199,23 +99,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_refused_connection_is_unreachable_after_connect_retries(tmp_path, client_key):
+def test_refused_connection_is_unreachable_after_connect_retries(tmp_path, client_key, sockets):
     port = _free_port()
-    results = run_sync(_config(tmp_path, client_key, connect_attempts=3),
+    results = run_sync(ssh_config(tmp_path, client_key, connect_attempts=3),
                        [SSHTarget("gone", "127.0.0.1", port, "root")], "hostname")
     r = results[0]
     assert r.status is HostStatus.UNREACHABLE and r.phase == "connect"
     assert r.attempts == 3 and "refused" in r.error.lower()
 
 
-def test_silent_listener_is_unreachable_after_connect_timeout_without_retries(tmp_path, client_key):
+def test_silent_listener_is_unreachable_after_connect_timeout_without_retries(tmp_path, client_key, sockets):
     # Accepts TCP but never speaks SSH: what a hung sshd looks like.
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(8)
     try:
         start = time.monotonic()
-        r = run_sync(_config(tmp_path, client_key, connect_timeout=0.6),
+        r = run_sync(ssh_config(tmp_path, client_key, connect_timeout=0.6),
                      [SSHTarget("hung", "127.0.0.1", sock.getsockname()[1], "root")], "hostname")[0]
         took = time.monotonic() - start
     finally:
@@ -225,11 +125,11 @@ def test_silent_listener_is_unreachable_after_connect_timeout_without_retries(tm
     assert took < 2.5
 
 
-def test_concurrency_is_bounded(tmp_path, client_key):
+def test_concurrency_is_bounded(tmp_path, client_key, sockets):
     async def main():
-        trays = await _trays(client_key, 6)
-        _trust(tmp_path, trays)
-        async with SSHPool(_config(tmp_path, client_key, concurrency=2)) as pool:
+        trays = await fake_trays(client_key, 6)
+        trust_trays(tmp_path, trays)
+        async with SSHPool(ssh_config(tmp_path, client_key, concurrency=2)) as pool:
             start = time.monotonic()
             results = await pool.run([_target(t) for t in trays], "sleep 0.2")
             took = time.monotonic() - start
@@ -243,11 +143,11 @@ def test_concurrency_is_bounded(tmp_path, client_key):
     assert took >= 0.6 - 0.05                   # so three waves of 0.2 s
 
 
-def test_dead_cached_connection_is_reopened(tmp_path, client_key):
+def test_dead_cached_connection_is_reopened(tmp_path, client_key, sockets):
     async def main():
-        trays = await _trays(client_key, 1)
-        _trust(tmp_path, trays)
-        async with SSHPool(_config(tmp_path, client_key)) as pool:
+        trays = await fake_trays(client_key, 1)
+        trust_trays(tmp_path, trays)
+        async with SSHPool(ssh_config(tmp_path, client_key)) as pool:
             first = await pool.run_one(_target(trays[0]), "echo one")
             for conn in trays[0].conns:
                 conn.close()
@@ -261,11 +161,11 @@ def test_dead_cached_connection_is_reopened(tmp_path, client_key):
     assert tray.connections == 2
 
 
-def test_trust_records_refuses_changed_and_replaces_on_request(tmp_path, client_key):
-    cfg = _config(tmp_path, client_key)
+def test_trust_records_refuses_changed_and_replaces_on_request(tmp_path, client_key, sockets):
+    cfg = ssh_config(tmp_path, client_key)
 
     async def start():
-        return await _trays(client_key, 2)
+        return await fake_trays(client_key, 2)
 
     loop = asyncio.new_event_loop()
     trays = loop.run_until_complete(start())
