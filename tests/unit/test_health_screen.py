@@ -123,7 +123,7 @@ def test_held_back_by_the_breaker_queued_and_skipped_say_why():
 
     ecc = Finding(Severity.CRITICAL, HOSTS[0], "gpu.ecc", "2 uncorrectable ECC errors on gpu1", None,
                   {"short": "ecc uncorrectable gpu1"})
-    r = result(tripped=True)
+    r = watch_result(tripped=True)
     r.verdicts[0] = TrayVerdict(HOSTS[0], "lab-r1", "ok", Severity.CRITICAL, (ecc,))
     r.verdicts[3] = TrayVerdict(HOSTS[3], "lab-r1", "ok", Severity.CRITICAL, (ecc,))
     r.decisions = [Decision(HOSTS[0], "skip", "draining lab-r1-tray01 would make 2 of 4 trays of rack lab-r1 "
@@ -145,7 +145,7 @@ def test_report_only_and_dry_run_say_so():
     from mctl.cli.health_screen import what_mctl_did
     from mctl.model.drain import Decision
 
-    r = result()
+    r = watch_result()
     r.remediate, r.logged, r.records = False, [], {}
     r.nodes = {h: NodeView(h, state="IDLE") for h in HOSTS}
     assert what_mctl_did(r, HOSTS[1], "critical") == "none: report only (remediation off)"
@@ -171,7 +171,7 @@ def test_the_event_pane_starts_with_the_problems_of_the_first_sweep():
     text = con.export_text()
     _line(text, "STATUS", "lab-r1-tray02", "at start: drained: gpu.xid: xid 79 gpu0 (fell off bus)")
     _line(text, "STATUS", "lab-r1-tray03", "at start: unreachable")
-    later = result(number=4)
+    later = watch_result(number=4)
     v.last = later
     v.add(Event(later.started + 1, "resume", HOSTS[1], "healthy for 2 sweeps"))
     screen.update(swept=True)                        # a later sweep: the start stays the first one's
