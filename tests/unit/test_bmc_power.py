@@ -216,7 +216,7 @@ def one_tray(pki, tmp_path):
                                   ("power", "cycle", "r1-tray1", "--force", "--json"), ("power", "cycle", "r1"),
                                   ("rack", "power", "off", "r1"), ("rack", "power", "off", "r1", "--force")],
                          ids=" ".join)
-def test_power_off_and_cycle_without_a_terminal_need_yes_and_send_nothing(capsys, one_tray, args):
+def test_power_off_and_cycle_without_a_terminal_need_yes_and_send_nothing(capsys, one_tray, args, sockets):
     srv, mctl = one_tray
     r = mctl(capsys, *args)
     assert r.code == 2, r.err
@@ -225,7 +225,7 @@ def test_power_off_and_cycle_without_a_terminal_need_yes_and_send_nothing(capsys
     assert srv.requests == []                 # the BMC was not even asked for its state
 
 
-def test_power_off_with_yes_is_sent_and_a_dry_run_never_asks(capsys, one_tray):
+def test_power_off_with_yes_is_sent_and_a_dry_run_never_asks(capsys, one_tray, sockets):
     srv, mctl = one_tray
     dry = mctl(capsys, "power", "off", "r1-tray1", "--force", "--dry-run", "--json")
     assert dry.code == 0, dry.err

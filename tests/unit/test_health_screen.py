@@ -7,12 +7,8 @@ import urllib.request
 
 from rich.console import Console
 
-from mctl.health.breaker import BreakerState
-from mctl.health.sweep import SweepResult
-from mctl.model.tray import TrayFacts
 from mctl.health.metrics import MetricsServer, render, write_textfile
-from mctl.health.record import TrayRecord, TrayVerdict
-from mctl.health.store import ActionEntry
+from mctl.health.record import TrayVerdict
 from mctl.model.drain import NodeView
 from mctl.cli.health_screen import WatchScreen, sweep_line
 from mctl.health.watch import Event, WatchView, events_of

@@ -319,7 +319,7 @@ def test_stall_holds_each_request_while_hung_and_delays_each_while_slow(tmp_path
     assert app({"PATH_INFO": "/d"}, None) == [b"ok"]
 
 
-def test_a_hung_bmc_takes_connections_and_answers_nothing_on_open_ones_too(emulated_bmc):
+def test_a_hung_bmc_takes_connections_and_answers_nothing_on_open_ones_too(emulated_bmc, sockets):
     bmc = emulated_bmc("lab-r1-tray01")
     assert bmc.get(bmc.connect(timeout=30), "/redfish/v1")[0] == 200
     # Werkzeug closes each connection after its answer (docs/decisions.md D47): the connections open when the
@@ -339,7 +339,7 @@ def test_a_hung_bmc_takes_connections_and_answers_nothing_on_open_ones_too(emula
     assert bmc.get(bmc.connect(timeout=30), "/redfish/v1/Chassis/Chassis_0")[0] == 200
 
 
-def test_a_slow_bmc_answers_every_request_late_on_open_connections_too(emulated_bmc):
+def test_a_slow_bmc_answers_every_request_late_on_open_connections_too(emulated_bmc, sockets):
     bmc = emulated_bmc("lab-r1-tray01")
     opened = bmc.connect(timeout=30)                # before the fault
     bmc_faults.apply(bmc.lab_dir, bmc.tray, slow=1.5)
@@ -351,7 +351,7 @@ def test_a_slow_bmc_answers_every_request_late_on_open_connections_too(emulated_
     assert bmc.get(bmc.connect(timeout=30), "/redfish/v1")[0] == 200
 
 
-def test_a_switch_tray_bmc_serves_its_leak_over_https(emulated_bmc):
+def test_a_switch_tray_bmc_serves_its_leak_over_https(emulated_bmc, sockets):
     bmc = emulated_bmc("lab-r1-sw01")
     conn = bmc.connect(timeout=30)
     code, coll = bmc.get(conn, SWITCH_DETECTORS)

@@ -97,7 +97,7 @@ def test_which_host_takes_which_daemon_fault():
         daemon_faults.check_kind(head, faults.FaultRequest(imex_crash=True), ["lab-r1-tray01"], [])
 
 
-def test_sshrc_renders_hang_slow_or_nothing():
+def test_sshrc_renders_hang_slow_or_nothing(processes):
     hang = host_faults.sshrc_text({"hang": True, "slow": 2.0})
     assert hang.startswith(host_faults.SSHRC_MARK) and f"exec {hosts.HANG_IN_HOST}" in hang   # hang wins
     slow = host_faults.sshrc_text({"hang": False, "slow": 1.5})

@@ -216,7 +216,7 @@ def _drain(host: str, **kw) -> Decision:
     return Decision(host, DRAIN, "x", reason="mctl: xid 79 gpu0", rack="r1", **kw)
 
 
-def test_the_budget_grants_each_drain_once_and_trips_when_full(slurm):
+def test_the_budget_grants_each_drain_once_and_trips_when_full(slurm, processes):
     slurm.set(_licenses=BUDGET_1, t1={"state": "IDLE"}, t2={"state": "IDLE"}, t3={"state": "IDLE"})
     ds = [_drain("t1"), _drain("t2")]
     first, second = parse_apply(slurm.run(apply_script(ds)), ds)
@@ -241,13 +241,13 @@ def test_the_budget_grants_each_drain_once_and_trips_when_full(slurm):
     assert set(slurm.reservations()) == {"mctl_budget_tripped"}
 
 
-def test_a_drain_that_does_not_happen_gives_its_grant_back(slurm):
+def test_a_drain_that_does_not_happen_gives_its_grant_back(slurm, processes):
     slurm.set(_licenses=BUDGET_1, t1={"state": "IDLE+DRAIN", "reason": "ops: cable"})
     (r,) = parse_apply(slurm.run(apply_script([_drain("t1")])), [_drain("t1")])
     assert r.refused and slurm.reservations() == {}                  # the guard refused before the grant
 
 
-def test_a_leak_is_counted_but_never_held_back(slurm):
+def test_a_leak_is_counted_but_never_held_back(slurm, processes):
     slurm.set(_licenses=BUDGET_1, t1={"state": "IDLE"}, t2={"state": "IDLE"})
     ds = [_drain("t1", outranks_budget=True), _drain("t2", outranks_budget=True)]
     assert [r.ok for r in parse_apply(slurm.run(apply_script(ds)), ds)] == [True, True]
@@ -255,14 +255,14 @@ def test_a_leak_is_counted_but_never_held_back(slurm):
     assert "mctl_budget_t1" in slurm.reservations()                  # counted where a grant was left
 
 
-def test_no_budget_in_slurm_is_said_and_drains_nothing(slurm):
+def test_no_budget_in_slurm_is_said_and_drains_nothing(slurm, processes):
     slurm.set(_licenses={}, t1={"state": "IDLE"})
     (r,) = parse_apply(slurm.run(apply_script([_drain("t1")])), [_drain("t1")])
     assert r.refused and "the safety budget is not in Slurm" in r.error and "mctl deploy slurm" in r.error
     assert slurm.nodes()["t1"] == {"state": "IDLE"}
 
 
-def test_a_commands_hold_refused_by_the_budget_does_not_trip_it(slurm):
+def test_a_commands_hold_refused_by_the_budget_does_not_trip_it(slurm, processes):
     """A partition change's or a rollout's hold is a person's command: the refusal is said to them, and the
     site's budget stays open for the watch and the node checks."""
     from mctl.sched.slurm import holds
