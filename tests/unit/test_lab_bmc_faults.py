@@ -29,11 +29,17 @@ class LabBMC:
         self.faults = faults
 
     def get(self, path: str) -> dict:
+        if path not in TREE:
+            from mctl.bmc.client import BMCError
+            raise BMCError("http", f"GET {path} answered HTTP 404", status=404)
         doc = emu.personalize(TREE[path], tray_id="lab/t", tray_index=0, slot=1, power="On")
         return bmc_faults.overlay(path, doc, self.faults)
 
     def members(self, path: str) -> list[str]:
         return [m["@odata.id"] for m in self.get(path)["Members"]]
+
+    def member_docs(self, path: str, need: tuple[str, ...] = ("Id",)) -> list[tuple[str, dict]]:
+        return [(p, self.get(p)) for p in self.members(path)]
 
 
 def judged(faults: dict) -> dict:
