@@ -93,7 +93,9 @@ def test_bmc_inventory_reads_every_lab_tray_like_a_gb200_tray(lab, tmp_path):
         assert t["versions"]["bmc"] == ["GB200Nvl-24.12-8"] and "FW_BMC_0" in t["firmware"]
         assert t["thermal"]["leak_detection"] is True
         assert t["requests"] < 20, (name, t["requests"])      # 85 GETs one by one
-        assert t["tls_handshakes"] <= 2 and t["tls_resumed"] >= t["requests"] - t["tls_handshakes"] - 1
+        # the lab's BMCs keep a connection between requests (D-oob-2): a tray's GETs share one connection,
+        # two at most; resumption, where connections are made again, is tests/unit/test_firmware_baseline.py's
+        assert t["tls_handshakes"] <= 1 and t["tls_handshakes"] + t["tls_resumed"] <= 2 < t["requests"], t
     assert len({t["serial"] for t in trays.values()}) == len(lab.trays)
 
     tray = lab.trays[-1]
