@@ -211,10 +211,20 @@ def throwaway_ca(folder: Path, hosts: list[str]) -> tuple[Path, Path, Path]:
     return ca, cert, key
 
 
-def wait_until(predicate, timeout: float = 10.0) -> bool:
+def wait_until(predicate, timeout: float = 10.0):
+    """The predicate's first truthy value within *timeout* seconds, else its last (falsy) one."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if predicate():
-            return True
+        value = predicate()
+        if value:
+            return value
         time.sleep(0.02)
     return predicate()
+
+
+def credentials_file(folder: Path, line: str = "root:0penBmc") -> Path:
+    """The inventory's `bmc.credentials_file` (mode 0600, as mctl requires)."""
+    cred = Path(folder) / "bmc.cred"
+    cred.write_text(line + "\n")
+    cred.chmod(0o600)
+    return cred

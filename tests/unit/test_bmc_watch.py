@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from redfish_mockup import MockupServer, throwaway_ca  # noqa: E402
+from redfish_mockup import MockupServer, throwaway_ca, wait_until  # noqa: E402
 
 from mctl.bmc.client import BMCCredentials, BMCError, RedfishClient  # noqa: E402
 from mctl.bmc.inventory import Settings  # noqa: E402
@@ -157,15 +157,10 @@ def _watch(srv: MockupServer, ca: Path, **kw) -> oob.BmcWatch:
     return oob.BmcWatch([host], settings, **args)
 
 
-def _until(what: str, check, within: float, every: float = 0.05):
-    end = time.monotonic() + within
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"not within {within}s: {what}")
-        time.sleep(every)
+def _until(what: str, check, within: float):
+    value = wait_until(check, within)
+    assert value, f"not within {within}s: {what}"
+    return value
 
 
 def test_the_watch_reads_each_bmc_over_one_kept_connection_with_one_tls_handshake(pki):

@@ -21,7 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from redfish_mockup import MockupServer, free_port, throwaway_ca  # noqa: E402
+from redfish_mockup import MockupServer, credentials_file, free_port, throwaway_ca  # noqa: E402
 
 from mctl.checks import leak  # noqa: E402
 from mctl.health import sweep as sweep_mod  # noqa: E402
@@ -55,9 +55,7 @@ def rack(tmp_path, monkeypatch):
 
     ca, cert, key = throwaway_ca(tmp_path / "pki", IPS)
     port = free_port(IPS)
-    cred = tmp_path / "bmc.cred"
-    cred.write_text("root:0penBmc\n")
-    cred.chmod(0o600)
+    credentials_file(tmp_path)
     (tmp_path / "mctl.yml").write_text(f"""\
 site: bmcsweep
 bmc: {{credentials_file: bmc.cred, verify_tls: {ca}, port: {port}, timeout_s: 1, deadline_s: 2}}
