@@ -115,6 +115,7 @@ class BmcHealth:
     stale_after: float | None = None  # seconds; None: never stale
     in_flight: float | None = None    # seconds the read now running has waited; None: none
     repeat: bool = False              # the previous sweep judged this reading already
+    never_answered: bool = False      # the watch has not had one answer from this BMC yet
 
     @property
     def answered(self) -> bool:
@@ -205,8 +206,7 @@ def _stale(host: str, bmc: BmcHealth) -> list[Finding]:
         why.append(f"last error: {bmc.error}")
     if bmc.in_flight is not None:
         why.append(f"a read has waited {bmc.in_flight:.0f}s for its answer")
-    never = not bmc.answered and bmc.detectors is None
-    what = ("the BMC has not answered since it was first asked" if never
+    what = ("the BMC has not answered since it was first asked" if bmc.never_answered
             else "the BMC's last answer") + f" {bmc.age:.0f}s ago"
     return [fail(host, STALE, f"{what}, more than the {bmc.stale_after:g}s health.bmc_stale_after allows"
                  + (f" ({'; '.join(why)})" if why else ""),

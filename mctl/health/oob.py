@@ -395,10 +395,11 @@ class BmcReader:
             waited = now - s.first_asked if s.first_asked is not None else 0.0
             return BmcHealth(error=f"its first read has waited {waited:.1f}s" if s.first_asked is not None
                              else "not asked yet", error_kind="pending", age=round(waited, 1),
-                             stale_after=self.stale_after, in_flight=in_flight, power_asked=s.power)
+                             stale_after=self.stale_after, in_flight=in_flight, power_asked=s.power,
+                             never_answered=True)
         since = s.good_at if s.good_at is not None else s.first_asked
         out = replace(s.view, age=round(now - since, 1) if since is not None else 0.0, stale_after=self.stale_after,
-                      in_flight=in_flight, repeat=s.served == s.seq)
+                      in_flight=in_flight, repeat=s.served == s.seq, never_answered=s.good_at is None)
         if mark:
             s.served = s.seq
         return out

@@ -94,6 +94,7 @@ def test_a_read_in_flight_past_stale_after_is_stale_then_cut_at_its_deadline_nam
     assert not v.answered and v.error_kind == "timeout" and v.stale and v.age == 12.8
     stale = next(f for f in leak.judge("t1", v) if f.check == leak.STALE)
     assert "last error: no complete answer within 10s" in stale.message and stale.details["age"] == 12.8
+    assert stale.message.startswith("the BMC's last answer 13s ago")
     # a failed read waits an interval from its end, not from its beginning (a silent BMC is not asked back
     # to back); the next good reading clears it
     assert r.due(14.0) == ["sw1"] and "t1" in r.due(14.6)
