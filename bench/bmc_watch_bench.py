@@ -10,10 +10,11 @@ directory) for M minutes and samples, every S seconds, from /proc:
 
 and reads the watch's SWEEP lines for the number of sweeps and their durations. With `--tree PATH` the
 watch runs from another checkout of mctl (PYTHONPATH=PATH; e.g. the tree before the change, for a
-before/after on the same lab in the same hour).
+before/after in the same hour); with `--bmc-off` on a copy of the lab's inventory with
+`health.bmc_checks: off` (the watch's CPU without any BMC read: what the BMC reads add is the difference).
 
 Usage: sudo python3 bench/bmc_watch_bench.py --lab LABDIR [--minutes 8] [--interval 1] [--every 10]
-                                            [--tree PATH] [--json]
+                                            [--tree PATH] [--bmc-off] [--json]
 """
 
 from __future__ import annotations
@@ -86,17 +87,27 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--every", type=float, default=10.0, help="seconds between samples")
     ap.add_argument("--tree", help="run the watch from this checkout of mctl (PYTHONPATH)")
+    ap.add_argument("--bmc-off", action="store_true", help="the watch with health.bmc_checks: off")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+
+    import yaml
 
     from mctl.lab.bmcs import PORT
 
     lab = Path(args.lab).resolve()
     state = Path(tempfile.mkdtemp(prefix="mctl-bmc-watch-bench-"))
+    site = lab
+    if args.bmc_off:
+        doc = yaml.safe_load((lab / "mctl.yml").read_text())
+        doc.setdefault("health", {})["bmc_checks"] = "off"
+        site = state / "site"
+        site.mkdir()
+        (site / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
     env = dict(os.environ, NO_COLOR="1")
     if args.tree:
         env["PYTHONPATH"] = str(Path(args.tree).resolve())
-    proc = subprocess.Popen([sys.executable, "-m", "mctl", "-i", str(lab), "--state-dir", str(state), "health",
+    proc = subprocess.Popen([sys.executable, "-m", "mctl", "-i", str(site), "--state-dir", str(state), "health",
                              "watch", "--interval", f"{args.interval:g}", "--no-remediate"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     os.set_blocking(proc.stdout.fileno(), False)
@@ -130,7 +141,7 @@ def main() -> int:
     last = samples[-1]
     per_sweep = (last["cpu_s"] - warm["cpu_s"]) / max(1, last["sweeps"] - warm["sweeps"])
     bmc_per_sweep = (last["bmc_cpu_s"] - warm["bmc_cpu_s"]) / max(1, last["sweeps"] - warm["sweeps"])
-    out = {"tree": args.tree or "this", "interval": args.interval, "minutes": args.minutes, "sweeps": len(durations),
+    out = {"tree": args.tree or "this", "bmc_checks": "off" if args.bmc_off else "auto", "interval": args.interval, "minutes": args.minutes, "sweeps": len(durations),
            "load": os.getloadavg(), "rss_first_mib": samples[0]["rss_mib"], "rss_warm_mib": warm["rss_mib"],
            "rss_last_mib": last["rss_mib"], "rss_growth_after_warm_mib": round(last["rss_mib"] - warm["rss_mib"], 1),
            "watch_cpu_per_sweep_ms": round(per_sweep * 1000, 1), "bmc_cpu_per_sweep_ms": round(bmc_per_sweep * 1000, 1),
