@@ -259,3 +259,27 @@ def test_a_kept_connection_the_bmc_closed_is_sent_again_once_a_post_never(pki):
             c.post_action("/redfish/v1/Systems/System_0/Actions/ComputerSystem.Reset", {"ResetType": "On"})
         assert exc.value.kind == "unreachable" and srv.posts == []      # the POST was dropped: not sent again
         c.close()
+
+
+# ------------------------------------------------------------------ the settings
+
+def test_the_watchs_bmc_settings_from_the_inventory(tmp_path):
+    from mctl.inventory import load_site
+    from mctl.inventory.convert import health_settings
+    from mctl.inventory.schema import HealthSpec
+    from mctl.model.settings import HealthSettings
+
+    default = health_settings(HealthSpec())
+    assert (default.bmc_interval, default.bmc_power_interval, default.bmc_stale_after) == (None, None, 3)
+    assert oob.bmc_interval(default.bmc_interval, 60.0) == 60.0 and oob.bmc_interval(default.bmc_interval, 2.0) == 2.0
+    assert oob.power_interval(default.bmc_power_interval, 2.0) == 60.0
+    assert oob.power_interval(default.bmc_power_interval, 90.0) == 90.0
+    set_ = health_settings(HealthSpec(bmc_interval=5, bmc_power_interval=30, bmc_stale_after=4))
+    assert (set_.bmc_interval, set_.bmc_power_interval, set_.bmc_stale_after) == (5.0, 30.0, 4)
+    assert oob.bmc_interval(set_.bmc_interval, 60.0) == 5.0 and oob.power_interval(set_.bmc_power_interval, 5.0) == 30
+    assert HealthSettings.from_dict(set_.to_dict()) == set_
+    for bad in ("bmc_interval: 0", "bmc_stale_after: 0", "bmc_power_interval: -1"):
+        (tmp_path / "mctl.yml").write_text(f"site: s\nhealth: {{{bad}}}\nracks:\n  r1:\n    shape: {{compute_trays: 1}}\n"
+                                           "    compute: {nodes: r1-t1, addresses: 10.0.0.1}\n")
+        with pytest.raises(Exception, match=bad.split(":")[0]):
+            load_site(tmp_path / "mctl.yml")
