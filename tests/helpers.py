@@ -400,20 +400,25 @@ CAPTURE_DETECTORS = ("Chassis_0_LeakDetector_0_ColdPlate", "Chassis_0_LeakDetect
                      "Chassis_0_LeakDetector_1_ColdPlate", "Chassis_0_LeakDetector_1_Manifold")
 
 
-def capture_doc(path: str) -> dict:
+GB200_SWITCH_REDFISH = GB200_REDFISH.parent / "nvidia_gbswitch"      # a GB200 NVLink switch tray's BMC
+
+
+def capture_doc(path: str, capture: Path = GB200_REDFISH) -> dict:
     """A document of the real capture by its Redfish path."""
     rel = path.removeprefix("/redfish/v1").strip("/")
-    return json.loads((GB200_REDFISH / "redfish" / "v1" / rel / "index.json").read_text())
+    return json.loads((capture / "redfish" / "v1" / rel / "index.json").read_text())
 
 
 class CaptureClient:
     """The capture as a BMC answers it (GET only), with *changes* laid over some documents: a pure stand-in
     for mctl.bmc.client.RedfishClient (the client itself is tested against the capture over HTTPS in
-    test_bmc_redfish.py)."""
+    test_bmc_redfish.py). A document the capture lacks (or *missing* names) answers 404, as a BMC that
+    lacks it; *capture*: which capture (the compute tray's, or GB200_SWITCH_REDFISH)."""
 
     def __init__(self, changes: dict[str, dict] | None = None, missing: tuple[str, ...] = (),
-                 silent: str | None = None):
+                 silent: str | None = None, capture: Path = GB200_REDFISH):
         self.changes, self.missing, self.silent, self.paths = changes or {}, missing, silent, []
+        self.capture = capture
 
     def get(self, path: str) -> dict:
         from mctl.bmc.client import BMCError
@@ -421,15 +426,21 @@ class CaptureClient:
         self.paths.append(path)
         if self.silent:
             raise BMCError(self.silent, f"GET {path} timed out")
-        if any(path.startswith(m) for m in self.missing):
+        rel = path.removeprefix("/redfish/v1").strip("/")
+        if any(path.startswith(m) for m in self.missing) or \
+                not (self.capture / "redfish" / "v1" / rel / "index.json").is_file():
+            # the copied subset: a chassis' ThermalSubsystem not copied answers as a BMC that lacks it
             raise BMCError("http", f"GET {path} answered HTTP 404", status=404)
-        out = capture_doc(path)
+        out = capture_doc(path, self.capture)
         for key, value in self.changes.get(path, {}).items():
             out[key] = value
         return out
 
     def members(self, path: str) -> list[str]:
         return [m["@odata.id"] for m in self.get(path)["Members"]]
+
+    def member_docs(self, path: str, need: tuple[str, ...] = ("Id",)) -> list[tuple[str, dict]]:
+        return [(p, self.get(p)) for p in self.members(path)]      # a BMC without $expand
 
 
 def detector_path(d: str) -> str:

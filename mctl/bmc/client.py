@@ -21,12 +21,23 @@ module fixes the library defaults that do not fit a datacenter tool
   followed here (at most 3), one to another scheme, host or port is refused and
   the credentials are not sent there. Environment proxies and ~/.netrc are off
   (`trust_env=False`).
-- TLS session resumption: a tray's GETs share one client SSL context, and each new connection to
-  the BMC offers the session of the previous one (`SSLContext.wrap_socket(session=...)`), so a BMC
-  that closes every connection (the lab's Werkzeug, under sushy-tools) costs an abbreviated
-  handshake per GET, not a full one (no certificate chain to verify again). Verification is the
-  same context's (CERT_REQUIRED, host name checked); a BMC that declines resumption gets full
-  handshakes, nothing else changes (docs/decisions.md, D47).
+- One connection per BMC, kept: every client mounts mctl's own adapter, whose pool holds one
+  connection per BMC and reuses it across requests while the BMC keeps it open (HTTP/1.1 keep-alive:
+  one TLS handshake per connection, not per request), with one verifying SSL context per BMC (and CA
+  file) for the process, so the CA file is read once, not at every connection as urllib3 does when
+  it is given the file. The health watch keeps one client per BMC for days (mctl.health.oob). A GET
+  sent on a kept connection that the BMC had already closed (it never read it: the connection is
+  gone before any answer) is sent once more on a new connection, as HTTP allows for an idempotent
+  request (RFC 9112, 9.3.1); nothing else is re-sent. The adapter counts the connections it opened
+  (`connections`, `tls_handshakes`, `tls_resumed`) and can cut them from another thread (`abort`), so
+  a BMC that trickles an answer past the deadline does not keep its worker.
+- TLS session resumption: a new connection to a BMC offers the session of the previous one
+  (`SSLContext.wrap_socket(session=...)`), so a BMC that closes every connection costs an
+  abbreviated handshake per connection, not a full one (no certificate chain to verify again).
+  Verification is the same context's (CERT_REQUIRED, host name checked); a BMC that declines
+  resumption gets full handshakes, nothing else changes (docs/decisions.md, D47). Only one-shot
+  commands resume (`resume_tls`): reading a socket's TLS session leaks native memory in this
+  Python's ssl module, which a watch that runs for days must not pay (docs/bmc.md).
 - Fewer round trips: where the service root says `ProtocolFeaturesSupported.ExpandQuery.Levels`
   (the real GB200 BMC: MaxLevels 6), a collection's members are read with one
   `$expand=.($levels=1)`; a member the answer leaves as a bare link or without a field mctl needs
@@ -42,11 +53,13 @@ The `redfish` import is inside the constructor so `mctl --help` never pays for i
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import sys
 import threading
 import time
 import urllib.parse
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
@@ -148,20 +161,48 @@ class RedfishClient:
                 (warn or _default_warn)(f"TLS verification of the BMC at {self.url} is off (bmc.verify_tls: false)")
         self._credentials = credentials
         self.expand: str | None = None                   # the $expand value, once the root says it is supported
+        self.connections = 0                             # TCP connections opened (bench, tests)
         self.tls_handshakes = 0                          # full TLS handshakes, and resumed ones (bench, tests)
         self.tls_resumed = 0
-        # resume_tls False: the long-running watch (mctl.health.oob, the ladder) reads every BMC every sweep, and
+        self._sockets: "weakref.WeakSet[socket.socket]" = weakref.WeakSet()
+        self._sockets_lock = threading.Lock()
+        # resume_tls False: the long-running watch (mctl.health.oob, the ladder) keeps its connections, and
         # reading a socket's TLS session leaks native memory in this Python's ssl module (~40 KiB a connection:
         # the 30-minute soak's watch grew by 110-160 MiB); one-shot commands (bmc inventory, power) resume.
-        resume = RESUME_TLS if resume_tls is None else resume_tls
-        adapter = _resuming_adapter(cafile, self) if resume and cafile is not None \
+        self._resume = bool(RESUME_TLS if resume_tls is None else resume_tls) and cafile is not None
+        ctx = _context_for(cafile, tuple(self.origin), self._resume) if cafile is not None \
             and self.origin[0] == "https" else None
         self._client = redfish.redfish_client(base_url=self.url, cafile=cafile, timeout=timeout_s, max_retry=0,
-                                              check_connectivity=False, https_adapter=adapter)
+                                              check_connectivity=False)
         session = self._client._session                  # the library's requests.Session
+        adapter = _adapter(self, ctx)
+        session.mount("https://", adapter)
+        session.mount("http://", adapter)
         session.trust_env = False                        # no environment proxies, no ~/.netrc
         session.max_redirects = 0                        # the library never follows a redirect itself
         self._client.set_authorization_key(credentials.header())
+
+    def _opened(self, sock) -> None:
+        """A connection of this client's adapter was opened (its TLS handshake done, for https)."""
+        self.connections += 1
+        if isinstance(sock, ssl.SSLSocket):
+            if self._resume and sock.session_reused:
+                self.tls_resumed += 1
+            else:
+                self.tls_handshakes += 1
+        with self._sockets_lock:
+            self._sockets.add(sock)
+
+    def abort(self) -> None:
+        """Cut this client's connections now, from any thread: a worker blocked reading one gets an error at
+        once (a BMC trickling an answer past the deadline). The client is not to be used after."""
+        with self._sockets_lock:
+            socks = list(self._sockets)
+        for sock in socks:
+            try:
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)   # the fd itself: an SSL object is left alone
+            except (OSError, ValueError):
+                pass
 
     def __repr__(self) -> str:
         return f"RedfishClient({self.url!r}, user={self._credentials.username!r})"
@@ -185,8 +226,10 @@ class RedfishClient:
         from redfish.rest.v1 import RetriesExhaustedError
 
         target = check_path(path)
-        for _hop in range(4):
+        resent = False
+        for _hop in range(5):
             self.requests += 1
+            opened = self.connections
             try:
                 resp = self._client.get(target, args=query, timeout=self._timeout())
             except RetriesExhaustedError as exc:
@@ -194,6 +237,9 @@ class RedfishClient:
                 if isinstance(cause, requests.TooManyRedirects) and cause.response is not None:
                     target = self._redirect(target, cause.response.status_code,
                                             cause.response.headers.get("Location", ""))
+                    continue
+                if not resent and self.connections == opened and _closed_by_peer(cause):
+                    resent = True               # a kept connection the BMC had closed: it never read the GET
                     continue
                 raise _transport_error(cause, target) from None
             status = resp.status
@@ -313,67 +359,82 @@ class _ResumingSocket(ssl.SSLSocket):
 
 
 class _ResumingContext(ssl.SSLContext):
-    """One verifying context per BMC (origin) and CA file for the whole process: its last session is offered
-    to the next connection; the client being served is told of each full or resumed handshake."""
+    """A verifying context whose last session is offered to the next connection it makes."""
 
     tls_session = None
-    owner = None                                 # weakref to the RedfishClient now using it
 
     def wrap_socket(self, sock, *args, session=None, **kwargs):
         offered = session or self.tls_session
         if offered is not None and offered.id == b"" and not offered.has_ticket:
             offered = None                       # nothing to resume with
-        wrapped = super().wrap_socket(sock, *args, session=offered, **kwargs)
-        client = self.owner() if self.owner is not None else None
-        if client is not None:
-            if wrapped.session_reused:
-                client.tls_resumed += 1
-            else:
-                client.tls_handshakes += 1
-        return wrapped
+        return super().wrap_socket(sock, *args, session=offered, **kwargs)
 
 
-# (CA file, origin) -> its context: one per BMC for the process (bounded by the inventory), so a session is
-# resumed across the clients of one command as within one client.
-_CONTEXTS: dict[tuple[str, tuple], _ResumingContext] = {}
+# (CA file, origin, resume) -> its context: one per BMC for the process (bounded by the inventory), so the CA
+# file is read once and a session is resumed across the clients of one command as within one client.
+_CONTEXTS: dict[tuple[str, tuple, bool], ssl.SSLContext] = {}
 _CONTEXTS_LOCK = threading.Lock()
 
 
-def _context_for(cafile: str, origin: tuple) -> _ResumingContext:
+def _context_for(cafile: str, origin: tuple, resume: bool) -> ssl.SSLContext:
     with _CONTEXTS_LOCK:
-        ctx = _CONTEXTS.get((cafile, origin))
+        ctx = _CONTEXTS.get((cafile, origin, resume))
         if ctx is None:
-            ctx = _ResumingContext(ssl.PROTOCOL_TLS_CLIENT)   # CERT_REQUIRED, check_hostname on
-            ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+            ctx = (_ResumingContext if resume else ssl.SSLContext)(ssl.PROTOCOL_TLS_CLIENT)   # CERT_REQUIRED,
+            ctx.minimum_version = ssl.TLSVersion.TLSv1_2                                       # host names checked
             ctx.load_verify_locations(cafile=cafile)
-            ctx.sslsocket_class = _ResumingSocket
-            _CONTEXTS[(cafile, origin)] = ctx
+            if resume:
+                ctx.sslsocket_class = _ResumingSocket
+            _CONTEXTS[(cafile, origin, resume)] = ctx
         return ctx
 
 
-def _resuming_adapter(cafile: str, owner: "RedfishClient"):
-    """A requests adapter whose connections share one verifying SSL context per BMC that resumes the last
-    TLS session with it (urllib3 makes a context per connection otherwise, and a session can only be
-    resumed by the context that made it)."""
+def _adapter(owner: "RedfishClient", ctx: ssl.SSLContext | None):
+    """The requests adapter of one client: a pool of one kept connection per BMC, made with the BMC's context
+    (urllib3 would make a context and read the CA file per connection otherwise), each connection told to
+    the client when opened (counted; cut by `abort`)."""
     import requests.adapters
-    import weakref
+    from urllib3.connection import HTTPConnection, HTTPSConnection
+    from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-    ctx = _context_for(cafile, tuple(owner.origin))
-    ctx.owner = weakref.ref(owner)
+    ref = weakref.ref(owner)
+
+    def told(base):
+        class Connection(base):
+            def connect(self) -> None:
+                super().connect()
+                client = ref()
+                if client is not None:
+                    client._opened(self.sock)
+        return Connection
+
+    class HTTPPool(HTTPConnectionPool):
+        ConnectionCls = told(HTTPConnection)
+
+    class HTTPSPool(HTTPSConnectionPool):
+        ConnectionCls = told(HTTPSConnection)
 
     class Adapter(requests.adapters.HTTPAdapter):
         def init_poolmanager(self, connections, maxsize, block=False, **pool_kwargs):
-            pool_kwargs["ssl_context"] = ctx
-            super().init_poolmanager(connections, maxsize, block=block, **pool_kwargs)
+            if ctx is not None:
+                pool_kwargs["ssl_context"] = ctx
+            super().init_poolmanager(connections, 1, block=block, **pool_kwargs)   # one connection per BMC
+            self.poolmanager.pool_classes_by_scheme = {"http": HTTPPool, "https": HTTPSPool}
 
         def build_connection_pool_key_attributes(self, request, verify, cert=None):
             host_params, pool_kwargs = super().build_connection_pool_key_attributes(request, verify, cert)
             # The context above already holds the CA; urllib3 would load the file again for each connection.
-            if verify is not False:
+            if ctx is not None and verify is not False:
                 pool_kwargs.pop("ca_certs", None)
                 pool_kwargs.pop("ca_cert_dir", None)
                 pool_kwargs["cert_reqs"] = "CERT_REQUIRED"
             return host_params, pool_kwargs
+
+        def cert_verify(self, conn, url, verify, cert):
+            if ctx is not None and verify is not False:
+                conn.cert_reqs, conn.ca_certs, conn.ca_cert_dir = "CERT_REQUIRED", None, None   # the context's
+                return
+            super().cert_verify(conn, url, verify, cert)
 
     return Adapter(max_retries=0)
 
@@ -410,6 +471,23 @@ def _transport_error(cause: BaseException | None, target: str) -> BMCError:
     if isinstance(cause, requests.exceptions.ConnectionError):
         return BMCError("unreachable", f"cannot connect for GET {target}: {_short(cause)}")
     return BMCError("unreachable", f"GET {target} failed: {_short(cause)}")
+
+
+def _closed_by_peer(exc: BaseException | None) -> bool:
+    """The connection was closed or reset by the BMC before any answer (not a timeout, not a refused connect)."""
+    import http.client
+
+    seen: set[int] = set()
+    stack = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)):
+            return True
+        stack += [e.__cause__, e.__context__] + [a for a in getattr(e, "args", ()) if isinstance(a, BaseException)]
+    return False
 
 
 def _short(exc: BaseException | None) -> str:

@@ -60,6 +60,12 @@ def run_tray(facts, expect, settings, *, skip: Sequence[str] = ()) -> list[Findi
     return boot.apply_grace(facts, settings, out)
 
 
+def run_switch_tray(host: str, rack: str | None, bmc) -> list[Finding]:
+    """A switch tray's checks: what its BMC says (mctl.checks.leak; no host of it is probed), each finding
+    with its rack and role in its details."""
+    return leak.judge(host, bmc, rack=rack, role="switch")
+
+
 def partial(facts) -> list[Finding]:
     """probe.partial: one warning per probe section that was missing or unreadable."""
     return [Finding(Severity.WARN, facts.host, PARTIAL, f"probe: {problem}",
@@ -112,5 +118,5 @@ def summarize(findings: Sequence[Finding]) -> dict[str, int]:
     return counts
 
 
-__all__ = ["CATALOGUE", "CHECK_NAMES", "run_tray", "run_rack", "drain_reason", "compose_reason", "precedence",
+__all__ = ["CATALOGUE", "CHECK_NAMES", "run_tray", "run_switch_tray", "run_rack", "drain_reason", "compose_reason", "precedence",
            "summarize", "sort_findings"]

@@ -67,6 +67,8 @@ _ENTRIES = (
     Check("tray.boot", W, "the tray did not reboot since the last sweep (boot id)", _TRAY),
     # -- out of band: the tray's BMC over Redfish (mctl/checks/leak.py)
     Check("bmc.reachable", W, "the tray's BMC answered within its deadline (leaks and power read out of band)", _OOB),
+    Check("bmc.stale", W, "the BMC view the sweep judged is recent (the watch reads each BMC beside the sweep, "
+          "health.bmc_stale_after)", _OOB),
     Check("leak.detectors", C, "no leak detector reports Critical (Warning, unknown or unread detectors warn)", _OOB,
           milder=True),
     Check("power.supplies", W, "the tray's power subsystem and power supplies report OK", _OOB),

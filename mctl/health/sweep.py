@@ -1,8 +1,11 @@
 """One health sweep over a site: probe, scheduler and BMC reads, the check catalogue -> one result.
 
 A sweep sends the probe to every tray and asks the scheduler for its node states at the same
-time (one round trip per tray and one to the controller), reads the trays' BMCs out of band
-beside them, then runs the check catalogue on each tray and the rack-wide checks. It decides
+time (one round trip per tray and one to the controller), takes the trays' BMC views (out of
+band: `mctl health check` reads every BMC beside the probes; the watch's reader reads them on its
+own cadence and the sweep takes what it has when the probes are in, never waiting for a BMC:
+mctl.health.oob), then runs the check catalogue on each tray, the rack-wide checks and each
+switch tray's BMC checks (its leak detectors: `switch_bmcs`, findings of their own). It decides
 nothing and acts on nothing: what mctl does about the result is the responders' work
 (mctl.health.engine runs them after the sweep, through one actuator). `on_tray` is told each
 tray's facts as its answer arrives, so a responder can act on a tray before the slowest one
@@ -47,6 +50,10 @@ class SweepResult:
     logged: list[store.ActionEntry] = field(default_factory=list)   # action-log entries of this sweep
     breaker: BreakerState = field(default_factory=BreakerState)
     records: dict[str, TrayRecord] = field(default_factory=dict)
+    # Each switch tray's BMC view (its leak detectors), by switch tray name; their findings are in `findings`
+    # (host: the switch tray, details: its rack). What to do about them is the rack policy's, not the sweep's.
+    switch_bmcs: dict[str, Any] = field(default_factory=dict)
+    switch_racks: dict[str, str | None] = field(default_factory=dict)
 
     def worst(self) -> Severity:
         return worst(self.findings)
@@ -80,6 +87,8 @@ class SweepResult:
             "decisions": [d.to_dict() for d in self.decisions],
             "actions": [e.to_dict() for e in self.logged],
             "breaker": self.breaker.to_dict(),
+            **({"switch_trays": [{"host": name, "rack": self.switch_racks.get(name), "bmc": bmc.to_dict()}
+                                 for name, bmc in self.switch_bmcs.items()]} if self.switch_bmcs else {}),
         }
 
 
@@ -105,26 +114,25 @@ class Sweeper:
             return None, None, f"{e.scheduler.where} did not answer within the {e.timeout:g}s deadline"
 
     async def read_bmcs(self) -> dict[str, Any] | None:
-        """host -> mctl.checks.leak.BmcHealth, each BMC within the tray deadline; None: not configured."""
+        """host -> mctl.checks.leak.BmcHealth, every BMC read now, each within the BMC deadline (`health check`:
+        there is no earlier view); None: not configured."""
         e = self.e
         if e.oob_settings is None and e.oob_problem is None:
             return None
         from mctl.checks.leak import BmcHealth
         from mctl.health import oob
 
-        hosts = list(e.scope.hosts)
+        hosts = e.bmc_hosts
         if e.oob_problem:
-            return {h.name: BmcHealth(error=f"the inventory's bmc settings: {e.oob_problem}", error_kind="config")
-                    for h in hosts}
-        # A GB200 BMC answers a GET in 0.22 s on average, 2.9 s at worst (shared/reference/redfish.md): its 7
-        # GETs get the tray deadline, but at least BMC_DEADLINE_MIN (at most bmc.deadline_s).
-        deadline = max(e.timeout, min(e.oob_settings.deadline_s, BMC_DEADLINE_MIN))
+            return {h.name: BmcHealth(error=f"the inventory's bmc settings: {e.oob_problem}", error_kind="config",
+                                      power_asked=h.role == "compute") for h in hosts}
+        deadline = e.bmc_deadline
         try:
             async with asyncio.timeout(deadline + 2.0):
                 return await asyncio.to_thread(oob.read, hosts, e.oob_settings, deadline)
         except TimeoutError:
-            return {h.name: BmcHealth(error=f"no answer within {deadline:g}s", error_kind="timeout")
-                    for h in hosts}
+            return {h.name: BmcHealth(error=f"no answer within {deadline:g}s", error_kind="timeout",
+                                      power_asked=h.role == "compute") for h in hosts}
 
     async def probe(self, on_facts=None) -> list[TrayFacts]:
         """Every tray's facts, in scope order; *on_facts* is called with each tray's facts as its answer
@@ -168,7 +176,8 @@ class Sweeper:
         t0 = time.monotonic()
         seen: dict[str, TrayFacts] = {}
         read = asyncio.ensure_future(self.read_scheduler())
-        bmc_read = asyncio.ensure_future(self.read_bmcs())     # out of band, beside the SSH probes
+        # out of band: read now beside the SSH probes (health check), or taken from the watch's reader below
+        bmc_read = asyncio.ensure_future(self.read_bmcs()) if e.bmc_watch is None else None
 
         def arrived(f: TrayFacts) -> None:
             # Once per tray and sweep (BootMemory remembers what it saw), as the tray's answer arrives.
@@ -180,10 +189,12 @@ class Sweeper:
         try:
             facts_list = await self.probe(arrived)
             views, states, sched_error = await read
-            bmcs = await bmc_read
+            # the watch: each BMC's view as it is now, never waited for (a hung BMC is bmc.stale in time)
+            bmcs = await bmc_read if bmc_read is not None else e.bmc_watch.views()
         finally:
             read.cancel()
-            bmc_read.cancel()
+            if bmc_read is not None:
+                bmc_read.cancel()
         facts: dict[str, TrayFacts] = {}
         for f in facts_list:
             facts[f.host] = seen[f.host].with_slurm_node((states or {}).get(f.host))
@@ -198,6 +209,10 @@ class Sweeper:
         verdicts = [TrayVerdict(h.name, h.rack, facts[h.name].reach, worst(per_host.get(h.name, [])),
                                 tuple(per_host.get(h.name, []))) for h in e.scope.hosts]
         findings = [f for fs in per_host.values() for f in fs]
+        switch_bmcs = {h.name: bmcs[h.name] for h in e.switch_trays if bmcs is not None and h.name in bmcs}
+        for h in e.switch_trays:
+            if h.name in switch_bmcs:
+                findings += checks.run_switch_tray(h.name, h.rack, switch_bmcs[h.name])
         if sched_error:
             findings.append(Finding(Severity.WARN, None, "scheduler.reachable", sched_error,
                                     "drains and resumes are queued until the scheduler answers"))
@@ -206,6 +221,7 @@ class Sweeper:
                                     f"scheduler not read: {e.scheduler_problem}"))
         result = SweepResult(number, started, 0.0, facts, sort_findings(findings), verdicts, views,
                              e.scheduler.kind if e.scheduler else None, sched_error,
-                             remediate=e.remediate, dry_run=e.dry_run)
+                             remediate=e.remediate, dry_run=e.dry_run, switch_bmcs=switch_bmcs,
+                             switch_racks={h.name: h.rack for h in e.switch_trays if h.name in switch_bmcs})
         result.elapsed = time.monotonic() - t0
         return result

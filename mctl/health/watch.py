@@ -139,10 +139,12 @@ async def run_watch(site: "Site", scope: "Scope", settings: "HealthSettings", st
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
+    engine = None
     try:
         async with SSHPool(SSHConfig.from_site(site)) as pool:
+            # bmc_watch: the BMCs are read beside the sweeps, on their own cadence (mctl.health.oob.BmcWatch)
             engine = Engine(site, scope, settings, state_dir, pool, remediate=remediate, dry_run=dry_run,
-                            timeout=timeout, interval=interval)
+                            timeout=timeout, interval=interval, bmc_watch=True)
             sweeps = 0
             while not stop.is_set():
                 t0 = time.monotonic()
@@ -180,5 +182,7 @@ async def run_watch(site: "Site", scope: "Scope", settings: "HealthSettings", st
                 except asyncio.TimeoutError:
                     pass
     finally:
+        if engine is not None:
+            engine.close()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

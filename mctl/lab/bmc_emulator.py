@@ -3,7 +3,7 @@
 `python -m mctl.lab.bmc_emulator CONFIG.json` (started by `mctl lab up`, one process per tray on the
 tray's own BMC address, port 443, TLS from the lab's CA, HTTP Basic from a bcrypt htpasswd file).
 
-What sushy-tools does here: the HTTP service (Flask), authentication (its Basic middleware over an
+What sushy-tools does here: the web application (Flask), authentication (its Basic middleware over an
 htpasswd file), routing, its error documents, `Systems`, `Systems/{id}` and the
 `ComputerSystem.Reset` action, all through a systems driver of mctl's (`LabSystemsDriver`) that acts on
 the lab tray: ForceOff / GracefulShutdown stop the tray's host (SSH, Slurm and IMEX go away), On boots
@@ -27,9 +27,13 @@ host stands behind it, so its power state is the BMC's own (bmc/power.json, whic
 emulator reads too); its leak detectors are the capture's, under `Chassis/MGX_BMC_0`. Every BMC logs
 its power steps with their times (bmc/power-events.jsonl).
 
+The HTTP server is mctl's (mctl/lab/bmc_http.py: HTTP/1.1, connections kept between requests as a real
+BMC keeps them), not Werkzeug's development server, which closes every connection (docs/decisions.md,
+D78).
+
 Faults (`mctl lab fault bmc TRAY ...`, mctl/lab/bmc_faults.py): a leak or a failed supply is laid over
 the documents served; a hung or slow BMC is a WSGI middleware outside sushy-tools' own (authentication
-too), asked on every request, so a keep-alive connection opened before the fault is held as a new one.
+too), asked on every request, so a kept connection opened before the fault is held as a new one.
 
 Power semantics as on a real tray: a Reset is answered 204 at once and runs in the background;
 PowerState says PoweringOff / PoweringOn meanwhile; a second Reset while one runs gets 409. A
@@ -570,6 +574,8 @@ def _remember_good_logins() -> None:
 def main(argv: list[str] | None = None) -> int:
     import ssl
 
+    from mctl.lab import bmc_http
+
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         sys.stderr.write("usage: python -m mctl.lab.bmc_emulator CONFIG.json\n")
@@ -582,8 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(config["cert"], config["key"])
     LOG.info("BMC of %s on https://%s:%s", config["tray"], config["address"], config["port"])
-    app.run(host=config["address"], port=int(config["port"]), ssl_context=ctx, threaded=True,
-            use_reloader=False)
+    bmc_http.serve(app, config["address"], int(config["port"]), ctx)
     return 0
 
 

@@ -18,6 +18,11 @@ Policies, fixed here so every caller gets them:
   phase it was in) and its connection is aborted, never closed gracefully, since
   a frozen host would not answer a close either; a new one is opened in the
   background so the next command finds it ready;
+- a host that gave no SSH answer in time (no banner, or a kept connection that
+  opened no session: frozen, powered off, panicked) is *away*: it is reconnected
+  in the background, attempt after attempt, and until it is back every command
+  for it is answered at once as unreachable with the failed connect's error, so
+  it costs one deadline, not one per command (docs/health.md, "Deadlines");
 - retries (tenacity) only while connecting, and only for transient network
   errors; a command is never re-run, because it may not be idempotent.
 """
@@ -46,6 +51,7 @@ CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly130
            "aes128-ctr", "aes256-ctr")
 
 CLOSE_TIMEOUT = 2.0          # seconds a pool waits for its connections to close before aborting them
+RECONNECT_WAIT_MAX = 2.0     # seconds between two background reconnects of a host that is away, at most
 DEFAULT_TRAY_DEADLINE = 15.0  # seconds a tray's probe may take when nothing else is set (health, inventory, audit)
 # A deadline derived from a short interval is never below this: a whole probe (nvidia-smi included)
 # on a busy tray needs a few seconds, and one cut short reads as a hung tray.
@@ -100,12 +106,23 @@ class SSHConfig:
 
 
 class _ConnectFailed(Exception):
-    def __init__(self, status: HostStatus, error: str, *, attempts: int, host_key: HostKeyProblem | None = None):
+    def __init__(self, status: HostStatus, error: str, *, attempts: int, host_key: HostKeyProblem | None = None,
+                 silent: bool = False):
         super().__init__(error)
         self.status = status
         self.error = error
         self.attempts = attempts
         self.host_key = host_key
+        self.silent = silent          # no SSH answer at all in time (a frozen or dead host), not a refusal
+
+
+@dataclass
+class _Away:
+    """A host that gave no SSH answer in time, reconnected in the background until it is back."""
+
+    since: float                      # time.monotonic() when it went away
+    error: str                        # why: the missed deadline, then each failed reconnect's error
+    attempts: int = 0                 # background reconnects that failed so far
 
 
 def _transient(exc: BaseException) -> bool:
@@ -137,6 +154,9 @@ class SSHPool:
         # One connect in flight per host, shared by every caller that needs that host; it is
         # shielded, so a caller whose deadline passes leaves it running (the background reopen).
         self._connecting: dict[str, asyncio.Task] = {}
+        # Hosts that gave no SSH answer in time: answered at once as unreachable until a background reconnect
+        # (the task in _connecting) brings them back.
+        self._away: dict[str, _Away] = {}
         self.dropped = 0                 # connections aborted after a missed deadline (tests, metrics)
         self._sem: asyncio.Semaphore | None = None
         self._options: "asyncssh.SSHClientConnectionOptions | None" = None
@@ -252,7 +272,7 @@ class SSHPool:
         except asyncio.TimeoutError:
             # No banner in time: from outside, a dead host and a stopped sshd look the same.
             raise _ConnectFailed(HostStatus.UNREACHABLE, f"no SSH answer within {self.config.connect_timeout:g}s",
-                                 attempts=attempts) from None
+                                 attempts=attempts, silent=True) from None
         except asyncssh.PermissionDenied:
             raise _ConnectFailed(HostStatus.UNREACHABLE,
                                  f"authentication failed for user {target.user} (publickey)",
@@ -284,6 +304,63 @@ class SSHPool:
         if reopen and target.name not in self._conns:
             self._start_connect(target)
 
+    def away(self, name: str) -> bool:
+        """Whether *name* gave no SSH answer in time and is being reconnected in the background."""
+        return name in self._away
+
+    def _go_away(self, target: SSHTarget, conn: "asyncssh.SSHClientConnection | None", error: str) -> None:
+        """The host gave no SSH answer in time: abort *conn* (if any) and reconnect it in the background, attempt
+        after attempt; until one succeeds, every command for it is answered at once (_away_result)."""
+        self.drop(target, conn, reopen=False)
+        if target.name in self._conns:          # a newer connection came up meanwhile: it is not away
+            return
+        if target.name not in self._away:
+            self._away[target.name] = _Away(time.monotonic(), error)
+        task = self._connecting.get(target.name)
+        if task is not None and not task.done() and task.get_name().startswith("mctl-ssh-reconnect-"):
+            return
+        first = task if task is not None and not task.done() else None
+        loop_task = asyncio.get_running_loop().create_task(self._reconnect(target, first),
+                                                           name=f"mctl-ssh-reconnect-{target.name}")
+        self._connecting[target.name] = loop_task
+
+        def done(t: asyncio.Task) -> None:
+            if self._connecting.get(target.name) is t:
+                self._connecting.pop(target.name, None)
+            if not t.cancelled():
+                t.exception()
+
+        loop_task.add_done_callback(done)
+
+    async def _reconnect(self, target: SSHTarget, first: asyncio.Task | None):
+        """Reconnect an away host until it answers (each attempt bounded by connect_timeout, RECONNECT_WAIT_MAX
+        at most between two); a refused host key ends it (the next command reports the key)."""
+        wait = self.config.retry_wait
+        while True:
+            try:
+                result = await (first if first is not None else self._open(target))
+            except _ConnectFailed as exc:
+                away = self._away.get(target.name)
+                if away is None:
+                    raise
+                away.error, away.attempts = exc.error, away.attempts + 1
+                if exc.status is HostStatus.HOST_KEY_MISMATCH:
+                    self._away.pop(target.name, None)
+                    raise
+                first = None
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, RECONNECT_WAIT_MAX)
+                continue
+            self._away.pop(target.name, None)
+            return result
+
+    def _away_result(self, target: SSHTarget, away: _Away, start: float) -> HostResult:
+        age = time.monotonic() - away.since
+        return HostResult(target.name, target.address, HostStatus.UNREACHABLE, phase="connect",
+                          elapsed=time.monotonic() - start, attempts=0,
+                          error=f"{away.error} (away {age:.0f}s, {away.attempts} reconnects failed: reconnecting in "
+                                f"the background, not waited for)")
+
     def _host_key_problem(self, target: SSHTarget, presented: HostKey | None) -> HostKeyProblem:
         recorded = tuple(k.describe() for k in self.known_hosts.keys_for(target.name, target.address, target.port))
         return HostKeyProblem(presented.describe() if presented else None, recorded, str(self.config.known_hosts))
@@ -303,6 +380,7 @@ class SSHPool:
         """Close every connection, waiting at most CLOSE_TIMEOUT for them, then abort what is left."""
         pending = list(self._connecting.values())
         self._connecting = {}
+        self._away = {}
         for task in pending:
             task.cancel()
         if pending:
@@ -351,6 +429,9 @@ class SSHPool:
     async def _bounded(self, target: SSHTarget, command: str, timeout: float | None, at: float, start: float,
                        budget: float, *, queued: bool) -> HostResult:
         """_run_one under the absolute deadline *at*; a miss is reported by the phase it struck in."""
+        away = self._away.get(target.name)
+        if away is not None:
+            return self._away_result(target, away, start)
         state = {"phase": "queue" if queued else "connect", "attempts": 0, "proc": None, "reused": False,
                  "conn": None}
         try:
@@ -372,15 +453,18 @@ class SSHPool:
                               error=f"not started within the {budget:g}s deadline: every SSH slot "
                                     f"(ssh.concurrency {self.config.concurrency}) stayed busy", attempts=0)
         if phase == "connect":
-            # No connection yet: the shared connect goes on in the background for the next command.
+            # No connection yet: the connect goes on in the background, and the host is away until it succeeds.
+            error = f"no SSH answer within the {budget:g}s deadline"
+            self._go_away(target, None, error)
             return HostResult(target.name, target.address, HostStatus.UNREACHABLE, phase="connect", elapsed=elapsed,
-                              error=f"no SSH answer within the {budget:g}s deadline", attempts=max(1, attempts))
-        self.drop(target, state["conn"])
+                              error=error, attempts=max(1, attempts))
         if phase == "session":
+            error = (f"no answer within the {budget:g}s deadline: the {'kept ' if state['reused'] else ''}"
+                     f"connection opened no session (frozen host?); connection dropped")
+            self._go_away(target, state["conn"], error)
             return HostResult(target.name, target.address, HostStatus.UNREACHABLE, phase="connect", elapsed=elapsed,
-                              error=f"no answer within the {budget:g}s deadline: the "
-                                    f"{'kept ' if state['reused'] else ''}connection opened no session "
-                                    f"(frozen host?); connection dropped", attempts=attempts)
+                              error=error, attempts=attempts)
+        self.drop(target, state["conn"])
         stdout = stderr = ""
         proc = state["proc"]
         if proc is not None:
@@ -402,6 +486,8 @@ class SSHPool:
             try:
                 conn, attempts, reused = await self._connection(target)
             except _ConnectFailed as exc:
+                if exc.silent:
+                    self._go_away(target, None, exc.error)
                 return HostResult(target.name, target.address, exc.status, error=exc.error, phase="connect",
                                   elapsed=time.monotonic() - start, host_key=exc.host_key,
                                   attempts=attempts_total + exc.attempts)
@@ -416,11 +502,11 @@ class SSHPool:
                     proc = await conn.create_process(command, encoding="utf-8", errors="replace",
                                                      stdin=asyncssh.DEVNULL)
             except TimeoutError:
-                self.drop(target, conn)
+                error = (f"no session within {self.config.connect_timeout:g}s on the "
+                         f"{'kept ' if reused else ''}connection (frozen host?); connection dropped")
+                self._go_away(target, conn, error)
                 return HostResult(target.name, target.address, HostStatus.UNREACHABLE, phase="connect",
-                                  error=f"no session within {self.config.connect_timeout:g}s on the "
-                                        f"{'kept ' if reused else ''}connection (frozen host?); connection dropped",
-                                  elapsed=time.monotonic() - start, attempts=attempts_total)
+                                  error=error, elapsed=time.monotonic() - start, attempts=attempts_total)
             except (asyncssh.ChannelOpenError, asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError) as exc:
                 self._conns.pop(target.name, None)
                 if reused:

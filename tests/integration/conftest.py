@@ -66,3 +66,16 @@ def health(lab, health_site, tmp_path):
         wait_for("every tray idle or allocated again after the test",
                  lambda: all(st.rstrip("*") in ("idle", "allocated", "mixed", "completing") and not st.endswith("*")
                              for st, _ in sinfo(lab).values()), 60, every=0.5)
+
+
+@pytest.fixture
+def switch_trays(lab):
+    """The shared lab with 2 switch trays (BMCs only, as `mctl lab up --switch-trays 2` starts them) for
+    one test; none again after it."""
+    from mctl.lab import control
+
+    layout = control.set_switch_trays(lab.dir, 2)
+    try:
+        yield [sw.name for sw in layout.switches_of(lab.rack)]
+    finally:
+        control.set_switch_trays(lab.dir, 0)

@@ -1,6 +1,8 @@
 """Every wait has a deadline, on the lab: a frozen tray (sshd and every session stopped with
 SIGSTOP, `mctl lab fault --unreachable`) during a watch and during `health check`; a resume
-by bring-up leaves no hold reason in real Slurm.
+by bring-up leaves no hold reason in real Slurm; a hung BMC and a frozen tray never lengthen a
+watch's sweeps at `--interval 2` (issue 27.5: BMCs read beside the sweep, a frozen tray answered
+at once while it is reconnected in the background).
 
 The watch runs with remediation on the health site of test_health (real Slurm), with the
 breaker opened to half the rack so the frozen tray and a faulted one can both be drained.
@@ -92,6 +94,66 @@ def test_a_frozen_tray_during_a_watch_costs_one_deadline_per_sweep(lab, roomy_si
     drains = {e["tray"]: e for e in actions(health.state) if e["action"] == "drain"}
     assert set(drains) == {frozen, faulted} and all(e["result"] == "ok" for e in drains.values())
     assert all(t in others or t == frozen for t in drains)
+
+
+SHORT = 2.0                 # the operator's `--interval 2`: every sweep within SHORT + 1 s
+
+
+def _sweeps_after(lines: list[str], index: int) -> list[float]:
+    """The durations of the SWEEP lines after lines[index]."""
+    return [d for _n, d in sweeps_of(lines[index + 1:])]
+
+
+def test_a_hung_bmc_never_lengthens_a_watchs_sweep_and_is_stale_until_cleared(lab, site, health):
+    from mctl.lab import bmc_faults
+
+    tray = lab.trays[2]
+    watch = Watch(lab, site, health.state, "--interval", f"{SHORT:g}", "--no-remediate")
+    try:
+        wait_for("two sweeps over the healthy rack", lambda: watch.sweeps() >= 2, 90)
+        bmc_faults.apply(lab.dir, tray, hang=True)
+        start = len(watch.read())
+        # no answer: after health.bmc_stale_after (3) reads of 2 s its view is stale, named in the sweep
+        line = wait_for(f"{tray} stale", lambda: next((i for i, l in enumerate(watch.read()) if i >= start and
+                                                      f" {tray} healthy -> warn: bmc.stale: " in l), None), 60)
+        # the reads in flight pass their 10 s deadline meanwhile; the sweeps keep their interval
+        wait_for("six sweeps more", lambda: watch.sweeps() >= sweep_of_line(watch.lines, line) + 6, 60)
+        hung = _sweeps_after(watch.lines, start)
+        bmc_faults.apply(lab.dir, tray, clear=True)
+        back = wait_for(f"{tray} healthy again", lambda: next((i for i, l in enumerate(watch.read()) if i > line and
+                                                              f" {tray} warn -> healthy" in l), None), 60)
+    finally:
+        bmc_faults.apply(lab.dir, tray, clear=True)
+        code = watch.stop()
+    assert code == 0, watch.proc.stderr.read()
+    print(f"hung BMC of {tray}: {len(hung)} sweeps, max {max(hung):.2f}s; stale at line {line}, back at {back}")
+    assert len(hung) >= 6 and max(hung) <= SHORT + 1.0, hung
+    assert " bmc.stale: the BMC's last answer " in watch.lines[line], watch.lines[line]
+
+
+def test_a_frozen_tray_is_answered_at_once_while_it_is_reconnected(lab, site, health):
+    tray = lab.trays[3]
+    watch = Watch(lab, site, health.state, "--interval", f"{SHORT:g}", "--no-remediate")
+    try:
+        wait_for("two sweeps over the healthy rack", lambda: watch.sweeps() >= 2, 90)
+        fault(lab, tray, unreachable=True)
+        # the sweep running when it froze waits its deadline (the kept connection opens no session) ...
+        line = wait_for(f"{tray} reported", lambda: next((i for i, l in enumerate(watch.read())
+                                                          if f" {tray} healthy -> unreachable" in l), None), 60)
+        # ... the next ones answer it at once from the failed connect while it is reconnected in the background
+        first = sweep_of_line(watch.lines, line)
+        wait_for("six sweeps more", lambda: watch.sweeps() >= first + 6, 60)
+        after = [d for n, d in sweeps_of(watch.read()) if n > first]
+        unreachable = [l for l in watch.lines if " SWEEP " in l and "1 unreachable" in l]
+        fault(lab, tray, clear=True)
+        wait_for(f"{tray} back through the background reconnect",
+                 lambda: any(f" {tray} unreachable -> " in l for l in watch.read()[line:]), 90)
+    finally:
+        code = watch.stop()
+    assert code == 0, watch.proc.stderr.read()
+    print(f"frozen {tray}: {len(after)} sweeps after the first, max {max(after):.2f}s")
+    assert len(after) >= 6 and max(after) <= SHORT + 1.0, (after, watch.lines)
+    assert len(unreachable) >= 6, watch.lines          # still counted unreachable in every sweep (a miss each)
 
 
 def test_health_check_with_a_frozen_tray_ends_at_the_tray_deadline(lab, health):

@@ -51,7 +51,9 @@ def test_bmc_inventory_reads_every_lab_tray_like_a_gb200_tray(lab, tmp_path):
         assert t["versions"]["bmc"] == ["GB200Nvl-24.12-8"] and "FW_BMC_0" in t["firmware"]
         assert t["thermal"]["leak_detection"] is True
         assert t["requests"] < 20, (name, t["requests"])      # 85 GETs one by one
-        assert t["tls_handshakes"] <= 2 and t["tls_resumed"] >= t["requests"] - t["tls_handshakes"] - 1
+        # the lab's BMCs keep a connection between requests (D78): a tray's GETs share one connection,
+        # two at most; resumption, where connections are made again, is tests/unit/test_firmware_baseline.py's
+        assert t["tls_handshakes"] <= 1 and t["tls_handshakes"] + t["tls_resumed"] <= 2 < t["requests"], t
     assert len({t["serial"] for t in trays.values()}) == len(lab.trays)
 
     tray = lab.trays[-1]
@@ -206,17 +208,6 @@ def _job_gone(lab, job: str, tray: str) -> None:
         wait_for(f"job {job} gone after its node was set DOWN", gone)
     lab.run(lab.head, f"scontrol update NodeName={tray} State=RESUME 2>/dev/null; true", check=False)
     lab.settle_slurm()
-
-
-@pytest.fixture
-def switch_trays(lab):
-    """The shared lab with 2 switch trays (BMCs only, as `mctl lab up --switch-trays 2` starts them) for
-    one test; none again after it."""
-    layout = control.set_switch_trays(lab.dir, 2)
-    try:
-        yield [sw.name for sw in layout.switches_of(lab.rack)]
-    finally:
-        control.set_switch_trays(lab.dir, 0)
 
 
 def _power_events(lab, tray, since):

@@ -101,3 +101,28 @@ def test_critical_leak_drains_then_powers_off_after_the_timeout_once_and_is_rest
         wait_for("SSH back", lambda: ssh_ok(lab, tray), 120)
         lab.settle_slurm()
     assert code == 0, watch.proc.stderr.read()
+
+
+def test_a_switch_trays_leak_is_read_by_the_sweep_as_a_finding_of_its_own(lab, switch_trays):
+    """Issues 27.4 and 20.6: the switch tray's detectors are found in its own BMC's tree (MGX_BMC_0, not the
+    compute tray's Chassis_0) and shown in `health check --json` per rack and in the findings; what to do about
+    them is the rack policy's (no drain or power-off follows from this sweep: there is no remediation here)."""
+    leaking, dry = switch_trays[0], switch_trays[1]
+    bmc_faults.apply(lab.dir, leaking, leak="critical", detector="leakage3")
+    try:
+        proc = lab.mctl("--json", "health", "check", lab.rack, timeout=180)
+        data = json.loads(proc.stdout)
+    finally:
+        bmc_faults.apply(lab.dir, leaking, clear=True)
+    rows = {t["host"]: t for t in data["switch_trays"]}
+    assert sorted(rows) == sorted(switch_trays) and {r["rack"] for r in rows.values()} == {lab.rack}
+    assert all(len(r["bmc"]["detectors"]) == 7 and not r["bmc"]["power_asked"] for r in rows.values())
+    assert {d["chassis"] for r in rows.values() for d in r["bmc"]["detectors"]} == {"MGX_BMC_0"}
+    by = {(f["host"], f["check"]): f for f in data["findings"] if f["host"] in rows}
+    crit = by[(leaking, "leak.detectors")]
+    assert crit["severity"] == "critical" and "leakage3 Critical" in crit["message"], crit
+    assert crit["details"]["rack"] == lab.rack and crit["details"]["role"] == "switch"
+    assert by[(dry, "leak.detectors")]["message"] == "7 leak detectors OK"
+    assert by[(dry, "bmc.reachable")]["severity"] == "ok" and (dry, "power.supplies") not in by
+    assert proc.returncode == 1                        # a critical finding (exit 1), whatever the trays say
+    assert sorted(t["host"] for t in data["trays"]) == sorted(lab.trays)    # switch trays have no tray row

@@ -3,8 +3,13 @@
 DMTF Mockup Creator stores `/redfish/v1/X` as `<dir>/redfish/v1/X/index.json`;
 this serves those files byte for byte on 127.0.0.x (HTTP Basic required on every
 path but the service root, as a BMC does), optionally over TLS with a throwaway
-CA. A `fault` makes the server misbehave the way a broken BMC does, to test that
-mctl reports that tray and goes on.
+CA, with HTTP/1.1 keep-alive (each accepted connection counted: `connections`).
+With `expand`, a collection asked with `$expand=.($levels=1)` comes with its
+members inline, as the real GB200 BMC answers it (its root says ExpandQuery Levels);
+without, the query is ignored (links only), as a BMC without $expand. A `fault`
+makes the server misbehave the way a broken BMC does, to test that mctl reports
+that tray and goes on (`drop-kept`: a request on a connection that already
+answered one is dropped unanswered, as a BMC that closed an idle kept connection).
 """
 
 from __future__ import annotations
@@ -16,15 +21,17 @@ import ssl
 import subprocess
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 
-FAULTS = ("none", "401", "500", "slow", "trickle", "malformed", "redirect-port", "redirect-same")
+FAULTS = ("none", "401", "500", "slow", "trickle", "malformed", "redirect-port", "redirect-same", "drop-kept")
 
 
 class MockupServer:
     def __init__(self, root: Path, *, host: str = "127.0.0.1", port: int = 0, user: str = "root",
                  password: str = "0penBmc", fault: str = "none", tls: tuple[Path, Path] | None = None,
-                 fault_path: str | None = None, hold_s: float = 30.0, overrides: dict[str, bytes] | None = None):
+                 fault_path: str | None = None, hold_s: float = 30.0, overrides: dict[str, bytes] | None = None,
+                 expand: bool = False):
         assert fault in FAULTS, fault
         self.root, self.fault, self.fault_path, self.hold_s = Path(root), fault, fault_path, hold_s
         self.overrides = dict(overrides or {})      # path -> body: a variant made in memory, files untouched
@@ -32,6 +39,8 @@ class MockupServer:
         self.requests: list[tuple[str, str, str | None]] = []    # (method, path, Authorization)
         self.posts: list[tuple[str, bytes]] = []                  # (path, body) of every POST
         self.release = threading.Event()
+        self.connections = 0                                      # TCP connections accepted
+        self.expand = expand
         owner = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -41,8 +50,17 @@ class MockupServer:
             def log_message(self, *args):   # quiet
                 pass
 
+            def setup(self):
+                super().setup()
+                owner.connections += 1
+                self.answered = 0
+
             def do_GET(self):
                 owner.requests.append(("GET", self.path, self.headers.get("Authorization")))
+                self.answered += 1
+                if owner.fault == "drop-kept" and self.answered > 1:
+                    self.close_connection = True
+                    return
                 path = self.path.split("?", 1)[0].rstrip("/") or "/"
                 hit = owner.fault_path is None or path == owner.fault_path
                 if owner.fault == "slow" and hit:
@@ -68,6 +86,8 @@ class MockupServer:
                 if not file.resolve().is_relative_to(owner.root.resolve()) or not file.is_file():
                     return self._send(404, b'{"error": {"message": "not found"}}')
                 body = file.read_bytes()
+                if owner.expand and "$expand=.($levels=1)" in urllib.parse.unquote(self.path):
+                    body = owner._expanded(body)
                 if owner.fault == "malformed" and hit:
                     body = body[: len(body) // 2]
                 if owner.fault == "trickle" and hit:
@@ -88,6 +108,10 @@ class MockupServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 owner.requests.append(("POST", self.path, self.headers.get("Authorization")))
+                self.answered += 1
+                if owner.fault == "drop-kept" and self.answered > 1:
+                    self.close_connection = True
+                    return
                 owner.posts.append((self.path, body))
                 path = self.path.split("?", 1)[0].rstrip("/") or "/"
                 hit = owner.fault_path is None or path == owner.fault_path
@@ -135,6 +159,19 @@ class MockupServer:
     def paths(self) -> list[str]:
         return [p for _m, p, _a in self.requests]
 
+    def _expanded(self, body: bytes) -> bytes:
+        """A collection with each member's document inline (a member not in the tree stays a link)."""
+        import json
+
+        doc = json.loads(body)
+        if not isinstance(doc.get("Members"), list):
+            return body
+        members = []
+        for m in doc["Members"]:
+            file = self.root / str(m.get("@odata.id", "")).lstrip("/") / "index.json"
+            members.append(json.loads(file.read_text()) if file.is_file() else m)
+        return json.dumps({**doc, "Members": members}).encode()
+
 
 def free_port(hosts: list[str]) -> int:
     """A TCP port free on every one of *hosts* (loopback addresses) at this moment."""
@@ -174,10 +211,20 @@ def throwaway_ca(folder: Path, hosts: list[str]) -> tuple[Path, Path, Path]:
     return ca, cert, key
 
 
-def wait_until(predicate, timeout: float = 10.0) -> bool:
+def wait_until(predicate, timeout: float = 10.0):
+    """The predicate's first truthy value within *timeout* seconds, else its last (falsy) one."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if predicate():
-            return True
+        value = predicate()
+        if value:
+            return value
         time.sleep(0.02)
     return predicate()
+
+
+def credentials_file(folder: Path, line: str = "root:0penBmc") -> Path:
+    """The inventory's `bmc.credentials_file` (mode 0600, as mctl requires)."""
+    cred = Path(folder) / "bmc.cred"
+    cred.write_text(line + "\n")
+    cred.chmod(0o600)
+    return cred

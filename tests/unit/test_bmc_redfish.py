@@ -383,6 +383,11 @@ def test_the_redfish_library_is_not_loaded_at_start_up(processes):
     assert out.stdout.strip().endswith("CLEAN"), out.stdout[-300:] + out.stderr[-300:]
 
 
+def _GB200_DOC(link) -> dict:
+    path = link["@odata.id"] if isinstance(link, dict) else link
+    return json.loads((GB200 / path.lstrip("/") / "index.json").read_text())
+
+
 def test_a_bmc_that_does_not_listen_is_unreachable(sockets):
     port = free_port(["127.64.1.1"])                         # nothing listens there
     client = RedfishClient(f"http://127.64.1.1:{port}", CRED, verify_tls=False, timeout_s=5)
@@ -392,19 +397,32 @@ def test_a_bmc_that_does_not_listen_is_unreachable(sockets):
 
 
 def test_health_sweep_reads_leaks_and_power_of_the_real_capture_over_verified_tls(pki, sockets):
-    """mctl.health.oob against the GB200 capture served as a static mockup: what the sweep judges, 7 GETs, and a
-    BMC that hangs is reported at the deadline, not taken as healthy."""
+    """mctl.health.oob against the GB200 capture served as a static mockup: what the sweep judges; the first read
+    finds the leak detectors (the root, the chassis in one $expand GET, the ThermalSubsystem each chassis links,
+    Chassis_0's LeakDetection) on one kept connection, a read that knows them costs 3 GETs (7 without $expand:
+    tests/unit/test_leaks.py); and a BMC that hangs is reported at the deadline, not taken as healthy."""
     from mctl.health import oob
     from mctl.model.site import Host
 
     ca, tls = pki
-    with MockupServer(GB200, tls=tls) as srv:
+    with MockupServer(GB200, tls=tls, expand=True) as srv:
         host = Host("tray01", srv.host, "compute", "rack-a", bmc=srv.host)
         got = oob.read([host], Settings(CRED, verify_tls=str(ca), port=srv.port, timeout_s=5, deadline_s=5), 5.0)
         bmc = got["tray01"]
         assert bmc.answered, bmc.error
         assert [d.state for d in bmc.detectors] == ["OK", "OK", "Critical", "OK"] and bmc.power_health == "OK"
-        assert len([r for r in srv.requests if r[0] == "GET"]) == 7
+        thermal = sum(1 for p in (_GB200_DOC(m) for m in _GB200_DOC("/redfish/v1/Chassis")["Members"])
+                      if p.get("ThermalSubsystem"))
+        gets = [p for m, p, _a in srv.requests if m == "GET"]
+        assert len(gets) == 1 + 1 + thermal + 1 + 3 and thermal == 31, gets
+        assert srv.connections == 1                    # one kept connection, one TLS handshake
+        client = oob._client_for(host, Settings(CRED, verify_tls=str(ca), port=srv.port, timeout_s=5, deadline_s=5),
+                                 5.0, None, None)
+        paths = oob.discover_leaks(client)
+        before = len(srv.requests)
+        again = oob.read_tray(client, paths)
+        assert again.detectors == bmc.detectors and len(srv.requests) - before == 3
+        client.close()
     with MockupServer(GB200, tls=tls, fault="slow", hold_s=10) as srv:
         host = Host("tray01", srv.host, "compute", "rack-a", bmc=srv.host)
         start = time.monotonic()

@@ -29,11 +29,17 @@ class LabBMC:
         self.faults = faults
 
     def get(self, path: str) -> dict:
+        if path not in TREE:
+            from mctl.bmc.client import BMCError
+            raise BMCError("http", f"GET {path} answered HTTP 404", status=404)
         doc = emu.personalize(TREE[path], tray_id="lab/t", tray_index=0, slot=1, power="On")
         return bmc_faults.overlay(path, doc, self.faults)
 
     def members(self, path: str) -> list[str]:
         return [m["@odata.id"] for m in self.get(path)["Members"]]
+
+    def member_docs(self, path: str, need: tuple[str, ...] = ("Id",)) -> list[tuple[str, dict]]:
+        return [(p, self.get(p)) for p in self.members(path)]
 
 
 def judged(faults: dict) -> dict:
@@ -322,10 +328,13 @@ def test_stall_holds_each_request_while_hung_and_delays_each_while_slow(tmp_path
 def test_a_hung_bmc_takes_connections_and_answers_nothing_on_open_ones_too(emulated_bmc, sockets):
     bmc = emulated_bmc("lab-r1-tray01")
     assert bmc.get(bmc.connect(timeout=30), "/redfish/v1")[0] == 200
-    # Werkzeug closes each connection after its answer (docs/decisions.md D47): the connections open when the
-    # fault comes are those connected (TCP and TLS) before it, whose request comes after.
-    opened = bmc.connect(timeout=30)
+    # The lab's BMCs keep a connection between requests (mctl/lab/bmc_http.py): one that answered before the
+    # fault is held at its next request, as one connected (TCP and TLS) before it and not yet used.
+    kept, opened = bmc.connect(timeout=30), bmc.connect(timeout=30)
+    sock = kept.sock
+    assert bmc.get(kept, "/redfish/v1")[0] == 200 and kept.sock is sock
     bmc_faults.apply(bmc.lab_dir, bmc.tray, hang=True)
+    assert _unanswered(bmc, kept) and kept.sock is sock
     assert _unanswered(bmc, opened)
     # a new connection: TCP and TLS are taken, the request is not answered (a wrong login neither)
     assert _unanswered(bmc, bmc.connect(timeout=30))
@@ -337,6 +346,35 @@ def test_a_hung_bmc_takes_connections_and_answers_nothing_on_open_ones_too(emula
         bad.getresponse()
     bmc_faults.apply(bmc.lab_dir, bmc.tray, clear=True)
     assert bmc.get(bmc.connect(timeout=30), "/redfish/v1/Chassis/Chassis_0")[0] == 200
+
+
+def test_the_lab_bmc_keeps_one_connection_across_requests(emulated_bmc, sockets):
+    """Issue 29.3: HTTP/1.1 keep-alive (mctl/lab/bmc_http.py, not Werkzeug's server, which closes every
+    connection): mctl's client reads the tray over one connection with one TLS handshake, answers of every
+    kind (200, 404, $expand, 401) included, each request read exactly."""
+    from mctl.bmc.client import BMCCredentials, RedfishClient
+
+    bmc = emulated_bmc("lab-r1-tray01")
+    user, password = (bmc.lab_dir / "bmc" / "credentials").read_text().strip().split(":", 1)
+    ca = str(bmcs.lab_bmc_dir(bmc.lab_dir) / "ca.pem")
+    client = RedfishClient(f"https://{bmc.address}:{bmc.port}", BMCCredentials(user, password), verify_tls=ca,
+                           timeout_s=10, resume_tls=False)
+    client.use_expand(client.get("/redfish/v1"))
+    docs = client.member_docs(leak.LEAK_DETECTORS, need=("Id", "DetectorState"))
+    assert [d["DetectorState"] for _p, d in docs] == ["OK"] * 4 and client.requests == 2      # one $expand GET
+    with pytest.raises(Exception):
+        client.get("/redfish/v1/Chassis/Chassis_0/NotThere")
+    for _ in range(20):
+        assert client.get("/redfish/v1/Chassis/Chassis_0")["Id"] == "Chassis_0"
+    assert client.connections == 1 and client.tls_handshakes == 1, client.connections
+    client.close()
+    wrong = RedfishClient(f"https://{bmc.address}:{bmc.port}", BMCCredentials(user, "wrong"), verify_tls=ca,
+                          timeout_s=10, resume_tls=False)
+    for _ in range(3):
+        with pytest.raises(Exception, match="refused the credentials"):
+            wrong.get("/redfish/v1/Systems")
+    assert wrong.connections == 1
+    wrong.close()
 
 
 def test_a_slow_bmc_answers_every_request_late_on_open_connections_too(emulated_bmc, sockets):

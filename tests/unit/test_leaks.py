@@ -20,7 +20,7 @@ from mctl.model.drain import NodeView
 from mctl.model.findings import Severity, worst
 from mctl.model.settings import HealthSettings
 from mctl.model.tray import TrayExpectation, TrayFacts
-from tests.helpers import BMC_CASES, CAPTURE_DETECTORS, CaptureClient, capture_doc, detector_path
+from tests.helpers import BMC_CASES, CAPTURE_DETECTORS, GB200_SWITCH_REDFISH, CaptureClient, capture_doc, detector_path
 
 # --- parsing the real capture ------------------------------------------------------------------------
 
@@ -53,11 +53,59 @@ def test_the_capture_policy_names_the_same_detectors_as_critical_triggers():
 
 def test_read_tray_on_the_capture():
     client = CaptureClient()
-    bmc = oob.read_tray(client)
+    paths = oob.discover_leaks(client)
+    client.paths.clear()
+    bmc = oob.read_tray(client, paths)
     assert bmc.answered and bmc.power_health == "OK" and bmc.supplies == ()
     assert [d.id for d in bmc.detectors] == list(CAPTURE_DETECTORS)
     assert [d.state for d in bmc.detectors] == ["OK", "OK", "Critical", "OK"]
-    assert len(client.paths) == 7          # collection + 4 detectors, power subsystem, supplies
+    assert {d.chassis for d in bmc.detectors} == {"Chassis_0"}
+    assert len(client.paths) == 7          # collection + 4 detectors, power subsystem, supplies (once found)
+
+
+def test_the_leak_detectors_are_found_in_the_compute_trays_tree():
+    """Issue 27.4: not a fixed path: every chassis of the GB200 capture is walked (Chassis -> ThermalSubsystem
+    -> LeakDetection -> LeakDetectors); only Chassis_0's ThermalSubsystem links a LeakDetection. The copied
+    subset holds the tray chassis' ThermalSubsystem only: the others answer 404 here and are noted."""
+    client = CaptureClient()
+    paths = oob.discover_leaks(client, now=5.0)
+    assert paths.collections == (("Chassis_0", leak.LEAK_DETECTORS),) and paths.at == 5.0
+    assert paths.walked == len(capture_doc("/redfish/v1/Chassis")["Members"]) == 42
+    assert paths.unread and all(u.split(":")[0].endswith("/ThermalSubsystem") for u in paths.unread)
+    assert not any("/Chassis/Chassis_0/" in u for u in paths.unread)
+
+
+def test_the_leak_detectors_are_found_in_the_switch_trays_tree():
+    """The NVLink switch tray keeps its seven detectors on the BMC board's chassis, MGX_BMC_0; SYS_eeprom's
+    ThermalSubsystem links a LeakDetection too, which the capture does not hold: noted, not fatal."""
+    client = CaptureClient(capture=GB200_SWITCH_REDFISH)
+    paths = oob.discover_leaks(client)
+    coll = "/redfish/v1/Chassis/MGX_BMC_0/ThermalSubsystem/LeakDetection/LeakDetectors"
+    assert paths.collections == (("MGX_BMC_0", coll),)
+    assert any(u.startswith("/redfish/v1/Chassis/SYS_eeprom/ThermalSubsystem/LeakDetection:") for u in paths.unread)
+    bmc = oob.read_tray(client, paths, power=False)
+    assert bmc.answered and not bmc.power_asked and bmc.power_health is None
+    assert sorted(d.id for d in bmc.detectors) == [f"leakage{i}" for i in range(1, 7)] + ["leakage_aggr"]
+    assert {d.chassis for d in bmc.detectors} == {"MGX_BMC_0"} and {d.state for d in bmc.detectors} == {"OK"}
+    found = {f.check: f for f in leak.judge("lab-r1-sw01", bmc, rack="lab-r1", role="switch")}
+    assert set(found) == {leak.BMC, leak.LEAK}                      # no power check for a switch tray
+    assert found[leak.LEAK].message == "7 leak detectors OK" and found[leak.LEAK].details["rack"] == "lab-r1"
+
+
+def test_a_read_that_answers_404_is_found_again_and_a_long_while_walks_again():
+    """The cached places are walked again when a read of them answers 404 (the tree changed, a firmware
+    update) and after REDISCOVER_S; otherwise a read costs no walk."""
+    client = CaptureClient()
+    kept: list = []
+    old = oob.LeakPaths((("Chassis_0", leak.LEAK_DETECTORS + "_gone"),), at=100.0)
+    bmc = oob.read_tray(client, old, now=101.0, keep=kept.append)
+    assert [d.id for d in bmc.detectors] == list(CAPTURE_DETECTORS) and kept[-1].collections[0][1] == leak.LEAK_DETECTORS
+    assert "/redfish/v1/Chassis" in client.paths                    # walked again
+    client.paths.clear()
+    oob.read_tray(client, kept[-1], now=101.0 + oob.REDISCOVER_S / 2)
+    assert "/redfish/v1/Chassis" not in client.paths
+    oob.read_tray(client, kept[-1], now=kept[-1].at + oob.REDISCOVER_S + 1)
+    assert "/redfish/v1/Chassis" in client.paths
 
 
 def test_read_tray_a_missing_leak_tree_is_said_not_guessed():

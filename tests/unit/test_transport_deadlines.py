@@ -16,7 +16,6 @@ import socket
 import time
 from pathlib import Path
 
-import asyncssh
 import pytest
 
 from mctl.transport import HostStatus, SSHPool, SSHTarget
@@ -65,6 +64,10 @@ class FrozenProxy:
 
     def freeze(self) -> None:
         self.frozen.set()
+
+    def thaw(self) -> None:
+        """New connections pass again (those taken while frozen stay dead, as a thawed host's timed-out ones)."""
+        self.frozen.clear()
 
     async def stop(self) -> None:
         for w in self._writers:
@@ -125,6 +128,57 @@ def test_session_open_on_a_frozen_kept_connection_ends_at_the_deadline(tmp_path,
     assert 0.7 <= took < 5.0
     assert dropped == 1
     assert closed_in < ssh_mod.CLOSE_TIMEOUT * 2 + 2.0       # the close never completes: aborted
+
+
+def test_a_frozen_host_costs_one_deadline_then_is_answered_at_once_until_it_is_back(tmp_path, client_key, sockets):
+    """Issue 27.5: after the miss the host is away: reconnected in the background, and every command until it
+    is back is answered at once from the failed connect (a sweep keeps its interval); once a reconnect
+    succeeds the next command runs on that connection."""
+    async def main():
+        tray, proxy, pool = await _frozen_setup(tmp_path, client_key, connect_timeout=0.5, command_timeout=30.0)
+        target = _via(proxy, tray)
+        first = await pool.run_one(target, "echo one", deadline=5.0)
+        proxy.freeze()
+        missed = await pool.run_one(target, "echo two", deadline=0.8)
+        times, skipped = [], []
+        for _ in range(3):
+            t0 = time.monotonic()
+            skipped.append(await pool.run_one(target, "echo three", deadline=0.8))
+            times.append(time.monotonic() - t0)
+        await asyncio.sleep(1.2)                # a background reconnect or two fail meanwhile (no banner)
+        later = await pool.run_one(target, "echo four", deadline=0.8)
+        proxy.thaw()
+        await _wait_for(lambda: not pool.away(tray.name), 10.0, "the host back through a background reconnect")
+        back = await pool.run_one(target, "echo five", deadline=5.0)
+        await pool.close()
+        await proxy.stop()
+        await tray.stop()
+        return first, missed, skipped, times, later, back
+
+    first, missed, skipped, times, later, back = asyncio.run(main())
+    assert first.ok and missed.status is HostStatus.UNREACHABLE and "(frozen host?)" in missed.error
+    assert all(r.status is HostStatus.UNREACHABLE and r.phase == "connect" for r in skipped + [later])
+    assert all("reconnecting in the background, not waited for" in r.error for r in skipped + [later])
+    assert max(times) < 0.3, times                          # not the 0.8 s deadline again
+    assert "no SSH answer within 0.5s" in later.error, later.error       # the failed reconnect's own error
+    assert back.ok and back.stdout == "five\n"
+
+
+def test_a_refused_connection_is_not_away(tmp_path, client_key, sockets):
+    """A host that refuses at once (sshd down, the host up) answered in time: it is asked again each time."""
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    number = port.getsockname()[1]
+    port.close()
+
+    async def main():
+        async with SSHPool(ssh_config(tmp_path, client_key, connect_attempts=1)) as pool:
+            target = SSHTarget("down", "127.0.0.1", number, "root")
+            r = await pool.run_one(target, "hostname", deadline=2.0)
+            return r, pool.away("down")
+
+    r, away = asyncio.run(main())
+    assert r.status is HostStatus.UNREACHABLE and not away
 
 
 def test_session_open_is_bounded_without_a_caller_deadline(tmp_path, client_key, sockets):
