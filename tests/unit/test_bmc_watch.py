@@ -144,7 +144,7 @@ def test_reads_run_at_most_concurrency_at_once_one_per_bmc():
 # ------------------------------------------------------------------ the reader over HTTPS
 
 @pytest.fixture(scope="module")
-def pki(tmp_path_factory):
+def pki(tmp_path_factory, processes, sockets):
     ca, cert, key = throwaway_ca(tmp_path_factory.mktemp("pki"), ["127.0.0.1"])
     return ca, (cert, key)
 

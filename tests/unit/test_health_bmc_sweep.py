@@ -49,7 +49,7 @@ class _Pool:
 
 
 @pytest.fixture
-def rack(tmp_path, monkeypatch):
+def rack(tmp_path, monkeypatch, processes, sockets):
     """(site, servers by tray): r1 with two compute trays and a switch tray, each BMC a mockup server."""
     from mctl.inventory import load_site
 
