@@ -372,8 +372,10 @@ def run(site: "Site", action: str, groups: dict[str, list["Host"]], *, settings:
         dry_run: bool = False, stage_s: float = DEFAULT_STAGE_S, graceful_s: float = DEFAULT_GRACEFUL_S,
         all_or_nothing: bool = False,
         work_lookup: Callable[[list[str]], tuple[list[Any], str | None]], probe: OSProbe | None = None,
+        admit: Callable[[list[str]], dict[str, str]] | None = None,
         progress: Callable[[str], None] | None = None) -> PowerReport:
-    """Plan, check the work, then run the stages in order; a failed stage stops the later ones."""
+    """Plan, check the work, ask *admit* (the site's safety budget: the trays it refuses, with why) for the
+    trays the work leaves, then run the stages in order; a failed stage stops the later ones."""
     start = time.monotonic()
     stages = plan(action, groups, settings)
     report = PowerReport(action, stages, dry_run=dry_run)
@@ -391,6 +393,8 @@ def run(site: "Site", action: str, groups: dict[str, list["Host"]], *, settings:
     if dry_run:
         report.elapsed = time.monotonic() - start
         return report
+    if admit is not None and action in ("off", "cycle"):
+        _admit(stages, admit)
     stopped = False
     for stage in stages:
         if stage.state == "skipped":
@@ -413,6 +417,18 @@ def run(site: "Site", action: str, groups: dict[str, list["Host"]], *, settings:
             stopped = True
     report.elapsed = time.monotonic() - start
     return report
+
+
+def _admit(stages: list[Stage], admit: Callable[[list[str]], dict[str, str]]) -> None:
+    """The trays still to act on, asked of *admit* together: those it refuses, and with them every other
+    tray of the command (a person's power command goes within the budget whole or not at all), are refused."""
+    left = [t for s in stages for t in s.trays if not t.error]
+    over = admit([t.host for t in left]) if left else {}
+    if not over:
+        return
+    for t in left:
+        t.error_kind = "refused"
+        t.error = over.get(t.host) or f"not acted on: the safety budget refuses {', '.join(sorted(over)[:4])}"
 
 
 def groups_of(hosts: Sequence["Host"]) -> dict[str, list["Host"]]:

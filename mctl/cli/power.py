@@ -38,11 +38,13 @@ def _run(action: str, hosts, *, force: bool, dry_run: bool, json_: bool, gracefu
     if action != "status":
         racks = sorted({h.rack for h in hosts if h.rack})
         hold_racks(racks, f"power {action}" if not rack else f"rack power {action} {rack}", dry_run=dry_run)
-    granted = _ask_budget(site, action, hosts, force=force, dry_run=dry_run, out=out)
+    granted: list[str] = []
     report = power.run(site, action, power.groups_of(hosts), settings=settings, force=force, dry_run=dry_run,
                        stage_s=deadline or power.DEFAULT_STAGE_S, graceful_s=power.DEFAULT_GRACEFUL_S
                        if graceful is None else graceful, all_or_nothing=whole_rack, progress=out.line,
-                       work_lookup=lambda names: discover(site, names))
+                       work_lookup=lambda names: discover(site, names),
+                       admit=lambda names: _ask_budget(site, action, [h for h in hosts if h.name in names],
+                                                       force=force, out=out, granted=granted))
     _give_back(site, action, hosts, granted, dry_run=dry_run)
     out.result(report.to_dict(), lambda: _print(out, report))
     if report.exit_code == EXIT_PARTIAL:
@@ -57,32 +59,32 @@ ASKS = {"off": "whatever runs there stops", "cycle": "whatever runs there is cut
 BUDGET_WORD = "mctl power"            # the grants a power command asks start so (its power on gives them back)
 
 
-def _ask_budget(site, action: str, hosts, *, force: bool, dry_run: bool, out) -> list[str]:
-    """Power off and cycle take compute trays out of service: each asks the site's safety budget first
-    (mctl.sched.slurm.budget); a refusal stops the command unless --force (then it is counted where it fits,
-    and never trips the budget). The trays granted."""
+def _ask_budget(site, action: str, hosts, *, force: bool, out, granted: list[str]) -> dict[str, str]:
+    """Power off and cycle take compute trays out of service: the trays the running work leaves ask the
+    site's safety budget (mctl.sched.slurm.budget) before anything is sent. A person's command never trips
+    it: a refusal gives back what this command was granted and refuses the command (the trays refused, with
+    why), unless --force (then it is counted where it fits). Fills *granted*; returns the refusals."""
     import getpass
     import socket
 
-    from mctl.model.site import fold
     from mctl.sched.slurm import holds
 
     trays = [h.name for h in hosts if h.role == "compute"]
-    if action not in ("off", "cycle") or dry_run or not trays:
-        return []
+    if action not in ("off", "cycle") or not trays:
+        return {}
     if site.scheduler is None or site.scheduler.type != "slurm":
         out.warn("no Slurm keeps the site's safety budget here: this power command is not counted in it")
-        return []
-    granted, refused = holds.grant_budget(site, trays, f"{BUDGET_WORD} {action} by {getpass.getuser()}@{socket.gethostname()}", count_only=force)
+        return {}
+    got, refused = holds.grant_budget(site, trays, f"{BUDGET_WORD} {action} by {getpass.getuser()}@"
+                                                   f"{socket.gethostname()}", count_only=True)
     if refused and not force:
-        holds.release_budget(site, granted)
-        why = "; ".join(f"{t}: {w}" for t, w in sorted(refused.items()))
-        raise UsageError(f"the safety budget refuses {fold(refused)}: {why}; nothing was powered",
-                         hint="wait until trays are back in service, or give --force to go beyond it "
-                              "(it is counted where it fits)")
+        holds.release_budget(site, got)
+        return {t: f"{w}; nothing was powered (--force goes beyond it, counted where it fits)"
+                for t, w in refused.items()}
     for t, w in sorted(refused.items()):
         out.warn(f"{t}: beyond the safety budget (--force): {w}")
-    return granted
+    granted.extend(got)
+    return {}
 
 
 def _give_back(site, action: str, hosts, granted: list[str], *, dry_run: bool) -> None:

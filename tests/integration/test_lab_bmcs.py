@@ -223,7 +223,9 @@ def _step_times(lab, trays, since, steps, phase):
                    default=None) for t in trays}
 
 
-def test_rack_power_off_then_on_in_order_each_stage_checked_through_redfish_and_ssh(lab, switch_trays):
+def test_rack_power_off_then_on_in_order_each_stage_checked_through_redfish_and_ssh(lab, slurm_site, switch_trays):
+    """The rack's power off, asked of the site's safety budget first (slurm_site: Slurm deployed keeps it), then
+    forced past it; each stage checked through Redfish and SSH, in order; the power on gives the grants back."""
     boots = {t: _boot_id(lab, t) for t in lab.trays}
     try:
         # `mctl bmc inventory` reads the switch trays as the real switch capture: serial, NVSwitch firmware.
@@ -243,9 +245,22 @@ def test_rack_power_off_then_on_in_order_each_stage_checked_through_redfish_and_
         plan = _power_json(lab.mctl("rack", "power", "off", lab.rack, "--dry-run", "--json"))
         assert plan["dry_run"] and all(power_state(lab, t) == "On" for t in lab.trays + switch_trays)
 
+        # The whole rack is more than the site's safety budget lets out of service at once (the lab's: half a
+        # rack, slurmctld keeping it once Slurm is deployed): refused whole, nothing sent, the budget not tripped
+        refused = lab.mctl("rack", "power", "off", lab.rack, "--yes", "--json", timeout=300)
+        data = _power_json(refused)
+        assert refused.returncode == 3, refused.stderr
+        trays = [t for s in data["stages"] for t in s["trays"]]
+        assert all(t["error_kind"] == "refused" and t["sent"] == [] for t in trays), trays
+        assert any("held back by the safety budget" in t["error"] for t in trays), trays
+        assert all(power_state(lab, t) == "On" for t in lab.trays + switch_trays)
+        budget = lab.run(lab.head, "scontrol show reservation -o 2>/dev/null", check=False).stdout
+        assert "mctl_budget_" not in budget, budget          # nothing granted kept, no trip
+
         since = time.time()
         start = time.monotonic()
-        off = lab.mctl("rack", "power", "off", lab.rack, "--yes", "--json", timeout=900)
+        # --force: beyond the budget, counted where it fits (its power on gives the grants back)
+        off = lab.mctl("rack", "power", "off", lab.rack, "--force", "--yes", "--json", timeout=900)
         off_s = time.monotonic() - start
         data = _power_json(off)
         assert off.returncode == 0, off.stderr
@@ -289,6 +304,8 @@ def test_rack_power_off_then_on_in_order_each_stage_checked_through_redfish_and_
         compute_on = _step_times(lab, lab.trays, since, ("on",), "start")
         assert None not in switch_on.values() and None not in compute_on.values(), (switch_on, compute_on)
         assert max(switch_on.values()) < min(compute_on.values())
+        budget = lab.run(lab.head, "scontrol show reservation -o 2>/dev/null", check=False).stdout
+        assert "mctl_budget_" not in budget, budget          # the power on gave back the power off's grants
         print(f"\nrack power off {off_s:.1f}s, on {on_s:.1f}s ({len(lab.trays)} trays, {len(switch_trays)} switch trays)")
     finally:
         power_restored(lab)           # the switch trays go with the fixture, whatever their state

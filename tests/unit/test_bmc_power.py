@@ -172,6 +172,34 @@ def test_busy_trays_are_refused_unless_force(pki, sockets):
         assert _posts(srvs[0]) == ["ForceOff"] and not forced.trays[0].refused
 
 
+def test_the_safety_budget_is_asked_for_the_trays_the_work_leaves_and_refuses_the_command_whole(pki, sockets):
+    ca, tls = pki
+    hosts = _hosts(3)
+    port = free_port([h.bmc for h in hosts])
+    job = RunningWork("slurm", "42", "alice", "train", "R", ("t1",))
+    asked: list[list[str]] = []
+
+    def budget(limit):
+        def admit(names):
+            asked.append(list(names))
+            return {n: "held back by the safety budget: every grant is taken" for n in names[limit:]}
+        return admit
+
+    with ExitStack() as st:
+        srvs = [st.enter_context(MockupServer(GB200, host=h.bmc, port=port, tls=tls)) for h in hosts]
+        over = _run(hosts, srvs, port, ca, "off", probe=Probe({}), stage_s=1.0, admit=budget(1),
+                    work_lookup=lambda n: ([job], None))
+        assert asked == [["t2", "t3"]]                       # t1 runs a job: refused before the budget is asked
+        assert [t.error_kind for t in over.trays] == ["refused"] * 3 and all(s.posts == [] for s in srvs)
+        assert "held back by the safety budget" in over.trays[2].error
+        assert "the safety budget refuses t3" in over.trays[1].error
+        dry = _run(hosts, srvs, port, ca, "off", probe=Probe({}), dry_run=True, admit=budget(0))
+        assert len(asked) == 1 and not any(t.error for t in dry.trays)          # a dry run asks nothing
+        fits = _run(hosts[1:], srvs[1:], port, ca, "off", probe=Probe({}), stage_s=1.0, admit=budget(2))
+        assert all(t.error_kind != "refused" for t in fits.trays)     # sent (the capture keeps its PowerState)
+        assert all(_posts(s) == ["ForceOff"] for s in srvs[1:]) and asked[-1] == ["t2", "t3"]
+
+
 def test_dry_run_sends_nothing(pki, sockets):
     ca, tls = pki
     hosts = _hosts(1)
