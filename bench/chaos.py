@@ -122,11 +122,24 @@ class Fault:
     error: str | None = None
 
 
+COMMON_HOLD_SWEEPS = 3          # how long the common-mode fault stays on every tray, in intervals
+
+
+def common_at(seconds: float, interval: float) -> float:
+    """When the common-mode fault starts: after the single faults, early enough that its drains are resumed
+    before the soak ends (the trays' XID window, then a healthy sweep)."""
+    return seconds - 6 * interval
+
+
 def schedule(rng: random.Random, trays: list[str], seconds: float, interval: float,
-             max_concurrent: int) -> tuple[list[Fault], list[Fault]]:
+             max_concurrent: int, *, common: bool = False,
+             bmc: bool = False) -> tuple[list[Fault], list[Fault]]:
     """(tray faults, global faults) for a soak of *seconds*: a new tray fault every ~1.5 intervals while
     fewer than *max_concurrent* run; each tray rests after a fault (its XID window, the hold) before the
-    next. Globals: slurmctld down at 30 %, NMX-M faults at 15 % and 60 %, kill -9 of the watch at 45 %."""
+    next. Globals: slurmctld down at 30 %, NMX-M faults at 15 % and 60 %, kill -9 of the watch at 45 %;
+    with *bmc* a hung BMC at 20 % and a slow one at 55 % (6 intervals each, on trays drawn from the seed);
+    with *common* the same critical fault on every tray at once, every tray's node check started at that
+    instant (common_at(), COMMON_HOLD_SWEEPS), the single faults ending 2 intervals before it."""
     kinds = list(KINDS)
     weights = [3 if KINDS[k][0] == "drain" else 2 if KINDS[k][0] == "unreach" else 1 for k in kinds]
     rest = 20 + 10 * interval
@@ -134,6 +147,8 @@ def schedule(rng: random.Random, trays: list[str], seconds: float, interval: flo
     busy_until = {t: 0.0 for t in trays}
     t = 2 * interval
     stop = seconds - 6 * interval            # the last faults end before the final clear
+    if common:
+        stop = common_at(seconds, interval) - 2 * interval
     while t < stop:
         running = [f for f in faults if f.start <= t < f.end]
         free = [x for x in trays if busy_until[x] <= t]
@@ -154,6 +169,15 @@ def schedule(rng: random.Random, trays: list[str], seconds: float, interval: flo
                 Fault(0.6 * seconds, 0.6 * seconds + 6 * interval, "nmx", "nmx",
                       request={"kind": rng.choice(["timeout", "slow"])}),
                 Fault(0.45 * seconds, 0.45 * seconds + 3, "kill9", "kill")]
+    if bmc:
+        hung, slow = rng.sample(trays, 2) if len(trays) > 1 else (trays[0], trays[0])
+        globals_ += [Fault(0.2 * seconds, 0.2 * seconds + 6 * interval, "bmc_hang", "bmc", hung, {"hang": True}),
+                     Fault(0.55 * seconds, 0.55 * seconds + 6 * interval, "bmc_slow", "bmc", slow,
+                           {"slow": 2 * interval})]
+    if common:
+        at = common_at(seconds, interval)
+        globals_.append(Fault(at, at + COMMON_HOLD_SWEEPS * interval, "common_xid79", "common",
+                              request={"xid": 79, "gpu": 0}))
     return faults, globals_
 
 
@@ -221,7 +245,7 @@ class Soak:
 
     def __init__(self, lab_dir: Path, inventory: Path, workdir: Path, *, seconds: float, seed: int,
                  interval: float = 5.0, share: float = 0.5, window: str = "1m", max_concurrent: int | None = None,
-                 env: dict | None = None, log=None):
+                 common: bool = True, bmc: bool = True, env: dict | None = None, log=None):
         from mctl.inventory import load_site
 
         self.lab_dir, self.workdir, self.seconds, self.seed, self.interval = lab_dir, workdir, seconds, seed, interval
@@ -236,7 +260,16 @@ class Soak:
         self.trays = [h.name for h in rack.compute]
         self.operator_tray = self.trays[-1]
         self.faultable = [t for t in self.trays if t != self.operator_tray]
-        self.max_concurrent = max_concurrent or max(2, len(self.trays) // 4)
+        # the site's safety budget: how many of the rack's trays mctl may hold out of service at once
+        self.budget_limit = min(site.safety.budget.rack_limit(len(self.trays)),
+                                site.safety.budget.site_limit(len(self.trays)))
+        # the single faults stay inside it (a drain lingers a sweep or two after its fault is cleared): what
+        # trips the budget is the common-mode fault, on purpose
+        self.max_concurrent = max_concurrent or max(1, min(len(self.trays) // 4, self.budget_limit - 1))
+        self.common, self.bmc = common, bmc
+        self.common_span: tuple[float, float] | None = None     # monotonic: injected, cleared
+        self.node_checks: dict[str, str] = {}                    # tray -> what its node check printed
+        self.common_resets: list[str] = []
         self.env = dict(env or os.environ, NO_COLOR="1")
         self.log = log or (lambda m: sys.stderr.write(f"[chaos] {m}\n"))
         self.watches: list[WatchProc] = []
@@ -353,7 +386,8 @@ class Soak:
     # --- the soak ----------------------------------------------------------------------------------
     def run(self) -> dict:
         rng = random.Random(self.seed)
-        faults, globals_ = schedule(rng, self.faultable, self.seconds, self.interval, self.max_concurrent)
+        faults, globals_ = schedule(rng, self.faultable, self.seconds, self.interval, self.max_concurrent,
+                                    common=self.common, bmc=self.bmc)
         self.log(f"{len(faults)} tray faults and {len(globals_)} others over {self.seconds:g}s, seed {self.seed}, "
                  f"{len(self.trays)} trays, at most {self.max_concurrent} at once")
         poller = threading.Thread(target=self._poller, daemon=True)
@@ -390,6 +424,10 @@ class Soak:
                 (self.workdir / f"watch-{i + 1}.log").write_text(
                     "".join(line + "\n" for _, line in w.lines) + w.stderr)
             self.clear_everything()
+            if self.common:       # the lab as the soak found it: the budget not tripped
+                subprocess.run([sys.executable, "-m", "mctl", "-i", str(self.site_dir), "--state-dir",
+                                str(self.state), "health", "breaker", "reset"], capture_output=True, env=self.env,
+                               timeout=120, stdin=subprocess.DEVNULL)
             if poller.is_alive():
                 poller.join(timeout=30)
             self.ssh(self.head, f"scontrol update NodeName={self.operator_tray} State=RESUME", timeout=30)
@@ -454,6 +492,19 @@ class Soak:
                 f.cleared = now
                 self.kills.append((f.injected, now))
             return
+        if f.cls == "bmc":
+            from mctl.lab import bmc_faults
+
+            bmc_faults.apply(self.lab_dir, f.tray, clear=True) if clear else \
+                bmc_faults.apply(self.lab_dir, f.tray, **f.request)
+            if clear:
+                f.cleared = time.monotonic()
+            else:
+                f.injected = now
+            return
+        if f.cls == "common":
+            self._common(f, clear)
+            return
         if f.cls == "nmx":
             self.nmx("clear" if clear else f.request["kind"])
         elif f.cls == "sched":
@@ -482,6 +533,43 @@ class Soak:
             # the operator's part after a reboot: slurmctld marks the node DOWN (unexpectedly rebooted)
             # some time after it registers again; the poller resumes it then (for 120 s)
             self.rebooted[f.tray] = time.monotonic() + 120
+
+    def _common(self, f: Fault, clear: bool) -> None:
+        """The common-mode fault: the same critical fault on every faultable tray at one instant (a bad driver
+        push, an IMEX configuration, a bug in a check), then every tray's node check started together, as
+        slurmd runs HealthCheckProgram; the watch sees it at its next sweep. Cleared: the faults lifted, then
+        the person's part, `mctl health breaker reset` (a tripped budget stays tripped until a person looks)."""
+        trays = self.faultable
+
+        def each(fn, items):
+            threads = [threading.Thread(target=fn, args=(x,)) for x in items]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(timeout=120)
+
+        if clear:
+            each(lambda t: self.fault(t, clear=True), trays)
+            f.cleared = time.monotonic()
+            self.common_span = (f.injected or f.cleared, f.cleared)
+            proc = subprocess.run([sys.executable, "-m", "mctl", "-i", str(self.site_dir), "--state-dir",
+                                   str(self.state), "health", "breaker", "reset"], capture_output=True, text=True,
+                                  env=self.env, timeout=120, stdin=subprocess.DEVNULL)
+            self.common_resets.append(f"rc {proc.returncode}: {(proc.stdout + proc.stderr).strip()[-300:]}")
+            return
+        f.injected = time.monotonic()
+        each(lambda t: self.fault(t, **f.request), trays)
+        start = threading.Barrier(len(self.trays))
+
+        def check(tray: str) -> None:
+            try:
+                start.wait(timeout=60)
+                self.node_checks[tray] = self.ssh(tray, "/usr/local/sbin/mctl-node-check; echo rc=$?",
+                                                  timeout=120).stdout
+            except (subprocess.TimeoutExpired, threading.BrokenBarrierError) as exc:
+                self.node_checks[tray] = f"not run: {exc!r}"
+
+        each(check, self.trays)
 
     def _operator_after_reboot(self, nodes: dict) -> None:
         for tray, until in list(self.rebooted.items()):
@@ -630,7 +718,9 @@ class Soak:
                     continue            # a drain slurmctld's restart brought back is not a new one
                 cause = [f for f in faults if f.tray == t and f.cls in ("drain", "unreach", "may") and f.injected
                          and f.injected - 2 <= at <= (f.cleared or at) + grace]
-                if not cause:
+                common = self.common_span and t in self.faultable and \
+                    self.common_span[0] - 2 <= at <= self.common_span[1] + grace
+                if not cause and not common:
                     false.append({"tray": t, "at_s": round(at - self.t0, 1),
                                   "faults": [f"{f.kind}@{f.start:.0f}s" for f in faults if f.tray == t]})
         # fault-to-drain
@@ -676,6 +766,37 @@ class Soak:
                             "growth_mib": round((samples[-1] - samples[0]) / 1024, 1),
                             "minutes": round((w.rss[-1][0] - w.started) / 60, 1)})
         growth = max((r["growth_mib"] for r in rss), default=None)
+        # the safety budget: the most trays of the rack out of service by mctl's decision at any poll (Slurm
+        # showing them drained with an mctl: reason), against its limit; and during the common-mode fault
+        out_of_service = [(at, len(self.mctl_drained(nodes))) for at, nodes in self.polls]
+        most_at = max(out_of_service, key=lambda x: x[1], default=(self.t0, 0))
+        span = self.common_span
+        during = [n for at, n in out_of_service if span and span[0] <= at <= span[1] + grace]
+        refused = sorted(t for t, said in self.node_checks.items() if "held back by the safety budget" in said)
+        budget_trips = [e for e in entries if e.get("action") == "budget-trip"]
+        budget = {"rack_limit": self.budget_limit, "most_out_of_service_by_mctl": most_at[1],
+                  "most_at_s": round(most_at[0] - self.t0, 1),
+                  "common_mode": None if not self.common else {
+                      "trays_faulted": len(self.faultable), "node_checks_started": len(self.node_checks),
+                      "most_out_of_service_by_mctl": max(during, default=None),
+                      "node_checks_refused_by_the_budget": refused,
+                      "node_checks_not_run": sorted(t for t, said in self.node_checks.items()
+                                                    if said.startswith("not run")),
+                      "budget_trip_lines_in_the_watch_log": len(budget_trips),
+                      "reset_by_the_person": self.common_resets}}
+        # BMC faults: every sweep during them within the bound, the tray's view named stale by the watch
+        bmc_faults_ = []
+        for f in globals_:
+            if f.cls != "bmc" or not f.injected:
+                continue
+            end = f.cleared or time.monotonic()
+            during_sweeps = [float(m[2]) for w in self.watches for at, line in w.lines
+                             if f.injected <= at <= end and (m := _SWEEP.search(line))]
+            stale = any(f.injected <= at <= end + 2 * self.interval and "bmc.stale" in line and f.tray in line
+                        for w in self.watches for at, line in w.lines)
+            bmc_faults_.append({"fault": f.kind, "tray": f.tray, "seconds": round(end - f.injected, 1),
+                                "sweeps": len(during_sweeps), "max_sweep_s": max(during_sweeps, default=None),
+                                "named_stale": stale})
         gpu, unreach = ftd("drain"), ftd("unreach")
         result = {
             "conditions": {"trays": len(self.trays), "seconds": self.seconds, "seed": self.seed,
@@ -709,6 +830,8 @@ class Soak:
                         "kill9_at_s": [round(a - self.t0, 1) for a, _ in self.kills]},
             "final": final,
             "rss": {"per_process": rss, "max_growth_mib": growth},
+            "budget": budget,
+            "bmc_faults": bmc_faults_,
         }
         result["invariants"] = {
             "sweep_max_le_interval_plus_2s": not durations or max(durations) <= bound,
@@ -720,6 +843,9 @@ class Soak:
             "all_mctl_drains_resumed": bool(final.get("all_resumed")),
             "operator_drain_untouched": bool(final.get("operator_drain", {}).get("untouched")),
             "rss_growth_lt_10mib": growth is None or growth < 10,
+            "never_past_the_safety_budget": most_at[1] <= self.budget_limit,
+            "bmc_faults_never_stretch_a_sweep": all(b["max_sweep_s"] is None or b["max_sweep_s"] <= bound
+                                                    for b in bmc_faults_),
         }
         result["workdir"] = str(self.workdir)
         return result
@@ -760,6 +886,18 @@ def summary(r: dict) -> str:
                  f"({f.get('seconds_to_resume_all')}s); operator drain untouched: "
                  f"{f.get('operator_drain', {}).get('untouched')}")
     lines.append(f"  watch VmRSS: {r['rss']['per_process']}")
+    bud = r["budget"]
+    lines.append(f"  safety budget: at most {bud['most_out_of_service_by_mctl']} trays out of service by mctl "
+                 f"(at {bud['most_at_s']}s), limit {bud['rack_limit']}")
+    cm = bud.get("common_mode")
+    if cm:
+        lines.append(f"  common-mode fault on {cm['trays_faulted']} trays, {cm['node_checks_started']} node checks "
+                     f"at once: at most {cm['most_out_of_service_by_mctl']} out of service; refused by the budget: "
+                     f"{len(cm['node_checks_refused_by_the_budget'])}; budget-trip lines {cm['budget_trip_lines_in_the_watch_log']}"
+                     f"; not run: {cm['node_checks_not_run'] or 'none'}")
+    for b in r["bmc_faults"]:
+        lines.append(f"  {b['fault']} on {b['tray']} for {b['seconds']}s: {b['sweeps']} sweeps, max {b['max_sweep_s']}s, "
+                     f"named bmc.stale: {b['named_stale']}")
     lines.append("  invariants: " + ", ".join(f"{k} {'ok' if v else 'MISSED'}" for k, v in r["invariants"].items()))
     return "\n".join(lines)
 

@@ -7,11 +7,16 @@ the rack and `kill -9`s the watch (restarted on the same state directory). One t
 by an operator (`ops: ...`) at the start. The Soak cleans up after itself (faults cleared, watch
 stopped, its drains and the operator's resumed), since the lab is shared by the session.
 
+It ends with the common-mode fault of issue 27 (XID 79 on every faultable tray at once and every tray's
+node check started at that instant, then `mctl health breaker reset` by the person), and it has a hung BMC
+and a slow one on the way (bench/chaos.py `schedule`).
+
 Asserted: no false drains, no lost actions (every drain and resume Slurm showed and every
 DRAIN/RESUME/SKIP the watch printed is in the action log, across the kill -9), every
 must-drain fault drained, every mctl drain resumed once the faults are cleared, the operator
-drain untouched, the breaker consistent with its threshold, and every sweep within
-SWEEP_BOUND. What the soak waits for it waits for with deadlines (bench/chaos.py).
+drain untouched, the breaker consistent with its threshold, every sweep within SWEEP_BOUND (those
+during the BMC faults too, the hung BMC's view named bmc.stale), and never more trays out of service by
+mctl's decision than the site's safety budget allows, the common-mode fault included. What the soak waits for it waits for with deadlines (bench/chaos.py).
 
 SWEEP_BOUND: by construction a sweep ends within its tray deadline (the interval, 5 s here)
 plus, when it acts, the scheduler's action deadline (max(5 s, tray deadline):
@@ -51,3 +56,14 @@ def test_chaos_soak_keeps_the_invariants(lab, health_site, tmp_path, long_run):
     assert inv["operator_drain_untouched"], text
     assert inv["breaker_consistent"], text
     assert report["actions"]["watch_processes"] == 2, text          # the kill -9 happened, the watch came back
+    # issue 27: the common-mode fault (XID 79 on every tray at once, every node check started together) never
+    # takes more trays out of service than the site's safety budget, the watch included; the hung and the
+    # slow BMC never stretch a sweep, and the watch names the hung one's view stale
+    budget, common = report["budget"], report["budget"]["common_mode"]
+    assert inv["never_past_the_safety_budget"], text
+    assert common["node_checks_started"] == len(lab.trays) and not common["node_checks_not_run"], text
+    assert 1 <= common["most_out_of_service_by_mctl"] <= budget["rack_limit"], text
+    assert all(r.startswith("rc 0") for r in common["reset_by_the_person"]), text
+    assert [b["fault"] for b in report["bmc_faults"]] == ["bmc_hang", "bmc_slow"], text
+    assert all(b["max_sweep_s"] is None or b["max_sweep_s"] <= SWEEP_BOUND for b in report["bmc_faults"]), text
+    assert report["bmc_faults"][0]["named_stale"], text
