@@ -149,9 +149,19 @@ def schedule(rng: random.Random, trays: list[str], seconds: float, interval: flo
     stop = seconds - 6 * interval            # the last faults end before the final clear
     if common:
         stop = common_at(seconds, interval) - 2 * interval
+    # a BMC fault's tray has no other fault around it (its drain would hide the BMC's finding from the status
+    # line): (tray, from, to) in which no tray fault of that tray may run, its rest included
+    bmc_faults: list[Fault] = []
+    if bmc:
+        hung, slow = rng.sample(trays, 2) if len(trays) > 1 else (trays[0], trays[0])
+        bmc_faults = [Fault(0.2 * seconds, 0.2 * seconds + 6 * interval, "bmc_hang", "bmc", hung, {"hang": True}),
+                      Fault(0.55 * seconds, 0.55 * seconds + 6 * interval, "bmc_slow", "bmc", slow,
+                            {"slow": 2 * interval})]
+    blocked = [(f.tray, f.start - 2 * interval, f.end + 2 * interval) for f in bmc_faults]
     while t < stop:
         running = [f for f in faults if f.start <= t < f.end]
-        free = [x for x in trays if busy_until[x] <= t]
+        free = [x for x in trays if busy_until[x] <= t
+                and not any(x == b and t <= b1 and t + 8 * interval + rest >= b0 for b, b0, b1 in blocked)]
         if len(running) < max_concurrent and free:
             kind = rng.choices(kinds, weights)[0]
             cls = KINDS[kind][0]
@@ -169,11 +179,7 @@ def schedule(rng: random.Random, trays: list[str], seconds: float, interval: flo
                 Fault(0.6 * seconds, 0.6 * seconds + 6 * interval, "nmx", "nmx",
                       request={"kind": rng.choice(["timeout", "slow"])}),
                 Fault(0.45 * seconds, 0.45 * seconds + 3, "kill9", "kill")]
-    if bmc:
-        hung, slow = rng.sample(trays, 2) if len(trays) > 1 else (trays[0], trays[0])
-        globals_ += [Fault(0.2 * seconds, 0.2 * seconds + 6 * interval, "bmc_hang", "bmc", hung, {"hang": True}),
-                     Fault(0.55 * seconds, 0.55 * seconds + 6 * interval, "bmc_slow", "bmc", slow,
-                           {"slow": 2 * interval})]
+    globals_ += bmc_faults
     if common:
         at = common_at(seconds, interval)
         globals_.append(Fault(at, at + COMMON_HOLD_SWEEPS * interval, "common_xid79", "common",
