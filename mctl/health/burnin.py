@@ -285,27 +285,29 @@ def steps(level: str) -> list[tuple[str, str, float]]:
 
 
 def run_burn_in(site: "Site", hosts: Sequence["Host"], tools: Mapping[str, Mapping[str, str]], gpus: int,
-                level: str, *, min_busbw: float = MIN_BUSBW_GBS) -> dict[str, list[Verdict]]:
+                level: str, *, min_busbw: float = MIN_BUSBW_GBS, deadline: float | None = None) -> dict[str, list[Verdict]]:
     """Each tool on the hosts that have it (*tools*: host -> {tool: path}); one verdict per step and tray.
-    Every step runs under timeout(1) on the tray (nothing is left running past its deadline); a tray whose
-    step fails still runs the others, and the other trays go on."""
+    Every step runs under timeout(1) on the tray (nothing is left running past its deadline; *deadline*
+    caps each step's, e.g. the ladder's burn_in_deadline); a tray whose step fails still runs the others,
+    and the other trays go on."""
     from mctl.transport import SSHConfig, run_sync, targets_for
 
     results: dict[str, list[Verdict]] = {h.name: [] for h in hosts}
     config = SSHConfig.from_site(site)
-    for tool, step, deadline in steps(level):
+    for tool, step, limit in steps(level):
+        step_deadline = min(limit, deadline) if deadline is not None else limit
         users = [h for h in hosts if tool in tools[h.name]]
         if not users:
             continue
 
-        def command(t, step=step, deadline=deadline) -> str:
+        def command(t, step=step, deadline=step_deadline) -> str:
             if step == "diag":
                 return _timed(dcgm_command(level), deadline)
             if step == "health":
                 return _timed("sh -c " + _quote(health_command()), deadline)
             return _timed(nccl_command(tools[t.name]["all_reduce_perf"], gpus, level), deadline)
 
-        for r in run_sync(config, targets_for(site, users), command, timeout=deadline + KILL_GRACE_S + 30):
+        for r in run_sync(config, targets_for(site, users), command, timeout=step_deadline + KILL_GRACE_S + 30):
             if not r.status.reached:
                 results[r.host].append(Verdict(False, f"{tool} ({step}): {r.summary()}", tool))
                 continue

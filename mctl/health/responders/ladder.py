@@ -276,7 +276,10 @@ class LadderResponder(Responder):
         found = tools.get(host_name) or {}
         if not found:
             return "failed: burn-in is configured but the tray has neither dcgmi nor all_reduce_perf"
-        verdicts = burnin.run_burn_in(self.site, [host], {host_name: found}, 4, self.ls.burn_in)
+        rack = self.site.racks.get(host.rack) if host.rack else None
+        gpus = rack.gpus_per_tray if rack is not None else 4
+        verdicts = burnin.run_burn_in(self.site, [host], {host_name: found}, gpus, self.ls.burn_in,
+                                      deadline=self.ls.burn_in_deadline_s)
         bad = [v.text for v in verdicts.get(host_name, []) if not v.ok]
         return "ok" if not bad else "failed: " + "; ".join(bad)[:300]
 
