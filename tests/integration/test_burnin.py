@@ -8,6 +8,10 @@ and nccl-tests, mctl/lab/emulators/dcgmi.py and nccl_tests.py) run over SSH and 
 2. Tools that misbehave (`lab fault gpu --tool-fault`): a hanging dcgmi is killed at its deadline and
    nothing of it is left on the tray, a crashing all_reduce_perf and a dcgmi printing truncated JSON
    fail their trays with the tools' words; the healthy tray passes all the same.
+3. The ladder's validation (`health.ladder.burn_in: quick`, real Slurm, the reboot rung through the
+   trays' BMCs): two trays lose a GPU (XID 79), are drained and rebooted; both pass their checks, then
+   burn-in: the one whose dcgmi prints truncated JSON fails it (DCGM's words in the action log), is
+   marked for repair and stays drained; the other passes and is resumed.
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import fault, wait_for
+from tests.helpers import HEALTH, Watch, fault, power_restored, sinfo, ssh_ok, wait_for
+
+LADDER = {"reboot": True, "burn_in": "quick", "burn_in_deadline": "60s", "fail_after_sweeps": 2, "max_failures": 1,
+          "failure_window": "1h", "reboot_deadline": "90s", "verify_deadline": "60s", "retry_after": "2s"}
 
 
 @pytest.fixture
@@ -94,3 +101,58 @@ def test_a_hanging_crashing_or_truncating_tool_fails_its_tray_and_the_others_go_
     # the hung dcgmi was killed on the tray by timeout(1): nothing of it is left running
     wait_for("no dcgmi left on the tray", lambda: lab.run(hangs, "pgrep -f /usr/bin/dcgmi", check=False).returncode == 1,
              30)
+
+
+def _log(state: Path) -> list[dict]:
+    """The action log as written so far (a rung's intent may still wait for its result)."""
+    path = state / "health" / "actions.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _of(log, tray, action, **match):
+    return [e for e in log if e.get("tray") == tray and e["action"] == action
+            and all(e.get(k) == v for k, v in match.items())]
+
+
+def test_the_ladders_validation_keeps_out_a_tray_that_fails_burn_in_and_resumes_one_that_passes(
+        lab, health_site, tmp_path):
+    doc = yaml.safe_load((health_site / "mctl.yml").read_text())
+    if not doc.get("bmc"):
+        pytest.skip("the lab has no BMCs")
+    doc["health"] = {**HEALTH, "breaker": {"max_drained_share": 0.5, "window": "1h"}, "ladder": LADDER}
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    state = tmp_path / "state"
+    good, bad = lab.trays[0], lab.trays[1]
+    watch = Watch(lab, site, state, "--interval", "1")
+    try:
+        wait_for("the first sweep", lambda: watch.sweeps() >= 1, 60)
+        fault(lab, bad, tool_fault="dcgmi:truncated")          # invisible to the checks: only burn-in sees it
+        fault(lab, good, xid=79, gpu=0)
+        fault(lab, bad, xid=79, gpu=0)
+        wait_for(f"{good} recovered", lambda: _of(_log(state), good, "recovered"), 240)
+        wait_for(f"{bad} marked for repair", lambda: _of(_log(state), bad, "repair"), 240)
+        log = _log(state)
+        for tray in (good, bad):
+            assert _of(log, tray, "drain") and _of(log, tray, "reboot"), tray
+            assert _of(log, tray, "ladder", phase="verify", result="ok"), tray
+        (passed,) = _of(log, good, "ladder", phase="burn-in", result="ok")
+        (resume,) = _of(log, good, "resume")
+        assert resume["result"] == "ok"
+        (failed,) = _of(log, bad, "ladder", phase="burn-in", result="failed")
+        assert "dcgmi diag -r 1 printed truncated JSON" in failed["why"], failed
+        assert not _of(log, bad, "resume")
+        wait_for(f"{good} idle in Slurm", lambda: sinfo(lab)[good] == ("idle", ""), 60)
+        assert "drain" in sinfo(lab)[bad][0]
+        print(f"\nladder validation: burn-in on {good} took {passed.get('seconds')}s; {bad}: {failed['why']}")
+    finally:
+        code = watch.stop()
+        said = watch.proc.stderr.read()
+        print("\n".join(watch.lines[-30:]), said[-2000:], sep="\n")
+        for tray in (good, bad):              # a tray the ladder is rebooting comes back first
+            wait_for(f"SSH on {tray}", lambda tray=tray: ssh_ok(lab, tray), 180)
+            lab.clear_faults(tray)
+        power_restored(lab)
+        lab.settle_slurm(timeout=180)
+    assert code == 0, said
