@@ -81,7 +81,7 @@ def nccl_command(path: str, gpus: int, level: str) -> str:
 
 def words(text: str, limit: int = 200) -> str:
     """The tool's own words, short and printable: its last meaningful line (or first, for a JSON start)."""
-    lines = [re.sub(r"[^\x20-\x7e]", "?", ln).strip() for ln in (text or "").splitlines()]
+    lines = [re.sub(r"[^\x20-\x7e]", "?", ln.replace("\t", " ")).strip() for ln in (text or "").splitlines()]
     lines = [ln for ln in lines if ln and ln not in ("{", "}", "[", "]", "#")]
     if not lines:
         return "(no output)"

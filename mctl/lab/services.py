@@ -187,6 +187,11 @@ HOST_FILES: tuple[HostFile, ...] = (
              package='nvidia-utils'),
     HostFile("/usr/bin/nvidia-smi", ("tray",), _smi_launcher, 0o755,
              package='nvidia-utils'),
+    # the driver's log collector (evidence before repair: mctl/health/evidence.py)
+    HostFile(f"{EMULATOR_LIB}/bug_report.py", ("tray",), python_module(EMULATORS / "bug_report.py"),
+             package='nvidia-utils'),
+    HostFile("/usr/bin/nvidia-bug-report.sh", ("tray",), python_launcher("bug_report"), 0o755,
+             package='nvidia-utils'),
     HostFile("/usr/bin/nvidia-imex", ("tray",), python_script(EMULATORS / "imex_daemon.py"), 0o755,
              package='nvidia-imex'),
     HostFile(f"{EMULATOR_LIB}/imex_ctl.py", ("tray",), python_module(EMULATORS / "imex_ctl.py"),

@@ -9,7 +9,8 @@ and nccl-tests, mctl/lab/emulators/dcgmi.py and nccl_tests.py) run over SSH and 
    nothing of it is left on the tray, a crashing all_reduce_perf and a dcgmi printing truncated JSON
    fail their trays with the tools' words; the healthy tray passes all the same.
 3. The ladder's validation (`health.ladder.burn_in: quick`, real Slurm, the reboot rung through the
-   trays' BMCs): two trays lose a GPU (XID 79), are drained and rebooted; both pass their checks, then
+   trays' BMCs): two trays lose a GPU (XID 79), are drained, their evidence taken (the bundle the
+   reboot's action-log line names) and rebooted; both pass their checks, then
    burn-in: the one whose dcgmi prints truncated JSON fails it (DCGM's words in the action log), is
    marked for repair and stays drained; the other passes and is resumed.
 """
@@ -135,8 +136,12 @@ def test_the_ladders_validation_keeps_out_a_tray_that_fails_burn_in_and_resumes_
         wait_for(f"{bad} marked for repair", lambda: _of(_log(state), bad, "repair"), 240)
         log = _log(state)
         for tray in (good, bad):
-            assert _of(log, tray, "drain") and _of(log, tray, "reboot"), tray
+            assert _of(log, tray, "drain"), tray
+            (reboot,) = _of(log, tray, "reboot")
             assert _of(log, tray, "ladder", phase="verify", result="ok"), tray
+            # evidence before the rung: the bundle the reboot's line names holds the XID, taken before the boot
+            bundle = state / reboot["evidence"]
+            assert "before-reboot" in bundle.name and "Xid (PCI:" in (bundle / "kernel.log").read_text(), reboot
         (passed,) = _of(log, good, "ladder", phase="burn-in", result="ok")
         (resume,) = _of(log, good, "resume")
         assert resume["result"] == "ok"

@@ -22,9 +22,7 @@ glimmer-dcgm-4.5.2-diag-r2-gb10.json. dcgmi exits 226 when a test failed, as the
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import time
 
 LIB = os.path.dirname(os.path.abspath(__file__))
 if LIB not in sys.path:
@@ -52,30 +50,11 @@ def _smi():
 
 
 def tool_fault(faults, tool):
-    return str(((faults or {}).get("tool_faults") or {}).get(tool) or "")
+    return _smi().tool_fault(faults, tool)
 
 
 def misbehave(mode, tool, text, env=None, stdout=None):
-    """The tool-level faults: never returns for hang (until cleared) and crash. *text*: what a sane run prints."""
-    stdout = stdout or sys.stdout
-    if mode == "hang":
-        smi = _smi()
-        while True:                      # a wedged tool: ends when the fault is cleared or on a signal
-            time.sleep(0.25)
-            _state, faults = smi.load(env)
-            if tool_fault(faults, tool) != "hang":
-                return None
-    if mode == "crash":
-        stdout.write(text[: len(text) // 3])
-        stdout.flush()
-        os.kill(os.getpid(), signal.SIGSEGV)
-        time.sleep(5)
-        os._exit(139)
-    if mode == "garbage":
-        return "\x1b[2J#@!\xff" + "".join(chr(33 + (i * 7919) % 90) for i in range(400)) + "\n"
-    if mode == "truncated":
-        return text[: max(1, len(text) // 2)]
-    return None
+    return _smi().misbehave(mode, tool, text, env, stdout)
 
 
 # --- the JSON, as dcgmi's jsoncpp writer prints it ---------------------------------------------

@@ -122,7 +122,7 @@ def main(argv=None, env=None, stdout=None, stderr=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     stdout = stdout or sys.stdout
     import nvidia_smi as smi
-    from dcgmi import misbehave, tool_fault
+    from nvidia_smi import misbehave, tool_fault
 
     try:
         opts = _args(argv)
