@@ -899,3 +899,11 @@ REAL_SLURM_SAMPLES = {
     "minyang-chen-slurmd-C-slurmnode6.txt": "slurmd -C of a 12-core, 2-thread node, with UpTime=",
 }
 REAL_SCHED_SAMPLES = {**REAL_IMEX_SAMPLES, **REAL_SLURM_SAMPLES}      # the scheduler-side samples (test_real_formats_sched)
+# burn-in's tools (tests/unit/test_burnin.py)
+REAL_BURNIN_SAMPLES = {
+    "glimmer-dcgm-4.5.2-diag-r2-gb10.json": "dcgmi diag -r 2 -j, DCGM 4.5.2 on GB10 (software Fail: persistence)",
+    "glimmer-dcgm-4.2.3-diag-r1-gb10.json": "dcgmi diag -r 1 -j, DCGM 4.2.3 on GB10 (software Fail: persistence)",
+    "virtualclient-dcgmi-health-check.json": "dcgmi health -c -j: Overall Health Healthy",
+    "issue-coreweave-nccl-tests-pr43-gb200-nvl72-all-reduce.txt": "all_reduce_perf on a GB200 NVL72 rack, 512M-8G",
+    "issue-nccl-tests-322-all-reduce-nccl-failure.txt": "all_reduce_perf rows, then Test NCCL failure lines",
+}

@@ -248,6 +248,58 @@ def resume(
         raise typer.Exit(EXIT_FINDINGS)
 
 
+@app.command()
+def evidence(
+    target: TargetArg = None,
+    reason: Annotated[str, typer.Option("--reason", help="Why the evidence is taken (part of the bundle's name and "
+                                                          "of its action-log line).")] = "on-demand",
+    timeout: TimeoutOpt = None,
+    max_size: Annotated[str, typer.Option("--max-size", metavar="SIZE",
+                                          help="Cap of one tray's bundle (K, M, G); each file has its share and says "
+                                               "when it was capped.")] = "32M",
+    dry_run: DryRunOpt = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Collect evidence for a repair: a bundle per tray in the state directory, with an index.
+
+    Each bundle (<state>/evidence/TRAY/TIME-REASON/) holds nvidia-bug-report.sh's report, the kernel
+    log's and the IMEX log's tails, the tray's uname, boot id and nvidia-smi -q, its health record and
+    recent actions, and bundle.json saying what each file is; <state>/evidence/index.jsonl lists every
+    bundle and the action log names each. The recovery ladder takes one before each rung. A tray that
+    does not answer still gets a bundle saying so. Nothing on the trays changes. Exit 0, 1 when a
+    tray's bundle is incomplete, 2 bad input. --timeout: everything on a tray within it (default 120 s,
+    10 to 3600); nvidia-bug-report.sh gets all of it but 15 s.
+
+    Example: mctl -i inventories/lab health evidence lab-r1-tray03 --reason "xid 79 on gpu0"
+    """
+    from mctl.health.evidence import DEFAULT_DEADLINE_S, parse_size
+    from mctl.health.service import evidence_on_demand
+
+    opts = options()
+    site = opts.site()
+    result = evidence_on_demand(site, target, opts.state_dir, reason=reason,
+                                deadline_s=timeout if timeout is not None else DEFAULT_DEADLINE_S,
+                                max_bytes=parse_size(max_size), dry_run=dry_run)
+    out = render.output(json_)
+    out.result(result, lambda: _print_evidence(out, result))
+    if not dry_run and any(b["problems"] for b in result["bundles"]):
+        raise typer.Exit(EXIT_FINDINGS)
+
+
+def _print_evidence(out: render.Output, result: dict) -> None:
+    for b in result["bundles"]:
+        if result["dry_run"]:
+            out.line(f"would collect {b['tray']} into {b['path']} (within {b['deadline_s']:g}s, at most "
+                     f"{b['max_bytes']} bytes): {', '.join(b['files'])}")
+            continue
+        out.line(f"{'INCOMPLETE' if b['problems'] else 'OK':10} {b['tray']}  {b['path']}  {b['bytes']} bytes  "
+                 f"{b['seconds']:.1f}s")
+        for p in b["problems"]:
+            out.line(f"           {p}")
+    if not result["dry_run"]:
+        out.line(f"index: {result['index']}")
+
+
 @breaker_app.command("status")
 def breaker_status(json_: JsonOpt = False) -> None:
     """Whether the circuit breaker has stopped automatic drains, and the drains it counts.

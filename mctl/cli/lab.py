@@ -270,6 +270,9 @@ def fault_gpu(
     driver_branch: Annotated[Optional[str], typer.Option(
         "--driver-branch", metavar="BRANCH",
         help="535 | 570 | 580: nvidia-smi answers in that branch's XML shape.")] = None,
+    tool_fault: Annotated[Optional[str], typer.Option(
+        "--tool-fault", metavar="TOOL:MODE",
+        help="dcgmi, all_reduce_perf or nvidia-bug-report.sh: hang, crash, garbage or truncated.")] = None,
     lab_dir: LabDirOpt = None,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
@@ -284,7 +287,7 @@ def fault_gpu(
         target="gpu", xid=xid, gpu=gpu, nonfatal=nonfatal, recovery_action=recovery_action,
         ecc_uncorrectable=ecc_uncorrectable, fabric=fabric, gpu_missing=gpu_missing, fell_off_bus=fell_off_bus,
         nvlink_down=nvlink_down, nvlink_flap=nvlink_flap, xid_storm=xid_storm, smi_hang=smi_hang,
-        driver_branch=driver_branch), dry_run, json_)
+        driver_branch=driver_branch, tool_fault=tool_fault), dry_run, json_)
 
 
 @fault_app.command("host")

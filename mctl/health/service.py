@@ -284,3 +284,21 @@ def _lift_budget_trip(site: "Site") -> str:
 
     r = run_on_controller(site, reset_script(), timeout=30.0, deadline=40.0)
     return "ok" if r.status.reached and r.ok else f"failed: {r.summary()}"
+
+
+def evidence_on_demand(site: "Site", target: str | None, state_dir: Path, *, reason: str, deadline_s: float,
+                       max_bytes: int, dry_run: bool = False, who: str | None = None) -> dict:
+    """`mctl health evidence`: a bundle per tray (mctl.health.evidence), the index and the action log."""
+    from mctl.health import evidence, store
+    from mctl.health.site_view import resolve_scope
+
+    evidence.check_limits(deadline_s, max_bytes)
+    evidence.check_reason(reason)
+    hosts = list(resolve_scope(site, target).hosts)
+    if dry_run:
+        return {"dry_run": True, "bundles": evidence.plan(hosts, state_dir, reason=reason, deadline_s=deadline_s,
+                                                          max_bytes=max_bytes)}
+    bundles = evidence.collect(site, hosts, state_dir, reason=reason, deadline_s=deadline_s, max_bytes=max_bytes)
+    store.append_actions(state_dir, evidence.log_entries(bundles, state_dir, who=who or store.actor()))
+    return {"dry_run": False, "index": str(evidence.index_path(state_dir)),
+            "bundles": [b.to_dict(state_dir) for b in bundles]}

@@ -68,7 +68,8 @@ def ladder_settings(spec) -> "LadderSettings":
         reboot_deadline_s=parse_duration(spec.reboot_deadline),
         power_cycle_deadline_s=parse_duration(spec.power_cycle_deadline),
         verify_deadline_s=parse_duration(spec.verify_deadline), burn_in_deadline_s=parse_duration(spec.burn_in_deadline),
-        repair_hook=argv, repair_hook_timeout_s=parse_duration(spec.repair_hook_timeout))
+        repair_hook=argv, repair_hook_timeout_s=parse_duration(spec.repair_hook_timeout),
+        evidence=bool(spec.evidence), evidence_deadline_s=parse_duration(spec.evidence_deadline))
 
 
 def health_settings(spec: HealthSpec) -> HealthSettings:

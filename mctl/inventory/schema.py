@@ -196,6 +196,8 @@ class LadderSpec(Spec):
     burn_in_deadline = F(str, "1h", pattern=DURATION_PATTERN)
     repair_hook = F(Opt(ListOf(str)), None)                  # argv of a command; {tray} {rack} {reason} {failures}
     repair_hook_timeout = F(str, "60s", pattern=DURATION_PATTERN)
+    evidence = F(bool, True)                                 # a bundle per tray before each rung (state dir)
+    evidence_deadline = F(str, "60s", pattern=DURATION_PATTERN)
 
 
 class IsolateSpec(Spec):

@@ -81,6 +81,7 @@ class FaultRequest:
     xid_storm: int | None = None            # CODE, with --gpu N
     smi_hang: bool = False
     driver_branch: str | None = None        # "535" | "570" | "580"
+    tool_fault: str | None = None           # "TOOL:MODE": a burn-in or evidence tool misbehaves (TOOL_FAULTS)
     # process, transport and host faults (see HOST_FAULTS below)
     slow: float | None = None               # seconds every command waits before it runs
     sshd_restart: bool = False              # event: sshd and every open connection killed, sshd comes back
@@ -104,13 +105,14 @@ class FaultRequest:
 TARGETS = ("gpu", "host", "service")
 # FaultRequest fields of each target
 FIELDS = {"gpu": ("xid", "gpu", "fabric", "gpu_missing", "nvlink_down", "ecc_uncorrectable", "nonfatal",
-                  "recovery_action", "fell_off_bus", "nvlink_flap", "xid_storm", "smi_hang", "driver_branch"),
+                  "recovery_action", "fell_off_bus", "nvlink_flap", "xid_storm", "smi_hang", "driver_branch",
+                  "tool_fault"),
           "host": ("unreachable", "hang", "slow", "sshd_restart", "reboot", "down_for"),
           "service": ("slurmd_down", "imex_crash", "slurmctld_down")}
 # what each target's flags are, for "no fault given"
 OPTIONS = {"gpu": "--xid CODE --gpu N, --fabric STATE, --gpu-missing N, --nvlink-down GPU:LINK, "
                   "--ecc-uncorrectable N --gpu N, --fell-off-bus --gpu N, --nvlink-flap GPU:LINK, "
-                  "--xid-storm CODE --gpu N, --smi-hang, --driver-branch B",
+                  "--xid-storm CODE --gpu N, --smi-hang, --driver-branch B, --tool-fault TOOL:MODE",
            "host": "--freeze (--unreachable), --hang, --slow SECONDS, --sshd-restart, --reboot [--down-for SECONDS]",
            "service": "--slurmd-down, --imex-crash, --slurmctld-down"}
 EXAMPLES = {"gpu": "mctl lab fault gpu lab-r1-tray03 --xid 79 --gpu 0",
@@ -329,6 +331,12 @@ def without_host_faults(doc: dict | None) -> dict:
 # --- GPU emulator faults (nvidia-smi and the kernel log; mctl/lab/emulators/nvidia_smi.py reads them) ----
 
 DRIVER_BRANCHES = ("535", "570", "580")
+# --tool-fault TOOL:MODE: the lab's stand-ins of burn-in's and evidence's tools (mctl/lab/emulators/dcgmi.py,
+# nccl_tests.py, bug_report.py) read faults.json "tool_faults" {tool: mode}: hang (never returns until the
+# fault is cleared), crash (part of the output, then SIGSEGV), garbage (bytes that are no output of the
+# tool, exit 0), truncated (the first half of the output, exit 0).
+TOOL_FAULT_TOOLS = ("dcgmi", "all_reduce_perf", "nvidia-bug-report.sh")
+TOOL_FAULT_MODES = ("hang", "crash", "garbage", "truncated")
 RECOVERY_ACTIONS = ("reset", "reboot", "drain-reset")
 NVLINK5_XIDS = range(144, 151)
 FLAP_PERIOD_S = 6.0
@@ -336,7 +344,7 @@ FLAP_PERIOD_S = 6.0
 
 def _emulator_empty() -> dict:
     return {"nvlink_all_down": [], "nvlink_flap": [], "fell_off_bus": [], "xid_storm": [], "smi_hang": False,
-            "driver_branch": None}
+            "driver_branch": None, "tool_faults": {}}
 
 
 def _emulator_labels(d: dict) -> list[str]:
@@ -351,12 +359,15 @@ def _emulator_labels(d: dict) -> list[str]:
         labels.append("nvidia-smi hangs")
     if d["driver_branch"]:
         labels.append(f"driver branch R{d['driver_branch']}")
+    labels += [f"{tool} {mode}s" if mode != "garbage" else f"{tool} prints garbage"
+               for tool, mode in sorted((d.get("tool_faults") or {}).items())]
     return labels
 
 
 def _emulator_given(req: FaultRequest) -> bool:
     return bool(req.nonfatal or req.fell_off_bus or req.smi_hang) or any(
-        v is not None for v in (req.recovery_action, req.nvlink_flap, req.xid_storm, req.driver_branch))
+        v is not None for v in (req.recovery_action, req.nvlink_flap, req.xid_storm, req.driver_branch,
+                                req.tool_fault))
 
 
 def _all_links(text: str) -> bool:
@@ -386,9 +397,20 @@ def _validate_emulator(req: FaultRequest) -> None:
         raise UsageError(f"--xid-storm {req.xid_storm}: not an XID code", hint="e.g. --xid-storm 145 --nonfatal")
     if req.nvlink_flap is not None:
         parse_link(req.nvlink_flap, "--nvlink-flap")
+    if req.tool_fault is not None:
+        parse_tool_fault(req.tool_fault)
     if req.driver_branch is not None and req.driver_branch not in DRIVER_BRANCHES:
         raise UsageError(f"--driver-branch {req.driver_branch!r}: not an emulated branch",
                          hint=f"one of {', '.join(DRIVER_BRANCHES)}")
+
+
+def parse_tool_fault(text: str) -> tuple[str, str]:
+    tool, sep, mode = str(text).rpartition(":")
+    if not sep or tool not in TOOL_FAULT_TOOLS or mode not in TOOL_FAULT_MODES:
+        raise UsageError(f"--tool-fault {text!r}: expected TOOL:MODE",
+                         hint=f"TOOL one of {', '.join(TOOL_FAULT_TOOLS)}; MODE one of {', '.join(TOOL_FAULT_MODES)}; "
+                              "e.g. --tool-fault dcgmi:hang")
+    return tool, mode
 
 
 def _xid_extra(req: FaultRequest) -> dict:
@@ -424,3 +446,6 @@ def _apply_emulator(d: dict, req: FaultRequest, now: float) -> None:
         d["smi_hang"] = True
     if req.driver_branch is not None:
         d["driver_branch"] = req.driver_branch
+    if req.tool_fault is not None:
+        tool, mode = parse_tool_fault(req.tool_fault)
+        d["tool_faults"] = {**(d.get("tool_faults") or {}), tool: mode}

@@ -187,6 +187,11 @@ HOST_FILES: tuple[HostFile, ...] = (
              package='nvidia-utils'),
     HostFile("/usr/bin/nvidia-smi", ("tray",), _smi_launcher, 0o755,
              package='nvidia-utils'),
+    # the driver's log collector (evidence before repair: mctl/health/evidence.py)
+    HostFile(f"{EMULATOR_LIB}/bug_report.py", ("tray",), python_module(EMULATORS / "bug_report.py"),
+             package='nvidia-utils'),
+    HostFile("/usr/bin/nvidia-bug-report.sh", ("tray",), python_launcher("bug_report"), 0o755,
+             package='nvidia-utils'),
     HostFile("/usr/bin/nvidia-imex", ("tray",), python_script(EMULATORS / "imex_daemon.py"), 0o755,
              package='nvidia-imex'),
     HostFile(f"{EMULATOR_LIB}/imex_ctl.py", ("tray",), python_module(EMULATORS / "imex_ctl.py"),
@@ -198,6 +203,17 @@ HOST_FILES: tuple[HostFile, ...] = (
     # the image's /lib. On the running tray both paths name this file.
     HostFile("/usr/lib/systemd/system/nvidia-imex.service", ("tray",), _imex_unit, 0o644,
              package='nvidia-imex'),
+    # Burn-in's tools (mctl/health/burnin.py): DCGM's dcgmi and nccl-tests' all_reduce_perf, whose results
+    # follow the tray's faults (mctl/lab/emulators/dcgmi.py, nccl_tests.py; both read the GPUs through the
+    # nvidia-smi emulator's module, as DCGM and NCCL need the driver).
+    HostFile(f"{EMULATOR_LIB}/dcgmi.py", ("tray",), python_module(EMULATORS / "dcgmi.py"),
+             package='datacenter-gpu-manager-4-core'),
+    HostFile("/usr/bin/dcgmi", ("tray",), python_launcher("dcgmi"), 0o755,
+             package='datacenter-gpu-manager-4-core'),
+    HostFile(f"{EMULATOR_LIB}/nccl_tests.py", ("tray",), python_module(EMULATORS / "nccl_tests.py"),
+             package='nccl-tests'),
+    HostFile("/usr/bin/all_reduce_perf", ("tray",), python_launcher("nccl_tests"), 0o755,
+             package='nccl-tests'),
 )
 
 HOST_SERVICES: tuple[HostService, ...] = (

@@ -119,6 +119,8 @@ class LadderSettings:
     burn_in_deadline_s: float = 3600.0
     repair_hook: tuple[str, ...] = ()       # argv of a command run when a tray is marked for repair
     repair_hook_timeout_s: float = 60.0
+    evidence: bool = True                   # a bundle per tray before each rung (mctl/health/evidence.py)
+    evidence_deadline_s: float = 60.0       # the rung waits at most this for it
 
     @property
     def enabled(self) -> bool:

@@ -82,13 +82,20 @@ def test_every_component_installed_pinned_held_and_running(oslab, first_run):
         versions = dict(line.split("\t") for line in oslab.run(
             tray, "dpkg-query -W -f '${Package}\\t${Version}\\n' " + " ".join(DRIVER_PKGS + [
                 "nvidia-imex-570", "cuda-toolkit-12-8", "datacenter-gpu-manager-4-core", "doca-ofed", "enroot",
-                "nvslurm-plugin-pyxis"])).stdout.splitlines())
+                "nvslurm-plugin-pyxis", "nccl-tests"])).stdout.splitlines())
         assert versions == {**{p: "570.148.08-0ubuntu1" for p in DRIVER_PKGS}, "nvidia-imex-570": "570.148.08-1",
                             "cuda-toolkit-12-8": "12.8.1-1", "datacenter-gpu-manager-4-core": "1:4.3.1-1",
-                            "doca-ofed": "2.9.1-1", "enroot": "3.5.0-1", "nvslurm-plugin-pyxis": "0.20.0-1"}
+                            "doca-ofed": "2.9.1-1", "enroot": "3.5.0-1", "nvslurm-plugin-pyxis": "0.20.0-1",
+                            "nccl-tests": "2.17.1-1"}
         # the tools came from the packages (the lab's emulators), through the signed repository
         assert oslab.run(tray, "dpkg -S /usr/bin/nvidia-smi /usr/bin/nvidia-imex").stdout.split() == [
             "nvidia-utils-570:", "/usr/bin/nvidia-smi", "nvidia-imex-570:", "/usr/bin/nvidia-imex"]
+        # burn-in's and evidence's tools too, and they run (tests/integration/test_burnin.py judges them)
+        assert oslab.run(tray, "dpkg -S /usr/bin/dcgmi /usr/bin/all_reduce_perf /usr/bin/nvidia-bug-report.sh"
+                         ).stdout.split() == ["datacenter-gpu-manager-4-core:", "/usr/bin/dcgmi", "nccl-tests:",
+                                              "/usr/bin/all_reduce_perf", "nvidia-utils-570:",
+                                              "/usr/bin/nvidia-bug-report.sh"]
+        assert oslab.run(tray, "dcgmi -v").stdout.startswith("Version : 4.3.1")
         src = oslab.run(tray, "cat /etc/apt/sources.list.d/mctl-cuda.list").stdout
         assert "[signed-by=/etc/apt/keyrings/mctl-cuda.asc]" in src and "/cuda/ /" in src
         held = set(oslab.run(tray, "apt-mark showhold").stdout.split())

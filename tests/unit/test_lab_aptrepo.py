@@ -38,7 +38,11 @@ def test_every_repository_component_of_every_image_is_packaged_once():
 def test_emulator_files_belong_to_the_packages_named_without_branch():
     pkgs = {p.name: p for p in aptrepo.packages_of(IMAGES)}
     tags = {f.package for f in services.HOST_FILES if f.package}
-    assert tags == {"nvidia-utils", "nvidia-imex"}
+    assert tags == {"nvidia-utils", "nvidia-imex", "datacenter-gpu-manager-4-core", "nccl-tests"}
+    # every tagged package is one an image delivers, so provisioning installs what burn-in runs
+    assert tags <= {p.tag for p in pkgs.values()}
+    burn_in = {f.dest for f in services.HOST_FILES if f.package in ("datacenter-gpu-manager-4-core", "nccl-tests")}
+    assert {"/usr/bin/dcgmi", "/usr/bin/all_reduce_perf"} <= burn_in
     assert pkgs["nvidia-utils-570"].tag == "nvidia-utils" and pkgs["nvidia-imex-570"].tag == "nvidia-imex"
     files = {f.dest for f in services.HOST_FILES if f.package == "nvidia-imex"}
     assert {"/usr/bin/nvidia-imex", "/usr/bin/nvidia-imex-ctl", "/usr/lib/systemd/system/nvidia-imex.service"} <= files

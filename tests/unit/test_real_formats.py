@@ -25,7 +25,7 @@ from mctl.model.settings import HealthSettings, parse_subcodes
 from mctl.model.findings import Severity
 from mctl.model.tray import TrayFacts
 from mctl.model.xid import DEFAULT_DRAIN_XIDS, judge, nvlink5_detail, recovery_change
-from tests.helpers import REAL_SAMPLES, REAL_SCHED_SAMPLES, real_text
+from tests.helpers import REAL_BURNIN_SAMPLES, REAL_SAMPLES, REAL_SCHED_SAMPLES, real_text
 
 S = HealthSettings()
 
@@ -39,15 +39,16 @@ def test_every_sample_has_provenance_and_a_test():
     for name in samples:
         assert f"`{name}`" in readme, f"{name} has no provenance row in tests/fixtures/real/README.md"
 
-    tested = set(XML) | set(NVLINK) | set(KERNEL_LOGS) | set(CSV) | set(REAL_SCHED_SAMPLES)
+    tested = set(XML) | set(NVLINK) | set(KERNEL_LOGS) | set(CSV) | set(REAL_SCHED_SAMPLES) | set(REAL_BURNIN_SAMPLES)
     assert sorted(tested) == samples
 
 
 def test_samples_are_byte_exact_as_recorded():
     """The git blob ids in the README are those of the files as published (read back with git hash-object)."""
     readme = (REAL_SAMPLES / "README.md").read_text(encoding="utf-8")
-    for name in [*XML, *REAL_SCHED_SAMPLES]:
-        if not name.startswith(("telegraf-", "netdata-", "jpsnips-", "slurm-on-aws-", "crusoe-", "minyang-chen-")):
+    for name in [*XML, *REAL_SCHED_SAMPLES, *REAL_BURNIN_SAMPLES]:
+        if not name.startswith(("telegraf-", "netdata-", "jpsnips-", "slurm-on-aws-", "crusoe-", "minyang-chen-",
+                                "glimmer-", "virtualclient-")):
             continue
         data = (REAL_SAMPLES / name).read_bytes()
         blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()

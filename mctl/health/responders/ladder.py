@@ -101,13 +101,14 @@ class LadderResponder(Responder):
 
     def _rung_act(self, ctx: Context, state: store.HealthState, r: ladder.Rung, before) -> Act:
         async def run(go) -> Done:
+            evidence = await asyncio.to_thread(self._evidence, ctx, r) if self.ls.evidence else None
             outcome, text = await self._send(ctx, r)
             if outcome == "not-taken":
                 result = f"refused: {text}"
             else:
                 result = "ok" if outcome == "ok" else (f"failed: {text}" if outcome == "failed"
                                                        else f"sent, answer lost: {text}")
-            return Done(result, raw=outcome, fields={"detail": text or None})
+            return Done(result, raw=outcome, fields={"detail": text or None, "evidence": evidence})
 
         def settle(done: Done) -> list:
             if done.raw == "not-taken":
@@ -118,6 +119,24 @@ class LadderResponder(Responder):
 
         return Act(Decision(r.host, r.rung, r.why, rack=r.rack, at=r.at), run=run,
                    fields={"gpus": list(r.gpus) or None}, settle=settle)
+
+    def _evidence(self, ctx: Context, r: ladder.Rung) -> str:
+        """The tray's evidence bundle before the rung wipes what it shows (mctl/health/evidence.py): its path
+        in the state directory, for the rung's action-log line; what went wrong, when nothing was kept."""
+        from mctl.health import evidence
+
+        host = self.site.host(r.host)
+        if host is None:
+            return f"not taken: {r.host} is not in the inventory"
+        verdict = next((v for v in ctx.result.verdicts if v.host == r.host), None)
+        try:
+            (bundle,) = evidence.collect(self.site, [host], ctx.state_dir, reason=f"before {r.rung}",
+                                         deadline_s=self.ls.evidence_deadline_s,
+                                         facts={r.host: ctx.result.facts.get(r.host)},
+                                         findings={r.host: verdict.findings if verdict else ()})
+        except Exception as exc:  # noqa: BLE001 - evidence never holds up the rung
+            return f"not taken: {type(exc).__name__}: {exc}"[:300]
+        return bundle.to_dict(ctx.state_dir)["path"]
 
     def _hook_act(self, ctx: Context, state: store.HealthState, host: str) -> Act:
         rec = state.records.get(host)
@@ -276,7 +295,10 @@ class LadderResponder(Responder):
         found = tools.get(host_name) or {}
         if not found:
             return "failed: burn-in is configured but the tray has neither dcgmi nor all_reduce_perf"
-        verdicts = burnin.run_burn_in(self.site, [host], {host_name: found}, 4, self.ls.burn_in)
+        rack = self.site.racks.get(host.rack) if host.rack else None
+        gpus = rack.gpus_per_tray if rack is not None else 4
+        verdicts = burnin.run_burn_in(self.site, [host], {host_name: found}, gpus, self.ls.burn_in,
+                                      deadline=self.ls.burn_in_deadline_s)
         bad = [v.text for v in verdicts.get(host_name, []) if not v.ok]
         return "ok" if not bad else "failed: " + "; ".join(bad)[:300]
 

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import marshal
 import os
+import signal
 import sys
 import time
 
@@ -1118,6 +1119,35 @@ def main(argv=None, env=None, stdout=None, stderr=None, now=None):
     else:
         stdout.write(render_table(rack, selected, now))
     return EXIT_OK
+
+
+# --- the burn-in and evidence tools' own faults (faults.json "tool_faults": {tool: mode}) -----------
+# Used by the lab's dcgmi, all_reduce_perf and nvidia-bug-report.sh (dcgmi.py, nccl_tests.py, bug_report.py).
+
+def tool_fault(faults, tool):
+    return str(((faults or {}).get("tool_faults") or {}).get(tool) or "")
+
+
+def misbehave(mode, tool, text, env=None, stdout=None):
+    """The tool-level faults: never returns for hang (until cleared) and crash. *text*: what a sane run prints."""
+    stdout = stdout or sys.stdout
+    if mode == "hang":
+        while True:                      # a wedged tool: ends when the fault is cleared or on a signal
+            time.sleep(0.25)
+            _state, faults = load(env)
+            if tool_fault(faults, tool) != "hang":
+                return None
+    if mode == "crash":
+        stdout.write(text[: len(text) // 3])
+        stdout.flush()
+        os.kill(os.getpid(), signal.SIGSEGV)
+        time.sleep(5)
+        os._exit(139)
+    if mode == "garbage":
+        return "\x1b[2J#@!\xff" + "".join(chr(33 + (i * 7919) % 90) for i in range(400)) + "\n"
+    if mode == "truncated":
+        return text[: max(1, len(text) // 2)]
+    return None
 
 
 def hang_while_set(env, poll=0.25):
