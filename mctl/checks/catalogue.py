@@ -93,8 +93,12 @@ _ENTRIES = (
     Check("gpu.temperature", C, "GPU temperatures under the site's limit (over the warning level warns)", _TRAY,
           milder=True),
     Check("gpu.power", W, "GPU power draw within the enforced limit", _TRAY),
+    Check("gpu.clocks", C, "no HW slowdown or HW power brake holds the GPU clocks for N sweeps (one sweep, thermal "
+          "slowdown and SW power cap warn)", _TRAY, milder=True),
     # -- NVLink and the fabric
     Check("nvlink.links", C, "every GPU's 18 NVLinks are up (unreadable link facts warn)", _TRAY, milder=True),
+    Check("nvlink.errors", C, "no NVLink error counter grows past its rate over the window (any growth of a "
+          "CRC-like counter warns)", _TRAY, milder=True),
     Check("fabric.state", C, "every GPU's fabric is Completed/Success (In Progress warns)", _ALL, milder=True),
     Check("fabric.health", W, "no fabric health flag set (each flag's severity is a setting)", _ALL,
           setting="fabric_flags"),
