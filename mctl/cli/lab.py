@@ -270,6 +270,13 @@ def fault_gpu(
     driver_branch: Annotated[Optional[str], typer.Option(
         "--driver-branch", metavar="BRANCH",
         help="535 | 570 | 580: nvidia-smi answers in that branch's XML shape.")] = None,
+    nvlink_errors: Annotated[Optional[str], typer.Option(
+        "--nvlink-errors", metavar="GPU:LINK:RATE",
+        help="The link's error counter (nvidia-smi nvlink -e, Rx Errors) grows RATE a second.")] = None,
+    clock_event: Annotated[Optional[str], typer.Option(
+        "--clock-event", metavar="GPU:REASON",
+        help="A clock-event reason active in nvidia-smi -q -x: hw-slowdown | hw-power-brake | hw-thermal | "
+             "sw-thermal | sw-power-cap.")] = None,
     lab_dir: LabDirOpt = None,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
@@ -284,7 +291,7 @@ def fault_gpu(
         target="gpu", xid=xid, gpu=gpu, nonfatal=nonfatal, recovery_action=recovery_action,
         ecc_uncorrectable=ecc_uncorrectable, fabric=fabric, gpu_missing=gpu_missing, fell_off_bus=fell_off_bus,
         nvlink_down=nvlink_down, nvlink_flap=nvlink_flap, xid_storm=xid_storm, smi_hang=smi_hang,
-        driver_branch=driver_branch), dry_run, json_)
+        driver_branch=driver_branch, nvlink_errors=nvlink_errors, clock_event=clock_event), dry_run, json_)
 
 
 @fault_app.command("host")

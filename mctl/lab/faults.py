@@ -81,6 +81,8 @@ class FaultRequest:
     xid_storm: int | None = None            # CODE, with --gpu N
     smi_hang: bool = False
     driver_branch: str | None = None        # "535" | "570" | "580"
+    nvlink_errors: str | None = None        # "GPU:LINK:RATE": the link's Rx Errors grow RATE a second
+    clock_event: str | None = None          # "GPU:REASON": a clock-event reason Active (CLOCK_EVENTS)
     # process, transport and host faults (see HOST_FAULTS below)
     slow: float | None = None               # seconds every command waits before it runs
     sshd_restart: bool = False              # event: sshd and every open connection killed, sshd comes back
@@ -104,13 +106,15 @@ class FaultRequest:
 TARGETS = ("gpu", "host", "service")
 # FaultRequest fields of each target
 FIELDS = {"gpu": ("xid", "gpu", "fabric", "gpu_missing", "nvlink_down", "ecc_uncorrectable", "nonfatal",
-                  "recovery_action", "fell_off_bus", "nvlink_flap", "xid_storm", "smi_hang", "driver_branch"),
+                  "recovery_action", "fell_off_bus", "nvlink_flap", "xid_storm", "smi_hang", "driver_branch",
+                  "nvlink_errors", "clock_event"),
           "host": ("unreachable", "hang", "slow", "sshd_restart", "reboot", "down_for"),
           "service": ("slurmd_down", "imex_crash", "slurmctld_down")}
 # what each target's flags are, for "no fault given"
 OPTIONS = {"gpu": "--xid CODE --gpu N, --fabric STATE, --gpu-missing N, --nvlink-down GPU:LINK, "
                   "--ecc-uncorrectable N --gpu N, --fell-off-bus --gpu N, --nvlink-flap GPU:LINK, "
-                  "--xid-storm CODE --gpu N, --smi-hang, --driver-branch B",
+                  "--xid-storm CODE --gpu N, --smi-hang, --driver-branch B, --nvlink-errors GPU:LINK:RATE, "
+                  "--clock-event GPU:REASON",
            "host": "--freeze (--unreachable), --hang, --slow SECONDS, --sshd-restart, --reboot [--down-for SECONDS]",
            "service": "--slurmd-down, --imex-crash, --slurmctld-down"}
 EXAMPLES = {"gpu": "mctl lab fault gpu lab-r1-tray03 --xid 79 --gpu 0",
@@ -332,11 +336,15 @@ DRIVER_BRANCHES = ("535", "570", "580")
 RECOVERY_ACTIONS = ("reset", "reboot", "drain-reset")
 NVLINK5_XIDS = range(144, 151)
 FLAP_PERIOD_S = 6.0
+# --clock-event REASON -> the -q -x reason it sets Active (mctl.model.gpu.CLOCK_REASONS)
+CLOCK_EVENTS = {"hw-slowdown": "hw_slowdown", "hw-power-brake": "hw_power_brake_slowdown",
+                "hw-thermal": "hw_thermal_slowdown", "sw-thermal": "sw_thermal_slowdown", "sw-power-cap": "sw_power_cap"}
+NVLINK_ERROR_RATE_MAX = 1e6           # errors a second: more than any real link counts
 
 
 def _emulator_empty() -> dict:
     return {"nvlink_all_down": [], "nvlink_flap": [], "fell_off_bus": [], "xid_storm": [], "smi_hang": False,
-            "driver_branch": None}
+            "driver_branch": None, "nvlink_errors": [], "clock_events": []}
 
 
 def _emulator_labels(d: dict) -> list[str]:
@@ -351,12 +359,16 @@ def _emulator_labels(d: dict) -> list[str]:
         labels.append("nvidia-smi hangs")
     if d["driver_branch"]:
         labels.append(f"driver branch R{d['driver_branch']}")
+    labels += [f"nvlink gpu{e['gpu']}:link{e['link']} errors {e['rate']:g}/s" for e in d["nvlink_errors"]]
+    words = {v: k for k, v in CLOCK_EVENTS.items()}
+    labels += [f"gpu{c['gpu']} clock event {words.get(c['reason'], c['reason'])}" for c in d["clock_events"]]
     return labels
 
 
 def _emulator_given(req: FaultRequest) -> bool:
     return bool(req.nonfatal or req.fell_off_bus or req.smi_hang) or any(
-        v is not None for v in (req.recovery_action, req.nvlink_flap, req.xid_storm, req.driver_branch))
+        v is not None for v in (req.recovery_action, req.nvlink_flap, req.xid_storm, req.driver_branch,
+                                req.nvlink_errors, req.clock_event))
 
 
 def _all_links(text: str) -> bool:
@@ -386,9 +398,38 @@ def _validate_emulator(req: FaultRequest) -> None:
         raise UsageError(f"--xid-storm {req.xid_storm}: not an XID code", hint="e.g. --xid-storm 145 --nonfatal")
     if req.nvlink_flap is not None:
         parse_link(req.nvlink_flap, "--nvlink-flap")
+    if req.nvlink_errors is not None:
+        parse_link_rate(req.nvlink_errors)
+    if req.clock_event is not None:
+        parse_clock_event(req.clock_event)
     if req.driver_branch is not None and req.driver_branch not in DRIVER_BRANCHES:
         raise UsageError(f"--driver-branch {req.driver_branch!r}: not an emulated branch",
                          hint=f"one of {', '.join(DRIVER_BRANCHES)}")
+
+
+def parse_link_rate(text: str) -> tuple[int, int, float]:
+    """--nvlink-errors GPU:LINK:RATE (RATE: errors a second, above 0)."""
+    parts = str(text).split(":")
+    if len(parts) != 3:
+        raise UsageError(f"--nvlink-errors {text!r}: expected GPU:LINK:RATE", hint="e.g. --nvlink-errors 0:3:5")
+    gpu, link = parse_link(f"{parts[0]}:{parts[1]}", "--nvlink-errors")
+    try:
+        rate = float(parts[2])
+    except ValueError:
+        rate = float("nan")
+    if rate != rate or not 0 < rate <= NVLINK_ERROR_RATE_MAX:
+        raise UsageError(f"--nvlink-errors {text}: {parts[2]!r} is not a rate",
+                         hint=f"errors a second, above 0 and at most {NVLINK_ERROR_RATE_MAX:g}, e.g. 0:3:5")
+    return gpu, link, rate
+
+
+def parse_clock_event(text: str) -> tuple[int, str]:
+    """--clock-event GPU:REASON -> (GPU, the -q -x reason name)."""
+    gpu_s, _, reason = str(text).partition(":")
+    if not gpu_s.strip().isdigit() or reason not in CLOCK_EVENTS:
+        raise UsageError(f"--clock-event {text!r}: expected GPU:REASON",
+                         hint=f"REASON one of {', '.join(CLOCK_EVENTS)}; e.g. --clock-event 0:hw-slowdown")
+    return _gpu_index(int(gpu_s), "--clock-event"), CLOCK_EVENTS[reason]
 
 
 def _xid_extra(req: FaultRequest) -> dict:
@@ -424,3 +465,11 @@ def _apply_emulator(d: dict, req: FaultRequest, now: float) -> None:
         d["smi_hang"] = True
     if req.driver_branch is not None:
         d["driver_branch"] = req.driver_branch
+    if req.nvlink_errors is not None:
+        gpu, link, rate = parse_link_rate(req.nvlink_errors)
+        d["nvlink_errors"] = [e for e in d["nvlink_errors"] if (e["gpu"], e["link"]) != (gpu, link)] + [
+            {"gpu": gpu, "link": link, "rate": rate, "since": now}]
+    if req.clock_event is not None:
+        gpu, reason = parse_clock_event(req.clock_event)
+        if not any((c["gpu"], c["reason"]) == (gpu, reason) for c in d["clock_events"]):
+            d["clock_events"] = d["clock_events"] + [{"gpu": gpu, "reason": reason}]

@@ -40,6 +40,12 @@ How faults.json shows (what a real driver would print for the same condition):
                            previous call (STORM_RATE a second, at most STORM_MAX_APPEND a call).
   smi_hang                 every call blocks (the wedged-driver case: nvidia-smi in D state) until the
                            fault is cleared; the launcher's replay key includes faults.json, so it hangs too.
+  nvlink_errors [{gpu, link, rate, since}]
+                           `nvlink -e`: the link's "Rx Errors" counter grows by `rate` a second since `since`
+                           (computed from the clock on every call); every other counter stays 0.
+  clock_events [{gpu, reason}]
+                           -q -x: <clocks_event_reason_REASON> of GPU gpu "Active" (hw_slowdown,
+                           hw_power_brake_slowdown, hw_thermal_slowdown, sw_thermal_slowdown, sw_power_cap).
   driver_branch "535"|"570"|"580"
                            the -q -x / -q element tree of that driver branch (see BRANCHES), overriding
                            gpus.json's own driver_branch (default: the branch of its driver_version).
@@ -80,6 +86,7 @@ F=${MCTL_LAB_FAULTS:-/var/lib/mctl-lab/faults.json}
 case "$*" in
   "-q -x") c=q-x ;;
   "nvlink --status") c=nvlink-status ;;
+  "nvlink -e") c=nvlink-e ;;
   *) c= ;;
 esac
 if [ -n "$c" ] && [ -e "$S" ]; then
@@ -424,6 +431,10 @@ class GpuView:
         self.down_links = sorted({int(link) for gpu_id, link in faults.get("nvlink_down") or [] if int(gpu_id) == self.id}
                                  | set(flapping_down(faults, self.id, now)))
         self.all_links_down = self.id in {int(i) for i in faults.get("nvlink_all_down") or []}
+        self.clock_active = {str(c.get("reason")) for c in faults.get("clock_events") or [] if int(c.get("gpu", -1)) == self.id}
+        t = time.time() if now is None else now
+        self.link_errors = {int(e["link"]): int(max(0.0, float(e["rate"]) * (t - float(e["since"]))))
+                            for e in faults.get("nvlink_errors") or [] if int(e.get("gpu", -1)) == self.id}
         if self.all_links_down:
             self.down_links = list(range(NVLINKS_PER_GPU))
         self._fabric(state, gpu, faults.get("fabric"))
@@ -484,7 +495,7 @@ def flapping_down(faults, gpu_id, now=None):
 
 def time_dependent(faults):
     """Whether this tray's answers change with the clock (then the launcher must not replay them)."""
-    return bool(faults.get("nvlink_flap") or faults.get("xid_storm"))
+    return bool(faults.get("nvlink_flap") or faults.get("xid_storm") or faults.get("nvlink_errors"))
 
 
 class Rack:
@@ -614,7 +625,8 @@ def _gpu_tree(g):
         ("fan_speed", "Fan Speed", NA),
         ("performance_state", "Performance State", "P0"),
         ("clocks_event_reasons", "Clocks Event Reasons", [
-            ("clocks_event_reason_" + tag, label, "Not Active") for tag, label in (
+            ("clocks_event_reason_" + tag, label, "Active" if tag in g.clock_active else "Not Active")
+            for tag, label in (
                 ("gpu_idle", "Idle"), ("applications_clocks_setting", "Applications Clocks Setting"),
                 ("sw_power_cap", "SW Power Cap"), ("hw_slowdown", "HW Slowdown"),
                 ("hw_thermal_slowdown", "HW Thermal Slowdown"), ("hw_power_brake_slowdown", "HW Power Brake Slowdown"),
@@ -899,6 +911,38 @@ def render_nvlink_status(rack, selected):
     return "\n".join(out) + ("\n" if out else "")
 
 
+# `nvlink -e` on Blackwell: the NVLink5 counter names (docs/lab.md: the names a B300 on driver 595.91.07 prints)
+# in the line shape of the real H100 capture (tests/fixtures/real/ml-engineering-nvlink-e-h100.txt: nine spaces,
+# `Link N: NAME: VALUE`, a blank line after each link), the FEC buckets and the BER floor after them.
+NVLINK5_COUNTERS = ("Malformed packet Errors", "Buffer overrun Errors", "Rx Errors", "Rx remote Errors",
+                    "Rx General Errors", "Local link integrity Errors", "Tx discards",
+                    "Link recovery successful events", "Link recovery failed events", "Total link recovery events",
+                    "Effective Errors", "Symbol Errors")
+FEC_BUCKET0 = 36140749276          # the corrected-codeword bucket reads in the billions on a healthy link
+
+
+def render_nvlink_errors(rack, selected):
+    out = []
+    for g in selected:
+        if g.lost:
+            continue
+        out.append("GPU %d: %s (UUID: %s)" % (g.index, g.name, g.uuid))
+        if g.all_links_down:
+            out.append(NVLINK_ALL_INACTIVE_TEXT)
+            continue
+        for link in range(NVLINKS_PER_GPU):
+            for name in NVLINK5_COUNTERS:
+                value = g.link_errors.get(link, 0) if name == "Rx Errors" else 0
+                out.append("         Link %d: %s: %d" % (link, name, value))
+            out.append("         Link %d: FEC Errors - 0: %d" % (link, FEC_BUCKET0))
+            for bucket in range(1, 16):
+                out.append("         Link %d: FEC Errors - %d: 0" % (link, bucket))
+            out.append("         Link %d: Effective BER: 15e-255" % link)
+            out.append("         Link %d: Symbol BER: 15e-255" % link)
+            out.append("")
+    return "\n".join(out) + ("\n" if out else "")
+
+
 # --- --query-gpu ----------------------------------------------------------------------------------
 
 def _w(value):
@@ -984,6 +1028,7 @@ HELP = """NVIDIA System Management Interface -- mctl lab emulation of nvidia-smi
 
     nvidia-smi [-i ID] [-L | -q [-x] | --query-gpu=FIELDS --format=csv[,noheader][,nounits]]
     nvidia-smi nvlink --status [-i ID]
+    nvidia-smi nvlink -e [-i ID]
 
     -h,   --help                Print usage information and exit.
     -i,   --id=                 Target a specific GPU (index, PCI bus id or UUID).
@@ -999,7 +1044,7 @@ class _Args:
     def __init__(self):
         self.sub = None
         self.ident = None
-        self.list = self.query = self.xml = self.help = self.status = False
+        self.list = self.query = self.xml = self.help = self.status = self.errors = False
         self.query_gpu = None
         self.fmt = None
 
@@ -1041,6 +1086,8 @@ def _parse(argv):
             args.fmt = take()
         elif a in ("-s", "--status") and args.sub == "nvlink":
             args.status = True
+        elif a in ("-e", "--errorcounters") and args.sub == "nvlink":
+            args.errors = True
         else:
             raise ValueError(a)
         i += 1
@@ -1090,10 +1137,10 @@ def main(argv=None, env=None, stdout=None, stderr=None, now=None):
     if time_dependent(faults):           # a flapping link or a storm: every call must compute its answer
         env = {k: v for k, v in env.items() if k not in (REPLAY_FILE_ENV, REPLAY_KEY_ENV)}
     if args.sub == "nvlink":
-        if not args.status:
+        if args.status == args.errors:
             stdout.write(INVALID_ARGS_TEXT + "\n")
             return EXIT_INVALID_ARG
-        text = render_nvlink_status(rack, selected)
+        text = render_nvlink_status(rack, selected) if args.status else render_nvlink_errors(rack, selected)
         stdout.write(text)
         if args.ident is None:
             save_replay(env, messages, text, 0)
