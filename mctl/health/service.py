@@ -284,3 +284,10 @@ def _lift_budget_trip(site: "Site") -> str:
 
     r = run_on_controller(site, reset_script(), timeout=30.0, deadline=40.0)
     return "ok" if r.status.reached and r.ok else f"failed: {r.summary()}"
+
+
+def catalogue() -> list[dict]:
+    """`mctl health catalogue`: every check id with its severity, purposes, source, thresholds and lab fault."""
+    from mctl.checks import catalogue as cat
+
+    return [cat.to_dict(c) for c in cat.entries()]
