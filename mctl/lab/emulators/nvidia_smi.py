@@ -46,6 +46,12 @@ How faults.json shows (what a real driver would print for the same condition):
   clock_events [{gpu, reason}]
                            -q -x: <clocks_event_reason_REASON> of GPU gpu "Active" (hw_slowdown,
                            hw_power_brake_slowdown, hw_thermal_slowdown, sw_thermal_slowdown, sw_power_cap).
+  gpu_processes [{gpu, pid, name}]
+                           compute processes holding GPU gpu: `--query-compute-apps` lists them and a
+                           `--gpu-reset` of that GPU is refused ("In use by another client").
+  persistence_off [g]      driver state, not a fault: persistence mode of GPU g is Disabled (`-pm 0` writes
+                           it, `-pm 1` removes it); a `--gpu-reset` is refused while persistence mode is on.
+                           A reset that goes through ends the GPU's XIDs' lasting effects (its xid entries).
   driver_branch "535"|"570"|"580"
                            the -q -x / -q element tree of that driver branch (see BRANCHES), overriding
                            gpus.json's own driver_branch (default: the branch of its driver_version).
@@ -431,6 +437,8 @@ class GpuView:
         self.down_links = sorted({int(link) for gpu_id, link in faults.get("nvlink_down") or [] if int(gpu_id) == self.id}
                                  | set(flapping_down(faults, self.id, now)))
         self.all_links_down = self.id in {int(i) for i in faults.get("nvlink_all_down") or []}
+        self.persistence = "Disabled" if self.id in {int(i) for i in faults.get("persistence_off") or []} else "Enabled"
+        self.processes = [p for p in faults.get("gpu_processes") or [] if int(p.get("gpu", -1)) == self.id]
         self.clock_active = {str(c.get("reason")) for c in faults.get("clock_events") or [] if int(c.get("gpu", -1)) == self.id}
         t = time.time() if now is None else now
         self.link_errors = {int(e["link"]): int(max(0.0, float(e["rate"]) * (t - float(e["since"]))))
@@ -557,7 +565,7 @@ def _gpu_tree(g):
         ("product_architecture", "Product Architecture", "Blackwell"),
         ("display_mode", "Display Mode", "Enabled"),
         ("display_active", "Display Active", "Disabled"),
-        ("persistence_mode", "Persistence Mode", "Enabled"),
+        ("persistence_mode", "Persistence Mode", g.persistence),
         ("addressing_mode", "Addressing Mode", "ATS"),
         ("mig_mode", "MIG Mode", [("current_mig", "Current", "Disabled"), ("pending_mig", "Pending", "Disabled")]),
         ("mig_devices", None, _Block("None")),
@@ -974,7 +982,7 @@ QUERY_FIELDS = {
     "memory.free": ("MiB", lambda g: str(max(0, g.memory_total - 799 - g.memory_used))),
     "utilization.gpu": ("%", lambda g: "0"),
     "pstate": (None, lambda g: "P0"),
-    "persistence_mode": (None, lambda g: "Enabled"),
+    "persistence_mode": (None, lambda g: g.persistence),
     "ecc.mode.current": (None, lambda g: "Enabled"),
     "ecc.errors.uncorrected.volatile.total": (None, lambda g: str(g.dram_unc)),
     "ecc.errors.uncorrected.aggregate.total": (None, lambda g: str(g.dram_unc)),
@@ -1046,7 +1054,10 @@ class _Args:
         self.ident = None
         self.list = self.query = self.xml = self.help = self.status = self.errors = False
         self.query_gpu = None
+        self.query_apps = None
         self.fmt = None
+        self.reset = False
+        self.pm = None
 
 
 def _parse(argv):
@@ -1082,6 +1093,12 @@ def _parse(argv):
             args.xml = True
         elif a == "--query-gpu" and args.sub is None:
             args.query_gpu = take()
+        elif a == "--query-compute-apps" and args.sub is None:
+            args.query_apps = take()
+        elif a in ("-r", "--gpu-reset") and args.sub is None:
+            args.reset = True
+        elif a in ("-pm", "--persistence-mode") and args.sub is None:
+            args.pm = take()
         elif a == "--format" and args.sub is None:
             args.fmt = take()
         elif a in ("-s", "--status") and args.sub == "nvlink":
@@ -1107,6 +1124,8 @@ def main(argv=None, env=None, stdout=None, stderr=None, now=None):
     if args.help:
         stdout.write(HELP)
         return EXIT_OK
+    if args.query_apps is not None or args.reset or args.pm is not None:
+        return _manage(args, env, stdout, stderr, now)
     if args.query_gpu is not None:
         fields = [f.strip() for f in args.query_gpu.split(",") if f.strip()]
         for f in fields:
@@ -1164,6 +1183,80 @@ def main(argv=None, env=None, stdout=None, stderr=None, now=None):
         return EXIT_INVALID_ARG
     else:
         stdout.write(render_table(rack, selected, now))
+    return EXIT_OK
+
+
+# --- management: compute processes, persistence mode, GPU reset -----------------------------------
+
+APP_FIELDS = {"gpu_bus_id": lambda g, p: g.bus_id, "gpu_uuid": lambda g, p: g.uuid, "pid": lambda g, p: str(p["pid"]),
+              "process_name": lambda g, p: str(p.get("name") or "python3"), "used_memory": lambda g, p: "1024 MiB"}
+RESET_IN_USE = ("%d device is currently being used by one or more other processes (e.g., Fabric Manager, CUDA "
+                "application, graphics application such as an X server, or a monitoring application such as another "
+                "instance of nvidia-smi). Please first kill all processes using this device and all compute "
+                "applications running in the system.")
+
+
+def _write_faults(env, doc):
+    import json
+
+    path = (env or os.environ).get(FAULTS_ENV) or FAULTS_PATH
+    tmp = "%s.%d" % (path, os.getpid())
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh)
+    os.replace(tmp, path)
+
+
+def _manage(args, env, stdout, stderr, now):
+    try:
+        state, faults = load(env)
+    except DriverMissing:
+        stdout.write(DRIVER_FAILURE_TEXT + "\n\n")
+        return EXIT_DRIVER
+    rack = Rack(state, faults, now)
+    selected = rack.select(args.ident)
+    if selected is None or not rack.gpus:
+        stdout.write(NO_DEVICES_TEXT + "\n")
+        return EXIT_NOT_FOUND
+    if args.query_apps is not None:
+        fields = [f.strip() for f in args.query_apps.split(",") if f.strip()]
+        if not fields or any(f not in APP_FIELDS for f in fields) or args.fmt is None \
+                or "csv" not in args.fmt.split(","):
+            stdout.write(INVALID_ARGS_TEXT + "\n")
+            return EXIT_INVALID_ARG
+        out = [] if "noheader" in args.fmt else [", ".join(fields)]
+        out += [", ".join(APP_FIELDS[f](g, p) for f in fields) for g in selected if not g.lost for p in g.processes]
+        stdout.write("".join(line + "\n" for line in out))
+        return EXIT_OK
+    if args.pm is not None:
+        if args.pm not in ("0", "1", "ENABLED", "DISABLED"):
+            stdout.write(INVALID_ARGS_TEXT + "\n")
+            return EXIT_INVALID_ARG
+        on = args.pm in ("1", "ENABLED")
+        off = {int(i) for i in faults.get("persistence_off") or []}
+        for g in selected:
+            off = (off - {g.id}) if on else (off | {g.id})
+            stdout.write("%s persistence mode for GPU %s.\n" % ("Enabled" if on else "Disabled", g.bus_id))
+        faults = dict(faults, persistence_off=sorted(off))
+        _write_faults(env, faults)
+        stdout.write("All done.\n")
+        return EXIT_OK
+    # --gpu-reset: refused while anything holds a GPU (a process, or the driver kept up by persistence mode)
+    held = [g for g in selected if g.processes or g.persistence == "Enabled"]
+    if held:
+        stdout.write("The following GPUs could not be reset:\n")
+        for g in held:
+            stdout.write("  GPU %s: In use by another client\n" % g.bus_id)
+        stdout.write("\n" + RESET_IN_USE % len(held) + "\n")
+        return 255
+    ids = {g.id for g in selected}
+    for key in ("xid", "xid_storm"):
+        if faults.get(key):
+            faults[key] = [x for x in faults[key] if int(x.get("gpu", -1)) not in ids]
+    faults = dict(faults, fell_off_bus=[i for i in faults.get("fell_off_bus") or [] if int(i) not in ids])
+    _write_faults(env, faults)
+    for g in selected:
+        stdout.write("GPU %s was successfully reset.\n" % g.bus_id)
+    stdout.write("All done.\n")
     return EXIT_OK
 
 
