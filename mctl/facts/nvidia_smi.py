@@ -452,8 +452,7 @@ def with_stderr(gpus: tuple[GpuNvLinks, ...], stderr: str) -> tuple[GpuNvLinks, 
 
 # --- nvlink -e (error counters) ----------------------------------------------------------------
 
-_COUNTER_LINE = re.compile(r"^Link (?P<link>\d+): (?P<name>[A-Za-z][A-Za-z0-9 ./_-]*?):\s*(?P<value>\S.*)$")
-_INTEGER = re.compile(r"^\d+$")
+_FLOAT_E = re.compile(r"^[-+]?\d+(?:\.\d+)?[eE][-+]?\d+$")
 _HEADER_GPU = re.compile(r"^GPU (?P<index>\d+): (?P<name>.*?)(?: \(UUID: (?P<uuid>[^)]+)\))?$")
 
 
@@ -472,28 +471,31 @@ def parse_nvlink_errors(text: str) -> tuple[GpuNvLinkCounters, ...]:
     _refuse_binary(text, "nvidia-smi nvlink -e")
     gpus: list[GpuNvLinkCounters] = []
     current: GpuNvLinkCounters | None = None
+    # str methods, not a regex per line: a GB200 tray prints ~2,200 lines every sweep (72 trays: 160,000)
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line:
             continue
+        if line.startswith("Link ") and current is not None:
+            left, sep, value = line.rpartition(": ")
+            where, sep2, name = left.partition(": ")
+            link = where[5:]
+            if sep and sep2 and link.isdigit() and name and name[0].isalpha():
+                if value.isdigit():
+                    number = int(value)
+                    if number < COUNTER_MAX:
+                        current.links.setdefault(int(link), {})[name] = number
+                    continue
+                if _NUMBER.match(value) or _FLOAT_E.match(value) or _placeholder(value):
+                    continue                        # a BER (15e-255), a rate: not a count
+                raise FactsParseError(f"nvlink -e line {lineno}: unexpected value {value[:40]!r}",
+                                      hint="output garbled or truncated; rerun `nvidia-smi nvlink -e`")
         head = _HEADER_GPU.match(line)
         if head:
             current = GpuNvLinkCounters(int(head["index"]), head["uuid"], {})
             gpus.append(current)
             continue
         if current is not None and _ALL_INACTIVE.search(line):
-            continue
-        counter = _COUNTER_LINE.match(line)
-        if counter and current is not None:
-            value = counter["value"].strip()
-            if _INTEGER.match(value):
-                number = int(value)
-                if number < COUNTER_MAX:
-                    current.links.setdefault(int(counter["link"]), {})[counter["name"].strip()] = number
-            elif not _NUMBER.match(value) and not re.match(r"^[-+]?\d+(?:\.\d+)?[eE][-+]?\d+$", value) \
-                    and not _placeholder(value):
-                raise FactsParseError(f"nvlink -e line {lineno}: unexpected value {value[:40]!r}",
-                                      hint="output garbled or truncated; rerun `nvidia-smi nvlink -e`")
             continue
         raise FactsParseError(f"nvlink -e line {lineno}: unexpected text {line[:80]!r}",
                               hint="output garbled or truncated; rerun `nvidia-smi nvlink -e`")
