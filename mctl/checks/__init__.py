@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from mctl.checks import (boot, driver, ecc, fabric_health, fabric_identity, fabric_state, gpu_count, imex,
-                                nvlink, reachability, resources, slurmd, thermal, xid)
+from mctl.checks import (boot, clocks, driver, ecc, fabric_health, fabric_identity, fabric_state, gpu_count, imex,
+                         nvlink, nvlink_errors, reachability, resources, slurmd, thermal, xid)
 from mctl.checks import leak
 from mctl.model.drain import REASON_MAX, REASON_PREFIX
 from mctl.model.findings import Finding, Severity, sort_findings
@@ -32,11 +32,13 @@ CATALOGUE = (
     ("gpu-count", gpu_count),
     ("ecc", ecc),
     ("nvlink", nvlink),
+    ("nvlink-errors", nvlink_errors),
     ("fabric-state", fabric_state),
     ("fabric-identity", fabric_identity),
     ("fabric-health", fabric_health),
     ("imex", imex),
     ("thermal", thermal),
+    ("clocks", clocks),
     ("slurmd", slurmd),
     ("driver", driver),
     ("resources", resources),

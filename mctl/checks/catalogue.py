@@ -22,7 +22,7 @@ Standard library only: `mctl node check` carries this package to the tray.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from mctl.model.findings import Severity
@@ -37,6 +37,9 @@ class Check:
     purposes: frozenset[str]
     milder: bool = False               # a milder form of the problem warns first
     setting: str | None = None         # the health setting that chooses the severity (the default is `severity`)
+    source: str = ""                   # the NVIDIA, SchedMD or other document the check follows
+    thresholds: str = ""               # what fails and what warns, with the settings that move it
+    lab: str = ""                      # the `mctl lab fault ...` that makes it fail in the lab, or "none: why"
 
     def allows(self, severity: Severity) -> bool:
         """Whether a finding of this check may carry *severity* (OK always: what was checked)."""
@@ -93,8 +96,12 @@ _ENTRIES = (
     Check("gpu.temperature", C, "GPU temperatures under the site's limit (over the warning level warns)", _TRAY,
           milder=True),
     Check("gpu.power", W, "GPU power draw within the enforced limit", _TRAY),
+    Check("gpu.clocks", C, "no HW slowdown or HW power brake holds the GPU clocks for N sweeps (one sweep, thermal "
+          "slowdown and SW power cap warn)", _TRAY, milder=True),
     # -- NVLink and the fabric
     Check("nvlink.links", C, "every GPU's 18 NVLinks are up (unreadable link facts warn)", _TRAY, milder=True),
+    Check("nvlink.errors", C, "no NVLink error counter grows past its rate over the window (any growth of a "
+          "CRC-like counter warns)", _TRAY, milder=True),
     Check("fabric.state", C, "every GPU's fabric is Completed/Success (In Progress warns)", _ALL, milder=True),
     Check("fabric.health", W, "no fabric health flag set (each flag's severity is a setting)", _ALL,
           setting="fabric_flags"),
@@ -151,6 +158,128 @@ _ENTRIES = (
           _AUD),
 )
 
+# -- what each check follows, its thresholds, and the lab fault that makes it fail (`mctl health catalogue`)
+# (source, thresholds, lab): lab is a `mctl lab fault ...` command, or "none: why" where no lab fault exists.
+_T = "lab-r1-tray03"
+_SMI = "NVIDIA nvidia-smi documentation (nvidia-smi -q -x, NVML API reference)"
+_XID = "NVIDIA XID Errors catalogue (docs.nvidia.com/deploy/xid-errors), as mapped by NVIDIA NVSentinel"
+_HV = "NVIDIA GB200 NVL72 health validation (Mission Control), shared/reference/health-signals.md"
+_FM = "NVIDIA Fabric Manager user guide (GPU fabric state and health, GB200 NVL)"
+_IMEX = "NVIDIA IMEX user guide (nvidia-imex-ctl -q, -N)"
+_SLURM = "SchedMD Slurm documentation (slurm.conf, scontrol, topology.conf block plugin)"
+_NMX = "NVIDIA NMX-Manager REST API (tests/fixtures/real/nmx-m/opennmxm.yaml)"
+_RF = "DMTF Redfish and NVIDIA GB200 BMC (Redfish LeakDetection, PowerSubsystem)"
+_MCTL = "mctl (docs/health.md)"
+_AUD = "mctl audit (docs/audit.md)"
+_IMG = "mctl software images (docs/provisioning.md)"
+REFERENCE: dict[str, tuple[str, str, str]] = {
+    "tray.reachable": (_MCTL, "the probe answers within health.tray_deadline (default 5-15 s from the interval); "
+                       "health.unreachable_sweeps_before_drain (3) before a drain",
+                       f"mctl lab fault host {_T} --freeze"),
+    "ssh.unreachable": (_MCTL, "no SSH session within ssh.connect_timeout", f"mctl lab fault host {_T} --freeze"),
+    "ssh.timeout": (_MCTL, "the inventory probe within ssh.command_timeout", f"mctl lab fault host {_T} --hang"),
+    "ssh.host-key": (_MCTL, "the key equals the known_hosts entry", "none: a changed host key is made by hand "
+                     "(tests/integration/test_ssh_trust.py replaces a tray's key)"),
+    "probe.partial": (_MCTL, "every section of the probe complete and readable", f"mctl lab fault gpu {_T} --smi-hang"),
+    "host.name": (_MCTL, "the hostname equals the inventory name", "none: the lab names its hosts from the inventory"),
+    "tray.boot": (_MCTL, "the boot id equals the last sweep's", f"mctl lab fault host {_T} --reboot"),
+    "bmc.reachable": (_RF, "an answer within bmc.deadline (at least 10 s)", f"mctl lab fault bmc {_T} --hang"),
+    "bmc.stale": (_RF, "a view younger than health.bmc_stale_after (3) BMC intervals", f"mctl lab fault bmc {_T} --hang"),
+    "leak.detectors": (_RF, "Critical: drain, power off after health.leak.power_off_after (10 min, as NVIDIA "
+                       "Base Command Manager); Warning warns", f"mctl lab fault bmc {_T} --leak critical"),
+    "power.supplies": (_RF, "PowerSubsystem and every supply Health OK", f"mctl lab fault bmc {_T} --psu-fail"),
+    "tray.repair": (_MCTL, "health.ladder.max_recoveries failed recoveries within health.ladder.window",
+                    "none: reached through the ladder after repeated faults (tests/integration/test_ladder.py)"),
+    "gpu.facts": (_SMI, "nvidia-smi answers within the probe's smi timeout; health.boot_grace (2 min) warns",
+                  f"mctl lab fault gpu {_T} --smi-hang"),
+    "gpu.count": (_HV, "4 GPUs per GB200 tray, as many as attached_gpus", f"mctl lab fault gpu {_T} --gpu-missing 2"),
+    "gpu.driver": (_IMG, "the driver version is the tray's image's (health.driver_mismatch: warn)",
+                   f"mctl lab fault gpu {_T} --driver-branch 535"),
+    "gpu.duplicate": (_MCTL, "one UUID, one address", "none: two trays' GPUs are made equal by hand in its tests"),
+    "gpu.xid": (_XID, "the XIDs of health.drain_xids within health.xid_window (1 h) drain; NVLink5 144-150 by "
+                "their Fatal word (health.nvlink5_drain)", f"mctl lab fault gpu {_T} --xid 79 --gpu 0"),
+    "gpu.ecc": (_SMI, "volatile uncorrectable ECC above 0 fails; aggregate warns",
+                f"mctl lab fault gpu {_T} --ecc-uncorrectable 1 --gpu 0"),
+    "gpu.remapped-rows": (_SMI + "; NVIDIA A100/H100 row remapping guide", "remap failure fails; pending warns",
+                          f"mctl lab fault gpu {_T} --ecc-uncorrectable 1 --gpu 0"),
+    "gpu.memory-repair": (_SMI + " (R580 <ecc_errors> repair fields)", "unrepairable memory or SRAM threshold "
+                          "fails; a pending channel/TPC repair warns", f"mctl lab fault gpu {_T} --driver-branch 580"),
+    "gpu.recovery": (_XID + " (GPU Recovery Action, XID 154)", "any action but None fails",
+                     f"mctl lab fault gpu {_T} --xid 154 --gpu 0 --recovery-action reset"),
+    "gpu.temperature": (_SMI, "health.max_gpu_temp_c (90) fails; health.gpu_temp_warn_c (limit - 5) warns",
+                        "none: the lab's GPU temperatures are fixed (tests set them in facts)"),
+    "gpu.power": (_SMI, "draw above the enforced limit by health.max_power_overshoot_pct (5 %) warns",
+                  "none: the lab's power draw is fixed below its limit"),
+    "gpu.clocks": ("NVIDIA NVML nvmlClocksEventReasons (nvidia-smi -q -x clocks_event_reasons since R535, "
+                   "clocks_throttle_reasons before)", "HW slowdown or HW power brake active health.clock_event_sweeps "
+                   "(3) sweeps in a row fails, fewer warn; thermal slowdown and SW power cap warn",
+                   f"mctl lab fault gpu {_T} --clock-event 0:hw-slowdown"),
+    "nvlink.links": (_HV, "18 active NVLinks per GPU at 53.125 GB/s; any inactive fails",
+                     f"mctl lab fault gpu {_T} --nvlink-down 0:3"),
+    "nvlink.errors": ("NVIDIA DCGM health watch (DcgmHealthWatch.cpp: DCGM_LIMIT_MAX_NVLINK_ERROR 1, "
+                      "DCGM_LIMIT_MAX_NVLINK_CRC_ERROR 100/s)", "over health.nvlink_error_window (10 min): any replay, "
+                      "recovery or failed link recovery fails; CRC-like counters warn on any growth and fail at "
+                      "health.nvlink_error_rate_critical (100/s); successful recoveries warn",
+                      f"mctl lab fault gpu {_T} --nvlink-errors 0:3:200"),
+    "fabric.state": (_FM, "Completed/Success; In Progress warns", f"mctl lab fault gpu {_T} --fabric in-progress"),
+    "fabric.health": (_FM, "each flag's severity is health.fabric_flags (route_unhealthy warns)",
+                      f"mctl lab fault gpu {_T} --fabric degraded"),
+    "fabric.domain": (_FM, "every GPU's cluster UUID is the rack's nvlink_domain",
+                      "none: the lab sets each rack's domain (tests edit gpus.json)"),
+    "fabric.clique": (_FM + "; " + _NMX, "the clique is the planned partition's",
+                      "none: a partition changed behind mctl's back (the partition tests)"),
+    "fabric.no-domain": (_FM, "cluster UUID present and non-zero", f"mctl lab fault gpu {_T} --fabric in-progress"),
+    "fabric.cluster-uuid-conflict": (_FM, "one cluster UUID per tray", "none: made by editing one GPU in its tests"),
+    "fabric.clique-split": (_FM, "one clique per tray", "none: made by editing one GPU in its tests"),
+    "fabric.rack-domains": (_FM, "one NVLink domain per rack", "none: made by editing a tray's gpus.json in its tests"),
+    "fabric.domain-mismatch": (_FM, "the domain equals the inventory's nvlink_domain",
+                               "none: made by editing the inventory in its tests"),
+    "fabric.domain-shared": (_FM, "no two racks share a domain", "none: made by editing the inventory in its tests"),
+    "fabric.domain-undeclared": (_FM, "informational", "none: an inventory without nvlink_domain shows it"),
+    "imex.daemon": (_IMEX, "the daemon READY; health.boot_grace warns", f"mctl lab fault service {_T} --imex-crash"),
+    "imex.domain": (_IMEX, "the domain UP", f"mctl lab fault service {_T} --imex-crash"),
+    "slurm.slurmd": (_SLURM, "slurmd active and the node not DOWN/NOT_RESPONDING",
+                     f"mctl lab fault service {_T} --slurmd-down"),
+    "host.disk": (_MCTL, "health.disk_critical_pct (98 %) fails, health.disk_warn_pct (90 %) warns",
+                  "none: fill a file system by hand (tests set facts)"),
+    "host.memory": (_MCTL, "MemAvailable under health.memory_warn_available_pct (5 %) warns",
+                    "none: tests set facts"),
+    "drain.reason": (_AUD, "a drained node has a reason", "none: an operator's drain without reason"),
+    "drain.age": (_AUD, "audit.max_drain_age", "none: a drain older than the limit (tests set the stamp)"),
+    "imex.nodes_config": (_IMEX + "; " + _AUD, "byte-equal to mctl's rendering",
+                          "none: edit /etc/nvidia-imex/nodes_config.cfg on a tray"),
+    "imex.config": (_IMEX + "; " + _AUD, "equal to mctl's rendering (harmless keys warn)",
+                    "none: edit /etc/nvidia-imex/config.cfg on a tray"),
+    "partition.layers": (_AUD, "every layer follows one plan", "none: a layer changed by hand in its tests"),
+    "nmx.partition": (_NMX, "NMX-M holds every planned partition", f"mctl lab fault nmx lab-r1 500"),
+    "nmx.partition_health": (_NMX, "HEALTHY; DEGRADED warns", "none: the NMX-M emulator's partition health is set "
+                             "in its tests"),
+    "nmx.compute_nodes": (_NMX, "every compute tray known", f"mctl lab fault nmx lab-r1 500"),
+    "slurm.nodes": (_SLURM, "every tray a node", "none: a slurm.conf edited by hand in its tests"),
+    "slurm.node_address": (_SLURM, "NodeAddr is the inventory address", "none: a slurm.conf edited by hand"),
+    "slurm.partition": (_SLURM, "the partition exists, UP, with every tray", f"mctl lab fault service lab-r1-head "
+                        "--slurmctld-down"),
+    "slurm.topology": (_SLURM, "the live topology has the blocks", "none: a topology changed by hand in its tests"),
+    "slurm.topology_conf": (_SLURM, "topology.conf has the blocks", "none: a topology.conf edited by hand"),
+    "image.os": (_IMG, "os-release equals the image's", "none: the lab runs its image's OS"),
+    "image.kernel": (_IMG, "the kernel equals the image's", "none: the lab shares the host kernel"),
+    "image.driver": (_IMG, "the driver equals the image's", f"mctl lab fault gpu {_T} --driver-branch 535"),
+    "image.cuda": (_IMG, "CUDA equals the image's", f"mctl lab fault gpu {_T} --driver-branch 535"),
+    "image.slurm": (_IMG, "slurmd -V equals the image's Slurm", "none: the lab installs its image's Slurm"),
+    "image.imex": (_IMG, "IMEX equals the image's", "none: the lab installs its image's IMEX"),
+    "firmware.version": (_IMG + "; " + _RF, "each firmware item at the image's version",
+                         "none: the lab BMC's firmware inventory is fixed"),
+    "firmware.rack": (_IMG + "; " + _RF, "one version per item across a rack", "none: as firmware.version"),
+    "boot.kernel_parameters": (_IMG, "/proc/cmdline has the image's parameters",
+                               "none: the lab shares the host's command line"),
+}
+
+if set(REFERENCE) != {c.id for c in _ENTRIES}:     # an import-time guard: every check documented, nothing else
+    raise RuntimeError("mctl.checks.catalogue: REFERENCE and the entries name different check ids: "
+                       f"{sorted(set(REFERENCE) ^ {c.id for c in _ENTRIES})}")
+_ENTRIES = tuple(replace(c, source=REFERENCE[c.id][0], thresholds=REFERENCE[c.id][1], lab=REFERENCE[c.id][2])
+                 for c in _ENTRIES)
+
 CHECKS: Mapping[str, Check] = {c.id: c for c in _ENTRIES}
 if len(CHECKS) != len(_ENTRIES):         # an import-time guard: one entry per id
     raise RuntimeError("mctl.checks.catalogue: a check id is defined twice")
@@ -161,6 +290,17 @@ def spec(check_id: str) -> Check:
     return CHECKS[check_id]
 
 
+def entries() -> tuple[Check, ...]:
+    """Every check, in catalogue order."""
+    return _ENTRIES
+
+
+def to_dict(c: Check) -> dict:
+    """One check as `mctl health catalogue --json` prints it."""
+    return {"id": c.id, "severity": c.severity.value, "about": c.about, "purposes": sorted(c.purposes),
+            "milder": c.milder, "setting": c.setting, "source": c.source, "thresholds": c.thresholds, "lab": c.lab}
+
+
 def for_purpose(purpose: str) -> tuple[Check, ...]:
     """The checks *purpose* evaluates, in catalogue order."""
     if purpose not in PURPOSES:
@@ -168,4 +308,4 @@ def for_purpose(purpose: str) -> tuple[Check, ...]:
     return tuple(c for c in _ENTRIES if purpose in c.purposes)
 
 
-__all__ = ["Check", "CHECKS", "spec", "for_purpose"]
+__all__ = ["Check", "CHECKS", "REFERENCE", "spec", "entries", "to_dict", "for_purpose"]

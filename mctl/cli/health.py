@@ -189,6 +189,32 @@ def _plain_lines(out: render.Output, view, events, swept: bool) -> None:
 
 
 @app.command()
+def catalogue(json_: JsonOpt = False) -> None:
+    """Every check mctl judges a tray or rack by: id, severity, purposes, the document it follows, its
+    thresholds (and the settings that move them) and the lab fault that makes it fail.
+
+    Example: mctl health catalogue --json
+    """
+    from mctl.health.service import catalogue as entries
+
+    rows = entries()
+    out = render.output(json_)
+    out.result({"checks": rows}, lambda: _print_catalogue(out, rows))
+
+
+def _print_catalogue(out: render.Output, rows: list[dict]) -> None:
+    for r in rows:
+        tags = [r["severity"]] + (["milder form warns"] if r["milder"] else []) + (
+            [f"severity set by health.{r['setting']}"] if r["setting"] else [])
+        out.line(f"{r['id']}  ({', '.join(tags)}; {', '.join(r['purposes'])})")
+        out.line(f"    {r['about']}")
+        out.line(f"    source:     {r['source']}")
+        out.line(f"    thresholds: {r['thresholds']}")
+        out.line(f"    lab:        {r['lab']}")
+    out.line(f"{len(rows)} checks")
+
+
+@app.command()
 def drains(json_: JsonOpt = False) -> None:
     """List the trays mctl holds drained (its own record and every 'mctl:' reason in Slurm).
 

@@ -273,6 +273,16 @@ def fault_gpu(
     tool_fault: Annotated[Optional[str], typer.Option(
         "--tool-fault", metavar="TOOL:MODE",
         help="dcgmi, all_reduce_perf or nvidia-bug-report.sh: hang, crash, garbage or truncated.")] = None,
+    nvlink_errors: Annotated[Optional[str], typer.Option(
+        "--nvlink-errors", metavar="GPU:LINK:RATE",
+        help="The link's error counter (nvidia-smi nvlink -e, Rx Errors) grows RATE a second.")] = None,
+    clock_event: Annotated[Optional[str], typer.Option(
+        "--clock-event", metavar="GPU:REASON",
+        help="A clock-event reason active in nvidia-smi -q -x: hw-slowdown | hw-power-brake | hw-thermal | "
+             "sw-thermal | sw-power-cap.")] = None,
+    gpu_process: Annotated[Optional[str], typer.Option(
+        "--gpu-process", metavar="GPU:NAME",
+        help="A compute process NAME holds the GPU (nvidia-smi --query-compute-apps lists it).")] = None,
     lab_dir: LabDirOpt = None,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
@@ -287,7 +297,8 @@ def fault_gpu(
         target="gpu", xid=xid, gpu=gpu, nonfatal=nonfatal, recovery_action=recovery_action,
         ecc_uncorrectable=ecc_uncorrectable, fabric=fabric, gpu_missing=gpu_missing, fell_off_bus=fell_off_bus,
         nvlink_down=nvlink_down, nvlink_flap=nvlink_flap, xid_storm=xid_storm, smi_hang=smi_hang,
-        driver_branch=driver_branch, tool_fault=tool_fault), dry_run, json_)
+        driver_branch=driver_branch, tool_fault=tool_fault, nvlink_errors=nvlink_errors, clock_event=clock_event,
+        gpu_process=gpu_process), dry_run, json_)
 
 
 @fault_app.command("host")

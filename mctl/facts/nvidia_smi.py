@@ -15,10 +15,14 @@ from typing import Iterable, Sequence
 
 from mctl.facts import DriverUnavailable, FactsParseError
 from mctl.model.gpu import (
+    CLOCK_REASONS,
+    COUNTER_MAX,
+    ClockEvents,
     EccCounts,
     FabricHealth,
     Gpu,
     GpuFabric,
+    GpuNvLinkCounters,
     GpuNvLinks,
     GpuReport,
     MemoryRepair,
@@ -231,7 +235,29 @@ def _gpu(elem: ET.Element, index: int) -> Gpu:
         power_limit_w=_first(r.number, *_POWER_LIMIT),
         memory_total_mib=r.integer("fb_memory_usage/total"),
         gpu_recovery_action=r.text("gpu_recovery_action"),
+        clock_events=_clock_events(r),
     )
+
+
+# R535 renamed the element (real captures: 510-525 clocks_throttle_reasons, 535-595 clocks_event_reasons)
+_CLOCK_ELEMENTS = (("clocks_event_reasons", "clocks_event_reason_"), ("clocks_throttle_reasons", "clocks_throttle_reason_"))
+
+
+def _clock_events(r: _Reader) -> ClockEvents:
+    """The clock-event reasons of either branch; a reason the driver left out or printed as N/A is not reported."""
+    for element, prefix in _CLOCK_ELEMENTS:
+        if r.elem.find(element) is None:
+            continue
+        active, reported = [], []
+        for reason in CLOCK_REASONS:
+            value = r.flag(f"{element}/{prefix}{reason}")
+            if value is None:
+                continue
+            reported.append(reason)
+            if value:
+                active.append(reason)
+        return ClockEvents(element, tuple(active), tuple(reported))
+    return ClockEvents()
 
 
 # Where each driver branch puts the GPU's own power draw and limit (real captures in tests/fixtures/real/):
@@ -424,6 +450,60 @@ def with_stderr(gpus: tuple[GpuNvLinks, ...], stderr: str) -> tuple[GpuNvLinks, 
     return tuple(replace(g, all_inactive=True) if not g.links and not g.all_inactive else g for g in gpus)
 
 
+# --- nvlink -e (error counters) ----------------------------------------------------------------
+
+_FLOAT_E = re.compile(r"^[-+]?\d+(?:\.\d+)?[eE][-+]?\d+$")
+_HEADER_GPU = re.compile(r"^GPU (?P<index>\d+): (?P<name>.*?)(?: \(UUID: (?P<uuid>[^)]+)\))?$")
+
+
+def parse_nvlink_errors(text: str) -> tuple[GpuNvLinkCounters, ...]:
+    """Read `nvidia-smi nvlink -e`: per GPU, per link, every integer counter by the name the driver prints.
+
+    Both shapes read: `Link 0: Replay Errors: 0` (Hopper and earlier) and the NVLink5 names of Blackwell
+    drivers (`Link 0: Rx Errors: 0`, `Link 0: FEC Errors - 1: 0`). A value that is not a whole number
+    (`Effective BER: 15e-255`) is not a count and is left out; one too large to be a count (NVML's
+    not-available, -1 as unsigned) likewise. Blank lines between links are as the driver prints them.
+    A GPU whose links are all inactive has NVML's sentence and no link lines.
+    """
+    _check_driver(text, "nvidia-smi nvlink -e")
+    if not text.strip():
+        raise FactsParseError("nvidia-smi nvlink -e printed nothing", hint="rerun it on the tray")
+    _refuse_binary(text, "nvidia-smi nvlink -e")
+    gpus: list[GpuNvLinkCounters] = []
+    current: GpuNvLinkCounters | None = None
+    # str methods, not a regex per line: a GB200 tray prints ~2,200 lines every sweep (72 trays: 160,000)
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("Link ") and current is not None:
+            left, sep, value = line.rpartition(": ")
+            where, sep2, name = left.partition(": ")
+            link = where[5:]
+            if sep and sep2 and link.isdigit() and name and name[0].isalpha():
+                if value.isdigit():
+                    number = int(value)
+                    if number < COUNTER_MAX:
+                        current.links.setdefault(int(link), {})[name] = number
+                    continue
+                if _NUMBER.match(value) or _FLOAT_E.match(value) or _placeholder(value):
+                    continue                        # a BER (15e-255), a rate: not a count
+                raise FactsParseError(f"nvlink -e line {lineno}: unexpected value {value[:40]!r}",
+                                      hint="output garbled or truncated; rerun `nvidia-smi nvlink -e`")
+        head = _HEADER_GPU.match(line)
+        if head:
+            current = GpuNvLinkCounters(int(head["index"]), head["uuid"], {})
+            gpus.append(current)
+            continue
+        if current is not None and _ALL_INACTIVE.search(line):
+            continue
+        raise FactsParseError(f"nvlink -e line {lineno}: unexpected text {line[:80]!r}",
+                              hint="output garbled or truncated; rerun `nvidia-smi nvlink -e`")
+    if not gpus:
+        raise FactsParseError("nvidia-smi nvlink -e listed no GPU", hint="rerun `nvidia-smi nvlink -e` on the tray")
+    return tuple(gpus)
+
+
 # --- -L ---------------------------------------------------------------------------------------
 
 _LIST_LINE = re.compile(r"^GPU (?P<index>\d+): (?P<name>.*?) \(UUID: (?P<uuid>[^)]+)\)$")
@@ -458,6 +538,6 @@ def parse_number(value: str | None) -> float | None:
 
 
 __all__: Iterable[str] = [
-    "parse_xml", "parse_query_csv", "parse_nvlink_status", "parse_list", "parse_number", "with_stderr",
+    "parse_xml", "parse_query_csv", "parse_nvlink_status", "parse_nvlink_errors", "parse_list", "parse_number", "with_stderr",
     "FactsParseError", "DriverUnavailable", "DRIVER_FAILURE",
 ]

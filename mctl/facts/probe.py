@@ -93,6 +93,8 @@ nvl() {
 }
 """),
     shell.sec("nvlink", "nvl"),
+    # the NVLink error counters (mctl.checks.nvlink_errors judges their rates over the watch's sweeps)
+    shell.sec("nvlink-errors", "smi nvlink -e", needs=("smi",)),
 )
 
 
@@ -393,6 +395,23 @@ def _nvlinks(nvl: Section | None, err: Section | None, smi_timeout: float):
         return None, f"nvlink --status unreadable: {exc.message}"
 
 
+def _nvlink_counters(sec: Section | None, err: Section | None, smi_timeout: float):
+    """The nvlink-errors section (`nvidia-smi nvlink -e`) -> (counters | None, error | None)."""
+    from mctl.facts.nvidia_smi import parse_nvlink_errors
+
+    if sec is None or not sec.complete:
+        return None, "nvlink -e output " + ("missing" if sec is None else "cut off")
+    if sec.rc in (124, 137):
+        return None, f"nvidia-smi nvlink -e hung (no answer within {smi_timeout:g}s)"
+    if sec.rc not in (0, None):
+        said = last_line((err.text if err else "") or sec.text, f"exit {sec.rc}")
+        return None, f"nvidia-smi nvlink -e failed (exit {sec.rc}): {said[:160]}"
+    try:
+        return parse_nvlink_errors(sec.text), None
+    except FactsParseError as exc:
+        return None, f"nvlink -e unreadable: {exc.message}"
+
+
 def _slurmd_version(sec: Section, err: Section | None) -> tuple[str | None, str | None]:
     """The slurmd section (`slurmd -V`) -> (version | None, why not | None)."""
     from mctl.facts.slurm_version import parse_version
@@ -497,6 +516,8 @@ def parse_tray(purpose: str, host: str, stdout: str, stderr: str, nonce: str, *,
             if gpus is not None:
                 facts["nvlinks"], facts["nvlink_error"] = _nvlinks(sections.get("nvlink"), errors.get("nvlink"),
                                                                    smi_timeout)
+                facts["nvlink_counters"], facts["nvlink_counters_error"] = _nvlink_counters(
+                    sections.get("nvlink-errors"), errors.get("nvlink-errors"), smi_timeout)
     return TrayFacts(problems=tuple(problems), **facts, **base)
 
 

@@ -99,6 +99,9 @@ class Engine:
                                               deadline=self.bmc_deadline).start()
         from mctl.health.boots import BootMemory
         self.boots = BootMemory.load(self.state_dir)     # a reboot between sweeps (tray.boot, gpu.xid)
+        from mctl.health.signals import SignalMemory
+        # NVLink error counters as rates, clock-event streaks (nvlink.errors, gpu.clocks)
+        self.signals = SignalMemory.load(self.state_dir, settings.nvlink_error_window_s)
         # --dry-run keeps its records in memory only, so it never writes the state directory.
         self._dry_state: store.HealthState | None = None
         # The recovery ladder, when the site turned a rung on (docs/health.md "The recovery ladder").
@@ -140,6 +143,7 @@ class Engine:
             result.findings = sort_findings(result.findings + self.ladder.findings(result.records))
         if not self.dry_run:
             self.boots.save(self.state_dir)
+            self.signals.save(self.state_dir)
         result.elapsed = time.monotonic() - t0
         return result
 

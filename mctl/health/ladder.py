@@ -42,8 +42,11 @@ NOT_FIXED_BY_A_RUNG = frozenset({"host.disk", "gpu.driver", "fabric.domain", "fa
 # Findings a tray just back from a reboot shows until its services are up (slurmd, the IMEX daemon start
 # after boot): a verify counts them against its deadline only, never as a rung that did not fix it.
 SETTLING_AT_BOOT = frozenset({"slurm.slurmd", "imex.daemon", "imex.domain", "fabric.state", "tray.reachable"})
-# nvidia-smi's documented reset; -i takes the GPU's PCI bus id.
+# nvidia-smi's documented reset; -i takes the GPUs' PCI bus ids (run with NVIDIA's preconditions: health/gpu_reset.py)
 RESET_COMMAND = "nvidia-smi --gpu-reset -i"
+# Trays whose GPUs are reset together: on GB200/GB300 every GPU shares the Grace CPU's coherent NVLink-C2C memory
+# and the rack's NVLink fabric (nvidia-smi: NVLink-connected GPUs are reset in the same command)
+WHOLE_TRAY_PRODUCTS = ("GB200", "GB300")
 REBOOT_COMMAND = "systemctl reboot"
 
 
@@ -68,6 +71,7 @@ class Observation:
     has_bmc: bool = False
     why: str = ""                          # the critical findings, short
     settling: bool = False                 # every critical finding is one a booting tray shows for a while
+    reset_note: str | None = None          # why the reset takes more GPUs than the XIDs named (the whole tray)
 
     @property
     def failing(self) -> bool:
@@ -156,6 +160,8 @@ def _start_rung(st: LadderState, obs: Observation, ls: LadderSettings, rung: str
                 now: float, out: TrayStep) -> None:
     out.state = replace(st, phase=rung, since=now, deadline=now + ls.deadline_s(rung), boot=st.last_boot,
                         rung=rung, tried=st.tried + (rung,), sent=None, bad=0, note=None)
+    if rung == GPU_RESET and obs.reset_note:
+        why = f"{why} ({obs.reset_note})"
     out.rungs.append(Rung(obs.host, obs.rack, rung, why, now, obs.reset_gpus if rung == GPU_RESET else ()))
 
 
@@ -377,6 +383,36 @@ def reset_targets(facts: "TrayFacts", settings: HealthSettings) -> tuple[str, ..
     return tuple(gpus)
 
 
+def reset_scope(facts: "TrayFacts", named: tuple[str, ...]) -> tuple[tuple[str, ...], str | None]:
+    """The GPUs a reset of *named* (kernel-log PCI addresses) must take, as nvidia-smi spells them, and why when
+    that is more than *named*: on a GB200/GB300 tray every GPU of the tray (NVLink-connected, reset together)."""
+    from mctl.model.gpu import pci_key
+
+    if not named or facts.gpus is None or not facts.gpus.gpus:
+        return named, None
+    gpus = facts.gpus.gpus
+    keys = {pci_key(p) for p in named if _pci_ok(p)}
+    picked = tuple(g.pci_bus_id for g in gpus if _pci_ok(g.pci_bus_id) and pci_key(g.pci_bus_id) in keys)
+    if len(picked) != len(keys):
+        return named, None                       # a GPU the facts do not show (lost): as the XIDs named it
+    product = " ".join(g.product_name or "" for g in gpus)
+    if any(p in product for p in WHOLE_TRAY_PRODUCTS) and len(picked) < len(gpus):
+        whole = tuple(g.pci_bus_id for g in gpus)
+        return whole, (f"{next(p for p in WHOLE_TRAY_PRODUCTS if p in product)}: the tray's {len(whole)} GPUs are "
+                       "NVLink-connected and reset together, not only " + ", ".join(picked))
+    return picked, None
+
+
+def _pci_ok(text: str) -> bool:
+    from mctl.model.gpu import pci_key
+
+    try:
+        pci_key(text)
+        return True
+    except ValueError:
+        return False
+
+
 def _idle(node: "NodeView | None") -> bool | None:
     if node is None:
         return None
@@ -391,14 +427,15 @@ def observe(rec: "TrayRecord", verdict: "TrayVerdict", facts: "TrayFacts | None"
     critical = [f for f in verdict.findings if f.severity is Severity.CRITICAL]
     fixable = not verdict.reached or any(f.check not in NOT_FIXED_BY_A_RUNG for f in critical)
     reset: tuple[str, ...] = ()
+    note = None
     if verdict.reached and facts is not None and critical and \
             all(f.check in ("gpu.xid", "gpu.recovery") for f in critical):
-        reset = reset_targets(facts, settings)
+        reset, note = reset_scope(facts, reset_targets(facts, settings))
     why = "; ".join(f"{f.check}: {f.message}" for f in critical[:2]) or verdict.reach
     settling = bool(critical) and all(f.check in SETTLING_AT_BOOT for f in critical)
     return Observation(verdict.host, verdict.rack, rec.drained, verdict.reach, bool(critical),
                        rec.healthy_streak, facts.boot_id if facts is not None and verdict.reached else None,
-                       _idle(node), reset, fixable, has_bmc, why[:300], settling)
+                       _idle(node), reset, fixable, has_bmc, why[:300], settling, reset_note=note)
 
 
 # ------------------------------------------------------------------ every tray, through the breaker

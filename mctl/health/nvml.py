@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mctl.model.gpu import (FABRIC_STATES, EccCounts, FabricHealth, Gpu, GpuFabric, GpuNvLinks, GpuReport, NvLink,
+from mctl.model.gpu import (FABRIC_STATES, ClockEvents, EccCounts, FabricHealth, Gpu, GpuFabric, GpuNvLinks, GpuReport, NvLink,
                             NVLINK_SPEED_GBPS, NVLINKS_PER_GPU, PlatformInfo, RemappedRows, cluster_uuid_or_none)
 
 # healthMask fields: (shift, width) as NVML documents them.
@@ -89,6 +89,40 @@ def fabric(nv, handle) -> GpuFabric:
                      health=health)
 
 
+# nvmlClocksEventReason* masks (the ClocksThrottleReason* names of older bindings are the same bits) by the
+# reason names nvidia-smi -q -x prints (mctl.model.gpu.CLOCK_REASONS)
+_CLOCK_BITS = (("gpu_idle", "GpuIdle"), ("applications_clocks_setting", "ApplicationsClocksSetting"),
+               ("sw_power_cap", "SwPowerCap"), ("hw_slowdown", "HwSlowdown"),
+               ("hw_thermal_slowdown", "HwThermalSlowdown"), ("hw_power_brake_slowdown", "HwPowerBrakeSlowdown"),
+               ("sync_boost", "SyncBoost"), ("sw_thermal_slowdown", "SwThermalSlowdown"),
+               ("display_clocks_setting", "DisplayClockSetting"))
+
+
+def clock_events(nv, handle) -> ClockEvents:
+    """nvmlDeviceGetCurrentClocksEventReasons (R535+), else ...ThrottleReasons: the same reasons nvidia-smi prints;
+    a reason outside the supported mask is not reported."""
+    for call, prefix, element in (("nvmlDeviceGetCurrentClocksEventReasons", "nvmlClocksEventReason",
+                                   "clocks_event_reasons"),
+                                  ("nvmlDeviceGetCurrentClocksThrottleReasons", "nvmlClocksThrottleReason",
+                                   "clocks_throttle_reasons")):
+        fn = getattr(nv, call, None)
+        mask = _call(fn, handle) if fn is not None else None
+        if mask is None:
+            continue
+        supported_fn = getattr(nv, call.replace("Current", "Supported"), None)
+        supported = _call(supported_fn, handle) if supported_fn is not None else None
+        active, reported = [], []
+        for name, bit_name in _CLOCK_BITS:
+            bit = getattr(nv, prefix + bit_name, None)
+            if bit is None or (supported is not None and not int(supported) & int(bit)):
+                continue
+            reported.append(name)
+            if int(mask) & int(bit):
+                active.append(name)
+        return ClockEvents(element, tuple(active), tuple(reported))
+    return ClockEvents()
+
+
 def _gpu(nv, index: int, handle) -> Gpu:
     pci = _call(nv.nvmlDeviceGetPciInfo, handle)
     bus_id = _text(getattr(pci, "busId", None)) or f"unknown:{index}"
@@ -114,6 +148,7 @@ def _gpu(nv, index: int, handle) -> Gpu:
         power_draw_w=None if power is None else power / 1000.0,
         power_limit_w=None if limit is None else limit / 1000.0,
         memory_total_mib=None if memory is None else int(memory.total // (1024 * 1024)),
+        clock_events=clock_events(nv, handle),
     )
 
 

@@ -302,3 +302,10 @@ def evidence_on_demand(site: "Site", target: str | None, state_dir: Path, *, rea
     store.append_actions(state_dir, evidence.log_entries(bundles, state_dir, who=who or store.actor()))
     return {"dry_run": False, "index": str(evidence.index_path(state_dir)),
             "bundles": [b.to_dict(state_dir) for b in bundles]}
+
+
+def catalogue() -> list[dict]:
+    """`mctl health catalogue`: every check id with its severity, purposes, source, thresholds and lab fault."""
+    from mctl.checks import catalogue as cat
+
+    return [cat.to_dict(c) for c in cat.entries()]

@@ -182,7 +182,7 @@ class Sweeper:
         def arrived(f: TrayFacts) -> None:
             # Once per tray and sweep (BootMemory remembers what it saw), as the tray's answer arrives.
             rec = state.records.get(f.host)
-            seen[f.host] = e.boots.see(f).without_xids_before(rec.xid_ack if rec else None)
+            seen[f.host] = e.signals.see(e.boots.see(f).without_xids_before(rec.xid_ack if rec else None))
             if on_tray is not None and f.reached:
                 on_tray(seen[f.host], read)
 

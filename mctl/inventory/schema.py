@@ -225,6 +225,9 @@ class HealthSpec(Spec):
     boot_grace = F(str, "2m", pattern=DURATION_PATTERN)      # start-up checks warn while the tray is younger (0s: off)
     gpu_temp_warn_c = F(Opt(float), None)                    # default: max_gpu_temp_c - 5
     max_power_overshoot_pct = F(float, 5, ge=0)            # draw above the enforced limit by more than this warns
+    nvlink_error_window = F(str, "10m", pattern=DURATION_PATTERN)   # NVLink error counters judged as rates over it
+    nvlink_error_rate_critical = F(float, 100, gt=0)         # errors a second on a link that fail (DCGM's CRC limit)
+    clock_event_sweeps = F(int, 3, ge=1)                     # sweeps of HW slowdown / power brake before critical
     # Severity per fabric health flag; route_unhealthy is a warning because real GB200 trays on
     # driver 570 report it True while the fabric is Completed/Success.
     fabric_flags = F(DictOf(OneOf(*FABRIC_FLAGS), OneOf("ok", "warn", "critical")), factory=dict)

@@ -82,6 +82,9 @@ class FaultRequest:
     smi_hang: bool = False
     driver_branch: str | None = None        # "535" | "570" | "580"
     tool_fault: str | None = None           # "TOOL:MODE": a burn-in or evidence tool misbehaves (TOOL_FAULTS)
+    nvlink_errors: str | None = None        # "GPU:LINK:RATE": the link's Rx Errors grow RATE a second
+    clock_event: str | None = None          # "GPU:REASON": a clock-event reason Active (CLOCK_EVENTS)
+    gpu_process: str | None = None          # "GPU:NAME": a compute process holds the GPU (nvidia-smi lists it)
     # process, transport and host faults (see HOST_FAULTS below)
     slow: float | None = None               # seconds every command waits before it runs
     sshd_restart: bool = False              # event: sshd and every open connection killed, sshd comes back
@@ -106,13 +109,14 @@ TARGETS = ("gpu", "host", "service")
 # FaultRequest fields of each target
 FIELDS = {"gpu": ("xid", "gpu", "fabric", "gpu_missing", "nvlink_down", "ecc_uncorrectable", "nonfatal",
                   "recovery_action", "fell_off_bus", "nvlink_flap", "xid_storm", "smi_hang", "driver_branch",
-                  "tool_fault"),
+                  "tool_fault", "nvlink_errors", "clock_event", "gpu_process"),
           "host": ("unreachable", "hang", "slow", "sshd_restart", "reboot", "down_for"),
           "service": ("slurmd_down", "imex_crash", "slurmctld_down")}
 # what each target's flags are, for "no fault given"
 OPTIONS = {"gpu": "--xid CODE --gpu N, --fabric STATE, --gpu-missing N, --nvlink-down GPU:LINK, "
                   "--ecc-uncorrectable N --gpu N, --fell-off-bus --gpu N, --nvlink-flap GPU:LINK, "
-                  "--xid-storm CODE --gpu N, --smi-hang, --driver-branch B, --tool-fault TOOL:MODE",
+                  "--xid-storm CODE --gpu N, --smi-hang, --driver-branch B, --tool-fault TOOL:MODE, "
+                  "--nvlink-errors GPU:LINK:RATE, --clock-event GPU:REASON, --gpu-process GPU:NAME",
            "host": "--freeze (--unreachable), --hang, --slow SECONDS, --sshd-restart, --reboot [--down-for SECONDS]",
            "service": "--slurmd-down, --imex-crash, --slurmctld-down"}
 EXAMPLES = {"gpu": "mctl lab fault gpu lab-r1-tray03 --xid 79 --gpu 0",
@@ -340,11 +344,16 @@ TOOL_FAULT_MODES = ("hang", "crash", "garbage", "truncated")
 RECOVERY_ACTIONS = ("reset", "reboot", "drain-reset")
 NVLINK5_XIDS = range(144, 151)
 FLAP_PERIOD_S = 6.0
+# --clock-event REASON -> the -q -x reason it sets Active (mctl.model.gpu.CLOCK_REASONS)
+CLOCK_EVENTS = {"hw-slowdown": "hw_slowdown", "hw-power-brake": "hw_power_brake_slowdown",
+                "hw-thermal": "hw_thermal_slowdown", "sw-thermal": "sw_thermal_slowdown", "sw-power-cap": "sw_power_cap"}
+NVLINK_ERROR_RATE_MAX = 1e6           # errors a second: more than any real link counts
 
 
 def _emulator_empty() -> dict:
     return {"nvlink_all_down": [], "nvlink_flap": [], "fell_off_bus": [], "xid_storm": [], "smi_hang": False,
-            "driver_branch": None, "tool_faults": {}}
+            "driver_branch": None, "tool_faults": {}, "nvlink_errors": [], "clock_events": [], "gpu_processes": [],
+            "persistence_off": []}
 
 
 def _emulator_labels(d: dict) -> list[str]:
@@ -361,13 +370,17 @@ def _emulator_labels(d: dict) -> list[str]:
         labels.append(f"driver branch R{d['driver_branch']}")
     labels += [f"{tool} {mode}s" if mode != "garbage" else f"{tool} prints garbage"
                for tool, mode in sorted((d.get("tool_faults") or {}).items())]
+    labels += [f"nvlink gpu{e['gpu']}:link{e['link']} errors {e['rate']:g}/s" for e in d["nvlink_errors"]]
+    words = {v: k for k, v in CLOCK_EVENTS.items()}
+    labels += [f"gpu{c['gpu']} clock event {words.get(c['reason'], c['reason'])}" for c in d["clock_events"]]
+    labels += [f"gpu{p['gpu']} held by pid {p['pid']} {p['name']}" for p in d["gpu_processes"]]
     return labels
 
 
 def _emulator_given(req: FaultRequest) -> bool:
     return bool(req.nonfatal or req.fell_off_bus or req.smi_hang) or any(
         v is not None for v in (req.recovery_action, req.nvlink_flap, req.xid_storm, req.driver_branch,
-                                req.tool_fault))
+                                req.tool_fault, req.nvlink_errors, req.clock_event, req.gpu_process))
 
 
 def _all_links(text: str) -> bool:
@@ -399,6 +412,12 @@ def _validate_emulator(req: FaultRequest) -> None:
         parse_link(req.nvlink_flap, "--nvlink-flap")
     if req.tool_fault is not None:
         parse_tool_fault(req.tool_fault)
+    if req.nvlink_errors is not None:
+        parse_link_rate(req.nvlink_errors)
+    if req.clock_event is not None:
+        parse_clock_event(req.clock_event)
+    if req.gpu_process is not None:
+        parse_gpu_process(req.gpu_process)
     if req.driver_branch is not None and req.driver_branch not in DRIVER_BRANCHES:
         raise UsageError(f"--driver-branch {req.driver_branch!r}: not an emulated branch",
                          hint=f"one of {', '.join(DRIVER_BRANCHES)}")
@@ -411,6 +430,41 @@ def parse_tool_fault(text: str) -> tuple[str, str]:
                          hint=f"TOOL one of {', '.join(TOOL_FAULT_TOOLS)}; MODE one of {', '.join(TOOL_FAULT_MODES)}; "
                               "e.g. --tool-fault dcgmi:hang")
     return tool, mode
+
+
+def parse_link_rate(text: str) -> tuple[int, int, float]:
+    """--nvlink-errors GPU:LINK:RATE (RATE: errors a second, above 0)."""
+    parts = str(text).split(":")
+    if len(parts) != 3:
+        raise UsageError(f"--nvlink-errors {text!r}: expected GPU:LINK:RATE", hint="e.g. --nvlink-errors 0:3:5")
+    gpu, link = parse_link(f"{parts[0]}:{parts[1]}", "--nvlink-errors")
+    try:
+        rate = float(parts[2])
+    except ValueError:
+        rate = float("nan")
+    if rate != rate or not 0 < rate <= NVLINK_ERROR_RATE_MAX:
+        raise UsageError(f"--nvlink-errors {text}: {parts[2]!r} is not a rate",
+                         hint=f"errors a second, above 0 and at most {NVLINK_ERROR_RATE_MAX:g}, e.g. 0:3:5")
+    return gpu, link, rate
+
+
+def parse_clock_event(text: str) -> tuple[int, str]:
+    """--clock-event GPU:REASON -> (GPU, the -q -x reason name)."""
+    gpu_s, _, reason = str(text).partition(":")
+    if not gpu_s.strip().isdigit() or reason not in CLOCK_EVENTS:
+        raise UsageError(f"--clock-event {text!r}: expected GPU:REASON",
+                         hint=f"REASON one of {', '.join(CLOCK_EVENTS)}; e.g. --clock-event 0:hw-slowdown")
+    return _gpu_index(int(gpu_s), "--clock-event"), CLOCK_EVENTS[reason]
+
+
+def parse_gpu_process(text: str) -> tuple[int, str]:
+    """--gpu-process GPU:NAME (NAME: a process name, letters, digits, '._-', at most 32)."""
+    import re
+
+    gpu_s, _, name = str(text).partition(":")
+    if not gpu_s.strip().isdigit() or not re.fullmatch(r"[A-Za-z0-9._-]{1,32}", name):
+        raise UsageError(f"--gpu-process {text!r}: expected GPU:NAME", hint="e.g. --gpu-process 0:python3")
+    return _gpu_index(int(gpu_s), "--gpu-process"), name
 
 
 def _xid_extra(req: FaultRequest) -> dict:
@@ -449,3 +503,15 @@ def _apply_emulator(d: dict, req: FaultRequest, now: float) -> None:
     if req.tool_fault is not None:
         tool, mode = parse_tool_fault(req.tool_fault)
         d["tool_faults"] = {**(d.get("tool_faults") or {}), tool: mode}
+    if req.nvlink_errors is not None:
+        gpu, link, rate = parse_link_rate(req.nvlink_errors)
+        d["nvlink_errors"] = [e for e in d["nvlink_errors"] if (e["gpu"], e["link"]) != (gpu, link)] + [
+            {"gpu": gpu, "link": link, "rate": rate, "since": now}]
+    if req.gpu_process is not None:
+        gpu, name = parse_gpu_process(req.gpu_process)
+        pid = 4000 + 97 * gpu + len(d["gpu_processes"])
+        d["gpu_processes"] = d["gpu_processes"] + [{"gpu": gpu, "pid": pid, "name": name}]
+    if req.clock_event is not None:
+        gpu, reason = parse_clock_event(req.clock_event)
+        if not any((c["gpu"], c["reason"]) == (gpu, reason) for c in d["clock_events"]):
+            d["clock_events"] = d["clock_events"] + [{"gpu": gpu, "reason": reason}]

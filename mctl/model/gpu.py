@@ -137,6 +137,27 @@ class RemappedRows:
     failure: bool | None = None
 
 
+# Clock-event reasons (nvidia-smi -q -x): R535 and later print <clocks_event_reasons> with
+# <clocks_event_reason_*> children, earlier branches <clocks_throttle_reasons> with <clocks_throttle_reason_*>
+# (real captures in tests/fixtures/real/: 510-525 throttle, 535-595 event). The reason names after the prefix
+# are the same in both; each is "Active" or "Not Active".
+CLOCK_REASONS = ("gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "hw_thermal_slowdown",
+                 "hw_power_brake_slowdown", "sync_boost", "sw_thermal_slowdown", "display_clocks_setting")
+
+
+@dataclass(frozen=True)
+class ClockEvents:
+    """Why the GPU's clocks are held below what was asked, as the driver says now."""
+
+    element: str | None = None                        # clocks_event_reasons | clocks_throttle_reasons | None: neither
+    active: tuple[str, ...] = ()                      # reasons (CLOCK_REASONS names) that are Active
+    reported: tuple[str, ...] = ()                    # reasons the driver printed with a value
+
+    @property
+    def known(self) -> bool:
+        return self.element is not None and bool(self.reported)
+
+
 @dataclass(frozen=True)
 class Gpu:
     index: int                                        # NVML enumeration order on the tray
@@ -156,6 +177,7 @@ class Gpu:
     power_limit_w: float | None = None
     memory_total_mib: int | None = None
     gpu_recovery_action: str | None = None
+    clock_events: ClockEvents = field(default_factory=ClockEvents)
 
     @property
     def fabric_attached(self) -> bool:
@@ -256,3 +278,70 @@ class GpuNvLinks:
         return {"index": self.index, "name": self.name, "uuid": self.uuid,
                 "links": [{"link": l.link, "speed_gbps": l.speed_gbps, "active": l.active} for l in self.links],
                 "inactive_links": list(self.inactive_links), "all_inactive": self.all_inactive}
+
+
+# --- NVLink error counters (`nvidia-smi nvlink -e`) ---------------------------------------------------
+# The names each driver prints (mctl.checks.nvlink_errors judges them; docs/health.md "NVLink error counters"):
+# Hopper and earlier print three per link (a real H100 capture: tests/fixtures/real/ml-engineering-nvlink-e-h100.txt);
+# Blackwell drivers print the NVLink5 set (names as a B300 on driver 595.91.07 prints them, see docs/health.md)
+# and FEC buckets ("FEC Errors - N"), BERs and raw lane counters, which are not error counts.
+LEGACY_COUNTERS = ("Replay Errors", "Recovery Errors", "CRC Errors")
+NVLINK5_COUNTERS = ("Malformed packet Errors", "Buffer overrun Errors", "Rx Errors", "Rx remote Errors",
+                    "Rx General Errors", "Local link integrity Errors", "Tx discards",
+                    "Link recovery successful events", "Link recovery failed events", "Total link recovery events",
+                    "Effective Errors", "Symbol Errors")
+# A value this large is not a count (NVML's "not available" is -1 read as an unsigned 64-bit number).
+COUNTER_MAX = 2 ** 63
+
+
+@dataclass(frozen=True)
+class GpuNvLinkCounters:
+    """One GPU's error counters, per link: {link: {counter name: value}} (integer counters only)."""
+
+    index: int
+    uuid: str | None
+    links: dict[int, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """What identifies the GPU from sweep to sweep (NVML renumbers GPUs when one vanishes)."""
+        return self.uuid or f"index{self.index}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "uuid": self.uuid,
+                "links": {str(k): dict(v) for k, v in sorted(self.links.items())}}
+
+
+@dataclass(frozen=True)
+class LinkRate:
+    """How much one counter of one link grew over the window the sweep compared against."""
+
+    gpu: int
+    link: int
+    counter: str
+    delta: int
+    seconds: float
+
+    @property
+    def per_s(self) -> float:
+        return self.delta / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "link": self.link, "counter": self.counter, "delta": self.delta,
+                "seconds": round(self.seconds, 3), "per_s": round(self.per_s, 6)}
+
+
+@dataclass(frozen=True)
+class NvLinkWindow:
+    """The counters of this sweep against the earliest sample within the window (mctl.health.signals)."""
+
+    seconds: float | None = None                      # time between the two samples; None: no earlier sample
+    rates: tuple[LinkRate, ...] = ()                  # counters that grew (delta > 0)
+    resets: tuple[str, ...] = ()                      # "gpuN linkL counter": went backwards (reset, reload, wrap)
+
+    @property
+    def baseline(self) -> bool:
+        return self.seconds is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seconds": self.seconds, "rates": [r.to_dict() for r in self.rates], "resets": list(self.resets)}

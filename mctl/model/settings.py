@@ -166,6 +166,12 @@ class HealthSettings:
     gpu_temp_warn_c: float | None = None
     max_power_overshoot_pct: float = 5.0
     xid_window_s: float = 3600.0
+    # NVLink error counters judged as rates over this window (mctl/checks/nvlink_errors.py; DCGM's health watch:
+    # CRC errors at 100 a second fail, any replay or recovery error fails)
+    nvlink_error_window_s: float = 600.0
+    nvlink_error_rate_critical: float = 100.0
+    # HW slowdown or HW power brake active this many sweeps in a row is critical (one sweep warns)
+    clock_event_sweeps: int = 3
     boot_grace_s: float = 120.0             # start-up checks warn (neither drain nor count healthy) this long after boot
     fabric_flags: Mapping[str, Severity] = field(default_factory=lambda: dict(FABRIC_FLAG_DEFAULTS))
     driver_mismatch: Severity = Severity.WARN

@@ -23,7 +23,7 @@ from mctl.model.gpu import pci_key
 from mctl.model.xid import NvLink5Detail, RecoveryChange, XidInfo, describe
 
 if TYPE_CHECKING:
-    from mctl.model.gpu import GpuNvLinks, GpuReport
+    from mctl.model.gpu import GpuNvLinkCounters, GpuNvLinks, GpuReport, NvLinkWindow
 
 # Why a tray is probed and checked: each purpose's probe reads its own sections (mctl.facts.probe) and
 # evaluates the checks of the catalogue tagged with it (mctl.checks.catalogue).
@@ -261,6 +261,11 @@ class TrayFacts:
     gpu_source: str | None = None          # nvidia-smi | nvml
     nvlinks: "tuple[GpuNvLinks, ...] | None" = None
     nvlink_error: str | None = None
+    nvlink_counters: "tuple[GpuNvLinkCounters, ...] | None" = None   # `nvidia-smi nvlink -e` (health)
+    nvlink_counters_error: str | None = None
+    # Set by the health engine's memory of earlier sweeps (mctl.health.signals); None: no memory (one reading)
+    nvlink_window: "NvLinkWindow | None" = None
+    clock_streaks: tuple[tuple[int, str, int], ...] | None = None    # (GPU, reason, consecutive sweeps active)
     xids: tuple[XidObservation, ...] = ()
     xid_source: str | None = None
     imex: ImexObservation | None = None    # what nvidia-imex-ctl says (health, node check)
@@ -324,6 +329,11 @@ class TrayFacts:
             "gpu_messages": list(self.gpu_messages), "gpu_source": self.gpu_source,
             "nvlinks": [n.to_dict() for n in self.nvlinks] if self.nvlinks is not None else None,
             "nvlink_error": self.nvlink_error,
+            **({"nvlink_counters": [c.to_dict() for c in self.nvlink_counters]}
+               if self.nvlink_counters is not None else {}),
+            **({"nvlink_counters_error": self.nvlink_counters_error} if self.nvlink_counters_error else {}),
+            **({"nvlink_window": self.nvlink_window.to_dict()} if self.nvlink_window is not None else {}),
+            **({"clock_streaks": [list(s) for s in self.clock_streaks]} if self.clock_streaks is not None else {}),
             "xids": [x.to_dict() for x in self.xids], "xid_source": self.xid_source,
             "imex": self.imex.to_dict() if self.imex else None,
             "slurmd": self.slurmd.to_dict() if self.slurmd else None,

@@ -381,5 +381,5 @@ def test_probe_on_a_hung_nvidia_smi_ends_within_its_timeout_and_is_not_healthy(t
 
 def test_probe_on_all_links_down_is_not_healthy(tmp_path, processes):
     found = _judge(_probe(tmp_path, {"nvlink_all_down": [0]}))
-    nvlink = [f for f in found if f.check.startswith("nvlink")]
+    nvlink = [f for f in found if f.check == "nvlink.links"]
     assert nvlink and all(f.severity is not Severity.OK for f in nvlink)

@@ -26,9 +26,14 @@ class FakeNvml:
     c_nvmlGpuFabricInfoV_t = pynvml.c_nvmlGpuFabricInfoV_t
     nvmlGpuFabricInfo_v2 = pynvml.nvmlGpuFabricInfo_v2
     NVMLError = pynvml.NVMLError
+    nvmlClocksEventReasonGpuIdle = pynvml.nvmlClocksEventReasonGpuIdle
+    nvmlClocksEventReasonHwSlowdown = pynvml.nvmlClocksEventReasonHwSlowdown
+    nvmlClocksEventReasonHwPowerBrakeSlowdown = pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
+    nvmlClocksEventReasonSwPowerCap = pynvml.nvmlClocksEventReasonSwPowerCap
 
-    def __init__(self, lost=(), down=(), health_mask=None, state=3, ecc=None):
+    def __init__(self, lost=(), down=(), health_mask=None, state=3, ecc=None, clocks=0):
         self.lost, self.down, self.state, self.ecc = set(lost), set(down), state, ecc or {}
+        self.clocks = clocks
         # bandwidth FALSE(2), recovery FALSE, route_unhealthy TRUE(1), timeout FALSE, config none(1)
         self.mask = health_mask if health_mask is not None else (2 | 2 << 2 | 1 << 4 | 2 << 6 | 1 << 8)
 
@@ -92,6 +97,9 @@ class FakeNvml:
             total = 189471 * 1024 * 1024
         return Mem()
 
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return self.clocks
+
     def nvmlDeviceGetNvLinkState(self, h, link):
         if link >= 18:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
@@ -148,3 +156,18 @@ def test_load_explains_why_nvml_is_not_used():
     else:   # a machine with a real driver
         nvml.shutdown(nv)
         pytest.skip("NVML loaded here")
+
+
+def test_clock_event_reasons_from_nvml_are_judged():
+    from mctl.checks import clocks
+    from mctl.health import nvml as nvml_facts
+
+    nv = FakeNvml(clocks=pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown | pynvml.nvmlClocksEventReasonGpuIdle)
+    events = nvml_facts.clock_events(nv, 0)
+    assert events.element == "clocks_event_reasons"
+    assert events.active == ("gpu_idle", "hw_power_brake_slowdown")
+    assert "sw_power_cap" in events.reported and "sw_thermal_slowdown" not in events.reported   # the fake lacks it
+    report, links, _ = nvml_facts.read(nv)
+    found = clocks.check(TrayFacts(host="t01", gpus=report, nvlinks=links), None, HealthSettings())
+    assert [f.severity for f in found] == [Severity.WARN]          # one sweep: warns (critical after 3)
+    assert "HW power brake (1 sweep)" in found[0].message

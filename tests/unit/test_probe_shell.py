@@ -19,7 +19,7 @@ from mctl.facts.probe import HEALTH as HEALTH_PROBE
 
 NONCE = "0123456789abcdef"
 FACTS = ["hostname", "os-release", "kernel", "nvidia-smi", "services", "imex-config", "xid"]
-HEALTH = ["clock", "boot-id", "hostname", "nvidia-smi", "nvlink", "services", "imex-domain", "imex-query", "xid", "disk",
+HEALTH = ["clock", "boot-id", "hostname", "nvidia-smi", "nvlink", "nvlink-errors", "services", "imex-domain", "imex-query", "xid", "disk",
           "memory"]
 AUDIT_TRAY = ["os-release", "kernel", "slurmd", "file0", "file1"]
 AUDIT_CONTROLLER = ["clock", "nodes", "topology", "config", "partitions", "topology-conf"]
@@ -43,7 +43,7 @@ SCRIPTS = {
     "facts": (lambda: probe_command(INVENTORY, NONCE, smi_timeout=27), FACTS),
     "health": (lambda: probe_command(HEALTH_PROBE, NONCE, smi_timeout=20, disk_paths=("/", "/my disk")), HEALTH),
     "health-nvml": (lambda: probe_command(NODE_CHECK, NONCE, smi_timeout=20),
-                    [s for s in HEALTH if s not in ("nvidia-smi", "nvlink")]),
+                    [s for s in HEALTH if s not in ("nvidia-smi", "nvlink", "nvlink-errors")]),
     "audit-tray": (lambda: probe_command(AUDIT, NONCE, files=["/etc/nvidia-imex/nodes_config.cfg", "/etc/a b@RC_ABSENT@"]),
                    AUDIT_TRAY),
     "audit-tray-smi": (lambda: probe_command(AUDIT, NONCE, files=["/x", "/y"], smi_timeout=10), AUDIT_TRAY + ["nvidia-smi"]),

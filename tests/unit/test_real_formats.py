@@ -39,16 +39,17 @@ def test_every_sample_has_provenance_and_a_test():
     for name in samples:
         assert f"`{name}`" in readme, f"{name} has no provenance row in tests/fixtures/real/README.md"
 
-    tested = set(XML) | set(NVLINK) | set(KERNEL_LOGS) | set(CSV) | set(REAL_SCHED_SAMPLES) | set(REAL_BURNIN_SAMPLES)
+    tested = set(XML) | set(NVLINK) | set(NVLINK_ERRORS) | set(KERNEL_LOGS) | set(CSV) | set(REAL_SCHED_SAMPLES) \
+        | set(REAL_BURNIN_SAMPLES)
     assert sorted(tested) == samples
 
 
 def test_samples_are_byte_exact_as_recorded():
     """The git blob ids in the README are those of the files as published (read back with git hash-object)."""
     readme = (REAL_SAMPLES / "README.md").read_text(encoding="utf-8")
-    for name in [*XML, *REAL_SCHED_SAMPLES, *REAL_BURNIN_SAMPLES]:
+    for name in [*XML, *REAL_SCHED_SAMPLES, *REAL_BURNIN_SAMPLES, *NVLINK_ERRORS]:
         if not name.startswith(("telegraf-", "netdata-", "jpsnips-", "slurm-on-aws-", "crusoe-", "minyang-chen-",
-                                "glimmer-", "virtualclient-")):
+                                "glimmer-", "virtualclient-", "ml-engineering-")):
             continue
         data = (REAL_SAMPLES / name).read_bytes()
         blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
@@ -168,6 +169,39 @@ NVLINK = {
 def test_real_nvlink_status(name):
     got = parse_nvlink_status(real_text(name))
     assert [(g.index, len(g.links), g.inactive_links, g.all_inactive) for g in got] == NVLINK[name]
+
+
+# name -> [(GPU index, UUID, links, counter names)]
+NVLINK_ERRORS = {
+    "ml-engineering-nvlink-e-h100.txt": [(0, "GPU-abcdefab-cdef-abdc-abcd-abababababab", 2,
+                                          ("Replay Errors", "Recovery Errors", "CRC Errors"))],
+}
+
+
+@pytest.mark.parametrize("name", sorted(NVLINK_ERRORS))
+def test_real_nvlink_errors(name):
+    from mctl.facts.nvidia_smi import parse_nvlink_errors
+
+    got = parse_nvlink_errors(real_text(name))
+    assert [(g.index, g.uuid, len(g.links), tuple(g.links[0])) for g in got] == NVLINK_ERRORS[name]
+    assert {v for g in got for c in g.links.values() for v in c.values()} == {0}
+
+
+def test_real_clock_event_reasons_by_branch():
+    """R510-R525 print <clocks_throttle_reasons>, R535 and later <clocks_event_reasons>; same reasons."""
+    seen = {}
+    for name in XML:
+        gpu = parse_xml(real_text(name)).gpus[0]
+        seen[name] = gpu.clock_events.element
+        assert len(gpu.clock_events.reported) == 9, name
+    assert seen["netdata-tesla-p100.xml"] == "clocks_throttle_reasons"          # 510.47.03
+    assert seen["telegraf-quadro-p2000-v12.xml"] == "clocks_throttle_reasons"   # 525.125.06
+    assert seen["telegraf-a100-sxm4-v12.xml"] == "clocks_event_reasons"         # 535.54.03
+    assert seen["telegraf-rtx-3080-v13.xml"] == "clocks_event_reasons"          # 595.58.03
+    for name, element in seen.items():
+        major = int(XML[name][0].split(".")[0])
+        assert element == ("clocks_event_reasons" if major >= 535 else "clocks_throttle_reasons"), name
+    assert parse_xml(real_text("netdata-tesla-p100.xml")).gpus[0].clock_events.active == ("gpu_idle",)
 
 
 def test_a100_links_are_25_gbps():

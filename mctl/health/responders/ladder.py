@@ -168,14 +168,21 @@ class LadderResponder(Responder):
             if target is None:
                 return "failed", "no SSH target for the tray"
             if r.rung == ladder.GPU_RESET:
-                ids = " ".join(shlex.quote(g) for g in r.gpus)
-                per = max(10, int(self.ls.gpu_reset_deadline_s / max(1, len(r.gpus))))
-                cmd = f"for g in {ids}; do timeout {per} {ladder.RESET_COMMAND} \"$g\" || exit $?; done"
-                res = await ctx.pool.run_one(target, cmd, timeout=self.ls.gpu_reset_deadline_s,
-                                                deadline=self.ls.gpu_reset_deadline_s + 5)
-                if res.ok:
-                    return "ok", f"reset {', '.join(r.gpus)}"
-                return "failed", _said(res)
+                from mctl.health import gpu_reset
+
+                # NVIDIA's preconditions, on the tray in one command (mctl/health/gpu_reset.py): refused while
+                # processes hold the GPUs, persistence mode off, one reset of the set, persistence back, verified
+                deadline = self.ls.gpu_reset_deadline_s
+                res = await ctx.pool.run_one(target, gpu_reset.script(r.gpus, deadline), timeout=deadline + 60,
+                                             deadline=deadline + 65)
+                if not res.status.reached:
+                    return "unknown", _said(res)
+                done = gpu_reset.parse(res.stdout, res.exit_code)
+                if done.status == "refused":
+                    return "not-taken", done.text
+                if done.status == "ok":
+                    return "ok", f"reset {', '.join(r.gpus)}: {done.text}"
+                return "failed", done.text or _said(res)
             res = await ctx.pool.run_one(target, f"timeout 10 {ladder.REBOOT_COMMAND}", timeout=REBOOT_SEND_S,
                                             deadline=REBOOT_SEND_S + 5)
             if res.ok:

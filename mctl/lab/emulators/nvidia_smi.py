@@ -40,6 +40,18 @@ How faults.json shows (what a real driver would print for the same condition):
                            previous call (STORM_RATE a second, at most STORM_MAX_APPEND a call).
   smi_hang                 every call blocks (the wedged-driver case: nvidia-smi in D state) until the
                            fault is cleared; the launcher's replay key includes faults.json, so it hangs too.
+  nvlink_errors [{gpu, link, rate, since}]
+                           `nvlink -e`: the link's "Rx Errors" counter grows by `rate` a second since `since`
+                           (computed from the clock on every call); every other counter stays 0.
+  clock_events [{gpu, reason}]
+                           -q -x: <clocks_event_reason_REASON> of GPU gpu "Active" (hw_slowdown,
+                           hw_power_brake_slowdown, hw_thermal_slowdown, sw_thermal_slowdown, sw_power_cap).
+  gpu_processes [{gpu, pid, name}]
+                           compute processes holding GPU gpu: `--query-compute-apps` lists them and a
+                           `--gpu-reset` of that GPU is refused ("In use by another client").
+  persistence_off [g]      driver state, not a fault: persistence mode of GPU g is Disabled (`-pm 0` writes
+                           it, `-pm 1` removes it); a `--gpu-reset` is refused while persistence mode is on.
+                           A reset that goes through ends the GPU's XIDs' lasting effects (its xid entries).
   driver_branch "535"|"570"|"580"
                            the -q -x / -q element tree of that driver branch (see BRANCHES), overriding
                            gpus.json's own driver_branch (default: the branch of its driver_version).
@@ -81,6 +93,7 @@ F=${MCTL_LAB_FAULTS:-/var/lib/mctl-lab/faults.json}
 case "$*" in
   "-q -x") c=q-x ;;
   "nvlink --status") c=nvlink-status ;;
+  "nvlink -e") c=nvlink-e ;;
   *) c= ;;
 esac
 if [ -n "$c" ] && [ -e "$S" ]; then
@@ -425,6 +438,12 @@ class GpuView:
         self.down_links = sorted({int(link) for gpu_id, link in faults.get("nvlink_down") or [] if int(gpu_id) == self.id}
                                  | set(flapping_down(faults, self.id, now)))
         self.all_links_down = self.id in {int(i) for i in faults.get("nvlink_all_down") or []}
+        self.persistence = "Disabled" if self.id in {int(i) for i in faults.get("persistence_off") or []} else "Enabled"
+        self.processes = [p for p in faults.get("gpu_processes") or [] if int(p.get("gpu", -1)) == self.id]
+        self.clock_active = {str(c.get("reason")) for c in faults.get("clock_events") or [] if int(c.get("gpu", -1)) == self.id}
+        t = time.time() if now is None else now
+        self.link_errors = {int(e["link"]): int(max(0.0, float(e["rate"]) * (t - float(e["since"]))))
+                            for e in faults.get("nvlink_errors") or [] if int(e.get("gpu", -1)) == self.id}
         if self.all_links_down:
             self.down_links = list(range(NVLINKS_PER_GPU))
         self._fabric(state, gpu, faults.get("fabric"))
@@ -485,7 +504,7 @@ def flapping_down(faults, gpu_id, now=None):
 
 def time_dependent(faults):
     """Whether this tray's answers change with the clock (then the launcher must not replay them)."""
-    return bool(faults.get("nvlink_flap") or faults.get("xid_storm"))
+    return bool(faults.get("nvlink_flap") or faults.get("xid_storm") or faults.get("nvlink_errors"))
 
 
 class Rack:
@@ -547,7 +566,7 @@ def _gpu_tree(g):
         ("product_architecture", "Product Architecture", "Blackwell"),
         ("display_mode", "Display Mode", "Enabled"),
         ("display_active", "Display Active", "Disabled"),
-        ("persistence_mode", "Persistence Mode", "Enabled"),
+        ("persistence_mode", "Persistence Mode", g.persistence),
         ("addressing_mode", "Addressing Mode", "ATS"),
         ("mig_mode", "MIG Mode", [("current_mig", "Current", "Disabled"), ("pending_mig", "Pending", "Disabled")]),
         ("mig_devices", None, _Block("None")),
@@ -615,7 +634,8 @@ def _gpu_tree(g):
         ("fan_speed", "Fan Speed", NA),
         ("performance_state", "Performance State", "P0"),
         ("clocks_event_reasons", "Clocks Event Reasons", [
-            ("clocks_event_reason_" + tag, label, "Not Active") for tag, label in (
+            ("clocks_event_reason_" + tag, label, "Active" if tag in g.clock_active else "Not Active")
+            for tag, label in (
                 ("gpu_idle", "Idle"), ("applications_clocks_setting", "Applications Clocks Setting"),
                 ("sw_power_cap", "SW Power Cap"), ("hw_slowdown", "HW Slowdown"),
                 ("hw_thermal_slowdown", "HW Thermal Slowdown"), ("hw_power_brake_slowdown", "HW Power Brake Slowdown"),
@@ -900,6 +920,38 @@ def render_nvlink_status(rack, selected):
     return "\n".join(out) + ("\n" if out else "")
 
 
+# `nvlink -e` on Blackwell: the NVLink5 counter names (docs/lab.md: the names a B300 on driver 595.91.07 prints)
+# in the line shape of the real H100 capture (tests/fixtures/real/ml-engineering-nvlink-e-h100.txt: nine spaces,
+# `Link N: NAME: VALUE`, a blank line after each link), the FEC buckets and the BER floor after them.
+NVLINK5_COUNTERS = ("Malformed packet Errors", "Buffer overrun Errors", "Rx Errors", "Rx remote Errors",
+                    "Rx General Errors", "Local link integrity Errors", "Tx discards",
+                    "Link recovery successful events", "Link recovery failed events", "Total link recovery events",
+                    "Effective Errors", "Symbol Errors")
+FEC_BUCKET0 = 36140749276          # the corrected-codeword bucket reads in the billions on a healthy link
+
+
+def render_nvlink_errors(rack, selected):
+    out = []
+    for g in selected:
+        if g.lost:
+            continue
+        out.append("GPU %d: %s (UUID: %s)" % (g.index, g.name, g.uuid))
+        if g.all_links_down:
+            out.append(NVLINK_ALL_INACTIVE_TEXT)
+            continue
+        for link in range(NVLINKS_PER_GPU):
+            for name in NVLINK5_COUNTERS:
+                value = g.link_errors.get(link, 0) if name == "Rx Errors" else 0
+                out.append("         Link %d: %s: %d" % (link, name, value))
+            out.append("         Link %d: FEC Errors - 0: %d" % (link, FEC_BUCKET0))
+            for bucket in range(1, 16):
+                out.append("         Link %d: FEC Errors - %d: 0" % (link, bucket))
+            out.append("         Link %d: Effective BER: 15e-255" % link)
+            out.append("         Link %d: Symbol BER: 15e-255" % link)
+            out.append("")
+    return "\n".join(out) + ("\n" if out else "")
+
+
 # --- --query-gpu ----------------------------------------------------------------------------------
 
 def _w(value):
@@ -931,7 +983,7 @@ QUERY_FIELDS = {
     "memory.free": ("MiB", lambda g: str(max(0, g.memory_total - 799 - g.memory_used))),
     "utilization.gpu": ("%", lambda g: "0"),
     "pstate": (None, lambda g: "P0"),
-    "persistence_mode": (None, lambda g: "Enabled"),
+    "persistence_mode": (None, lambda g: g.persistence),
     "ecc.mode.current": (None, lambda g: "Enabled"),
     "ecc.errors.uncorrected.volatile.total": (None, lambda g: str(g.dram_unc)),
     "ecc.errors.uncorrected.aggregate.total": (None, lambda g: str(g.dram_unc)),
@@ -985,6 +1037,7 @@ HELP = """NVIDIA System Management Interface -- mctl lab emulation of nvidia-smi
 
     nvidia-smi [-i ID] [-L | -q [-x] | --query-gpu=FIELDS --format=csv[,noheader][,nounits]]
     nvidia-smi nvlink --status [-i ID]
+    nvidia-smi nvlink -e [-i ID]
 
     -h,   --help                Print usage information and exit.
     -i,   --id=                 Target a specific GPU (index, PCI bus id or UUID).
@@ -1000,9 +1053,12 @@ class _Args:
     def __init__(self):
         self.sub = None
         self.ident = None
-        self.list = self.query = self.xml = self.help = self.status = False
+        self.list = self.query = self.xml = self.help = self.status = self.errors = False
         self.query_gpu = None
+        self.query_apps = None
         self.fmt = None
+        self.reset = False
+        self.pm = None
 
 
 def _parse(argv):
@@ -1038,10 +1094,18 @@ def _parse(argv):
             args.xml = True
         elif a == "--query-gpu" and args.sub is None:
             args.query_gpu = take()
+        elif a == "--query-compute-apps" and args.sub is None:
+            args.query_apps = take()
+        elif a in ("-r", "--gpu-reset") and args.sub is None:
+            args.reset = True
+        elif a in ("-pm", "--persistence-mode") and args.sub is None:
+            args.pm = take()
         elif a == "--format" and args.sub is None:
             args.fmt = take()
         elif a in ("-s", "--status") and args.sub == "nvlink":
             args.status = True
+        elif a in ("-e", "--errorcounters") and args.sub == "nvlink":
+            args.errors = True
         else:
             raise ValueError(a)
         i += 1
@@ -1061,6 +1125,8 @@ def main(argv=None, env=None, stdout=None, stderr=None, now=None):
     if args.help:
         stdout.write(HELP)
         return EXIT_OK
+    if args.query_apps is not None or args.reset or args.pm is not None:
+        return _manage(args, env, stdout, stderr, now)
     if args.query_gpu is not None:
         fields = [f.strip() for f in args.query_gpu.split(",") if f.strip()]
         for f in fields:
@@ -1091,10 +1157,10 @@ def main(argv=None, env=None, stdout=None, stderr=None, now=None):
     if time_dependent(faults):           # a flapping link or a storm: every call must compute its answer
         env = {k: v for k, v in env.items() if k not in (REPLAY_FILE_ENV, REPLAY_KEY_ENV)}
     if args.sub == "nvlink":
-        if not args.status:
+        if args.status == args.errors:
             stdout.write(INVALID_ARGS_TEXT + "\n")
             return EXIT_INVALID_ARG
-        text = render_nvlink_status(rack, selected)
+        text = render_nvlink_status(rack, selected) if args.status else render_nvlink_errors(rack, selected)
         stdout.write(text)
         if args.ident is None:
             save_replay(env, messages, text, 0)
@@ -1148,6 +1214,80 @@ def misbehave(mode, tool, text, env=None, stdout=None):
     if mode == "truncated":
         return text[: max(1, len(text) // 2)]
     return None
+
+
+# --- management: compute processes, persistence mode, GPU reset -----------------------------------
+
+APP_FIELDS = {"gpu_bus_id": lambda g, p: g.bus_id, "gpu_uuid": lambda g, p: g.uuid, "pid": lambda g, p: str(p["pid"]),
+              "process_name": lambda g, p: str(p.get("name") or "python3"), "used_memory": lambda g, p: "1024 MiB"}
+RESET_IN_USE = ("%d device is currently being used by one or more other processes (e.g., Fabric Manager, CUDA "
+                "application, graphics application such as an X server, or a monitoring application such as another "
+                "instance of nvidia-smi). Please first kill all processes using this device and all compute "
+                "applications running in the system.")
+
+
+def _write_faults(env, doc):
+    import json
+
+    path = (env or os.environ).get(FAULTS_ENV) or FAULTS_PATH
+    tmp = "%s.%d" % (path, os.getpid())
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh)
+    os.replace(tmp, path)
+
+
+def _manage(args, env, stdout, stderr, now):
+    try:
+        state, faults = load(env)
+    except DriverMissing:
+        stdout.write(DRIVER_FAILURE_TEXT + "\n\n")
+        return EXIT_DRIVER
+    rack = Rack(state, faults, now)
+    selected = rack.select(args.ident)
+    if selected is None or not rack.gpus:
+        stdout.write(NO_DEVICES_TEXT + "\n")
+        return EXIT_NOT_FOUND
+    if args.query_apps is not None:
+        fields = [f.strip() for f in args.query_apps.split(",") if f.strip()]
+        if not fields or any(f not in APP_FIELDS for f in fields) or args.fmt is None \
+                or "csv" not in args.fmt.split(","):
+            stdout.write(INVALID_ARGS_TEXT + "\n")
+            return EXIT_INVALID_ARG
+        out = [] if "noheader" in args.fmt else [", ".join(fields)]
+        out += [", ".join(APP_FIELDS[f](g, p) for f in fields) for g in selected if not g.lost for p in g.processes]
+        stdout.write("".join(line + "\n" for line in out))
+        return EXIT_OK
+    if args.pm is not None:
+        if args.pm not in ("0", "1", "ENABLED", "DISABLED"):
+            stdout.write(INVALID_ARGS_TEXT + "\n")
+            return EXIT_INVALID_ARG
+        on = args.pm in ("1", "ENABLED")
+        off = {int(i) for i in faults.get("persistence_off") or []}
+        for g in selected:
+            off = (off - {g.id}) if on else (off | {g.id})
+            stdout.write("%s persistence mode for GPU %s.\n" % ("Enabled" if on else "Disabled", g.bus_id))
+        faults = dict(faults, persistence_off=sorted(off))
+        _write_faults(env, faults)
+        stdout.write("All done.\n")
+        return EXIT_OK
+    # --gpu-reset: refused while anything holds a GPU (a process, or the driver kept up by persistence mode)
+    held = [g for g in selected if g.processes or g.persistence == "Enabled"]
+    if held:
+        stdout.write("The following GPUs could not be reset:\n")
+        for g in held:
+            stdout.write("  GPU %s: In use by another client\n" % g.bus_id)
+        stdout.write("\n" + RESET_IN_USE % len(held) + "\n")
+        return 255
+    ids = {g.id for g in selected}
+    for key in ("xid", "xid_storm"):
+        if faults.get(key):
+            faults[key] = [x for x in faults[key] if int(x.get("gpu", -1)) not in ids]
+    faults = dict(faults, fell_off_bus=[i for i in faults.get("fell_off_bus") or [] if int(i) not in ids])
+    _write_faults(env, faults)
+    for g in selected:
+        stdout.write("GPU %s was successfully reset.\n" % g.bus_id)
+    stdout.write("All done.\n")
+    return EXIT_OK
 
 
 def hang_while_set(env, poll=0.25):
