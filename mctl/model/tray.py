@@ -271,6 +271,9 @@ class TrayFacts:
     slurmd_error: str | None = None        # not installed, or unreadable (audit)
     files: dict[str, str | None] = field(default_factory=dict)   # audit: path -> text (None: absent)
     file_errors: dict[str, str] = field(default_factory=dict)    # audit: path -> why it could not be read
+    packages: dict[str, str | None] | None = None   # audit: Debian package -> installed version (None: not installed)
+    package_notes: dict[str, str] = field(default_factory=dict)  # audit: package -> why it has no version
+    packages_error: str | None = None      # audit: why no package was read (no dpkg-query, output cut off)
     slurm_node: Any = None                 # the scheduler's view (mctl.sched.slurm.facts.NodeState), set by the caller
     bmc: Any = None                        # what the tray's BMC said (mctl.checks.leak.BmcHealth), set by the sweep
     disks: tuple[DiskUsage, ...] = ()
