@@ -82,6 +82,9 @@ _ENTRIES = (
     Check("gpu.driver", W, "the tray's driver is its image's (health), and the rack's (inventory)", _ALL,
           setting="driver_mismatch"),
     Check("gpu.duplicate", C, "one GPU UUID answers at one inventory address only", _INV),
+    Check("gpu.out-of-band", C, "a tray without GPU tools yet: its BMC and NMX-M show all its GPUs (bring-up; "
+          "provisioning installs the tools)", _INV),
+    Check("bmc.serial-duplicate", C, "one tray chassis serial per BMC across the rack (two addresses, one tray)", _INV),
     Check("gpu.xid", C, "no XID that drains in the XID window of this boot (others warn)", _TRAY,
           setting="drain_xids"),
     Check("gpu.ecc", C, "no uncorrectable ECC error since the driver loaded (lifetime ones warn)", _TRAY,

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Sequence
 from mctl.facts import DriverUnavailable, FactsParseError, shell
 from mctl.facts import packages as dpkg
 from mctl.facts.shell import RC_ABSENT
-from mctl.model.tray import (AUDIT, HEALTH, INVENTORY, NODE_CHECK, PURPOSES, Clock, DiskUsage, ImexObservation, Memory,
+from mctl.model.tray import (AUDIT, GPU_TOOLS_MISSING, HEALTH, INVENTORY, NODE_CHECK, PURPOSES, Clock, DiskUsage, ImexObservation, Memory,
                              TrayFacts)
 
 if TYPE_CHECKING:
@@ -246,7 +246,7 @@ def smi_section(smi: Section | None, err: Section | None, smi_timeout: float):
     if not smi.complete:
         return None, "nvidia-smi output cut off before it ended", messages
     if smi.rc == 127:
-        return None, "nvidia-smi is not installed (command not found)", messages
+        return None, GPU_TOOLS_MISSING, messages
     if smi.rc in (124, 137):
         return None, f"nvidia-smi hung: no answer within {smi_timeout:g}s (driver wedged?)", messages
     try:

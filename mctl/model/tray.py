@@ -240,6 +240,10 @@ class Memory:
                 "available_pct": round(self.available_pct, 1)}
 
 
+# gpu_error when the tray has no nvidia-smi at all: on a tray that arrived with its OS only, provisioning's to install
+GPU_TOOLS_MISSING = "nvidia-smi is not installed (command not found)"
+
+
 @dataclass(frozen=True)
 class TrayFacts:
     """Every fact one probe read from one compute tray (or why there are none: reach != ok)."""
@@ -284,6 +288,11 @@ class TrayFacts:
     @property
     def reached(self) -> bool:
         return self.reach == REACH_OK
+
+    @property
+    def gpu_tools_missing(self) -> bool:
+        """The tray answered but has no nvidia-smi (not a driver fault: no GPU tools installed yet)."""
+        return self.reached and self.gpus is None and self.gpu_error == GPU_TOOLS_MISSING
 
     @property
     def gpu_count(self) -> int | None:
