@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """Benchmark `mctl rack bring-up` on a lab rack: the first bring-up and the re-run on the finished rack.
 
-Targets (issue 9), on 2 cores: bring-up of one 18-tray lab rack <= 5 minutes; the
-re-run on a finished rack <= 90 s. Each run is the real CLI in a subprocess
+Targets, on 2 cores: 18 bare OS trays to schedulable <= 6 minutes (issue 28: the lab started
+OS-only, `mctl lab up`'s default, so provisioning installs every component through apt and the
+inventory is taken twice; issue 9's 5 minutes were for trays that had the GPU tools already,
+`--pre-tooled` here); the re-run on a finished rack <= 90 s. Each run is the real CLI in a subprocess
 (`mctl --json rack bring-up lab-r1`), timed wall and CPU (user + system of it and
 every descendant it waited for: ansible-playbook and its workers, ssh), with the
 time of every phase from the run's JSON. The first run's rack is the demo's: the
 partitions recorded with the 2x9 template, then bring-up applies everything.
 
-    sudo python3 bench/bringup_bench.py                      # a fresh 18-tray lab on a free 127.N block
+    sudo python3 bench/bringup_bench.py                      # a fresh 18-tray OS-only lab on a free 127.N block
     sudo python3 bench/bringup_bench.py --trays 4 --json
+    sudo python3 bench/bringup_bench.py --pre-tooled         # trays with the GPU tools' packages installed
     sudo python3 bench/bringup_bench.py --lab /var/lib/mctl/lab   # an existing lab (first run may be a no-op)
 
 Exit 0 when both targets are met, 1 when one is missed, 2 on a setup problem.
@@ -30,7 +33,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-FIRST_TARGET_S = 300.0
+FIRST_TARGET_S = 360.0          # bare trays (issue 28); 300 s with --pre-tooled (issue 9)
+PRE_TOOLED_TARGET_S = 300.0
 RERUN_TARGET_S = 90.0
 
 
@@ -69,6 +73,8 @@ def main() -> int:
     ap.add_argument("--trays", type=int, default=18)
     ap.add_argument("--lab", type=Path, help="use this running lab instead of starting one")
     ap.add_argument("--keep", action="store_true", help="leave the lab up afterwards")
+    ap.add_argument("--pre-tooled", action="store_true",
+                    help="start the lab with the GPU tools' packages installed (default: OS only, as trays arrive)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -85,9 +91,9 @@ def main() -> int:
         lab_dir = state_dir / "lab"
         net = free_net()
         t0 = time.monotonic()
-        started_lab = control.up(lab_dir, racks=1, trays=args.trays, net=net)
-        print(f"lab up: {args.trays} trays on 127.{net}.1.x in {time.monotonic() - t0:.1f}s ({lab_dir})",
-              file=sys.stderr)
+        started_lab = control.up(lab_dir, racks=1, trays=args.trays, net=net, os_only=not args.pre_tooled)
+        print(f"lab up: {args.trays} {'pre-tooled' if args.pre_tooled else 'OS-only'} trays on 127.{net}.1.x in "
+              f"{time.monotonic() - t0:.1f}s ({lab_dir})", file=sys.stderr)
     env = dict(os.environ, MCTL_STATE_DIR=str(state_dir), MCTL_INVENTORY=str(lab_dir), NO_COLOR="1")
     try:
         rec = subprocess.run([sys.executable, "-m", "mctl", "partition", "create", "lab-r1", "--template", "2x9",
@@ -102,23 +108,25 @@ def main() -> int:
     finally:
         if started_lab is not None and not args.keep:
             control.down(lab_dir)
-    ok_first = first["rc"] == 0 and first["wall_s"] <= FIRST_TARGET_S
+    first_target = PRE_TOOLED_TARGET_S if args.pre_tooled else FIRST_TARGET_S
+    ok_first = first["rc"] == 0 and first["wall_s"] <= first_target
     ok_rerun = rerun["rc"] == 0 and rerun["wall_s"] <= RERUN_TARGET_S and bool((rerun["data"] or {}).get("already_up"))
     report = {
         "trays": args.trays if started_lab else None, "cores": os.cpu_count(),
+        "lab": None if args.lab else ("pre-tooled" if args.pre_tooled else "os-only"),
         "first": {k: v for k, v in first.items() if k != "data"} | {"phases": phases_of(first),
                                                                    "status": (first["data"] or {}).get("status")},
         "rerun": {k: v for k, v in rerun.items() if k != "data"} | {"phases": phases_of(rerun),
                                                                    "already_up": (rerun["data"] or {}).get(
                                                                        "already_up")},
-        "targets": {"first_s": FIRST_TARGET_S, "rerun_s": RERUN_TARGET_S, "first_met": ok_first,
+        "targets": {"first_s": first_target, "rerun_s": RERUN_TARGET_S, "first_met": ok_first,
                     "rerun_met": ok_rerun},
     }
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print(f"{'run':<8} {'rc':>3} {'wall s':>8} {'CPU s':>7} {'load':>12}  target")
-        for name, res, target, met in (("first", first, FIRST_TARGET_S, ok_first),
+        for name, res, target, met in (("first", first, first_target, ok_first),
                                        ("re-run", rerun, RERUN_TARGET_S, ok_rerun)):
             print(f"{name:<8} {res['rc']:>3} {res['wall_s']:>8} {res['cpu_s']:>7} "
                   f"{str(res['load'][0]) + '->' + str(res['load'][1]):>12}  <= {target:.0f}s "

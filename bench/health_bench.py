@@ -49,7 +49,7 @@ def start_lab(trays: int, workdir: Path, env: dict, *, racks: int = 1, slurm: bo
 
     used = {int(a.split(".")[1]) for a, _ in listening_tcp() if a.startswith("127.")}
     net = next(n for n in range(160, 255) if n not in used)
-    result = control.up(workdir / "lab", racks=racks, trays=trays, net=net,
+    result = control.up(workdir / "lab", racks=racks, trays=trays, net=net, os_only=False,
                         progress=lambda m: sys.stderr.write(f"[lab] {m}\n"))
     if not slurm:
         return result.dir

@@ -79,7 +79,7 @@ def start_lab(racks: int, trays: int, workdir: Path):
     net = next((n for n in range(180, 255) if n not in used), None)
     if net is None:
         raise SystemExit("no free 127.N.0.0/16 block for a bench lab")
-    result = control.up(workdir / "lab", racks=racks, trays=trays, net=net,
+    result = control.up(workdir / "lab", racks=racks, trays=trays, net=net, os_only=False,
                         progress=lambda m: sys.stderr.write(f"[lab] {m}\n"))
     return result.dir, control
 

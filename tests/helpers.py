@@ -31,7 +31,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterator, Sequence, TypeVar
 
 import yaml
 
@@ -485,9 +485,10 @@ BMC_CASES = _bmc_cases()        # what a tray's BMC said, by case: the health ch
 
 # ------------------------------------------------------------------ the audit's tray probe on this machine
 
-def probe_here(tmp_path: Path, *, smi: str | None):
+def probe_here(tmp_path: Path, *, smi: str | None, packages: Sequence[str] = (), dpkg_query: str | None = None):
     """The audit's tray probe on this machine (a process: request the `processes` fixture); *smi* is the
-    stand-in nvidia-smi's body (None: none on PATH). Its TrayFacts."""
+    stand-in nvidia-smi's body (None: none on PATH); *packages*: the Debian packages it asks dpkg-query
+    about, *dpkg_query* a stand-in's body (None: this machine's own, where it has one). Its TrayFacts."""
     from mctl.facts.probe import AUDIT, from_result, probe_command
     from mctl.transport.results import HostResult, HostStatus
 
@@ -496,13 +497,16 @@ def probe_here(tmp_path: Path, *, smi: str | None):
     if smi is not None:
         (bin_dir / "nvidia-smi").write_text("#!/bin/sh\n" + smi)
         (bin_dir / "nvidia-smi").chmod(0o755)
+    if dpkg_query is not None:
+        (bin_dir / "dpkg-query").write_text("#!/bin/sh\n" + dpkg_query)
+        (bin_dir / "dpkg-query").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
     nonce = "00112233445566aa"
-    proc = subprocess.run(["/bin/sh", "-c", probe_command(AUDIT, nonce, smi_timeout=20)], capture_output=True, text=True,
-                          timeout=60, env=env)
+    proc = subprocess.run(["/bin/sh", "-c", probe_command(AUDIT, nonce, smi_timeout=20, packages=packages)],
+                          capture_output=True, text=True, timeout=60, env=env)
     result = HostResult("lab-r1-tray01", "127.0.0.1", HostStatus.OK if proc.returncode == 0 else HostStatus.FAILED,
                         proc.returncode, proc.stdout, proc.stderr)
-    return from_result(AUDIT, result, nonce, smi_timeout=20)
+    return from_result(AUDIT, result, nonce, smi_timeout=20, packages=packages)
 
 
 # ------------------------------------------------------------------ the lab's nvidia-smi on a state file

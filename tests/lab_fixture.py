@@ -252,7 +252,9 @@ def _own_lab(state_dir: Path, *, trays: int, label: str = "lab", **up_options) -
     """A lab of its own in *state_dir* (one rack of *trays*), on a free address block, taken down after.
 
     For modules that change what the shared session lab must keep (its partitions, its software):
-    *up_options* go to `mctl.lab.control.up` (e.g. os_only=True)."""
+    *up_options* go to `mctl.lab.control.up`. Its trays are pre-tooled (the GPU tools' packages already
+    installed, as in an image that carries them) unless os_only=True: the OS image only, as trays arrive
+    (the `mctl lab up` default); most tests read the GPUs before they provision anything."""
     reason = lab_skip_reason()
     if reason:
         pytest.skip(reason)
@@ -263,7 +265,8 @@ def _own_lab(state_dir: Path, *, trays: int, label: str = "lab", **up_options) -
         net = _free_net()
         try:
             result = control.up(state_dir / "lab", racks=1, trays=trays, net=net,
-                                progress=lambda m: sys.stderr.write(f"[{label}] {m}\n"), **up_options)
+                                progress=lambda m: sys.stderr.write(f"[{label}] {m}\n"),
+                                **{"os_only": False, **up_options})
             break
         except UsageError as exc:          # another session took the block meanwhile
             if "already in use" not in exc.message or attempt == 2:

@@ -1,7 +1,8 @@
 """Gather the actual state an audit compares with the inventory, read-only, in one pass.
 
 One SSH connection per host carries everything: the audit probe (mctl.facts.probe,
-purpose AUDIT: OS release, kernel, slurmd version, the IMEX files) and the health sweep's probe run side
+purpose AUDIT: OS release, kernel, slurmd version, the IMEX files, one dpkg-query for the
+images' packages) and the health sweep's probe run side
 by side on it, the controller answers one command for the whole of Slurm
 (nodes, topology, config, partitions, topology.conf, its clock), and NMX-M is
 asked over HTTP at the same time. Nothing here writes anywhere, takes a lock
@@ -246,6 +247,7 @@ async def _health_sweep(site: "Site", hosts: Sequence["Host"], state_dir: Path, 
 
 
 def gather(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, files: Sequence[str],
+           packages: Sequence[str] = (),
            controller: "Host | None", conf_dir: str, timeout: float | None = None, health: bool = True,
            bmc: "tuple[Sequence[Host], Any] | None" = None, k8s: bool = False) -> Actual:
     """Everything an audit compares, from every tray of *racks*, the controller and NMX-M, concurrently;
@@ -268,7 +270,7 @@ def gather(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, files: Seq
     nonce = secrets.token_hex(8)
     # nvidia-smi runs once per tray: in the health probe, or here when there is no health sweep
     smi_timeout = None if health else smi_timeout_for(command_timeout)
-    probe = probe_command(AUDIT, nonce, files=files, smi_timeout=smi_timeout)
+    probe = probe_command(AUDIT, nonce, files=files, smi_timeout=smi_timeout, packages=packages)
 
     async def main() -> Actual:
         async with SSHPool(config) as pool:
@@ -291,7 +293,8 @@ def gather(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, files: Seq
                 jobs.append(asyncio.to_thread(read_nodes, site, [h.name for h in trays]))
             answers = await asyncio.gather(*jobs, return_exceptions=True)
         tray_results = _unwrap(answers[0])
-        states = {r.host: from_result(AUDIT, r, nonce, files=files, smi_timeout=smi_timeout or 30.0)
+        states = {r.host: from_result(AUDIT, r, nonce, files=files, packages=packages,
+                                      smi_timeout=smi_timeout or 30.0)
                   for r in tray_results}
         i = 1
         ctl_state = None

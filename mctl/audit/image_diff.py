@@ -1,7 +1,8 @@
 """`mctl image diff`: each tray's image, component by component, against what the tray runs.
 
 The versions are read with the audit's own tray probe (mctl/audit/collect.py:
-OS release, kernel, slurmd -V, and nvidia-smi) over one SSH connection per tray,
+OS release, kernel, slurmd -V, nvidia-smi, and one dpkg-query for every package the images
+name, for the components no tool reports) over one SSH connection per tray,
 each under the transport's connect and command deadlines, and compared by
 `mctl.images.drift.compare`, the function the audit's `versions` rules use.
 Nothing is written anywhere.
@@ -30,16 +31,15 @@ if TYPE_CHECKING:
     from mctl.model.image import SoftwareImage
     from mctl.model.site import Host, Site
 
-# why a component of an image has no version read from the tray
-NOT_READ = {
-    "imex": "mctl reads no IMEX version from a tray yet",
-    "dcgm": "mctl reads no DCGM version from a tray yet",
-    "doca_ofed": "mctl reads no DOCA-OFED version from a tray yet",
-    "munge": "mctl reads no MUNGE version from a tray yet",
-    "enroot": "mctl reads no enroot version from a tray yet",
-    "pyxis": "mctl reads no pyxis version from a tray yet",
-    "slurm": "the site runs no Slurm on its trays",
-}
+# why a component of an image has no version read from the tray: it names no Debian package (its version
+# is read from dpkg's database, one dpkg-query per tray), or the tray gave no dpkg-query answer
+NO_PACKAGE = "the image names no package for it, and no tool on the tray reports its version"
+
+
+def not_read(image: "SoftwareImage", name: str, packages_error: str | None) -> str:
+    if not image.components[name].packages:
+        return NO_PACKAGE
+    return packages_error or "its packages were not read"
 
 
 @dataclass
@@ -109,7 +109,8 @@ def tray_facts(state: "TrayFacts", *, slurm_expected: bool) -> tuple[dict[str, A
     if state.slurmd_error:
         notes["slurm"] = state.slurmd_error
     facts = version_facts(state.os.version_id if state.os else None, state.kernel, driver, cuda,
-                          state.slurmd_version, slurm_expected=slurm_expected)
+                          state.slurmd_version, slurm_expected=slurm_expected, packages=state.packages,
+                          package_notes=state.package_notes)
     return facts, notes
 
 
@@ -122,8 +123,7 @@ def diff_tray(host: str, image: "SoftwareImage", state: "TrayFacts", *, slurm_ex
         return TrayDiff(host, image.name, error="probe output unreadable: " + "; ".join(state.problems))
     facts, notes = tray_facts(state, slurm_expected=slurm_expected)
     rows = compare(image, facts)
-    unchecked = {name: (image.components[name].version,
-                        NOT_READ.get(name, f"mctl reads no {name} version from a tray"))
+    unchecked = {name: (image.components[name].version, not_read(image, name, state.packages_error))
                  for name in not_compared(image, rows)}
     if image.firmware:
         from mctl.images import firmware
@@ -172,6 +172,7 @@ def diff(site: "Site", hosts: Sequence["Host"], *, timeout: float | None = None,
     """Probe every tray of *hosts* at once (each under its own deadline) and compare, with each tray's image
     from the inventory, or from *images* (a provisioning with another image verifies against that one)."""
     from mctl.facts.probe import AUDIT, from_result, probe_command
+    from mctl.images.drift import package_names
     from mctl.transport import SSHConfig, run_sync, targets_for
 
     images = plan(site, hosts) if images is None else images
@@ -181,7 +182,9 @@ def diff(site: "Site", hosts: Sequence["Host"], *, timeout: float | None = None,
     nonce = secrets.token_hex(8)
     # nvidia-smi under its own deadline, inside the command's, so a hung driver is named as such
     smi_timeout = smi_timeout_for(command_timeout)
-    probe = probe_command(AUDIT, nonce, smi_timeout=smi_timeout)
+    # one dpkg-query per tray for every package the trays' images name
+    packages = list(dict.fromkeys(p for h in asked for p in package_names(images[h.name])))
+    probe = probe_command(AUDIT, nonce, smi_timeout=smi_timeout, packages=packages)
     # the BMCs' FirmwareInventory, read beside the SSH probe, for the trays whose image names firmware
     bmc_hosts = [h for h in asked if images[h.name].firmware]
     bmc_missing = None
@@ -198,7 +201,7 @@ def diff(site: "Site", hosts: Sequence["Host"], *, timeout: float | None = None,
         reading = pool.submit(collect, bmc_hosts, settings, reader=read_firmware)
         pool.shutdown(wait=False)
     results = run_sync(config, targets_for(site, asked), probe, timeout=command_timeout) if asked else []
-    states = {r.host: from_result(AUDIT, r, nonce, smi_timeout=smi_timeout) for r in results}
+    states = {r.host: from_result(AUDIT, r, nonce, smi_timeout=smi_timeout, packages=packages) for r in results}
     bmcs = {t.host: t for t in reading.result()} if reading is not None else None
     slurm_expected = bool(site.scheduler and site.scheduler.type == "slurm")
     return build_report(hosts, images, states, slurm_expected=slurm_expected, timeout=command_timeout,

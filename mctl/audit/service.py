@@ -164,7 +164,8 @@ def evaluate(site: "Site", plan: Plan, actual: "Actual", settings: AuditSettings
         st = actual.trays[h.name]
         driver, cuda, _why = actual.gpu_versions(h.name)
         facts = drift.version_facts(st.os.version_id if st.os else None, st.kernel, driver, cuda,
-                                    st.slurmd_version, slurm_expected=slurm_site)
+                                    st.slurmd_version, slurm_expected=slurm_site, packages=st.packages,
+                                    package_notes=st.package_notes)
         entries += tag(versions.FAMILY, versions.check_tray(h.name, image, facts), rack_of=rack_of)
 
     # firmware: each tray's BMC against its image, and every tray of a rack alike
@@ -411,7 +412,9 @@ def run_audit(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, setting
     history = History.open(Path(state_dir)) if record else None    # an unwritable state dir fails here
     started = time.time()
     try:
+        packages = list(dict.fromkeys(p for img in plan.images.values() for p in drift.package_names(img)))
         actual = collect.gather(site, plan.racks, state_dir=Path(state_dir), files=plan.imex_files,
+                                packages=packages,
                                 controller=plan.controller, conf_dir=plan.conf_dir, timeout=settings.timeout,
                                 health=settings.health,
                                 bmc=(plan.firmware_trays, plan.bmc) if plan.bmc is not None else None,

@@ -45,6 +45,9 @@ FIRMWARE_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("nic", re.compile(r"^NIC_\d+$")),
     ("nvswitch", re.compile(r"^MGX_FW_NVSwitch_\d+$")),
 )
+# A compute tray's GPUs as its BMC lists them: Chassis/HGX_GPU_0..3 (ChassisType Component), as in the real
+# GB200 capture (tests/fixtures/real/redfish/nvidia_gb200); a GPU that is not there reads State Absent.
+GPU_CHASSIS = re.compile(r"^HGX_GPU_\d+$")
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_DEADLINE_S = 60.0
 
@@ -84,6 +87,12 @@ class TrayBMC:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def gpus(self) -> list[str]:
+        """The GPUs the BMC lists as there (GPU_CHASSIS ids whose State is not Absent)."""
+        return sorted((c["id"] for c in self.chassis if GPU_CHASSIS.match(c["id"] or "") and c.get("state") != "Absent"),
+                      key=lambda i: int(i.rsplit("_", 1)[1]))
 
 
 @dataclass
@@ -180,20 +189,7 @@ def read_tray(client: RedfishClient, tray: TrayBMC) -> None:
         if bmc:
             tray.versions["bmc"] = bmc
 
-    chassis_link = _link_of(root, "Chassis")
-    docs: dict[str, dict[str, Any]] = {}
-    if chassis_link is not None:
-        for path, doc in client.member_docs(chassis_link, ("Id", "ChassisType")):
-            cid = _text(doc, "Id") or path.rsplit("/", 1)[-1]
-            docs[cid] = doc
-            oem = doc.get("Oem", {}).get("Nvidia", {}) if isinstance(doc.get("Oem"), dict) else {}
-            oem = oem if isinstance(oem, dict) else {}
-            tray.chassis.append({"id": cid, "type": _text(doc, "ChassisType"), "serial": _text(doc, "SerialNumber"),
-                                 "part_number": _text(doc, "PartNumber"), "model": _text(doc, "Model"),
-                                 "power_state": _text(doc, "PowerState"), **_status(doc)})
-            if tray.tray_index is None and _int(oem.get("ComputeTrayIndex")) is not None:
-                tray.tray_index = _int(oem.get("ComputeTrayIndex"))
-                tray.slot = _int(oem.get("ChassisPhysicalSlotNumber"))
+    docs = _read_chassis(client, root, tray)
     main = _tray_chassis(tray)
     if main is not None:
         doc = docs[main["id"]]
@@ -211,6 +207,40 @@ def read_tray(client: RedfishClient, tray: TrayBMC) -> None:
             tray.sensors = len(client.members(sensors_link))
     if tray.power_state is None and main is not None:
         tray.power_state = main["power_state"]
+
+
+def read_gpus(client: RedfishClient, tray: TrayBMC) -> None:
+    """Only what bring-up asks of a tray that has no GPU tools yet: its chassis (the GPUs, HGX_GPU_n) and
+    the tray's serial; raises BMCError on the first thing that cannot be read."""
+    root = client.get(ROOT)
+    client.use_expand(root)
+    tray.vendor, tray.product = _text(root, "Vendor"), _text(root, "Product")
+    if _link_of(root, "Chassis") is None:
+        raise BMCError("malformed", "the service root links no Chassis")
+    _read_chassis(client, root, tray)
+    main = _tray_chassis(tray)
+    if main is not None:
+        tray.tray_chassis, tray.serial = main["id"], main["serial"]
+        tray.part_number, tray.model = main["part_number"], main["model"]
+
+
+def _read_chassis(client: RedfishClient, root: dict[str, Any], tray: TrayBMC) -> dict[str, dict[str, Any]]:
+    """Every chassis into tray.chassis (and the tray index); the documents by id."""
+    chassis_link = _link_of(root, "Chassis")
+    docs: dict[str, dict[str, Any]] = {}
+    if chassis_link is not None:
+        for path, doc in client.member_docs(chassis_link, ("Id", "ChassisType")):
+            cid = _text(doc, "Id") or path.rsplit("/", 1)[-1]
+            docs[cid] = doc
+            oem = doc.get("Oem", {}).get("Nvidia", {}) if isinstance(doc.get("Oem"), dict) else {}
+            oem = oem if isinstance(oem, dict) else {}
+            tray.chassis.append({"id": cid, "type": _text(doc, "ChassisType"), "serial": _text(doc, "SerialNumber"),
+                                 "part_number": _text(doc, "PartNumber"), "model": _text(doc, "Model"),
+                                 "power_state": _text(doc, "PowerState"), **_status(doc)})
+            if tray.tray_index is None and _int(oem.get("ComputeTrayIndex")) is not None:
+                tray.tray_index = _int(oem.get("ComputeTrayIndex"))
+                tray.slot = _int(oem.get("ChassisPhysicalSlotNumber"))
+    return docs
 
 
 def read_firmware_inventory(client: RedfishClient, root: dict[str, Any], tray: TrayBMC) -> None:

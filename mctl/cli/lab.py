@@ -43,8 +43,12 @@ def up(
                                      help="Second address octet: hosts get 127.NET.RACK.TRAY.")] = 77,
     timeout: Annotated[float, typer.Option("--start-timeout", click_type=finite(),
                                            help="Seconds to wait for every host's sshd.")] = 180.0,
-    os_only: Annotated[bool, typer.Option("--os-only", help="Trays start with the OS image only: the GPU tools "
-                                          "come with provisioning, through the lab's apt repository.")] = False,
+    pre_tooled: Annotated[bool, typer.Option("--pre-tooled/--os-only",
+                                             help="--os-only (the default): trays start with the OS image only, "
+                                                  "as they arrive; the GPU tools come with provisioning, through "
+                                                  "the lab's apt repository. --pre-tooled: the GPU tools' "
+                                                  "packages are installed already, as in an image that "
+                                                  "carries them.")] = False,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:
@@ -77,7 +81,7 @@ def up(
             + [f"  {h['name']:<18} {h['kind']:<5} {h['address']}" for h in plan["hosts"]]
             + [f"  {sw['name']:<18} {'switch':<6} BMC {sw['bmc']} (no host)" for sw in plan["switch_trays"]]))
         return
-    result = control.up(path, racks=racks, trays=trays, net=net, timeout=timeout, os_only=os_only,
+    result = control.up(path, racks=racks, trays=trays, net=net, timeout=timeout, os_only=not pre_tooled,
                         switch_trays=switch_trays, progress=(lambda _m: None) if out.json else out.event)
     flag = _dir_flag(result.dir)
     for dest in result.missing_files:
@@ -85,7 +89,7 @@ def up(
     if out.json:
         out.result({"dir": str(result.dir), "inventory": str(result.inventory),
                     "seconds": round(result.seconds, 2), "image_dir": str(result.image_dir),
-                    "racks": racks, "trays": trays, "switch_trays": switch_trays,
+                    "racks": racks, "trays": trays, "switch_trays": switch_trays, "os_only": not pre_tooled,
                     "missing_files": result.missing_files,
                     "hosts": [{"name": h.name, "kind": h.kind, "rack": h.rack, "address": h.address}
                               for h in result.layout.hosts()]})
@@ -96,12 +100,14 @@ def up(
         + (f"and {switch_trays} switch tray BMC(s) per rack " if switch_trays else "")
         + f"in {result.seconds:.1f} s ({result.dir})",
         f"inventory: {result.inventory}",
+        ("trays: pre-tooled (the GPU tools' packages installed)" if pre_tooled else
+         "trays: OS only, as they arrive (provisioning installs the GPU tools: mctl rack bring-up lab-r1)"),
         "",
         "use it like any site:",
         f"  export MCTL_INVENTORY={result.dir}",
         "  mctl inventory show",
         f"  mctl lab ssh {first}{flag}",
-        f"  mctl lab ssh {first}{flag} -- nvidia-smi -L",
+        f"  mctl lab ssh {first}{flag} -- nvidia-smi -L" + ("" if pre_tooled else "   (after provisioning)"),
         f"  mctl lab fault gpu {first}{flag} --xid 79 --gpu 0",
         f"  mctl lab status{flag}",
         f"  mctl lab down{flag}",

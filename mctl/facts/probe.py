@@ -29,8 +29,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Sequence
 
 from mctl.facts import DriverUnavailable, FactsParseError, shell
+from mctl.facts import packages as dpkg
 from mctl.facts.shell import RC_ABSENT
-from mctl.model.tray import (AUDIT, HEALTH, INVENTORY, NODE_CHECK, PURPOSES, Clock, DiskUsage, ImexObservation, Memory,
+from mctl.model.tray import (AUDIT, GPU_TOOLS_MISSING, HEALTH, INVENTORY, NODE_CHECK, PURPOSES, Clock, DiskUsage, ImexObservation, Memory,
                              TrayFacts)
 
 if TYPE_CHECKING:
@@ -123,9 +124,10 @@ def _check_purpose(purpose: str) -> None:
 
 
 def probe_script(purpose: str, nonce: str, *, smi_timeout: float | None = None, disk_paths: Sequence[str] = ("/",),
-                 imex_config: str = IMEX_CONFIG, files: Sequence[str] = ()) -> str:
+                 imex_config: str = IMEX_CONFIG, files: Sequence[str] = (), packages: Sequence[str] = ()) -> str:
     """The script body for *purpose*. nvidia-smi runs under *smi_timeout* seconds; AUDIT runs it only when
-    *smi_timeout* is given (when no health sweep reads the GPUs), NODE_CHECK never (it read NVML)."""
+    *smi_timeout* is given (when no health sweep reads the GPUs), NODE_CHECK never (it read NVML).
+    *packages* (AUDIT): Debian packages whose installed versions one dpkg-query reads (mctl.facts.packages)."""
     _check_purpose(purpose)
     if purpose == INVENTORY:
         if smi_timeout is None:
@@ -134,9 +136,11 @@ def probe_script(purpose: str, nonce: str, *, smi_timeout: float | None = None, 
     if purpose == AUDIT:
         steps = [shell.sec("os-release"), shell.sec("kernel"), shell.sec("slurmd", "slurmdv")]
         steps += [shell.sec(f"file{i}", "file " + shlex.quote(p), needs=("file",)) for i, p in enumerate(files)]
+        if packages:
+            steps.append(shell.sec("packages", dpkg.command(packages)))
         if smi_timeout is not None:
             steps.append(shell.sec("nvidia-smi"))
-        return shell.script(nonce, steps, functions=("to",), local=_AUDIT_LOCAL, smi_timeout=smi_timeout)
+        return shell.script(nonce, steps, functions=("to",), local=_AUDIT_LOCAL + dpkg.LOCAL, smi_timeout=smi_timeout)
     gpus = purpose == HEALTH
     if gpus and smi_timeout is None:
         raise ValueError("the health probe runs nvidia-smi: give smi_timeout")
@@ -244,7 +248,7 @@ def smi_section(smi: Section | None, err: Section | None, smi_timeout: float):
     if not smi.complete:
         return None, "nvidia-smi output cut off before it ended", messages
     if smi.rc == 127:
-        return None, "nvidia-smi is not installed (command not found)", messages
+        return None, GPU_TOOLS_MISSING, messages
     if smi.rc in (124, 137):
         return None, f"nvidia-smi hung: no answer within {smi_timeout:g}s (driver wedged?)", messages
     try:
@@ -424,9 +428,21 @@ def _slurmd_version(sec: Section, err: Section | None) -> tuple[str | None, str 
         return None, "slurmd -V: " + last_line((err.text if err else "") or sec.text, f"exit {sec.rc}")
 
 
+def _packages(sec: Section | None, err: Section | None, names: Sequence[str]):
+    """The packages section (one dpkg-query) -> (name -> version | None, name -> why None, why none was read)."""
+    if sec is None:
+        return None, {}, "dpkg-query output missing or cut off"
+    if sec.rc == RC_NOT_INSTALLED:
+        return None, {}, "dpkg-query is not on the tray (not a Debian-based OS): mctl reads package versions with it"
+    if sec.rc not in (0, 1):        # 1: some name unknown to dpkg, the others printed
+        return None, {}, "dpkg-query: " + last_line((err.text if err else "") or sec.text, f"exit {sec.rc}")
+    found, why = dpkg.parse(sec.text, names)
+    return found, why, None
+
+
 def parse_tray(purpose: str, host: str, stdout: str, stderr: str, nonce: str, *, address: str | None = None,
                smi_timeout: float = 30.0, disk_paths: Sequence[str] = ("/",), files: Sequence[str] = (),
-               elapsed: float = 0.0, gpu_facts: tuple | None = None, no_output: str | None = None) -> TrayFacts:
+               packages: Sequence[str] = (), elapsed: float = 0.0, gpu_facts: tuple | None = None, no_output: str | None = None) -> TrayFacts:
     """A tray's probe output (the script built for *purpose*) -> its facts. Never raises for bad output:
     what could not be read is recorded in `problems` (and gpu_error, nvlink_error, slurmd_error, file_errors).
 
@@ -504,6 +520,9 @@ def parse_tray(purpose: str, host: str, stdout: str, stderr: str, nonce: str, *,
             else:
                 held[path] = sec.text
         facts["files"], facts["file_errors"] = held, file_errors
+        if packages:
+            facts["packages"], facts["package_notes"], facts["packages_error"] = _packages(
+                _complete(sections, "packages", problems), errors.get("packages"), packages)
     if gpu_facts is not None:
         gpus, gpu_error, gpu_messages, nvlinks, nvlink_error, source = gpu_facts
         facts.update(gpus=gpus, gpu_error=gpu_error, gpu_messages=tuple(gpu_messages), nvlinks=nvlinks,

@@ -99,10 +99,10 @@ class Package:
         return re.sub(r"-[0-9]{3}$", "", self.name)
 
 
-def packages_of(images_dir: Path) -> list[Package]:
-    """Every repository-delivered package of every image definition in *images_dir*, once each."""
+def packages_of(images_dir: Path, only: str | None = None) -> list[Package]:
+    """Every repository-delivered package of every image definition in *images_dir* (or of image *only*), once each."""
     seen: dict[tuple[str, str], Package] = {}
-    for path in sorted(images_dir.glob("*.yml")):
+    for path in sorted(images_dir.glob("*.yml") if only is None else [images_dir / f"{only}.yml"]):
         doc = yaml.safe_load(path.read_text()) or {}
         for comp_name, comp in (doc.get("components") or {}).items():
             if not isinstance(comp, dict) or comp.get("delivery", "repository") != "repository":
@@ -156,6 +156,11 @@ def _run(argv: list[str], what: str, **kw) -> subprocess.CompletedProcess:
     return proc
 
 
+def arch() -> str:
+    """dpkg's architecture on this machine (the lab's trays share it)."""
+    return _arch()
+
+
 def _arch() -> str:
     return _run(["dpkg", "--print-architecture"], "dpkg --print-architecture").stdout.decode().strip()
 
@@ -196,14 +201,29 @@ def _driver_postinst(p: Package) -> str:
                                    cuda=f'state["cuda_version"] = "{cuda}"\n' if cuda else "")
 
 
-def build_deb(p: Package, arch: str, dest_dir: Path, work: Path, ctx) -> Path:
-    root = work / p.filename
-    (root / "DEBIAN").mkdir(parents=True)
+def contents(p: Package, ctx) -> list[tuple[str, bytes, int]]:
+    """The files package *p* installs: its emulators, else a placeholder README."""
     files = _package_files(p, ctx)
     if not files:
         files = [(f"/usr/share/doc/{p.name}/README.mctl-lab",
                   f"{p.name} {p.version} ({p.component}): a placeholder from the mctl virtual lab, which does "
                   "not emulate this component.\n".encode(), 0o644)]
+    return files
+
+
+def preinstalled(p: Package, arch: str, ctx) -> tuple[str, list[tuple[str, bytes, int]]]:
+    """Package *p* as a pre-tooled tray holds it (`lab up --pre-tooled`, an image with the GPU tools in it):
+    its dpkg status stanza (installed) and its files, so dpkg-query, apt and the audit see it installed,
+    exactly as if its .deb had been installed."""
+    control = _control(p, arch, emulated=bool(_package_files(p, ctx))).replace(
+        f"Package: {p.name}\n", f"Package: {p.name}\nStatus: install ok installed\n", 1)
+    return control, contents(p, ctx)
+
+
+def build_deb(p: Package, arch: str, dest_dir: Path, work: Path, ctx) -> Path:
+    root = work / p.filename
+    (root / "DEBIAN").mkdir(parents=True)
+    files = contents(p, ctx)
     for dest, data, mode in files:
         target = root / dest.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -59,12 +59,14 @@ class UpResult:
 
 def up(lab_dir: Path, *, racks: int = 1, trays: int = 18, name: str = "lab", net: int = DEFAULT_NET,
        images_dir: Path = REPO_IMAGES, progress: Progress = _quiet, timeout: float = 180.0,
-       rack_services: Sequence[services.RackService] | None = None, os_only: bool = False,
+       rack_services: Sequence[services.RackService] | None = None, os_only: bool = True,
        switch_trays: int = 0) -> UpResult:
     """Start a lab in *lab_dir*. *rack_services* defaults to the registry (services.RACK_SERVICES).
 
-    *os_only*: the trays start with the OS image only; the files of the lab's packages (the GPU
+    *os_only* (the default): the trays start with the OS image only; the lab's packages (the GPU
     tools, mctl/lab/aptrepo.py) come only with provisioning, through apt, as on a fresh real tray.
+    os_only=False (`lab up --pre-tooled`): the lab image's packages are installed already, as in an
+    image that carries them (their files, dpkg status and file lists), so the GPU tools answer at once.
     *switch_trays*: NVLink switch trays per rack, each a BMC only (no host: mctl never logs in to NVOS).
     """
     from mctl.state.lock import file_lock
@@ -199,6 +201,7 @@ def _start_hosts(files: LabFiles, layout: LabLayout, rootfs: Path,
     known: list[str] = []
     missing: set[str] = set()
     hostinit = hosts.HOSTINIT.read_text()
+    dpkg = None if os_only else _preinstall(rootfs)
     for h in layout.hosts():
         paths = files.host(h.name)
         paths.dir.mkdir(parents=True, exist_ok=True)
@@ -206,7 +209,7 @@ def _start_hosts(files: LabFiles, layout: LabLayout, rootfs: Path,
         known.append(keys.known_hosts_line([h.name, h.address], host_key))
         w = hosts.UpperWriter(rootfs, paths.upper)
         ctx = services.HostContext(layout, h, files.dir)
-        _write_host_files(w, ctx, h, hosts_text, lab_key, host_key, hostinit, missing, os_only=os_only)
+        _write_host_files(w, ctx, h, hosts_text, lab_key, host_key, hostinit, missing, os_only=os_only, dpkg=dpkg)
     # known_hosts before any host starts: the first connection is already verified.
     atomic_write(files.known_hosts, "\n".join(known) + "\n")
     bmcs.prepare(files.dir, layout)
@@ -219,9 +222,39 @@ def _start_hosts(files: LabFiles, layout: LabLayout, rootfs: Path,
     return sorted(missing)
 
 
+def _preinstall(rootfs: Path) -> tuple[str, str, list]:
+    """What a pre-tooled tray's dpkg database starts from: (the image's dpkg status, dpkg's architecture,
+    the lab image's repository packages)."""
+    from mctl.lab import aptrepo
+
+    status = (rootfs / "var/lib/dpkg/status").read_text()
+    return status, aptrepo.arch(), aptrepo.packages_of(REPO_IMAGES, only=IMAGE_NAME)
+
+
+def _write_dpkg(w: hosts.UpperWriter, ctx: services.HostContext, dpkg: tuple[str, str, list]) -> None:
+    """The lab image's packages installed on a pre-tooled tray: their files, a status stanza each and their
+    file lists, as dpkg leaves them (provisioning then finds them at their pinned versions)."""
+    import hashlib
+
+    from mctl.lab import aptrepo
+
+    status, arch, packages = dpkg
+    stanzas = []
+    for p in packages:
+        stanza, files = aptrepo.preinstalled(p, arch, ctx)
+        stanzas.append(stanza)
+        for dest, data, mode in files:
+            w.put(dest, data, mode)
+        w.put(f"/var/lib/dpkg/info/{p.name}.list", "".join(f"{dest}\n" for dest, _d, _m in files))
+        w.put(f"/var/lib/dpkg/info/{p.name}.md5sums", "".join(
+            f"{hashlib.md5(data if isinstance(data, bytes) else data.encode()).hexdigest()}  {dest.lstrip('/')}\n"
+            for dest, data, _m in files))
+    w.put("/var/lib/dpkg/status", status.rstrip("\n") + "\n\n" + "\n".join(stanzas))
+
+
 def _write_host_files(w: hosts.UpperWriter, ctx: services.HostContext, h: LabHost, hosts_text: str,
                       lab_key: keys.KeyPair, host_key: keys.KeyPair, hostinit: str, missing: set[str],
-                      os_only: bool = False) -> None:
+                      os_only: bool = False, dpkg: tuple[str, str, list] | None = None) -> None:
     w.put("/etc/hostname", h.name + "\n")
     w.put("/etc/hosts", hosts_text)
     w.put("/etc/machine-id", uuid.uuid4().hex + "\n", 0o444)
@@ -241,9 +274,11 @@ def _write_host_files(w: hosts.UpperWriter, ctx: services.HostContext, h: LabHos
         w.put(hosts.GPUS_FILE, json.dumps(gpu_state(ctx.layout, h), indent=2) + "\n")
         w.put(hosts.KERN_LOG, "", 0o640)
         os.chown(w.upper / hosts.KERN_LOG.lstrip("/"), 0, 4)       # root:adm, as rsyslog makes it
+    if dpkg is not None and h.kind == "tray":
+        _write_dpkg(w, ctx, dpkg)       # pre-tooled: the GPU tools' packages as installed from the image
     for f in services.host_files(h.kind):
-        if os_only and f.package:
-            continue                    # comes with provisioning, through the lab's apt repository
+        if f.package and (os_only or (dpkg is not None and h.kind == "tray")):
+            continue                    # os-only: comes with provisioning, through the lab's apt repository
         data = f.content(ctx)
         if data is None:
             missing.add(f.dest)

@@ -240,6 +240,10 @@ class Memory:
                 "available_pct": round(self.available_pct, 1)}
 
 
+# gpu_error when the tray has no nvidia-smi at all: on a tray that arrived with its OS only, provisioning's to install
+GPU_TOOLS_MISSING = "nvidia-smi is not installed (command not found)"
+
+
 @dataclass(frozen=True)
 class TrayFacts:
     """Every fact one probe read from one compute tray (or why there are none: reach != ok)."""
@@ -276,6 +280,9 @@ class TrayFacts:
     slurmd_error: str | None = None        # not installed, or unreadable (audit)
     files: dict[str, str | None] = field(default_factory=dict)   # audit: path -> text (None: absent)
     file_errors: dict[str, str] = field(default_factory=dict)    # audit: path -> why it could not be read
+    packages: dict[str, str | None] | None = None   # audit: Debian package -> installed version (None: not installed)
+    package_notes: dict[str, str] = field(default_factory=dict)  # audit: package -> why it has no version
+    packages_error: str | None = None      # audit: why no package was read (no dpkg-query, output cut off)
     slurm_node: Any = None                 # the scheduler's view (mctl.sched.slurm.facts.NodeState), set by the caller
     bmc: Any = None                        # what the tray's BMC said (mctl.checks.leak.BmcHealth), set by the sweep
     disks: tuple[DiskUsage, ...] = ()
@@ -286,6 +293,11 @@ class TrayFacts:
     @property
     def reached(self) -> bool:
         return self.reach == REACH_OK
+
+    @property
+    def gpu_tools_missing(self) -> bool:
+        """The tray answered but has no nvidia-smi (not a driver fault: no GPU tools installed yet)."""
+        return self.reached and self.gpus is None and self.gpu_error == GPU_TOOLS_MISSING
 
     @property
     def gpu_count(self) -> int | None:

@@ -262,7 +262,7 @@ def test_rack_service_and_teardown_leave_nothing(tmp_path):
                           str(ctx.log_dir), "18080"],
         inventory=lambda ctx: {"nmx": {"url": f"http://{ctx.address}:18080", "credentials_file": "nmx.cred"}})
     lab_dir = tmp_path / "lab"
-    res = control.up(lab_dir, racks=1, trays=1, net=_free_net(), rack_services=[web])
+    res = control.up(lab_dir, racks=1, trays=1, net=_free_net(), rack_services=[web], os_only=False)
     url = load_site(res.inventory).racks["lab-r1"].nmx.url
     assert url == f"http://{res.layout.service_address(1)}:18080"
     assert urllib.request.urlopen(url + "/rack.txt", timeout=10).read() == b"lab-r1"

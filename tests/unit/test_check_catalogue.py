@@ -267,8 +267,9 @@ def test_audit_only_ids_are_the_audit_rules_ids():
         assert isinstance(module, ModuleType)
         used |= {v for k, v in vars(module).items() if k.isupper() and isinstance(v, str)
                  and re.fullmatch(r"[a-z]+\.[a-z_-]+", v)}
-    image = load_image(Path(__file__).resolve().parents[2] / "images" / "gb200-ubuntu24.04.yml")
-    used |= {c.check for c in drift.compare(image, {"slurm_version": None, "imex_version": None})}
+    for name in ("gb200-ubuntu24.04", "lab-debian13"):          # the lab's image names MUNGE too
+        image = load_image(Path(__file__).resolve().parents[2] / "images" / f"{name}.yml")
+        used |= {c.check for c in drift.compare(image, {"slurm_version": None, "packages": {}})}
     for check_id in used:
         assert check_id in CHECKS and AUDIT in CHECKS[check_id].purposes, check_id
     audit_only = {c.id for c in CHECKS.values() if c.purposes == {AUDIT}}

@@ -105,8 +105,12 @@ def run(ctx: Context) -> Outcome:
 
     need = _provision_need(ctx)
     if not need.reasons:
-        return Outcome("done", f"all {len(need.hosts)} hosts already provisioned with the current playbooks, "
-                       "images and inventory")
+        summary = f"all {len(need.hosts)} hosts already provisioned with the current playbooks, images and inventory"
+        if ctx.cache.get("to_install"):         # tools missing on trays whose marker says provisioned: named
+            shape = _shape_gate(ctx)
+            return Outcome("done", f"{summary}; {shape.summary}", details=shape.details,
+                           artifacts={"inventory_after": shape.artifacts})
+        return Outcome("done", summary)
     targets = [h for h in need.hosts if h.name in need.reasons]
     details = _reason_lines(need.reasons)
     for line in details:
@@ -156,9 +160,24 @@ def run(ctx: Context) -> Outcome:
                           hint=f"fix the cause (run folder {result.run_dir}), then 'mctl rack bring-up "
                                f"{ctx.rack.name} --resume': hosts provisioned now keep their marker and are "
                                "not provisioned again", details=lines, artifacts=artifacts)
+    shape = _shape_gate(ctx, artifacts)
+    artifacts["inventory_after"] = shape.artifacts
     return Outcome("done", f"provisioned {fold(names(targets))} ({result.changed_total} changes) in "
-                   f"{result.ended - result.started:.0f}s, run {result.run_id}",
-                   changed=result.changed_total > 0, details=details, artifacts=artifacts)
+                   f"{result.ended - result.started:.0f}s, run {result.run_id}; {shape.summary}",
+                   changed=result.changed_total > 0, details=details + shape.details, artifacts=artifacts)
+
+
+def _shape_gate(ctx: Context, artifacts: dict | None = None) -> Outcome:
+    """The rack inventoried again after provisioning: the full shape (GPU tools answering on every tray) or
+    PhaseFailed naming what is missing, with the provisioning run's artifacts."""
+    from mctl.bringup.phases.inventory import gate
+
+    try:
+        shape = gate(ctx)
+    except PhaseFailed as exc:
+        exc.artifacts = {**(artifacts or {}), "inventory_after": exc.artifacts}
+        raise
+    return Outcome("done", f"inventory again: {shape.summary}", details=shape.details, artifacts=shape.artifacts)
 
 
 PHASE = Phase("provision", plan, run)
