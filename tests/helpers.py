@@ -775,8 +775,9 @@ def watch_result(number=3, tripped=False):
 
 # ------------------------------------------------------------------ a small Slurm site for partition changes
 
-def site_with(tmp_path: Path, scheduler: str | None = "slurm", parts: list | None = None, trays: int = 4):
-    """A one-rack site (r1, *trays* trays at 10.0.1.x) with *parts* recorded, loaded."""
+def site_with(tmp_path: Path, scheduler: str | None = "slurm", parts: list | None = None, trays: int = 4,
+              k8s: dict | None = None):
+    """A one-rack site (r1, *trays* trays at 10.0.1.x) with *parts* recorded, loaded (*k8s*: scheduler.k8s)."""
     from mctl.inventory import load_site
 
     rack = {"shape": {"compute_trays": trays, "switch_trays": 0},
@@ -786,7 +787,7 @@ def site_with(tmp_path: Path, scheduler: str | None = "slurm", parts: list | Non
         rack["partitions"] = parts
     doc = {"plugin": "mctl", "site": "t", "racks": {"r1": rack}}
     if scheduler:
-        doc["scheduler"] = {"type": scheduler}
+        doc["scheduler"] = {"type": scheduler, **({"k8s": k8s} if k8s else {})}
     (tmp_path / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
     return load_site(tmp_path)
 

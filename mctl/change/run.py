@@ -70,6 +70,7 @@ class ChangeSpec:
     imex_wait: float = IMEX_WAIT
     slurm_wait: float = SLURM_WAIT
     tray: str | None = None                       # the tray isolate / restore moves
+    labels_wait: float = 60.0                     # s for the label patches and their read-back (429/5xx asked again)
 
     @classmethod
     def of(cls, rack: str, command: str, before: Sequence["Partition"], after: Sequence["Partition"],
@@ -83,7 +84,8 @@ class ChangeSpec:
                 "after": [{"name": n, "trays": list(t)} for n, t in self.after],
                 "record": self.record, "prune": self.prune, "remove": list(self.remove), "kind": self.kind,
                 "held": list(self.held), "tolerate": list(self.tolerate), "clique_wait": self.clique_wait,
-                "imex_wait": self.imex_wait, "slurm_wait": self.slurm_wait, "tray": self.tray}
+                "imex_wait": self.imex_wait, "slurm_wait": self.slurm_wait, "tray": self.tray,
+                "labels_wait": self.labels_wait}
 
     @classmethod
     def from_dict(cls, path: Path, d: Any) -> "ChangeSpec":
@@ -94,7 +96,8 @@ class ChangeSpec:
             return cls(str(d["rack"]), str(d["command"]), parts("before"), parts("after"), bool(d["record"]),
                        bool(d["prune"]), tuple(map(str, d["remove"])), str(d["kind"]), tuple(map(str, d["held"])),
                        tuple(map(str, d["tolerate"])), float(d["clique_wait"]), float(d["imex_wait"]),
-                       float(d["slurm_wait"]), None if d.get("tray") is None else str(d["tray"]))
+                       float(d["slurm_wait"]), None if d.get("tray") is None else str(d["tray"]),
+                       float(d.get("labels_wait", 60.0)))      # (a journal written before labels_wait: its default)
         except (KeyError, TypeError, ValueError) as exc:
             raise DamagedState(path, f"the change it records cannot be read ({exc!r})") from None
 
@@ -721,9 +724,6 @@ def _slurm_verify(ctx: _Ctx) -> Outcome:
 
 # --- Kubernetes
 
-LABELS_WAIT = 60.0          # s for the label patches and their read-back, the API's 'not now' asked again within
-
-
 def _clique_labels(ctx: _Ctx) -> dict[str, str]:
     """The affected trays' clique labels as their GPUs reported them in this direction's cliques step (what GPU
     Feature Discovery sets from NVML); {} when that step did not run (no NMX-M: the fabric did not change)."""
@@ -750,7 +750,7 @@ def _labels(ctx: _Ctx) -> Outcome:
     if not want:
         return Outcome(jr.DONE, "labels unchanged")
     client = client_for(ctx.site)
-    deadline = time.monotonic() + LABELS_WAIT
+    deadline = time.monotonic() + ctx.spec.labels_wait
     details, patched = [], 0
     for node, labels in want.items():
         obj = within(deadline, f"reading Node {node}", lambda n=node: client.get("Node", n))
