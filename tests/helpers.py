@@ -900,3 +900,34 @@ REAL_SLURM_SAMPLES = {
     "minyang-chen-slurmd-C-slurmnode6.txt": "slurmd -C of a 12-core, 2-thread node, with UpTime=",
 }
 REAL_SCHED_SAMPLES = {**REAL_IMEX_SAMPLES, **REAL_SLURM_SAMPLES}      # the scheduler-side samples (test_real_formats_sched)
+
+
+# ------------------------------------------------------------------ an NMX-M for the shared lab's rack
+
+def lab_nmx(lab, doc: dict, folder: Path, listen: str = "127.77.251.4"):
+    """The lab rack's NMX-M in *doc* (the lab's inventory, edited in place): the rack's own when it has one,
+    else an NMX-M emulator over the trays' GPU state files, started here (returned: stop() it; else None)."""
+    import json
+
+    from mctl.lab.hosts import host_path
+    from mctl.lab.nmx_emulator import Config, NMXEmulator
+
+    rack = doc["racks"][lab.rack]
+    if "nmx" in rack:
+        return None
+    trays, state = [], {}
+    for name in lab.trays:
+        path = host_path(lab.dir, name, "/var/lib/mctl-lab/gpus.json")
+        state = json.loads(path.read_text())
+        trays.append({"name": name, "tray_index": state["tray_index"], "slot_id": state["slot_number"],
+                      "host_id": state["host_id"], "gpus_json": str(path)})
+    emulator = NMXEmulator(Config.from_dict({
+        "listen": listen, "port": 0, "username": "admin", "password": "lab-secret",
+        "domain_uuid": rack["nvlink_domain"], "chassis_serial": state["chassis_serial"],
+        "state_file": str(folder / "nmx-state.json"), "operation_delay_s": 0.05, "fabric_delay_s": 0.05,
+        "trays": trays})).start()
+    cred = folder / "nmx.cred"
+    cred.write_text("admin:lab-secret\n")
+    cred.chmod(0o600)
+    rack["nmx"] = {"url": emulator.url, "credentials_file": str(cred)}
+    return emulator
