@@ -69,6 +69,7 @@ MCTL_RULES = [
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "delete"]},
     {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "create"]},
     {"apiGroups": ["resource.nvidia.com"], "resources": ["computedomains"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": ["kai.scheduler"], "resources": ["topologies"], "verbs": ["get", "create", "patch"]},

@@ -77,6 +77,7 @@ KINDS: dict[str, Kind] = {
     "Pod": Kind("", "v1", "pods", True),
     "PodDisruptionBudget": Kind("policy", "v1", "poddisruptionbudgets", True),
     "Node": Kind("", "v1", "nodes", False),
+    "Event": Kind("", "v1", "events", True),
     "ComputeDomain": Kind("resource.nvidia.com", "v1beta1", "computedomains", True),
     "Topology": Kind("kai.scheduler", "v1alpha1", "topologies", False),
 }
@@ -203,7 +204,7 @@ class KubeClient:
         meta = obj["metadata"]
         path = KINDS[obj["kind"]].collection(meta.get("namespace"))
         status, body = self._request("POST", path, obj)
-        return self._check(status, body, f"create {obj['kind']} {meta['name']}")
+        return self._check(status, body, f"create {obj['kind']} {meta.get('name') or meta.get('generateName')}")
 
     def merge_patch(self, kind: str, name: str, namespace: str | None, patch: dict) -> dict:
         path = KINDS[kind].path(name, namespace)

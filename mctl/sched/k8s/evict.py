@@ -54,15 +54,16 @@ def transient(exc: MctlError) -> bool:
     return isinstance(exc, ClusterUnreachable) or (isinstance(exc, ApiError) and exc.status in TRANSIENT)
 
 
-def within(deadline: float, what: str, call: Callable[[], Any], *, clock=time.monotonic, sleep=time.sleep) -> Any:
-    """*call*, asked again while the API answers 'not now' (429, 5xx, timeouts) and *deadline* (a clock()
-    value) is ahead; EnvironmentProblem naming the last answer once it is not."""
+def within(deadline: float, what: str, call: Callable[[], Any], *, clock=time.monotonic, sleep=time.sleep,
+           final: Callable[[MctlError], bool] = lambda exc: False) -> Any:
+    """*call*, asked again while the API answers 'not now' (429, 5xx, timeouts; not those *final* says are an
+    answer) and *deadline* (a clock() value) is ahead; EnvironmentProblem naming the last answer once it is not."""
     pause = 0.2
     while True:
         try:
             return call()
         except MctlError as exc:
-            if not transient(exc):
+            if not transient(exc) or final(exc):
                 raise
             if clock() + pause > deadline:
                 raise EnvironmentProblem(f"{what}: the Kubernetes API kept failing until the deadline: {exc.message}",
@@ -227,6 +228,92 @@ def delete_pods(client: "KubeClient", trays: Sequence[str], wait: float, *, cloc
     result.terminating = _wait_gone(client, trays, gone, deadline, clock, sleep, None)
     result.evicted = [w for w in gone.values() if w not in result.terminating]
     return result
+
+
+# ------------------------------------------------------------------ the health drain's evictions (one pass)
+
+@dataclass
+class NodeEvictions:
+    """What one pass of evictions did on a drained node."""
+
+    evicted: list[str] = field(default_factory=list)           # namespace/name
+    kept: dict[str, str] = field(default_factory=dict)         # pod -> why not (its budget, the API's error)
+    left: list[str] = field(default_factory=list)              # DaemonSet pods, never evicted
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"evicted": self.evicted, "kept": self.kept, "daemonset_pods_left": self.left}
+
+    def message(self, node: str) -> str:
+        parts = [f"evicted {len(self.evicted)} GPU pod{'s' if len(self.evicted) != 1 else ''}"
+                 + (f" ({', '.join(self.evicted)})" if self.evicted else "")]
+        parts += [f"{p} not evicted: {why}" for p, why in self.kept.items()]
+        if self.left:
+            parts.append(f"DaemonSet pods left: {', '.join(self.left)}")
+        return f"mctl drained {node}: " + "; ".join(parts)
+
+
+def evict_node(client: "KubeClient", node: str, deadline: float, *, clock=time.monotonic,
+               sleep=time.sleep) -> NodeEvictions:
+    """Evict the GPU pods on a node the health drain just cordoned, each once (the API's 'not now' asked again
+    until *deadline*; a budget's refusal is said, not waited out: the watch never blocks on a budget)."""
+    out = NodeEvictions()
+    policy = within(deadline, "asking the API server for the Eviction API's version", client.policy_version,
+                    clock=clock, sleep=sleep)
+    for w, pod in _gpu_pods(client, [node], deadline, clock, sleep):
+        if is_daemonset_pod(pod):
+            out.left.append(w.id)
+            continue
+        meta = pod["metadata"]
+        try:
+            within(deadline, f"evicting pod {w.id}",
+                   lambda m=meta: client.evict(m["name"], m.get("namespace", "default"), policy),
+                   clock=clock, sleep=sleep, final=lambda exc: isinstance(exc, ApiError) and _budget(exc) is not None)
+            out.evicted.append(w.id)
+        except ApiError as exc:
+            why = _budget(exc)
+            out.kept[w.id] = f"kept by a PodDisruptionBudget: {why}" if why else exc.message
+        except MctlError as exc:
+            out.kept[w.id] = exc.message
+    return out
+
+
+def node_event(client: "KubeClient", node: dict, reason: str, message: str, namespace: str = "default",
+               now: float | None = None) -> None:
+    """One core/v1 Event on *node* (what `kubectl describe node` shows), from the component mctl."""
+    from datetime import datetime, timezone
+
+    stamp = datetime.fromtimestamp(now or time.time(), timezone.utc).isoformat(timespec="seconds") \
+        .replace("+00:00", "Z")
+    meta = node.get("metadata") or {}
+    client.create({"apiVersion": "v1", "kind": "Event",
+                   "metadata": {"generateName": f"{meta.get('name')}.mctl-", "namespace": namespace},
+                   "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": meta.get("name"),
+                                      "uid": meta.get("uid")},
+                   "reason": reason, "message": message[:1024], "type": "Warning",
+                   "source": {"component": "mctl"}, "reportingComponent": "mctl",
+                   "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1})
+
+
+EVICT_DEADLINE = 20.0       # s for one drained node's evictions and its event (the watch's drain executor waits)
+EVENT_REASON = "MctlEvictedGPUPods"
+
+
+def after_drain(client: "KubeClient", node: str) -> dict[str, Any]:
+    """The health drain's hook on a Kubernetes site with `health.k8s_evict: true`: the node's GPU pods evicted
+    once, and one Event on the node saying what was evicted and what not; the result line's keys (never raises:
+    the drain itself is done)."""
+    deadline = time.monotonic() + EVICT_DEADLINE
+    try:
+        done = evict_node(client, node, deadline)
+    except MctlError as exc:
+        return {"evictions": {"error": exc.message}}
+    out: dict[str, Any] = {"evictions": done.to_dict()}
+    try:
+        obj = client.get("Node", node) or {"metadata": {"name": node}}
+        node_event(client, obj, EVENT_REASON, done.message(node))
+    except MctlError as exc:
+        out["event_error"] = exc.message
+    return out
 
 
 # ------------------------------------------------------------------ cordon and uncordon
