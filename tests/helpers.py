@@ -779,8 +779,9 @@ def watch_result(number=3, tripped=False):
 
 # ------------------------------------------------------------------ a small Slurm site for partition changes
 
-def site_with(tmp_path: Path, scheduler: str | None = "slurm", parts: list | None = None, trays: int = 4):
-    """A one-rack site (r1, *trays* trays at 10.0.1.x) with *parts* recorded, loaded."""
+def site_with(tmp_path: Path, scheduler: str | None = "slurm", parts: list | None = None, trays: int = 4,
+              k8s: dict | None = None):
+    """A one-rack site (r1, *trays* trays at 10.0.1.x) with *parts* recorded, loaded (*k8s*: scheduler.k8s)."""
     from mctl.inventory import load_site
 
     rack = {"shape": {"compute_trays": trays, "switch_trays": 0},
@@ -790,7 +791,7 @@ def site_with(tmp_path: Path, scheduler: str | None = "slurm", parts: list | Non
         rack["partitions"] = parts
     doc = {"plugin": "mctl", "site": "t", "racks": {"r1": rack}}
     if scheduler:
-        doc["scheduler"] = {"type": scheduler}
+        doc["scheduler"] = {"type": scheduler, **({"k8s": k8s} if k8s else {})}
     (tmp_path / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
     return load_site(tmp_path)
 
@@ -911,3 +912,34 @@ REAL_BURNIN_SAMPLES = {
     "issue-coreweave-nccl-tests-pr43-gb200-nvl72-all-reduce.txt": "all_reduce_perf on a GB200 NVL72 rack, 512M-8G",
     "issue-nccl-tests-322-all-reduce-nccl-failure.txt": "all_reduce_perf rows, then Test NCCL failure lines",
 }
+
+
+# ------------------------------------------------------------------ an NMX-M for the shared lab's rack
+
+def lab_nmx(lab, doc: dict, folder: Path, listen: str = "127.77.251.4"):
+    """The lab rack's NMX-M in *doc* (the lab's inventory, edited in place): the rack's own when it has one,
+    else an NMX-M emulator over the trays' GPU state files, started here (returned: stop() it; else None)."""
+    import json
+
+    from mctl.lab.hosts import host_path
+    from mctl.lab.nmx_emulator import Config, NMXEmulator
+
+    rack = doc["racks"][lab.rack]
+    if "nmx" in rack:
+        return None
+    trays, state = [], {}
+    for name in lab.trays:
+        path = host_path(lab.dir, name, "/var/lib/mctl-lab/gpus.json")
+        state = json.loads(path.read_text())
+        trays.append({"name": name, "tray_index": state["tray_index"], "slot_id": state["slot_number"],
+                      "host_id": state["host_id"], "gpus_json": str(path)})
+    emulator = NMXEmulator(Config.from_dict({
+        "listen": listen, "port": 0, "username": "admin", "password": "lab-secret",
+        "domain_uuid": rack["nvlink_domain"], "chassis_serial": state["chassis_serial"],
+        "state_file": str(folder / "nmx-state.json"), "operation_delay_s": 0.05, "fabric_delay_s": 0.05,
+        "trays": trays})).start()
+    cred = folder / "nmx.cred"
+    cred.write_text("admin:lab-secret\n")
+    cred.chmod(0o600)
+    rack["nmx"] = {"url": emulator.url, "credentials_file": str(cred)}
+    return emulator

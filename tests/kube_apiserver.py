@@ -12,7 +12,11 @@ admin (system:masters, used by the tests to arrange and read back) and for `mctl
 what mctl needs), the ComputeDomain and KAI Topology CRDs of tests/fixtures/golden/k8s/crds,
 and an audit log of every write, so a test counts exactly what mctl changed. Tests call
 `reset()` to start from GB200-like Nodes; `writes()` lists mctl's writes since `mark()`.
-Nothing here has a controller-manager, scheduler or kubelet: Nodes stay as created.
+Nothing here has a controller-manager, scheduler or kubelet: Nodes stay as created. Where a test
+needs their part it plays it in the open: `Kubelet` finishes the graceful deletion of pods (what a
+kubelet does once their containers stopped), `set_budget_status` writes a PodDisruptionBudget's
+status (what the disruption controller computes), and `FlakyProxy` stands between mctl and the
+server answering 429/5xx or nothing at all for the requests a test names.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import http.client
+import http.server
 import json
 import os
 import secrets
@@ -29,6 +35,7 @@ import socket
 import ssl
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -57,8 +64,12 @@ START_DEADLINE = 120.0          # s for /readyz on a loaded 2-core machine (abou
 # What mctl needs, nothing more: deploy k8s (get and create namespaces; get and patch nodes; get,
 # create and patch ComputeDomains and Topologies) and health's remediation (get and patch nodes).
 # Discovery (/version, /apis/...) is granted to every authenticated user by the default roles.
+# A partition change's --drain lists the pods on its trays, evicts them (delete with --force).
 MCTL_RULES = [
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "delete"]},
+    {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "create"]},
     {"apiGroups": ["resource.nvidia.com"], "resources": ["computedomains"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": ["kai.scheduler"], "resources": ["topologies"], "verbs": ["get", "create", "patch"]},
@@ -427,6 +438,196 @@ class KubeServer:
             "users": [{"name": "mctl", "user": user}],
             "contexts": [{"name": "gb200", "context": {"cluster": "gb200", "user": "mctl"}}]}))
         return path
+
+
+# ------------------------------------------------------------------ pods, budgets, and what no controller does here
+
+POLICY = "/apis/policy/v1beta1"         # 1.20 serves PodDisruptionBudget and Eviction as policy/v1beta1
+
+
+def gpu_pod(name: str, node: str, *, gpus: int = 4, labels: dict | None = None, owner: str | None = None,
+            namespace: str = "default") -> dict:
+    """A pod bound to *node* that holds its GPUs (a limit of nvidia.com/gpu), as the scheduler leaves it."""
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels or {"app": "train"}}
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": owner, "controller": True,
+                                    "uid": "00000000-0000-0000-0000-000000000001"}]
+    res = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"nodeName": node, "automountServiceAccountToken": False,
+                     "containers": [{"name": "worker", "image": "ubuntu:24.04", "resources": res}]}}
+
+
+def add_pods(kube: "KubeServer", pods: list[dict], phase: str = "Running") -> None:
+    """Create *pods* and report them *phase* (as their kubelet would: a Pending pod ignores every budget)."""
+    for ns in {p["metadata"]["namespace"] for p in pods}:
+        if kube.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default") is None:
+            kube.ok("POST", f"/api/v1/namespaces/{ns}/serviceaccounts",
+                    {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})
+    for pod in pods:
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        kube.ok("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+        kube.ok("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status",
+                {"status": {"phase": phase, "conditions": [{"type": "Ready", "status": "True"}]}},
+                "application/merge-patch+json")
+
+
+def pod_names(kube: "KubeServer", namespace: str = "default") -> list[str]:
+    return sorted(p["metadata"]["name"] for p in kube.ok("GET", f"/api/v1/namespaces/{namespace}/pods")["items"])
+
+
+def clear_pods(kube: "KubeServer", namespace: str = "default") -> None:
+    """Every pod of *namespace* gone at once (grace period 0), every budget with them."""
+    for p in kube.ok("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]:
+        kube.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{p['metadata']['name']}",
+                     {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
+    kube.ok("DELETE", f"{POLICY}/namespaces/{namespace}/poddisruptionbudgets")
+    kube.wait_for(lambda: not pod_names(kube, namespace), f"no pod left in {namespace}")
+
+
+def add_budget(kube: "KubeServer", name: str, selector: dict, min_available: int, namespace: str = "default") -> None:
+    kube.ok("POST", f"{POLICY}/namespaces/{namespace}/poddisruptionbudgets",
+            {"apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget",
+             "metadata": {"name": name, "namespace": namespace},
+             "spec": {"minAvailable": min_available, "selector": {"matchLabels": selector}}})
+
+
+def set_budget_status(kube: "KubeServer", name: str, *, allowed: int, healthy: int, desired: int, expected: int,
+                      namespace: str = "default") -> None:
+    """The budget's status as the disruption controller (not running here) would compute it."""
+    path = f"{POLICY}/namespaces/{namespace}/poddisruptionbudgets/{name}"
+    gen = kube.ok("GET", path)["metadata"].get("generation", 1)
+    kube.ok("PATCH", path + "/status",
+            {"status": {"observedGeneration": gen, "disruptionsAllowed": allowed, "currentHealthy": healthy,
+                        "desiredHealthy": desired, "expectedPods": expected}}, "application/merge-patch+json")
+
+
+class Kubelet:
+    """What the trays' kubelets would do for a pod deleted gracefully (evicted, or deleted by --force): its
+    containers stop, the pod goes (here at once: a delete with grace period 0 once deletionTimestamp is set).
+    `hold` names pods whose containers do not stop."""
+
+    def __init__(self, kube: "KubeServer", namespace: str = "default"):
+        self.kube, self.namespace = kube, namespace
+        self.hold: set[str] = set()
+        self.finished: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="test-kubelet")
+
+    def __enter__(self) -> "Kubelet":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            status, body = self.kube.request("GET", f"/api/v1/namespaces/{self.namespace}/pods")
+            for p in (body or {}).get("items", []) if status == 200 else []:
+                name = p["metadata"]["name"]
+                if p["metadata"].get("deletionTimestamp") and name not in self.hold:
+                    self.kube.request("DELETE", f"/api/v1/namespaces/{self.namespace}/pods/{name}",
+                                      {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
+                    self.finished.append(name)
+
+
+class FlakyProxy:
+    """HTTPS in front of the API server (its own certificate, so mctl's kubeconfig trusts it as the server):
+    passes every request on, except those a rule takes: `fail(match, answers)` makes the next requests whose
+    'METHOD path' contains *match* answer each of *answers* in turn: an HTTP status (429 with Retry-After,
+    or 5xx, with a Status body) or 'stall' (no answer for `stall_s` seconds, then the connection closed).
+    `always` instead of a list answers that for every match until `clear()`. `seen` lists what came in."""
+
+    def __init__(self, kube: "KubeServer", stall_s: float = 3.0):
+        self.kube, self.stall_s = kube, stall_s
+        self.rules: list[tuple[str, list | str]] = []
+        self.seen: list[str] = []
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def _any(self) -> None:
+                proxy._serve(self)
+
+            do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = _any
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(str(kube.cert), str(kube.key))
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True, name="flaky-proxy")
+        self._thread.start()
+
+    def fail(self, match: str, answers: "list | str") -> None:
+        with self.lock:
+            self.rules.append((match, answers if isinstance(answers, str) else list(answers)))
+
+    def clear(self) -> None:
+        with self.lock:
+            self.rules.clear()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _answer(self, what: str):
+        with self.lock:
+            self.seen.append(what)
+            for match, answers in self.rules:
+                if match in what:
+                    if isinstance(answers, str):
+                        return answers
+                    if answers:
+                        return answers.pop(0)
+        return None
+
+    def _serve(self, h: http.server.BaseHTTPRequestHandler) -> None:
+        length = int(h.headers.get("Content-Length") or 0)
+        body = h.rfile.read(length) if length else None
+        answer = self._answer(f"{h.command} {h.path}")
+        if answer == "stall":
+            time.sleep(self.stall_s)
+            h.close_connection = True
+            return
+        if answer is not None:
+            status = int(answer)
+            out = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": status,
+                              "reason": {429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable",
+                                         504: "Timeout"}.get(status, "InternalError"),
+                              "message": f"injected by the test's proxy ({status})"}).encode()
+            h.send_response(status)
+            if status == 429:
+                h.send_header("Retry-After", "1")
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(out)))
+            h.end_headers()
+            h.wfile.write(out)
+            return
+        conn = http.client.HTTPSConnection("127.0.0.1", int(self.kube.url.rsplit(":", 1)[1]),
+                                           context=self.kube._ctx, timeout=30)
+        headers = {k: v for k, v in h.headers.items() if k.lower() not in ("host", "connection")}
+        try:
+            conn.request(h.command, h.path, body=body, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+        finally:
+            conn.close()
+        h.send_response(resp.status)
+        for k, v in resp.getheaders():
+            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                h.send_header(k, v)
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
 
 
 def _established(crd: dict | None) -> bool:

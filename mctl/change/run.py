@@ -70,6 +70,7 @@ class ChangeSpec:
     imex_wait: float = IMEX_WAIT
     slurm_wait: float = SLURM_WAIT
     tray: str | None = None                       # the tray isolate / restore moves
+    labels_wait: float = 60.0                     # s for the label patches and their read-back (429/5xx asked again)
 
     @classmethod
     def of(cls, rack: str, command: str, before: Sequence["Partition"], after: Sequence["Partition"],
@@ -83,7 +84,8 @@ class ChangeSpec:
                 "after": [{"name": n, "trays": list(t)} for n, t in self.after],
                 "record": self.record, "prune": self.prune, "remove": list(self.remove), "kind": self.kind,
                 "held": list(self.held), "tolerate": list(self.tolerate), "clique_wait": self.clique_wait,
-                "imex_wait": self.imex_wait, "slurm_wait": self.slurm_wait, "tray": self.tray}
+                "imex_wait": self.imex_wait, "slurm_wait": self.slurm_wait, "tray": self.tray,
+                "labels_wait": self.labels_wait}
 
     @classmethod
     def from_dict(cls, path: Path, d: Any) -> "ChangeSpec":
@@ -94,7 +96,8 @@ class ChangeSpec:
             return cls(str(d["rack"]), str(d["command"]), parts("before"), parts("after"), bool(d["record"]),
                        bool(d["prune"]), tuple(map(str, d["remove"])), str(d["kind"]), tuple(map(str, d["held"])),
                        tuple(map(str, d["tolerate"])), float(d["clique_wait"]), float(d["imex_wait"]),
-                       float(d["slurm_wait"]), None if d.get("tray") is None else str(d["tray"]))
+                       float(d["slurm_wait"]), None if d.get("tray") is None else str(d["tray"]),
+                       float(d.get("labels_wait", 60.0)))      # (a journal written before labels_wait: its default)
         except (KeyError, TypeError, ValueError) as exc:
             raise DamagedState(path, f"the change it records cannot be read ({exc!r})") from None
 
@@ -192,8 +195,8 @@ def _why_not(ctx: _Ctx, step: str) -> str | None:
     scheduler = ctx.site.scheduler.type if ctx.site.scheduler else None
     why = ch.step_applies(ch.forward_name(step), scheduler=scheduler, has_nmx=ctx.rack.nmx is not None,
                           record=spec.record, affected=bool(ctx.affected))
-    if why is None and ch.forward_name(step) in (ch.HOLD, ch.RELEASE, ch.SLURM_TOPOLOGY, ch.SLURM_VERIFY) \
-            and not _slurm_deployed(ctx):
+    if why is None and scheduler == "slurm" and \
+            ch.forward_name(step) in (ch.HOLD, ch.RELEASE, ch.SLURM_TOPOLOGY, ch.SLURM_VERIFY) and not _slurm_deployed(ctx):
         return "Slurm is not deployed yet (no slurm.conf on the controller): 'mctl deploy slurm' renders " \
                "topology.conf from the partitions"
     return why
@@ -357,7 +360,8 @@ def _stopped(ctx: _Ctx, step: str, exc: MctlError, resumed: bool, ran: list[str]
         f"rack {ctx.spec.rack}: step {failed} failed ({journal.data['rollback']['error']['message']}) and the "
         f"rollback stopped at {step}: {exc.message}. Back to the partitions before: "
         f"{', '.join(restored) or 'nothing yet'}; not yet back: {', '.join(pending) or 'nothing'}"
-        + (f"; {fold(held)} stay held in Slurm, so no job lands on them meanwhile" if held else ""),
+        + (f"; {fold(held)} stay held ({'cordoned in Kubernetes' if _k8s(ctx) else 'in Slurm'}), so no work lands "
+           "on them meanwhile" if held else ""),
         hint=(exc.hint + "; " if exc.hint else "") +
         f"once fixed, finish the rollback with 'mctl partition apply {ctx.spec.rack} --resume' "
         f"(journal {journal.path})")
@@ -367,35 +371,51 @@ def _stopped(ctx: _Ctx, step: str, exc: MctlError, resumed: bool, ran: list[str]
 
 # ------------------------------------------------------------------ the steps
 
+def _k8s(ctx: _Ctx) -> bool:
+    return ctx.site.scheduler is not None and ctx.site.scheduler.type == "k8s"
+
+
 def _hold(ctx: _Ctx) -> Outcome:
     from mctl.model.site import fold
+    from mctl.sched.k8s import evict
     from mctl.sched.slurm import holds
 
     affected = ctx.affected
-    held, refused = holds.hold(ctx.site, affected, holds.PARTITION_CHANGE, holds.change_reason(ctx.spec.rack))
+    if _k8s(ctx):
+        held, refused = evict.hold(ctx.site, affected, evict.change_reason(ctx.spec.rack), f"mctl partition change "
+                                   f"of {ctx.spec.rack}")
+    else:
+        held, refused = holds.hold(ctx.site, affected, holds.PARTITION_CHANGE, holds.change_reason(ctx.spec.rack))
     order = {t: i for i, t in enumerate(affected)}
     all_held = sorted(set(held) | set(ctx.spec.held), key=lambda t: order.get(t, len(order)))
     ctx.journal.data["change"]["held"] = all_held
     ctx.journal.save()
     details = [f"{t} not held by mctl: {why} (left as it is)" for t, why in refused.items()]
-    return Outcome(jr.DONE, f"held {fold(all_held) if all_held else 'no tray'} in Slurm", bool(held), details,
+    where = "cordoned in Kubernetes" if _k8s(ctx) else "in Slurm"
+    return Outcome(jr.DONE, f"held {fold(all_held) if all_held else 'no tray'} {where}", bool(held), details,
                    {"held": all_held, "refused": refused})
 
 
 def _release(ctx: _Ctx) -> Outcome:
     from mctl.model.site import fold
+    from mctl.sched.k8s import evict
     from mctl.sched.slurm import holds
 
     held = ctx.held
     if not held:
         return Outcome(jr.DONE, "nothing held")
-    failed = holds.release(ctx.site, held, holds.PARTITION_CHANGE)
+    if _k8s(ctx):
+        failed = evict.release(ctx.site, held, evict.change_reason(ctx.spec.rack))
+        command = evict.uncordon_command(list(failed))
+    else:
+        failed = holds.release(ctx.site, held, holds.PARTITION_CHANGE)
+        command = holds.release_command(list(failed))
     if failed:
         raise PartialFailure(f"{fold(failed)} could not be released: " +
-                             "; ".join(f"{t}: {w}" for t, w in failed.items()), hint=holds.release_command(list(failed)))
+                             "; ".join(f"{t}: {w}" for t, w in failed.items()), hint=command)
     ctx.journal.data["change"]["held"] = []
     ctx.journal.save()
-    return Outcome(jr.DONE, f"released {fold(held)} in Slurm", True)
+    return Outcome(jr.DONE, f"released {fold(held)} " + ("(uncordoned)" if _k8s(ctx) else "in Slurm"), True)
 
 
 def _record(ctx: _Ctx) -> Outcome:
@@ -704,23 +724,59 @@ def _slurm_verify(ctx: _Ctx) -> Outcome:
 
 # --- Kubernetes
 
+def _clique_labels(ctx: _Ctx) -> dict[str, str]:
+    """The affected trays' clique labels as their GPUs reported them in this direction's cliques step (what GPU
+    Feature Discovery sets from NVML); {} when that step did not run (no NMX-M: the fabric did not change)."""
+    name = (ch.UNDO if ctx.undo else "") + ch.CLIQUES
+    phase = next((p for p in ctx.journal.data["phases"] if p["name"] == name), None)
+    if phase is None or phase["status"] != jr.DONE:
+        return {}
+    labels = (phase.get("artifacts") or {}).get("labels") or {}
+    return {t: v for t, v in labels.items() if t in set(ctx.affected) and v}
+
+
 def _labels(ctx: _Ctx) -> Outcome:
     from mctl.change.plan import label_changes
-    from mctl.sched.k8s import KubeClient
-    from mctl.sched.k8s import kubeconfig as kc
+    from mctl.sched.k8s.evict import client_for, within
+    from mctl.sched.k8s.manifests import CLIQUE_LABEL
 
     site_t, _ = ctx.target()
     site_s, _ = ctx.source()
-    changes = label_changes(site_s, site_t, ctx.affected)
-    if not changes:
+    want: dict[str, dict[str, str | None]] = {}
+    for c in label_changes(site_s, site_t, ctx.affected):
+        want.setdefault(c.node, {})[c.label] = c.after
+    for t, v in _clique_labels(ctx).items():
+        want.setdefault(t, {})[CLIQUE_LABEL] = v
+    if not want:
         return Outcome(jr.DONE, "labels unchanged")
-    settings = ctx.site.scheduler.k8s
-    path = (ctx.site.root / settings.kubeconfig) if settings.kubeconfig else kc.default_path()
-    client = KubeClient(kc.load(path, settings.context))
-    for c in changes:
-        client.merge_patch("Node", c.node, None, {"metadata": {"labels": {c.label: c.after}}})
-    return Outcome(jr.DONE, f"{len(changes)} node label{'s' if len(changes) > 1 else ''} set", True,
-                   [f"{c.node}: {c.label} {c.before or '(none)'} -> {c.after or '(none)'}" for c in changes])
+    client = client_for(ctx.site)
+    deadline = time.monotonic() + ctx.spec.labels_wait
+    details, patched = [], 0
+    for node, labels in want.items():
+        obj = within(deadline, f"reading Node {node}", lambda n=node: client.get("Node", n))
+        if obj is None:
+            raise EnvironmentProblem(f"no Node {node} in the cluster: its labels cannot follow the partitions",
+                                     hint="register the tray's kubelet, or take the tray out of the inventory")
+        have = (obj.get("metadata") or {}).get("labels") or {}
+        todo = {k: v for k, v in labels.items() if have.get(k) != v}
+        if todo:
+            within(deadline, f"labelling Node {node}",
+                   lambda n=node, d=todo: client.merge_patch("Node", n, None, {"metadata": {"labels": d}}))
+            patched += 1
+            details += [f"{node}: {k} {have.get(k) or '(none)'} -> {v or '(none)'}" for k, v in todo.items()]
+    # read back: every label as the step set it (another writer in between is a failed step, rolled back)
+    wrong = []
+    for node, labels in want.items():
+        obj = within(deadline, f"reading Node {node} back", lambda n=node: client.get("Node", n)) or {}
+        have = (obj.get("metadata") or {}).get("labels") or {}
+        wrong += [f"{node}: {k} is {have.get(k)!r}, not {v!r}" for k, v in labels.items() if have.get(k) != v]
+    if wrong:
+        raise EnvironmentProblem("the node labels read back differ from what was set: " + "; ".join(wrong[:6]),
+                                 hint="another controller writes these labels; see who (kubectl get node -o yaml)")
+    n = sum(len(v) for v in want.values())
+    return Outcome(jr.DONE, f"{n} node label{'s' if n != 1 else ''} on {len(want)} node{'s' if len(want) != 1 else ''} "
+                            f"as the partitions say ({patched} patched), read back", bool(patched), details,
+                   {"labels": want})
 
 
 _STEPS: dict[str, Callable[[_Ctx], Outcome]] = {

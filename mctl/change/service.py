@@ -138,28 +138,100 @@ def gate(site: "Site", cp: "ChangePlan", req: ChangeRequest, ui: ChangeUI) -> li
     if verdict == GO:
         return []
     trays = fold(cp.affected)
+    k8s = cp.scheduler == "k8s"
     if req.dry_run:
-        word = {DRAIN: f"would hold {trays} in Slurm and wait for the jobs", FORCE: "would break the work named",
+        word = {DRAIN: (f"would cordon {trays} and evict their GPU pods (their PodDisruptionBudgets asked)" if k8s
+                        else f"would hold {trays} in Slurm and wait for the jobs"),
+                FORCE: "would delete the pods named" if k8s else "would break the work named",
                 }.get(verdict, "would be refused (--drain or --force)")
         ui.note(f"  the change {word}")
         return []
     if verdict == FORCE:
         what = _named(cp)
         ui.warn(f"--force: the change of {trays} breaks what runs there: {what} (their NVLink partition and "
-                "IMEX domain change under them)")
+                "IMEX domain change under them" + ("; the pods are deleted, their PodDisruptionBudgets not asked)"
+                                                   if k8s and cp.work_known else ")"))
         if not ui.confirm(cp, what):
             raise UsageError("not confirmed; nothing was changed")
-        return []
+        return force_for_change(site, cp, ui) if k8s else []
     if verdict != DRAIN:
         hint = ("wait for them to end, or give --drain [--wait SECONDS] to hold the trays and wait, or --force to "
                 "break them" if cp.work_known else "fix the scheduler's answer, or give --force")
-        if cp.work_known and any(w.kind == "k8s" for w in cp.work) and req.drain:
-            hint = "--drain holds trays in Slurm only; move the pods off the trays, or give --force"
         raise WorkRefused(f"rack {cp.rack}: the change touches trays with running work: {_named(cp)}; "
                           "nothing was changed", hint=hint, plan=cp)
     seconds = DEFAULT_WAIT if req.wait is None else req.wait
-    return hold_for_change(site, cp, seconds, on_held=lambda held, refused: ui.held(held, refused, busy_trays(cp),
-                                                                                     seconds))
+    on_held = lambda held, refused: ui.held(held, refused, busy_trays(cp), seconds)      # noqa: E731
+    if k8s:
+        return evict_for_change(site, cp, seconds, on_held=on_held)
+    return hold_for_change(site, cp, seconds, on_held=on_held)
+
+
+FORCE_WAIT = 120.0          # --force on Kubernetes: s for the deleted pods to be gone before the change goes on
+
+
+def _cordon(site: "Site", cp: "ChangePlan", client) -> tuple[list[str], dict[str, str]]:
+    """Cordon the change's trays (all or nothing: a Kubernetes API that keeps failing uncordons those done)."""
+    import time
+
+    from mctl.sched.k8s import evict
+
+    reason = evict.change_reason(cp.rack)
+    deadline = time.monotonic() + evict.HOLD_WAIT
+    try:
+        held, refused = evict.hold_nodes(client, list(cp.affected), reason, f"mctl partition change of {cp.rack}",
+                                         deadline=deadline)
+    except MctlError:
+        evict.release_nodes(client, list(cp.affected), reason, deadline=time.monotonic() + evict.HOLD_WAIT)
+        raise
+    return held, refused
+
+
+def evict_for_change(site: "Site", cp: "ChangePlan", wait: float, *,
+                     on_held: Callable[[list[str], dict[str, str]], None] | None = None) -> list[str]:
+    """Kubernetes --drain: cordon the affected nodes, evict their GPU pods through the Eviction API (their
+    PodDisruptionBudgets asked) and wait until they are gone, all within *wait* seconds; the nodes cordoned.
+
+    When the pods cannot all be evicted by then (a budget that keeps refusing, an API server that keeps
+    failing), the cordons are lifted again and the error names what held it: the change stops before any
+    layer changed (the pods evicted already are said)."""
+    import time
+
+    from mctl.sched.k8s import evict
+
+    client = evict.client_for(site)
+    held, refused = _cordon(site, cp, client)
+    if on_held is not None:
+        on_held(held, refused)
+    try:
+        evict.evict_pods(client, list(cp.affected), wait)
+    except MctlError as exc:
+        left = evict.release_nodes(client, held, evict.change_reason(cp.rack),
+                                   deadline=time.monotonic() + evict.HOLD_WAIT)
+        exc.message = f"rack {cp.rack}: {exc.message}; nothing was changed, and " + (
+            f"{', '.join(left)} could not be uncordoned: {'; '.join(left.values())}" if left else
+            "the cordons are lifted again")
+        if left:
+            exc.hint = (exc.hint or "") + "; uncordon them: " + evict.uncordon_command(list(left))
+        raise
+    return held
+
+
+def force_for_change(site: "Site", cp: "ChangePlan", ui: ChangeUI) -> list[str]:
+    """Kubernetes --force (confirmed): cordon the affected nodes and delete their GPU pods, no budget asked; the
+    nodes cordoned. Pods not gone within FORCE_WAIT are said, and the change goes on."""
+    from mctl.sched.k8s import evict
+
+    client = evict.client_for(site)
+    held, refused = _cordon(site, cp, client)
+    ui.held(held, refused, busy_trays(cp), FORCE_WAIT)
+    done = evict.delete_pods(client, list(cp.affected), FORCE_WAIT)
+    if done.evicted:
+        ui.note(f"  deleted {', '.join(w.id for w in done.evicted)}")
+    if done.terminating:
+        ui.warn("still terminating, the change goes on: " + "; ".join(w.describe() for w in done.terminating))
+    if done.left:
+        ui.warn("left (DaemonSet pods, put back by their controller): " + "; ".join(w.describe() for w in done.left))
+    return held
 
 
 def hold_for_change(site: "Site", cp: "ChangePlan", wait: float, *,
@@ -194,11 +266,18 @@ def release_held(site: "Site", held: Sequence[str], ui: ChangeUI) -> None:
 
     if not held:
         return
-    failed = holds.release(site, held, holds.PARTITION_CHANGE)
+    if site.scheduler is not None and site.scheduler.type == "k8s":
+        from mctl.sched.k8s import evict
+
+        rack = site.host(held[0]).rack if site.host(held[0]) is not None else ""
+        failed = evict.release(site, held, evict.change_reason(rack))
+        command = evict.uncordon_command(list(failed))
+    else:
+        failed = holds.release(site, held, holds.PARTITION_CHANGE)
+        command = holds.release_command(list(failed))
     if failed:
         raise PartialFailure(f"the change is done but {fold(failed)} could not be released: "
-                             + "; ".join(f"{t}: {w}" for t, w in failed.items()),
-                             hint=holds.release_command(list(failed)))
+                             + "; ".join(f"{t}: {w}" for t, w in failed.items()), hint=command)
     ui.released(held)
 
 

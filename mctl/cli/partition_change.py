@@ -33,7 +33,10 @@ class TerminalUI(ChangeUI):
         if not self.out.json:
             print_plan(self.out, plan, rack.gpus_per_tray, dry_run=dry_run)
 
+    kubernetes = False          # the change's site runs Kubernetes (said by change(): its holds are cordons)
+
     def change(self, cp: "ChangePlan", *, dry_run: bool, has_nmx: bool = True, record: bool = False) -> None:
+        self.kubernetes = cp.scheduler == "k8s"
         print_change(self.out, cp, dry_run=dry_run, has_nmx=has_nmx, record=record)
 
     def note(self, text: str) -> None:
@@ -55,13 +58,17 @@ class TerminalUI(ChangeUI):
 
         for tray, why in refused.items():
             self.out.warn(f"{tray} was not held by mctl: {why} (left as it is)")
+        if self.kubernetes:
+            self.out.line(f"  cordoned: {fold(held) if held else 'none'}; evicting the GPU pods on {fold(busy)} "
+                          f"(their PodDisruptionBudgets asked), up to {seconds:g}s")
+            return
         self.out.line(f"  held in Slurm: {fold(held) if held else 'none'}; waiting up to {seconds:g}s for the jobs "
                       f"on {fold(busy)} to end")
 
     def released(self, trays: Sequence[str]) -> None:
         from mctl.model.site import fold
 
-        self.out.line(f"  released {fold(trays)} in Slurm")
+        self.out.line(f"  released {fold(trays)} " + ("(uncordoned)" if self.kubernetes else "in Slurm"))
 
     def nmx_step(self, number: int, total: int, change: "PartitionChange") -> None:
         self.out.line(f"  [{number}/{total}] {change.action} {change.name} ...")

@@ -110,21 +110,22 @@ def imex_changes(rack_before: "Rack", rack_after: "Rack", settings: "ImexSetting
 
 def decide(plan: ChangePlan, *, drain: bool, force: bool) -> str:
     """What a change does about the work on its trays (mctl.model.change.work_rule, the one jobs rule)."""
-    return work_rule(bool(plan.affected), plan.work, plan.work_known, drain=drain, force=force)
+    return work_rule(bool(plan.affected), plan.work, plan.work_known, drain=drain, force=force,
+                     drains=("slurm", "k8s"))
 
 
 # ------------------------------------------------------------------ the steps of a change, in their safe order
 
 # Every partition change runs these steps in this order (mctl.change.run journals each):
-# hold the affected trays in Slurm, record the inventory, NMX-M, wait for the GPUs' cliques, IMEX files,
-# IMEX restart, IMEX domains UP, Slurm topology.conf + reconfigure, verify `scontrol show topology`,
+# hold the affected trays (Slurm: drain; Kubernetes: cordon), record the inventory, NMX-M, wait for the
+# GPUs' cliques, IMEX files, IMEX restart, IMEX domains UP, Slurm topology.conf + reconfigure, verify `scontrol show topology`,
 # Kubernetes labels, release the holds. See docs/decisions.md (D46).
 HOLD, RECORD, NMX, CLIQUES, IMEX_FILES, IMEX_RESTART, IMEX_UP, SLURM_TOPOLOGY, SLURM_VERIFY, LABELS, RELEASE = (
     "hold", "record", "nmx", "cliques", "imex-files", "imex-restart", "imex-up", "slurm-topology", "slurm-verify",
     "labels", "release")
 STEPS = (HOLD, RECORD, NMX, CLIQUES, IMEX_FILES, IMEX_RESTART, IMEX_UP, SLURM_TOPOLOGY, SLURM_VERIFY, LABELS, RELEASE)
 STEP_TITLES = {
-    HOLD: "hold the affected trays in Slurm", RECORD: "record the partitions in the inventory",
+    HOLD: "hold the affected trays (Slurm drain, Kubernetes cordon)", RECORD: "record the partitions in the inventory",
     NMX: "NMX-M partition operations", CLIQUES: "wait for the GPUs' cliques to change",
     IMEX_FILES: "IMEX files (affected trays, previous kept as .mctl-bak)",
     IMEX_RESTART: "restart nvidia-imex (affected trays)", IMEX_UP: "wait for the IMEX domains to be UP",
@@ -143,9 +144,8 @@ def step_applies(step: str, *, scheduler: str | None, has_nmx: bool, record: boo
     """None when *step* applies to the change; else why not (shown as 'not applicable', never skipped silently)."""
     if not affected and step not in (RECORD, NMX):
         return "no tray changes partition"
-    if step in (HOLD, RELEASE) and scheduler != "slurm":
-        return "the site runs no Slurm (nothing to hold)" if scheduler is None else \
-            "the site runs Kubernetes: the jobs rule refuses pods, there is no hold"
+    if step in (HOLD, RELEASE) and scheduler not in ("slurm", "k8s"):
+        return "the site runs no scheduler (no Slurm, no Kubernetes: nothing to hold)"
     if step == RECORD and not record:
         return "the inventory already declares the partitions (partition apply)"
     if step in (NMX, CLIQUES) and not has_nmx:

@@ -114,6 +114,7 @@ def health_settings(spec: HealthSpec) -> HealthSettings:
         breaker_scope=str(breaker.scope),
         remediate=bool(spec.remediate),
         k8s_taint=str(spec.k8s_taint),
+        k8s_evict=bool(spec.k8s_evict),
         hysteresis_clear_sweeps=int(hysteresis.clear_sweeps),
         hysteresis_max_hold_sweeps=int(hysteresis.max_hold_sweeps),
         hysteresis_window_sweeps=int(hysteresis.window_sweeps),

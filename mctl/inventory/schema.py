@@ -243,6 +243,7 @@ class HealthSpec(Spec):
     tray_deadline = F(Opt(float), None, gt=0)                # seconds per tray probe (default: interval, 5..15)
     k8s_taint = F(str, "mctl.io/unhealthy=true:NoSchedule",
                   pattern=r"^[A-Za-z0-9./_-]+(=[A-Za-z0-9._-]*)?:(NoSchedule|PreferNoSchedule|NoExecute)$")
+    k8s_evict = F(bool, False)                               # a drained node's GPU pods evicted (Eviction API)
     hysteresis = F(HysteresisSpec, factory=HysteresisSpec)
     bmc_checks = F(OneOf("auto", "off"), "auto")              # leaks and power from the BMCs (auto: bmc section)
     bmc_interval = F(Opt(float), None, gt=0)                 # seconds between a BMC's reads (default: interval)

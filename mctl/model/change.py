@@ -133,17 +133,20 @@ class ChangePlan:
 REFUSE, DRAIN, FORCE, GO = "refuse", "drain", "force", "go"
 
 
-def work_rule(touches: bool, work: Iterable[RunningWork], work_known: bool, *, drain: bool, force: bool) -> str:
+def work_rule(touches: bool, work: Iterable[RunningWork], work_known: bool, *, drain: bool, force: bool,
+              drains: tuple[str, ...] = ("slurm",)) -> str:
     """What a change does about the work on the trays it would disrupt: go (none), refuse, drain first, or
     force through. Work that could not be read counts as work (a change never goes ahead blind) unless
-    --force; --drain holds Slurm trays, so Kubernetes pods (or unreadable work) are refused with it too."""
+    --force, so unreadable work is refused with --drain too. --drain drains the work of the schedulers the
+    caller can drain (*drains*): a partition change holds Slurm trays and waits for their jobs, or cordons
+    Kubernetes nodes and evicts their pods; provisioning drains Slurm only."""
     work = tuple(work)
     if not touches or (work_known and not work):
         return GO
     if force:
         return FORCE
-    if drain and work_known and all(w.kind == "slurm" for w in work):
-        return DRAIN        # --drain holds trays in Slurm; pods are not drained by it
+    if drain and work_known and len({w.kind for w in work}) == 1 and work[0].kind in drains:
+        return DRAIN
     return REFUSE
 
 

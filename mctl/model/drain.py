@@ -118,6 +118,7 @@ class ActResult:
     unreachable: bool = False      # the scheduler did not answer: the action is queued
     refused: bool = False          # the guard said no at the last moment
     not_ours: bool = False         # ... because the drain is someone else's now (or gone)
+    fields: Mapping[str, Any] | None = None    # more keys of the action log's result line (pods evicted, ...)
 
 
 @dataclass(frozen=True)

@@ -185,6 +185,7 @@ class HealthSettings:
     breaker_scope: str = "rack"             # rack | site
     remediate: bool = True
     k8s_taint: str = "mctl.io/unhealthy=true:NoSchedule"
+    k8s_evict: bool = False                 # Kubernetes: a drained node's GPU pods evicted (not DaemonSets')
     # hysteresis for flapping findings (mctl/health/hysteresis.py; docs/health.md "Flapping and storms")
     hysteresis_clear_sweeps: int = 1
     hysteresis_max_hold_sweeps: int = 64

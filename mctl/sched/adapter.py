@@ -20,6 +20,10 @@ def adapter_for(site: "Site", pool: "SSHPool", names: Sequence[str] = (), who: s
         return slurm_adapter(site, pool)
     if site.scheduler.type == "k8s":
         from mctl.sched.k8s.cordon import k8s_adapter
+        from mctl.sched.k8s.evict import after_drain
 
-        return k8s_adapter(site, names or [h.name for h in site.compute_trays()], who)
+        adapter = k8s_adapter(site, names or [h.name for h in site.compute_trays()], who)
+        if site.health.k8s_evict:           # per site, off by default: a drained node's GPU pods evicted
+            adapter.on_drained = after_drain
+        return adapter
     return None

@@ -1,8 +1,10 @@
 """The work running on trays, as the site's scheduler reports it: Slurm jobs and Kubernetes pods.
 
 Slurm: one `squeue` on the controller (mctl.sched.slurm.control), bounded by a
-deadline like the health watch's reads. Kubernetes: the pods bound to each
-tray through the API (scheduler.k8s's kubeconfig). Only work that holds the
+deadline like the health watch's reads. Kubernetes: one list call of the pods
+bound to the trays, not finished (scheduler.k8s's kubeconfig; a field selector
+names one node, or, since field selectors cannot say "one of these nodes", every
+bound pod in pages, kept when its node is one of the trays). Only work that holds the
 trays' GPUs counts: Slurm jobs running, completing or suspended (R, CG, S); pods
 not finished that request `nvidia.com/gpu` or carry a DRA resource claim (GPUs
 and ComputeDomain channels are both claims). The parsers are pure.
@@ -106,20 +108,34 @@ def pod_work(pod: dict) -> RunningWork | None:
                        str(meta.get("name", "?")), phase, (node,), why)
 
 
-def k8s_pods(site: "Site", trays: Sequence[str]) -> list[RunningWork]:
-    """The GPU-holding pods bound to *trays* (one list call per tray)."""
-    from mctl.sched.k8s import KubeClient
-    from mctl.sched.k8s import kubeconfig as kc
+UNFINISHED = "status.phase!=Succeeded,status.phase!=Failed"
+POD_PAGE = 500
 
-    settings = site.scheduler.k8s
-    path = (site.root / settings.kubeconfig) if settings.kubeconfig else kc.default_path()
-    client = KubeClient(kc.load(path, settings.context))
+
+def pod_selector(trays: Sequence[str]) -> str:
+    """The field selector of the one list call: the tray's pods, or every bound pod (filtered after)."""
+    node = f"spec.nodeName={trays[0]}" if len(trays) == 1 else "spec.nodeName!="
+    return f"{node},{UNFINISHED}"
+
+
+def k8s_pod_objects(client, trays: Sequence[str]) -> list[dict]:
+    """The pods (API objects) bound to *trays* and not finished: one list call (in pages of POD_PAGE)."""
+    if not trays:
+        return []
+    wanted = set(trays)
+    return [p for p in client.list("Pod", field_selector=pod_selector(list(trays)), limit=POD_PAGE)
+            if (p.get("spec") or {}).get("nodeName") in wanted]
+
+
+def k8s_pods(site: "Site", trays: Sequence[str]) -> list[RunningWork]:
+    """The GPU-holding pods bound to *trays* (one list call)."""
+    from mctl.sched.k8s.client import client_for
+
     out: list[RunningWork] = []
-    for t in trays:
-        for pod in client.list("Pod", field_selector=f"spec.nodeName={t}"):
-            w = pod_work(pod)
-            if w is not None:
-                out.append(w)
+    for pod in k8s_pod_objects(client_for(site), trays):
+        w = pod_work(pod)
+        if w is not None:
+            out.append(w)
     return out
 
 

@@ -117,3 +117,67 @@ def test_a_taint_the_server_refuses_is_reported_with_its_field(kube, tmp_path):
     assert "(422 Invalid)" in result.error and "taints[0].value" in result.error and "63 characters" in result.error
     assert kube.writes() == [f"patch {PATH} 422"]
     assert not kube.node(TRAY)["spec"].get("unschedulable")
+
+
+# ------------------------------------------------------------------ health.k8s_evict: a drained node's GPU pods
+
+def test_a_drain_evicts_the_nodes_gpu_pods_leaves_daemonsets_and_says_so_in_one_event(kube, tmp_path):
+    from mctl.sched.k8s.evict import EVENT_REASON, after_drain
+    from tests.kube_apiserver import Kubelet, add_budget, add_pods, clear_pods, gpu_pod, pod_names, set_budget_status
+
+    clear_pods(kube)
+    add_pods(kube, [gpu_pod("train-0", TRAY), gpu_pod("serve-0", TRAY, labels={"app": "serve"}),
+                    gpu_pod("dcgm-x1", TRAY, labels={"app": "dcgm"}, owner="dcgm-exporter"),
+                    gpu_pod("web-0", TRAY, gpus=0, labels={"app": "web"}),
+                    gpu_pod("train-9", "rack-a-tray06")])
+    add_budget(kube, "serve-pdb", {"app": "serve"}, 1)
+    set_budget_status(kube, "serve-pdb", allowed=0, healthy=1, desired=1, expected=1)
+    kube.mark()
+    try:
+        ad = adapter(kube, tmp_path)
+        ad.on_drained = after_drain
+        with Kubelet(kube):
+            result = ad._apply_one(drain())
+            assert result.ok, result.error
+            kube.wait_for(lambda: "train-0" not in pod_names(kube), "train-0 gone")
+        ev = result.fields["evictions"]
+        assert ev["evicted"] == ["default/train-0"] and ev["daemonset_pods_left"] == ["default/dcgm-x1"]
+        assert ev["kept"] == {"default/serve-0": "kept by a PodDisruptionBudget: The disruption budget serve-pdb "
+                                                 "needs 1 healthy pods and has 1 currently"}
+        assert pod_names(kube) == ["dcgm-x1", "serve-0", "train-9", "web-0"]
+        writes = kube.writes()
+        assert writes[0] == f"patch {PATH} 200"
+        assert "create /api/v1/namespaces/default/pods/train-0/eviction 201" in writes
+        assert not [w for w in writes if "dcgm-x1" in w or "web-0" in w or "train-9" in w or w.startswith("delete")]
+        # one Event for the tray, naming what was evicted and what not
+        events = [e for e in kube.ok("GET", "/api/v1/namespaces/default/events")["items"]
+                  if e["involvedObject"]["name"] == TRAY]
+        assert len(events) == 1 and [w for w in writes if "/events " in w] == \
+            ["create /api/v1/namespaces/default/events 201"]
+        (e,) = events
+        assert e["reason"] == EVENT_REASON and e["involvedObject"]["kind"] == "Node" and e["type"] == "Warning"
+        assert e["message"].startswith(f"mctl drained {TRAY}: evicted 1 GPU pod (default/train-0); "
+                                       "default/serve-0 not evicted: kept by a PodDisruptionBudget")
+        assert "DaemonSet pods left: default/dcgm-x1" in e["message"]
+    finally:
+        clear_pods(kube)
+        kube.ok("DELETE", "/api/v1/namespaces/default/events")
+
+
+def test_evictions_are_per_site_and_off_by_default(tmp_path, kube):
+    from mctl.sched.adapter import adapter_for
+    from mctl.sched.k8s.evict import after_drain
+    from tests.helpers import site_with
+
+    config = kube.kubeconfig(tmp_path / "kube" / "config")
+    (tmp_path / "a").mkdir()
+    plain = site_with(tmp_path / "a", scheduler="k8s", k8s={"kubeconfig": str(config)})
+    assert plain.health.k8s_evict is False and adapter_for(plain, None).on_drained is None
+    (tmp_path / "b").mkdir()
+    on = site_with(tmp_path / "b", scheduler="k8s", k8s={"kubeconfig": str(config)})
+    doc = (tmp_path / "b" / "mctl.yml").read_text() + "health:\n  k8s_evict: true\n"
+    (tmp_path / "b" / "mctl.yml").write_text(doc)
+    from mctl.inventory import load_site
+
+    on = load_site(tmp_path / "b")
+    assert on.health.k8s_evict is True and adapter_for(on, None).on_drained is after_drain

@@ -121,7 +121,9 @@ def test_before_comes_from_what_nmx_holds(tmp_path):
     ([], False, True, False, REFUSE),
     ([], False, False, True, FORCE),
     ([RunningWork("k8s", "ns/p", None, "p", "Running", ("r1-tray03",), "4 nvidia.com/gpu")], True, True, False,
-     REFUSE),                                             # --drain holds Slurm trays; pods are refused
+     DRAIN),                                              # --drain cordons the nodes and evicts the pods
+    ([RunningWork("k8s", "ns/p", None, "p", "Running", ("r1-tray03",), "4 nvidia.com/gpu"), job("7", "r1-tray03")],
+     True, True, False, REFUSE),                          # two schedulers' work on one tray: no drain does both
 ])
 def test_jobs_rule(tmp_path, work, known, drain, force, verdict):
     site = site_with(tmp_path, parts=[{"name": "p0", "trays": "r1-tray[01-04]"}])

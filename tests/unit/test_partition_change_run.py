@@ -44,8 +44,11 @@ def test_rollback_undoes_every_layer_touched_in_the_same_order(failed, done, und
 
 def test_steps_that_do_not_apply_say_why():
     kw = dict(has_nmx=True, record=True, affected=True)
-    assert ch.step_applies("hold", scheduler=None, **kw) == "the site runs no Slurm (nothing to hold)"
-    assert "Kubernetes" in ch.step_applies("release", scheduler="k8s", **kw)
+    assert ch.step_applies("hold", scheduler=None, **kw) == \
+        "the site runs no scheduler (no Slurm, no Kubernetes: nothing to hold)"
+    # Kubernetes: the affected nodes are cordoned (and their pods evicted by --drain), uncordoned after
+    assert ch.step_applies("hold", scheduler="k8s", **kw) is None
+    assert ch.step_applies("release", scheduler="k8s", **kw) is None
     assert ch.step_applies("slurm-topology", scheduler="k8s", **kw) == "the site runs no Slurm"
     assert ch.step_applies("labels", scheduler="slurm", **kw) == "the site runs no Kubernetes"
     assert ch.step_applies("labels", scheduler="k8s", **kw) is None

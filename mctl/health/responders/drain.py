@@ -42,7 +42,8 @@ def scheduler_batch(scheduler, deadline: float):
         for a in acts:
             r = by_host.get(a.decision.host) or ActResult(a.decision, False, "no result", unreachable=True)
             text = "ok" if r.ok else ("refused: " if r.refused else "failed: ") + (r.error or "")
-            out.append(Done(text, action=None if r.ok or not r.unreachable else QUEUE, raw=r))
+            out.append(Done(text, action=None if r.ok or not r.unreachable else QUEUE, raw=r,
+                            fields=dict(r.fields or {})))
         return out
     return run
 

@@ -1,4 +1,4 @@
-"""A small Kubernetes API client (stdlib HTTP): get, create, merge-patch; typed errors.
+"""A small Kubernetes API client (stdlib HTTP): get, list, create, merge-patch, delete, evict; typed errors.
 
 mctl needs a handful of calls on a few kinds, so it speaks the REST API
 directly instead of carrying a client library: paths follow the API
@@ -29,9 +29,21 @@ class ClusterUnreachable(MctlError):
 
 
 class ApiError(MctlError):
-    def __init__(self, status: int, message: str, hint: str | None = None):
+    def __init__(self, status: int, message: str, hint: str | None = None, body: Any = None):
         super().__init__(message, hint, exit_code=EXIT_PARTIAL)
         self.status = status
+        self.body = body
+
+    @property
+    def causes(self) -> list[dict]:
+        """The Status' details.causes (an eviction refused by a PodDisruptionBudget names it there)."""
+        details = (self.body or {}).get("details") if isinstance(self.body, dict) else None
+        return [c for c in ((details or {}).get("causes") or []) if isinstance(c, dict)]
+
+
+# Answers that say "not now" rather than "no": too many requests (API priority and fairness, or a
+# PodDisruptionBudget refusing an eviction), the server or a proxy in front of it failing or timing out.
+TRANSIENT = (429, 500, 502, 503, 504)
 
 
 HINTS = {
@@ -63,7 +75,9 @@ class Kind:
 KINDS: dict[str, Kind] = {
     "Namespace": Kind("", "v1", "namespaces", False),
     "Pod": Kind("", "v1", "pods", True),
+    "PodDisruptionBudget": Kind("policy", "v1", "poddisruptionbudgets", True),
     "Node": Kind("", "v1", "nodes", False),
+    "Event": Kind("", "v1", "events", True),
     "ComputeDomain": Kind("resource.nvidia.com", "v1beta1", "computedomains", True),
     "Topology": Kind("kai.scheduler", "v1alpha1", "topologies", False),
 }
@@ -118,7 +132,7 @@ class KubeClient:
         if status >= 400:
             reason = body.get("reason") if isinstance(body, dict) else None
             raise ApiError(status, f"{what} failed ({status}{' ' + reason if reason else ''}): {_message(body)}",
-                           hint=HINTS.get(status))
+                           hint=HINTS.get(status), body=body)
         return body
 
     def version(self) -> dict:
@@ -140,26 +154,71 @@ class KubeClient:
             return None
         return self._check(status, body, f"GET {path}")
 
-    def list(self, kind: str, namespace: str | None = None, *, field_selector: str | None = None) -> list[dict]:
-        """The items of a collection (every namespace when *namespace* is None), optionally filtered."""
+    def list(self, kind: str, namespace: str | None = None, *, field_selector: str | None = None,
+             limit: int | None = None) -> list[dict]:
+        """The items of a collection (every namespace when *namespace* is None), optionally filtered; with
+        *limit*, read in pages of that many (one list, continued with the server's `continue` token)."""
         k = KINDS[kind]
         path = k.collection(namespace) if namespace or not k.namespaced else f"{k.base}/{k.plural}"
+        query: dict[str, str] = {}
         if field_selector:
-            path += "?" + urllib.parse.urlencode({"fieldSelector": field_selector})
-        status, body = self._request("GET", path)
-        body = self._check(status, body, f"GET {path}")
-        return list((body or {}).get("items") or [])
+            query["fieldSelector"] = field_selector
+        if limit:
+            query["limit"] = str(limit)
+        items: list[dict] = []
+        while True:
+            url = path + ("?" + urllib.parse.urlencode(query) if query else "")
+            status, body = self._request("GET", url)
+            body = self._check(status, body, f"GET {url}")
+            items += list((body or {}).get("items") or [])
+            token = ((body or {}).get("metadata") or {}).get("continue")
+            if not limit or not token:
+                return items
+            query["continue"] = token
+
+    def delete(self, kind: str, name: str, namespace: str | None = None) -> dict | None:
+        """Delete with the object's own grace period; None when it is gone already."""
+        path = KINDS[kind].path(name, namespace)
+        status, body = self._request("DELETE", path)
+        if status == 404:
+            return None
+        return self._check(status, body, f"delete {kind} {namespace + '/' if namespace else ''}{name}")
+
+    def evict(self, name: str, namespace: str, policy_version: str = "v1") -> None:
+        """POST the pod's eviction subresource: the API server deletes it only where every PodDisruptionBudget
+        covering it allows (else 429 with the budget named in the causes). A pod gone already is no error."""
+        path = KINDS["Pod"].path(name, namespace) + "/eviction"
+        body = {"apiVersion": f"policy/{policy_version}", "kind": "Eviction",
+                "metadata": {"name": name, "namespace": namespace}}
+        status, out = self._request("POST", path, body)
+        if status == 404:
+            return
+        self._check(status, out, f"evict pod {namespace}/{name}")
+
+    def policy_version(self) -> str:
+        """policy/v1 where the server serves it (Kubernetes >= 1.21), else policy/v1beta1 (Eviction and
+        PodDisruptionBudget both)."""
+        return "v1" if self.has_api("policy", "v1", "poddisruptionbudgets") else "v1beta1"
 
     def create(self, obj: dict) -> dict:
         meta = obj["metadata"]
         path = KINDS[obj["kind"]].collection(meta.get("namespace"))
         status, body = self._request("POST", path, obj)
-        return self._check(status, body, f"create {obj['kind']} {meta['name']}")
+        return self._check(status, body, f"create {obj['kind']} {meta.get('name') or meta.get('generateName')}")
 
     def merge_patch(self, kind: str, name: str, namespace: str | None, patch: dict) -> dict:
         path = KINDS[kind].path(name, namespace)
         status, body = self._request("PATCH", path, patch, "application/merge-patch+json")
         return self._check(status, body, f"patch {kind} {name}")
+
+
+def client_for(site) -> KubeClient:
+    """mctl's client for *site* (a Site): scheduler.k8s's kubeconfig (else $KUBECONFIG, ~/.kube/config)."""
+    from mctl.sched.k8s import kubeconfig as kc
+
+    settings = site.scheduler.k8s
+    path = (site.root / settings.kubeconfig) if settings.kubeconfig else kc.default_path()
+    return KubeClient(kc.load(path, settings.context))
 
 
 def _json(raw: bytes) -> Any:

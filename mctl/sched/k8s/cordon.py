@@ -132,11 +132,14 @@ CONFLICT_TRIES = 3        # reads and patches of one Node before a 409 is given 
 class K8sAdapter:
     kind = "k8s"
 
-    def __init__(self, client, names: Sequence[str], taint: str, who: str):
+    def __init__(self, client, names: Sequence[str], taint: str, who: str, on_drained=None):
         self.client = client
         self.names = list(names)
         self.taint = parse_taint(taint)
         self.who = who
+        # called with (client, node) after each drain that went through; returns the result line's keys
+        # (health.k8s_evict: mctl.sched.k8s.evict.after_drain evicts the node's GPU pods)
+        self.on_drained = on_drained
 
     @property
     def where(self) -> str:
@@ -202,6 +205,8 @@ class K8sAdapter:
                 return ActResult(d, False, exc.message + (f"; {exc.hint}" if exc.hint else ""))
             except MctlError as exc:
                 return ActResult(d, False, exc.message)
+            if d.action == DRAIN and self.on_drained is not None:
+                return ActResult(d, True, fields=self.on_drained(self.client, d.host))
             return ActResult(d, True)
         raise AssertionError("unreachable")
 
