@@ -126,7 +126,7 @@ def test_every_packaged_component_is_compared_by_its_packages():
     assert {n: (r.found, r.status) for n, r in rows.items() if n not in ("os", "nvidia_driver", "cuda")} == {
         "imex": ("570.148.08", MATCH), "dcgm": ("4.3.1", MATCH), "doca_ofed": ("2.9.1", MATCH),
         "slurm": ("24.11.5", MATCH), "munge": ("0.5.16", MATCH), "enroot": ("3.5.0", MATCH),
-        "pyxis": ("0.20.0", MATCH)}
+        "pyxis": ("0.20.0", MATCH), "nccl_tests": ("2.17.1", MATCH)}
     assert rows["dcgm"].check == "image.dcgm" and rows["dcgm"].label == "DCGM"
     assert not drift.not_compared(LAB, list(rows.values()))
     # the driver and CUDA stay read from nvidia-smi (what the GPUs run), Slurm from slurmd -V where the site runs it
