@@ -60,7 +60,7 @@ MODULES = (
     "mctl.checks.ecc", "mctl.checks.nvlink", "mctl.checks.thermal",
     "mctl.checks.imex", "mctl.checks.slurmd", "mctl.checks.resources",
     "mctl.checks.boot", "mctl.checks.leak", "mctl.health.leaks",
-    "mctl.checks.clocks", "mctl.checks.nvlink_errors",
+    "mctl.checks.clocks", "mctl.checks.nvlink_errors", "mctl.facts.packages", "mctl.facts.slurm_version",
 )
 # Packages whose real __init__ imports what the node check must not need.
 STUB_PACKAGES = {

@@ -104,11 +104,11 @@ def _sweeps_after(lines: list[str], index: int) -> list[float]:
     return [d for _n, d in sweeps_of(lines[index + 1:])]
 
 
-def test_a_hung_bmc_never_lengthens_a_watchs_sweep_and_is_stale_until_cleared(lab, site, health):
+def test_a_hung_bmc_never_lengthens_a_watchs_sweep_and_is_stale_until_cleared(lab, health_site, health):
     from mctl.lab import bmc_faults
 
     tray = lab.trays[2]
-    watch = Watch(lab, site, health.state, "--interval", f"{SHORT:g}", "--no-remediate")
+    watch = Watch(lab, health_site, health.state, "--interval", f"{SHORT:g}", "--no-remediate")
     try:
         wait_for("two sweeps over the healthy rack", lambda: watch.sweeps() >= 2, 90)
         bmc_faults.apply(lab.dir, tray, hang=True)
@@ -131,9 +131,9 @@ def test_a_hung_bmc_never_lengthens_a_watchs_sweep_and_is_stale_until_cleared(la
     assert " bmc.stale: the BMC's last answer " in watch.lines[line], watch.lines[line]
 
 
-def test_a_frozen_tray_is_answered_at_once_while_it_is_reconnected(lab, site, health):
+def test_a_frozen_tray_is_answered_at_once_while_it_is_reconnected(lab, health_site, health):
     tray = lab.trays[3]
-    watch = Watch(lab, site, health.state, "--interval", f"{SHORT:g}", "--no-remediate")
+    watch = Watch(lab, health_site, health.state, "--interval", f"{SHORT:g}", "--no-remediate")
     try:
         wait_for("two sweeps over the healthy rack", lambda: watch.sweeps() >= 2, 90)
         fault(lab, tray, unreachable=True)
