@@ -66,8 +66,9 @@ def test_bring_up_leaves_the_rack_schedulable(lab, brought_up):
     assert data["status"] == "succeeded" and data["failed_phase"] is None
     assert {p["phase"]: p["status"] for p in data["phases"]} == {
         "preflight": "done", "inventory": "done", "provision": "done", "partitions": "done", "imex": "done",
-        "scheduler": "done", "health": "done", "burn-in": "skipped", "open": "done"}
-    assert phase(data, "burn-in")["summary"].startswith("no DCGM or NCCL tests on the trays")
+        "scheduler": "done", "health": "done", "burn-in": "done", "open": "done"}
+    # the lab's packages carry working dcgmi and all_reduce_perf stand-ins (issue 28.3): burn-in runs and passes
+    assert phase(data, "burn-in")["summary"].startswith("burn-in passed on ")
     summary = data["summary"]
     assert summary["trays"]["open"] == len(lab.trays) == summary["trays"]["total"]
     parts = {p["name"]: p for p in summary["partitions"]}

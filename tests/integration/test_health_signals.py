@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.helpers import HEALTH, fault, wait_for, write_health_site
+
+
+@pytest.fixture(autouse=True)
+def _faults_cleared(lab):
+    """The shared lab as the next test expects it: these tests' GPU faults cleared, whatever they asserted."""
+    yield
+    lab.clear_faults()
 
 
 def _check(lab, site, state, tray):

@@ -98,7 +98,7 @@ def rack(lab):
         pytest.skip("needs a lab with 4 trays (MCTL_TEST_TRAYS)")
     proc = lab.mctl("--json", "deploy", "slurm", timeout=900)
     assert proc.returncode == 0, f"deploy slurm failed ({proc.returncode}): {proc.stderr}\n{proc.stdout[-2000:]}"
-    proc = lab.mctl("imex", "apply", lab.rack, "--wait", "60", timeout=300)
+    proc = lab.mctl("imex", "apply", lab.rack, "--imex-wait", "60", timeout=300)
     assert proc.returncode == 0, f"imex apply failed: {proc.stderr}\n{proc.stdout[-2000:]}"
     lab.settle_slurm()
     code, doc, err = _provision(lab, lab.rack)                 # no job anywhere: as before, no check pass

@@ -47,7 +47,11 @@ def test_changed_host_key_is_refused_until_replaced(lab):
 
         replaced = lab.mctl("ssh", "trust", tray, "--replace")
         assert replaced.returncode == 0, replaced.stderr
-        assert "replaced" in replaced.stdout and new_fp in replaced.stdout
+        assert "replaced" in replaced.stdout
+        # what was recorded is what the tray presents now (a second look: the lab's sshd re-exec has been seen to
+        # answer one more connection with another key than the one refused above, in CI under load)
+        after = json.loads(lab.mctl("ssh", "trust", tray, "--dry-run", "--json").stdout)["hosts"][0]
+        assert after["action"] == "unchanged" and after["fingerprint"] in replaced.stdout, (after, new_fp)
         assert lab.mctl("exec", tray, "--", "true").returncode == 0
         # OpenSSH reads the same file: the lab's own ssh works with the new key
         assert lab.run(tray, "hostname").stdout.strip() == tray
