@@ -7,7 +7,7 @@ logs" into "a single compressed text file, nvidia-bug-report.log.gz" in the curr
 (`--output-file FILE` writes FILE.gz); it must run as root. This one writes what the lab has: the
 date, uname, the tray's gpus.json and faults.json, `nvidia-smi -q` as the emulator answers it, and
 the kernel log's tail. The stdout banner is the lab's wording. `tool_faults["nvidia-bug-report.sh"]`
-(hang, crash, garbage, truncated) makes it misbehave (dcgmi.misbehave); truncated leaves a gzip file
+(hang, crash, garbage, truncated) makes it misbehave (nvidia_smi.misbehave); truncated leaves a gzip file
 cut in half.
 """
 

@@ -49,14 +49,6 @@ def _smi():
     return nvidia_smi
 
 
-def tool_fault(faults, tool):
-    return _smi().tool_fault(faults, tool)
-
-
-def misbehave(mode, tool, text, env=None, stdout=None):
-    return _smi().misbehave(mode, tool, text, env, stdout)
-
-
 # --- the JSON, as dcgmi's jsoncpp writer prints it ---------------------------------------------
 
 def _dump(value, level=0):
@@ -277,12 +269,7 @@ def main(argv=None, env=None, stdout=None, stderr=None):
     else:
         stderr.write(USAGE)
         return 255
-    mode = tool_fault(faults, TOOL)
-    if mode:
-        bad = misbehave(mode, TOOL, text, env, stdout)
-        if bad is not None:
-            text = bad
-    stdout.write(text)
+    _smi().write_output(TOOL, text, faults, env, stdout)
     return rc
 
 

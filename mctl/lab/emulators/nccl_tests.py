@@ -10,7 +10,7 @@ faults.json through nvidia_smi.Rack), so its table follows the lab's faults:
   nvlink_all_down [g]        no NVLink for GPU g: NCCL goes through host memory (FALLBACK_GBS)
   fell_off_bus / xid 79      the run fails: "Test CUDA failure common.cu:... 'unknown error'" (exit 1)
   -g more than the GPUs      "Test CUDA failure ... 'invalid device ordinal'" (a missing GPU)
-  tool_faults.all_reduce_perf  hang | crash | garbage | truncated (see dcgmi.misbehave)
+  tool_faults.all_reduce_perf  hang | crash | garbage | truncated (nvidia_smi.misbehave)
 
 The layout is nccl-tests 2.17's (the header line, the device list, the two-level column header, one
 row a size, "# Out of bounds values", "# Avg bus bandwidth", "# Collective test concluded"), as in
@@ -122,7 +122,6 @@ def main(argv=None, env=None, stdout=None, stderr=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     stdout = stdout or sys.stdout
     import nvidia_smi as smi
-    from nvidia_smi import misbehave, tool_fault
 
     try:
         opts = _args(argv)
@@ -154,12 +153,7 @@ def main(argv=None, env=None, stdout=None, stderr=None):
         lines += table + ["# Out of bounds values : 0 OK", "# Avg bus bandwidth    : %g " % round(avg, 4), "#",
                           "# Collective test concluded: all_reduce_perf", "#"]
     text = "\n".join(lines) + "\n"
-    mode = tool_fault(faults, TOOL)
-    if mode:
-        bad = misbehave(mode, TOOL, text, env, stdout)
-        if bad is not None:
-            text = bad
-    stdout.write(text)
+    smi.write_output(TOOL, text, faults, env, stdout)
     return rc
 
 

@@ -1216,6 +1216,14 @@ def misbehave(mode, tool, text, env=None, stdout=None):
     return None
 
 
+def write_output(tool, text, faults, env=None, stdout=None):
+    """A burn-in tool's output as its tool fault leaves it (hang and crash never return), written out."""
+    stdout = stdout or sys.stdout
+    mode = tool_fault(faults, tool)
+    bad = misbehave(mode, tool, text, env, stdout) if mode else None
+    stdout.write(text if bad is None else bad)
+
+
 # --- management: compute processes, persistence mode, GPU reset -----------------------------------
 
 APP_FIELDS = {"gpu_bus_id": lambda g, p: g.bus_id, "gpu_uuid": lambda g, p: g.uuid, "pid": lambda g, p: str(p["pid"]),
