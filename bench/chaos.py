@@ -202,6 +202,7 @@ class WatchProc:
                                      stdin=subprocess.DEVNULL, bufsize=1)
         self.lines: list[tuple[float, str]] = []
         self.rss: list[tuple[float, int]] = []
+        self.threads: dict[float, int] = {}          # at the same times: the process's thread count
         self.started = time.monotonic()
         self.stderr = ""
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -218,9 +219,12 @@ class WatchProc:
 
     def sample_rss(self) -> None:
         try:
+            now = time.monotonic()
             for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
-                    self.rss.append((time.monotonic(), int(line.split()[1])))
+                    self.rss.append((now, int(line.split()[1])))
+                elif line.startswith("Threads:"):
+                    self.threads[now] = int(line.split()[1])
         except OSError:
             pass
 
@@ -276,6 +280,10 @@ class Soak:
         self.common_span: tuple[float, float] | None = None     # monotonic: injected, cleared
         self.node_checks: dict[str, str] = {}                    # tray -> what its node check printed
         self.common_resets: list[str] = []
+        # slurmd's HealthCheckInterval, after the common-mode fault: the node checks that drained a tray resume
+        # it themselves on a later healthy run (the watch holds a node check's drain as someone else's)
+        self.rechecks: list[dict[str, str]] = []     # per round: tray -> what its node check printed
+        self.next_recheck: float | None = None
         self.env = dict(env or os.environ, NO_COLOR="1")
         self.log = log or (lambda m: sys.stderr.write(f"[chaos] {m}\n"))
         self.watches: list[WatchProc] = []
@@ -429,6 +437,8 @@ class Soak:
             for i, w in enumerate(self.watches):     # what each watch printed, for a look afterwards
                 (self.workdir / f"watch-{i + 1}.log").write_text(
                     "".join(line + "\n" for _, line in w.lines) + w.stderr)
+                (self.workdir / f"watch-{i + 1}.rss").write_text(      # seconds from the soak's start, VmRSS kB, threads
+                    "".join(f"{at - self.t0:.1f}\t{kb}\t{w.threads.get(at, '')}\n" for at, kb in w.rss))
             self.clear_everything()
             if self.common:       # the lab as the soak found it: the budget not tripped
                 subprocess.run([sys.executable, "-m", "mctl", "-i", str(self.site_dir), "--state-dir",
@@ -470,6 +480,7 @@ class Soak:
             delay = self.t0 + at - time.monotonic()
             while delay > 0:
                 self._check_drains(faults)
+                self._health_check_interval()
                 time.sleep(min(delay, 0.5))
                 delay = self.t0 + at - time.monotonic()
             if is_clear and f.cls not in ("kill", "nmx", "sched") and f.injected is None:
@@ -482,6 +493,7 @@ class Soak:
         deadline = self.t0 + self.seconds
         while time.monotonic() < deadline:
             self._check_drains(faults)
+            self._health_check_interval()
             time.sleep(0.5)
 
     def _step(self, f: Fault, clear: bool) -> None:
@@ -562,6 +574,7 @@ class Soak:
                                    str(self.state), "health", "breaker", "reset"], capture_output=True, text=True,
                                   env=self.env, timeout=120, stdin=subprocess.DEVNULL)
             self.common_resets.append(f"rc {proc.returncode}: {(proc.stdout + proc.stderr).strip()[-300:]}")
+            self.next_recheck = time.monotonic() + 2 * self.interval
             return
         f.injected = time.monotonic()
         each(lambda t: self.fault(t, **f.request), trays)
@@ -576,6 +589,28 @@ class Soak:
                 self.node_checks[tray] = f"not run: {exc!r}"
 
         each(check, self.trays)
+
+    def _health_check_interval(self) -> None:
+        """As slurmd runs HealthCheckProgram every HealthCheckInterval: once the common-mode fault is cleared, every
+        tray's node check runs again every two intervals (together, as slurmd's do), so the drains the node checks
+        made are resumed by them once healthy (resume_after_healthy_sweeps runs; the XID window passed)."""
+        if self.next_recheck is None or time.monotonic() < self.next_recheck:
+            return
+        said: dict[str, str] = {}
+
+        def check(tray: str) -> None:
+            try:
+                said[tray] = self.ssh(tray, "/usr/local/sbin/mctl-node-check; echo rc=$?", timeout=90).stdout
+            except subprocess.TimeoutExpired as exc:
+                said[tray] = f"not run: {exc!r}"
+
+        threads = [threading.Thread(target=check, args=(t,)) for t in self.trays]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=120)
+        self.rechecks.append(said)
+        self.next_recheck = time.monotonic() + 2 * self.interval
 
     def _operator_after_reboot(self, nodes: dict) -> None:
         for tray, until in list(self.rebooted.items()):
@@ -611,8 +646,11 @@ class Soak:
         limit = 20 + (8 + 4) * self.interval + 60
         ok, err = True, None
         try:
-            self.wait("every mctl drain resumed", lambda: (self.polls and self.polls[-1][0] > cleared
-                                                           and not self.mctl_drained(self.polls[-1][1])), limit)
+            def resumed() -> bool:
+                self._health_check_interval()
+                return bool(self.polls and self.polls[-1][0] > cleared and not self.mctl_drained(self.polls[-1][1]))
+
+            self.wait("every mctl drain resumed", resumed, limit)
         except TimeoutError as exc:
             ok, err = False, str(exc)
         time.sleep(2 * self.interval)            # one more sweep, so a late action shows
@@ -789,7 +827,8 @@ class Soak:
                       "node_checks_not_run": sorted(t for t, said in self.node_checks.items()
                                                     if said.startswith("not run")),
                       "budget_trip_lines_in_the_watch_log": len(budget_trips),
-                      "reset_by_the_person": self.common_resets}}
+                      "reset_by_the_person": self.common_resets,
+                      "node_check_rounds_after_clearing": len(self.rechecks)}}
         # BMC faults: every sweep during them within the bound, the tray's view named stale by the watch
         bmc_faults_ = []
         for f in globals_:
@@ -900,7 +939,8 @@ def summary(r: dict) -> str:
         lines.append(f"  common-mode fault on {cm['trays_faulted']} trays, {cm['node_checks_started']} node checks "
                      f"at once: at most {cm['most_out_of_service_by_mctl']} out of service; refused by the budget: "
                      f"{len(cm['node_checks_refused_by_the_budget'])}; budget-trip lines {cm['budget_trip_lines_in_the_watch_log']}"
-                     f"; not run: {cm['node_checks_not_run'] or 'none'}")
+                     f"; not run: {cm['node_checks_not_run'] or 'none'}; node-check rounds after clearing "
+                     f"(slurmd's HealthCheckInterval): {cm['node_check_rounds_after_clearing']}")
     for b in r["bmc_faults"]:
         lines.append(f"  {b['fault']} on {b['tray']} for {b['seconds']}s: {b['sweeps']} sweeps, max {b['max_sweep_s']}s, "
                      f"named bmc.stale: {b['named_stale']}")
