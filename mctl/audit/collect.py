@@ -330,3 +330,47 @@ def _unwrap(value: Any) -> Any:
     if isinstance(value, BaseException):
         raise value
     return value
+
+
+# --------------------------------------------------------------------------- the host IMEX unit (Kubernetes)
+
+@dataclass
+class HostImex:
+    """`imex.host_service` on the trays of a Kubernetes site: findings for the trays read, and the trays that
+    could not be read (host -> why), so nobody takes an unread tray for a clean one."""
+
+    findings: list = field(default_factory=list)
+    unread: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def conflicts(self) -> list:
+        from mctl.model.findings import Severity
+
+        return [f for f in self.findings if f.severity is Severity.CRITICAL]
+
+
+def read_host_imex(site: "Site", trays: Sequence["Host"], *, timeout: float | None = None) -> HostImex:
+    """Each tray's nvidia-imex unit over SSH (the audit probe, within one tray deadline each), judged by
+    mctl.audit.rules.imex.check_host_service: what `mctl deploy k8s` checks before it writes."""
+    from mctl.audit.rules.imex import check_host_service
+    from mctl.transport import SSHConfig, SSHPool, targets_for
+    from mctl.transport.ssh import per_tray_deadline
+
+    config = SSHConfig.from_site(site)
+    deadline = per_tray_deadline(configured=site.health.tray_deadline, command_timeout=config.command_timeout,
+                                 override=timeout)
+    nonce = secrets.token_hex(8)
+    probe = probe_command(AUDIT, nonce)
+
+    async def main() -> list["HostResult"]:
+        async with SSHPool(config) as pool:
+            return await pool.run(targets_for(site, list(trays)), probe, deadline=deadline)
+
+    out = HostImex()
+    for r in asyncio.run(main()):
+        facts = from_result(AUDIT, r, nonce, smi_timeout=30.0)
+        if not facts.reached:
+            out.unread[r.host] = facts.error or r.summary()
+            continue
+        out.findings += check_host_service(r.host, facts.imex_service)
+    return out

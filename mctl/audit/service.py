@@ -196,6 +196,12 @@ def evaluate(site: "Site", plan: Plan, actual: "Actual", settings: AuditSettings
                     st.file_errors, nodes_path=plan.imex_settings.node_config_file, config_path=CONFIG_FILE),
                     rack_of=rack_of)
 
+    # Kubernetes: the DRA driver's ComputeDomains manage IMEX, so no host nvidia-imex service may run beside them
+    if site.scheduler is not None and site.scheduler.type == "k8s":
+        for h in reached:
+            entries += tag(imex.FAMILY, imex.check_host_service(h.name, actual.trays[h.name].imex_service),
+                           rack_of=rack_of)
+
     # Slurm and drains
     if plan.controller is not None:
         ctl = actual.controller

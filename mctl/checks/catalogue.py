@@ -132,6 +132,8 @@ _ENTRIES = (
     Check("imex.nodes_config", C, "each tray's IMEX node list is its partition's, as mctl renders it", _AUD),
     Check("imex.config", C, "each tray's IMEX config.cfg is what mctl renders (harmless keys warn)", _AUD,
           milder=True),
+    Check("imex.host_service", C, "no host nvidia-imex service running or enabled where the DRA driver's "
+          "ComputeDomains manage IMEX (Kubernetes sites; an unreadable state warns)", _AUD, milder=True),
     Check("partition.layers", C, "NMX-M, the cliques, IMEX, Slurm and the labels follow one partition plan "
           "(no layer compared warns)", _AUD, milder=True),
     Check("nmx.partition", C, "NMX-M holds each planned partition with its GPUs (an extra one warns)", _AUD,
@@ -259,6 +261,12 @@ REFERENCE: dict[str, tuple[str, str, str]] = {
                           "none: edit /etc/nvidia-imex/nodes_config.cfg on a tray"),
     "imex.config": (_IMEX + "; " + _AUD, "equal to mctl's rendering (harmless keys warn)",
                     "none: edit /etc/nvidia-imex/config.cfg on a tray"),
+    "imex.host_service": ("NVIDIA DRA driver for GPUs (ComputeDomains: the host nvidia-imex service stopped and "
+                          "disabled); " + _AUD,
+                          "scheduler.type k8s: the unit's ActiveState active/activating or its UnitFileState "
+                          "enabled fails; not installed, inactive and disabled/static/masked passes",
+                          "none: the lab's trays run the host nvidia-imex unit; on a k8s site the audit names "
+                          "them (tests/integration/test_health_k8s.py)"),
     "partition.layers": (_AUD, "every layer follows one plan", "none: a layer changed by hand in its tests"),
     "nmx.partition": (_NMX, "NMX-M holds every planned partition", f"mctl lab fault nmx lab-r1 500"),
     "nmx.partition_health": (_NMX, "HEALTHY; DEGRADED warns", "none: the NMX-M emulator's partition health is set "

@@ -134,6 +134,10 @@ def k8s(
                                                        help="Kubeconfig (default: scheduler.k8s.kubeconfig, "
                                                             "KUBECONFIG, ~/.kube/config).")] = None,
     context: Annotated[Optional[str], typer.Option("--context", help="Kubeconfig context to use.")] = None,
+    no_tray_check: Annotated[bool, typer.Option("--no-tray-check",
+                                                help="Do not read the trays' host nvidia-imex service over SSH "
+                                                     "before the apply (said in the output; `mctl audit` "
+                                                     "checks it too).")] = False,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:
@@ -143,14 +147,16 @@ def k8s(
     install script, node labels, one ComputeDomain and one example Job per NVLink
     partition, the KAI Scheduler Topology). Without it the labels, ComputeDomains
     and Topology are applied through the Kubernetes API, after checks that change
-    nothing when they fail. Exit 2 for bad input or a cluster not ready, 3 when the
-    API cannot be reached or a write failed.
+    nothing when they fail: among them every tray's host nvidia-imex service, read
+    over SSH, which must be stopped and disabled where the DRA driver's
+    ComputeDomains run IMEX (a tray that runs it or has it enabled is named with
+    the fix and nothing is applied; --no-tray-check skips the read). Exit 2 for bad
+    input or a cluster not ready, 3 when the API cannot be reached or a write failed.
 
     Example: mctl -i inventories/example-gb200 deploy k8s --render out/k8s
     """
     from mctl.sched.k8s import KubeClient, apply_k8s, plan_k8s, render_k8s
     from mctl.sched.k8s import kubeconfig as kc
-    from mctl.sched.k8s.manifests import settings_of
     from mctl.sched.site import check_scheduler
 
     opts = options()
@@ -164,6 +170,11 @@ def k8s(
     for w in bundle.warnings:
         out.warn(w, in_result=True)
     if render_dir is not None:
+        if no_tray_check:
+            from mctl.errors import UsageError
+
+            raise UsageError("--no-tray-check goes with the apply: --render reads no tray and writes no cluster",
+                             hint="drop --no-tray-check, or --render")
         written = [] if dry_run else _write_bundle(bundle, render_dir)
         out.result({"dry_run": dry_run, "dir": str(render_dir), **bundle.to_dict()},
                    lambda: out.lines([f"{'would write' if dry_run else 'wrote'} {render_dir / rel}"
@@ -171,17 +182,46 @@ def k8s(
                                      + ([] if dry_run else [f"{len(written)} files; next: see "
                                                             f"{render_dir / 'README.md'}"])))
         return
-    settings = settings_of(site)
+    settings = site.scheduler.k8s         # check_scheduler: a k8s site
     path = kubeconfig or ((site.root / settings.kubeconfig) if settings.kubeconfig else kc.default_path())
     client = KubeClient(kc.load(path, context or settings.context))
+    host_imex = _host_imex(site, out, skip=no_tray_check)
     plan = plan_k8s(bundle, client)
     if not dry_run:
         apply_k8s(plan, client)
-    out.result({"dry_run": dry_run, **plan.to_dict()}, lambda: _print_k8s_plan(out, plan, dry_run))
+    out.result({"dry_run": dry_run, "host_imex": host_imex, **plan.to_dict()},
+               lambda: _print_k8s_plan(out, plan, dry_run, host_imex))
 
 
-def _print_k8s_plan(out: render.Output, plan, dry_run: bool) -> None:
+def _host_imex(site, out: render.Output, *, skip: bool) -> dict:
+    """The trays' host nvidia-imex service, before anything is written: one that runs or is enabled beside the
+    DRA driver's ComputeDomains is refused (exit 2) with the fix; a tray that could not be read is said."""
+    from mctl.audit.collect import read_host_imex
+    from mctl.errors import MctlError
+
+    trays = [h for r in site.racks.values() for h in r.compute]
+    if skip:
+        out.warn("host nvidia-imex service not checked on the trays (--no-tray-check); `mctl audit` checks it",
+                 in_result=True)
+        return {"checked": 0, "skipped": "--no-tray-check", "conflicts": [], "unread": {}}
+    got = read_host_imex(site, trays)
+    if got.conflicts:
+        named = "; ".join(f"{f.host}: {f.message.split(' while ')[0].removeprefix('the ')}" for f in got.conflicts[:6])
+        more = f" (+{len(got.conflicts) - 6} more)" if len(got.conflicts) > 6 else ""
+        raise MctlError(f"{len(got.conflicts)} tray(s) run the host IMEX service where the DRA driver's "
+                        f"ComputeDomains manage IMEX: {named}{more}; nothing was applied",
+                        hint=got.conflicts[0].action)
+    for host, why in sorted(got.unread.items()):
+        out.warn(f"{host}: host nvidia-imex service not checked: {why}", in_result=True)
+    return {"checked": len(got.findings), "skipped": None, "conflicts": [],
+            "unread": dict(sorted(got.unread.items()))}
+
+
+def _print_k8s_plan(out: render.Output, plan, dry_run: bool, host_imex: dict) -> None:
     out.line(f"Kubernetes {plan.server_version} at {plan.server} (context {plan.context})")
+    if host_imex["skipped"] is None:
+        unread = f", {len(host_imex['unread'])} not read" if host_imex["unread"] else ""
+        out.line(f"host IMEX: off on the {host_imex['checked']} tray(s) read (the DRA driver runs IMEX){unread}")
     for w in plan.warnings:
         out.warn(w)
     verb = {"create": "would create" if dry_run else "created", "update": "would update" if dry_run else "updated",

@@ -8,7 +8,8 @@ mctl.model.tray.TrayFacts with the same parser:
 - HEALTH (the watch's SSH sweep, and `mctl node check` when NVML does not load): clock, boot id,
   hostname, nvidia-smi with `nvlink --status` beside it, services, IMEX, XIDs, disk, memory;
 - NODE_CHECK (`mctl node check` with NVML): HEALTH without the nvidia-smi sections;
-- AUDIT: OS, kernel, slurmd -V, the files asked for, and nvidia-smi when no health sweep runs.
+- AUDIT: OS, kernel, slurmd -V, services (the host IMEX unit a Kubernetes site must not run), the files
+  asked for, and nvidia-smi when no health sweep runs.
 
 The script is one POSIX sh program built from mctl.facts.shell's function library:
 each section's output (stdout and stderr alike) is framed between marker lines
@@ -134,7 +135,7 @@ def probe_script(purpose: str, nonce: str, *, smi_timeout: float | None = None, 
             raise ValueError("the inventory probe runs nvidia-smi: give smi_timeout")
         return shell.script(nonce, _INVENTORY_STEPS, local=_INVENTORY_LOCAL, smi_timeout=smi_timeout)
     if purpose == AUDIT:
-        steps = [shell.sec("os-release"), shell.sec("kernel"), shell.sec("slurmd", "slurmdv")]
+        steps = [shell.sec("os-release"), shell.sec("kernel"), shell.sec("slurmd", "slurmdv"), shell.sec("services")]
         steps += [shell.sec(f"file{i}", "file " + shlex.quote(p), needs=("file",)) for i, p in enumerate(files)]
         if packages:
             steps.append(shell.sec("packages", dpkg.command(packages)))
@@ -481,10 +482,9 @@ def parse_tray(purpose: str, host: str, stdout: str, stderr: str, nonce: str, *,
     if purpose in (INVENTORY, AUDIT):
         facts["os"] = parsed("os-release", lambda s: parse_os_release(s.text))
         facts["kernel"] = parsed("kernel", lambda s: parse_kernel_release(s.text))
-    if purpose != AUDIT:
-        services = parsed("services", lambda s: parse_service_probe(s.text)) or {}
-        facts["slurmd"] = services.get(SLURMD_UNIT)
-        facts["imex_service"] = services.get(IMEX_UNIT)
+    services = parsed("services", lambda s: parse_service_probe(s.text)) or {}
+    facts["slurmd"] = services.get(SLURMD_UNIT)
+    facts["imex_service"] = services.get(IMEX_UNIT)
     if purpose == INVENTORY:
         facts["imex_config"] = parsed("imex-config", lambda s: parse_imex_config_sums(s.text))
     if purpose in (HEALTH, NODE_CHECK):

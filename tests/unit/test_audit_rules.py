@@ -251,3 +251,59 @@ def test_host_keys():
     (f,) = hostkeys.check_host("t1", "host-key-mismatch", HostKeyProblem("ssh-ed25519 SHA256:x", (), "kh"))
     assert f.severity is Severity.WARN and f.action == "check the fingerprint, then 'mctl ssh trust t1'"
     assert hostkeys.check_host("t1", "unreachable", None) == []
+
+
+# --- imex.host_service: the host IMEX unit where the DRA driver's ComputeDomains manage IMEX (issue 31.4) ---------
+
+SYSTEMD = """source=systemd
+Id=nvidia-imex.service
+LoadState={load}
+ActiveState={active}
+SubState={sub}
+UnitFileState={enabled}
+MainPID={pid}
+
+Id=slurmd.service
+LoadState=not-found
+ActiveState=inactive
+SubState=dead
+UnitFileState=
+MainPID=0
+"""
+
+
+def _imex_unit(**k):
+    from mctl.facts.services import IMEX_UNIT, parse_service_probe
+
+    fields = {"load": "loaded", "active": "inactive", "sub": "dead", "enabled": "disabled", "pid": "0", **k}
+    return parse_service_probe(SYSTEMD.format(**fields)).get(IMEX_UNIT)
+
+
+@pytest.mark.parametrize("fields, severity, said", [
+    ({"active": "active", "sub": "running", "enabled": "enabled", "pid": "4242"}, Severity.CRITICAL,
+     "running and enabled at boot"),
+    ({"active": "active", "sub": "running", "enabled": "disabled", "pid": "4242"}, Severity.CRITICAL, "is running "),
+    ({"enabled": "enabled"}, Severity.CRITICAL, "is enabled at boot"),          # stopped, back at the next boot
+    ({"active": "activating", "sub": "start", "enabled": "masked"}, Severity.CRITICAL, "is running "),
+    ({"enabled": "disabled"}, Severity.OK, "inactive and disabled"),
+    ({"enabled": "masked"}, Severity.OK, "inactive and masked"),
+    ({"load": "not-found", "enabled": ""}, Severity.OK, "no host nvidia-imex service"),
+])
+def test_host_imex_service_beside_the_dra_driver(fields, severity, said):
+    (f,) = imex.check_host_service("t01", _imex_unit(**fields))
+    assert f.check == "imex.host_service" and f.severity is severity and said in f.message, f
+    if severity is Severity.CRITICAL:
+        assert "systemctl disable --now nvidia-imex.service" in f.action and "mask" in f.action
+
+
+def test_host_imex_service_from_the_process_table_and_unreadable():
+    """Without a systemd PID 1 (the lab's trays) the probe's evidence is the unit file, its .wants link and the
+    process table: a running daemon with an enabled unit is the conflict; no answer at all is a warning."""
+    from mctl.facts.services import IMEX_UNIT, parse_service_probe
+
+    text = ("source=process-table\nunit=nvidia-imex.service file=/usr/lib/systemd/system/nvidia-imex.service "
+            "enabled=yes\nunit=slurmd.service file= enabled=no\n/proc/812/comm:nvidia-imex\n")
+    (f,) = imex.check_host_service("t01", parse_service_probe(text)[IMEX_UNIT])
+    assert f.severity is Severity.CRITICAL and f.details["active"] == "active" and f.details["enabled"] == "enabled"
+    (w,) = imex.check_host_service("t01", None)
+    assert w.severity is Severity.WARN and "could not be read" in w.message

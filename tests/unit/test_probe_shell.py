@@ -21,7 +21,7 @@ NONCE = "0123456789abcdef"
 FACTS = ["hostname", "os-release", "kernel", "nvidia-smi", "services", "imex-config", "xid"]
 HEALTH = ["clock", "boot-id", "hostname", "nvidia-smi", "nvlink", "nvlink-errors", "services", "imex-domain", "imex-query", "xid", "disk",
           "memory"]
-AUDIT_TRAY = ["os-release", "kernel", "slurmd", "file0", "file1"]
+AUDIT_TRAY = ["os-release", "kernel", "slurmd", "services", "file0", "file1"]
 AUDIT_CONTROLLER = ["clock", "nodes", "topology", "config", "partitions", "topology-conf"]
 
 

@@ -1,8 +1,15 @@
-"""A tray's IMEX files against the partition plan: nodes_config.cfg and config.cfg as mctl renders them.
+"""A tray's IMEX files against the partition plan: nodes_config.cfg and config.cfg as mctl renders them;
+on a Kubernetes site, the host IMEX service that must not run beside the DRA driver's.
 
 Compared by meaning, not bytes: the node list as the ordered addresses IMEX
 reads (order matters to IMEX), config.cfg as its KEY=VALUE settings, so a
 changed comment is not drift and a changed port is.
+
+Where the NVIDIA DRA driver's ComputeDomains manage IMEX (`scheduler.type: k8s`: mctl deploys one
+ComputeDomain per NVLink partition), the driver starts its own IMEX daemon per domain in a pod on
+the node. A host `nvidia-imex` service that runs, or is enabled and comes back at the next boot,
+holds the same command port and IMEX channels, and the ComputeDomain's daemons fail beside it
+(the DRA driver's documentation: the host service must be stopped and disabled).
 """
 
 from __future__ import annotations
@@ -16,6 +23,10 @@ from mctl.model.findings import Finding, Severity
 FAMILY = "imex"
 NODES = "imex.nodes_config"
 CONFIG = "imex.config"
+HOST_SERVICE = "imex.host_service"
+HOST_SERVICE_FIX = ("systemctl disable --now nvidia-imex.service && systemctl mask nvidia-imex.service on the "
+                    "tray (the DRA driver's ComputeDomain daemons run IMEX there); `mctl provision TRAY` with "
+                    "scheduler.type k8s stops and disables it")
 
 # Settings whose drift breaks the domain (daemons cannot reach or trust each other);
 # the rest (log level, log file) only changes how it is observed.
@@ -89,3 +100,28 @@ def check_tray(tray: str, rack: str, domain: str, expected: Mapping[str, str], h
                                errors.get(nodes_path))
             + check_config(tray, rack, domain, config_path, expected[config_path], held.get(config_path),
                            errors.get(config_path)))
+
+
+def check_host_service(tray: str, service) -> list[Finding]:
+    """imex.host_service on a tray of a site whose IMEX the DRA driver's ComputeDomains manage: *service* is the
+    tray's nvidia-imex unit as its probe read it (mctl.model.tray.ServiceState; None: the probe could not say).
+    Running (active, activating, reloading) or enabled to start at boot is the conflict; a unit that is not
+    installed, or is stopped and disabled, static or masked, is not."""
+    details = {"subject": "nvidia-imex.service"}
+    if service is None:
+        return [Finding(Severity.WARN, tray, HOST_SERVICE, "the host nvidia-imex service's state could not be read",
+                        "rerun the audit; systemctl show nvidia-imex.service on the tray", details)]
+    if not service.installed:
+        return [Finding(Severity.OK, tray, HOST_SERVICE, "no host nvidia-imex service (the DRA driver runs IMEX)",
+                        None, details)]
+    running = service.active in ("active", "activating", "reloading")
+    enabled = (service.enabled or "") in ("enabled", "enabled-runtime", "alias", "linked", "linked-runtime")
+    state = {**details, "active": service.active, "enabled": service.enabled}
+    if not running and not enabled:
+        said = f"{service.active or 'not running'} and {service.enabled or 'not enabled'}"
+        return [Finding(Severity.OK, tray, HOST_SERVICE, f"the host nvidia-imex service is {said} "
+                        "(the DRA driver runs IMEX)", None, state)]
+    what = " and ".join(x for x in ("running" if running else "", "enabled at boot" if enabled else "") if x)
+    return [Finding(Severity.CRITICAL, tray, HOST_SERVICE,
+                    f"the host nvidia-imex service is {what} while the DRA driver's ComputeDomains manage IMEX: "
+                    "their IMEX daemons conflict with it", HOST_SERVICE_FIX, state)]
