@@ -30,6 +30,7 @@ import io
 import json
 import sys
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -155,7 +156,8 @@ def node_configs(site: "Site", state_dir: str = "/var/lib/mctl-node-check") -> d
     from mctl.health.node_check import NodeCheckConfig
     from mctl.health.site_view import expectations, settings_of
 
-    settings = settings_of(site)
+    # The node check emits no events (docs/events.md): the sinks' URLs and secret files stay off the trays.
+    settings = replace(settings_of(site), events=())
     trays = site.compute_trays()
     expect = expectations(site, trays)
     scheduler = site.scheduler.type if site.scheduler else None

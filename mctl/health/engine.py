@@ -119,6 +119,12 @@ class Engine:
         # What the watch does about a sweep, in this order (mctl.health.responders): a new responder plugs in here.
         self.drains = DrainResponder()
         self.leaks = LeakResponder()
+        # Events out (mctl/health/events.py, docs/events.md): every finding change and every action, from here;
+        # a dry run sends nothing anywhere. What the last sweep saw per tray, to tell the changes.
+        from mctl.health import events
+        self.bus = events.Bus(site.name, []) if dry_run else \
+            events.Bus.for_settings(site.name, settings.events, self.state_dir, getattr(site, "root", None))
+        self._seen: dict | None = None
 
     async def sweep(self) -> SweepResult:
         self.sweeps += 1
@@ -135,6 +141,7 @@ class Engine:
         finally:
             if early is not None:
                 early.cancel()
+        self._finding_events(result)
         state = self._load_state()
         result.breaker, result.records = state.breaker, dict(state.records)
         if self.remediate:
@@ -147,11 +154,32 @@ class Engine:
         result.elapsed = time.monotonic() - t0
         return result
 
+    def _finding_events(self, result: SweepResult) -> None:
+        """Each tray whose findings changed since the last sweep (this process's, or the last one's on disk),
+        out to the event sinks; what this sweep saw is kept for the next."""
+        if not self.bus or self.dry_run:
+            return
+        from mctl.health import events
+
+        if self._seen is None:
+            self._seen = events.load_seen(self.state_dir)
+        seen = events.seen_of(result)
+        self.bus.emit(events.finding_events(seen, self._seen, site=self.site.name, who=self.who,
+                                            sweep=result.number, at=result.started,
+                                            racks={v.host: v.rack for v in result.verdicts}))
+        self._seen = {**self._seen, **seen}
+        try:
+            events.save_seen(self.state_dir, self._seen)
+        except OSError:
+            pass                        # told again after a restart: at-least-once, never a failed sweep
+
     def close(self) -> None:
-        """Stop what runs beside the sweeps (the BMC reads of a watch) and close its connections."""
+        """Stop what runs beside the sweeps (the BMC reads of a watch) and close its connections; the event
+        sinks get their deadline to deliver what is queued."""
         if self.bmc_watch is not None:
             self.bmc_watch.close()
             self.bmc_watch = None
+        self.bus.close()
 
     def _load_state(self) -> store.HealthState:
         if self.dry_run and self._dry_state is not None:
@@ -163,7 +191,7 @@ class Engine:
         actuator = Actuator(self.state_dir, self.who, {
             "scheduler": scheduler_batch(self.scheduler, self.act_deadline),
             "power-off": power_off_batch(lambda: hosts, self.oob_settings, self.oob_problem,
-                                         max(self.act_deadline, POWER_OFF_DEADLINE_MIN))})
+                                         max(self.act_deadline, POWER_OFF_DEADLINE_MIN))}, emit=self.bus.actions)
         return Context(self.site, self.scope, self.settings, self.sizes, self.state_dir, self.who, actuator,
                        result, time.time(), self.pool, self.targets, self.scheduler, self.oob_settings,
                        self.oob_problem, self.partitions_changed)

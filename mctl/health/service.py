@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mctl.errors import EnvironmentProblem, PartialFailure, UsageError
-from mctl.health import store
+from mctl.health import events, store
 from mctl.health.breaker import reset as breaker_reset_state
 from mctl.health.record import TrayRecord
 from mctl.health.site_view import resolve_scope, settings_of
@@ -36,7 +36,10 @@ def run_check(site: "Site", expr: str | None, state_dir: Path, *, remediate: boo
         async with SSHPool(SSHConfig.from_site(site)) as pool:
             engine = Engine(site, scope, settings, state_dir, pool, remediate=remediate, dry_run=dry_run,
                             timeout=timeout)
-            return await engine.sweep()
+            try:
+                return await engine.sweep()
+            finally:
+                await asyncio.to_thread(engine.close)      # the event sinks flush, within their deadline
 
     if remediate and not dry_run:
         with store.watch_lock(state_dir, "mctl health check --remediate"):
@@ -210,6 +213,7 @@ def resume_by_hand(site: "Site", expr: str, state_dir: Path, *, dry_run: bool = 
                                               result="ok" if r.ok else f"failed: {r.error}"))
         store.append_actions(state_dir, entries)
         store.save_state(state_dir, state)
+    events.emit_actions(site, state_dir, entries)
     failed = [r for r in rows if r.result == "failed"]
     if failed and len(failed) < len(rows):
         raise PartialFailure(f"{len(failed)} of {len(rows)} trays not resumed: "
@@ -275,6 +279,8 @@ def breaker_reset(state_dir: Path, *, dry_run: bool = False, site: "Site | None"
             out["budget_reset"] = result
         store.append_actions(state_dir, lines)
         store.save_state(state_dir, state)
+    if site is not None:
+        events.emit_actions(site, state_dir, lines)
     return out
 
 
@@ -299,7 +305,9 @@ def evidence_on_demand(site: "Site", target: str | None, state_dir: Path, *, rea
         return {"dry_run": True, "bundles": evidence.plan(hosts, state_dir, reason=reason, deadline_s=deadline_s,
                                                           max_bytes=max_bytes)}
     bundles = evidence.collect(site, hosts, state_dir, reason=reason, deadline_s=deadline_s, max_bytes=max_bytes)
-    store.append_actions(state_dir, evidence.log_entries(bundles, state_dir, who=who or store.actor()))
+    lines = evidence.log_entries(bundles, state_dir, who=who or store.actor())
+    store.append_actions(state_dir, lines)
+    events.emit_actions(site, state_dir, lines)
     return {"dry_run": False, "index": str(evidence.index_path(state_dir)),
             "bundles": [b.to_dict(state_dir) for b in bundles]}
 

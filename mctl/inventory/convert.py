@@ -137,4 +137,17 @@ def health_settings(spec: HealthSpec) -> HealthSettings:
         ladder=ladder_settings(spec.ladder),
         isolate=bool(spec.isolate.enabled),
         isolate_to=str(spec.isolate.to),
+        events=tuple(event_sink(e) for e in spec.events),
     )
+
+
+def event_sink(spec) -> "EventSink":
+    """One `health.events` entry as the event stream reads it (the loader checked which keys its type takes)."""
+    from mctl.model.settings import EventSink
+
+    return EventSink(type=str(spec.type), name=str(spec.name or ""), path=spec.path, address=spec.address,
+                     facility=str(spec.facility), url=spec.url, timeout_s=parse_duration(spec.timeout),
+                     retries=int(spec.retries), backoff_s=parse_duration(spec.backoff),
+                     headers_file=spec.headers_file, command=tuple(str(a) for a in spec.command or ()),
+                     kinds=tuple(str(k) for k in spec.kinds), actions=tuple(str(a) for a in spec.actions),
+                     queue=int(spec.queue), dead_letter=spec.dead_letter)

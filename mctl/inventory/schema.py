@@ -10,7 +10,8 @@ reads these classes. Their defaults agree with the model's (tests/unit/test_sett
 from __future__ import annotations
 
 from mctl.inventory.spec import ANY, DictOf, Either, F, ListOf, OneOf, Opt, Spec
-from mctl.model.settings import DEFAULT_HYSTERESIS_CHECKS, FABRIC_FLAG_DEFAULTS, LEAK_SWITCH_TRAY, subcode_texts
+from mctl.model.settings import (DEFAULT_HYSTERESIS_CHECKS, EVENT_KINDS, EVENT_SINK_TYPES, FABRIC_FLAG_DEFAULTS,
+                                 LEAK_SWITCH_TRAY, SYSLOG_FACILITIES, subcode_texts)
 from mctl.model.xid import DEFAULT_DRAIN_XIDS, DEFAULT_NVLINK5_NO_DRAIN
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -20,6 +21,7 @@ FABRIC_FLAGS = tuple(FABRIC_FLAG_DEFAULTS)
 _SHARE = "a share of the trays: a number above 0 and at most 1, e.g. 0.25"
 _CAP = "a whole number of trays, at least 1"
 _BOOL = "true or false"
+_DURATION = "a duration: a whole number and s, m, h or d, e.g. 5s"
 _TRAYS = "a list of tray names, e.g. [rack-a-tray01, rack-a-nvsw01]"
 
 
@@ -207,6 +209,26 @@ class IsolateSpec(Spec):
     to = F(OneOf("quarantine", "default"), "quarantine")     # as `mctl partition isolate --to`
 
 
+class EventSinkSpec(Spec):
+    # One sink of the event stream (docs/events.md; mctl/health/events.py). Which keys each type takes is
+    # the loader's check (_event_problems), each refused at its line.
+    type = F(OneOf(*EVENT_SINK_TYPES), hint="file, syslog, webhook or exec")
+    name = F(Opt(str), None, pattern=NAME_PATTERN)           # its label in metrics and dead letters
+    path = F(Opt(str), None)                                 # file
+    address = F(Opt(str), None)                              # syslog: unix:/dev/log or udp:HOST:PORT
+    facility = F(OneOf(*SYSLOG_FACILITIES), "daemon")        # syslog
+    url = F(Opt(str), None)                                  # webhook: http:// or https://
+    timeout = F(str, "5s", pattern=DURATION_PATTERN, hint=_DURATION)   # webhook: each attempt; exec: the command
+    retries = F(int, 3, ge=0, le=20)                         # webhook: attempts after the first
+    backoff = F(str, "1s", pattern=DURATION_PATTERN, hint=_DURATION)   # webhook: first retry's wait, doubled
+    headers_file = F(Opt(str), None)                         # webhook: "Name: value" lines, mode 0600
+    command = F(Opt(ListOf(str)), None)                      # exec: argv; {tray} {rack} {reason} {failures}
+    kinds = F(ListOf(OneOf(*EVENT_KINDS)), factory=list)     # finding, action (empty: both)
+    actions = F(ListOf(str), factory=list)                   # action events of these actions only
+    queue = F(int, 1000, ge=1, le=1000000)                   # events waiting; a full queue drops the newest
+    dead_letter = F(Opt(str), None)                          # undeliverable events (default in the state dir)
+
+
 class HealthSpec(Spec):
     interval = F(float, 60, gt=0)
     drain_xids = F(ListOf(int), factory=lambda: sorted(DEFAULT_DRAIN_XIDS))
@@ -253,6 +275,7 @@ class HealthSpec(Spec):
 
     ladder = F(LadderSpec, factory=LadderSpec)
     isolate = F(IsolateSpec, factory=IsolateSpec)
+    events = F(ListOf(EventSinkSpec), factory=list)          # finding changes and actions out (docs/events.md)
 
 
 class BudgetSpec(Spec):
