@@ -152,6 +152,7 @@ class Engine:
             self.boots.save(self.state_dir)
             self.signals.save(self.state_dir)
         result.elapsed = time.monotonic() - t0
+        result.event_counts = self.bus.counts()
         return result
 
     def _finding_events(self, result: SweepResult) -> None:

@@ -54,6 +54,8 @@ class SweepResult:
     # (host: the switch tray, details: its rack). What to do about them is the rack policy's, not the sweep's.
     switch_bmcs: dict[str, Any] = field(default_factory=dict)
     switch_racks: dict[str, str | None] = field(default_factory=dict)
+    # Each event sink's running counts (delivered, dropped, dead_lettered, retried), for the metrics.
+    event_counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def worst(self) -> Severity:
         return worst(self.findings)

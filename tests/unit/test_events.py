@@ -214,3 +214,115 @@ def test_a_bad_sink_is_refused_at_its_line(tmp_path, sinks, field, words):
     (p,) = [p for p in problems if p.field == field]
     last = sinks.splitlines()[-1].strip()
     assert p.line == line_of(text, last) and words in p.message, p
+
+
+# ------------------------------------------------------------------ the engine is the one source
+
+class _Slurm:
+    """A scheduler stand-in: every tray idle; a drain is applied at once."""
+
+    kind = "slurm"
+    where = "slurmctld on a stand-in"
+
+    def __init__(self, hosts):
+        from mctl.model.drain import NodeView
+
+        self.nodes = {h: NodeView(h, state="IDLE") for h in hosts}
+
+    async def read(self, *, deadline=None):
+        return dict(self.nodes), {}
+
+    async def apply(self, decisions, *, deadline=None):
+        from mctl.model.drain import ActResult, NodeView
+
+        for d in decisions:
+            self.nodes[d.host] = NodeView(d.host, drained=True, reason=d.reason, state="IDLE+DRAIN")
+        return [ActResult(d, ok=True) for d in decisions]
+
+
+def _file_bus(engine, path):
+    engine.bus = events.Bus.for_settings(engine.site.name, [EventSink("file", path=str(path))], engine.state_dir)
+
+
+def _lines(path):
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_the_engine_tells_each_finding_change_once_across_sweeps_and_restarts(tmp_path):
+    import asyncio
+
+    from tests.helpers import example_engine
+
+    out = tmp_path / "events.jsonl"
+    engine, _ = example_engine(tmp_path / "state")
+    engine.scheduler = None
+    _file_bus(engine, out)
+    result = asyncio.run(engine.sweep())        # every tray unreachable (the stand-in pool)
+    engine.close()
+    first = _lines(out)
+    assert sorted(e["tray"] for e in first) == sorted(v.host for v in result.verdicts)
+    assert all(e["kind"] == "finding" and e["status"] == "unreachable" and not events.schema_problems(e)
+               for e in first)
+    assert set(result.event_counts) == {"file[0]"}                  # the sweep's snapshot of the counts
+    assert engine.bus.counts() == {"file[0]": {"delivered": len(first), "dropped": 0, "dead_lettered": 0,
+                                               "retried": 0}}
+    again, _ = example_engine(tmp_path / "state")   # a later `health check`: the same findings, no event
+    again.scheduler = None
+    _file_bus(again, out)
+    asyncio.run(again.sweep())
+    again.close()
+    assert len(_lines(out)) == len(first)
+
+
+def test_a_dry_run_sends_no_event(tmp_path):
+    from dataclasses import replace
+
+    from mctl.health.engine import Engine
+    from tests.helpers import example_engine
+
+    engine, pool = example_engine(tmp_path / "state")
+    settings = replace(engine.settings, events=(EventSink("file", path=str(tmp_path / "events.jsonl")),))
+    wet = Engine(engine.site, engine.scope, settings, tmp_path / "state", pool)
+    dry = Engine(engine.site, engine.scope, settings, tmp_path / "state", pool, dry_run=True)
+    assert wet.bus and not dry.bus
+    wet.close()
+
+
+def test_the_actuators_lines_are_events(tmp_path):
+    import asyncio
+    import time
+
+    from mctl.model.tray import TrayFacts
+    from mctl.health.record import TrayVerdict
+    from mctl.health.sweep import SweepResult
+    from mctl.model.findings import Finding, Severity
+    from tests.helpers import example_engine
+
+    out = tmp_path / "events.jsonl"
+    engine, _ = example_engine(tmp_path / "state")
+    host, rack = engine.scope.hosts[0].name, engine.scope.hosts[0].rack
+    engine.remediate, engine.scheduler = True, _Slurm([h.name for h in engine.scope.hosts])
+    _file_bus(engine, out)
+    xid = Finding(Severity.CRITICAL, host, "gpu.xid", "XID 79 on gpu0: GPU has fallen off the bus", None,
+                  {"short": "xid 79 gpu0 (fell off bus)"})
+    verdict = TrayVerdict(host, rack, "ok", Severity.CRITICAL, (xid,))
+    result = SweepResult(1, time.time(), 0.0, {host: TrayFacts(host)}, [xid], [verdict],
+                         dict(engine.scheduler.nodes), "slurm", remediate=True)
+    asyncio.run(engine.respond(result))
+    engine.close()
+    (drain,) = [e for e in _lines(out) if e["kind"] == "action"]
+    assert (drain["action"], drain["tray"], drain["rack"], drain["ok"]) == ("drain", host, rack, True)
+    assert drain["intent_id"] and not events.schema_problems(drain)
+    assert [e.intent_id for e in result.logged if e.action == "drain"] == [drain["intent_id"]]
+
+
+def test_the_sinks_counts_are_metrics():
+    from mctl.health.metrics import render
+    from tests.helpers import watch_result
+
+    result = watch_result()
+    result.event_counts = {"tickets": {"delivered": 5, "dropped": 1, "dead_lettered": 2, "retried": 3}}
+    text = render(result, site="lab")
+    assert 'mctl_health_events_total{site="lab",sink="tickets",outcome="dropped"} 1' in text
+    assert 'mctl_health_events_total{site="lab",sink="tickets",outcome="delivered"} 5' in text
+    assert "mctl_health_events_total" not in render(watch_result(), site="lab")
