@@ -524,14 +524,25 @@ class Bus:
         return {s.label: dict(s.counts) for s in self.sinks}
 
 
-def emit_actions(site, state_dir: Path, entries: Sequence["ActionEntry"]) -> None:
-    """The actions a command outside the engine logged (resume by hand, breaker reset, evidence), out to the
-    site's sinks, flushed before the command returns (at most CLOSE_DEADLINE_S)."""
-    specs = [s for s in site.health.events if s.type != "exec"]
-    if not specs or not entries:
-        return
-    bus = Bus.for_settings(site.name, specs, state_dir, getattr(site, "root", None))
-    try:
-        bus.actions(entries)
-    finally:
-        bus.close()
+def outbox(site, state_dir: Path):
+    """For a command outside the engine (resume by hand, breaker reset, evidence): a function that sends the
+    action-log lines it wrote to the site's sinks and waits for them (at most CLOSE_DEADLINE_S). Made before
+    the command acts, so a headers file that cannot be read stops it (exit 2) before anything changed."""
+    specs = site.health.events                   # all of them: a sink's default label is its place in the list
+    root = getattr(site, "root", None)
+    for spec in specs:
+        if spec.type == "webhook" and spec.headers_file:
+            read_headers(str(_resolve(spec.headers_file, root)))
+
+    def send(entries: Sequence["ActionEntry"]) -> None:
+        if not any(s.type != "exec" for s in specs) or not action_events(entries, site=site.name):
+            return
+        try:
+            bus = Bus.for_settings(site.name, specs, state_dir, root)
+        except Exception:  # noqa: BLE001 - the action is done and logged; the events never undo it
+            return
+        try:
+            bus.actions(entries)
+        finally:
+            bus.close()
+    return send

@@ -195,6 +195,7 @@ def resume_by_hand(site: "Site", expr: str, state_dir: Path, *, dry_run: bool = 
     async def apply(adapter):
         return await adapter.apply(todo)
 
+    send = events.outbox(site, state_dir)         # the event sinks (a bad headers file stops it here)
     who = store.actor()
     with store.state_lock(state_dir):
         results = _on_scheduler(site, scope.names, apply)
@@ -213,7 +214,7 @@ def resume_by_hand(site: "Site", expr: str, state_dir: Path, *, dry_run: bool = 
                                               result="ok" if r.ok else f"failed: {r.error}"))
         store.append_actions(state_dir, entries)
         store.save_state(state_dir, state)
-    events.emit_actions(site, state_dir, entries)
+    send(entries)
     failed = [r for r in rows if r.result == "failed"]
     if failed and len(failed) < len(rows):
         raise PartialFailure(f"{len(failed)} of {len(rows)} trays not resumed: "
@@ -269,6 +270,7 @@ def breaker_reset(state_dir: Path, *, dry_run: bool = False, site: "Site | None"
                "budget_was_tripped": budget_tripped, "budget_error": budget_error}
         if dry_run:
             return out
+        send = events.outbox(site, state_dir) if site is not None else (lambda lines: None)
         state.breaker = breaker_reset_state(before)
         lines = [store.action_entry("breaker-reset", None, before.reason, who=store.actor(), result="ok",
                                     was_tripped=before.tripped, cleared_drains=len(before.drains))]
@@ -279,8 +281,7 @@ def breaker_reset(state_dir: Path, *, dry_run: bool = False, site: "Site | None"
             out["budget_reset"] = result
         store.append_actions(state_dir, lines)
         store.save_state(state_dir, state)
-    if site is not None:
-        events.emit_actions(site, state_dir, lines)
+    send(lines)
     return out
 
 
@@ -295,7 +296,7 @@ def _lift_budget_trip(site: "Site") -> str:
 def evidence_on_demand(site: "Site", target: str | None, state_dir: Path, *, reason: str, deadline_s: float,
                        max_bytes: int, dry_run: bool = False, who: str | None = None) -> dict:
     """`mctl health evidence`: a bundle per tray (mctl.health.evidence), the index and the action log."""
-    from mctl.health import evidence, store
+    from mctl.health import evidence
     from mctl.health.site_view import resolve_scope
 
     evidence.check_limits(deadline_s, max_bytes)
@@ -304,10 +305,11 @@ def evidence_on_demand(site: "Site", target: str | None, state_dir: Path, *, rea
     if dry_run:
         return {"dry_run": True, "bundles": evidence.plan(hosts, state_dir, reason=reason, deadline_s=deadline_s,
                                                           max_bytes=max_bytes)}
+    send = events.outbox(site, state_dir)
     bundles = evidence.collect(site, hosts, state_dir, reason=reason, deadline_s=deadline_s, max_bytes=max_bytes)
     lines = evidence.log_entries(bundles, state_dir, who=who or store.actor())
     store.append_actions(state_dir, lines)
-    events.emit_actions(site, state_dir, lines)
+    send(lines)
     return {"dry_run": False, "index": str(evidence.index_path(state_dir)),
             "bundles": [b.to_dict(state_dir) for b in bundles]}
 

@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 from mctl.errors import UsageError
 from mctl.inventory.schema import BMCSpec, HealthSpec, NMXSpec, SafetySpec, SchedulerSpec, SSHSpec
 from mctl.model.findings import Severity
-from mctl.model.settings import (FABRIC_FLAG_DEFAULTS, BMCSettings, BudgetSettings, HealthSettings, K8sSettings,
-                                 NMXSettings, SafetySettings, SchedulerSettings, SlurmSettings, SSHSettings,
-                                 parse_duration, parse_subcodes)
+from mctl.model.settings import (FABRIC_FLAG_DEFAULTS, BMCSettings, BudgetSettings, EventSink, HealthSettings,
+                                 K8sSettings, NMXSettings, SafetySettings, SchedulerSettings, SlurmSettings,
+                                 SSHSettings, parse_duration, parse_subcodes)
 
 T = TypeVar("T")
 
@@ -141,10 +141,8 @@ def health_settings(spec: HealthSpec) -> HealthSettings:
     )
 
 
-def event_sink(spec) -> "EventSink":
+def event_sink(spec) -> EventSink:
     """One `health.events` entry as the event stream reads it (the loader checked which keys its type takes)."""
-    from mctl.model.settings import EventSink
-
     return EventSink(type=str(spec.type), name=str(spec.name or ""), path=spec.path, address=spec.address,
                      facility=str(spec.facility), url=spec.url, timeout_s=parse_duration(spec.timeout),
                      retries=int(spec.retries), backoff_s=parse_duration(spec.backoff),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Mapping
 
 from mctl.model.findings import Severity
@@ -282,7 +282,7 @@ class HealthSettings:
         if self.ladder.repair_hook:
             hook = (EventSink("exec", name="repair_hook", command=self.ladder.repair_hook,
                               timeout_s=self.ladder.repair_hook_timeout_s, kinds=("action",), actions=("repair",)),)
-        return tuple(self.events) + hook
+        return tuple(e if e.name else replace(e, name=e.label(i)) for i, e in enumerate(self.events)) + hook
 
     def repair_sinks(self) -> tuple[EventSink, ...]:
         """The exec sinks a tray marked for repair runs (the repair hook and any exec sink of `repair`)."""

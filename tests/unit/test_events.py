@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mctl.health import events
-from mctl.health.store import ActionEntry, action_entry
+from mctl.health.store import action_entry
 from mctl.inventory import validate_inventory
 from mctl.model.settings import EventSink, HealthSettings, LadderSettings
 
@@ -182,7 +182,7 @@ def test_every_sink_type_reaches_the_settings(tmp_path):
     assert (hook.name, hook.url, hook.timeout_s, hook.retries, hook.backoff_s, hook.queue, hook.headers_file) == \
         ("tickets", "https://hooks.example.com/mctl", 3.0, 5, 2.0, 50, "hook.headers")
     assert (exe.command, exe.timeout_s) == (("/usr/bin/ticket", "{tray}"), 30.0)
-    assert [s.name or s.type for s in site.health.repair_sinks()] == ["exec"]
+    assert [s.name for s in site.health.repair_sinks()] == ["exec[3]"]
 
 
 @pytest.mark.parametrize("sinks, field, words", [
