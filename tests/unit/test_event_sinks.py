@@ -227,3 +227,41 @@ def test_the_file_sink_appends_one_line_per_event(tmp_path):
     assert bus.close(5.0)["file[0]"]["delivered"] == 2
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [e["tray"] for e in lines] == ["t01", "t03"] and all(events.schema_problems(e) == [] for e in lines)
+
+
+def test_the_repair_hook_and_an_exec_sink_of_repair_run_as_the_ladders_repair_hook_acts(tmp_path, processes):
+    import asyncio
+    import sys
+    from dataclasses import replace
+
+    from mctl.health.record import TrayRecord
+    from mctl.health.responders.ladder import LadderResponder
+    from mctl.health.site_view import settings_of
+    from mctl.health.store import HealthState
+    from mctl.inventory import load_site
+    from mctl.model.settings import LadderSettings
+    from tests.helpers import EXAMPLE_SITE
+
+    site = load_site(EXAMPLE_SITE)
+    host = site.compute_trays()[0]
+    said = tmp_path / "said.jsonl"
+    write = "import json, sys; open(sys.argv[1], 'a').write(json.dumps(sys.argv[2:]) + '\\n')"
+    base = settings_of(site)
+    settings = replace(base, ladder=LadderSettings(repair_hook=(sys.executable, "-c", write, str(said), "old", "{tray}"),
+                                                   repair_hook_timeout_s=20.0),
+                       events=(EventSink("exec", name="pager", command=(sys.executable, "-c", write, str(said), "new",
+                                                                        "{rack}", "{failures}"),
+                                         timeout_s=20.0, actions=("repair",)),
+                               EventSink("file", path=str(tmp_path / "ev.jsonl"))))
+    responder = LadderResponder(site, settings)
+    state = HealthState(site.name, {host.name: TrayRecord(host.name, host.rack)})
+    acts = responder._hook_acts(None, state, host.name)
+    assert [a.decision.action for a in acts] == ["repair-hook", "repair-hook"]
+    assert [a.fields for a in acts] == [{"sink": "pager"}, {}]        # the old hook's line is as it was
+    dones = [asyncio.run(a.run(lambda: None)) for a in acts]
+    assert [d.result for d in dones] == ["ok", "ok"]
+    assert sorted(json.loads(x)[0] for x in said.read_text().splitlines()) == ["new", "old"]
+    lines = {json.loads(x)[0]: json.loads(x)[1:] for x in said.read_text().splitlines()}
+    assert lines == {"old": [host.name], "new": [host.rack, "0"]}
+    none = LadderResponder(site, base)._hook_acts(None, state, host.name)
+    assert [asyncio.run(a.run(lambda: None)).result for a in none] == ["noted"]
