@@ -426,9 +426,20 @@ def severity_of(event: Mapping[str, Any]) -> int:
     return 5 if event.get("ok") else 3
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an answer, not a new address: the headers (a secret) never follow it elsewhere."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect())
+
+
 class WebhookSink(Sink):
     """One HTTP POST of one event (application/json) per delivery; 2xx delivers. A timeout, a refused or
-    dropped connection, 408, 429 and 5xx are tried again after the backoff; any other answer is final."""
+    dropped connection, 408, 429 and 5xx are tried again after the backoff; any other answer is final (a
+    redirect too: it is never followed)."""
 
     def __init__(self, spec, label, dead_letter, headers: Mapping[str, str]):
         super().__init__(spec, label, dead_letter)
@@ -443,7 +454,7 @@ class WebhookSink(Sink):
                                      headers={**self.headers, "Content-Type": "application/json",
                                               "User-Agent": "mctl-events/1", "X-Mctl-Event-Id": event["id"]})
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
+            with _OPENER.open(req, timeout=timeout) as resp:
                 resp.read(65536)
         except urllib.error.HTTPError as exc:
             raise DeliveryError(f"HTTP {exc.code}", retry=exc.code in (408, 429) or exc.code >= 500) from None

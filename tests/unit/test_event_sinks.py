@@ -55,6 +55,11 @@ class Receiver:
                     self.send_response(int(what))
                     self.end_headers()
                     return
+                if what.startswith("302 "):
+                    self.send_response(302)
+                    self.send_header("Location", what[4:])
+                    self.end_headers()
+                    return
                 outer.got.append(json.loads(body))
                 outer.headers.append(dict(self.headers))
                 self.send_response(204)
@@ -129,6 +134,18 @@ def test_an_event_never_delivered_lands_in_the_dead_letter_file_with_the_error(t
         ("webhook[0]", "HTTP 500", 3, "t01")
     assert (second["error"], second["attempts"]) == ("HTTP 400", 1)
     assert counts["webhook[0]"]["dead_lettered"] == 2 and r.got == []
+
+
+def test_a_redirect_is_final_and_never_followed_so_the_secret_goes_nowhere_else(tmp_path, receiver):
+    elsewhere = receiver()
+    r = receiver([f"302 {elsewhere.url}"])
+    (tmp_path / "h").write_text("Authorization: Bearer s3cret\n")
+    bus, dead = webhook(r.url, tmp_path, headers_file=str(tmp_path / "h"))
+    bus.emit([event(1)])
+    bus.close(10.0)
+    (line,) = dead_lines(dead)
+    assert (line["error"], line["attempts"]) == ("HTTP 302", 1) and elsewhere.times == []
+    assert "s3cret" not in dead.read_text()
 
 
 def test_a_refused_connection_is_retried_then_dead_lettered(tmp_path, sockets):
