@@ -165,9 +165,12 @@ class Engine:
         if self._seen is None:
             self._seen = events.load_seen(self.state_dir)
         seen = events.seen_of(result)
-        self.bus.emit(events.finding_events(seen, self._seen, site=self.site.name, who=self.who,
-                                            sweep=result.number, at=result.started,
-                                            racks={v.host: v.rack for v in result.verdicts}))
+        try:
+            self.bus.emit(events.finding_events(seen, self._seen, site=self.site.name, who=self.who,
+                                                sweep=result.number, at=result.started,
+                                                racks={v.host: v.rack for v in result.verdicts}))
+        except Exception:  # noqa: BLE001 - a memory file a person edited never breaks a sweep: told afresh
+            pass
         self._seen = {**self._seen, **seen}
         try:
             events.save_seen(self.state_dir, self._seen)

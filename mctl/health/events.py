@@ -513,8 +513,14 @@ class Bus:
             pass
 
     def actions(self, entries: Iterable["ActionEntry"]) -> None:
-        if self.sinks:
-            self.emit(action_events(entries, site=self.site))
+        """The events of action-log lines, emitted (never raises)."""
+        if not self.sinks:
+            return
+        try:
+            built = action_events(entries, site=self.site)
+        except Exception:  # noqa: BLE001 - the event stream never breaks an act
+            return
+        self.emit(built)
 
     def close(self, deadline: float = CLOSE_DEADLINE_S) -> dict[str, dict[str, int]]:
         """Let every worker finish what is queued within *deadline* seconds; what is left is dead-lettered."""

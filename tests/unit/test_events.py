@@ -326,3 +326,19 @@ def test_the_sinks_counts_are_metrics():
     assert 'mctl_health_events_total{site="lab",sink="tickets",outcome="dropped"} 1' in text
     assert 'mctl_health_events_total{site="lab",sink="tickets",outcome="delivered"} 5' in text
     assert "mctl_health_events_total" not in render(watch_result(), site="lab")
+
+
+def test_a_hand_edited_memory_never_breaks_the_sweep(tmp_path):
+    import asyncio
+
+    from tests.helpers import example_engine
+
+    (tmp_path / "state" / "health").mkdir(parents=True)
+    (tmp_path / "state" / "health" / events.MEMORY_FILE).write_text(json.dumps(
+        {"trays": {"rack-a-tray01": {"status": "ok", "findings": {"gpu.xid": "not an object"}}}}))
+    engine, _ = example_engine(tmp_path / "state")
+    engine.scheduler = None
+    _file_bus(engine, tmp_path / "events.jsonl")
+    result = asyncio.run(engine.sweep())
+    engine.close()
+    assert result.verdicts and events.load_seen(tmp_path / "state")["rack-a-tray01"]["status"] == "unreachable"
