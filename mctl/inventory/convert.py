@@ -15,8 +15,8 @@ from mctl.errors import UsageError
 from mctl.inventory.schema import BMCSpec, HealthSpec, NMXSpec, SafetySpec, SchedulerSpec, SSHSpec
 from mctl.model.findings import Severity
 from mctl.model.settings import (FABRIC_FLAG_DEFAULTS, BMCSettings, BudgetSettings, EventSink, HealthSettings,
-                                 K8sSettings, NMXSettings, SafetySettings, SchedulerSettings, SlurmSettings,
-                                 SSHSettings, parse_duration, parse_subcodes)
+                                 K8sSettings, LadderSettings, NMXSettings, SafetySettings, SchedulerSettings,
+                                 SlurmSettings, SSHSettings, parse_duration, parse_subcodes)
 
 T = TypeVar("T")
 
@@ -52,11 +52,9 @@ def scheduler_settings(spec: SchedulerSpec | None) -> SchedulerSettings | None:
                              slurm=same_fields(SlurmSettings, spec.slurm), k8s=same_fields(K8sSettings, spec.k8s))
 
 
-def ladder_settings(spec) -> "LadderSettings":
+def ladder_settings(spec) -> LadderSettings:
     """`health.ladder` as the recovery ladder reads it. The repair hook is an argument list: no shell runs
     it, each argument is passed as it is, its placeholders filled per argument."""
-    from mctl.model.settings import LadderSettings
-
     argv = tuple(str(a) for a in spec.repair_hook or ())
     return LadderSettings(
         gpu_reset=bool(spec.gpu_reset), reboot=bool(spec.reboot), power_cycle=bool(spec.power_cycle),

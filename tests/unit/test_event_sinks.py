@@ -264,8 +264,9 @@ def test_the_repair_hook_and_an_exec_sink_of_repair_run_as_the_ladders_repair_ho
     said = tmp_path / "said.jsonl"
     write = "import json, sys; open(sys.argv[1], 'a').write(json.dumps(sys.argv[2:]) + '\\n')"
     base = settings_of(site)
-    settings = replace(base, ladder=LadderSettings(repair_hook=(sys.executable, "-c", write, str(said), "old", "{tray}"),
-                                                   repair_hook_timeout_s=20.0),
+    old = LadderSettings(repair_hook=(sys.executable, "-c", write, str(said), "old", "{tray}"),
+                         repair_hook_timeout_s=20.0)
+    settings = replace(base, ladder=old,
                        events=(EventSink("exec", name="pager", command=(sys.executable, "-c", write, str(said), "new",
                                                                         "{rack}", "{failures}"),
                                          timeout_s=20.0, actions=("repair",)),

@@ -147,7 +147,8 @@ class LadderResponder(Responder):
         def act(sink) -> Act:
             async def run(go) -> Done:
                 return await asyncio.to_thread(self._repair_hook, ctx, host, state, sink)
-            fields = {"sink": sink.name} if sink is not None and sink.name != "repair_hook" else {}   # the old hook's line as it was
+            # the old hook's line stays as it was; an exec sink of health.events is named on its line
+            fields = {"sink": sink.name} if sink is not None and sink.name != "repair_hook" else {}
             return Act(Decision(host, "repair-hook", why, rack=rec.rack if rec else None), run=run, intent=False,
                        fields=fields)
 
