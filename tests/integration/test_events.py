@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from mctl.health.events import schema_problems
-from tests.helpers import HEALTH, fault, sinfo, wait_for, write_health_site
+from tests.helpers import HEALTH, Watch, fault, sinfo, wait_for, write_health_site
 
 
 @pytest.fixture
@@ -38,16 +38,27 @@ def hook(sockets):
         server.server_close()
 
 
+def _site(lab, tmp_path, url):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "hook.headers").write_text("Authorization: Bearer lab-token\n")
+    return write_health_site(lab, tmp_path / "site", {**HEALTH, "events": [
+        {"type": "file", "path": str(tmp_path / "events.jsonl")},
+        {"type": "webhook", "url": url, "timeout": "5s", "retries": 2, "headers_file": str(tmp_path / "hook.headers"),
+         "kinds": ["finding", "action"]}]})
+
+
+def _restore(lab, tray):
+    fault(lab, tray, clear=True)
+    if "drain" in sinfo(lab)[tray][0]:
+        lab.run(lab.head, f"scontrol update NodeName={tray} State=RESUME", check=False)
+    wait_for(f"{tray} idle again", lambda: sinfo(lab)[tray][0].rstrip("*") in ("idle", "allocated", "mixed"), 60)
+
+
 def test_a_gpu_fault_reaches_the_file_and_the_webhook_as_a_finding_change_and_a_drain(slurm_lab, tmp_path, hook):
     lab = slurm_lab.lab
     url, got = hook
     out = tmp_path / "events.jsonl"
-    (tmp_path / "site").mkdir()
-    (tmp_path / "hook.headers").write_text("Authorization: Bearer lab-token\n")
-    site = write_health_site(lab, tmp_path / "site", {**HEALTH, "events": [
-        {"type": "file", "path": str(out)},
-        {"type": "webhook", "url": url, "timeout": "5s", "retries": 2, "headers_file": str(tmp_path / "hook.headers"),
-         "kinds": ["finding", "action"]}]})
+    site = _site(lab, tmp_path, url)
     state = tmp_path / "state"
 
     def mctl(*args):
@@ -80,7 +91,34 @@ def test_a_gpu_fault_reaches_the_file_and_the_webhook_as_a_finding_change_and_a_
         resumed = [e for e in got if e["kind"] == "action" and e["action"] == "resume"]
         assert [(e["tray"], e["ok"], e["details"].get("manual")) for e in resumed] == [(tray, True, True)]
     finally:
+        _restore(lab, tray)
+
+
+def test_the_watch_tells_each_change_once_and_flushes_when_it_stops(slurm_lab, tmp_path, hook):
+    lab = slurm_lab.lab
+    url, got = hook
+    out = tmp_path / "events.jsonl"
+    site = _site(lab, tmp_path, url)
+    tray = lab.trays[2]
+    watch = Watch(lab, site, tmp_path / "state", "--interval", "1")
+    try:
+        wait_for("the first sweep", lambda: watch.sweeps() >= 1, 60)
+        fault(lab, tray, nvlink_down="1:4")
+        wait_for("the drain event in the file", lambda: out.exists() and any(
+            json.loads(x).get("action") == "drain" for x in out.read_text().splitlines()), 60)
         fault(lab, tray, clear=True)
-        if "drain" in sinfo(lab)[tray][0]:
-            lab.run(lab.head, f"scontrol update NodeName={tray} State=RESUME", check=False)
-        wait_for(f"{tray} idle again", lambda: sinfo(lab)[tray][0].rstrip("*") in ("idle", "allocated", "mixed"), 60)
+        wait_for("the watch's own resume in the webhook", lambda: any(
+            e.get("action") == "resume" and e["tray"] == tray for e in got), 90)
+        swept = watch.sweeps()
+    finally:
+        code = watch.stop()
+        _restore(lab, tray)
+    assert code == 0, watch.proc.stderr.read()
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert all(schema_problems(e) == [] for e in lines + got)
+    assert {e["id"] for e in lines} == {e["id"] for e in got}          # the watch flushed both before it ended
+    mine = [e for e in lines if e["tray"] == tray]
+    changes = [(e["status_before"], e["status"]) for e in mine if e["kind"] == "finding"]
+    assert changes == [("ok", "critical"), ("critical", "ok")], (changes, swept)     # once each, over many sweeps
+    assert [e["action"] for e in mine if e["kind"] == "action"] == ["drain", "resume"]
+    assert all(e["ok"] and "health watch" in e["who"] for e in mine if e["kind"] == "action")
