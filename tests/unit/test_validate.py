@@ -1,0 +1,155 @@
+"""Rack-scale NVLink validation's pure parts (mctl/bringup/validate.py): the plan from the Slurm blocks, the srun
+lines and the round's script, its answer parsed and judged (judge_nccl on the real GB200 NVL72 run, Slurm's
+refusal with the trays' state), the finder's rounds on 18 trays, and the runs in the audit history."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+
+import pytest
+
+from mctl.bringup import validate as v
+from mctl.errors import UsageError
+from tests.helpers import real_text, site_with
+
+pytestmark = pytest.mark.pure
+
+NCCL_GB200 = "issue-coreweave-nccl-tests-pr43-gb200-nvl72-all-reduce.txt"
+TWO_BY_NINE = [{"name": "p0", "trays": "r1-tray[01-09]"}, {"name": "p1", "trays": "r1-tray[10-18]"}]
+
+
+def _rack(tmp_path, parts=TWO_BY_NINE, trays=18):
+    site = site_with(tmp_path, parts=parts, trays=trays)
+    return site, site.racks["r1"]
+
+
+def test_the_plan_is_the_racks_slurm_blocks(tmp_path):
+    site, rack = _rack(tmp_path)
+    p = v.plan(site, rack)
+    assert [(x.name, x.block, len(x.trays)) for x in p.partitions] == [("p0", "r1-p0", 9), ("p1", "r1-p1", 9)]
+    assert v.plan(site, rack, partitions=["p1"]).partitions[0].trays[0] == "r1-tray10"
+    with pytest.raises(UsageError, match="no partition p9"):
+        v.plan(site, rack, partitions=["p9"])
+    (tmp_path / "b").mkdir()
+    whole = v.plan(*_rack(tmp_path / "b", parts=None, trays=4))
+    assert [(x.name, x.trays) for x in whole.partitions] == [("r1", ("r1-tray01", "r1-tray02", "r1-tray03",
+                                                                     "r1-tray04"))]
+
+
+def test_srun_line_and_round_script_bound_and_clean_up_every_job(tmp_path):
+    site, rack = _rack(tmp_path)
+    job = v.Job("p0", "partition", v.plan(site, rack).partitions[0].trays)
+    line = v.srun_command(job, "mctl-validate-x-1-0", 4, 300.0)
+    assert line.startswith("timeout -k 10 330 srun --immediate=30 --job-name=mctl-validate-x-1-0 --nodes=9 --ntasks=9 "
+                           "--ntasks-per-node=1 --nodelist=r1-tray[01-09] --exclusive --time=6 ")
+    assert line.endswith("all_reduce_perf -b 8 -e 8G -f 2 -g 4 -n 20")
+    script = v.round_script([job, v.Job("p1", "partition", ("r1-tray10",))], "x-1", 4, 300.0)
+    assert script.count(" srun ") == 2 and "wait\n" in script
+    assert 'scancel --quiet --name="$n"' in script and "for n in mctl-validate-x-1-0 mctl-validate-x-1-1;" in script
+    assert "squeue -h -n mctl-validate-x-1-0,mctl-validate-x-1-1" in script and "sinfo -h -N -n r1-tray[01-10]" in script
+    dry = v.dry_lines(v.plan(site, rack))
+    assert len(dry) == 4 and "3 rounds" in dry[-1] and "--nodelist=r1-tray[10-18]" in dry[2]
+
+
+def _answer(i, rc, out="", err=""):
+    b = lambda s: base64.b64encode(s.encode()).decode()  # noqa: E731
+    return f"{v.MARK} job={i} rc={rc} out={b(out)} err={b(err)}"
+
+
+def test_a_round_answer_is_judged_as_burn_in_judges_nccl():
+    real = real_text(NCCL_GB200)
+    slow = real.replace("834.57", "401.20").replace("846.82", "399.00")
+    text = "\n".join([_answer(0, 0, real, "srun: job 7 queued and waiting for resources\n"), _answer(1, 0, slow),
+                      _answer(2, 124, real[:300]), f"{v.MARK}-node r1-tray01|idle|none"])
+    ans = v.parse_round(text)
+    jobs = [v.Job("p0", "partition", ("r1-tray01",)), v.Job("p1", "pair", ("a", "b")), v.Job("p2", "solo", ("c",))]
+    ok, low, hung = (v.judge(j, ans.answers[i], ans.nodes) for i, j in enumerate(jobs))
+    assert ok.ok and ok.busbw == 846.82 and "846.8 GB/s at 8 GiB" in ok.text
+    assert not low.ok and low.bandwidth and low.busbw == 401.2 and "below the 648 GB/s NVLink 5 floor" in low.text
+    assert not hung.ok and not hung.bandwidth and "did not finish in time (killed)" in hung.text
+    assert ans.nodes == {"r1-tray01": ("idle", "none")} and ans.left == []
+    assert not v.judge(jobs[0], None, {}).ok
+
+
+def test_a_job_slurm_cannot_place_is_named_with_slurms_words_and_the_trays_state():
+    err = ("srun: Requested partition configuration not available now\n"
+           "srun: error: Unable to allocate resources: Requested node configuration is not available\n")
+    ans = v.parse_round("\n".join([_answer(0, 1, "", err), f"{v.MARK}-node r1-tray03|idle|none",
+                                   f"{v.MARK}-node r1-tray04|drained|ops: cable check",
+                                   f"{v.MARK}-left 17 mctl-validate-x-1-0 COMPLETING"]))
+    r = v.judge(v.Job("p1", "partition", ("r1-tray03", "r1-tray04")), ans.answers[0], ans.nodes)
+    assert not r.ok and not r.placed
+    assert r.text == ("Slurm did not place the job: Requested partition configuration not available now; Unable to "
+                      "allocate resources: Requested node configuration is not available; r1-tray04 drained "
+                      "(ops: cable check)")
+    assert ans.left == ["17 mctl-validate-x-1-0 COMPLETING"]
+
+
+def _simulate(trays, dragging, *, tool_fails=()):
+    """Run the finder on one partition whose jobs fail when they hold a dragging tray."""
+    part = v.PartitionPlan("p", "r-p", tuple(trays))
+    finder = v.Finder([part])
+    while True:
+        jobs = finder.next_round()
+        if not jobs:
+            break
+        results = []
+        for j in jobs:
+            bad = [t for t in j.trays if t in dragging]
+            tool = any(t in tool_fails for t in j.trays)
+            results.append(v.JobResult(j, not bad and not tool, "all_reduce_perf: hung" if tool else
+                                       ("below the floor" if bad else "ok"), busbw=45.0 if bad else 770.0,
+                                       bandwidth=bool(bad) and not tool))
+        finder.record(results)
+        assert len(finder.rounds) < 10
+    return finder, finder.verdicts["p"]
+
+
+TRAYS18 = [f"t{i:02d}" for i in range(1, 19)]
+
+
+@pytest.mark.parametrize("trays", [TRAYS18, TRAYS18[:9], TRAYS18[:4], TRAYS18[:3], TRAYS18[:2]])
+def test_the_finder_names_any_one_dragging_tray_within_the_bound(trays):
+    for slow in trays:
+        finder, verdict = _simulate(trays, {slow})
+        assert list(verdict.dragging) == [slow] and verdict.status == "failed", (slow, verdict)
+        assert len(finder.rounds) <= v.round_bound(len(trays)) <= 4
+        assert all(len(set(j.job.trays)) == len(j.job.trays) for rs in finder.rounds for j in rs)
+        for rs in finder.rounds:                          # a tray is in one job of a round at most
+            used = [t for r in rs for t in r.job.trays]
+            assert len(used) == len(set(used))
+    assert v.round_bound(18) == 3
+
+
+def test_the_finder_names_several_dragging_trays_and_a_partition_with_no_single_culprit():
+    for pair in itertools.combinations(["t01", "t02", "t09", "t18"], 2):
+        finder, verdict = _simulate(TRAYS18, set(pair))
+        assert sorted(verdict.dragging) == sorted(pair) and len(finder.rounds) <= v.round_bound(18, 2) == 3
+    finder, verdict = _simulate(TRAYS18, set(TRAYS18))             # every tray slow: no good tray to pair with
+    assert sorted(verdict.dragging) == TRAYS18 and len(finder.rounds) == 3
+    healthy, verdict = _simulate(TRAYS18, set())
+    assert verdict.status == "passed" and len(healthy.rounds) == 1 and not verdict.dragging
+
+
+def test_a_tool_failure_fails_the_partition_with_its_words_and_is_not_searched():
+    finder, verdict = _simulate(TRAYS18, set(), tool_fails={"t05"})
+    assert verdict.status == "failed" and verdict.text == "all_reduce_perf: hung" and not verdict.searched
+    assert len(finder.rounds) == 1 and "not searched" in verdict.note
+
+
+def test_validations_are_kept_in_the_audit_history(tmp_path):
+    from mctl.audit.history import History
+
+    h = History.open(tmp_path)
+    doc = {"rack": "r1", "status": "failed", "dragging": ["r1-tray03"],
+           "partitions": [{"name": "p1", "status": "failed", "busbw": 45.0, "text": "below", "trays": ["x"]}]}
+    rid = h.record_validation("site", doc, started=1000.0, elapsed=12.5, now=1000.0 + 3600)
+    assert h.validations(0.0) == [{"id": rid, "started": "1970-01-01T00:16:40+00:00", "elapsed": 12.5, "site": "site",
+                                   "rack": "r1", "status": "failed", "dragging": ["r1-tray03"],
+                                   "partitions": [{"name": "p1", "status": "failed", "busbw": 45.0, "text": "below"}]}]
+    assert h.validations(2000.0) == []
+    h.conn.execute("UPDATE validations SET report='{' WHERE id=?", (rid,))
+    with pytest.raises(Exception, match="not JSON"):
+        h.validations(0.0)
+    h.close()
