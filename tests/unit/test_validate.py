@@ -153,3 +153,67 @@ def test_validations_are_kept_in_the_audit_history(tmp_path):
     with pytest.raises(Exception, match="not JSON"):
         h.validations(0.0)
     h.close()
+
+
+def _result(site, rack, status_by_part, dragging=()):
+    vplan = v.plan(site, rack)
+    out = v.Validation(vplan, "run", 0.0)
+    for p in vplan.partitions:
+        pv = v.PartitionVerdict(p, status=status_by_part[p.name], text="t")
+        for t in dragging:
+            if t in p.trays:
+                pv.dragging[t] = v.JobResult(v.Job(p.name, "check", (t, p.trays[-1])), False, "below", busbw=45.0)
+        out.verdicts.append(pv)
+    out.rounds = [[]]
+    return out
+
+
+@pytest.fixture
+def phase_ctx(tmp_path, monkeypatch):
+    from mctl.bringup.context import Context, Options, Reporter
+    from mctl.health import burnin
+    from mctl.sched.slurm import holds
+
+    site, rack = _rack(tmp_path)
+    held: list = []
+    monkeypatch.setattr(burnin, "probe_tools", lambda s, hosts: ({h.name: {"all_reduce_perf": "/usr/bin/x"}
+                                                                  for h in hosts}, {}))
+    monkeypatch.setattr(holds, "hold", lambda s, trays, owner, reason: (held.append((list(trays), owner, reason))
+                                                                         or (list(trays), {})))
+    ctx = Context(site, rack, tmp_path, Options(), Reporter(), run_id="run1")
+    return ctx, site, rack, held, monkeypatch
+
+
+def test_the_bring_up_phase_holds_a_dragging_tray_again_and_fails_with_the_report(phase_ctx):
+    from mctl.bringup.context import PhaseFailed
+    from mctl.bringup.phases import validate as phase
+    from mctl.sched.slurm import holds
+
+    ctx, site, rack, held, monkeypatch = phase_ctx
+    monkeypatch.setattr(v, "run_validation", lambda *a, **k: _result(site, rack, {"p0": "passed", "p1": "failed"},
+                                                                     ["r1-tray12"]))
+    with pytest.raises(PhaseFailed) as err:
+        phase.run(ctx)
+    assert err.value.exit_code == 1 and err.value.message == "NVLink validation failed on p1: r1-tray12 drags it"
+    assert held == [(["r1-tray12"], holds.BRING_UP, holds.bringup_reason("run1"))]
+    assert err.value.artifacts["validation"]["dragging"] == ["r1-tray12"]
+    assert "r1-tray12: held by bring-up until repaired" in err.value.details
+
+    monkeypatch.setattr(v, "run_validation", lambda *a, **k: _result(site, rack, {"p0": "passed", "p1": "passed"}))
+    done = phase.run(ctx)
+    assert done.status == "done" and "passed on 2 partition(s)" in done.summary and done.artifacts["validation"]
+
+    monkeypatch.setattr(v, "run_validation", lambda *a, **k: _result(site, rack, {"p0": "passed", "p1": "unplaced"}))
+    with pytest.raises(PhaseFailed, match="Slurm could not place the validation of p1") as err:
+        phase.run(ctx)
+    assert err.value.exit_code == 3
+
+
+def test_the_bring_up_phase_is_skipped_with_burn_in_off(phase_ctx):
+    import dataclasses
+
+    from mctl.bringup.phases import validate as phase
+
+    ctx, *_ = phase_ctx
+    ctx.options = dataclasses.replace(ctx.options, burn_in="off")
+    assert phase.run(ctx).summary == "--burn-in off" and phase.plan(ctx) == ["skipped: --burn-in off"]
