@@ -101,14 +101,15 @@ class ValidationPlan:
     gpus: int
     deadline: float
     min_busbw: float
+    place: int = PLACE_S
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rack": self.rack, "gpus_per_tray": self.gpus, "deadline_s": self.deadline,
+        return {"rack": self.rack, "gpus_per_tray": self.gpus, "deadline_s": self.deadline, "place_wait_s": self.place,
                 "min_busbw_gbs": round(self.min_busbw, 1), "partitions": [p.to_dict() for p in self.partitions]}
 
 
 def plan(site: "Site", rack: "Rack", *, partitions: Sequence[str] = (), deadline: float = DEADLINE_S,
-         min_busbw: float = MIN_BUSBW_GBS) -> ValidationPlan:
+         min_busbw: float = MIN_BUSBW_GBS, place: int = PLACE_S) -> ValidationPlan:
     """The rack's NVLink partitions as Slurm's blocks (*partitions*: only these, by name)."""
     from mctl.errors import UsageError
     from mctl.sched.slurm.topology import blocks_for
@@ -124,7 +125,7 @@ def plan(site: "Site", rack: "Rack", *, partitions: Sequence[str] = (), deadline
         parts = [p for p in parts if p.name in partitions]
     if not parts:
         raise UsageError(f"rack {rack.name} has no compute trays to validate")
-    return ValidationPlan(rack.name, tuple(parts), rack.gpus_per_tray, deadline, min_busbw)
+    return ValidationPlan(rack.name, tuple(parts), rack.gpus_per_tray, deadline, min_busbw, place)
 
 
 # ------------------------------------------------------------------ the commands (pure)
@@ -450,7 +451,7 @@ def run_round(site: "Site", jobs: Sequence[Job], run: str, gpus: int, deadline: 
 
 
 def run_validation(site: "Site", vplan: ValidationPlan, *, state_dir=None, record: bool = True,
-                   on_round=None, place: int = PLACE_S, max_rounds: int = 8) -> Validation:
+                   on_round=None, max_rounds: int = 8) -> Validation:
     """Every partition at once, then the searches, round by round; recorded in the audit history."""
     started = time.time()
     run = time.strftime("%Y%m%d%H%M%S", time.gmtime(started)) + f"{int(started * 1000) % 1000:03d}"
@@ -462,7 +463,7 @@ def run_validation(site: "Site", vplan: ValidationPlan, *, state_dir=None, recor
         if not jobs:
             break
         results, left = run_round(site, jobs, f"{run}-{n + 1}", vplan.gpus, vplan.deadline, vplan.min_busbw,
-                                  place=place)
+                                  place=vplan.place)
         out.left += left
         finder.record(results)
         if on_round is not None:
@@ -486,11 +487,11 @@ def run_validation(site: "Site", vplan: ValidationPlan, *, state_dir=None, recor
 
 def dry_lines(vplan: ValidationPlan, run: str = "RUN") -> list[str]:
     out = [f"rack {vplan.rack}: {len(vplan.partitions)} NVLink partition(s), floor {vplan.min_busbw:.0f} GB/s "
-           f"bus bandwidth, each job under {vplan.deadline:g}s (+{PLACE_S}s to be placed)"]
+           f"bus bandwidth, each job under {vplan.deadline:g}s (+{vplan.place}s to be placed)"]
     for i, p in enumerate(vplan.partitions):
         job = Job(p.name, "partition", p.trays)
         out.append(f"{p.name} (block {p.block}, {len(p.trays)} trays {fold(p.trays)}): "
-                   f"{srun_command(job, job_name(run + '-1', i), vplan.gpus, vplan.deadline)}")
+                   f"{srun_command(job, job_name(run + '-1', i), vplan.gpus, vplan.deadline, place=vplan.place)}")
     out.append("a partition below the floor is searched: its trays in pairs, then each suspect beside a good tray "
                f"(a dragging tray in {max(round_bound(len(p.trays)) for p in vplan.partitions)} rounds)")
     return out

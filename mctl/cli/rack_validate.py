@@ -56,7 +56,8 @@ def validate(
         raise UsageError(f"rack validate launches its jobs through Slurm; this site's scheduler is "
                          f"{site.scheduler.type if site.scheduler else 'none'}",
                          hint="deploy Slurm ('mctl deploy slurm'), or run burn-in per tray (rack bring-up --burn-in)")
-    vplan = plan(site, chosen, partitions=tuple(partition or ()), deadline=job_deadline or DEADLINE_S)
+    vplan = plan(site, chosen, partitions=tuple(partition or ()), deadline=job_deadline or DEADLINE_S,
+                 place=place_wait)
     out = render.output(json_)
     hold_racks([chosen.name], "rack validate", dry_run=dry_run)
     if dry_run:
@@ -69,8 +70,7 @@ def validate(
                                                 + (f" {r.busbw:.0f} GB/s" if r.busbw is not None else "")
                                                 for r in results))
 
-    result = run_validation(site, vplan, state_dir=opts.state_dir, record=not no_history, on_round=on_round,
-                            place=place_wait)
+    result = run_validation(site, vplan, state_dir=opts.state_dir, record=not no_history, on_round=on_round)
     out.result(result.to_dict(), lambda: (out.lines(result.lines()), out.line(
         f"rack {chosen.name}: validation {result.status} in {len(result.rounds)} round(s), {result.elapsed:.1f}s"
         + (f"; history run {result.history_id}" if result.history_id else ""))))

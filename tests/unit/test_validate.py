@@ -217,3 +217,28 @@ def test_the_bring_up_phase_is_skipped_with_burn_in_off(phase_ctx):
     ctx, *_ = phase_ctx
     ctx.options = dataclasses.replace(ctx.options, burn_in="off")
     assert phase.run(ctx).summary == "--burn-in off" and phase.plan(ctx) == ["skipped: --burn-in off"]
+
+
+def test_the_command_prints_its_plan_and_refuses_bad_input(tmp_path, capsys):
+    import json
+
+    from tests.unit.cli_helpers import run_cli
+
+    site_with(tmp_path, parts=TWO_BY_NINE, trays=18)
+    base = ("-i", str(tmp_path), "--state-dir", str(tmp_path / "state"), "rack", "validate")
+    res = run_cli(capsys, *base, "r1", "--dry-run", "--json")
+    assert res.code == 0, res.err
+    doc = json.loads(res.out)
+    assert doc["dry_run"] and [p["nodes"] for p in doc["partitions"]] == ["r1-tray[01-09]", "r1-tray[10-18]"]
+    assert "--nodelist=r1-tray[01-09]" in doc["plan"][1] and doc["min_busbw_gbs"] == 648.0
+    placed = json.loads(run_cli(capsys, *base, "r1", "--dry-run", "--json", "--place-wait", "7").out)
+    assert placed["place_wait_s"] == 7 and "srun --immediate=7 " in placed["plan"][1] and "(+7s" in placed["plan"][0]
+    assert not (tmp_path / "state" / "locks").exists() or not any((tmp_path / "state" / "locks").iterdir())
+    assert run_cli(capsys, *base, "r9", "--dry-run").code == 2
+    bad = run_cli(capsys, *base, "r1", "--partition", "p7", "--dry-run")
+    assert bad.code == 2 and "no partition p7" in bad.err
+    assert run_cli(capsys, *base, "r1", "--job-deadline", "nan", "--dry-run").code == 2
+    (tmp_path / "k").mkdir()
+    site_with(tmp_path / "k", scheduler=None)
+    none = run_cli(capsys, "-i", str(tmp_path / "k"), "rack", "validate", "r1", "--dry-run")
+    assert none.code == 2 and "through Slurm" in none.err
