@@ -242,3 +242,14 @@ def test_the_command_prints_its_plan_and_refuses_bad_input(tmp_path, capsys):
     site_with(tmp_path / "k", scheduler=None)
     none = run_cli(capsys, "-i", str(tmp_path / "k"), "rack", "validate", "r1", "--dry-run")
     assert none.code == 2 and "through Slurm" in none.err
+
+
+def test_garbage_truncated_and_crashed_tables_fail_with_the_tools_words_and_are_not_searched():
+    real = real_text(NCCL_GB200)
+    job = v.Job("p0", "partition", ("a", "b"))
+    cut = v.judge(job, v.Answer(0, real[: real.index("# Out of bounds")], ""), {})
+    assert not cut.ok and not cut.bandwidth and "ends early" in cut.text
+    junk = v.judge(job, v.Answer(0, "\x1b[2J#@!" + "x" * 50, ""), {})
+    assert not junk.ok and not junk.bandwidth and "printed no result rows" in junk.text
+    crash = v.judge(job, v.Answer(139, real[:400], "srun: error: a: task 0: Segmentation fault (core dumped)\n"), {})
+    assert not crash.ok and not crash.bandwidth and "Segmentation fault" in crash.text
