@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Where a health sweep's and a rack inventory's CPU goes, per thread and per module (issue 26's rule).
+
+Runs in the tree it is started from (its mctl, its bench/health_bench.py lab helpers), so the same script
+copied into an older checkout measures that checkout's code the same way (bench/compare_trees.sh copies it):
+
+  sweep      --sweeps N sweeps of the health engine in this process over open connections (as
+             bench/health_bench.py), after one warm-up sweep, with
+               - the CPU of every thread of the process (/proc/self/task/*/stat), by thread name, and
+                 the CPU of threads that ended during the run (process CPU less the live threads');
+               - cProfile of the event-loop thread (the probes' SSH channels, parsing, the checks, the
+                 decisions): own time summed per module group (mctl.<package>, asyncssh, ...), and the
+                 functions with the most own time;
+  inventory  `rack inventory` run in this process --rounds times under cProfile (the same tables).
+
+    sudo python3 bench/sweep_profile.py --trays 18 --sweeps 10 --rounds 5 --json   # starts an 18-tray lab
+    sudo python3 bench/sweep_profile.py --lab DIR ...                              # a lab with Slurm deployed
+
+Figures are CPU seconds per sweep (or per inventory), on this machine, at the load printed beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def thread_ticks() -> dict[int, int]:
+    out = {}
+    for entry in os.scandir("/proc/self/task"):
+        try:
+            text = Path(f"/proc/self/task/{entry.name}/stat").read_text()
+        except OSError:
+            continue
+        f = text[text.rindex(")") + 2:].split()
+        out[int(entry.name)] = int(f[11]) + int(f[12])
+    return out
+
+
+def group_of(filename: str) -> str:
+    """A profile entry's file -> its group: mctl.<package>, a third-party package, or the standard library."""
+    path = filename.replace("\\", "/")
+    if "/mctl/" in path and "site-packages" not in path:
+        rest = path.rsplit("/mctl/", 1)[1].split("/")
+        return "mctl." + (rest[0].removesuffix(".py") if len(rest) > 1 or rest[0] != "__init__.py" else "")
+    if "site-packages/" in path:
+        return path.split("site-packages/", 1)[1].split("/")[0].removesuffix(".py")
+    if path.startswith("~") or path.startswith("<"):
+        return "builtins"
+    return "stdlib:" + Path(path).stem if "/lib/python" in path else "other"
+
+
+def profile_tables(prof: cProfile.Profile, per: int, top: int = 20) -> dict:
+    stats = pstats.Stats(prof)
+    groups: dict[str, float] = {}
+    rows = []
+    for (filename, line, func), (_cc, _nc, tottime, _ct, _callers) in stats.stats.items():
+        g = group_of(filename)
+        if g.startswith("stdlib:"):
+            g = "stdlib"
+        groups[g] = groups.get(g, 0.0) + tottime
+        rows.append((tottime, f"{Path(filename).name}:{line} {func}", group_of(filename)))
+    total = sum(groups.values()) or 1.0
+    return {"own_time_by_group_s": {g: round(t / per, 4) for g, t in sorted(groups.items(), key=lambda kv: -kv[1])
+                                    if t / total >= 0.005},
+            "top_functions": [{"own_s": round(t / per, 4), "function": f, "group": g}
+                              for t, f, g in sorted(rows, reverse=True)[:top]],
+            "profiled_s": round(total / per, 4)}
+
+
+def sweep_profile(site_dir: Path, state: Path, sweeps: int) -> dict:
+    from mctl.health.engine import Engine
+    from mctl.health.site_view import resolve_scope, settings_of
+    from mctl.inventory import load_site
+    from mctl.transport import SSHConfig, SSHPool
+
+    site = load_site(str(site_dir))
+    prof = cProfile.Profile()
+
+    async def main():
+        async with SSHPool(SSHConfig.from_site(site)) as pool:
+            engine = Engine(site, resolve_scope(site, None), settings_of(site), state, pool)
+            await engine.sweep()
+            names0 = {t.native_id: t.name for t in threading.enumerate()}
+            ticks0, cpu0, wall0 = thread_ticks(), time.process_time(), time.perf_counter()
+            walls = []
+            for _ in range(sweeps):
+                t0 = time.perf_counter()
+                prof.enable()
+                await engine.sweep()
+                prof.disable()
+                walls.append(time.perf_counter() - t0)
+            ticks1, cpu1 = thread_ticks(), time.process_time()
+            names = {**names0, **{t.native_id: t.name for t in threading.enumerate()}}
+            return walls, ticks0, ticks1, names, cpu1 - cpu0, time.perf_counter() - wall0
+
+    walls, t0, t1, names, cpu, _wall = asyncio.run(main())
+    by_thread: dict[str, float] = {}
+    live = 0
+    for tid, ticks in t1.items():
+        used = ticks - t0.get(tid, 0)
+        live += used
+        name = names.get(tid, f"thread {tid}")
+        name = "event loop (main)" if tid == os.getpid() else name.rstrip("0123456789-_ ") or name
+        by_thread[name] = by_thread.get(name, 0.0) + used / HZ
+    ended = max(0.0, cpu - live / HZ)
+    table = {k: round(v / sweeps, 4) for k, v in sorted(by_thread.items(), key=lambda kv: -kv[1]) if v > 0}
+    table["threads that ended during the run"] = round(ended / sweeps, 4)
+    return {"sweeps": sweeps, "median_wall_s": round(statistics.median(walls), 3),
+            "cpu_per_sweep_s": round(cpu / sweeps, 4), "cpu_by_thread_per_sweep_s": table,
+            "event_loop_profile": profile_tables(prof, sweeps)}
+
+
+def inventory_profile(site_dir: Path, state: Path, rounds: int) -> dict:
+    from mctl.cli.main import main as cli_main
+
+    rack = next(iter(__import__("yaml").safe_load((site_dir / "mctl.yml").read_text())["racks"]))
+    argv = ["-i", str(site_dir), "--state-dir", str(state), "--json", "rack", "inventory", rack]
+    prof = cProfile.Profile()
+    cpus = []
+    import contextlib
+    import io
+
+    for i in range(rounds + 1):
+        c0 = time.process_time()
+        if i:
+            prof.enable()
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            rc = cli_main(argv)
+        if rc not in (0, 1):            # 1: findings; anything else is not a measurement
+            raise SystemExit(f"rack inventory exited {rc}: {err.getvalue()[-1000:]}")
+        if i:
+            prof.disable()
+            cpus.append(time.process_time() - c0)
+    return {"rounds": rounds, "median_cpu_s": round(statistics.median(cpus), 4),
+            "profile": profile_tables(prof, rounds)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lab", type=Path, help="a lab folder with Slurm deployed (else an 18-tray one is started)")
+    ap.add_argument("--trays", type=int, default=18)
+    ap.add_argument("--sweeps", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.stderr.write("the lab needs root\n")
+        return 2
+    from bench.health_bench import site_copy, start_lab
+
+    workdir = Path(tempfile.mkdtemp(prefix="mctl-profile-"))
+    env = dict(os.environ, MCTL_STATE_DIR=str(workdir / "state"), NO_COLOR="1")
+    started = None
+    load = [os.getloadavg()[0]]
+    try:
+        lab_dir = args.lab.resolve() if args.lab else None
+        if lab_dir is None:
+            lab_dir = started = start_lab(args.trays, workdir, env)
+        site_dir = site_copy(lab_dir, workdir, 5.0)
+        load.append(os.getloadavg()[0])
+        report = {"tree": str(REPO), "trays": args.trays,
+                  "sweep": sweep_profile(site_dir, workdir / "state", args.sweeps),
+                  "inventory": inventory_profile(site_dir, workdir / "state-inv", args.rounds)}
+        load.append(os.getloadavg()[0])
+        report["loadavg_1m"] = {"lab_ready": load[1], "end": load[2]}
+    finally:
+        if started is not None:
+            from mctl.lab import control
+
+            control.down(started)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        s = report["sweep"]
+        print(f"sweep: {s['cpu_per_sweep_s']} s CPU, median wall {s['median_wall_s']} s; by thread: "
+              f"{s['cpu_by_thread_per_sweep_s']}")
+        print(f"  event loop by group: {s['event_loop_profile']['own_time_by_group_s']}")
+        i = report["inventory"]
+        print(f"inventory: {i['median_cpu_s']} s CPU; by group: {i['profile']['own_time_by_group_s']}")
+        print(f"load {report['loadavg_1m']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
