@@ -2,8 +2,10 @@
 and clock-event streaks.
 
 NVLink error counters are cumulative since the driver loaded; a rate needs an earlier reading. Per
-tray the memory keeps the readings of the window (`health.nvlink_error_window`) and puts on each new
-facts the growth of every judged counter since the earliest reading still in the window
+tray the memory keeps readings of the window (`health.nvlink_error_window`): the oldest, then one every
+window/SPACING, and the newest, each holding only its counters that are not zero (a tray of 4 GPUs has
+~1,400 judged counters, nearly all zero: 64 full readings were 5.5 MiB a tray, these are ~2 KiB). On each
+new facts it puts the growth of every judged counter since the oldest reading still in the window
 (mctl.model.gpu.NvLinkWindow); mctl.checks.nvlink_errors judges it. A counter that went backwards
 (driver reload, counter reset, wrap), a tray that rebooted, or a GPU that changed restarts that
 counter's baseline: never a negative rate, never a huge one. Times are the tray's own clock (the
@@ -29,17 +31,20 @@ from mctl.model.tray import TrayFacts
 
 FILE = "signals.json"
 MAX_READINGS = 64                 # per tray: bounded whatever the interval and window
+SPACING = 8                       # readings kept at least window/SPACING apart (the newest always): ~9 a tray
 
 
 @dataclass
 class Reading:
     epoch: float
     boot_id: str | None
-    counters: dict[tuple[str, int, str], int]            # (GPU key, link, counter) -> value
+    counters: dict[tuple[str, int, str], int]            # (GPU key, link, counter) -> value, the non-zero ones
     index: dict[str, int] = field(default_factory=dict)  # GPU key -> its index in that reading
 
 
 def reading_of(facts: TrayFacts) -> Reading | None:
+    """The judged counters of *facts* that are not zero (a GPU in `index` reads zero on every counter it lacks:
+    a healthy tray's reading is its GPU index and nothing else, whatever its number of links)."""
     if not facts.nvlink_counters:
         return None
     epoch = facts.clock.epoch if facts.clock is not None else time.time()
@@ -49,7 +54,7 @@ def reading_of(facts: TrayFacts) -> Reading | None:
         index[g.key] = g.index
         for link, values in g.links.items():
             for name, value in values.items():
-                if judged(name):
+                if value and judged(name):
                     counters[(g.key, link, name)] = value
     return Reading(epoch, facts.boot_id, counters, index)
 
@@ -69,7 +74,11 @@ def compare(old: Reading, new: Reading) -> NvLinkWindow:
             resets.append(f"gpu{new.index.get(gpu, -1)} link{link} {name}")
         elif value > before:
             rates.append(LinkRate(new.index.get(gpu, -1), link, name, value - before, seconds))
-    return NvLinkWindow(seconds=seconds, rates=tuple(rates), resets=tuple(resets))
+    for key in old.counters.keys() - new.counters.keys():
+        gpu, link, name = key
+        if gpu in new.index:                            # back to zero: the counter restarted
+            resets.append(f"gpu{new.index[gpu]} link{link} {name}")
+    return NvLinkWindow(seconds=seconds, rates=tuple(rates), resets=tuple(sorted(resets)))
 
 
 @dataclass
@@ -93,7 +102,7 @@ class SignalMemory:
             if window.resets:                          # a counter that restarted: its baseline is this reading
                 kept = [_rebase(r, new) for r in kept]
             out = replace(out, nvlink_window=window)
-            self.readings[host] = (kept + [new])[-MAX_READINGS:]
+            self.readings[host] = (_thinned(kept, self.window_s / SPACING) + [new])[-MAX_READINGS:]
             self._dirty = True
         before = self.streaks.get(host, {})
         now: dict[tuple[int, str], int] = {}
@@ -148,10 +157,24 @@ class SignalMemory:
             pass
 
 
+def _thinned(readings: list[Reading], spacing: float) -> list[Reading]:
+    """*readings* (oldest first) with those closer than *spacing* to the one kept before them left out: the
+    oldest stays (the window's rate is taken from it), and a tray keeps ~SPACING readings whatever the
+    interval. The window a rate covers is then between (1 - 1/SPACING) and 1 of `nvlink_error_window`."""
+    out: list[Reading] = []
+    for r in readings:
+        if not out or r.epoch - out[-1].epoch >= spacing:
+            out.append(r)
+    return out
+
+
 def _rebase(old: Reading, new: Reading) -> Reading:
     """*old* with every counter that went down since taken from *new* (its baseline restarts)."""
     counters = dict(old.counters)
     for key, value in new.counters.items():
         if key in counters and value < counters[key]:
             counters[key] = value
+    for key in old.counters.keys() - new.counters.keys():
+        if key[0] in new.index:                         # restarted at zero
+            del counters[key]
     return replace(old, counters=counters)

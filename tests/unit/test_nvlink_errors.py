@@ -174,3 +174,31 @@ def test_clock_reasons_not_reported_are_said_so():
     assert not any(g.clock_events.known for g in bare.gpus)
     found = clocks.check(TrayFacts(host="t01", gpus=bare), None, S)
     assert [f.severity for f in found] == [Severity.WARN] and "not reported" in found[0].message
+
+
+def test_the_memory_of_a_tray_stays_small_whatever_the_interval():
+    """The watch keeps ~SPACING readings a tray (the oldest in the window, then one every window/SPACING), and a
+    reading holds only the counters that are not zero: 200 sweeps 5 s apart keep 9 readings, a healthy tray's
+    empty (the chaos soak's watch grew ~0.6 MiB a sweep on 4 trays when every reading of 64 kept every counter)."""
+    from mctl.health.signals import SPACING
+
+    mem = SignalMemory(window_s=600)
+    for i in range(200):
+        mem.see(facts(nvlink5_text({(2, 7, "Rx Errors"): i // 50}), 1000.0 + 5 * i))
+    kept = mem.readings["t01"]
+    assert len(kept) <= SPACING + 2, len(kept)
+    assert all(set(r.counters) <= {(UUIDS[2], 7, "Rx Errors")} for r in kept), kept[-1].counters
+    # the window a rate covers stays most of nvlink_error_window
+    grown = mem.see(facts(nvlink5_text({(2, 7, "Rx Errors"): 9}), 1000.0 + 5 * 200))
+    assert 600 * (1 - 1 / SPACING) <= grown.nvlink_window.seconds <= 600, grown.nvlink_window.seconds
+    oldest = 1000.0 + 5 * 200 - grown.nvlink_window.seconds          # the reading the rate was taken from
+    assert [(r.gpu, r.link, r.delta) for r in grown.nvlink_window.rates] == [(2, 7, 9 - int((oldest - 1000) / 5) // 50)]
+
+
+def test_a_counter_back_to_zero_is_a_restart_and_its_baseline():
+    mem = SignalMemory(window_s=600)
+    mem.see(facts(nvlink5_text({(0, 1, "Rx Errors"): 50}), 0.0))
+    zero = mem.see(facts(nvlink5_text(), 30.0))
+    assert zero.nvlink_window.rates == () and zero.nvlink_window.resets == ("gpu0 link1 Rx Errors",)
+    again = mem.see(facts(nvlink5_text({(0, 1, "Rx Errors"): 2}), 60.0))
+    assert [(r.counter, r.delta) for r in again.nvlink_window.rates] == [("Rx Errors", 2)]
