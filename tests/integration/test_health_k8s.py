@@ -142,37 +142,49 @@ def test_audit_names_the_labels_layer_when_a_nodes_clique_label_is_behind(lab, k
 
 
 def test_host_imex_beside_the_dra_driver_is_refused_by_deploy_and_named_by_the_audit(lab, kube, mctl):
-    """Issue 31.4: the lab's trays run the host nvidia-imex unit (enabled, running). On a Kubernetes site, whose
-    IMEX the DRA driver's ComputeDomains manage, `deploy k8s` names them with the fix and writes nothing, and the
-    audit has one critical imex.host_service finding per tray; a tray stopped and disabled passes both."""
+    """Issue 31.4: on a Kubernetes site, whose IMEX the DRA driver's ComputeDomains manage, a tray with the host
+    nvidia-imex unit enabled (the lab's trays carry the unit; provisioning for Slurm enables and starts it) is
+    named by `deploy k8s` with the fix, and nothing is written; the audit has one critical imex.host_service
+    finding per such tray; a tray stopped and disabled passes both. Each tray's unit is put back as found."""
     from tests.helpers import wait_for
 
+    unit = "nvidia-imex.service"
     trays = lab.trays
-    kube.mark()
-    refused = mctl("deploy", "k8s")
-    assert refused.returncode == 2, refused.stdout + refused.stderr
-    assert "run the host IMEX service where the DRA driver's ComputeDomains manage IMEX" in refused.stderr
-    assert all(f"{t}: host nvidia-imex service is running and enabled at boot" in refused.stderr
-               for t in trays[:6]), refused.stderr
-    assert "systemctl disable --now nvidia-imex.service" in refused.stderr and "nothing was applied" in refused.stderr
-    assert not kube.writes(), kube.writes()
 
-    def host_service() -> dict[str, dict]:
-        proc = mctl("audit", "--json", "--no-health", "--no-history")
-        assert proc.returncode in (0, 1, 3), proc.stderr
-        return {f["host"]: f for f in json.loads(proc.stdout)["findings"] if f["check"] == "imex.host_service"}
+    def state(t: str) -> tuple[bool, bool]:
+        said = lab.run(t, f"systemctl is-enabled {unit}; systemctl is-active {unit}", check=False).stdout.split()
+        return (bool(said) and said[0] == "enabled", len(said) > 1 and said[1] == "active")
 
-    found = host_service()
-    assert sorted(found) == sorted(trays) and all(f["severity"] == "critical" for f in found.values()), found
-    tray = trays[0]
-    lab.run(tray, "systemctl stop nvidia-imex.service && systemctl disable nvidia-imex.service")
+    found_as = {t: state(t) for t in trays}
+    for t in trays:
+        lab.run(t, f"systemctl enable {unit}")
     try:
+        kube.mark()
+        refused = mctl("deploy", "k8s")
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "run the host IMEX service where the DRA driver's ComputeDomains manage IMEX" in refused.stderr
+        assert all(f"{t}: host nvidia-imex service is " in refused.stderr for t in trays[:6]), refused.stderr
+        assert "enabled at boot" in refused.stderr and "nothing was applied" in refused.stderr
+        assert "systemctl disable --now nvidia-imex.service" in refused.stderr
+        assert not kube.writes(), kube.writes()
+
+        def host_service() -> dict[str, dict]:
+            proc = mctl("audit", "--json", "--no-health", "--no-history")
+            assert proc.returncode in (0, 1, 3), proc.stderr
+            return {f["host"]: f for f in json.loads(proc.stdout)["findings"] if f["check"] == "imex.host_service"}
+
         found = host_service()
-        assert tray not in found, found                       # an OK finding is not listed in the report
-        assert sorted(found) == sorted(trays[1:]), found
+        assert sorted(found) == sorted(trays) and all(f["severity"] == "critical" for f in found.values()), found
+        tray = trays[0]
+        lab.run(tray, f"systemctl stop {unit}; systemctl disable {unit}")
+        found = host_service()
+        assert sorted(found) == sorted(trays[1:]), found           # an OK finding is not listed in the report
         again = mctl("--json", "deploy", "k8s", "--dry-run")
         assert again.returncode == 2 and f"{tray}:" not in again.stderr and f"{trays[1]}:" in again.stderr
     finally:
-        lab.run(tray, "systemctl enable nvidia-imex.service && systemctl start nvidia-imex.service")
-        wait_for(f"IMEX READY again on {tray}",
-                 lambda: "READY" in lab.run(tray, "nvidia-imex-ctl -q", check=False).stdout, timeout=120)
+        for t, (enabled, active) in found_as.items():
+            lab.run(t, f"systemctl {'enable' if enabled else 'disable'} {unit}", check=False)
+            if active and not state(t)[1]:
+                lab.run(t, f"systemctl start {unit}", check=False)
+                wait_for(f"IMEX READY again on {t}",
+                         lambda t=t: "READY" in lab.run(t, "nvidia-imex-ctl -q", check=False).stdout, timeout=120)
