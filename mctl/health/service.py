@@ -319,3 +319,76 @@ def catalogue() -> list[dict]:
     from mctl.checks import catalogue as cat
 
     return [cat.to_dict(c) for c in cat.entries()]
+
+
+# ------------------------------------------------------------------ rack escalation (mctl.health.escalation)
+
+def escalation_status(site: "Site", state_dir: Path) -> dict[str, Any]:
+    """Every rack held by escalation (its cause, failed trays, what the hold did), and every rack whose trays
+    are failing without a hold yet (their count against the rule's threshold)."""
+    s = settings_of(site).escalation
+    state = store.load_state(state_dir)
+    held = {r: h.to_dict() for r, h in sorted(state.escalations.items())}
+    watching = {}
+    for r, w in sorted(state.rack_watch.items()):
+        if r in state.escalations or r not in site.racks:
+            continue
+        watching[r] = {"failing": sorted(w.failing), "compute_trays": len(site.racks[r].compute),
+                       "switch_trays_critical": sorted(w.switch), "lifted_at": w.lifted_at}
+    return {"enabled": s.enabled, "rack_share": s.rack_share, "window_s": s.window_s, "min_trays": s.min_trays,
+            "on_switch_tray": s.on_switch_tray, "count_unreachable": s.count_unreachable,
+            "held": held, "watching": watching}
+
+
+def escalation_lift(site: "Site", rack: str, state_dir: Path, *, dry_run: bool = False) -> dict[str, Any]:
+    """Lift rack escalation's hold on *rack*: every tray still holding its reason is resumed (only while the
+    reason is still the escalation's; its grant of the safety budget goes back), the hold leaves the state,
+    and the failures seen so far never escalate the rack again. Idempotent: a rack not held lifts nothing;
+    trays holding the reason in Slurm without a hold in the state (a state moved aside) are lifted too.
+    PartialFailure (exit 3) when a tray could not be resumed: the hold stays, a second lift tries again."""
+    from mctl.health.escalation import LIFT, RackWatch
+    from mctl.model.site import fold
+    from mctl.sched.slurm import drain as sd
+    from mctl.sched.slurm import holds
+    from mctl.sched.slurm.control import controller_run
+
+    if rack not in site.racks:
+        raise UsageError(f"no rack {rack!r} in the inventory", hint=f"racks: {', '.join(sorted(site.racks))}")
+    if site.scheduler is None or site.scheduler.type != "slurm":
+        raise UsageError("rack escalation holds Slurm trays only, and this site's scheduler is not Slurm",
+                         hint="see docs/health.md, \"Rack escalation\"")
+    trays = [h.name for h in site.racks[rack].compute]
+    store.load_state(state_dir)                   # a damaged state file is named before the scheduler is asked
+    _, states = sd.read_nodes(controller_run(site, sd.show_node_command(trays)).stdout)
+    in_slurm = [t for t in trays if t in states and holds.ESCALATION.holds(states[t])]
+    with store.state_lock(state_dir):
+        state = store.load_state(state_dir)
+        hold = state.escalations.get(rack)
+        out: dict[str, Any] = {"rack": rack, "dry_run": dry_run, "held": hold.to_dict() if hold else None,
+                               "trays": in_slurm, "lifted": [], "left": {}}
+        if dry_run or (hold is None and not in_slurm):
+            out["result"] = "not held" if hold is None and not in_slurm else "would lift"
+            return out
+        left = holds.release(site, in_slurm, holds.ESCALATION) if in_slurm else {}
+        lifted = [t for t in in_slurm if t not in left]
+        now = time.time()
+        for t in lifted + [t for t in trays if t not in states or not states[t].drained]:
+            rec = state.records.get(t)
+            if rec is not None and rec.drained and (rec.reason or "").startswith(holds.ESCALATION.prefix):
+                state.records[t] = rec.released(note=None)
+        if not left:
+            state.escalations.pop(rack, None)
+            state.rack_watch[rack] = RackWatch(lifted_at=now)
+        result = "ok" if not left else f"partial: {fold(sorted(left))} not lifted"
+        why = (f"a person lifted the rack hold ({hold.cause})" if hold is not None
+               else "a person lifted the rack hold (none in the state; the reason was in Slurm)")
+        line = store.action_entry(LIFT, None, hold.reason if hold else None, who=store.actor(), result=result,
+                                  why=why, rack=rack, trays=lifted, left=left)
+        store.append_actions(state_dir, [line])
+        store.save_state(state_dir, state)
+    events.outbox(site, state_dir)([line])
+    out.update(lifted=lifted, left=left, result=result)
+    if left:
+        raise PartialFailure(f"rack {rack}: {fold(sorted(left))} not lifted: {'; '.join(sorted(set(left.values())))}",
+                             hint=f"run 'mctl health escalation lift {rack}' again once the controller answers")
+    return out
