@@ -75,7 +75,7 @@ def _racks_of(site, hosts) -> list[str]:
 
 def _print_check(out: render.Output, result, passed: bool) -> None:
     from mctl.cli.health_screen import STYLE
-    from mctl.health.watch import ISOLATE_ACTIONS, LADDER_ACTIONS
+    from mctl.health.watch import ESCALATION_ACTION, ISOLATE_ACTIONS, LADDER_ACTIONS
     from mctl.model.drain import NOTES
 
     rows = []
@@ -100,13 +100,13 @@ def _print_check(out: render.Output, result, passed: bool) -> None:
                 out.line(f"           action: {f.action}")
     if result.remediate:
         verb = "would " if result.dry_run else ""
-        acts = [d for d in result.decisions if d.action in ("drain", "resume", *NOTES,
-                                                            "power-off", *LADDER_ACTIONS, *ISOLATE_ACTIONS)]
+        acts = [d for d in result.decisions if d.action in ("drain", "resume", *NOTES, "power-off", ESCALATION_ACTION,
+                                                            *LADDER_ACTIONS, *ISOLATE_ACTIONS)]
         if not acts:
             out.line("remediation: nothing to do")
         for d in acts:
-            what = f"{verb}{d.action}" if d.action in ("drain", "resume", "power-off", *LADDER_ACTIONS,
-                                                       *ISOLATE_ACTIONS) else d.action
+            what = f"{verb}{d.action}" if d.action in ("drain", "resume", "power-off", ESCALATION_ACTION,
+                                                       *LADDER_ACTIONS, *ISOLATE_ACTIONS) else d.action
             out.line(f"  {what.upper():13} {d.host}  {d.reason or ''}  ({d.why})")
         for e in result.logged:
             if e.action == "breaker-trip":

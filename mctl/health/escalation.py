@@ -31,7 +31,7 @@ from mctl.model.site import fold
 from mctl.sched.slurm.holds import ESCALATION
 
 ESCALATION_PREFIX = ESCALATION.prefix
-ACTION = "rack-escalation"            # the action-log line (and event) of a rack hold
+ACTION = "rack-escalation"            # the action-log line (and event) of a rack hold (the watch: ESCALATION_ACTION)
 LIFT = "rack-escalation-lift"
 SHARE = "share"
 SWITCH = "switch-tray"

@@ -140,9 +140,13 @@ def list_drains(site: "Site", state_dir: Path) -> DrainReport:
                                  "this-mctl" if views is None or (node and node.mctl_drain) else "record-only",
                                  rec.drained_at, rec.full_reason, rec.healthy_streak))
             seen.add(host)
+    from mctl.sched.slurm.holds import ESCALATION
+
     for host, node in sorted((views or {}).items()):
         if host not in seen and node.mctl_drain:
-            rows.append(DrainRow(host, racks.get(host), node.state, node.reason, "mctl (node check or another watch)"))
+            held = racks.get(host) in state.escalations and (node.reason or "").startswith(ESCALATION.prefix)
+            rows.append(DrainRow(host, racks.get(host), node.state, node.reason,
+                                 "rack escalation (this mctl)" if held else "mctl (node check or another watch)"))
     return DrainReport(rows, error, state.breaker.to_dict(), budget_summary(site, budget) if budget else None)
 
 

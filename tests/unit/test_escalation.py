@@ -222,3 +222,9 @@ def test_not_slurm_says_so_once_and_holds_nothing(tmp_path, monkeypatch):
     assert len(lines) == 1 and resp_mod.NOT_SLURM in (lines[0].why or "")
     assert asyncio.run(r.respond(_ctx(tmp_path, verdicts, scheduler="k8s"), state)) == []
     assert state.escalations == {}
+
+
+def test_the_watch_and_the_check_name_the_same_action():
+    from mctl.health.watch import ESCALATION_ACTION
+
+    assert ESCALATION_ACTION == escalation.ACTION
