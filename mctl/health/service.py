@@ -346,7 +346,8 @@ def escalation_status(site: "Site", state_dir: Path) -> dict[str, Any]:
 
 def escalation_lift(site: "Site", rack: str, state_dir: Path, *, dry_run: bool = False) -> dict[str, Any]:
     """Lift rack escalation's hold on *rack*: every tray still holding its reason is resumed (only while the
-    reason is still the escalation's; its grant of the safety budget goes back), the hold leaves the state,
+    reason is still the escalation's; its grant of the safety budget goes back; Kubernetes: mctl's rack taint
+    removed from the nodes that carry it, nothing else), the hold leaves the state,
     and the failures seen so far never escalate the rack again. Idempotent: a rack not held lifts nothing;
     trays holding the reason in Slurm without a hold in the state (a state moved aside) are lifted too.
     PartialFailure (exit 3) when a tray could not be resumed: the hold stays, a second lift tries again."""
@@ -358,25 +359,44 @@ def escalation_lift(site: "Site", rack: str, state_dir: Path, *, dry_run: bool =
 
     if rack not in site.racks:
         raise UsageError(f"no rack {rack!r} in the inventory", hint=f"racks: {', '.join(sorted(site.racks))}")
-    if site.scheduler is None or site.scheduler.type != "slurm":
-        raise UsageError("rack escalation holds Slurm trays only, and this site's scheduler is not Slurm",
+    if site.scheduler is None or site.scheduler.type not in ("slurm", "k8s"):
+        raise UsageError("rack escalation holds trays in Slurm or Kubernetes, and this site has neither",
                          hint="see docs/health.md, \"Rack escalation\"")
     trays = [h.name for h in site.racks[rack].compute]
     store.load_state(state_dir)                   # a damaged state file is named before the scheduler is asked
-    _, states = sd.read_nodes(controller_run(site, sd.show_node_command(trays)).stdout)
-    in_slurm = [t for t in trays if t in states and holds.ESCALATION.holds(states[t])]
+    if site.scheduler.type == "k8s":
+        from mctl.sched.k8s.cordon import k8s_adapter
+
+        adapter = k8s_adapter(site, trays, store.actor())
+        try:
+            holding = adapter.rack_holds(trays)
+        except SchedulerUnreachable as exc:
+            raise EnvironmentProblem(f"the Kubernetes API did not answer: {exc}") from None
+        states: dict = {}
+
+        def release(names):
+            try:
+                return adapter.lift_rack(names)[1]
+            except SchedulerUnreachable as exc:
+                return {t: f"the Kubernetes API did not answer: {exc}" for t in names}
+    else:
+        _, states = sd.read_nodes(controller_run(site, sd.show_node_command(trays)).stdout)
+        holding = [t for t in trays if t in states and holds.ESCALATION.holds(states[t])]
+
+        def release(names):
+            return holds.release(site, names, holds.ESCALATION)
     with store.state_lock(state_dir):
         state = store.load_state(state_dir)
         hold = state.escalations.get(rack)
         out: dict[str, Any] = {"rack": rack, "dry_run": dry_run, "held": hold.to_dict() if hold else None,
-                               "trays": in_slurm, "lifted": [], "left": {}}
-        if dry_run or (hold is None and not in_slurm):
-            out["result"] = "not held" if hold is None and not in_slurm else "would lift"
+                               "trays": holding, "lifted": [], "left": {}}
+        if dry_run or (hold is None and not holding):
+            out["result"] = "not held" if hold is None and not holding else "would lift"
             return out
-        left = holds.release(site, in_slurm, holds.ESCALATION) if in_slurm else {}
-        lifted = [t for t in in_slurm if t not in left]
+        left = release(holding) if holding else {}
+        lifted = [t for t in holding if t not in left]
         now = time.time()
-        for t in lifted + [t for t in trays if t not in states or not states[t].drained]:
+        for t in lifted + [t for t in trays if states and (t not in states or not states[t].drained)]:
             rec = state.records.get(t)
             if rec is not None and rec.drained and (rec.reason or "").startswith(holds.ESCALATION.prefix):
                 state.records[t] = rec.released(note=None)
@@ -385,7 +405,7 @@ def escalation_lift(site: "Site", rack: str, state_dir: Path, *, dry_run: bool =
             state.rack_watch[rack] = RackWatch(lifted_at=now)
         result = "ok" if not left else f"partial: {fold(sorted(left))} not lifted"
         why = (f"a person lifted the rack hold ({hold.cause})" if hold is not None
-               else "a person lifted the rack hold (none in the state; the reason was in Slurm)")
+               else "a person lifted the rack hold (none in the state; the scheduler still had it)")
         line = store.action_entry(LIFT, None, hold.reason if hold else None, who=store.actor(), result=result,
                                   why=why, rack=rack, trays=lifted, left=left)
         store.append_actions(state_dir, [line])

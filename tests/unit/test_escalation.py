@@ -170,7 +170,8 @@ def _ctx(tmp_path, verdicts, *, scheduler="slurm", findings=()):
     site = SimpleNamespace(name="s", racks={"r1": rack}, scheduler=SimpleNamespace(type=scheduler))
     result = SimpleNamespace(verdicts=verdicts, findings=list(findings), scheduler=scheduler)
     return SimpleNamespace(settings=ON, scope=SimpleNamespace(racks=["r1"]), now=T0, site=site, who="t",
-                           result=result, decisions=[], actuator=Actuator(tmp_path, "t", {}))
+                           result=result, decisions=[], actuator=Actuator(tmp_path, "t", {}),
+                           scheduler=SimpleNamespace(kind=scheduler))
 
 
 def test_the_responder_takes_one_hold_with_one_result_line_and_retags_own_drains(tmp_path, monkeypatch):
@@ -213,15 +214,79 @@ def test_a_hold_the_controller_did_not_take_is_sent_again(tmp_path, monkeypatch)
     assert [ln.result for ln in lines] == ["ok"]
 
 
-def test_not_slurm_says_so_once_and_holds_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(holds, "hold_rack", lambda *a: pytest.fail("no hold on Kubernetes"))
+def test_a_scheduler_without_rack_holds_says_so_once_and_holds_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(holds, "hold_rack", lambda *a: pytest.fail("no Slurm hold here"))
     state = store.HealthState("s")
     verdicts = [_v(t, crit=True) for t in TRAYS]
     r = EscalationResponder()
-    lines = asyncio.run(r.respond(_ctx(tmp_path, verdicts, scheduler="k8s"), state))
-    assert len(lines) == 1 and resp_mod.NOT_SLURM in (lines[0].why or "")
-    assert asyncio.run(r.respond(_ctx(tmp_path, verdicts, scheduler="k8s"), state)) == []
+    lines = asyncio.run(r.respond(_ctx(tmp_path, verdicts, scheduler="other"), state))
+    assert len(lines) == 1 and resp_mod.NO_HOLD in (lines[0].why or "")
+    assert asyncio.run(r.respond(_ctx(tmp_path, verdicts, scheduler="other"), state)) == []
     assert state.escalations == {}
+
+
+# ------------------------------------------------------------------ Kubernetes: mctl's rack taint
+
+class _Nodes:
+    """A stand-in for the API server's Nodes: get, and a JSON merge patch of annotations and taints."""
+
+    def __init__(self, names, *, conflicts=0):
+        self.nodes = {n: {"metadata": {"name": n, "resourceVersion": "1", "annotations": {"other/x": "y"}},
+                          "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}} for n in names}
+        self.conflicts = conflicts
+        self.patches = []
+
+    def get(self, kind, name):
+        return self.nodes.get(name)
+
+    def merge_patch(self, kind, name, namespace, patch):
+        from mctl.sched.k8s.client import ApiError
+
+        if self.conflicts:
+            self.conflicts -= 1
+            raise ApiError(409, "conflict")
+        self.patches.append((name, patch))
+        node = self.nodes[name]
+        for k, v in patch["metadata"]["annotations"].items():
+            if v is None:
+                node["metadata"]["annotations"].pop(k, None)
+            else:
+                node["metadata"]["annotations"][k] = v
+        node["spec"]["taints"] = patch["spec"]["taints"] or []
+        assert "unschedulable" not in patch["spec"]            # the rack hold never cordons
+
+
+def test_kubernetes_rack_hold_is_mctls_own_taint_and_the_lift_removes_only_it():
+    from mctl.sched.k8s.cordon import RACK_REASON, RACK_TAINT_KEY, K8sAdapter
+
+    api = _Nodes(TRAYS, conflicts=1)
+    adapter = K8sAdapter(api, TRAYS, "mctl.io/unhealthy=true:NoSchedule", "t")
+    held, left, error = adapter.hold_rack("r1", TRAYS[:2], "mctl: rack escalated: 3 of 4 trays failed: why")
+    assert (held, left, error) == (TRAYS[:2], {}, None)                  # a 409 is read and patched again
+    node = api.nodes["r1-t1"]
+    assert {"key": RACK_TAINT_KEY, "value": "r1", "effect": "NoSchedule"} in node["spec"]["taints"]
+    assert {"key": "nvidia.com/gpu", "effect": "NoSchedule"} in node["spec"]["taints"]     # others' stay
+    assert node["metadata"]["annotations"][RACK_REASON].startswith("mctl: rack escalated")
+    assert api.patches[0][1]["metadata"]["resourceVersion"] == "1"
+    assert adapter.rack_holds(TRAYS) == TRAYS[:2]
+    lifted, left = adapter.lift_rack(TRAYS)
+    assert lifted == TRAYS and left == {}
+    assert node["spec"]["taints"] == [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]
+    assert node["metadata"]["annotations"] == {"other/x": "y"}
+    assert len(api.patches) == 4                                          # trays without the taint: untouched
+
+
+def test_the_responder_holds_a_kubernetes_rack_through_the_adapter(tmp_path):
+    from mctl.sched.k8s.cordon import RACK_TAINT_KEY, K8sAdapter
+
+    api = _Nodes(TRAYS)
+    ctx = _ctx(tmp_path, [_v(t, crit=t != "r1-t4") for t in TRAYS], scheduler="k8s")
+    ctx.scheduler = K8sAdapter(api, TRAYS, "mctl.io/unhealthy=true:NoSchedule", "t")
+    state = store.HealthState("s")
+    lines = asyncio.run(EscalationResponder().respond(ctx, state))
+    assert [(ln.action, ln.result) for ln in lines] == [(escalation.ACTION, "ok")]
+    assert all(any(t["key"] == RACK_TAINT_KEY for t in api.nodes[n]["spec"]["taints"]) for n in TRAYS)
+    assert state.escalations["r1"].held == tuple(TRAYS)
 
 
 def test_the_watch_and_the_check_name_the_same_action():

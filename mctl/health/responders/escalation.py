@@ -13,8 +13,9 @@ and named. Each tray asks the safety budget for a grant, counted, never held bac
 While a rack is held, the drain responder leaves its trays alone (no drain, no resume): the hold is
 lifted by a person, `mctl health escalation lift RACK` (mctl.health.service), never by the watch. A hold
 whose script failed (the controller did not answer) is sent again on the next sweep (idempotent: a tray
-holding the reason already is counted held). Kubernetes sites: not done (one note says so; the trays are
-drained one by one as before).
+holding the reason already is counted held). On Kubernetes the hold is mctl's own taint on each node of
+the rack (`mctl.io/rack-escalated=<rack>:NoSchedule`, its cause in an annotation; mctl.sched.k8s.cordon),
+the watch's own cordons left as they are.
 """
 
 from __future__ import annotations
@@ -29,8 +30,27 @@ from mctl.health.responders import Context, Responder
 from mctl.model.drain import SKIP, Decision
 from mctl.model.site import fold
 
-NOT_SLURM = ("rack escalation holds Slurm trays only; on this scheduler the trays are drained one by one "
-             "(through the circuit breaker)")
+NO_HOLD = ("this scheduler takes no rack hold (Slurm and Kubernetes do); the trays are drained one by one "
+           "(through the circuit breaker)")
+
+
+def _kind(ctx: Context) -> str | None:
+    return getattr(ctx.scheduler, "kind", None) or getattr(ctx.site.scheduler, "type", None)
+
+
+def _backend(ctx: Context):
+    """hold(rack hold, trays, the watch's own drains) -> (held, {tray: why not}, None or why no answer): Slurm's
+    one guarded script (mctl.sched.slurm.holds.hold_rack), or Kubernetes' rack taint (mctl.sched.k8s.cordon);
+    None where the scheduler takes no rack hold."""
+    kind, site = _kind(ctx), ctx.site
+    if kind == "slurm":
+        from mctl.sched.slurm import holds
+
+        return lambda hold, trays, own: holds.hold_rack(site, hold.rack, trays, hold.reason, own)
+    if kind == "k8s" and hasattr(ctx.scheduler, "hold_rack"):
+        adapter = ctx.scheduler
+        return lambda hold, trays, own: adapter.hold_rack(hold.rack, trays, f"{hold.reason}: {hold.cause}")
+    return None
 
 
 def racks_in_scope(ctx: Context) -> list[str]:
@@ -68,13 +88,12 @@ class EscalationResponder(Responder):
         if not ctx.settings.escalation.enabled:
             return []
         triggers = self._observe(ctx, state)
-        slurm = ctx.result.scheduler == "slurm" or getattr(ctx.site.scheduler, "type", None) == "slurm"
-        notes: list[store.ActionEntry] = []
-        if not slurm:
+        if _backend(ctx) is None:
+            notes: list[store.ActionEntry] = []
             for name, trig in triggers:
                 if self.said.get(name) != trig.kind:
                     self.said[name] = trig.kind
-                    d = Decision(name, SKIP, f"{trig.cause}; {NOT_SLURM}", rack=name, at=ctx.now)
+                    d = Decision(name, SKIP, f"{trig.cause}; {NO_HOLD}", rack=name, at=ctx.now)
                     notes.append(store.note_entry(d, who=ctx.who))
                     ctx.decisions.append(d)
             return await ctx.actuator.run(state, [], before=notes)
@@ -92,12 +111,10 @@ class EscalationResponder(Responder):
                if t in state.records and state.records[t].drained and state.records[t].reason
                and not state.records[t].reason.startswith(escalation.ESCALATION_PREFIX)}
         d = Decision(hold.rack, escalation.ACTION, hold.cause, reason=hold.reason, rack=hold.rack, at=ctx.now)
-        site = ctx.site
+        backend, retags = _backend(ctx), _kind(ctx) == "slurm"
 
         async def run(go) -> Done:
-            from mctl.sched.slurm import holds
-
-            held, left, error = await asyncio.to_thread(holds.hold_rack, site, hold.rack, trays, hold.reason, own)
+            held, left, error = await asyncio.to_thread(backend, hold, trays, own)
             if error is not None:
                 result = f"failed: {error} (sent again next sweep)"
             elif left:
@@ -115,14 +132,14 @@ class EscalationResponder(Responder):
             state.escalations[hold.rack] = replace(now_hold, result="ok" if error is None else done.result,
                                                    held=tuple(held) if error is None else now_hold.held,
                                                    left=dict(left) if error is None else now_hold.left)
-            if error is None:
-                for t in held:      # the watch's own drains now carry the rack's reason
+            if error is None and retags:
+                for t in held:      # Slurm: the watch's own drains now carry the rack's reason
                     rec = state.records.get(t)
                     if rec is not None and rec.drained:
                         state.records[t] = replace(rec, reason=hold.reason, note=None)
             return []
 
-        return Act(d, run=run, settle=settle, fields={"trays": trays})
+        return Act(d, run=run, settle=settle, fields={"trays": trays, "scheduler": _kind(ctx)})
 
     def dry_run(self, ctx: Context, state: store.HealthState) -> list[Decision]:
         if not ctx.settings.escalation.enabled:
