@@ -402,7 +402,8 @@ def escalation_lift(site: "Site", rack: str, state_dir: Path, *, dry_run: bool =
                 state.records[t] = rec.released(note=None)
         if not left:
             state.escalations.pop(rack, None)
-            state.rack_watch[rack] = RackWatch(lifted_at=now)
+            seen = state.rack_watch.get(rack) or RackWatch()
+            state.rack_watch[rack] = RackWatch(seen.failing, seen.switch, lifted_at=now)   # those never count again
         result = "ok" if not left else f"partial: {fold(sorted(left))} not lifted"
         why = (f"a person lifted the rack hold ({hold.cause})" if hold is not None
                else "a person lifted the rack hold (none in the state; the scheduler still had it)")

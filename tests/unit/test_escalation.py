@@ -103,9 +103,13 @@ def test_a_held_rack_never_triggers_twice_and_a_lift_needs_new_failures():
     assert trig is not None
     watch, trig = _sweep(watch, TRAYS, held=True, now=T0 + 10)
     assert trig is None and len(watch.failing) == 4           # still remembered while held
-    lifted = RackWatch(lifted_at=T0 + 20)
-    watch, trig = _sweep(lifted, TRAYS, now=T0 + 20)
+    lifted = replace(watch, lifted_at=T0 + 20)               # what the lift keeps (mctl.health.service)
+    watch, trig = _sweep(lifted, TRAYS, now=T0 + 30)
     assert trig is None                                       # the failures the lift saw do not escalate again
+    watch, trig = _sweep(watch, ["r1-t2", "r1-t3", "r1-t4"], now=T0 + 40)
+    assert trig is None and "r1-t1" not in watch.failing      # t1 recovered ...
+    watch, trig = _sweep(watch, TRAYS, now=T0 + 50)
+    assert trig is None                                       # ... and failing again is one new failure: 1 of 4
     watch, trig = _sweep(RackWatch({"r1-t1": T0 + 30}, lifted_at=T0 + 20), TRAYS[:3], now=T0 + 40)
     assert trig is not None and trig.trays == ("r1-t1", "r1-t2", "r1-t3")     # new failures do
 
