@@ -198,8 +198,9 @@ def observe(watch: RackWatch | None, compute: Sequence[str], switches: Sequence[
 def held_back_early(watch: RackWatch | None, tray: str, batch_failing: int, settings) -> bool:
     """A tray whose own answer wants a drain waits for the end of the sweep instead of being drained at once
     (the drain responder's early drains) when its rack may escalate: another tray of it failed within the
-    window, or another of this batch of answers wants a drain too. The first failure of a rack keeps the
-    early drain; a rack failing as a whole is decided with all its answers in."""
+    window, or *batch_failing* (the rack's trays wanting a drain in this batch of answers, and those drained
+    earlier in this sweep, the tray included) is more than one. The first failure of a rack keeps the early
+    drain; a rack failing as a whole is decided with all its answers in."""
     e = settings.escalation
     if not e.enabled:
         return False

@@ -208,7 +208,9 @@ class DrainResponder(Responder):
                 step = policy.decide_tray(prev, v, nodes.get(host), s, answered=True, now=now)
                 if step.want is not None and v.rack not in state.escalations:
                     steps.append((host, v, prev, step))
-            per_rack = Counter(v.rack for _h, v, _p, _s in steps)
+            # trays of a rack wanting a drain in this batch, and those of it drained earlier in this sweep
+            per_rack = Counter(v.rack for _h, v, _p, _s in steps) + Counter(
+                records[h].rack for h in early.before if h in records)
             for host, v, prev, step in steps:
                 if escalation.held_back_early(state.rack_watch.get(v.rack or ""), host, per_rack[v.rack], s):
                     continue        # its rack may escalate: the end of the sweep decides it with the rack's answers
