@@ -297,3 +297,39 @@ def test_the_watch_and_the_check_name_the_same_action():
     from mctl.health.watch import ESCALATION_ACTION
 
     assert ESCALATION_ACTION == escalation.ACTION
+
+
+# ------------------------------------------------------------------ the inventory's boundary
+
+def test_health_escalation_from_the_inventory_and_its_refusals_at_file_line(tmp_path):
+    from pathlib import Path
+
+    from mctl.inventory import validate_inventory
+
+    repo = Path(__file__).resolve().parents[2]
+    base = (repo / "inventories" / "example-gb200" / "mctl.yml").read_text().replace(
+        "images_dir: ../../images", f"images_dir: {repo / 'images'}")
+
+    def check(block: str):
+        text = base.replace("health:\n", "health:\n  escalation:\n" + "".join(f"    {b}\n" for b in block.splitlines()), 1)
+        folder = tmp_path / f"site{len(list(tmp_path.iterdir()))}"
+        folder.mkdir()
+        (folder / "mctl.yml").write_text(text)
+        return text, validate_inventory(folder)
+
+    _, (site, problems) = check("enabled: true\nrack_share: 0.75\nwindow: 30m\nmin_trays: 3\non_switch_tray: false")
+    assert problems == []
+    e = site.health.escalation
+    assert (e.enabled, e.rack_share, e.window_s, e.min_trays, e.on_switch_tray, e.count_unreachable) == \
+        (True, 0.75, 1800.0, 3, False, False)
+    assert HealthSettings.from_dict(site.health.to_dict()).escalation == e       # travels as JSON and back
+    for block, field, words in (("rack_share: 1", "health.escalation.rack_share", "0.99"),
+                                ("window: 10 min", "health.escalation.window", "pattern"),
+                                ("min_trays: 0", "health.escalation.min_trays", "greater than or equal"),
+                                ("rack_shar: 0.5", "health.escalation.rack_shar", "")):
+        text, (_, problems) = check(block)
+        (p,) = [p for p in problems if p.field == field]
+        assert p.line == next(i for i, ln in enumerate(text.split("\n"), 1) if block.split(":")[0] + ":" in ln)
+        assert words in p.message
+    with pytest.raises(ValueError, match="unknown health.escalation setting 'share'"):
+        HealthSettings.from_dict({"escalation": {"share": 0.5}})
