@@ -202,6 +202,9 @@ def test_the_responder_takes_one_hold_with_one_result_line_and_retags_own_drains
     assert state.records["r1-t1"].reason == hold.reason                  # the watch's drain carries the rack's reason
     log = [e.action for e in store.read_actions(tmp_path)]
     assert log == ["intent", escalation.ACTION]
+    from mctl.health import events
+    (event,) = events.action_events(lines, site="s")            # the one event, to the documented schema
+    assert events.schema_problems(event) == [] and event["action"] == escalation.ACTION and event["rack"] == "r1"
     lines = asyncio.run(r.respond(_ctx(tmp_path, verdicts), state))      # held: nothing more
     assert lines == [] and len(calls) == 1
 
