@@ -336,3 +336,27 @@ def test_health_escalation_from_the_inventory_and_its_refusals_at_file_line(tmp_
         assert words in p.message
     with pytest.raises(ValueError, match="unknown health.escalation setting 'share'"):
         HealthSettings.from_dict({"escalation": {"share": 0.5}})
+
+
+def test_a_held_racks_trays_get_no_rung_of_the_ladder_and_no_isolation(monkeypatch):
+    from mctl.health import isolate, ladder
+    from mctl.health.responders.isolation import IsolationResponder
+    from mctl.health.responders.ladder import LadderResponder
+
+    seen = {}
+    monkeypatch.setattr(ladder, "decide", lambda records, obs, *a, **k: seen.setdefault("rungs for", obs))
+    monkeypatch.setattr(isolate, "decide", lambda records, verdicts, *a, **k: seen.setdefault(
+        "isolations for", [v.host for v in verdicts]))
+    state = store.HealthState("s", {"r1-t1": TrayRecord("r1-t1", "r1", drained=True, reason="mctl: x"),
+                                    "r2-t1": TrayRecord("r2-t1", "r2", drained=True, reason="mctl: x")},
+                              escalations={"r1": RackHold("r1", "share", "c", "mctl: rack escalated: x", (), T0)})
+    r = LadderResponder.__new__(LadderResponder)
+    r._observations = lambda result, records: sorted(records)
+    r._burn_status = lambda records: {}
+    r.settings = ON
+    ctx = SimpleNamespace(result=SimpleNamespace(verdicts=[replace(_v("r1-t1", crit=True)),
+                                                           replace(_v("r2-t1", crit=True), rack="r2")]),
+                          settings=ON, sizes={}, site=SimpleNamespace(racks={}))
+    r._decide(ctx, state, T0)
+    IsolationResponder._decide(None, ctx, state, T0)
+    assert seen == {"rungs for": ["r2-t1"], "isolations for": ["r2-t1"]}
