@@ -59,7 +59,8 @@ class RackWatch:
         if not isinstance(failing, Mapping) or not all(_number(v) for v in failing.values()):
             raise ValueError("failing must map trays to times")
         if not isinstance(switch, Mapping) or not all(
-                isinstance(v, list) and len(v) == 2 and _number(v[0]) and isinstance(v[1], int) for v in switch.values()):
+                isinstance(v, list) and len(v) == 2 and _number(v[0]) and isinstance(v[1], int)
+                for v in switch.values()):
             raise ValueError("switch must map switch trays to [since, sweeps]")
         if lifted is not None and not _number(lifted):
             raise ValueError("lifted_at must be a time")

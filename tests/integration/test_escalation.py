@@ -74,7 +74,8 @@ def test_most_of_a_rack_failing_takes_one_rack_hold_lifted_by_one_command(lab, e
         assert "breaker-trip" not in [e["action"] for e in logged]
         budget = json.loads(mctl("--json", "health", "breaker", "status").stdout)["budget"]
         # counted where it fits (the lab's 4-tray rack: 1 grant), never held back, never tripped (D-escalate-2)
-        assert budget["tripped"] is None and len(budget["racks"]["lab-r1"]["held"]) == budget["racks"]["lab-r1"]["limit"]
+        rack = budget["racks"]["lab-r1"]
+        assert budget["tripped"] is None and len(rack["held"]) == rack["limit"]
         status = json.loads(mctl("--json", "health", "escalation", "status").stdout)
         assert list(status["held"]) == ["lab-r1"] and status["held"]["lab-r1"]["reason"] == REASON
 

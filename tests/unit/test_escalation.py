@@ -196,7 +196,8 @@ def test_the_responder_takes_one_hold_with_one_result_line_and_retags_own_drains
     line = lines[0].to_dict()
     assert line["rack"] == "r1" and line["failed"] == ["r1-t1", "r1-t2", "r1-t3"] and line["trays"] == TRAYS
     assert line["held"] == ["r1-t1", "r1-t2", "r1-t3"] and line["cause"] == "share"
-    assert line["result"].startswith("partial: 3 of 4 held") and line["left"] == {"r1-t4": "left alone: the node is DOWN"}
+    assert line["result"].startswith("partial: 3 of 4 held")
+    assert line["left"] == {"r1-t4": "left alone: the node is DOWN"}
     hold = state.escalations["r1"]
     assert hold.result == "ok" and hold.held == ("r1-t1", "r1-t2", "r1-t3")
     assert state.records["r1-t1"].reason == hold.reason                  # the watch's drain carries the rack's reason
@@ -314,7 +315,8 @@ def test_health_escalation_from_the_inventory_and_its_refusals_at_file_line(tmp_
         "images_dir: ../../images", f"images_dir: {repo / 'images'}")
 
     def check(block: str):
-        text = base.replace("health:\n", "health:\n  escalation:\n" + "".join(f"    {b}\n" for b in block.splitlines()), 1)
+        indented = "".join(f"    {b}\n" for b in block.splitlines())
+        text = base.replace("health:\n", "health:\n  escalation:\n" + indented, 1)
         folder = tmp_path / f"site{len(list(tmp_path.iterdir()))}"
         folder.mkdir()
         (folder / "mctl.yml").write_text(text)

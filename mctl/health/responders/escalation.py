@@ -61,7 +61,7 @@ class EscalationResponder(Responder):
     name = "escalation"
 
     def __init__(self) -> None:
-        self.said: dict[str, str] = {}      # rack -> the note last said about it (a non-Slurm site: once per change)
+        self.said: dict[str, str] = {}      # rack -> the kind last noted (a scheduler without holds: once a change)
 
     def _observe(self, ctx: Context, state: store.HealthState) -> list[tuple[str, "escalation.Trigger"]]:
         """Each rack's memory advanced by this sweep; the racks that must be held now (not held yet)."""
