@@ -22,6 +22,7 @@ from mctl.health import store
 from mctl.health.actuator import Actuator
 from mctl.health.responders import Context
 from mctl.health.responders.drain import DrainResponder, EarlyDrains, scheduler_batch
+from mctl.health.responders.escalation import EscalationResponder
 from mctl.health.responders.leak import POWER_OFF_DEADLINE_MIN, LeakResponder, power_off_batch
 from mctl.health.site_view import Scope, expectations, partition_plan, rack_sizes
 from mctl.health.sweep import BMC_DEADLINE_MIN, SweepResult, Sweeper
@@ -117,6 +118,7 @@ class Engine:
         self._inventory_stamp = _stamp_of(site.file)
         self.sweeper = Sweeper(self)
         # What the watch does about a sweep, in this order (mctl.health.responders): a new responder plugs in here.
+        self.escalation = EscalationResponder()
         self.drains = DrainResponder()
         self.leaks = LeakResponder()
         # Events out (mctl/health/events.py, docs/events.md): every finding change and every action, from here;
@@ -201,9 +203,10 @@ class Engine:
                        self.oob_problem, self.partitions_changed)
 
     def responders(self) -> list:
-        """What mctl does about a sweep, in this order: drains and resumes first (a critical leak's drain
-        too), then the leaks' power-offs, the recovery ladder, isolation."""
-        return [r for r in (self.drains, self.leaks, self.ladder, self.isolator) if r is not None]
+        """What mctl does about a sweep, in this order: a rack's hold first (rack escalation: its trays are then
+        the hold's, not the drains'), drains and resumes (a critical leak's drain too), then the leaks'
+        power-offs, the recovery ladder, isolation."""
+        return [r for r in (self.escalation, self.drains, self.leaks, self.ladder, self.isolator) if r is not None]
 
     async def respond(self, result: SweepResult, early: EarlyDrains | None = None) -> None:
         """What mctl does about the sweep: every responder, in order, under the state lock."""
@@ -216,7 +219,8 @@ class Engine:
             decisions = []
             for r in self.responders():
                 decisions += r.dry_run(ctx, state)
-            self._dry_state = store.HealthState(self.site.name, state.records, state.breaker)
+            self._dry_state = store.HealthState(self.site.name, state.records, state.breaker,
+                                                escalations=state.escalations, rack_watch=state.rack_watch)
             result.decisions, result.records, result.breaker = decisions, state.records, state.breaker
             return
         self.drains.early = early

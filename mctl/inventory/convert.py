@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 from mctl.errors import UsageError
 from mctl.inventory.schema import BMCSpec, HealthSpec, NMXSpec, SafetySpec, SchedulerSpec, SSHSpec
 from mctl.model.findings import Severity
-from mctl.model.settings import (FABRIC_FLAG_DEFAULTS, BMCSettings, BudgetSettings, EventSink, HealthSettings,
-                                 K8sSettings, LadderSettings, NMXSettings, SafetySettings, SchedulerSettings,
-                                 SlurmSettings, SSHSettings, parse_duration, parse_subcodes)
+from mctl.model.settings import (FABRIC_FLAG_DEFAULTS, BMCSettings, BudgetSettings, EscalationSettings, EventSink,
+                                 HealthSettings, K8sSettings, LadderSettings, NMXSettings, SafetySettings,
+                                 SchedulerSettings, SlurmSettings, SSHSettings, parse_duration, parse_subcodes)
 
 T = TypeVar("T")
 
@@ -133,6 +133,11 @@ def health_settings(spec: HealthSpec) -> HealthSettings:
         metrics_port=spec.metrics_port,
         metrics_listen=str(spec.metrics_listen),
         ladder=ladder_settings(spec.ladder),
+        escalation=EscalationSettings(
+            enabled=bool(spec.escalation.enabled), rack_share=float(spec.escalation.rack_share),
+            window_s=parse_duration(spec.escalation.window), min_trays=int(spec.escalation.min_trays),
+            on_switch_tray=bool(spec.escalation.on_switch_tray),
+            count_unreachable=bool(spec.escalation.count_unreachable)),
         isolate=bool(spec.isolate.enabled),
         isolate_to=str(spec.isolate.to),
         events=tuple(event_sink(e) for e in spec.events),

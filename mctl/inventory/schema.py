@@ -180,6 +180,17 @@ class LeakSpec(Spec):
                     hint="power-off (the switch tray alone), rack (the whole rack, in order) or alert")
 
 
+class EscalationSpec(Spec):
+    # Rack-level escalation (docs/health.md "Rack escalation"; mctl/health/escalation.py): off unless the site
+    # turns it on (D-escalate-1).
+    enabled = F(bool, False, hint=_BOOL)
+    rack_share = F(float, 0.5, gt=0, le=0.99, hint="a share of the rack's compute trays, above 0 and at most 0.99")
+    window = F(str, "10m", pattern=DURATION_PATTERN, hint=_DURATION)   # each failure begun within it counts
+    min_trays = F(int, 2, ge=1, le=72)                        # at least this many failed trays
+    on_switch_tray = F(bool, True, hint=_BOOL)                # a failed switch tray escalates its rack
+    count_unreachable = F(bool, False, hint=_BOOL)            # unreachable trays count as failed
+
+
 class LadderSpec(Spec):
     # The recovery ladder (docs/health.md "The recovery ladder"; mctl/health/ladder.py): every rung opt-in.
     gpu_reset = F(bool, False)                               # nvidia-smi -r on an idle tray whose XIDs say reset
@@ -274,6 +285,7 @@ class HealthSpec(Spec):
     leak = F(LeakSpec, factory=LeakSpec)
 
     ladder = F(LadderSpec, factory=LadderSpec)
+    escalation = F(EscalationSpec, factory=EscalationSpec)
     isolate = F(IsolateSpec, factory=IsolateSpec)
     events = F(ListOf(EventSinkSpec), factory=list)          # finding changes and actions out (docs/events.md)
 

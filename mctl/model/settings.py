@@ -98,6 +98,22 @@ LADDER_BURN_IN = ("off", "quick", "medium", "long")
 
 
 @dataclass(frozen=True)
+class EscalationSettings:
+    """Rack-level escalation (mctl/health/escalation.py; docs/health.md "Rack escalation"): one hold on a
+    rack's trays, instead of drains one by one until the breaker stops them, when more than `rack_share`
+    of its compute trays fail within `window_s` or a switch tray of it fails. Off by default: a fault on
+    most of a rack at once is also what a bad check or driver rollout looks like, and the breaker's stop
+    is the safe answer to that until a site trusts its checks (D-escalate-1)."""
+
+    enabled: bool = False
+    rack_share: float = 0.5                 # more than this share of a rack's compute trays failed: the rack
+    window_s: float = 600.0                 # ... each failure begun within this long (a correlated event)
+    min_trays: int = 2                      # ... and at least this many of them (a 1-tray rack never escalates)
+    on_switch_tray: bool = True             # a switch tray critical for confirm_sweeps sweeps: the rack
+    count_unreachable: bool = False         # an unreachable tray counts as failed (default: never)
+
+
+@dataclass(frozen=True)
 class LadderSettings:
     """The recovery ladder (mctl/health/ladder.py; docs/health.md "The recovery ladder"): every rung off
     by default; a site turns on the ones it wants under `health.ladder` in mctl.yml."""
@@ -269,6 +285,7 @@ class HealthSettings:
     metrics_port: int | None = None         # HTTP /metrics on metrics_listen
     metrics_listen: str = "127.0.0.1"       # address /metrics binds (an IP; checked at the CLI)
     ladder: LadderSettings = field(default_factory=LadderSettings)   # the recovery ladder (all rungs off)
+    escalation: EscalationSettings = field(default_factory=EscalationSettings)   # one hold per failing rack
     # isolate a tray drained for a hardware fault from its NVLink partition (mctl/health/isolate.py)
     isolate: bool = False
     isolate_to: str = "quarantine"          # quarantine | default (as `mctl partition isolate --to`)
@@ -344,6 +361,12 @@ class HealthSettings:
                              f"{', '.join(LEAK_SWITCH_TRAY)}")
         if "ladder" in kwargs:
             kwargs["ladder"] = LadderSettings.from_dict(kwargs["ladder"])
+        if "escalation" in kwargs:
+            known = {f.name for f in fields(EscalationSettings)}
+            bad = sorted(set(kwargs["escalation"]) - known)
+            if bad:
+                raise ValueError(f"unknown health.escalation setting {bad[0]!r}")
+            kwargs["escalation"] = EscalationSettings(**kwargs["escalation"])
         if "events" in kwargs:
             kwargs["events"] = tuple(EventSink.from_dict(e) for e in kwargs["events"] or ())
         return cls(**kwargs)

@@ -69,7 +69,9 @@ class LadderResponder(Responder):
         return out
 
     def _decide(self, ctx: Context, state: store.HealthState, now: float):
-        obs = self._observations(ctx.result, state.records)
+        # a tray of a rack held by rack escalation gets no rung: the rack's hold, lifted by a person, is its answer
+        obs = self._observations(ctx.result, {h: r for h, r in state.records.items()
+                                              if r.rack not in state.escalations})
         return ladder.decide(state.records, obs, self.settings, state.breaker, ctx.sizes, now=now,
                              burn_ins=self._burn_status(state.records))
 
