@@ -8,8 +8,9 @@ copied into an older checkout measures that checkout's code the same way (bench/
              bench/health_bench.py), after one warm-up sweep, with
                - the CPU of every thread of the process (/proc/self/task/*/stat), by thread name, and
                  the CPU of threads that ended during the run (process CPU less the live threads');
-               - cProfile of the event-loop thread (the probes' SSH channels, parsing, the checks, the
-                 decisions): own time summed per module group (mctl.<package>, asyncssh, ...), and the
+               - cProfile of the event-loop thread, timed by that thread's CPU clock (time.thread_time, so
+                 a loaded machine does not inflate it): the probes' SSH channels, parsing, the checks, the
+                 decisions; own time summed per module group (mctl.<package>, asyncssh, ...), and the
                  functions with the most own time;
   inventory  `rack inventory` run in this process --rounds times under cProfile (the same tables).
 
@@ -90,7 +91,7 @@ def sweep_profile(site_dir: Path, state: Path, sweeps: int) -> dict:
     from mctl.transport import SSHConfig, SSHPool
 
     site = load_site(str(site_dir))
-    prof = cProfile.Profile()
+    prof = cProfile.Profile(time.thread_time)       # the event loop's own CPU, not wall time (a loaded machine)
 
     async def main():
         async with SSHPool(SSHConfig.from_site(site)) as pool:
@@ -131,7 +132,7 @@ def inventory_profile(site_dir: Path, state: Path, rounds: int) -> dict:
 
     rack = next(iter(__import__("yaml").safe_load((site_dir / "mctl.yml").read_text())["racks"]))
     argv = ["-i", str(site_dir), "--state-dir", str(state), "--json", "rack", "inventory", rack]
-    prof = cProfile.Profile()
+    prof = cProfile.Profile(time.thread_time)       # the main thread's CPU (the CLI runs its event loop there)
     cpus = []
     import contextlib
     import io

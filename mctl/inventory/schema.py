@@ -182,7 +182,7 @@ class LeakSpec(Spec):
 
 class EscalationSpec(Spec):
     # Rack-level escalation (docs/health.md "Rack escalation"; mctl/health/escalation.py): off unless the site
-    # turns it on (D-escalate-1).
+    # turns it on (D98).
     enabled = F(bool, False, hint=_BOOL)
     rack_share = F(float, 0.5, gt=0, le=0.99, hint="a share of the rack's compute trays, above 0 and at most 0.99")
     window = F(str, "10m", pattern=DURATION_PATTERN, hint=_DURATION)   # each failure begun within it counts

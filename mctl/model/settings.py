@@ -103,7 +103,7 @@ class EscalationSettings:
     rack's trays, instead of drains one by one until the breaker stops them, when more than `rack_share`
     of its compute trays fail within `window_s` or a switch tray of it fails. Off by default: a fault on
     most of a rack at once is also what a bad check or driver rollout looks like, and the breaker's stop
-    is the safe answer to that until a site trusts its checks (D-escalate-1)."""
+    is the safe answer to that until a site trusts its checks (D98)."""
 
     enabled: bool = False
     rack_share: float = 0.5                 # more than this share of a rack's compute trays failed: the rack

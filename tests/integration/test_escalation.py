@@ -73,7 +73,7 @@ def test_most_of_a_rack_failing_takes_one_rack_hold_lifted_by_one_command(lab, e
         assert len([e for e in logged if e["action"] == "drain"]) <= 1
         assert "breaker-trip" not in [e["action"] for e in logged]
         budget = json.loads(mctl("--json", "health", "breaker", "status").stdout)["budget"]
-        # counted where it fits (the lab's 4-tray rack: 1 grant), never held back, never tripped (D-escalate-2)
+        # counted where it fits (the lab's 4-tray rack: 1 grant), never held back, never tripped (D99)
         rack = budget["racks"]["lab-r1"]
         assert budget["tripped"] is None and len(rack["held"]) == rack["limit"]
         status = json.loads(mctl("--json", "health", "escalation", "status").stdout)

@@ -8,7 +8,7 @@ one result line naming the cause and the trays, so one event), whose effect is o
 the Slurm controller (mctl.sched.slurm.holds.hold_rack): every compute tray of the rack gets the one
 reason `mctl: rack escalated: ...` — a free tray is drained (its jobs finish), a tray the watch drained
 itself gets the rack's reason in place of its own, a tray drained by someone else or down is left alone
-and named. Each tray asks the safety budget for a grant, counted, never held back (D-escalate-2).
+and named. Each tray asks the safety budget for a grant, counted, never held back (D99).
 
 While a rack is held, the drain responder leaves its trays alone (no drain, no resume): the hold is
 lifted by a person, `mctl health escalation lift RACK` (mctl.health.service), never by the watch. A hold

@@ -66,7 +66,7 @@ PROVISION = HoldOwner("provision", "mctl: provision", "left alone", "mctl: provi
                       release_down=True, release_held=True)
 
 # Rack escalation (mctl.health.escalation): the watch holds a failing rack's trays with one reason. Its holds count
-# against the safety budget but are never held back by it (asked count-only, never tripping: D-escalate-2).
+# against the safety budget but are never held back by it (asked count-only, never tripping: D99).
 ESCALATION = HoldOwner("rack escalation", "mctl: rack escalated", "left alone", "mctl: rack escalated",
                        "lifted by mctl rack escalation", release_down=True, release_held=True)
 
