@@ -231,8 +231,8 @@ REFERENCE: dict[str, tuple[str, str, str]] = {
                     "dcgmi writes it (NVIDIA/DCGM dcgmi/Health.cpp, tests/fixtures/real/README.md)",
                     "overall Failure fails; Warning warns; with health.dcgm auto (where dcgmi is installed) or "
                     "required (no dcgmi warns); no report within the section's deadline (a third of nvidia-smi's, "
-                    "1-5 s), an unreadable or unknown report warns", f"mctl lab fault gpu {_T} --ecc-uncorrectable 1 "
-                    "--gpu 0 (DCGM's memory system Failure); --tool-fault dcgmi:hang (not reporting)"),
+                    "1-5 s), an unreadable or unknown report warns (the lab: --tool-fault dcgmi:hang)",
+                    f"mctl lab fault gpu {_T} --ecc-uncorrectable 1 --gpu 0"),
     "nvlink.links": (_HV, "18 active NVLinks per GPU at 53.125 GB/s; any inactive fails",
                      f"mctl lab fault gpu {_T} --nvlink-down 0:3"),
     "nvlink.errors": ("NVIDIA DCGM health watch (DcgmHealthWatch.cpp: DCGM_LIMIT_MAX_NVLINK_ERROR 1, "
