@@ -249,3 +249,34 @@ def test_a_hung_dcgmi_is_killed_at_the_sections_deadline(tmp_path, processes):
     assert calls == ["health -c -j"]
     assert obs.installed and "did not answer within 1s" in obs.error
     assert took < 20, took           # 1 s and timeout's 2 s kill grace, plus the rest of the probe (no nvidia-smi)
+
+
+def test_the_lab_launcher_replays_an_unchanged_answer_and_follows_a_fault(tmp_path, processes):
+    from mctl.lab.emulators.dcgmi import LAUNCHER
+
+    launcher = tmp_path / "dcgmi"
+    launcher.write_text(LAUNCHER.replace("@LIB@", str(EMULATORS)))
+    launcher.chmod(0o755)
+    layout = LabLayout("lab", 1, 2)
+    host = next(h for h in layout.hosts() if h.kind == "tray")
+    (tmp_path / "gpus.json").write_text(json.dumps(gpu_state(layout, host)))
+    (tmp_path / "faults.json").write_text("{}")
+    env = dict(os.environ, MCTL_LAB_GPU_STATE=str(tmp_path / "gpus.json"), MCTL_LAB_FAULTS=str(tmp_path / "faults.json"))
+
+    def call(*argv):
+        proc = subprocess.run([str(launcher), *argv], capture_output=True, text=True, env=env, timeout=60)
+        return proc.returncode, proc.stdout
+
+    assert call("health", "-c", "-j")[0] == 253                 # no watches yet (replayed the same way)
+    assert call("health", "-s", "a")[0] == 0
+    first = call("health", "-c", "-j")
+    replay = tmp_path / ".dcgmi.health-c-j"
+    assert first == (0, real_text(REAL_HEALTHY)) and replay.read_text().endswith(first[1])
+    replay.write_text(replay.read_text().replace("Healthy", "Replayed"))   # the next answer is the stored one
+    assert '"Replayed"' in call("health", "-c", "-j")[1]
+    os.replace(tmp_path / "faults.json", tmp_path / "f.tmp")
+    (tmp_path / "faults.json").write_text(json.dumps({"ecc_uncorrectable": {"0": 1}}))     # a new key
+    assert dcgm.observe(*call("health", "-c", "-j")).overall == "Failure"
+    (tmp_path / "faults.json").write_text(json.dumps({"tool_faults": {"dcgmi": "garbage"}}))
+    for _ in range(2):                                           # a tool fault is never stored, never replayed
+        assert "printed no JSON" in dcgm.observe(*call("health", "-c", "-j")).error
