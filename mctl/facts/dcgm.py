@@ -71,6 +71,15 @@ def _message(node: dict, where: str) -> str:
     return " ".join(p.strip() for p in parts if p.strip())
 
 
+def _clean(text: str, limit: int) -> str:
+    """A field of the report as a finding (and a drain reason) may carry it: printable, bounded."""
+    return _PRINTABLE.sub("?", str(text)).strip()[:limit]
+
+
+def _incident(group, eid, system, health, message) -> DcgmIncident:
+    return DcgmIncident(_clean(group, 24), _clean(eid, 16), _clean(system, 40), _clean(health, 40), _clean(message, 400))
+
+
 def parse_report(text: str) -> tuple[str, tuple[DcgmIncident, ...]]:
     """The report's (overall result, incidents); ValueError naming what is wrong with it."""
     text = (text or "").strip()
@@ -87,7 +96,7 @@ def parse_report(text: str) -> tuple[str, tuple[DcgmIncident, ...]]:
         raise ValueError(f'body."{OVERALL}" missing')
     overall = _value(_node(body[OVERALL], f'body."{OVERALL}"'), f'body."{OVERALL}"')
     if overall not in DCGM_RESULTS:
-        raise ValueError(f'body."{OVERALL}" is {overall[:40]!r} (not Healthy, Warning or Failure)')
+        raise ValueError(f'body."{OVERALL}" is {_clean(overall, 40)!r} (not Healthy, Warning or Failure)')
     incidents: list[DcgmIncident] = []
     for group, gnode in body.items():
         if group == OVERALL:
@@ -100,11 +109,11 @@ def parse_report(text: str) -> tuple[str, tuple[DcgmIncident, ...]]:
             errors = _children(enode, ewhere).get(ERRORS, {})
             systems = _children(_node(errors, f"{ewhere}.{ERRORS}"), f"{ewhere}.{ERRORS}")
             if not systems and entity != DCGM_HEALTHY:
-                incidents.append(DcgmIncident(group, str(eid), "", entity, ""))
+                incidents.append(_incident(group, eid, "", entity, ""))
             for system, snode in systems.items():
                 swhere = f"{ewhere}.{system}"
                 snode = _node(snode, swhere)
-                incidents.append(DcgmIncident(group, str(eid), system, _value(snode, swhere), _message(snode, swhere)))
+                incidents.append(_incident(group, eid, system, _value(snode, swhere), _message(snode, swhere)))
     return overall, tuple(incidents)
 
 

@@ -83,6 +83,14 @@ def test_a_failure_is_critical_with_its_incidents_in_dcgms_words():
 
 
 @pytest.mark.pure
+def test_hostile_names_reach_neither_the_finding_nor_the_drain_reason_unprintable():
+    hostile = report({"0\n1": [("Memory\x1b[2J system\nmctl: fake", "Failure", ["bad\x00 message " * 60])]}, "Failure")
+    (i,) = dcgm.observe(0, hostile).incidents
+    assert i.entity_id == "0?1" and i.system == "Memory?[2J system?mctl: fake" and len(i.message) <= 400
+    assert all(c.isprintable() for c in checks.drain_reason([_one(dcgm.observe(0, hostile))])[0])
+
+
+@pytest.mark.pure
 def test_a_warning_warns():
     f = _one(dcgm.observe(0, WARNING))
     assert f.severity is Severity.WARN and "gpu1 Thermal system Warning: GPU 1 temperature is 93 C" in f.message
