@@ -223,7 +223,7 @@ def test_node_check_installed_on_the_trays_drains_its_own_node(lab, health, heal
     run = lab.run(tray, "/usr/local/sbin/mctl-node-check", check=False, timeout=60)
     assert time.monotonic() - started < 30
     assert run.returncode == 1 and "DRAIN: mctl: ecc uncorrectable gpu1" in run.stdout
-    assert sinfo(lab)[tray] == ("drained", "mctl: ecc uncorrectable gpu1 +1")
+    assert sinfo(lab)[tray] == ("drained", "mctl: ecc uncorrectable gpu1 +2")      # gpu.recovery, dcgm.health
     fault(lab, tray, clear=True)
     lab.run(tray, "/usr/local/sbin/mctl-node-check", check=False)
     assert sinfo(lab)[tray][0] == "drained"                   # one healthy run is not enough
