@@ -101,6 +101,8 @@ _ENTRIES = (
     Check("gpu.power", W, "GPU power draw within the enforced limit", _TRAY),
     Check("gpu.clocks", C, "no HW slowdown or HW power brake holds the GPU clocks for N sweeps (one sweep, thermal "
           "slowdown and SW power cap warn)", _TRAY, milder=True),
+    Check("dcgm.health", C, "DCGM's health watches report no Failure where DCGM runs (Warning, or DCGM installed "
+          "but not reporting, warns)", _TRAY, milder=True),
     # -- NVLink and the fabric
     Check("nvlink.links", C, "every GPU's 18 NVLinks are up (unreadable link facts warn)", _TRAY, milder=True),
     Check("nvlink.errors", C, "no NVLink error counter grows past its rate over the window (any growth of a "
@@ -225,6 +227,12 @@ REFERENCE: dict[str, tuple[str, str, str]] = {
                    "clocks_throttle_reasons before)", "HW slowdown or HW power brake active health.clock_event_sweeps "
                    "(3) sweeps in a row fails, fewer warn; thermal slowdown and SW power cap warn",
                    f"mctl lab fault gpu {_T} --clock-event 0:hw-slowdown"),
+    "dcgm.health": ("NVIDIA DCGM user guide (Health and Diagnostics: dcgmi health -s/-c); the report's JSON as "
+                    "dcgmi writes it (NVIDIA/DCGM dcgmi/Health.cpp, tests/fixtures/real/README.md)",
+                    "overall Failure fails; Warning warns; with health.dcgm auto (where dcgmi is installed) or "
+                    "required (no dcgmi warns); no report within the section's deadline (a third of nvidia-smi's, "
+                    "1-5 s), an unreadable or unknown report warns (the lab: --tool-fault dcgmi:hang)",
+                    f"mctl lab fault gpu {_T} --ecc-uncorrectable 1 --gpu 0"),
     "nvlink.links": (_HV, "18 active NVLinks per GPU at 53.125 GB/s; any inactive fails",
                      f"mctl lab fault gpu {_T} --nvlink-down 0:3"),
     "nvlink.errors": ("NVIDIA DCGM health watch (DcgmHealthWatch.cpp: DCGM_LIMIT_MAX_NVLINK_ERROR 1, "

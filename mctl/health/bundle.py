@@ -61,7 +61,8 @@ MODULES = (
     "mctl.checks.ecc", "mctl.checks.nvlink", "mctl.checks.thermal",
     "mctl.checks.imex", "mctl.checks.slurmd", "mctl.checks.resources",
     "mctl.checks.boot", "mctl.checks.leak", "mctl.health.leaks",
-    "mctl.checks.clocks", "mctl.checks.nvlink_errors", "mctl.facts.packages", "mctl.facts.slurm_version",
+    "mctl.checks.clocks", "mctl.checks.nvlink_errors", "mctl.checks.dcgm", "mctl.facts.dcgm", "mctl.facts.packages",
+    "mctl.facts.slurm_version",
 )
 # Packages whose real __init__ imports what the node check must not need.
 STUB_PACKAGES = {
@@ -73,7 +74,7 @@ THIRD_PARTY = ("ClusterShell", "ClusterShell.Defaults", "ClusterShell.NodeSet", 
 DISTRIBUTIONS = {"pynvml": "nvidia-ml-py", "ClusterShell": "ClusterShell"}
 # Modules the node check reaches lazily (function-level imports); the bundle test imports them all.
 LAZY = ("mctl.health.nvml", "mctl.health.hysteresis", "mctl.health.leaks", "mctl.facts.imex", "mctl.model.fabric", "mctl.facts.kernel_log",
-        "mctl.facts.nvidia_smi", "mctl.facts.services")
+        "mctl.facts.nvidia_smi", "mctl.facts.services", "mctl.facts.dcgm")
 
 
 def _source(module: str) -> Path:

@@ -27,7 +27,7 @@ from mctl.health.breaker import BreakerState
 from mctl.health.record import TrayRecord, TrayVerdict
 from mctl.model.drain import Decision, NodeView, SchedulerUnreachable
 from mctl.model.findings import Finding, Severity, sort_findings, worst
-from mctl.model.tray import TrayFacts, smi_timeout_for
+from mctl.model.tray import TrayFacts, dcgm_timeout_for, smi_timeout_for
 
 # The out-of-band read of the trays' BMCs (leaks, power) gets at least this long (docs/health.md, "Leaks and power").
 BMC_DEADLINE_MIN = 10.0
@@ -142,12 +142,13 @@ class Sweeper:
         e = self.e
         nonce = secrets.token_hex(8)
         smi_timeout = smi_timeout_for(e.timeout)
+        dcgm_timeout = None if e.settings.dcgm == "off" else dcgm_timeout_for(e.timeout)
         paths = e.settings.disk_paths
-        command = probe_command(HEALTH, nonce, smi_timeout=smi_timeout, disk_paths=paths)
+        command = probe_command(HEALTH, nonce, smi_timeout=smi_timeout, disk_paths=paths, dcgm_timeout=dcgm_timeout)
         seen: dict[str, TrayFacts] = {}
 
         def arrived(r) -> None:
-            f = from_result(HEALTH, r, nonce, smi_timeout=smi_timeout, disk_paths=paths)
+            f = from_result(HEALTH, r, nonce, smi_timeout=smi_timeout, disk_paths=paths, dcgm_timeout=dcgm_timeout)
             seen[f.host] = f
             if on_facts is not None:
                 on_facts(f)

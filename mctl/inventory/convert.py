@@ -103,6 +103,7 @@ def health_settings(spec: HealthSpec) -> HealthSettings:
         fabric_flags=flags,
         driver_mismatch=Severity(spec.driver_mismatch),
         imex=str(spec.imex),
+        dcgm=str(spec.dcgm),
         disk_paths=tuple(spec.disk_paths),
         disk_warn_pct=float(spec.disk_warn_pct),
         disk_critical_pct=float(spec.disk_critical_pct),

@@ -266,6 +266,7 @@ class HealthSpec(Spec):
     fabric_flags = F(DictOf(OneOf(*FABRIC_FLAGS), OneOf("ok", "warn", "critical")), factory=dict)
     driver_mismatch = F(OneOf("warn", "critical"), "warn")
     imex = F(OneOf("auto", "required", "ignore"), "auto")     # auto: checked where the tray has an IMEX config
+    dcgm = F(OneOf("auto", "required", "off"), "auto")        # DCGM health: auto where dcgmi is installed
     disk_paths = F(ListOf(str), factory=lambda: ["/", "/var", "/tmp"])
     disk_warn_pct = F(float, 90, gt=0, le=100)
     disk_critical_pct = F(float, 98, gt=0, le=100)

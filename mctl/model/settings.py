@@ -221,6 +221,8 @@ class EventSink:
         return cls(**kwargs)
 
 
+DCGM_MODES = ("auto", "required", "off")
+
 # What a critical leak on a switch tray does (`health.leak.switch_tray`): the switch tray alone is powered off
 # after the grace, the whole rack is powered off in order, or nothing is powered off (drain and alert).
 LEAK_SWITCH_TRAY = ("power-off", "rack", "alert")
@@ -251,6 +253,9 @@ class HealthSettings:
     fabric_flags: Mapping[str, Severity] = field(default_factory=lambda: dict(FABRIC_FLAG_DEFAULTS))
     driver_mismatch: Severity = Severity.WARN
     imex: str = "auto"                      # auto | required | ignore
+    # DCGM's health watches (`dcgmi health -c -j`, mctl/checks/dcgm.py): auto where dcgmi is installed, required
+    # (a tray without it warns), off (not asked: no dcgmi run by the probe)
+    dcgm: str = "auto"                      # DCGM_MODES
     disk_paths: tuple[str, ...] = ("/", "/var", "/tmp")
     disk_warn_pct: float = 90.0
     disk_critical_pct: float = 98.0
@@ -356,6 +361,8 @@ class HealthSettings:
             kwargs["hysteresis_checks"] = tuple(kwargs["hysteresis_checks"])
         if "leak_exclude" in kwargs:
             kwargs["leak_exclude"] = tuple(str(t) for t in kwargs["leak_exclude"])
+        if "dcgm" in kwargs and kwargs["dcgm"] not in DCGM_MODES:
+            raise ValueError(f"dcgm is {kwargs['dcgm']!r}; use one of {', '.join(DCGM_MODES)}")
         if "leak_switch_tray" in kwargs and kwargs["leak_switch_tray"] not in LEAK_SWITCH_TRAY:
             raise ValueError(f"leak_switch_tray is {kwargs['leak_switch_tray']!r}; use one of "
                              f"{', '.join(LEAK_SWITCH_TRAY)}")

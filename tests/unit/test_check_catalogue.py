@@ -25,7 +25,7 @@ from mctl.facts.nvidia_smi import parse_nvlink_status, parse_xml
 from mctl.model.settings import HealthSettings
 from mctl.model.findings import Severity
 from mctl.model.site import Host, Rack
-from mctl.model.tray import (AUDIT, HEALTH, INVENTORY, NODE_CHECK, PURPOSES, Clock, DiskUsage, ImexObservation,
+from mctl.model.tray import (AUDIT, HEALTH, INVENTORY, NODE_CHECK, PURPOSES, Clock, DcgmHealth, DcgmIncident, DiskUsage, ImexObservation,
                              Memory, ServiceState, TrayExpectation, TrayFacts)
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
@@ -84,8 +84,12 @@ TRAYS = {
     "partial": _tray(problems=("xid: output cut off",)),
     "rebooted": _tray(previous_boot_id="a" * 8 + "-0000-0000-0000-000000000000"),
     "old-driver": _tray(gpus=replace(REAL, driver_version="550.54.15")),
+    "dcgm-failure": _tray(dcgm=DcgmHealth(True, "Failure", (DcgmIncident("GPU", "0", "Memory system", "Failure",
+                                                                         "Detected 1 volatile double-bit ECC error(s) in GPU 0."),))),
+    "dcgm-hung": _tray(dcgm=DcgmHealth(True, error="dcgmi health -c did not answer within 4s (host engine hung?); killed")),
+    "dcgm-absent": _tray(dcgm=DcgmHealth(False)),
 }
-SETTINGS = (HealthSettings(), HealthSettings(imex="required"), HealthSettings(driver_mismatch=Severity.CRITICAL),
+SETTINGS = (HealthSettings(), HealthSettings(imex="required", dcgm="required"), HealthSettings(driver_mismatch=Severity.CRITICAL),
             HealthSettings(fabric_flags={"route_unhealthy": Severity.CRITICAL}))
 
 
