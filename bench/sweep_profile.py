@@ -5,7 +5,8 @@ Runs in the tree it is started from (its mctl, its bench/health_bench.py lab hel
 copied into an older checkout measures that checkout's code the same way (bench/compare_trees.sh copies it):
 
   sweep      --sweeps N sweeps of the health engine in this process over open connections (as
-             bench/health_bench.py), after one warm-up sweep, with
+             bench/health_bench.py), after one warm-up sweep, measured without the profiler, then N more
+             under it (cProfile's cost is per call: its figures say where, not how much), with
                - the CPU of every thread of the process (/proc/self/task/*/stat), by thread name, and
                  the CPU of threads that ended during the run (process CPU less the live threads');
                - cProfile of the event-loop thread, timed by that thread's CPU clock (time.thread_time, so
@@ -100,14 +101,16 @@ def sweep_profile(site_dir: Path, state: Path, sweeps: int) -> dict:
             names0 = {t.native_id: t.name for t in threading.enumerate()}
             ticks0, cpu0, wall0 = thread_ticks(), time.process_time(), time.perf_counter()
             walls = []
-            for _ in range(sweeps):
+            for _ in range(sweeps):               # measured without the profiler (its cost is per call)
                 t0 = time.perf_counter()
-                prof.enable()
                 await engine.sweep()
-                prof.disable()
                 walls.append(time.perf_counter() - t0)
             ticks1, cpu1 = thread_ticks(), time.process_time()
             names = {**names0, **{t.native_id: t.name for t in threading.enumerate()}}
+            for _ in range(sweeps):               # then the same number again under the profiler, for where
+                prof.enable()
+                await engine.sweep()
+                prof.disable()
             return walls, ticks0, ticks1, names, cpu1 - cpu0, time.perf_counter() - wall0
 
     walls, t0, t1, names, cpu, _wall = asyncio.run(main())
@@ -137,17 +140,18 @@ def inventory_profile(site_dir: Path, state: Path, rounds: int) -> dict:
     import contextlib
     import io
 
-    for i in range(rounds + 1):
+    for i in range(2 * rounds + 1):             # a warm-up, *rounds* measured, *rounds* under the profiler
         c0 = time.process_time()
-        if i:
+        if i > rounds:
             prof.enable()
         err = io.StringIO()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
             rc = cli_main(argv)
         if rc not in (0, 1):            # 1: findings; anything else is not a measurement
             raise SystemExit(f"rack inventory exited {rc}: {err.getvalue()[-1000:]}")
-        if i:
+        if i > rounds:
             prof.disable()
+        elif i:
             cpus.append(time.process_time() - c0)
     return {"rounds": rounds, "median_cpu_s": round(statistics.median(cpus), 4),
             "profile": profile_tables(prof, rounds)}
