@@ -97,6 +97,10 @@ class Engine:
                                               power_interval=oob.power_interval(settings.bmc_power_interval, every),
                                               stale_after=settings.bmc_stale_after * every,
                                               deadline=self.bmc_deadline).start()
+        # The switch side (mctl/health/nmx_watch.py): each rack's NMX-M read beside every sweep, within its deadline.
+        from mctl.health.nmx_watch import watch_for
+        self.nmx_watch = watch_for(site, scope.racks, deadline=self.timeout,
+                                   interval=interval if interval is not None else settings.interval)
         from mctl.health.boots import BootMemory
         self.boots = BootMemory.load(self.state_dir)     # a reboot between sweeps (tray.boot, gpu.xid)
         from mctl.health.signals import SignalMemory

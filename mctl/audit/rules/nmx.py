@@ -22,10 +22,9 @@ PARTITION = "nmx.partition"
 HEALTH = "nmx.partition_health"
 NODES = "nmx.compute_nodes"
 
-_HEALTH = {"HEALTHY": Severity.OK, "DEGRADED": Severity.WARN, "UNHEALTHY": Severity.CRITICAL}
-
 
 def check_rack(rack: "Rack", state: "FabricState") -> list[Finding]:
+    from mctl.checks.switch_fabric import partition_level
     from mctl.fabric.partitions import desired_from_rack, partition_rows
 
     apply = f"run 'mctl partition apply {rack.name}'"
@@ -54,7 +53,7 @@ def check_rack(rack: "Rack", state: "FabricState") -> list[Finding]:
             out.append(Finding(Severity.OK, rack.name, PARTITION, f"default partition holds {row.trays or 'nothing'}",
                                None, details))
         if row.health is not None and row.state != "missing":
-            level = _HEALTH.get(row.health.upper(), Severity.WARN)
+            level = partition_level(row.health)
             text = f"{where} is {row.health} on NMX-M"
             out.append(Finding(level, rack.name, HEALTH, text if level is not Severity.OK else f"{where} is healthy",
                                None if level is Severity.OK else

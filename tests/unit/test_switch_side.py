@@ -1,0 +1,248 @@
+"""The switch side of a rack's NVLink fabric: NMX-M's switch nodes, switches and ports mapped to trays and
+partitions (mctl.fabric.switchside), judged per tray (mctl.checks.switch_fabric), read beside the sweep
+(mctl.health.nmx_watch), and the lab's switch-side faults (mctl.lab.nmx_faults)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mctl.checks import switch_fabric
+from mctl.checks.catalogue import spec
+from mctl.errors import UsageError
+from mctl.fabric.partitions import map_fabric
+from mctl.fabric.switchside import SwitchSideMalformed, map_switch_side, parse_lists
+from mctl.health.nmx_watch import NmxWatch
+from mctl.lab import nmx_faults
+from mctl.model.fabric import (NmxComputeNode, NmxGpu, NmxPartition, NmxPort, NmxSwitch, NmxSwitchNode,
+                               SwitchSideView)
+from mctl.model.findings import Severity
+from tests.helpers import PLANNER_DOMAIN, make_rack
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+SPEC = yaml.safe_load((FIXTURES / "real" / "nmx-m" / "opennmxm.yaml").read_text())["components"]["schemas"]
+
+
+def _state(**faults):
+    from mctl.lab.nmx_emulator import Config, NMXState
+
+    cfg = Config.from_dict({"username": "u", "password": "p", "domain_uuid": PLANNER_DOMAIN,
+                            "trays": [{"name": f"r1-tray{i + 1:02d}", "tray_index": i, "slot_id": i + 1}
+                                      for i in range(4)]})
+    state = NMXState(cfg)
+    if faults:
+        state.set_faults(faults)
+    return state
+
+
+def _view(state, pids=None):
+    """The rack's SwitchSideView from the emulator's answers; p0 = trays 1-2, p1 = trays 3-4."""
+    rack = make_rack(4)
+    nodes = [NmxComputeNode.from_nmx(d) for d in state.compute_nodes_json()]
+    gpus = [NmxGpu.from_nmx(d) for d in state.gpus_json()]
+    fabric = map_fabric(rack, nodes, gpus)
+    by_tray = {t: [g.gpu_id for g in fabric.trays[t]] for t in fabric.trays}
+    parts = [NmxPartition("a" * 24, 1, "p0", "ID_BASED", (pids or {}).get("p0", "HEALTHY"),
+                          tuple(by_tray["r1-tray01"] + by_tray["r1-tray02"])),
+             NmxPartition("b" * 24, 2, "p1", "ID_BASED", (pids or {}).get("p1", "HEALTHY"),
+                          tuple(by_tray["r1-tray03"] + by_tray["r1-tray04"]))]
+    pid_of = {g: p.partition_id for p in parts for g in p.members}
+    gpus = [replace(g, partition_id=pid_of[g.id]) for g in gpus]
+    sw_nodes, switches, ports = parse_lists("r1", state.switch_nodes_json(), state.switches_json(), state.ports_json())
+    return map_switch_side("r1", fabric, gpus, parts, sw_nodes, switches, ports, read_at=1000.0)
+
+
+def test_a_healthy_switch_side_has_no_faults_and_every_tray_is_judged_ok():
+    view = _view(_state())
+    assert view.faults == () and view.switch_nodes == 9 and view.ports == 16 * 18
+    assert [(p.name, p.trays) for p in view.partitions] == [("p0", ("r1-tray01", "r1-tray02")),
+                                                            ("p1", ("r1-tray03", "r1-tray04"))]
+    found = switch_fabric.judge_tray("r1-tray01", view)
+    assert {f.check: f.severity for f in found} == {"nmx.switch_tray": Severity.OK, "nmx.switch_port": Severity.OK,
+                                                    "nmx.tray_partition": Severity.OK}
+
+
+def test_an_unhealthy_switch_tray_maps_to_every_tray_cabled_to_it_and_their_partitions():
+    view = _view(_state(switch_health={"1": "UNHEALTHY"}))
+    (fault,) = view.faults
+    assert (fault.switch, fault.kind, fault.state) == ("nvsw02", "switch", "UNHEALTHY")
+    assert fault.trays == ("r1-tray01", "r1-tray02", "r1-tray03", "r1-tray04")      # every GPU is cabled to it
+    assert fault.partitions == ("p0", "p1")
+    f = next(f for f in switch_fabric.judge_tray("r1-tray04", view) if f.check == "nmx.switch_tray")
+    assert f.severity is Severity.WARN and "nvsw02 UNHEALTHY" in f.message and "p0, p1" in f.message
+
+
+def test_a_switch_port_down_maps_to_the_one_gpu_at_its_other_end_its_tray_and_partition():
+    # tray03 (TrayIndex 2), GPU 1, plane 0 is cabled to port 2*8 + 1*2 + 1 = 19 of each switch tray's ASIC 0
+    view = _view(_state(ports_down=[[1, 19]]))
+    (fault,) = view.faults
+    assert (fault.switch, fault.kind, fault.port, fault.state) == ("nvsw02", "port", 19, "DISABLED/STATE_DOWN")
+    assert fault.trays == ("r1-tray03",) and fault.gpus == ("r1-tray03:1",) and fault.partitions == ("p1",)
+    bad = {f.check: f for f in switch_fabric.judge_tray("r1-tray03", view)}
+    assert bad["nmx.switch_port"].severity is Severity.WARN and "nvsw02 port 19 (r1-tray03:1)" in \
+        bad["nmx.switch_port"].message
+    ok = {f.check: f.severity for f in switch_fabric.judge_tray("r1-tray01", view)}
+    assert ok["nmx.switch_port"] is Severity.OK
+
+
+def test_a_degraded_partition_warns_on_its_trays_only():
+    view = _view(_state(), pids={"p1": "DEGRADED_BANDWIDTH"})
+    on3 = {f.check: f for f in switch_fabric.judge_tray("r1-tray03", view)}
+    on1 = {f.check: f for f in switch_fabric.judge_tray("r1-tray01", view)}
+    assert on3["nmx.tray_partition"].severity is Severity.WARN and "p1 DEGRADED_BANDWIDTH" in \
+        on3["nmx.tray_partition"].message
+    assert on1["nmx.tray_partition"].severity is Severity.OK
+
+
+def test_the_switch_end_of_a_link_maps_too():
+    """A real NMX-M may list the switch end of a link (a SWITCH_ACCESS port in its ASIC's PortIDList, the GPU's
+    DeviceUID as its peer): it maps to the same GPU."""
+    state = _state()
+    view0 = _view(state)
+    gpu = next(g for g in state.gpus_json() if g["Name"] == "r1-tray02/GPU3")
+    ports = [p for p in state.ports_json() if p["ID"] not in gpu["PortIDList"][:1]]
+    switch_port = dict(ports[0], ID="c" * 24, Type="SWITCH_ACCESS", PortNum=7, PeerPortDeviceUID=gpu["DeviceUID"],
+                       PeerPortNum=1, PhysicalState="POLLING", LogicalState="STATE_DOWN")
+    switches = state.switches_json()
+    switches[4] = dict(switches[4], PortIDList=["c" * 24])          # nvsw03's ASIC 0
+    nodes, sws, parsed = parse_lists("r1", state.switch_nodes_json(), switches, ports + [switch_port])
+    rack = make_rack(4)
+    fabric = map_fabric(rack, [NmxComputeNode.from_nmx(d) for d in state.compute_nodes_json()],
+                        [NmxGpu.from_nmx(d) for d in state.gpus_json()])
+    view = map_switch_side("r1", fabric, [NmxGpu.from_nmx(d) for d in state.gpus_json()], [], nodes, sws, parsed)
+    (fault,) = view.faults
+    assert (fault.switch, fault.port, fault.gpus) == ("nvsw03", 7, ("r1-tray02:3",)) and view0.faults == ()
+
+
+@pytest.mark.parametrize("model, kind, cls", [("SwitchNode", "switch-nodes", NmxSwitchNode),
+                                              ("Switch", "switches", NmxSwitch), ("Port", "ports", NmxPort)])
+def test_the_specs_own_examples_parse(model, kind, cls):
+    example = SPEC[model]["example"]
+    parsed = cls.parse(copy.deepcopy(example), 0)
+    assert parsed.id == example["ID"]
+
+
+@pytest.mark.parametrize("kind, index, edit, field", [
+    ("switch-nodes", 1, lambda d: d.pop("ID"), "switch-nodes[1].ID is missing"),
+    ("switch-nodes", 0, lambda d: d.update(Health="BROKEN"), "switch-nodes[0].Health is 'BROKEN', not one of"),
+    ("switch-nodes", 0, lambda d: d.update(SwitchIDList="x"), "switch-nodes[0].SwitchIDList is not a list of IDs"),
+    ("switches", 0, lambda d: d.pop("DeviceUID"), "switches[0].DeviceUID is missing"),
+    ("ports", 2, lambda d: d.update(PeerPortDeviceUID="12"), "ports[2].PeerPortDeviceUID is '12', not an unsigned"),
+    ("ports", 0, lambda d: d.pop("PhysicalState"), "ports[0].PhysicalState is missing"),
+])
+def test_a_malformed_switch_object_names_the_rack_the_list_the_item_and_the_field(kind, index, edit, field):
+    state = _state()
+    lists = {"switch-nodes": state.switch_nodes_json(), "switches": state.switches_json(), "ports": state.ports_json()}
+    edit(lists[kind][index])
+    with pytest.raises(SwitchSideMalformed) as exc:
+        parse_lists("lab-r1", lists["switch-nodes"], lists["switches"], lists["ports"])
+    assert exc.value.message.startswith("rack lab-r1: NMX-M's ") and field in exc.value.message
+    assert exc.value.hint
+
+
+def test_a_non_object_item_is_named():
+    with pytest.raises(SwitchSideMalformed, match=r"rack r9: NMX-M's ports\[0\].\(item\) is str"):
+        parse_lists("r9", [], [], ["nope"])
+
+
+@pytest.mark.parametrize("health, level", [("HEALTHY", Severity.OK), ("NEW", Severity.OK),
+                                           ("DEGRADED", Severity.WARN), ("DEGRADED_BANDWIDTH", Severity.WARN),
+                                           ("UNHEALTHY", Severity.CRITICAL), ("UNKNOWN", Severity.WARN),
+                                           ("SOMETHING_NEW", Severity.WARN), (None, Severity.WARN)])
+def test_partition_health_is_judged_once_for_the_audit_and_the_sweep(health, level):
+    assert switch_fabric.partition_level(health) is level
+
+
+def test_every_switch_side_finding_is_a_catalogue_check_at_its_severity():
+    view = _view(_state(switch_health={"0": "MISSING_NVLINK"}, ports_down=[[2, 3]]), pids={"p0": "UNHEALTHY"})
+    found = switch_fabric.judge_tray("r1-tray01", view) + switch_fabric.judge_view(view, 60)
+    assert {f.severity for f in found if f.check != "nmx.switch_side"} == {Severity.WARN}
+    for f in found:
+        assert spec(f.check).allows(f.severity), f
+
+
+def test_the_racks_own_finding_says_unread_stale_or_read():
+    view = SwitchSideView("r1", read_at=10.0, switch_nodes=9, ports=10, age_s=1.0)
+    assert switch_fabric.judge_view(view, 30)[0].severity is Severity.OK
+    stale = switch_fabric.judge_view(replace(view, age_s=31.0), 30)[0]
+    assert stale.severity is Severity.WARN and "31 s old" in stale.message and stale.host == "r1"
+    unread = switch_fabric.judge_view(replace(view, error="NMX-M at x is unavailable"), 30)[0]
+    assert unread.severity is Severity.WARN and "not read: NMX-M at x is unavailable" in unread.message
+    assert switch_fabric.judge_tray("r1-tray01", SwitchSideView("r1", error="never read")) == []
+
+
+def test_a_hung_read_never_holds_the_sweep_and_is_not_started_twice():
+    release = threading.Event()
+    calls = []
+
+    def read(rack):
+        calls.append(rack.name)
+        release.wait(10)
+        return SwitchSideView(rack.name, read_at=now[0])
+
+    now = [100.0]
+    watch = NmxWatch(None, [make_rack(2)], deadline=0.2, stale_after_s=5, read=read, clock=lambda: now[0])
+    views = asyncio.run(watch.views(0.05))
+    assert views["r1"].error == "no answer from NMX-M within 0.2 s" and views["r1"].read_at is None
+    views = asyncio.run(watch.views(0.05))
+    assert calls == ["r1"]                                   # still in flight: no second read
+    release.set()
+    watch._racks["r1"].thread.join(5)
+    now[0] = 110.0
+    snap = watch.snapshot()["r1"]
+    assert snap.error is None and snap.age_s == pytest.approx(10.0)
+    assert switch_fabric.judge_view(snap, watch.stale_after_s)[0].check == "nmx.switch_side"
+    assert "10 s old" in switch_fabric.judge_view(snap, watch.stale_after_s)[0].message
+
+
+def test_a_failed_read_keeps_the_last_good_lists_and_says_why():
+    from mctl.fabric.nmx import NMXUnavailable
+
+    answers = [SwitchSideView("r1", read_at=5.0, switch_nodes=9), NMXUnavailable("NMX-M at u is unavailable")]
+
+    def read(rack):
+        a = answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    watch = NmxWatch(None, [make_rack(2)], deadline=2, stale_after_s=5, read=read, clock=lambda: 6.0)
+    assert asyncio.run(watch.views())["r1"].error is None
+    v = asyncio.run(watch.views())["r1"]
+    assert v.error == "NMX-M at u is unavailable" and v.switch_nodes == 9 and v.age_s == pytest.approx(1.0)
+
+
+def test_lab_fabric_faults_add_up_and_survive_a_transport_fault():
+    doc = nmx_faults.merged({}, "switch-unhealthy", switch=2)
+    doc = nmx_faults.merged(doc, "port-down", switch=1, port=5)
+    doc = nmx_faults.merged(doc, "partition-degraded", partition="p0", health="degraded_bandwidth")
+    doc = nmx_faults.merged(doc, "timeout")
+    assert doc == {"hang": True, "switch_health": {"1": "UNHEALTHY"}, "ports_down": [[0, 5]],
+                   "partition_health": {"p0": "DEGRADED_BANDWIDTH"}}
+    assert nmx_faults.describe(doc) == ["nmx never answers", "switch tray 2 UNHEALTHY", "switch tray 1 port 5 down",
+                                        "partition p0 DEGRADED_BANDWIDTH"]
+    assert nmx_faults.merged(doc, "slow") == {"delay_s": nmx_faults.SLOW_S, "switch_health": {"1": "UNHEALTHY"},
+                                              "ports_down": [[0, 5]], "partition_health": {"p0": "DEGRADED_BANDWIDTH"}}
+    assert nmx_faults.merged(doc, "clear") == {}
+
+
+@pytest.mark.parametrize("kind, kw, text", [("port-down", {"switch": 1}, "--port"),
+                                            ("switch-unhealthy", {}, "--switch"),
+                                            ("partition-degraded", {}, "--nmx-partition"),
+                                            ("partition-degraded", {"partition": "p0", "health": "bad"}, "bad")])
+def test_lab_fabric_faults_refuse_what_they_lack(kind, kw, text):
+    with pytest.raises(UsageError, match=text):
+        nmx_faults.merged({}, kind, **kw)
+
+
+def test_the_emulator_takes_the_faults_file_keys():
+    state = _state(switch_health={"3": "MISSING_NVLINK"}, partition_health={"p9": "DEGRADED"})
+    assert [n["Health"] for n in state.switch_nodes_json()][3] == "MISSING_NVLINK"
+    assert {s["Health"] for s in state.switches_json()[6:8]} == {"MISSING_NVLINK"}
