@@ -148,6 +148,7 @@ _ENTRIES = (
     Check("nmx.tray_partition", W, "the tray's NVLink partition is HEALTHY on NMX-M", _SWF),
     Check("nmx.switch_side", W, "the rack's NMX-M switch side was read, well-formed, within its deadline and recent",
           _SWF),
+    Check("nmx.fabric_limit", W, "the trays of a degraded partition carry Slurm's nvl_degraded, and only they", _AUD),
     Check("nmx.compute_nodes", W, "NMX-M knows every compute tray of the rack", _AUD),
     Check("slurm.nodes", C, "every tray is a Slurm node (a node the inventory does not list warns)", _AUD,
           milder=True),
@@ -290,6 +291,9 @@ REFERENCE: dict[str, tuple[str, str, str]] = {
                            "mctl lab fault nmx lab-r1 partition-degraded --nmx-partition p0"),
     "nmx.switch_side": (_NMX, "each sweep's read within the tray deadline; a view older than "
                         "3 sweep intervals (at least 3 deadlines), or malformed, warns", "mctl lab fault nmx lab-r1 timeout"),
+    "nmx.fabric_limit": (_NMX + "; " + _SLURM, "a tray of a DEGRADED/DEGRADED_BANDWIDTH/UNHEALTHY partition without "
+                         "nvl_degraded, or one with it in a healthy partition, warns; a marked degraded one warns",
+                         "mctl lab fault nmx lab-r1 partition-degraded --nmx-partition 'Default Partition'"),
     "nmx.compute_nodes": (_NMX, "every compute tray known", f"mctl lab fault nmx lab-r1 500"),
     "slurm.nodes": (_SLURM, "every tray a node", "none: a slurm.conf edited by hand in its tests"),
     "slurm.node_address": (_SLURM, "NodeAddr is the inventory address", "none: a slurm.conf edited by hand"),

@@ -122,6 +122,11 @@ class Engine:
         self.sweeper = Sweeper(self)
         # What the watch does about a sweep, in this order (mctl.health.responders): a new responder plugs in here.
         self.drains = DrainResponder()
+        # The degraded-fabric mark (nvl_degraded) on the Slurm trays of a degraded partition (D-switchfab-2).
+        self.fabric = None
+        if self.nmx_watch is not None:
+            from mctl.health.responders.fabric import FabricLimitResponder
+            self.fabric = FabricLimitResponder(settings.resume_after_healthy_sweeps)
         self.leaks = LeakResponder()
         # Events out (mctl/health/events.py, docs/events.md): every finding change and every action, from here;
         # a dry run sends nothing anywhere. What the last sweep saw per tray, to tell the changes.
@@ -199,15 +204,17 @@ class Engine:
         actuator = Actuator(self.state_dir, self.who, {
             "scheduler": scheduler_batch(self.scheduler, self.act_deadline),
             "power-off": power_off_batch(lambda: hosts, self.oob_settings, self.oob_problem,
-                                         max(self.act_deadline, POWER_OFF_DEADLINE_MIN))}, emit=self.bus.actions)
+                                         max(self.act_deadline, POWER_OFF_DEADLINE_MIN)),
+            **({"fabric": self.fabric.batch(self.scheduler, self.act_deadline)} if self.fabric is not None else {})},
+            emit=self.bus.actions)
         return Context(self.site, self.scope, self.settings, self.sizes, self.state_dir, self.who, actuator,
                        result, time.time(), self.pool, self.targets, self.scheduler, self.oob_settings,
                        self.oob_problem, self.partitions_changed)
 
     def responders(self) -> list:
         """What mctl does about a sweep, in this order: drains and resumes first (a critical leak's drain
-        too), then the leaks' power-offs, the recovery ladder, isolation."""
-        return [r for r in (self.drains, self.leaks, self.ladder, self.isolator) if r is not None]
+        too), then the leaks' power-offs, the recovery ladder, isolation, the degraded-fabric mark."""
+        return [r for r in (self.drains, self.leaks, self.ladder, self.isolator, self.fabric) if r is not None]
 
     async def respond(self, result: SweepResult, early: EarlyDrains | None = None) -> None:
         """What mctl does about the sweep: every responder, in order, under the state lock."""

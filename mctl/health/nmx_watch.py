@@ -76,30 +76,38 @@ class NmxWatch:
         finally:
             slot.done.set()
 
-    def start(self) -> None:
-        """Start a read for each rack that has none in flight."""
+    def start(self) -> list[_Rack]:
+        """Start a read for each rack that has none in flight; the slots started."""
         now = time.monotonic()
+        started = []
         for slot in self._racks.values():
             if slot.thread is not None and slot.thread.is_alive():
                 continue
+            started.append(slot)
             slot.done = threading.Event()
             slot.started = now
             slot.thread = threading.Thread(target=self._run, args=(slot,), name=f"nmx-{slot.rack.name}",
                                            daemon=True)
             slot.thread.start()
+        return started
 
-    def _wait(self, until: float) -> None:
-        for slot in list(self._racks.values()):
+    @staticmethod
+    def _wait(slots: list[_Rack], until: float) -> None:
+        for slot in slots:
             left = until - time.monotonic()
             if left <= 0:
                 return
             slot.done.wait(left)
 
     async def views(self, wait_s: float | None = None) -> dict[str, SwitchSideView]:
-        """Start the reads, wait for them at most *wait_s* (default: the deadline), return each rack's view."""
-        self.start()
+        """Start the reads, wait for them at most *wait_s* (default: the deadline), return each rack's view.
+
+        Only the reads started now are waited for: a read still in flight from an earlier sweep (a hung
+        NMX-M) is not, so a hung NMX-M costs at most one sweep its deadline, never every sweep."""
+        started = self.start()
         until = time.monotonic() + (self.deadline if wait_s is None else max(0.0, wait_s))
-        await asyncio.to_thread(self._wait, until)
+        if started:
+            await asyncio.to_thread(self._wait, started, until)
         return self.snapshot()
 
     def snapshot(self) -> dict[str, SwitchSideView]:

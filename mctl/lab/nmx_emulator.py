@@ -604,7 +604,9 @@ class NMXState:
         taken = {gid for p in self.partitions.values() for gid in p.gpu_ids}
         members = [g.id for g in self.gpus if g.id not in taken]
         return {"ID": self.default_id, "PartitionID": DEFAULT_ID, "Name": DEFAULT_NAME, "Type": "ID_BASED",
-                "Health": _worst(self.tray_health(self.by_id[m].tray) for m in members) if members else "HEALTHY",
+                "Health": _worst([self.tray_health(self.by_id[m].tray) for m in members]
+                                 + [(self.faults.get("partition_health") or {}).get(DEFAULT_NAME, "HEALTHY")])
+                if members else "HEALTHY",
                 "Members": members, "CreatedAt": self.started, "UpdatedAt": self.started}
 
     def partitions_json(self) -> list[dict[str, Any]]:

@@ -246,3 +246,102 @@ def test_the_emulator_takes_the_faults_file_keys():
     state = _state(switch_health={"3": "MISSING_NVLINK"}, partition_health={"p9": "DEGRADED"})
     assert [n["Health"] for n in state.switch_nodes_json()][3] == "MISSING_NVLINK"
     assert {s["Health"] for s in state.switches_json()[6:8]} == {"MISSING_NVLINK"}
+
+
+# ------------------------------------------------------------ the degraded-fabric mark (issue 30.5)
+
+def _node(name="r1-tray01", available="r1", active=None):
+    from mctl.sched.slurm.facts import NodeState
+
+    fields = {"AvailableFeatures": available, "ActiveFeatures": active if active is not None else available}
+    return NodeState(name, "IDLE", fields=fields)
+
+
+def test_the_feature_is_read_from_the_real_scontrol_output_and_others_features_are_kept():
+    from mctl.sched.slurm import features
+    from mctl.sched.slurm.facts import parse_show_nodes
+    from tests.helpers import real_text
+
+    [node] = parse_show_nodes(real_text("slurm-on-aws-scontrol-show-node-idle-cloud.txt"))
+    assert features.features_of(node) == (["static", "g7e.8xlarge", "dist-ml", "efa", "gpu"],) * 2
+    assert not features.marked(node) and features.update(node, False) is None
+    step = features.update(node, True)
+    assert (step.available, step.active) == ("static,g7e.8xlarge,dist-ml,efa,gpu,nvl_degraded",) * 2
+    assert step.seen == "static,g7e.8xlarge,dist-ml,efa,gpu"
+    marked = _node(available="a,nvl_degraded,b")
+    assert features.marked(marked)
+    off = features.update(marked, False)
+    assert (off.available, off.active) == ("a,b", "a,b")
+    assert features.features_of(_node(available="(null)")) == ([], [])
+
+
+def test_the_feature_script_is_a_compare_and_set_and_its_result_is_parsed():
+    from mctl.sched.slurm import features
+
+    text = features.script([features.update(_node(), True)], limit_s=10)
+    assert "sc update NodeName=r1-tray01 AvailableFeatures=r1,nvl_degraded ActiveFeatures=r1,nvl_degraded" in text
+    assert "if [ \"$cur\" = r1 ]" in text and "@@mctl-feature r1-tray01 rc=$rc" in text
+    out = "  \n@@mctl-feature r1-tray01 rc=0\n  AvailableFeatures are now x, not r1\n@@mctl-feature r1-tray02 rc=3\n" \
+          "  slurm_update error: Invalid node name\n@@mctl-feature r1-tray03 rc=1\n"
+    got = features.parse(out, ["r1-tray01", "r1-tray02", "r1-tray03", "r1-tray04"])
+    assert [got[h].status for h in sorted(got)] == ["done", "refused", "failed", "unreachable"]
+    assert "now x" in got["r1-tray02"].text and "Invalid node name" in got["r1-tray03"].text
+
+
+def test_a_degraded_partition_an_unhealthy_switch_or_a_fabric_flag_marks_the_partitions_trays():
+    from mctl.health.fabric_limit import degraded_partitions, wanted_marks
+    from mctl.model.findings import Finding
+
+    view = _view(_state(), pids={"p1": "DEGRADED"})
+    assert degraded_partitions(view, []) == {"p1": "NMX-M DEGRADED"}
+    want, read = wanted_marks({"r1": view}, [])
+    assert sorted(want) == ["r1-tray03", "r1-tray04"] and read == {"r1"}
+    view = _view(_state(switch_health={"2": "UNHEALTHY"}))
+    assert degraded_partitions(view, []) == {"p0": "switch tray nvsw03 UNHEALTHY", "p1": "switch tray nvsw03 UNHEALTHY"}
+    flag = Finding(Severity.WARN, "r1-tray02", "fabric.health", "route_unhealthy")
+    assert degraded_partitions(_view(_state()), [flag]) == {"p0": "fabric health flag on r1-tray02"}
+    assert degraded_partitions(_view(_state(ports_down=[[1, 19]])), []) == {}     # a port alone: warns, no mark
+    assert wanted_marks({"r1": replace(view, error="unavailable")}, []) == ({}, set())
+
+
+def test_the_mark_is_set_at_once_and_cleared_after_n_healthy_sweeps_and_an_unread_rack_changes_nothing(tmp_path):
+    from mctl.health import fabric_limit
+
+    limits = fabric_limit.Limits(clear_sweeps=2)
+    trays = {"t1": ("r1", False), "t2": ("r1", False)}
+    assert limits.decide(trays, {"t1": "partition p0: NMX-M DEGRADED"}, {"r1"}) == \
+        [("t1", True, "partition p0: NMX-M DEGRADED")]
+    marked = {"t1": ("r1", True), "t2": ("r1", False)}
+    assert limits.decide(marked, {}, set()) == []                       # not read: nothing, not even counted
+    assert limits.decide(marked, {}, {"r1"}) == [] and limits.healthy == {"t1": 1}
+    fabric_limit.save(tmp_path, limits)
+    again = fabric_limit.load(tmp_path, 2)                              # the next `health check` goes on counting
+    assert again.healthy == {"t1": 1}
+    assert again.decide(marked, {"t1": "back"}, {"r1"}) == [] and again.healthy == {}   # degraded again: restart
+    assert again.decide(marked, {}, {"r1"}) == [] and again.decide(marked, {}, {"r1"}) == \
+        [("t1", False, "its partitions' fabric healthy for 2 sweeps")]
+    (tmp_path / "health" / fabric_limit.STATE_NAME).write_text("{not json")
+    assert fabric_limit.load(tmp_path, 2).healthy == {}
+
+
+def test_the_audit_reports_the_mark_against_nmx_ms_partition_health():
+    from mctl.audit.rules import nmx
+    from mctl.fabric.reconcile import FabricState
+
+    state = _state()
+    rack = make_rack(4)
+    nodes = [NmxComputeNode.from_nmx(d) for d in state.compute_nodes_json()]
+    gpus = [NmxGpu.from_nmx(d) for d in state.gpus_json()]
+    fabric = map_fabric(rack, nodes, gpus)
+    ids = [g.gpu_id for t in ("r1-tray01", "r1-tray02") for g in fabric.trays[t]]
+    parts = (NmxPartition("a" * 24, 1, "p0", "ID_BASED", "DEGRADED", tuple(ids)),)
+    slurm = {"r1-tray01": _node("r1-tray01", "r1,nvl_degraded"), "r1-tray02": _node("r1-tray02"),
+             "r1-tray03": _node("r1-tray03", "r1,nvl_degraded"), "r1-tray04": _node("r1-tray04")}
+    found = {f.host: f for f in nmx.check_fabric_limit(rack, FabricState(tuple(nodes), tuple(gpus), parts, fabric),
+                                                       slurm)}
+    assert "carries nvl_degraded" in found["r1-tray01"].message and found["r1-tray01"].severity is Severity.WARN
+    assert "does not carry" in found["r1-tray02"].message and found["r1-tray02"].action
+    assert "while NMX-M reports its partition healthy" in found["r1-tray03"].message
+    assert found["r1-tray04"].severity is Severity.OK
+    for f in found.values():
+        assert spec(f.check).allows(f.severity)
