@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from mctl.lab import nmx_faults
-from tests.helpers import HEALTH, lab_nmx
+from tests.helpers import HEALTH, lab_nmx, sinfo
 
 
 @pytest.fixture
@@ -123,3 +123,47 @@ def test_a_hung_nmx_m_is_the_racks_finding_and_never_stretches_the_sweep(switch_
     assert not _by(doc, "nmx.switch_port")          # nothing judged from no answer
     assert doc["elapsed"] <= 4 + 1.5, doc["elapsed"]
     assert hung_s < healthy_s + 4 + 5
+
+
+def _features(lab):
+    """node -> AvailableFeatures, from the controller."""
+    out = lab.run(lab.head, "scontrol show node -o", check=False).stdout
+    feats = {}
+    for line in out.splitlines():
+        words = dict(w.split("=", 1) for w in line.split() if "=" in w)
+        if "NodeName" in words:
+            feats[words["NodeName"]] = words.get("AvailableFeatures", "")
+    return feats
+
+
+def test_a_degraded_partition_gets_the_slurm_feature_and_loses_it_when_healthy(switch_site):
+    lab = switch_site.lab
+    before = _features(lab)
+    assert all("nvl_degraded" not in before[t] for t in lab.trays), before
+    try:
+        switch_site.fault("partition-degraded", "--nmx-partition", "Default Partition")
+        doc, _ = switch_site("--remediate")
+        marks = [a for a in doc["actions"] if a["action"] == "fabric-mark"]
+        assert sorted(a["tray"] for a in marks) == sorted(lab.trays), doc["actions"]
+        after = _features(lab)
+        for t in lab.trays:                         # the rack's own feature is kept, mctl's added
+            assert after[t].split(",") == [f for f in before[t].split(",") if f and f != "(null)"] + ["nvl_degraded"], \
+                after
+        assert all(f["severity"] == "warn" for f in _by(doc, "nmx.tray_partition").values())
+        switch_site.fault("clear")
+        doc, _ = switch_site("--remediate")         # one healthy sweep of the two (resume_after_healthy_sweeps)
+        assert not [a for a in doc["actions"] if a["action"] == "fabric-clear"]
+        assert all("nvl_degraded" in _features(lab)[t] for t in lab.trays)
+        doc, _ = switch_site("--remediate")
+        clears = [a for a in doc["actions"] if a["action"] == "fabric-clear"]
+        assert sorted(a["tray"] for a in clears) == sorted(lab.trays), doc["actions"]
+        assert _features(lab) == before
+    finally:
+        switch_site.fault("clear")
+        for t in lab.trays:
+            if "nvl_degraded" in _features(lab).get(t, ""):
+                lab.run(lab.head, f"scontrol update NodeName={t} AvailableFeatures={before[t]} "
+                                  f"ActiveFeatures={before[t]}", check=False)
+        for node, (st, reason) in sinfo(lab).items():
+            if "drain" in st and reason.startswith("mctl:"):
+                lab.run(lab.head, f"scontrol update NodeName={node} State=RESUME", check=False)

@@ -345,3 +345,31 @@ def test_the_audit_reports_the_mark_against_nmx_ms_partition_health():
     assert found["r1-tray04"].severity is Severity.OK
     for f in found.values():
         assert spec(f.check).allows(f.severity)
+
+
+def test_the_kubernetes_label_is_mctls_own_and_carries_the_resource_version():
+    from mctl.sched.k8s.cordon import FABRIC_LABEL, K8sAdapter, fabric_label_patch
+
+    node = {"metadata": {"name": "t1", "resourceVersion": "42", "labels": {"nvidia.com/gpu.clique": "x.1"}}}
+    assert fabric_label_patch(node, True) == {"metadata": {"labels": {FABRIC_LABEL: "true"}, "resourceVersion": "42"}}
+    assert fabric_label_patch(node, False) is None
+    marked = {"metadata": {"labels": {FABRIC_LABEL: "true", "other": "kept"}}}
+    assert fabric_label_patch(marked, False) == {"metadata": {"labels": {FABRIC_LABEL: None}}}   # null deletes
+
+    class Client:
+        def __init__(self):
+            self.patches = []
+
+        def get(self, kind, name):
+            return node if name == "t1" else None
+
+        def merge_patch(self, kind, name, ns, patch):
+            self.patches.append((name, patch))
+
+    client = Client()
+    adapter = K8sAdapter.__new__(K8sAdapter)
+    adapter.client = client
+    got = asyncio.run(adapter.set_fabric_marks([("t1", True), ("t9", True)]))
+    assert got == {"t1": ("done", ""), "t9": ("refused", "no such Node")}
+    assert client.patches == [("t1", {"metadata": {"labels": {FABRIC_LABEL: "true"}, "resourceVersion": "42"}})]
+    assert asyncio.run(adapter.fabric_marks(["t1", "t9"], deadline=5)) == {"t1": False}

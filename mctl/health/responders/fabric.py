@@ -1,19 +1,20 @@
-"""The degraded-fabric mark: `nvl_degraded` on the Slurm trays of a partition whose NVLink fabric is degraded.
+"""The degraded-fabric mark on the trays of a partition whose NVLink fabric is degraded (D-switchfab-2).
 
-The decision is mctl.health.fabric_limit's (pure; the clear waits `resume_after_healthy_sweeps`
-sweeps); the act is one bounded compare-and-set script on the controller per sweep
-(mctl.sched.slurm.features), through the actuator as batch `fabric`. An act needs no intent:
-the mark is read back from Slurm every sweep and set again when it is missing, so a watch
-killed half way only leaves the next sweep to finish it. Slurm only: on Kubernetes the
-responder does nothing (not done yet, docs/health.md says so).
+Slurm: the node feature `nvl_degraded` (mctl.sched.slurm.features: one bounded compare-and-set
+script on the controller per sweep, every other feature kept). Kubernetes: the node label
+`mctl.io/nvlink-degraded=true` (mctl.sched.k8s.cordon.fabric_label_patch: a merge patch with the
+node's resourceVersion, no other label touched). The decision is mctl.health.fabric_limit's
+(pure; the clear waits `resume_after_healthy_sweeps` sweeps). The acts go through the actuator
+as batch `fabric` with no intent: the mark is read back every sweep and set again when it is
+missing, so a watch killed half way only leaves the next sweep to finish it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mctl.health.actuator import Act, Done
 from mctl.health import fabric_limit
+from mctl.health.actuator import Act, Done
 from mctl.health.fabric_limit import Limits, wanted_marks
 from mctl.health.responders import Context, Responder
 from mctl.model.drain import Decision
@@ -22,6 +23,14 @@ if TYPE_CHECKING:
     from mctl.health.store import ActionEntry, HealthState
 
 MARK, CLEAR = "fabric-mark", "fabric-clear"
+READ_DEADLINE_S = 10.0          # the Kubernetes nodes' labels, read once a sweep (a GET per node)
+
+
+def mark_name(kind: str | None) -> str:
+    from mctl.sched.k8s.cordon import FABRIC_LABEL
+    from mctl.sched.slurm.features import FEATURE
+
+    return FABRIC_LABEL if kind == "k8s" else FEATURE
 
 
 class FabricLimitResponder(Responder):
@@ -29,70 +38,82 @@ class FabricLimitResponder(Responder):
 
     def __init__(self, clear_sweeps: int):
         self.limits = Limits(clear_sweeps=max(1, clear_sweeps))
-        self._steps: dict[str, object] = {}            # this sweep's compare-and-set step per tray
+        self._steps: dict[str, object] = {}            # this sweep's Slurm compare-and-set step per tray
 
     def batch(self, scheduler, deadline: float):
-        """The actuator's executor for the sweep's marks and clears: one script on the controller."""
+        """The actuator's executor for the sweep's marks and clears (one script, or one patch per node)."""
         async def run(acts: list[Act]) -> list[Done]:
-            steps = [self._steps[a.decision.host] for a in acts]
-            results = await scheduler.set_features(steps, deadline=deadline)
+            if getattr(scheduler, "kind", None) == "k8s":
+                said = await scheduler.set_fabric_marks([(a.decision.host, a.decision.action == MARK) for a in acts],
+                                                        deadline=deadline)
+                results = {h: (status, text) for h, (status, text) in said.items()}
+            else:
+                got = await scheduler.set_features([self._steps[a.decision.host] for a in acts], deadline=deadline)
+                results = {h: (r.status, r.text) for h, r in got.items()}
             out = []
             for a in acts:
-                r = results.get(a.decision.host)
-                if r is None or r.status == "unreachable":
-                    out.append(Done(f"failed: {r.text if r else 'no result'} (the next sweep tries again)"))
-                elif r.ok:
+                status, text = results.get(a.decision.host, ("unreachable", "no result"))
+                if status == "done":
                     out.append(Done("ok"))
+                elif status == "unreachable":
+                    out.append(Done(f"failed: {text} (the next sweep tries again)"))
                 else:
-                    out.append(Done(f"{'refused' if r.status == 'refused' else 'failed'}: {r.text}"))
+                    out.append(Done(f"{'refused' if status == 'refused' else 'failed'}: {text}"))
             return out
         return run
 
-    def _plan(self, ctx: Context) -> list[tuple[str, bool, str, object]]:
+    def _decide(self, ctx: Context, marked: dict[str, bool]) -> list[tuple[str, bool, str]]:
+        result = ctx.result
+        want, read = wanted_marks(result.switch_side, result.findings)
+        racks = {h.name: h.rack for h in ctx.scope.hosts}
+        return self.limits.decide({t: (racks.get(t), m) for t, m in marked.items()}, want, read)
+
+    def _slurm_marks(self, ctx: Context) -> tuple[dict[str, bool], dict[str, object]]:
         from mctl.sched.slurm import features
 
-        result = ctx.result
-        if not result.switch_side or ctx.scheduler is None or getattr(ctx.scheduler, "kind", None) != "slurm":
-            return []
-        want, read = wanted_marks(result.switch_side, result.findings)
-        trays = {}
-        nodes = {}
+        marked, nodes = {}, {}
         for h in ctx.scope.hosts:
-            node = result.facts[h.name].slurm_node if h.name in result.facts else None
+            node = ctx.result.facts[h.name].slurm_node if h.name in ctx.result.facts else None
             if node is None or not hasattr(node, "fields"):
                 continue                                 # not read from Slurm this sweep: nothing decided
-            trays[h.name] = (h.rack, features.marked(node))
+            marked[h.name] = features.marked(node)
             nodes[h.name] = node
-        out = []
-        for tray, mark, why in self.limits.decide(trays, want, read):
-            step = features.update(nodes[tray], mark)
-            if step is not None:
-                out.append((tray, mark, why, step))
-        return out
+        return marked, nodes
 
     async def respond(self, ctx: Context, state: "HealthState") -> list["ActionEntry"]:
-        from mctl.sched.slurm.features import FEATURE
+        from mctl.sched.slurm import features
 
-        racks = {h.name: h.rack for h in ctx.scope.hosts}
+        kind = getattr(ctx.scheduler, "kind", None)
+        if not ctx.result.switch_side or kind not in ("slurm", "k8s"):
+            return []
         self.limits = fabric_limit.load(ctx.state_dir, self.limits.clear_sweeps)
-        plan = self._plan(ctx)
+        if kind == "k8s":
+            marked = await ctx.scheduler.fabric_marks([h.name for h in ctx.scope.hosts], deadline=READ_DEADLINE_S)
+            plan = self._decide(ctx, marked)
+            self._steps = {}
+        else:
+            marked, nodes = self._slurm_marks(ctx)
+            plan = []
+            self._steps = {}
+            for t, m, why in self._decide(ctx, marked):
+                step = features.update(nodes[t], m)
+                if step is not None:
+                    plan.append((t, m, why))
+                    self._steps[t] = step
         fabric_limit.save(ctx.state_dir, self.limits)
-        self._steps = {tray: step for tray, _, _, step in plan}
-        acts = [Act(Decision(tray, MARK if mark else CLEAR, why, reason=FEATURE, rack=racks.get(tray),
-                             at=ctx.now),
-                    batch="fabric", intent=False, result_fields={"feature": FEATURE})
-                for tray, mark, why, _ in plan]
+        racks = {h.name: h.rack for h in ctx.scope.hosts}
+        name = mark_name(kind)
+        acts = [Act(Decision(t, MARK if m else CLEAR, why, reason=name, rack=racks.get(t), at=ctx.now),
+                    batch="fabric", intent=False, result_fields={"mark": name}) for t, m, why in plan]
         if not acts:
             return []
         return await ctx.actuator.run(state, acts)
 
     def dry_run(self, ctx: Context, state: "HealthState") -> list[Decision]:
-        from mctl.sched.slurm.features import FEATURE
-
+        """What the Slurm marks would be (a Kubernetes dry run reads no labels: it shows none)."""
+        if not ctx.result.switch_side or getattr(ctx.scheduler, "kind", None) != "slurm":
+            return []
         self.limits = fabric_limit.load(ctx.state_dir, self.limits.clear_sweeps)
-        saved = dict(self.limits.healthy)
-        try:
-            return [Decision(tray, MARK if mark else CLEAR, why, reason=FEATURE) for tray, mark, why, _ in
-                    self._plan(ctx)]
-        finally:
-            self.limits.healthy = saved
+        marked, _ = self._slurm_marks(ctx)
+        return [Decision(t, MARK if m else CLEAR, why, reason=mark_name("slurm")) for t, m, why in
+                self._decide(ctx, marked)]
