@@ -4,7 +4,8 @@ One read per rack and sweep: NMX-M's compute nodes, GPUs, partitions, switch nod
 ports (each list paged), mapped to the rack's trays by mctl.fabric.switchside. A read runs in a
 thread of its own, one attempt per list, each request under the sweep's deadline, and the sweep
 waits for it at most until that deadline (it starts with the probes, so it adds nothing to a
-sweep). A rack whose read is still in flight when a sweep starts gets no second read: a hung
+sweep), and only while the rack's last read was good and took under half the deadline: a slow or
+failing NMX-M is read beside the sweeps and judged by its age, never waited for. A rack whose read is still in flight when a sweep starts gets no second read: a hung
 NMX-M holds at most one thread per rack, never a sweep. The sweep judges the last good view
 with its age; a failed or malformed read, or a view older than `STALE_INTERVALS` sweep
 intervals, is the rack's `nmx.switch_side` finding.
@@ -35,6 +36,7 @@ class _Rack:
         self.thread: threading.Thread | None = None
         self.done = threading.Event()
         self.started = 0.0
+        self.took: float | None = None              # how long the last read took (None: none ended yet)
 
 
 class NmxWatch:
@@ -74,6 +76,7 @@ class NmxWatch:
             with self._lock:
                 slot.error = f"{exc.__class__.__name__}: {exc}"
         finally:
+            slot.took = time.monotonic() - slot.started
             slot.done.set()
 
     def start(self) -> list[_Rack]:
@@ -91,6 +94,11 @@ class NmxWatch:
             slot.thread.start()
         return started
 
+    def _worth_waiting(self, slot: _Rack) -> bool:
+        """A read is waited for when the rack's last one was good and took under half the deadline (or there was
+        none yet): a slow or failing NMX-M is read beside the sweeps and judged by its age, not waited for."""
+        return slot.took is None or (slot.error is None and slot.took < self.deadline / 2)
+
     @staticmethod
     def _wait(slots: list[_Rack], until: float) -> None:
         for slot in slots:
@@ -103,8 +111,9 @@ class NmxWatch:
         """Start the reads, wait for them at most *wait_s* (default: the deadline), return each rack's view.
 
         Only the reads started now are waited for: a read still in flight from an earlier sweep (a hung
-        NMX-M) is not, so a hung NMX-M costs at most one sweep its deadline, never every sweep."""
-        started = self.start()
+        NMX-M) is not, nor one after a read that failed or took half the deadline or more, so a hung or slow
+        NMX-M costs at most one sweep its deadline, never every sweep."""
+        started = [slot for slot in self.start() if self._worth_waiting(slot)]
         until = time.monotonic() + (self.deadline if wait_s is None else max(0.0, wait_s))
         if started:
             await asyncio.to_thread(self._wait, started, until)

@@ -114,15 +114,16 @@ def test_an_unhealthy_switch_tray_reaches_every_tray_it_serves_and_clears(switch
 
 
 def test_a_hung_nmx_m_is_the_racks_finding_and_never_stretches_the_sweep(switch_site):
+    """A hung NMX-M costs the sweep at most its deadline (4 s here), beside the probes: a fresh `health check`
+    waits for its one read that long; the watch's later sweeps do not wait at all (tests/unit/test_switch_side.py)."""
     lab = switch_site.lab
-    _, healthy_s = switch_site()
+    healthy, _ = switch_site("--timeout", "4")
     switch_site.fault("timeout")
-    doc, hung_s = switch_site("--timeout", "4")
+    doc, _ = switch_site("--timeout", "4")
     side = _by(doc, "nmx.switch_side")[lab.rack]
     assert side["severity"] == "warn" and "not read" in side["message"], side
     assert not _by(doc, "nmx.switch_port")          # nothing judged from no answer
-    assert doc["elapsed"] <= 4 + 1.5, doc["elapsed"]
-    assert hung_s < healthy_s + 4 + 5
+    assert doc["elapsed"] <= max(healthy["elapsed"], 4) + 2.5, (doc["elapsed"], healthy["elapsed"])
 
 
 def _features(lab):

@@ -373,3 +373,24 @@ def test_the_kubernetes_label_is_mctls_own_and_carries_the_resource_version():
     assert got == {"t1": ("done", ""), "t9": ("refused", "no such Node")}
     assert client.patches == [("t1", {"metadata": {"labels": {FABRIC_LABEL: "true"}, "resourceVersion": "42"}})]
     assert asyncio.run(adapter.fabric_marks(["t1", "t9"], deadline=5)) == {"t1": False}
+
+
+def test_a_slow_or_failing_nmx_m_is_not_waited_for_again():
+    from mctl.fabric.nmx import NMXUnavailable
+
+    calls = []
+
+    def read(rack):
+        calls.append(1)
+        if len(calls) == 1:
+            raise NMXUnavailable("NMX-M at u is unavailable")
+        return SwitchSideView(rack.name, read_at=1.0)
+
+    watch = NmxWatch(None, [make_rack(2)], deadline=5, stale_after_s=5, read=read, clock=lambda: 2.0)
+    assert asyncio.run(watch.views())["r1"].error == "NMX-M at u is unavailable"      # the first one: waited
+    slot = watch._racks["r1"]
+    assert not watch._worth_waiting(slot)                  # after a failure: read beside, not waited for
+    slot.thread.join(5)
+    asyncio.run(watch.views(0))
+    slot.thread.join(5)
+    assert watch._worth_waiting(slot) and watch.snapshot()["r1"].error is None
