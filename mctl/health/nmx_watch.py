@@ -25,6 +25,7 @@ from mctl.model.fabric import SwitchSideView
 if TYPE_CHECKING:
     from mctl.model.site import Rack, Site
 
+PAGE_SIZE = 1000             # items asked per page of each list (the OpenAPI Pagination's limit)
 STALE_INTERVALS = 3          # a view older than this many sweep intervals (at least 3 deadlines) is stale
 
 
@@ -60,8 +61,9 @@ class NmxWatch:
         from mctl.fabric.nmx import NMXClient, RetryPolicy
         from mctl.fabric.switchside import read_switch_side
 
+        # 1000 a page: an NVL72 rack lists 72 x 18 = 1296 GPU ports (2 pages, not 13 at the default 100)
         policy = RetryPolicy(attempts=1, timeout_s=self.deadline, call_deadline_s=self.deadline,
-                             operation_deadline_s=self.deadline)
+                             operation_deadline_s=self.deadline, page_size=PAGE_SIZE)
         return read_switch_side(NMXClient.for_rack(self.site, rack, policy=policy), rack)
 
     def _run(self, slot: _Rack) -> None:
