@@ -3,9 +3,10 @@
 One read per rack and sweep: NMX-M's compute nodes, GPUs, partitions, switch nodes, switches and
 ports (each list paged), mapped to the rack's trays by mctl.fabric.switchside. A read runs in a
 thread of its own, one attempt per list, each request under the sweep's deadline, and the sweep
-waits for it at most until that deadline (it starts with the probes, so it adds nothing to a
-sweep), and only while the rack's last read was good and took under half the deadline: a slow or
-failing NMX-M is read beside the sweeps and judged by its age, never waited for. A rack whose read is still in flight when a sweep starts gets no second read: a hung
+waits for it once its probes are in: for a rack never read yet until the sweep's deadline, else at
+most GRACE_S more (a read not done by then is judged in the next sweep), and only while the rack's
+last read was good and took under half the deadline: a slow or failing NMX-M is read beside the
+sweeps and judged by its age, never waited for. A rack whose read is still in flight when a sweep starts gets no second read: a hung
 NMX-M holds at most one thread per rack, never a sweep. The sweep judges the last good view
 with its age; a failed or malformed read, or a view older than `STALE_INTERVALS` sweep
 intervals, is the rack's `nmx.switch_side` finding.
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from mctl.model.site import Rack, Site
 
 PAGE_SIZE = 1000             # items asked per page of each list (the OpenAPI Pagination's limit)
+GRACE_S = 0.5                # how long past the probes a sweep waits for a rack read before (D-switchfab-1)
 STALE_INTERVALS = 3          # a view older than this many sweep intervals (at least 3 deadlines) is stale
 
 
@@ -109,17 +111,31 @@ class NmxWatch:
                 return
             slot.done.wait(left)
 
+    def begin(self) -> list[_Rack]:
+        """Start the sweep's reads (with its probes); the ones worth waiting for (see `_worth_waiting`)."""
+        return [slot for slot in self.start() if self._worth_waiting(slot)]
+
+    async def collect(self, started: list[_Rack], *, until: float, grace: float = GRACE_S) -> dict[str, SwitchSideView]:
+        """Each rack's view once the probes are in: a rack never read yet is waited for until *until* (the sweep's
+        deadline, monotonic), one read before at most *grace* more (else its last view, one sweep older)."""
+        now = time.monotonic()
+        first = [s for s in started if s.good is None]
+        later = [s for s in started if s.good is not None]
+        if first:
+            await asyncio.to_thread(self._wait, first, until)
+        if later:
+            await asyncio.to_thread(self._wait, later, min(until, max(time.monotonic(), now + grace)))
+        return self.snapshot()
+
     async def views(self, wait_s: float | None = None) -> dict[str, SwitchSideView]:
         """Start the reads, wait for them at most *wait_s* (default: the deadline), return each rack's view.
 
         Only the reads started now are waited for: a read still in flight from an earlier sweep (a hung
         NMX-M) is not, nor one after a read that failed or took half the deadline or more, so a hung or slow
         NMX-M costs at most one sweep its deadline, never every sweep."""
-        started = [slot for slot in self.start() if self._worth_waiting(slot)]
-        until = time.monotonic() + (self.deadline if wait_s is None else max(0.0, wait_s))
-        if started:
-            await asyncio.to_thread(self._wait, started, until)
-        return self.snapshot()
+        started = self.begin()
+        wait = self.deadline if wait_s is None else max(0.0, wait_s)
+        return await self.collect(started, until=time.monotonic() + wait, grace=wait)
 
     def snapshot(self) -> dict[str, SwitchSideView]:
         now = self.clock()

@@ -184,8 +184,9 @@ class Sweeper:
         read = asyncio.ensure_future(self.read_scheduler())
         # out of band: read now beside the SSH probes (health check), or taken from the watch's reader below
         bmc_read = asyncio.ensure_future(self.read_bmcs()) if e.bmc_watch is None else None
-        # the switch side: one NMX-M read per rack beside the probes, waited for at most the sweep's deadline
-        nmx_read = asyncio.ensure_future(e.nmx_watch.views(e.timeout)) if e.nmx_watch is not None else None
+        # the switch side: one NMX-M read per rack beside the probes (mctl.health.nmx_watch: never past the deadline)
+        nmx_started = e.nmx_watch.begin() if e.nmx_watch is not None else None
+        nmx_read = None
 
         def arrived(f: TrayFacts) -> None:
             # Once per tray and sweep (BootMemory remembers what it saw), as the tray's answer arrives.
@@ -199,6 +200,8 @@ class Sweeper:
             views, states, sched_error = await read
             # the watch: each BMC's view as it is now, never waited for (a hung BMC is bmc.stale in time)
             bmcs = await bmc_read if bmc_read is not None else e.bmc_watch.views()
+            if nmx_started is not None:
+                nmx_read = asyncio.ensure_future(e.nmx_watch.collect(nmx_started, until=t0 + e.timeout))
             switch_side = await nmx_read if nmx_read is not None else {}
         finally:
             read.cancel()

@@ -394,3 +394,26 @@ def test_a_slow_or_failing_nmx_m_is_not_waited_for_again():
     asyncio.run(watch.views(0))
     slot.thread.join(5)
     assert watch._worth_waiting(slot) and watch.snapshot()["r1"].error is None
+
+
+def test_a_read_once_the_probes_are_in_waits_only_the_grace_when_a_view_exists():
+    import time as _time
+
+    release = threading.Event()
+    answers = [SwitchSideView("r1", read_at=1.0, switch_nodes=1)]
+
+    def read(rack):
+        if not answers:
+            release.wait(10)
+            return SwitchSideView("r1", read_at=3.0, switch_nodes=2)
+        return answers.pop()
+
+    watch = NmxWatch(None, [make_rack(2)], deadline=5, stale_after_s=30, read=read, clock=lambda: 4.0)
+    first = asyncio.run(watch.collect(watch.begin(), until=_time.monotonic() + 5))
+    assert first["r1"].switch_nodes == 1                       # never read before: waited for
+    t0 = _time.monotonic()
+    second = asyncio.run(watch.collect(watch.begin(), until=_time.monotonic() + 5, grace=0.1))
+    assert _time.monotonic() - t0 < 2 and second["r1"].switch_nodes == 1 and second["r1"].age_s == 3.0
+    release.set()
+    watch._racks["r1"].thread.join(5)
+    assert watch.snapshot()["r1"].switch_nodes == 2            # the next sweep judges it
