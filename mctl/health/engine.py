@@ -98,6 +98,10 @@ class Engine:
                                               power_interval=oob.power_interval(settings.bmc_power_interval, every),
                                               stale_after=settings.bmc_stale_after * every,
                                               deadline=self.bmc_deadline).start()
+        # The switch side (mctl/health/nmx_watch.py): each rack's NMX-M read beside every sweep, within its deadline.
+        from mctl.health.nmx_watch import watch_for
+        self.nmx_watch = watch_for(site, scope.racks, deadline=self.timeout,
+                                   interval=interval if interval is not None else settings.interval)
         from mctl.health.boots import BootMemory
         self.boots = BootMemory.load(self.state_dir)     # a reboot between sweeps (tray.boot, gpu.xid)
         from mctl.health.signals import SignalMemory
@@ -120,6 +124,11 @@ class Engine:
         # What the watch does about a sweep, in this order (mctl.health.responders): a new responder plugs in here.
         self.escalation = EscalationResponder()
         self.drains = DrainResponder()
+        # The degraded-fabric mark (nvl_degraded) on the Slurm trays of a degraded partition (D107).
+        self.fabric = None
+        if self.nmx_watch is not None:
+            from mctl.health.responders.fabric import FabricLimitResponder
+            self.fabric = FabricLimitResponder(settings.resume_after_healthy_sweeps)
         self.leaks = LeakResponder()
         # Events out (mctl/health/events.py, docs/events.md): every finding change and every action, from here;
         # a dry run sends nothing anywhere. What the last sweep saw per tray, to tell the changes.
@@ -197,7 +206,9 @@ class Engine:
         actuator = Actuator(self.state_dir, self.who, {
             "scheduler": scheduler_batch(self.scheduler, self.act_deadline),
             "power-off": power_off_batch(lambda: hosts, self.oob_settings, self.oob_problem,
-                                         max(self.act_deadline, POWER_OFF_DEADLINE_MIN))}, emit=self.bus.actions)
+                                         max(self.act_deadline, POWER_OFF_DEADLINE_MIN)),
+            **({"fabric": self.fabric.batch(self.scheduler, self.act_deadline)} if self.fabric is not None else {})},
+            emit=self.bus.actions)
         return Context(self.site, self.scope, self.settings, self.sizes, self.state_dir, self.who, actuator,
                        result, time.time(), self.pool, self.targets, self.scheduler, self.oob_settings,
                        self.oob_problem, self.partitions_changed)
@@ -205,8 +216,9 @@ class Engine:
     def responders(self) -> list:
         """What mctl does about a sweep, in this order: a rack's hold first (rack escalation: its trays are then
         the hold's, not the drains'), drains and resumes (a critical leak's drain too), then the leaks'
-        power-offs, the recovery ladder, isolation."""
-        return [r for r in (self.escalation, self.drains, self.leaks, self.ladder, self.isolator) if r is not None]
+        power-offs, the recovery ladder, isolation, the degraded-fabric mark."""
+        return [r for r in (self.escalation, self.drains, self.leaks, self.ladder, self.isolator, self.fabric)
+                if r is not None]
 
     async def respond(self, result: SweepResult, early: EarlyDrains | None = None) -> None:
         """What mctl does about the sweep: every responder, in order, under the state lock."""

@@ -146,7 +146,21 @@ def bmc_findings():
     return out
 
 
-EVALUATED = {HEALTH: lambda: tray_findings() + bmc_findings(), NODE_CHECK: tray_findings,
+def switch_side_findings():
+    """The switch side (mctl.checks.switch_fabric): the sweep judges it from each rack's NMX-M view."""
+    from mctl.checks import switch_fabric
+    from mctl.model.fabric import PartitionFabric, SwitchFault, SwitchSideView
+
+    trays = ("r1-tray01", "r1-tray02")
+    view = SwitchSideView("r1", (PartitionFabric("p0", 1, "DEGRADED", trays),),
+                          (SwitchFault("nvsw01", "switch", "UNHEALTHY", trays, ("p0",)),
+                           SwitchFault("nvsw02", "port", "DISABLED/STATE_DOWN", trays[:1], ("p0",), 3, ("r1-tray01:0",))),
+                          9, 100, read_at=1.0, age_s=1.0)
+    return (switch_fabric.judge_tray(trays[0], view) + switch_fabric.judge_view(view, 30)
+            + switch_fabric.judge_view(SwitchSideView("r1", error="unavailable"), 30))
+
+
+EVALUATED = {HEALTH: lambda: tray_findings() + bmc_findings() + switch_side_findings(), NODE_CHECK: tray_findings,
              AUDIT: lambda: tray_findings() + bmc_findings(), INVENTORY: inventory_findings}
 
 

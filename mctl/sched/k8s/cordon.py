@@ -173,6 +173,22 @@ def guard(action: str, view: NodeView) -> tuple[str | None, bool]:
 CONFLICT_TRIES = 3        # reads and patches of one Node before a 409 is given up
 
 
+# The degraded-fabric label (mctl.health.responders.fabric): mctl's own, set and removed only by mctl.
+FABRIC_LABEL = "mctl.io/nvlink-degraded"
+
+
+def fabric_label_patch(node: dict[str, Any], mark: bool) -> dict[str, Any] | None:
+    """The merge patch that sets (*mark*) or removes mctl's degraded-fabric label, None when it is so already;
+    it carries the node's resourceVersion (a write in between makes the API refuse it) and no other label."""
+    meta = node.get("metadata") or {}
+    if (FABRIC_LABEL in (meta.get("labels") or {})) == mark:
+        return None
+    out: dict[str, Any] = {"labels": {FABRIC_LABEL: "true" if mark else None}}
+    if meta.get("resourceVersion"):
+        out["resourceVersion"] = meta["resourceVersion"]
+    return {"metadata": out}
+
+
 class K8sAdapter:
     kind = "k8s"
 
@@ -310,6 +326,54 @@ class K8sAdapter:
             return [t for t in trays if rack_held(self._get(t))]
         except MctlError as exc:
             raise SchedulerUnreachable(exc.message) from None
+
+    async def fabric_marks(self, names: Sequence[str], *, deadline: float | None = None) -> dict[str, bool]:
+        """Which nodes carry mctl's degraded-fabric label (a node not read is left out)."""
+        import asyncio
+
+        def read() -> dict[str, bool]:
+            out = {}
+            for name in names:
+                try:
+                    obj = self._get(name)
+                except MctlError:
+                    continue
+                if obj is not None:
+                    out[name] = FABRIC_LABEL in ((obj.get("metadata") or {}).get("labels") or {})
+            return out
+        try:
+            async with asyncio.timeout(deadline):
+                return await asyncio.to_thread(read)
+        except TimeoutError:
+            return {}
+
+    def _mark_one(self, name: str, mark: bool) -> tuple[str, str]:
+        from mctl.sched.k8s.client import ApiError
+
+        for _ in range(CONFLICT_TRIES):
+            try:
+                obj = self._get(name)
+                if obj is None:
+                    return "refused", "no such Node"
+                patch = fabric_label_patch(obj, mark)
+                if patch is None:
+                    return "done", "already so"
+                self.client.merge_patch("Node", name, None, patch)
+                return "done", ""
+            except ApiError as exc:
+                if exc.status == 409:
+                    continue
+                return "failed", exc.message
+            except MctlError as exc:
+                return "failed", exc.message
+        return "refused", f"the node changed between read and write {CONFLICT_TRIES} times (409 Conflict)"
+
+    async def set_fabric_marks(self, marks: Sequence[tuple[str, bool]], *, deadline: float | None = None
+                               ) -> dict[str, tuple[str, str]]:
+        """Set or remove mctl's degraded-fabric label on each node: name -> (done|refused|failed, text)."""
+        import asyncio
+
+        return {name: await asyncio.to_thread(self._mark_one, name, mark) for name, mark in marks}
 
     async def apply(self, decisions: Sequence[Decision], *, deadline: float | None = None) -> list[ActResult]:
         import asyncio
