@@ -11,6 +11,7 @@ alternate (before, after, before, after) to spread the machine's load over both.
 
     python3 bench/signals_bench.py                        # 4 racks x 18 trays, 8 sweeps a round, 2 rounds
     python3 bench/signals_bench.py --racks 1 --trays 18 --sweeps 10 --json
+    python3 bench/signals_bench.py --signal dcgm         # issue 30.3: before = health.dcgm off, after = auto
 
 Reports per variant: the median sweep over open connections, mctl's own CPU per sweep, and the
 machine's busy CPU per sweep (/proc/stat: every tray's sshd session, shell and nvidia-smi included),
@@ -35,13 +36,27 @@ sys.path.insert(0, str(REPO / "bench"))
 import health_bench  # noqa: E402  (bench/health_bench.py: the lab start, the site copy, the sweep measure)
 
 
-def variant(name: str) -> None:
+def variant(name: str, signal: str = "nvlink-errors") -> None:
     from mctl.facts import probe
+
+    if signal == "dcgm":            # the variants differ by their sites (health.dcgm), not by the probe's code
+        return
 
     if not hasattr(probe, "_ALL_GPU_STEPS"):
         probe._ALL_GPU_STEPS = probe._GPU_STEPS
     steps = probe._ALL_GPU_STEPS
     probe._GPU_STEPS = steps if name == "after" else tuple(s for s in steps if s.section != "nvlink-errors")
+
+
+def dcgm_off(site: Path, folder: Path) -> Path:
+    """The bench's site with health.dcgm off: the probe runs no dcgmi."""
+    import yaml
+
+    doc = yaml.safe_load((site / "mctl.yml").read_text())
+    doc["health"]["dcgm"] = "off"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return folder
 
 
 def main() -> int:
@@ -50,6 +65,8 @@ def main() -> int:
     ap.add_argument("--trays", type=int, default=18)
     ap.add_argument("--sweeps", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--signal", choices=("nvlink-errors", "dcgm"), default="nvlink-errors",
+                    help="what 'before' leaves out: the nvlink -e section, or DCGM health (health.dcgm off)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="mctl-signals-bench-"))
@@ -59,10 +76,13 @@ def main() -> int:
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     try:
         site = health_bench.site_copy(lab_dir, workdir, 5.0, scheduler=False)
+        sites = {"before": site, "after": site}
+        if args.signal == "dcgm":
+            sites["before"] = dcgm_off(site, workdir / "site-dcgm-off")
         for r in range(args.rounds):
             for name in ("before", "after"):
-                variant(name)
-                m = health_bench.measure_sweeps(site, workdir / f"state-{name}-{r}", args.sweeps)
+                variant(name, args.signal)
+                m = health_bench.measure_sweeps(sites[name], workdir / f"state-{name}-{r}", args.sweeps)
                 runs[name].append(m)
                 sys.stderr.write(f"[bench] round {r + 1} {name}: median {m['median_s']} s, machine "
                                  f"{m['machine_cpu_per_sweep']['machine_busy_s']} CPU-s per sweep\n")
@@ -79,7 +99,7 @@ def main() -> int:
                 m["machine_cpu_per_sweep"]["machine_busy_s"] for m in ms) / trays, 1),
         }
     rise = summary["after"]["machine_cpu_per_tray_ms"] / summary["before"]["machine_cpu_per_tray_ms"] - 1
-    doc = {"trays": trays, "racks": args.racks, "sweeps_per_round": args.sweeps, "rounds": args.rounds,
+    doc = {"signal": args.signal, "trays": trays, "racks": args.racks, "sweeps_per_round": args.sweeps, "rounds": args.rounds,
            "uptime": uptime, "summary": summary, "machine_cpu_per_tray_rise_pct": round(100 * rise, 1),
            "target": "<= 20 %", "met": rise <= 0.20, "runs": runs}
     if args.json:

@@ -241,8 +241,11 @@ async def _health_sweep(site: "Site", hosts: Sequence["Host"], state_dir: Path, 
     from mctl.health.engine import Engine
     from mctl.health.site_view import Scope, settings_of
 
-    engine = Engine(site, Scope(tuple(hosts)), settings_of(site), state_dir, pool, remediate=False, dry_run=False,
-                    timeout=timeout)
+    from dataclasses import replace
+
+    # a report: no events out (docs/events.md), so the watch's finding memory is not the audit's
+    engine = Engine(site, Scope(tuple(hosts)), replace(settings_of(site), events=()), state_dir, pool,
+                    remediate=False, dry_run=False, timeout=timeout)
     return await engine.sweep()
 
 

@@ -4,6 +4,8 @@ Tables:
   runs      one row per audit run (time, racks, exit code, counts, coverage, gaps)
   findings  the problems each run found (OK results are not stored)
   status    one row per fingerprint: first seen, last seen, resolved at (NULL while open)
+  validations  one row per rack-scale NVLink validation (`mctl rack validate`, bring-up's validate phase):
+            time, rack, status, the dragging trays, the whole report as JSON (mctl.bringup.validate)
 
 A finding is *resolved* by a run that looked at its family on its host (the
 run's coverage) and did not find it. A run that could not look (the tray was
@@ -78,6 +80,20 @@ CREATE TABLE IF NOT EXISTS status (
     last_seen REAL NOT NULL,
     resolved_at REAL
 );
+"""
+# Added after schema 1 shipped: created on open when missing, so an older history gains it unchanged.
+_VALIDATIONS_DDL = """
+CREATE TABLE IF NOT EXISTS validations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    started REAL NOT NULL,
+    elapsed REAL NOT NULL,
+    site TEXT NOT NULL,
+    rack TEXT NOT NULL,
+    status TEXT NOT NULL,
+    dragging TEXT NOT NULL,
+    report TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS validations_started ON validations(started);
 """
 
 
@@ -180,6 +196,8 @@ class History:
                                          hint="use the mctl that wrote it, or move the file aside")
             if version == 0:
                 conn.executescript(_DDL + f"PRAGMA user_version = {SCHEMA};")
+            if create:
+                conn.executescript(_VALIDATIONS_DDL)
         except sqlite3.Error as exc:
             raise EnvironmentProblem(f"cannot open the audit history {path}: {exc}",
                                      hint="check the state directory (--state-dir) is writable, or move a damaged "
@@ -243,7 +261,54 @@ class History:
         return {"run_id": run_id, "new": len(new), "persisting": len(persisting), "resolved": len(resolved),
                 "new_fingerprints": sorted(new), "resolved_fingerprints": sorted(resolved)}
 
+    def record_validation(self, site: str, report: dict[str, Any], *, started: float, elapsed: float,
+                          now: float | None = None) -> int:
+        """Store one validation run (its report as `--json` prints it); returns its id."""
+        c = self.conn
+        try:
+            c.execute("BEGIN IMMEDIATE")
+            cur = c.execute("INSERT INTO validations (started, elapsed, site, rack, status, dragging, report) "
+                            "VALUES (?,?,?,?,?,?,?)",
+                            (started, elapsed, site, str(report.get("rack")), str(report.get("status")),
+                             json.dumps(list(report.get("dragging") or [])), json.dumps(report)))
+            cutoff = (now if now is not None else time.time()) - RETENTION_DAYS * 86400
+            c.execute("DELETE FROM validations WHERE started < ?", (cutoff,))
+            c.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if c.in_transaction:
+                c.execute("ROLLBACK")
+            raise EnvironmentProblem(f"cannot record the validation in {self.path}: {exc}",
+                                     hint="the report above is complete; check the state directory") from None
+        return int(cur.lastrowid)
+
     # ------------------------------------------------------------------ reading
+
+    def validations(self, since: float) -> list[dict[str, Any]]:
+        """The validation runs since *since*: when, which rack, the status, the dragging trays, each partition."""
+        try:
+            has = self.conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='validations'").fetchone()
+        except sqlite3.Error as exc:
+            raise self._damaged(f"cannot be read ({exc})") from None
+        if not has:
+            return []
+        rows = self._query("SELECT id, started, elapsed, site, rack, status, dragging, report FROM validations "
+                           "WHERE started >= ? ORDER BY started, id", (since,))
+        num, txt = (int, float), (str,)
+        out = []
+        for r in rows:
+            self._check_row("validations", r, ((int,), num, num, txt, txt, txt, txt, txt))
+            try:
+                dragging, report = json.loads(r[6]), json.loads(r[7])
+            except (ValueError, RecursionError):
+                raise self._damaged(f"validations row {r[0]}: dragging or report is not JSON") from None
+            if not isinstance(dragging, list) or not isinstance(report, dict):
+                raise self._damaged(f"validations row {r[0]}: dragging must be a JSON array, report an object")
+            parts = report.get("partitions") if isinstance(report.get("partitions"), list) else []
+            out.append({"id": r[0], "started": iso_time(r[1]), "elapsed": round(r[2], 3), "site": r[3],
+                        "rack": r[4], "status": r[5], "dragging": dragging,
+                        "partitions": [{k: p.get(k) for k in ("name", "status", "busbw", "text")}
+                                       for p in parts if isinstance(p, dict)]})
+        return out
 
     def _damaged(self, what: str) -> EnvironmentProblem:
         from mctl.state.files import DamagedState

@@ -228,6 +228,10 @@ def evaluate(site: "Site", plan: Plan, actual: "Actual", settings: AuditSettings
             gaps.append(Gap("nmx", rack.name, exc.message))
             continue
         entries += tag(nmx.FAMILY, found, rack_of=rack_of)
+        ctl = actual.controller if plan.controller is not None else None
+        if ctl is not None and ctl.error is None:
+            entries += tag(nmx.FAMILY, nmx.check_fabric_limit(rack, view.state, {n.name: n for n in ctl.nodes}),
+                           rack_of=rack_of)
 
     # one finding per partition across the layers that follow it
     entries += _layer_entries(site, plan, actual, rack_of)

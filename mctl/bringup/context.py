@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from mctl.ansible.runner import HostEvent
 
 PHASES: tuple[str, ...] = ("preflight", "inventory", "provision", "partitions", "imex", "scheduler", "health",
-                           "burn-in", "open")
+                           "burn-in", "open", "validate")
 TITLES = {
     "preflight": "inventory valid, hosts reachable, host keys trusted, NMX-M answers",
     "inventory": "facts over SSH against the rack's expected shape",
@@ -26,6 +26,7 @@ TITLES = {
     "health": "health gate",
     "burn-in": "DCGM diagnostics / NCCL tests where the trays have them",
     "open": "resume the trays in Slurm",
+    "validate": "an all-reduce across each NVLink partition, through Slurm",
 }
 BURN_IN_LEVELS = ("off", "quick", "medium", "long")
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from mctl.checks import (boot, clocks, driver, ecc, fabric_health, fabric_identity, fabric_state, gpu_count, imex,
+from mctl.checks import (boot, clocks, dcgm, driver, ecc, fabric_health, fabric_identity, fabric_state, gpu_count, imex,
                          nvlink, nvlink_errors, reachability, resources, slurmd, thermal, xid)
 from mctl.checks import leak
 from mctl.model.drain import REASON_MAX, REASON_PREFIX
@@ -39,6 +39,7 @@ CATALOGUE = (
     ("imex", imex),
     ("thermal", thermal),
     ("clocks", clocks),
+    ("dcgm", dcgm),                 # after the GPU's own signals: an ECC or XID names the drain first
     ("slurmd", slurmd),
     ("driver", driver),
     ("resources", resources),

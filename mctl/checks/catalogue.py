@@ -55,6 +55,7 @@ _ALL = frozenset(PURPOSES)
 _INV = frozenset({INVENTORY})
 _AUD = frozenset({AUDIT})               # the audit's own rule families (mctl.audit.rules, mctl.images.drift)
 _INV_AUD = frozenset({INVENTORY, AUDIT})
+_SWF = frozenset({HEALTH})             # read from the rack's NMX-M by the sweep (mctl/health/nmx_watch.py)
 _OOB = frozenset({HEALTH, AUDIT})          # read from the tray's BMC by the sweep (mctl.health.oob), not on the tray
 C, W, OK = Severity.CRITICAL, Severity.WARN, Severity.OK
 
@@ -101,6 +102,8 @@ _ENTRIES = (
     Check("gpu.power", W, "GPU power draw within the enforced limit", _TRAY),
     Check("gpu.clocks", C, "no HW slowdown or HW power brake holds the GPU clocks for N sweeps (one sweep, thermal "
           "slowdown and SW power cap warn)", _TRAY, milder=True),
+    Check("dcgm.health", C, "DCGM's health watches report no Failure where DCGM runs (Warning, or DCGM installed "
+          "but not reporting, warns)", _TRAY, milder=True),
     # -- NVLink and the fabric
     Check("nvlink.links", C, "every GPU's 18 NVLinks are up (unreadable link facts warn)", _TRAY, milder=True),
     Check("nvlink.errors", C, "no NVLink error counter grows past its rate over the window (any growth of a "
@@ -139,6 +142,15 @@ _ENTRIES = (
     Check("nmx.partition", C, "NMX-M holds each planned partition with its GPUs (an extra one warns)", _AUD,
           milder=True),
     Check("nmx.partition_health", C, "NMX-M reports each partition HEALTHY (DEGRADED warns)", _AUD, milder=True),
+    # -- the switch side, from the rack's NMX-M in each sweep (mctl/checks/switch_fabric.py; the fault is the
+    #    switch tray's: every finding on a compute tray warns, D106)
+    Check("nmx.switch_tray", W, "no NVLink switch tray serving the tray's GPUs is UNHEALTHY or MISSING_NVLINK on "
+          "NMX-M", _SWF),
+    Check("nmx.switch_port", W, "no switch port cabled to the tray's GPUs is down on NMX-M", _SWF),
+    Check("nmx.tray_partition", W, "the tray's NVLink partition is HEALTHY on NMX-M", _SWF),
+    Check("nmx.switch_side", W, "the rack's NMX-M switch side was read, well-formed, within its deadline and recent",
+          _SWF),
+    Check("nmx.fabric_limit", W, "the trays of a degraded partition carry Slurm's nvl_degraded, and only they", _AUD),
     Check("nmx.compute_nodes", W, "NMX-M knows every compute tray of the rack", _AUD),
     Check("slurm.nodes", C, "every tray is a Slurm node (a node the inventory does not list warns)", _AUD,
           milder=True),
@@ -225,6 +237,12 @@ REFERENCE: dict[str, tuple[str, str, str]] = {
                    "clocks_throttle_reasons before)", "HW slowdown or HW power brake active health.clock_event_sweeps "
                    "(3) sweeps in a row fails, fewer warn; thermal slowdown and SW power cap warn",
                    f"mctl lab fault gpu {_T} --clock-event 0:hw-slowdown"),
+    "dcgm.health": ("NVIDIA DCGM user guide (Health and Diagnostics: dcgmi health -s/-c); the report's JSON as "
+                    "dcgmi writes it (NVIDIA/DCGM dcgmi/Health.cpp, tests/fixtures/real/README.md)",
+                    "overall Failure fails; Warning warns; with health.dcgm auto (where dcgmi is installed) or "
+                    "required (no dcgmi warns); no report within the section's deadline (a third of nvidia-smi's, "
+                    "1-5 s), an unreadable or unknown report warns (the lab: --tool-fault dcgmi:hang)",
+                    f"mctl lab fault gpu {_T} --ecc-uncorrectable 1 --gpu 0"),
     "nvlink.links": (_HV, "18 active NVLinks per GPU at 53.125 GB/s; any inactive fails",
                      f"mctl lab fault gpu {_T} --nvlink-down 0:3"),
     "nvlink.errors": ("NVIDIA DCGM health watch (DcgmHealthWatch.cpp: DCGM_LIMIT_MAX_NVLINK_ERROR 1, "
@@ -271,6 +289,19 @@ REFERENCE: dict[str, tuple[str, str, str]] = {
     "nmx.partition": (_NMX, "NMX-M holds every planned partition", f"mctl lab fault nmx lab-r1 500"),
     "nmx.partition_health": (_NMX, "HEALTHY; DEGRADED warns", "none: the NMX-M emulator's partition health is set "
                              "in its tests"),
+    "nmx.switch_tray": (_NMX + "; NMX-M documentation, Partition Health (a loss of a switch: UNHEALTHY)",
+                        "SwitchNode Health UNHEALTHY or MISSING_NVLINK warns on every tray cabled to its ASICs "
+                        "(UNKNOWN is not reported)", "mctl lab fault nmx lab-r1 switch-unhealthy --switch 1"),
+    "nmx.switch_port": (_NMX, "a Port not LINKUP/STATE_ACTIVE warns on the tray at its other end",
+                        "mctl lab fault nmx lab-r1 port-down --switch 1 --port 1"),
+    "nmx.tray_partition": (_NMX + "; NMX-M documentation, Partition Health",
+                           "DEGRADED, DEGRADED_BANDWIDTH, UNHEALTHY or UNKNOWN warns on the partition's trays",
+                           "mctl lab fault nmx lab-r1 partition-degraded --nmx-partition p0"),
+    "nmx.switch_side": (_NMX, "each sweep's read within the tray deadline; a view older than "
+                        "3 sweep intervals (at least 3 deadlines), or malformed, warns", "mctl lab fault nmx lab-r1 timeout"),
+    "nmx.fabric_limit": (_NMX + "; " + _SLURM, "a tray of a DEGRADED/DEGRADED_BANDWIDTH/UNHEALTHY partition without "
+                         "nvl_degraded, or one with it in a healthy partition, warns; a marked degraded one warns",
+                         "mctl lab fault nmx lab-r1 partition-degraded --nmx-partition 'Default Partition'"),
     "nmx.compute_nodes": (_NMX, "every compute tray known", f"mctl lab fault nmx lab-r1 500"),
     "slurm.nodes": (_SLURM, "every tray a node", "none: a slurm.conf edited by hand in its tests"),
     "slurm.node_address": (_SLURM, "NodeAddr is the inventory address", "none: a slurm.conf edited by hand"),

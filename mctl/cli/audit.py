@@ -11,7 +11,7 @@ from typer.core import TyperGroup
 
 from mctl.cli import render
 from mctl.cli.context import options
-from mctl.cli.options import AllRacksOpt, FailOnOpt, JsonOpt, RacksArg, TimeoutOpt
+from mctl.cli.options import AllRacksOpt, FailOnOpt, JsonOpt, NoHistoryOpt, RacksArg, TimeoutOpt
 from mctl.errors import EXIT_FINDINGS, EXIT_PARTIAL, UsageError
 
 
@@ -41,7 +41,7 @@ def run(
                                                                "(e.g. 12h, 1d, 90m).")] = "1d",
     timeout: TimeoutOpt = None,
     no_health: Annotated[bool, typer.Option("--no-health", help="Leave out the health check catalogue.")] = False,
-    no_history: Annotated[bool, typer.Option("--no-history", help="Do not record this run in the history.")] = False,
+    no_history: NoHistoryOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """Compare what the inventory wants with what the racks run, and add every health check's findings.
@@ -113,7 +113,8 @@ def history(
 
     New: first seen within --since and still there. Persisting: there since before --since.
     Resolved: gone since, in a run that looked at that host (an unreachable tray does not
-    resolve its findings).
+    resolve its findings). The rack-scale NVLink validations of the window ('mctl rack validate',
+    bring-up's validate phase) are listed after them: rack, status, dragging trays.
 
     Example: mctl audit history --since 7d
     """
@@ -129,12 +130,14 @@ def history(
     try:
         runs = store.runs(start)
         lives = store.lifecycles(start)
+        validations = store.validations(start)
     finally:
         store.close()
     out = render.output(json_)
     out.result({"since": since, "runs": runs, "findings": [l.to_dict() for l in lives],
-                "summary": {s: sum(l.status == s for l in lives) for s in ("new", "persisting", "resolved")}},
-               lambda: _print_history(out, since, runs, lives))
+                "summary": {s: sum(l.status == s for l in lives) for s in ("new", "persisting", "resolved")},
+                "validations": validations},
+               lambda: _print_history(out, since, runs, lives, validations))
 
 
 def _short_time(t: float | None) -> str:
@@ -145,7 +148,8 @@ def _short_time(t: float | None) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%MZ")
 
 
-def _print_history(out: render.Output, since: str, runs: list[dict], lives: list) -> None:
+def _print_history(out: render.Output, since: str, runs: list[dict], lives: list,
+                   validations: list[dict] | None = None) -> None:
     text = [f"audit history, last {since}: {len(runs)} run{'s' if len(runs) != 1 else ''}"
            + (f", latest {runs[-1]['started']} (exit {runs[-1]['exit_code']})" if runs else "")]
     if lives:
@@ -159,4 +163,9 @@ def _print_history(out: render.Output, since: str, runs: list[dict], lives: list
         text.append("no findings in this window")
     counts = {s: sum(l.status == s for l in lives) for s in ("new", "persisting", "resolved")}
     text.append(f"{counts['new']} new, {counts['persisting']} persisting, {counts['resolved']} resolved")
+    for v in validations or []:
+        parts = ", ".join(f"{p['name']} {p['status']}" + (f" {p['busbw']:.0f} GB/s" if p.get("busbw") else "")
+                          for p in v["partitions"])
+        text.append(f"validation {v['started']} {v['rack']}: {v['status']} ({parts})"
+                    + (f"; dragging {', '.join(v['dragging'])}" if v["dragging"] else ""))
     out.block("\n".join(text) + "\n")

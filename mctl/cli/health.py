@@ -17,6 +17,9 @@ app = typer.Typer(help="Health checks, the watch that drains failed trays, and m
                   no_args_is_help=True)
 breaker_app = typer.Typer(help="The circuit breaker that stops automatic drains.", no_args_is_help=True)
 app.add_typer(breaker_app, name="breaker")
+escalation_app = typer.Typer(help="Rack escalation: one hold on a rack whose trays fail together.",
+                             no_args_is_help=True)
+app.add_typer(escalation_app, name="escalation")
 
 SEVERITIES = ("warn", "critical")
 
@@ -72,7 +75,7 @@ def _racks_of(site, hosts) -> list[str]:
 
 def _print_check(out: render.Output, result, passed: bool) -> None:
     from mctl.cli.health_screen import STYLE
-    from mctl.health.watch import ISOLATE_ACTIONS, LADDER_ACTIONS
+    from mctl.health.watch import ESCALATION_ACTION, ISOLATE_ACTIONS, LADDER_ACTIONS
     from mctl.model.drain import NOTES
 
     rows = []
@@ -97,13 +100,13 @@ def _print_check(out: render.Output, result, passed: bool) -> None:
                 out.line(f"           action: {f.action}")
     if result.remediate:
         verb = "would " if result.dry_run else ""
-        acts = [d for d in result.decisions if d.action in ("drain", "resume", *NOTES,
-                                                            "power-off", *LADDER_ACTIONS, *ISOLATE_ACTIONS)]
+        acts = [d for d in result.decisions if d.action in ("drain", "resume", *NOTES, "power-off", ESCALATION_ACTION,
+                                                            *LADDER_ACTIONS, *ISOLATE_ACTIONS)]
         if not acts:
             out.line("remediation: nothing to do")
         for d in acts:
-            what = f"{verb}{d.action}" if d.action in ("drain", "resume", "power-off", *LADDER_ACTIONS,
-                                                       *ISOLATE_ACTIONS) else d.action
+            what = f"{verb}{d.action}" if d.action in ("drain", "resume", "power-off", ESCALATION_ACTION,
+                                                       *LADDER_ACTIONS, *ISOLATE_ACTIONS) else d.action
             out.line(f"  {what.upper():13} {d.host}  {d.reason or ''}  ({d.why})")
         for e in result.logged:
             if e.action == "breaker-trip":
@@ -387,3 +390,82 @@ def breaker_reset(dry_run: DryRunOpt = False, json_: JsonOpt = False) -> None:
     out.result(data, lambda: out.lines([text] + ([budget] if budget else [])))
     if data.get("budget_error"):
         out.warn(f"the safety budget was not read: {data['budget_error']}", in_result=True)
+
+
+@escalation_app.command("status")
+def escalation_status(json_: JsonOpt = False) -> None:
+    """The racks held by rack escalation (cause, failed trays, the trays held) and the racks whose trays fail.
+
+    Example: mctl -i inventories/lab health escalation status --json
+    """
+    from mctl.health.service import escalation_status as status
+
+    opts = options()
+    data = status(opts.site(), opts.state_dir)
+    out = render.output(json_)
+    out.result(data, lambda: out.lines(_escalation_lines(data)))
+
+
+def _escalation_lines(data: dict) -> list[str]:
+    from mctl.model.site import fold
+
+    if not data["enabled"]:
+        head = "rack escalation is off (health.escalation.enabled)"
+    else:
+        head = (f"rack escalation on: more than {data['rack_share']:.0%} of a rack's compute trays (at least "
+                f"{data['min_trays']}) failing within {data['window_s']:g}s"
+                + (", or a switch tray failing" if data["on_switch_tray"] else "") + ", holds the rack")
+    lines = [head]
+    for rack, h in data["held"].items():
+        lines.append(f"HELD     {rack}: {h['cause']}; {h['result']}; held {fold(h['held']) if h['held'] else '-'}"
+                     + (f"; left alone {fold(sorted(h['left']))}" if h["left"] else "")
+                     + f" (mctl health escalation lift {rack})")
+    for rack, w in data["watching"].items():
+        if w["failing"] or w["switch_trays_critical"]:
+            lines.append(f"watching {rack}: {len(w['failing'])} of {w['compute_trays']} compute trays failing"
+                         + (f" ({fold(w['failing'])})" if w["failing"] else "")
+                         + (f"; switch trays critical {fold(w['switch_trays_critical'])}"
+                            if w["switch_trays_critical"] else ""))
+    if not data["held"]:
+        lines.append("no rack held")
+    return lines
+
+
+@escalation_app.command("lift")
+def escalation_lift(
+    rack: Annotated[str, typer.Argument(help="The rack whose hold is lifted.", metavar="RACK")],
+    dry_run: DryRunOpt = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Lift rack escalation's hold on RACK: resume every tray holding its reason (and no other).
+
+    Only trays whose reason still starts with 'mctl: rack escalated' are resumed, their grants of the
+    safety budget given back; the failures seen so far never hold the rack again, new ones may. A
+    tray still failing is then drained on its own by the watch, as any tray. Exit 0 (a rack not held
+    too), 3 when a tray could not be resumed (the hold stays: run it again), 2 bad input.
+
+    Example: mctl -i inventories/lab health escalation lift lab-r1
+    """
+    from mctl.cli.locking import hold_racks
+    from mctl.health.service import escalation_lift as lift
+
+    opts = options()
+    site = opts.site()
+    if rack not in site.racks:
+        raise UsageError(f"no rack {rack!r} in the inventory", hint=f"racks: {', '.join(sorted(site.racks))}")
+    hold_racks([rack], "health escalation lift", dry_run=dry_run)
+    data = lift(site, rack, opts.state_dir, dry_run=dry_run)
+    out = render.output(json_)
+
+    def text() -> list[str]:
+        from mctl.model.site import fold
+
+        if data["result"] == "not held":
+            return [f"rack {rack} is not held by rack escalation"]
+        if dry_run:
+            return [f"would lift the hold on rack {rack}"
+                    + (f" ({data['held']['cause']})" if data["held"] else "")
+                    + f": resume {fold(data['trays']) if data['trays'] else 'no tray'}"]
+        return [f"lifted the hold on rack {rack}: resumed {fold(data['lifted']) if data['lifted'] else 'no tray'}"]
+
+    out.result(data, lambda: out.lines(text()))

@@ -386,20 +386,31 @@ def fault_bmc(
 
 @fault_app.command("nmx")
 def fault_nmx(
-    rack: Annotated[str, typer.Argument(help="Rack (or one of its trays).")],
+    rack: Annotated[str, typer.Argument(help="Rack (or one of its trays, or a switch tray).")],
     kind: Annotated[str, typer.Argument(help="500 (every request fails) | timeout (never answered) "
-                                                             "| slow (answers 3 s late) | clear.")],
+                                             "| slow (answers 3 s late) | switch-unhealthy | switch-missing-nvlink "
+                                             "| port-down | partition-degraded | clear.")],
+    switch: Annotated[Optional[int], typer.Option("--switch", help="Switch tray number, from 1 (switch-unhealthy, "
+                                                  "switch-missing-nvlink, port-down; a switch tray target names it)."
+                                                  )] = None,
+    port: Annotated[Optional[int], typer.Option("--port", help="The switch's port number (port-down).")] = None,
+    partition: Annotated[Optional[str], typer.Option("--nmx-partition", help="NMX-M partition name "
+                                                     "(partition-degraded).")] = None,
+    health: Annotated[Optional[str], typer.Option("--health", help="DEGRADED (default) | DEGRADED_BANDWIDTH | "
+                                                  "UNHEALTHY (partition-degraded).")] = None,
     lab_dir: LabDirOpt = None,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:
-    """A fault of a rack's NMX-M: every request failing, never answered, or answered late.
+    """A fault of a rack's NMX-M: every request failing, never answered, or answered late; or of its switch side:
+    a switch tray UNHEALTHY, a switch port down, a partition DEGRADED.
 
-    Example: mctl lab fault nmx lab-r1 timeout
+    Example: mctl lab fault nmx lab-r1 timeout; mctl lab fault nmx lab-r1 port-down --switch 2 --port 1
     """
     from mctl.lab import nmx_faults
 
-    _show_fault(nmx_faults.apply(_lab_dir(lab_dir), rack, kind, dry_run=dry_run), dry_run, json_)
+    _show_fault(nmx_faults.apply(_lab_dir(lab_dir), rack, kind, switch=switch, port=port, partition=partition,
+                                 health=health, dry_run=dry_run), dry_run, json_)
 
 
 @fault_app.command("clear")

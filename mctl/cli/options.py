@@ -102,6 +102,7 @@ WaitOpt = Annotated[Optional[float], typer.Option("--wait", click_type=finite(mi
 ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue the rack's last run that did not finish, from "
                                                           "the step it stopped at (its journal says which).")]
 SnapshotDiffOpt = Annotated[bool, typer.Option("--diff", help="Show what changed since the last snapshot.")]
+NoHistoryOpt = Annotated[bool, typer.Option("--no-history", help="Do not record this run in the history.")]
 NoSaveOpt = Annotated[bool, typer.Option("--no-save", help="Do not store this run as a snapshot.")]
 FailOnOpt = Annotated[str, typer.Option("--fail-on", help="Exit 1 when a finding is at or above: warn|critical.")]
 PassedOpt = Annotated[bool, typer.Option("--passed", help="List passed checks too.")]

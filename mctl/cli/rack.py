@@ -9,7 +9,7 @@ from mctl.cli.context import options
 from mctl.cli.options import AllRacksOpt, JsonOpt, NoSaveOpt, RacksArg, SnapshotDiffOpt, TimeoutOpt
 from mctl.errors import EXIT_FINDINGS, EXIT_PARTIAL, PartialFailure
 
-app = typer.Typer(help="Racks: inventory what is really there, bring a rack up.", no_args_is_help=True)
+app = typer.Typer(help="Racks: inventory what is really there, bring a rack up, validate its NVLink partitions.", no_args_is_help=True)
 
 
 @app.command()
@@ -61,6 +61,10 @@ def inventory(
 from mctl.cli.rack_bringup import bring_up as _bring_up  # noqa: E402
 
 app.command("bring-up")(_bring_up)
+
+from mctl.cli.rack_validate import validate as _validate  # noqa: E402
+
+app.command("validate")(_validate)
 
 
 def _fabric_cell(t) -> str:

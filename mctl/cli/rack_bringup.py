@@ -17,7 +17,7 @@ PhaseOpt = Optional[str]
 def bring_up(
     rack: RackArg,
     from_phase: Annotated[PhaseOpt, typer.Option("--from", help="Start at this phase (preflight, inventory, "
-                                                 "provision, partitions, imex, scheduler, health, burn-in, open).")]
+                                                 "provision, partitions, imex, scheduler, health, burn-in, open, validate).")]
     = None,
     until_phase: Annotated[PhaseOpt, typer.Option("--until", help="Stop after this phase.")] = None,
     resume: ResumeOpt = False,
@@ -34,7 +34,7 @@ def bring_up(
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:
-    """Bring a rack up: preflight, inventory, provision, partitions and IMEX, Slurm, health gate, burn-in, open.
+    """Bring a rack up: preflight, inventory, provision, partitions and IMEX, Slurm, health gate, burn-in, open, validate.
 
     Each phase reuses the other commands and changes only what differs, so a bring-up of a rack
     that is already up changes nothing. A journal per run (<state>/bringup/RACK/RUN/journal.json)

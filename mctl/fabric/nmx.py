@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from mctl.model.site import Rack, Site
 
 DEFAULT_BASE_PATH = "/nmx/v1"
-INVENTORY_KINDS = ("gpus", "compute-nodes", "switch-nodes", "ports", "chassis")
+INVENTORY_KINDS = ("gpus", "compute-nodes", "switch-nodes", "switches", "ports", "chassis")
 # The list endpoints whose OpenAPI entry takes `pagination` (offset, limit); partitions
 # and operations take none and are asked for whole.
 PAGED_KINDS = INVENTORY_KINDS
@@ -399,6 +399,10 @@ class NMXClient:
 
     def gpus(self) -> list[NmxGpu]:
         return [NmxGpu.from_nmx(d) for d in self._list("gpus")]
+
+    def switch_side(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+        """The raw switch-nodes, switches and ports lists (each paged); mctl.fabric.switchside parses and maps them."""
+        return self._list("switch-nodes"), self._list("switches"), self._list("ports")
 
     def inventory(self, kind: str) -> list[dict[str, Any]]:
         if kind not in INVENTORY_KINDS:

@@ -101,6 +101,21 @@ nvl() {
 
 
 
+# DCGM's health check (mctl.facts.dcgm), when the site asks for it (health.dcgm): 127 without dcgmi. The
+# whole section runs under one deadline (@DCGM_TIMEOUT@, mctl.model.tray.dcgm_timeout_for), so a hung host
+# engine is killed inside the tray's deadline. `dcgmi health -c` needs the health watches set; when it says
+# they are not (a new host engine: watches do not survive its restart), the probe sets every system's once
+# (`dcgmi health -s a`), says so on stderr, and checks again.
+_DCGM_LOCAL = r"""
+DS='o=$(dcgmi health -c -j); r=$?
+case $o in *"watches not enabled"*)
+  dcgmi health -s a >/dev/null || { printf "%s\n" "$o"; exit $r; }
+  echo "@WATCHES_SET_NOTE@" >&2; o=$(dcgmi health -c -j); r=$? ;;
+esac
+printf "%s\n" "$o"; exit $r'
+dcgm() { command -v dcgmi >/dev/null 2>&1 || return 127; to @DCGM_TIMEOUT@ /bin/sh -c "$DS"; }
+"""
+
 # The inventory's own function: the IMEX config files' checksums ("absent": no /etc/nvidia-imex at all)
 _INVENTORY_LOCAL = r"""
 imexsum() {
@@ -125,10 +140,12 @@ def _check_purpose(purpose: str) -> None:
 
 
 def probe_script(purpose: str, nonce: str, *, smi_timeout: float | None = None, disk_paths: Sequence[str] = ("/",),
-                 imex_config: str = IMEX_CONFIG, files: Sequence[str] = (), packages: Sequence[str] = ()) -> str:
+                 imex_config: str = IMEX_CONFIG, files: Sequence[str] = (), packages: Sequence[str] = (),
+                 dcgm_timeout: float | None = None) -> str:
     """The script body for *purpose*. nvidia-smi runs under *smi_timeout* seconds; AUDIT runs it only when
     *smi_timeout* is given (when no health sweep reads the GPUs), NODE_CHECK never (it read NVML).
-    *packages* (AUDIT): Debian packages whose installed versions one dpkg-query reads (mctl.facts.packages)."""
+    *packages* (AUDIT): Debian packages whose installed versions one dpkg-query reads (mctl.facts.packages).
+    *dcgm_timeout* (HEALTH, NODE_CHECK): DCGM's health check runs, under that many seconds; None: not asked."""
     _check_purpose(purpose)
     if purpose == INVENTORY:
         if smi_timeout is None:
@@ -149,8 +166,15 @@ def probe_script(purpose: str, nonce: str, *, smi_timeout: float | None = None, 
     steps = (shell.sec("clock", "clock"), shell.sec("boot-id"), shell.sec("hostname"), *(_GPU_STEPS if gpus else ()),
              shell.sec("services"), shell.sec("imex-domain", "imexn"), shell.sec("imex-query", "imexq"),
              shell.sec("xid"), shell.sec("disk", "df -P -k " + paths), shell.sec("memory", "mem"))
-    return shell.script(nonce, steps, functions=("to",), local=_HEALTH_LOCAL, smi_timeout=smi_timeout,
-                        values={"IMEX_CONFIG": shlex.quote(imex_config), "RC_READY_BY_DOMAIN": RC_READY_BY_DOMAIN})
+    values: dict[str, object] = {"IMEX_CONFIG": shlex.quote(imex_config), "RC_READY_BY_DOMAIN": RC_READY_BY_DOMAIN}
+    local = _HEALTH_LOCAL
+    if dcgm_timeout is not None:
+        from mctl.facts.dcgm import WATCHES_SET_NOTE
+
+        steps += (shell.sec("dcgm", "dcgm"),)
+        local += _DCGM_LOCAL
+        values.update(DCGM_TIMEOUT=shell.smi_seconds(dcgm_timeout), WATCHES_SET_NOTE=WATCHES_SET_NOTE)
+    return shell.script(nonce, steps, functions=("to",), local=local, smi_timeout=smi_timeout, values=values)
 
 
 def probe_command(purpose: str, nonce: str, **options) -> str:
@@ -417,6 +441,16 @@ def _nvlink_counters(sec: Section | None, err: Section | None, smi_timeout: floa
         return None, f"nvlink -e unreadable: {exc.message}"
 
 
+def _dcgm(sec: Section | None, err: Section | None, timeout: float, problems: list[str]):
+    """The dcgm section (shell function `dcgm`) -> DcgmHealth; None (a problem noted) when it is missing or cut off."""
+    from mctl.facts.dcgm import observe
+
+    if sec is None or not sec.complete:
+        problems.append("dcgm: output " + ("missing" if sec is None else "cut off"))
+        return None
+    return observe(sec.rc, sec.text, err.text if err is not None else "", timeout=timeout)
+
+
 def _slurmd_version(sec: Section, err: Section | None) -> tuple[str | None, str | None]:
     """The slurmd section (`slurmd -V`) -> (version | None, why not | None)."""
     from mctl.facts.slurm_version import parse_version
@@ -443,7 +477,8 @@ def _packages(sec: Section | None, err: Section | None, names: Sequence[str]):
 
 def parse_tray(purpose: str, host: str, stdout: str, stderr: str, nonce: str, *, address: str | None = None,
                smi_timeout: float = 30.0, disk_paths: Sequence[str] = ("/",), files: Sequence[str] = (),
-               packages: Sequence[str] = (), elapsed: float = 0.0, gpu_facts: tuple | None = None, no_output: str | None = None) -> TrayFacts:
+               packages: Sequence[str] = (), elapsed: float = 0.0, gpu_facts: tuple | None = None, no_output: str | None = None,
+               dcgm_timeout: float | None = None) -> TrayFacts:
     """A tray's probe output (the script built for *purpose*) -> its facts. Never raises for bad output:
     what could not be read is recorded in `problems` (and gpu_error, nvlink_error, slurmd_error, file_errors).
 
@@ -502,6 +537,8 @@ def parse_tray(purpose: str, host: str, stdout: str, stderr: str, nonce: str, *,
     if purpose in (HEALTH, NODE_CHECK):
         facts["imex"] = imex_observation(sections.get("imex-query"), sections.get("imex-domain"),
                                          errors.get("imex-query"))
+        if dcgm_timeout is not None:
+            facts["dcgm"] = _dcgm(sections.get("dcgm"), errors.get("dcgm"), dcgm_timeout, problems)
     if purpose == AUDIT:
         sec = _complete(sections, "slurmd", problems)
         if sec is not None:

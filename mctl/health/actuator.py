@@ -16,6 +16,9 @@ isolation. For each batch of acts, in this order and in this one place:
 4. **result**: one result line per act (the act's action, or the one its result says, e.g. a drain
    queued when the scheduler did not answer), then the lines the responder adds, and the state saved.
 
+Every line it writes is also handed to `emit` (the event stream, mctl.health.events), after it is in
+the log; emitting never blocks or raises.
+
 The caller holds the state lock. The actuator knows nothing of why an act is taken.
 """
 
@@ -65,10 +68,17 @@ Batch = Callable[[list[Act]], Awaitable[list[Done]]]
 
 
 class Actuator:
-    def __init__(self, state_dir: Path, who: str, batches: dict[str, Batch] | None = None):
+    def __init__(self, state_dir: Path, who: str, batches: dict[str, Batch] | None = None,
+                 emit: Callable[[Sequence[store.ActionEntry]], None] | None = None):
         self.state_dir = Path(state_dir)
         self.who = who
         self.batches: dict[str, Batch] = dict(batches or {})
+        # every line written goes out as an event too (mctl.health.events: intents are not events)
+        self.emit = emit or (lambda lines: None)
+
+    def _log(self, lines: Sequence[store.ActionEntry]) -> None:
+        store.append_actions(self.state_dir, list(lines))
+        self.emit(lines)
 
     def intent_line(self, act: Act) -> store.ActionEntry:
         d = act.decision
@@ -102,7 +112,7 @@ class Actuator:
                 a.mark()
             a.went = True
         first = list(before) + [self.intent_line(a) for a in now]
-        store.append_actions(self.state_dir, first)
+        self._log(first)
         if first:
             store.save_state(self.state_dir, state)
         lines: list[store.ActionEntry] = []
@@ -114,7 +124,7 @@ class Actuator:
         lines.extend(after)
         if commit is not None:
             commit()
-        store.append_actions(self.state_dir, lines)
+        self._log(lines)
         store.save_state(self.state_dir, state)
         return list(before) + lines
 
@@ -143,6 +153,6 @@ class Actuator:
             act.went = True
             if act.mark is not None:
                 act.mark()
-            store.append_actions(self.state_dir, [self.intent_line(act)])
+            self._log([self.intent_line(act)])
             store.save_state(self.state_dir, state)
         return go

@@ -30,6 +30,7 @@ import io
 import json
 import sys
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,7 +61,8 @@ MODULES = (
     "mctl.checks.ecc", "mctl.checks.nvlink", "mctl.checks.thermal",
     "mctl.checks.imex", "mctl.checks.slurmd", "mctl.checks.resources",
     "mctl.checks.boot", "mctl.checks.leak", "mctl.health.leaks",
-    "mctl.checks.clocks", "mctl.checks.nvlink_errors", "mctl.facts.packages", "mctl.facts.slurm_version",
+    "mctl.checks.clocks", "mctl.checks.nvlink_errors", "mctl.checks.dcgm", "mctl.facts.dcgm", "mctl.facts.packages",
+    "mctl.facts.slurm_version",
 )
 # Packages whose real __init__ imports what the node check must not need.
 STUB_PACKAGES = {
@@ -72,7 +74,7 @@ THIRD_PARTY = ("ClusterShell", "ClusterShell.Defaults", "ClusterShell.NodeSet", 
 DISTRIBUTIONS = {"pynvml": "nvidia-ml-py", "ClusterShell": "ClusterShell"}
 # Modules the node check reaches lazily (function-level imports); the bundle test imports them all.
 LAZY = ("mctl.health.nvml", "mctl.health.hysteresis", "mctl.health.leaks", "mctl.facts.imex", "mctl.model.fabric", "mctl.facts.kernel_log",
-        "mctl.facts.nvidia_smi", "mctl.facts.services")
+        "mctl.facts.nvidia_smi", "mctl.facts.services", "mctl.facts.dcgm")
 
 
 def _source(module: str) -> Path:
@@ -155,7 +157,8 @@ def node_configs(site: "Site", state_dir: str = "/var/lib/mctl-node-check") -> d
     from mctl.health.node_check import NodeCheckConfig
     from mctl.health.site_view import expectations, settings_of
 
-    settings = settings_of(site)
+    # The node check emits no events (docs/events.md): the sinks' URLs and secret files stay off the trays.
+    settings = replace(settings_of(site), events=())
     trays = site.compute_trays()
     expect = expectations(site, trays)
     scheduler = site.scheduler.type if site.scheduler else None

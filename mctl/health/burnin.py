@@ -176,23 +176,19 @@ def judge_dcgm(rc: int | None, stdout: str, stderr: str = "", *, gpus: int | Non
 
 
 def judge_health(rc: int | None, stdout: str, stderr: str = "", *, error: str | None = None) -> Verdict:
+    """`dcgmi health -c -j` read as the sweep reads it (mctl.facts.dcgm): Healthy passes, anything else fails."""
+    from mctl.facts.dcgm import observe
+
     tool = "dcgmi health -c"
-    doc, bad = _json_doc(tool, stdout)
-    if doc is None:
-        return Verdict(False, _exited(tool, rc, stdout, stderr, error) if (rc or error) else bad or "", "dcgmi")
-    body = doc.get("body")
-    overall = body.get("Overall Health", {}).get("value") if isinstance(body, dict) and isinstance(
-        body.get("Overall Health"), dict) else None
-    if overall is None:
-        return Verdict(False, f"{tool}: its JSON has no \"Overall Health\"", "dcgmi")
-    if overall != "Healthy":
-        incidents = [f"{k}: {sub}: {v.get('error') or v.get('value')}" for k, gpu in body.items()
-                     if isinstance(gpu, dict) and k != "Overall Health"
-                     for sub, v in gpu.items() if isinstance(v, dict)]
-        return Verdict(False, f"{tool}: overall {overall}" + (f" ({'; '.join(incidents[:3])})" if incidents else ""),
-                       "dcgmi")
-    if rc != 0 or error:
+    if error or rc == TIMEOUT_EXIT:
         return Verdict(False, _exited(tool, rc, stdout, stderr, error), "dcgmi")
+    obs = observe(rc, stdout, stderr)
+    if obs.error:
+        return Verdict(False, obs.error, "dcgmi")
+    if obs.overall != "Healthy":
+        incidents = [f"{i.label}: {i.system}: {i.message or i.health}" for i in obs.incidents]
+        return Verdict(False, f"{tool}: overall {obs.overall}" + (f" ({'; '.join(incidents[:3])})" if incidents else ""),
+                       "dcgmi")
     return Verdict(True, f"{tool}: Healthy", "dcgmi")
 
 

@@ -22,6 +22,7 @@ from mctl.health import store
 from mctl.health.actuator import Actuator
 from mctl.health.responders import Context
 from mctl.health.responders.drain import DrainResponder, EarlyDrains, scheduler_batch
+from mctl.health.responders.escalation import EscalationResponder
 from mctl.health.responders.leak import POWER_OFF_DEADLINE_MIN, LeakResponder, power_off_batch
 from mctl.health.site_view import Scope, expectations, partition_plan, rack_sizes
 from mctl.health.sweep import BMC_DEADLINE_MIN, SweepResult, Sweeper
@@ -97,6 +98,10 @@ class Engine:
                                               power_interval=oob.power_interval(settings.bmc_power_interval, every),
                                               stale_after=settings.bmc_stale_after * every,
                                               deadline=self.bmc_deadline).start()
+        # The switch side (mctl/health/nmx_watch.py): each rack's NMX-M read beside every sweep, within its deadline.
+        from mctl.health.nmx_watch import watch_for
+        self.nmx_watch = watch_for(site, scope.racks, deadline=self.timeout,
+                                   interval=interval if interval is not None else settings.interval)
         from mctl.health.boots import BootMemory
         self.boots = BootMemory.load(self.state_dir)     # a reboot between sweeps (tray.boot, gpu.xid)
         from mctl.health.signals import SignalMemory
@@ -117,8 +122,20 @@ class Engine:
         self._inventory_stamp = _stamp_of(site.file)
         self.sweeper = Sweeper(self)
         # What the watch does about a sweep, in this order (mctl.health.responders): a new responder plugs in here.
+        self.escalation = EscalationResponder()
         self.drains = DrainResponder()
+        # The degraded-fabric mark (nvl_degraded) on the Slurm trays of a degraded partition (D107).
+        self.fabric = None
+        if self.nmx_watch is not None:
+            from mctl.health.responders.fabric import FabricLimitResponder
+            self.fabric = FabricLimitResponder(settings.resume_after_healthy_sweeps)
         self.leaks = LeakResponder()
+        # Events out (mctl/health/events.py, docs/events.md): every finding change and every action, from here;
+        # a dry run sends nothing anywhere. What the last sweep saw per tray, to tell the changes.
+        from mctl.health import events
+        self.bus = events.Bus(site.name, []) if dry_run else \
+            events.Bus.for_settings(site.name, settings.events, self.state_dir, getattr(site, "root", None))
+        self._seen: dict | None = None
 
     async def sweep(self) -> SweepResult:
         self.sweeps += 1
@@ -135,6 +152,7 @@ class Engine:
         finally:
             if early is not None:
                 early.cancel()
+        self._finding_events(result)
         state = self._load_state()
         result.breaker, result.records = state.breaker, dict(state.records)
         if self.remediate:
@@ -145,13 +163,38 @@ class Engine:
             self.boots.save(self.state_dir)
             self.signals.save(self.state_dir)
         result.elapsed = time.monotonic() - t0
+        result.event_counts = self.bus.counts()
         return result
 
+    def _finding_events(self, result: SweepResult) -> None:
+        """Each tray whose findings changed since the last sweep (this process's, or the last one's on disk),
+        out to the event sinks; what this sweep saw is kept for the next."""
+        if not self.bus or self.dry_run:
+            return
+        from mctl.health import events
+
+        if self._seen is None:
+            self._seen = events.load_seen(self.state_dir)
+        seen = events.seen_of(result)
+        try:
+            self.bus.emit(events.finding_events(seen, self._seen, site=self.site.name, who=self.who,
+                                                sweep=result.number, at=result.started,
+                                                racks={v.host: v.rack for v in result.verdicts}))
+        except Exception:  # noqa: BLE001 - a memory file a person edited never breaks a sweep: told afresh
+            pass
+        self._seen = {**self._seen, **seen}
+        try:
+            events.save_seen(self.state_dir, self._seen)
+        except OSError:
+            pass                        # told again after a restart: at-least-once, never a failed sweep
+
     def close(self) -> None:
-        """Stop what runs beside the sweeps (the BMC reads of a watch) and close its connections."""
+        """Stop what runs beside the sweeps (the BMC reads of a watch) and close its connections; the event
+        sinks get their deadline to deliver what is queued."""
         if self.bmc_watch is not None:
             self.bmc_watch.close()
             self.bmc_watch = None
+        self.bus.close()
 
     def _load_state(self) -> store.HealthState:
         if self.dry_run and self._dry_state is not None:
@@ -163,15 +206,19 @@ class Engine:
         actuator = Actuator(self.state_dir, self.who, {
             "scheduler": scheduler_batch(self.scheduler, self.act_deadline),
             "power-off": power_off_batch(lambda: hosts, self.oob_settings, self.oob_problem,
-                                         max(self.act_deadline, POWER_OFF_DEADLINE_MIN))})
+                                         max(self.act_deadline, POWER_OFF_DEADLINE_MIN)),
+            **({"fabric": self.fabric.batch(self.scheduler, self.act_deadline)} if self.fabric is not None else {})},
+            emit=self.bus.actions)
         return Context(self.site, self.scope, self.settings, self.sizes, self.state_dir, self.who, actuator,
                        result, time.time(), self.pool, self.targets, self.scheduler, self.oob_settings,
                        self.oob_problem, self.partitions_changed)
 
     def responders(self) -> list:
-        """What mctl does about a sweep, in this order: drains and resumes first (a critical leak's drain
-        too), then the leaks' power-offs, the recovery ladder, isolation."""
-        return [r for r in (self.drains, self.leaks, self.ladder, self.isolator) if r is not None]
+        """What mctl does about a sweep, in this order: a rack's hold first (rack escalation: its trays are then
+        the hold's, not the drains'), drains and resumes (a critical leak's drain too), then the leaks'
+        power-offs, the recovery ladder, isolation, the degraded-fabric mark."""
+        return [r for r in (self.escalation, self.drains, self.leaks, self.ladder, self.isolator, self.fabric)
+                if r is not None]
 
     async def respond(self, result: SweepResult, early: EarlyDrains | None = None) -> None:
         """What mctl does about the sweep: every responder, in order, under the state lock."""
@@ -184,7 +231,8 @@ class Engine:
             decisions = []
             for r in self.responders():
                 decisions += r.dry_run(ctx, state)
-            self._dry_state = store.HealthState(self.site.name, state.records, state.breaker)
+            self._dry_state = store.HealthState(self.site.name, state.records, state.breaker,
+                                                escalations=state.escalations, rack_watch=state.rack_watch)
             result.decisions, result.records, result.breaker = decisions, state.records, state.breaker
             return
         self.drains.early = early

@@ -513,9 +513,14 @@ def not_taken(records: dict[str, "TrayRecord"], rung: Rung, before: LadderState 
 
 def repair_argv(ls: LadderSettings, host: str, rack: str | None, why: str, failures: int) -> list[str]:
     """The hook's argv, placeholders filled per argument ({tray} {rack} {reason} {failures}); no shell runs it."""
+    return fill_argv(ls.repair_hook, host, rack, why, failures)
+
+
+def fill_argv(command, host: str, rack: str | None, why: str, failures: int) -> list[str]:
+    """An exec sink's argv (the repair hook is one), placeholders filled per argument; no shell runs it."""
     values = {"tray": host, "rack": rack or "", "reason": why, "failures": str(failures)}
     out = []
-    for arg in ls.repair_hook:
+    for arg in command:
         for k, v in values.items():
             arg = arg.replace("{" + k + "}", v)
         out.append(arg)

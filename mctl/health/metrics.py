@@ -110,6 +110,11 @@ def render(result: "SweepResult", *, site: str, counters: dict[str, int] | None 
         metric("mctl_health_actions_total", "counter", "Actions taken since the watch started, by kind and result.",
                [({"site": site, "action": a.split(":")[0], "result": a.split(":")[1]}, n)
                 for a, n in sorted(counters.items())])
+    if result.event_counts:                            # the event sinks of health.events (docs/events.md)
+        metric("mctl_health_events_total", "counter", "Events per sink since mctl started, by outcome "
+               "(delivered, dropped: a full queue, dead_lettered, retried: attempts tried again).",
+               [({"site": site, "sink": sink, "outcome": k}, n)
+                for sink, counts in sorted(result.event_counts.items()) for k, n in sorted(counts.items())])
     from mctl.health.ladder import metric_samples      # the recovery ladder's series, once it has acted
 
     for name, kind, help_text, samples in metric_samples(result.records, site):

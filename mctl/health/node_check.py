@@ -33,7 +33,7 @@ from mctl import checks
 from mctl.health import policy, store
 from mctl.health.breaker import BreakerState
 from mctl.health.record import TrayVerdict
-from mctl.model.tray import TrayExpectation, TrayFacts
+from mctl.model.tray import TrayExpectation, TrayFacts, dcgm_timeout_for
 from mctl.facts.probe import HEALTH, NODE_CHECK, parse_tray, probe_script
 from mctl.model.settings import HealthSettings
 from mctl.model.drain import DRAIN, RESUME, SKIP, Decision
@@ -136,12 +136,13 @@ def gather(config: NodeCheckConfig, deadline: Deadline, *, use_nvml: bool = True
     nonce = secrets.token_hex(8)
     probe_timeout = deadline.left(35.0)
     smi_timeout = max(1.0, probe_timeout / 2 - 2)
+    dcgm_timeout = None if config.settings.dcgm == "off" else dcgm_timeout_for(probe_timeout)
     paths = config.settings.disk_paths
     purpose = HEALTH if gpu_facts is None else NODE_CHECK       # NVML read the GPUs: no nvidia-smi sections
-    body = probe_script(purpose, nonce, smi_timeout=smi_timeout, disk_paths=paths)
+    body = probe_script(purpose, nonce, smi_timeout=smi_timeout, disk_paths=paths, dcgm_timeout=dcgm_timeout)
     rc, out, err = _run(["/bin/sh", "-c", body], probe_timeout)
     facts = parse_tray(purpose, config.node, out, err, nonce, smi_timeout=smi_timeout, disk_paths=paths,
-                        elapsed=time.monotonic() - started, gpu_facts=gpu_facts)
+                        elapsed=time.monotonic() - started, gpu_facts=gpu_facts, dcgm_timeout=dcgm_timeout)
     if rc == 124:
         facts = replace(facts, problems=facts.problems + (f"probe timed out after {probe_timeout:g}s",))
     if nvml_note and gpu_facts is None:

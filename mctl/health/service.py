@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mctl.errors import EnvironmentProblem, PartialFailure, UsageError
-from mctl.health import store
+from mctl.health import events, store
 from mctl.health.breaker import reset as breaker_reset_state
 from mctl.health.record import TrayRecord
 from mctl.health.site_view import resolve_scope, settings_of
@@ -36,7 +36,10 @@ def run_check(site: "Site", expr: str | None, state_dir: Path, *, remediate: boo
         async with SSHPool(SSHConfig.from_site(site)) as pool:
             engine = Engine(site, scope, settings, state_dir, pool, remediate=remediate, dry_run=dry_run,
                             timeout=timeout)
-            return await engine.sweep()
+            try:
+                return await engine.sweep()
+            finally:
+                await asyncio.to_thread(engine.close)      # the event sinks flush, within their deadline
 
     if remediate and not dry_run:
         with store.watch_lock(state_dir, "mctl health check --remediate"):
@@ -137,9 +140,13 @@ def list_drains(site: "Site", state_dir: Path) -> DrainReport:
                                  "this-mctl" if views is None or (node and node.mctl_drain) else "record-only",
                                  rec.drained_at, rec.full_reason, rec.healthy_streak))
             seen.add(host)
+    from mctl.sched.slurm.holds import ESCALATION
+
     for host, node in sorted((views or {}).items()):
         if host not in seen and node.mctl_drain:
-            rows.append(DrainRow(host, racks.get(host), node.state, node.reason, "mctl (node check or another watch)"))
+            held = racks.get(host) in state.escalations and (node.reason or "").startswith(ESCALATION.prefix)
+            rows.append(DrainRow(host, racks.get(host), node.state, node.reason,
+                                 "rack escalation (this mctl)" if held else "mctl (node check or another watch)"))
     return DrainReport(rows, error, state.breaker.to_dict(), budget_summary(site, budget) if budget else None)
 
 
@@ -192,6 +199,7 @@ def resume_by_hand(site: "Site", expr: str, state_dir: Path, *, dry_run: bool = 
     async def apply(adapter):
         return await adapter.apply(todo)
 
+    send = events.outbox(site, state_dir)         # the event sinks (a bad headers file stops it here)
     who = store.actor()
     with store.state_lock(state_dir):
         results = _on_scheduler(site, scope.names, apply)
@@ -210,6 +218,7 @@ def resume_by_hand(site: "Site", expr: str, state_dir: Path, *, dry_run: bool = 
                                               result="ok" if r.ok else f"failed: {r.error}"))
         store.append_actions(state_dir, entries)
         store.save_state(state_dir, state)
+    send(entries)
     failed = [r for r in rows if r.result == "failed"]
     if failed and len(failed) < len(rows):
         raise PartialFailure(f"{len(failed)} of {len(rows)} trays not resumed: "
@@ -265,6 +274,7 @@ def breaker_reset(state_dir: Path, *, dry_run: bool = False, site: "Site | None"
                "budget_was_tripped": budget_tripped, "budget_error": budget_error}
         if dry_run:
             return out
+        send = events.outbox(site, state_dir) if site is not None else (lambda lines: None)
         state.breaker = breaker_reset_state(before)
         lines = [store.action_entry("breaker-reset", None, before.reason, who=store.actor(), result="ok",
                                     was_tripped=before.tripped, cleared_drains=len(before.drains))]
@@ -275,6 +285,7 @@ def breaker_reset(state_dir: Path, *, dry_run: bool = False, site: "Site | None"
             out["budget_reset"] = result
         store.append_actions(state_dir, lines)
         store.save_state(state_dir, state)
+    send(lines)
     return out
 
 
@@ -289,7 +300,7 @@ def _lift_budget_trip(site: "Site") -> str:
 def evidence_on_demand(site: "Site", target: str | None, state_dir: Path, *, reason: str, deadline_s: float,
                        max_bytes: int, dry_run: bool = False, who: str | None = None) -> dict:
     """`mctl health evidence`: a bundle per tray (mctl.health.evidence), the index and the action log."""
-    from mctl.health import evidence, store
+    from mctl.health import evidence
     from mctl.health.site_view import resolve_scope
 
     evidence.check_limits(deadline_s, max_bytes)
@@ -298,8 +309,11 @@ def evidence_on_demand(site: "Site", target: str | None, state_dir: Path, *, rea
     if dry_run:
         return {"dry_run": True, "bundles": evidence.plan(hosts, state_dir, reason=reason, deadline_s=deadline_s,
                                                           max_bytes=max_bytes)}
+    send = events.outbox(site, state_dir)
     bundles = evidence.collect(site, hosts, state_dir, reason=reason, deadline_s=deadline_s, max_bytes=max_bytes)
-    store.append_actions(state_dir, evidence.log_entries(bundles, state_dir, who=who or store.actor()))
+    lines = evidence.log_entries(bundles, state_dir, who=who or store.actor())
+    store.append_actions(state_dir, lines)
+    send(lines)
     return {"dry_run": False, "index": str(evidence.index_path(state_dir)),
             "bundles": [b.to_dict(state_dir) for b in bundles]}
 
@@ -309,3 +323,97 @@ def catalogue() -> list[dict]:
     from mctl.checks import catalogue as cat
 
     return [cat.to_dict(c) for c in cat.entries()]
+
+
+# ------------------------------------------------------------------ rack escalation (mctl.health.escalation)
+
+def escalation_status(site: "Site", state_dir: Path) -> dict[str, Any]:
+    """Every rack held by escalation (its cause, failed trays, what the hold did), and every rack whose trays
+    are failing without a hold yet (their count against the rule's threshold)."""
+    s = settings_of(site).escalation
+    state = store.load_state(state_dir)
+    held = {r: h.to_dict() for r, h in sorted(state.escalations.items())}
+    watching = {}
+    for r, w in sorted(state.rack_watch.items()):
+        if r in state.escalations or r not in site.racks:
+            continue
+        watching[r] = {"failing": sorted(w.failing), "compute_trays": len(site.racks[r].compute),
+                       "switch_trays_critical": sorted(w.switch), "lifted_at": w.lifted_at}
+    return {"enabled": s.enabled, "rack_share": s.rack_share, "window_s": s.window_s, "min_trays": s.min_trays,
+            "on_switch_tray": s.on_switch_tray, "count_unreachable": s.count_unreachable,
+            "held": held, "watching": watching}
+
+
+def escalation_lift(site: "Site", rack: str, state_dir: Path, *, dry_run: bool = False) -> dict[str, Any]:
+    """Lift rack escalation's hold on *rack*: every tray still holding its reason is resumed (only while the
+    reason is still the escalation's; its grant of the safety budget goes back; Kubernetes: mctl's rack taint
+    removed from the nodes that carry it, nothing else), the hold leaves the state,
+    and the failures seen so far never escalate the rack again. Idempotent: a rack not held lifts nothing;
+    trays holding the reason in Slurm without a hold in the state (a state moved aside) are lifted too.
+    PartialFailure (exit 3) when a tray could not be resumed: the hold stays, a second lift tries again."""
+    from mctl.health.escalation import LIFT, RackWatch
+    from mctl.model.site import fold
+    from mctl.sched.slurm import drain as sd
+    from mctl.sched.slurm import holds
+    from mctl.sched.slurm.control import controller_run
+
+    if rack not in site.racks:
+        raise UsageError(f"no rack {rack!r} in the inventory", hint=f"racks: {', '.join(sorted(site.racks))}")
+    if site.scheduler is None or site.scheduler.type not in ("slurm", "k8s"):
+        raise UsageError("rack escalation holds trays in Slurm or Kubernetes, and this site has neither",
+                         hint="see docs/health.md, \"Rack escalation\"")
+    trays = [h.name for h in site.racks[rack].compute]
+    store.load_state(state_dir)                   # a damaged state file is named before the scheduler is asked
+    if site.scheduler.type == "k8s":
+        from mctl.sched.k8s.cordon import k8s_adapter
+
+        adapter = k8s_adapter(site, trays, store.actor())
+        try:
+            holding = adapter.rack_holds(trays)
+        except SchedulerUnreachable as exc:
+            raise EnvironmentProblem(f"the Kubernetes API did not answer: {exc}") from None
+        states: dict = {}
+
+        def release(names):
+            try:
+                return adapter.lift_rack(names)[1]
+            except SchedulerUnreachable as exc:
+                return {t: f"the Kubernetes API did not answer: {exc}" for t in names}
+    else:
+        _, states = sd.read_nodes(controller_run(site, sd.show_node_command(trays)).stdout)
+        holding = [t for t in trays if t in states and holds.ESCALATION.holds(states[t])]
+
+        def release(names):
+            return holds.release(site, names, holds.ESCALATION)
+    with store.state_lock(state_dir):
+        state = store.load_state(state_dir)
+        hold = state.escalations.get(rack)
+        out: dict[str, Any] = {"rack": rack, "dry_run": dry_run, "held": hold.to_dict() if hold else None,
+                               "trays": holding, "lifted": [], "left": {}}
+        if dry_run or (hold is None and not holding):
+            out["result"] = "not held" if hold is None and not holding else "would lift"
+            return out
+        left = release(holding) if holding else {}
+        lifted = [t for t in holding if t not in left]
+        now = time.time()
+        for t in lifted + [t for t in trays if states and (t not in states or not states[t].drained)]:
+            rec = state.records.get(t)
+            if rec is not None and rec.drained and (rec.reason or "").startswith(holds.ESCALATION.prefix):
+                state.records[t] = rec.released(note=None)
+        if not left:
+            state.escalations.pop(rack, None)
+            seen = state.rack_watch.get(rack) or RackWatch()
+            state.rack_watch[rack] = RackWatch(seen.failing, seen.switch, lifted_at=now)   # those never count again
+        result = "ok" if not left else f"partial: {fold(sorted(left))} not lifted"
+        why = (f"a person lifted the rack hold ({hold.cause})" if hold is not None
+               else "a person lifted the rack hold (none in the state; the scheduler still had it)")
+        line = store.action_entry(LIFT, None, hold.reason if hold else None, who=store.actor(), result=result,
+                                  why=why, rack=rack, trays=lifted, left=left)
+        store.append_actions(state_dir, [line])
+        store.save_state(state_dir, state)
+    events.outbox(site, state_dir)([line])
+    out.update(lifted=lifted, left=left, result=result)
+    if left:
+        raise PartialFailure(f"rack {rack}: {fold(sorted(left))} not lifted: {'; '.join(sorted(set(left.values())))}",
+                             hint=f"run 'mctl health escalation lift {rack}' again once the controller answers")
+    return out

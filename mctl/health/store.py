@@ -28,6 +28,7 @@ from typing import Any, Iterator
 
 from mctl.errors import EnvironmentProblem
 from mctl.health.breaker import BreakerState
+from mctl.health.escalation import RackHold, RackWatch
 from mctl.health.record import LeakEpisode, RackLeak, TrayRecord
 from mctl.model.drain import QUEUE, ActResult, Decision
 from mctl.state.files import DamagedState, check_shape, ensure_dir, read_json, write_json
@@ -58,6 +59,8 @@ class HealthState:
     budget_drift: str | None = None     # where the scheduler's caps differ from the inventory's (said once)
     switch_leaks: dict[str, LeakEpisode] = field(default_factory=dict)   # switch tray -> its open leak episode
     rack_leaks: dict[str, RackLeak] = field(default_factory=dict)        # rack -> its rack-wide leak response
+    escalations: dict[str, RackHold] = field(default_factory=dict)       # rack -> its rack hold (escalation)
+    rack_watch: dict[str, RackWatch] = field(default_factory=dict)       # rack -> its failing trays (escalation)
 
     def to_dict(self) -> dict[str, Any]:
         out = {"schema": SCHEMA, "site": self.site, "updated": self.updated,
@@ -70,6 +73,10 @@ class HealthState:
             out["switch_leaks"] = {t: e.to_dict() for t, e in sorted(self.switch_leaks.items())}
         if self.rack_leaks:
             out["rack_leaks"] = {r: x.to_dict() for r, x in sorted(self.rack_leaks.items())}
+        if self.escalations:
+            out["escalations"] = {r: x.to_dict() for r, x in sorted(self.escalations.items())}
+        if self.rack_watch:
+            out["rack_watch"] = {r: x.to_dict() for r, x in sorted(self.rack_watch.items())}
         return out
 
     @classmethod
@@ -79,7 +86,9 @@ class HealthState:
                    records={h: TrayRecord.from_dict(r) for h, r in (data.get("trays") or {}).items()},
                    budget_trip=data.get("budget_trip"), budget_drift=data.get("budget_drift"),
                    switch_leaks={t: LeakEpisode.from_dict(e) for t, e in (data.get("switch_leaks") or {}).items()},
-                   rack_leaks={r: RackLeak.from_dict(x) for r, x in (data.get("rack_leaks") or {}).items()})
+                   rack_leaks={r: RackLeak.from_dict(x) for r, x in (data.get("rack_leaks") or {}).items()},
+                   escalations={r: RackHold.from_dict(x) for r, x in (data.get("escalations") or {}).items()},
+                   rack_watch={r: RackWatch.from_dict(x) for r, x in (data.get("rack_watch") or {}).items()})
 
 
 STATE_HINT = ("move the damaged file aside; mctl starts with empty health state "
@@ -121,7 +130,8 @@ def check_state_shape(path: Path, data: dict[str, Any]) -> None:
         check_shape(path, data.get("updated"), (int, float, type(None)), "updated")
         check_shape(path, data.get("budget_trip"), (str, type(None)), "budget_trip")
         check_shape(path, data.get("budget_drift"), (str, type(None)), "budget_drift")
-        for key, read in (("switch_leaks", LeakEpisode.from_dict), ("rack_leaks", RackLeak.from_dict)):
+        for key, read in (("switch_leaks", LeakEpisode.from_dict), ("rack_leaks", RackLeak.from_dict),
+                          ("escalations", RackHold.from_dict), ("rack_watch", RackWatch.from_dict)):
             for name, value in (check_shape(path, data.get(key), (dict, type(None)), key) or {}).items():
                 try:
                     read(value)

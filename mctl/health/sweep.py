@@ -27,7 +27,7 @@ from mctl.health.breaker import BreakerState
 from mctl.health.record import TrayRecord, TrayVerdict
 from mctl.model.drain import Decision, NodeView, SchedulerUnreachable
 from mctl.model.findings import Finding, Severity, sort_findings, worst
-from mctl.model.tray import TrayFacts, smi_timeout_for
+from mctl.model.tray import TrayFacts, dcgm_timeout_for, smi_timeout_for
 
 # The out-of-band read of the trays' BMCs (leaks, power) gets at least this long (docs/health.md, "Leaks and power").
 BMC_DEADLINE_MIN = 10.0
@@ -54,6 +54,11 @@ class SweepResult:
     # (host: the switch tray, details: its rack). What to do about them is the rack policy's, not the sweep's.
     switch_bmcs: dict[str, Any] = field(default_factory=dict)
     switch_racks: dict[str, str | None] = field(default_factory=dict)
+    # Each rack's switch side as its NMX-M said it this sweep (mctl.health.nmx_watch), by rack name; the findings
+    # are in `findings` (nmx.switch_side on the rack, nmx.switch_tray/switch_port/tray_partition on its trays).
+    switch_side: dict[str, Any] = field(default_factory=dict)
+    # Each event sink's running counts (delivered, dropped, dead_lettered, retried), for the metrics.
+    event_counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def worst(self) -> Severity:
         return worst(self.findings)
@@ -89,6 +94,7 @@ class SweepResult:
             "breaker": self.breaker.to_dict(),
             **({"switch_trays": [{"host": name, "rack": self.switch_racks.get(name), "bmc": bmc.to_dict()}
                                  for name, bmc in self.switch_bmcs.items()]} if self.switch_bmcs else {}),
+            **({"switch_side": [v.to_dict() for v in self.switch_side.values()]} if self.switch_side else {}),
         }
 
 
@@ -140,12 +146,13 @@ class Sweeper:
         e = self.e
         nonce = secrets.token_hex(8)
         smi_timeout = smi_timeout_for(e.timeout)
+        dcgm_timeout = None if e.settings.dcgm == "off" else dcgm_timeout_for(e.timeout)
         paths = e.settings.disk_paths
-        command = probe_command(HEALTH, nonce, smi_timeout=smi_timeout, disk_paths=paths)
+        command = probe_command(HEALTH, nonce, smi_timeout=smi_timeout, disk_paths=paths, dcgm_timeout=dcgm_timeout)
         seen: dict[str, TrayFacts] = {}
 
         def arrived(r) -> None:
-            f = from_result(HEALTH, r, nonce, smi_timeout=smi_timeout, disk_paths=paths)
+            f = from_result(HEALTH, r, nonce, smi_timeout=smi_timeout, disk_paths=paths, dcgm_timeout=dcgm_timeout)
             seen[f.host] = f
             if on_facts is not None:
                 on_facts(f)
@@ -178,6 +185,9 @@ class Sweeper:
         read = asyncio.ensure_future(self.read_scheduler())
         # out of band: read now beside the SSH probes (health check), or taken from the watch's reader below
         bmc_read = asyncio.ensure_future(self.read_bmcs()) if e.bmc_watch is None else None
+        # the switch side: one NMX-M read per rack beside the probes (mctl.health.nmx_watch: never past the deadline)
+        nmx_started = e.nmx_watch.begin() if e.nmx_watch is not None else None
+        nmx_read = None
 
         def arrived(f: TrayFacts) -> None:
             # Once per tray and sweep (BootMemory remembers what it saw), as the tray's answer arrives.
@@ -191,10 +201,15 @@ class Sweeper:
             views, states, sched_error = await read
             # the watch: each BMC's view as it is now, never waited for (a hung BMC is bmc.stale in time)
             bmcs = await bmc_read if bmc_read is not None else e.bmc_watch.views()
+            if nmx_started is not None:
+                nmx_read = asyncio.ensure_future(e.nmx_watch.collect(nmx_started, until=t0 + e.timeout))
+            switch_side = await nmx_read if nmx_read is not None else {}
         finally:
             read.cancel()
             if bmc_read is not None:
                 bmc_read.cancel()
+            if nmx_read is not None:
+                nmx_read.cancel()
         facts: dict[str, TrayFacts] = {}
         for f in facts_list:
             facts[f.host] = seen[f.host].with_slurm_node((states or {}).get(f.host))
@@ -206,6 +221,9 @@ class Sweeper:
             trays = [facts[h.name] for h in e.scope.hosts if h.rack == rack]
             for f in checks.run_rack(rack, trays, e.plans.get(rack, {})):
                 per_host.setdefault(f.host, []).append(f)
+        from mctl.checks import switch_fabric
+        for h in e.scope.hosts:
+            per_host[h.name] += switch_fabric.judge_tray(h.name, switch_side.get(h.rack))
         verdicts = [TrayVerdict(h.name, h.rack, facts[h.name].reach, worst(per_host.get(h.name, [])),
                                 tuple(per_host.get(h.name, []))) for h in e.scope.hosts]
         findings = [f for fs in per_host.values() for f in fs]
@@ -213,6 +231,8 @@ class Sweeper:
         for h in e.switch_trays:
             if h.name in switch_bmcs:
                 findings += checks.run_switch_tray(h.name, h.rack, switch_bmcs[h.name])
+        for view in switch_side.values():
+            findings += switch_fabric.judge_view(view, e.nmx_watch.stale_after_s)
         if sched_error:
             findings.append(Finding(Severity.WARN, None, "scheduler.reachable", sched_error,
                                     "drains and resumes are queued until the scheduler answers"))
@@ -222,6 +242,7 @@ class Sweeper:
         result = SweepResult(number, started, 0.0, facts, sort_findings(findings), verdicts, views,
                              e.scheduler.kind if e.scheduler else None, sched_error,
                              remediate=e.remediate, dry_run=e.dry_run, switch_bmcs=switch_bmcs,
-                             switch_racks={h.name: h.rack for h in e.switch_trays if h.name in switch_bmcs})
+                             switch_racks={h.name: h.rack for h in e.switch_trays if h.name in switch_bmcs},
+                             switch_side=switch_side)
         result.elapsed = time.monotonic() - t0
         return result

@@ -28,6 +28,7 @@ from mctl.model.settings import LADDER_RUNGS
 
 LADDER_ACTIONS = (*LADDER_RUNGS, "repair", "recovery-failed")
 ISOLATE_ACTIONS = ("isolate",)          # the watch isolating a tray from its partition (mctl.health.isolate)
+ESCALATION_ACTION = "rack-escalation"   # a rack held by escalation (mctl.health.escalation.ACTION)
 
 if TYPE_CHECKING:
     from mctl.health.sweep import SweepResult
@@ -88,7 +89,7 @@ def events_of(result: "SweepResult", previous: dict[str, str], *, dry_run: bool)
         for d in result.decisions:
             if d.action in (DRAIN, RESUME, "power-off"):
                 out.append(Event(now, d.action, d.host, f"would {d.action} (dry run): {d.reason or ''} — {d.why}"))
-            elif d.action in (*LADDER_ACTIONS, *ISOLATE_ACTIONS):    # the ladder's rungs and marks; isolations
+            elif d.action in (*LADDER_ACTIONS, *ISOLATE_ACTIONS, ESCALATION_ACTION):   # rungs, marks, isolations, holds
                 out.append(Event(now, d.action, d.host, f"would {d.action} (dry run): {d.why}"))
             elif d.action in NOTES:
                 out.append(Event(now, d.action, d.host, f"(dry run) {d.why}"))

@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 from mctl.errors import UsageError
 from mctl.inventory.schema import BMCSpec, HealthSpec, NMXSpec, SafetySpec, SchedulerSpec, SSHSpec
 from mctl.model.findings import Severity
-from mctl.model.settings import (FABRIC_FLAG_DEFAULTS, BMCSettings, BudgetSettings, HealthSettings, K8sSettings,
-                                 NMXSettings, SafetySettings, SchedulerSettings, SlurmSettings, SSHSettings,
-                                 parse_duration, parse_subcodes)
+from mctl.model.settings import (FABRIC_FLAG_DEFAULTS, BMCSettings, BudgetSettings, EscalationSettings, EventSink,
+                                 HealthSettings, K8sSettings, LadderSettings, NMXSettings, SafetySettings,
+                                 SchedulerSettings, SlurmSettings, SSHSettings, parse_duration, parse_subcodes)
 
 T = TypeVar("T")
 
@@ -52,11 +52,9 @@ def scheduler_settings(spec: SchedulerSpec | None) -> SchedulerSettings | None:
                              slurm=same_fields(SlurmSettings, spec.slurm), k8s=same_fields(K8sSettings, spec.k8s))
 
 
-def ladder_settings(spec) -> "LadderSettings":
+def ladder_settings(spec) -> LadderSettings:
     """`health.ladder` as the recovery ladder reads it. The repair hook is an argument list: no shell runs
     it, each argument is passed as it is, its placeholders filled per argument."""
-    from mctl.model.settings import LadderSettings
-
     argv = tuple(str(a) for a in spec.repair_hook or ())
     return LadderSettings(
         gpu_reset=bool(spec.gpu_reset), reboot=bool(spec.reboot), power_cycle=bool(spec.power_cycle),
@@ -105,6 +103,7 @@ def health_settings(spec: HealthSpec) -> HealthSettings:
         fabric_flags=flags,
         driver_mismatch=Severity(spec.driver_mismatch),
         imex=str(spec.imex),
+        dcgm=str(spec.dcgm),
         disk_paths=tuple(spec.disk_paths),
         disk_warn_pct=float(spec.disk_warn_pct),
         disk_critical_pct=float(spec.disk_critical_pct),
@@ -135,6 +134,22 @@ def health_settings(spec: HealthSpec) -> HealthSettings:
         metrics_port=spec.metrics_port,
         metrics_listen=str(spec.metrics_listen),
         ladder=ladder_settings(spec.ladder),
+        escalation=EscalationSettings(
+            enabled=bool(spec.escalation.enabled), rack_share=float(spec.escalation.rack_share),
+            window_s=parse_duration(spec.escalation.window), min_trays=int(spec.escalation.min_trays),
+            on_switch_tray=bool(spec.escalation.on_switch_tray),
+            count_unreachable=bool(spec.escalation.count_unreachable)),
         isolate=bool(spec.isolate.enabled),
         isolate_to=str(spec.isolate.to),
+        events=tuple(event_sink(e) for e in spec.events),
     )
+
+
+def event_sink(spec) -> EventSink:
+    """One `health.events` entry as the event stream reads it (the loader checked which keys its type takes)."""
+    return EventSink(type=str(spec.type), name=str(spec.name or ""), path=spec.path, address=spec.address,
+                     facility=str(spec.facility), url=spec.url, timeout_s=parse_duration(spec.timeout),
+                     retries=int(spec.retries), backoff_s=parse_duration(spec.backoff),
+                     headers_file=spec.headers_file, command=tuple(str(a) for a in spec.command or ()),
+                     kinds=tuple(str(k) for k in spec.kinds), actions=tuple(str(a) for a in spec.actions),
+                     queue=int(spec.queue), dead_letter=spec.dead_letter)

@@ -481,6 +481,7 @@ def _build_site(spec: SiteSpec, file: Path, doc: Located) -> tuple[Site | None, 
                 safety=safety_settings(spec.safety))
     _ladder_problems(spec, doc, problems)
     _isolate_problems(spec, doc, problems)
+    _event_problems(spec, doc, problems)
     _budget_problems(site, doc, problems)
     _leak_problems(site, doc, problems)
     if spec.bmc is not None:
@@ -521,6 +522,92 @@ def _ladder_problems(spec: SiteSpec, doc: Located, problems: list[Problem]) -> N
         problems.append(Problem(doc.file, doc.line_of(path), dotted(path),
                                 "the recovery ladder acts only on trays it drained in Slurm (it reads the node's "
                                 "jobs from slurmctld)", "use scheduler: {type: slurm}, or turn the rungs off"))
+
+
+# Which keys each event sink type reads (docs/events.md); every type takes these too.
+_SINK_KEYS = {"file": ("path",), "syslog": ("address", "facility"),
+              "webhook": ("url", "timeout", "retries", "backoff", "headers_file"), "exec": ("command", "timeout")}
+_SINK_COMMON = ("type", "name", "kinds", "actions", "queue", "dead_letter")
+_SINK_NEEDS = {"file": "path", "syslog": "address", "webhook": "url", "exec": "command"}
+_SINK_HINT = "docs/events.md lists each sink type's keys"
+
+
+def _event_problems(spec: SiteSpec, doc: Located, problems: list[Problem]) -> None:
+    """`health.events`: each sink's keys belong to its type, its target is well formed (a URL only http(s),
+    no credentials in it; a syslog address unix:PATH or udp:HOST:PORT), an exec sink runs for `repair` only."""
+    raw = ((doc.data or {}).get("health") or {}).get("events") if isinstance(doc.data, dict) else None
+    raw = raw if isinstance(raw, list) else []
+    names: set[str] = set()
+
+    def bad(path: tuple, why: str, hint: str = _SINK_HINT) -> None:
+        problems.append(Problem(doc.file, doc.line_of(path), dotted(path), why, hint))
+
+    for i, sink in enumerate(spec.health.events):
+        path = ("health", "events", i)
+        written = set(raw[i]) if i < len(raw) and isinstance(raw[i], dict) else set()
+        for key in sorted(written - set(_SINK_COMMON) - set(_SINK_KEYS[sink.type])):
+            bad(path + (key,), f"a {sink.type} sink has no {key!r}",
+                f"a {sink.type} sink takes {', '.join(_SINK_KEYS[sink.type] + _SINK_COMMON[1:])}")
+        need = _SINK_NEEDS[sink.type]
+        if getattr(sink, need) in (None, [], ""):
+            bad(path + (need,), f"a {sink.type} sink needs {need}")
+            continue
+        label = sink.name or f"{sink.type}[{i}]"
+        if label in names:
+            bad(path + ("name",), f"two event sinks are called {label!r}", "give each sink its own name")
+        names.add(label)
+        for key in ("path", "dead_letter", "headers_file"):
+            _check_path(getattr(sink, key), doc, path + (key,), problems)
+        if sink.type == "webhook":
+            why = _webhook_url_problem(sink.url)
+            if why:
+                bad(path + ("url",), why, "e.g. https://hooks.example.com/mctl; a secret goes in headers_file")
+        elif sink.type == "syslog":
+            why = _syslog_address_problem(sink.address)
+            if why:
+                bad(path + ("address",), why, "unix:/dev/log, udp:127.0.0.1:514 or udp:[::1]:514")
+        elif sink.type == "exec":
+            if list(sink.actions) != ["repair"] or list(sink.kinds) not in ([], ["action"]):
+                bad(path + ("actions",), "an exec sink runs only as the repair hook: it takes actions: [repair]",
+                    "write actions: [repair]; send other events to a file, syslog or webhook sink")
+            if not sink.command or not str(sink.command[0]).strip():
+                bad(path + ("command",), "the command is empty", "an argument list, e.g. [/usr/local/bin/ticket, "
+                    "'{tray}']")
+
+
+def _webhook_url_problem(url: str) -> str | None:
+    if _WHITESPACE.search(url) or any(ord(c) < 32 or ord(c) == 127 for c in url):
+        return f"{url!r} holds whitespace or control characters"
+    parts = urllib.parse.urlsplit(url)
+    try:
+        bad_port = parts.port == 0
+    except ValueError:
+        bad_port = True
+    if parts.scheme not in ("http", "https") or not parts.hostname or bad_port:
+        return f"{url!r} is not an http:// or https:// URL"
+    if host := url_host_problem(parts.netloc):
+        return f"the webhook URL's host: {host}"
+    if parts.username or parts.password or "@" in parts.netloc:
+        return "the webhook URL must not carry credentials (they would be logged with it)"
+    if parts.fragment:
+        return f"{url!r} has a fragment, which is never sent"
+    return None
+
+
+def _syslog_address_problem(address: str) -> str | None:
+    if address.startswith("unix:"):
+        target = address[len("unix:"):]
+        if not target.startswith("/") or any(ord(c) < 32 for c in target):
+            return f"{address!r}: a unix socket is an absolute path, e.g. unix:/dev/log"
+        return None
+    if address.startswith("udp:"):
+        host, sep, port = address[len("udp:"):].rpartition(":")
+        if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
+            return f"{address!r}: udp:HOST:PORT with a port 1-65535"
+        inner = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        why = address_problem(inner, names=True, host=True) if inner else "no host"
+        return f"{address!r}: {why}" if why else None
+    return f"{address!r} is neither unix:PATH nor udp:HOST:PORT"
 
 
 def _isolate_problems(spec: SiteSpec, doc: Located, problems: list[Problem]) -> None:

@@ -10,7 +10,8 @@ reads these classes. Their defaults agree with the model's (tests/unit/test_sett
 from __future__ import annotations
 
 from mctl.inventory.spec import ANY, DictOf, Either, F, ListOf, OneOf, Opt, Spec
-from mctl.model.settings import DEFAULT_HYSTERESIS_CHECKS, FABRIC_FLAG_DEFAULTS, LEAK_SWITCH_TRAY, subcode_texts
+from mctl.model.settings import (DEFAULT_HYSTERESIS_CHECKS, EVENT_KINDS, EVENT_SINK_TYPES, FABRIC_FLAG_DEFAULTS,
+                                 LEAK_SWITCH_TRAY, SYSLOG_FACILITIES, subcode_texts)
 from mctl.model.xid import DEFAULT_DRAIN_XIDS, DEFAULT_NVLINK5_NO_DRAIN
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -20,6 +21,7 @@ FABRIC_FLAGS = tuple(FABRIC_FLAG_DEFAULTS)
 _SHARE = "a share of the trays: a number above 0 and at most 1, e.g. 0.25"
 _CAP = "a whole number of trays, at least 1"
 _BOOL = "true or false"
+_DURATION = "a duration: a whole number and s, m, h or d, e.g. 5s"
 _TRAYS = "a list of tray names, e.g. [rack-a-tray01, rack-a-nvsw01]"
 
 
@@ -178,6 +180,17 @@ class LeakSpec(Spec):
                     hint="power-off (the switch tray alone), rack (the whole rack, in order) or alert")
 
 
+class EscalationSpec(Spec):
+    # Rack-level escalation (docs/health.md "Rack escalation"; mctl/health/escalation.py): off unless the site
+    # turns it on (D98).
+    enabled = F(bool, False, hint=_BOOL)
+    rack_share = F(float, 0.5, gt=0, le=0.99, hint="a share of the rack's compute trays, above 0 and at most 0.99")
+    window = F(str, "10m", pattern=DURATION_PATTERN, hint=_DURATION)   # each failure begun within it counts
+    min_trays = F(int, 2, ge=1, le=72)                        # at least this many failed trays
+    on_switch_tray = F(bool, True, hint=_BOOL)                # a failed switch tray escalates its rack
+    count_unreachable = F(bool, False, hint=_BOOL)            # unreachable trays count as failed
+
+
 class LadderSpec(Spec):
     # The recovery ladder (docs/health.md "The recovery ladder"; mctl/health/ladder.py): every rung opt-in.
     gpu_reset = F(bool, False)                               # nvidia-smi -r on an idle tray whose XIDs say reset
@@ -207,6 +220,26 @@ class IsolateSpec(Spec):
     to = F(OneOf("quarantine", "default"), "quarantine")     # as `mctl partition isolate --to`
 
 
+class EventSinkSpec(Spec):
+    # One sink of the event stream (docs/events.md; mctl/health/events.py). Which keys each type takes is
+    # the loader's check (_event_problems), each refused at its line.
+    type = F(OneOf(*EVENT_SINK_TYPES), hint="file, syslog, webhook or exec")
+    name = F(Opt(str), None, pattern=NAME_PATTERN)           # its label in metrics and dead letters
+    path = F(Opt(str), None)                                 # file
+    address = F(Opt(str), None)                              # syslog: unix:/dev/log or udp:HOST:PORT
+    facility = F(OneOf(*SYSLOG_FACILITIES), "daemon")        # syslog
+    url = F(Opt(str), None)                                  # webhook: http:// or https://
+    timeout = F(str, "5s", pattern=DURATION_PATTERN, hint=_DURATION)   # webhook: each attempt; exec: the command
+    retries = F(int, 3, ge=0, le=20)                         # webhook: attempts after the first
+    backoff = F(str, "1s", pattern=DURATION_PATTERN, hint=_DURATION)   # webhook: first retry's wait, doubled
+    headers_file = F(Opt(str), None)                         # webhook: "Name: value" lines, mode 0600
+    command = F(Opt(ListOf(str)), None)                      # exec: argv; {tray} {rack} {reason} {failures}
+    kinds = F(ListOf(OneOf(*EVENT_KINDS)), factory=list)     # finding, action (empty: both)
+    actions = F(ListOf(str), factory=list)                   # action events of these actions only
+    queue = F(int, 1000, ge=1, le=1000000)                   # events waiting; a full queue drops the newest
+    dead_letter = F(Opt(str), None)                          # undeliverable events (default in the state dir)
+
+
 class HealthSpec(Spec):
     interval = F(float, 60, gt=0)
     drain_xids = F(ListOf(int), factory=lambda: sorted(DEFAULT_DRAIN_XIDS))
@@ -233,6 +266,7 @@ class HealthSpec(Spec):
     fabric_flags = F(DictOf(OneOf(*FABRIC_FLAGS), OneOf("ok", "warn", "critical")), factory=dict)
     driver_mismatch = F(OneOf("warn", "critical"), "warn")
     imex = F(OneOf("auto", "required", "ignore"), "auto")     # auto: checked where the tray has an IMEX config
+    dcgm = F(OneOf("auto", "required", "off"), "auto")        # DCGM health: auto where dcgmi is installed
     disk_paths = F(ListOf(str), factory=lambda: ["/", "/var", "/tmp"])
     disk_warn_pct = F(float, 90, gt=0, le=100)
     disk_critical_pct = F(float, 98, gt=0, le=100)
@@ -252,7 +286,9 @@ class HealthSpec(Spec):
     leak = F(LeakSpec, factory=LeakSpec)
 
     ladder = F(LadderSpec, factory=LadderSpec)
+    escalation = F(EscalationSpec, factory=EscalationSpec)
     isolate = F(IsolateSpec, factory=IsolateSpec)
+    events = F(ListOf(EventSinkSpec), factory=list)          # finding changes and actions out (docs/events.md)
 
 
 class BudgetSpec(Spec):

@@ -9,7 +9,7 @@ or location members, 202 + operations (`ID, CreatedAt, UpdatedAt, Status,
 Percentage, CurrentStep, Request, Result`) that end completed, failed or cancelled
 (`DELETE /operations/{id}` cancels a pending one), counts as `{"total": N}`,
 errors as NMX-M's Error object, inventory lists (gpus, compute-nodes, switch-nodes,
-ports, chassis) shaped like the model and paged with `offset`/`limit` (and by
+switches, ports, chassis) shaped like the model and paged with `offset`/`limit` (and by
 default above `page_limit` items), and the Default Partition 32766 that holds every
 GPU no other partition holds.
 
@@ -47,7 +47,10 @@ Config (JSON):
   faults                        {"fail_next": N, "status": 500, "fail_all": bool,
                                  "hang": bool, "delay_s": S, "fail_operations": N,
                                  "operation_error": str, "operation_details": str,
-                                 "page_limit": N}
+                                 "page_limit": N, "switch_health": {"<switch index
+                                 from 0>": SwitchNode Health}, "ports_down": [[switch
+                                 index, switch port number], ...], "partition_health":
+                                 {"<name>": Partition Health}}
   tls                           optional {"cert": FILE, "key": FILE}
   trays: [{name, tray_index, slot_id, host_id, gpus (default 4), gpus_json}]
 Fault hook at runtime: GET/POST /_lab/faults with the same JSON ({"clear": true}
@@ -410,7 +413,7 @@ class NMXState:
     # ---- faults
 
     FAULT_KEYS = ("fail_next", "status", "fail_all", "hang", "delay_s", "fail_operations", "operation_error",
-                  "operation_details", "page_limit")
+                  "operation_details", "page_limit", "switch_health", "ports_down", "partition_health")
 
     def set_faults(self, doc: dict[str, Any], *, replace: bool = False) -> dict[str, Any]:
         """Merge (or replace with) *doc*; unknown keys refused (ValueError)."""
@@ -420,7 +423,8 @@ class NMXState:
         base = {"fail_next": 0, "status": 500, "fail_all": False, "hang": False, "delay_s": 0.0,
                 "fail_operations": 0, "operation_error": "lab-injected-failure",
                 "operation_details": "the lab failed this operation on purpose (mctl lab fault / _lab/faults); "
-                                     "the fabric did not change", "page_limit": None}
+                                     "the fabric did not change", "page_limit": None,
+                "switch_health": {}, "ports_down": [], "partition_health": {}}
         current = base if (replace or doc.get("clear")) else dict(self.faults or base)
         types = {"fail_next": int, "status": int, "fail_all": bool, "hang": bool, "delay_s": float,
                  "fail_operations": int, "operation_error": str, "operation_details": str}
@@ -429,6 +433,12 @@ class NMXState:
                 continue
             if key == "page_limit":
                 current[key] = None if value is None else int(value)
+            elif key == "switch_health":        # {"<switch index from 0>": SwitchNode Health}
+                current[key] = {str(int(k)): str(v) for k, v in dict(value).items()}
+            elif key == "ports_down":           # [[switch index from 0, switch port number], ...]
+                current[key] = [[int(a), int(b)] for a, b in value]
+            elif key == "partition_health":     # {"<partition name>": Partition Health}
+                current[key] = {str(k): str(v) for k, v in dict(value).items()}
             else:
                 current[key] = types[key](value)
         if not 100 <= current["status"] <= 599:
@@ -585,7 +595,8 @@ class NMXState:
 
     def partition_json(self, p: Partition) -> dict[str, Any]:
         trays = {self.by_id[g].tray.name: self.by_id[g].tray for g in p.gpu_ids}
-        health = "NEW" if p.new else _worst(self.tray_health(t) for t in trays.values())
+        health = "NEW" if p.new else _worst([self.tray_health(t) for t in trays.values()]
+                                            + [(self.faults.get("partition_health") or {}).get(p.name, "HEALTHY")])
         return {"ID": p.id, "PartitionID": p.pid, "Name": p.name, "Type": p.kind, "Health": health,
                 "Members": p.members, "CreatedAt": p.created, "UpdatedAt": p.updated}
 
@@ -593,7 +604,9 @@ class NMXState:
         taken = {gid for p in self.partitions.values() for gid in p.gpu_ids}
         members = [g.id for g in self.gpus if g.id not in taken]
         return {"ID": self.default_id, "PartitionID": DEFAULT_ID, "Name": DEFAULT_NAME, "Type": "ID_BASED",
-                "Health": _worst(self.tray_health(self.by_id[m].tray) for m in members) if members else "HEALTHY",
+                "Health": _worst([self.tray_health(self.by_id[m].tray) for m in members]
+                                 + [(self.faults.get("partition_health") or {}).get(DEFAULT_NAME, "HEALTHY")])
+                if members else "HEALTHY",
                 "Members": members, "CreatedAt": self.started, "UpdatedAt": self.started}
 
     def partitions_json(self) -> list[dict[str, Any]]:
@@ -636,18 +649,20 @@ class NMXState:
         out = []
         faults = {t.name: self.tray_faults(t) for t in self.cfg.trays}
         switches_off = self.switches_off()
+        ports_down = {(int(a), int(b)) for a, b in self.faults.get("ports_down") or []}
         for gi, g in enumerate(self.gpus):
             down = {int(p[1]) for p in faults[g.tray.name].get("nvlink_down") or []
                     if len(p) == 2 and int(p[0]) == g.device}
             for num in range(1, PORTS_PER_GPU + 1):
                 switch = (num - 1) // 2 % max(1, self.cfg.switch_trays)
+                peer_num = g.tray.tray_index * 8 + g.device * 2 + (num - 1) % 2 + 1
                 link_down = (num - 1) in down or g.device in (faults[g.tray.name].get("gpu_missing") or []) \
-                    or switch in switches_off
+                    or switch in switches_off or (switch, peer_num) in ports_down
                 out.append({"ID": self.port_id(g, num), "CreatedAt": self.started, "UpdatedAt": self.started,
                             "DomainUUID": self.cfg.domain_uuid, "LocationInfo": self.location_info(g.tray),
                             "Type": "GPU", "PortUID": gi * 100 + num, "PortNum": num,
-                            "PeerPortDeviceUID": self.switch_uid(switch),
-                            "PeerPortNum": g.tray.tray_index * 8 + g.device * 2 + (num - 1) % 2 + 1,
+                            "PeerPortDeviceUID": self.asic_uid(switch, (num - 1) % 2),
+                            "PeerPortNum": peer_num,
                             "Rail": num - 1, "Plane": (num - 1) % 2, "PhysicalState":
                             "DISABLED" if link_down else "LINKUP",
                             "LogicalState": "STATE_DOWN" if link_down else "STATE_ACTIVE", "SubnetPrefix": 0,
@@ -672,11 +687,37 @@ class NMXState:
         off = self.switches_off()
         return [{"ID": _object_id(f"{self.cfg.domain_uuid}/switch/{i}"), "Name": f"nvsw{i + 1:02d}",
                  "Description": "", "CreatedAt": self.started, "UpdatedAt": self.started,
-                 "DomainUUID": self.cfg.domain_uuid, "Health": "UNHEALTHY" if i in off else "HEALTHY",
+                 "DomainUUID": self.cfg.domain_uuid, "Health": self.switch_health(i, off),
                  "LocationInfo": {"ChassisID": self.cfg.chassis_id, "ChassisSerialNumber": self.cfg.chassis_serial,
                                   "SlotID": first_slot + i, "TrayIndex": i},
                  "SwitchIDList": [_object_id(f"{self.cfg.domain_uuid}/switch/{i}/asic/{a}") for a in range(2)]}
                 for i in range(self.cfg.switch_trays)]
+
+    def switch_health(self, index: int, off: set[int]) -> str:
+        """SwitchNode Health: UNHEALTHY when its BMC has it off, else the lab's fault, else HEALTHY."""
+        if index in off:
+            return "UNHEALTHY"
+        return str((self.faults.get("switch_health") or {}).get(str(index), "HEALTHY"))
+
+    def asic_uid(self, index: int, asic: int) -> int:
+        """DeviceUID of NVSwitch ASIC *asic* (0, 1) of switch tray *index*; a GPU port of plane p is cabled to ASIC p."""
+        if asic == 0:
+            return self.switch_uid(index)
+        return int(hashlib.sha1(f"{self.cfg.domain_uuid}/switch/{index}/asic/{asic}".encode()).hexdigest()[:7], 16)
+
+    def switches_json(self) -> list[dict[str, Any]]:
+        """The model's Switch (additionalProperties: false): the two NVSwitch ASICs of each switch tray."""
+        off = self.switches_off()
+        first_slot = max([t.slot_id for t in self.cfg.trays if t.slot_id <= 10] or [0]) + 1
+        return [{"ID": _object_id(f"{self.cfg.domain_uuid}/switch/{i}/asic/{a}"), "Name": f"nvsw{i + 1:02d}/asic{a}",
+                 "Description": "", "InternalDescription": f"NVSwitch {a} of switch tray {i}",
+                 "CreatedAt": self.started, "UpdatedAt": self.started, "DomainUUID": self.cfg.domain_uuid,
+                 "LocationInfo": {"ChassisID": self.cfg.chassis_id, "ChassisSerialNumber": self.cfg.chassis_serial,
+                                  "SlotID": first_slot + i, "TrayIndex": i},
+                 "DeviceUID": self.asic_uid(i, a), "DeviceID": a, "DevicePcieID": LAB_PCIE_DEVICE_ID,
+                 "SystemUID": self.asic_uid(i, 0), "VendorID": NVIDIA_VENDOR_ID, "PortIDList": [],
+                 "Health": self.switch_health(i, off)}
+                for i in range(self.cfg.switch_trays) for a in range(2)]
 
     def chassis_json(self) -> list[dict[str, Any]]:
         return [{"ID": _object_id(f"{self.cfg.domain_uuid}/chassis"), "Name": f"chassis{self.cfg.chassis_id}",
@@ -781,7 +822,7 @@ class NMXState:
 
 
 def _worst(values) -> str:
-    order = ["HEALTHY", "DEGRADED", "UNHEALTHY"]
+    order = ["HEALTHY", "DEGRADED_BANDWIDTH", "DEGRADED", "UNHEALTHY"]
     worst = "HEALTHY"
     for v in values:
         if order.index(v) > order.index(worst):
@@ -916,7 +957,8 @@ class Handler(BaseHTTPRequestHandler):
         method = self.command
         base = state.cfg.base_path
         paged = {"gpus": state.gpus_json, "compute-nodes": state.compute_nodes_json,
-                 "switch-nodes": state.switch_nodes_json, "chassis": state.chassis_json, "ports": state.ports_json}
+                 "switch-nodes": state.switch_nodes_json, "switches": state.switches_json,
+                 "chassis": state.chassis_json, "ports": state.ports_json}
         if not parts:
             raise ApiError(404, "no such endpoint")
         head = parts[0]

@@ -144,6 +144,13 @@ def _smi_launcher(_ctx: HostContext) -> bytes:
     return LAUNCHER.replace("@LIB@", EMULATOR_LIB).encode()
 
 
+def _dcgmi_launcher(_ctx: HostContext) -> bytes:
+    """dcgmi: a shell script that replays the emulator's unchanged `health -c -j` answers (dcgmi.LAUNCHER)."""
+    from mctl.lab.emulators.dcgmi import LAUNCHER
+
+    return LAUNCHER.replace("@LIB@", EMULATOR_LIB).encode()
+
+
 def _imex_unit(_ctx: HostContext) -> bytes:
     from mctl.lab.emulators.imex_daemon import SYSTEMD_UNIT
 
@@ -208,7 +215,7 @@ HOST_FILES: tuple[HostFile, ...] = (
     # nvidia-smi emulator's module, as DCGM and NCCL need the driver).
     HostFile(f"{EMULATOR_LIB}/dcgmi.py", ("tray",), python_module(EMULATORS / "dcgmi.py"),
              package='datacenter-gpu-manager-4-core'),
-    HostFile("/usr/bin/dcgmi", ("tray",), python_launcher("dcgmi"), 0o755,
+    HostFile("/usr/bin/dcgmi", ("tray",), _dcgmi_launcher, 0o755,
              package='datacenter-gpu-manager-4-core'),
     HostFile(f"{EMULATOR_LIB}/nccl_tests.py", ("tray",), python_module(EMULATORS / "nccl_tests.py"),
              package='nccl-tests'),

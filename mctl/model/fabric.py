@@ -113,15 +113,192 @@ class NmxGpu:
     health: str
     device_uid: int | None = None
     system_uid: int | None = None
+    port_ids: tuple[str, ...] = ()          # PortIDList: the GPU's NVLink ports (what ties a port to its GPU)
 
     @classmethod
     def from_nmx(cls, data: dict[str, Any]) -> "NmxGpu":
         loc = data.get("LocationInfo") or {}
         device = data.get("DeviceID", loc.get("DeviceID"))
+        ports = data.get("PortIDList")
         return cls(id=str(data.get("ID", "")), device_id=_int(device),
                    domain_uuid=data.get("DomainUUID"), partition_id=_int(data.get("PartitionID")),
                    health=str(data.get("Health") or "UNKNOWN"), device_uid=_int(data.get("DeviceUID")),
-                   system_uid=_int(data.get("SystemUID")))
+                   system_uid=_int(data.get("SystemUID")),
+                   port_ids=tuple(str(x) for x in ports) if isinstance(ports, list) else ())
+
+
+# ------------------------------------------------- the switch side (NVLink switch trays)
+
+PORT_TYPES = ("UNDEFINED", "GPU", "SWITCH_ACCESS", "SWITCH_TRUNK", "FNM", "HCA")
+PORT_PHYSICAL_STATES = ("NO_CHANGE", "SLEEP", "POLLING", "DISABLED", "PORTCONFTRAIN", "LINKUP", "LINKERRRECOVER",
+                        "PHYTEST")
+PORT_LOGICAL_STATES = ("NO_CHANGE", "STATE_DOWN", "STATE_INIT", "STATE_ARMED", "STATE_ACTIVE", "STATE_ACT_DEFER")
+
+
+class NmxShapeError(ValueError):
+    """An NMX-M object that does not hold what the OpenAPI model says: names the list, the item and the field."""
+
+    def __init__(self, kind: str, index: int, field_name: str, problem: str):
+        super().__init__(f"{kind}[{index}].{field_name} {problem}")
+        self.kind, self.index, self.field, self.problem = kind, index, field_name, problem
+
+
+def _need_str(kind: str, i: int, data: Any, key: str, enum: tuple[str, ...] | None = None,
+              required: bool = True) -> str | None:
+    if not isinstance(data, dict):
+        raise NmxShapeError(kind, i, "(item)", f"is {type(data).__name__}, not an object")
+    value = data.get(key)
+    if value is None:
+        if required:
+            raise NmxShapeError(kind, i, key, "is missing")
+        return None
+    if not isinstance(value, str):
+        raise NmxShapeError(kind, i, key, f"is {type(value).__name__} {str(value)[:40]!r}, not a string")
+    if enum is not None and value not in enum:
+        raise NmxShapeError(kind, i, key, f"is {value[:40]!r}, not one of {', '.join(enum)}")
+    return value
+
+
+def _need_uint(kind: str, i: int, data: dict, key: str, required: bool = True) -> int | None:
+    value = data.get(key)
+    if value is None and not required:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise NmxShapeError(kind, i, key, "is missing" if value is None else
+                            f"is {str(value)[:40]!r}, not an unsigned integer")
+    return value
+
+
+def _need_ids(kind: str, i: int, data: dict, key: str) -> tuple[str, ...]:
+    value = data.get(key)
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise NmxShapeError(kind, i, key, "is not a list of IDs")
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class NmxSwitchNode:
+    """One NVLink switch tray as NMX-M lists it under /switch-nodes (the model's SwitchNode)."""
+
+    id: str
+    name: str
+    health: str                             # UNKNOWN | HEALTHY | MISSING_NVLINK | UNHEALTHY
+    switch_ids: tuple[str, ...]             # SwitchIDList: its NVSwitch ASICs (/switches)
+    tray_index: int | None = None
+    slot_id: int | None = None
+
+    @classmethod
+    def parse(cls, data: Any, i: int = 0) -> "NmxSwitchNode":
+        kind = "switch-nodes"
+        ident = _need_str(kind, i, data, "ID")
+        health = _need_str(kind, i, data, "Health", SWITCH_NODE_HEALTH, required=False) or "UNKNOWN"
+        loc = data.get("LocationInfo") if isinstance(data.get("LocationInfo"), dict) else {}
+        return cls(ident or "", str(_need_str(kind, i, data, "Name", required=False) or ident), health,
+                   _need_ids(kind, i, data, "SwitchIDList"), _int(loc.get("TrayIndex")), _int(loc.get("SlotID")))
+
+
+@dataclass(frozen=True)
+class NmxSwitch:
+    """One NVSwitch ASIC under /switches (the model's Switch): its DeviceUID is what a GPU port's peer names."""
+
+    id: str
+    device_uid: int
+    health: str
+    port_ids: tuple[str, ...] = ()          # PortIDList: its own (switch-end) ports
+
+    @classmethod
+    def parse(cls, data: Any, i: int = 0) -> "NmxSwitch":
+        kind = "switches"
+        ident = _need_str(kind, i, data, "ID")
+        return cls(ident or "", _need_uint(kind, i, data, "DeviceUID") or 0,
+                   _need_str(kind, i, data, "Health", SWITCH_NODE_HEALTH, required=False) or "UNKNOWN",
+                   _need_ids(kind, i, data, "PortIDList"))
+
+
+@dataclass(frozen=True)
+class NmxPort:
+    """One NVLink port under /ports (the model's Port; its required fields are checked)."""
+
+    id: str
+    type: str
+    port_num: int
+    peer_uid: int                           # PeerPortDeviceUID: the device on the other end of the link
+    peer_num: int                           # PeerPortNum: the port number on that device
+    physical: str
+    logical: str
+
+    @property
+    def down(self) -> bool:
+        """Not up: physically not LINKUP, or logically not ACTIVE (NO_CHANGE, as the model's default, is neither)."""
+        return (self.physical not in ("LINKUP", "NO_CHANGE")) or (self.logical not in ("STATE_ACTIVE", "NO_CHANGE"))
+
+    @classmethod
+    def parse(cls, data: Any, i: int = 0) -> "NmxPort":
+        kind = "ports"
+        ident = _need_str(kind, i, data, "ID")
+        return cls(ident or "", _need_str(kind, i, data, "Type", PORT_TYPES, required=False) or "UNDEFINED",
+                   _need_uint(kind, i, data, "PortNum") or 0, _need_uint(kind, i, data, "PeerPortDeviceUID") or 0,
+                   _need_uint(kind, i, data, "PeerPortNum") or 0,
+                   _need_str(kind, i, data, "PhysicalState", PORT_PHYSICAL_STATES) or "",
+                   _need_str(kind, i, data, "LogicalState", PORT_LOGICAL_STATES) or "")
+
+
+@dataclass(frozen=True)
+class SwitchFault:
+    """A switch tray (or one of its ports) that is not healthy, with what it serves in the rack."""
+
+    switch: str                             # the switch node's Name (its ID when it has none)
+    kind: Literal["switch", "port"]
+    state: str                              # the node's Health, or the port's PhysicalState/LogicalState
+    trays: tuple[str, ...]                  # the compute trays whose GPUs are cabled to it
+    partitions: tuple[str, ...]             # the NMX-M partitions those GPUs are in
+    port: int | None = None                 # the switch's port number (the GPU port's PeerPortNum)
+    gpus: tuple[str, ...] = ()              # tray:device of the GPU ends of a port
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"switch": self.switch, "kind": self.kind, "state": self.state, "trays": list(self.trays),
+                "partitions": list(self.partitions), "port": self.port, "gpus": list(self.gpus)}
+
+
+@dataclass(frozen=True)
+class PartitionFabric:
+    """One NMX-M partition of a rack, in tray terms, with its health as NMX-M says it."""
+
+    name: str
+    partition_id: int
+    health: str
+    trays: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "partition_id": self.partition_id, "health": self.health,
+                "trays": list(self.trays)}
+
+
+@dataclass(frozen=True)
+class SwitchSideView:
+    """What one read of a rack's NMX-M says about its switch side: partitions, faulty switch trays and ports.
+
+    `error` is set when the read failed or NMX-M answered something malformed (then the lists are the last
+    good read's, or empty); `read_at` is the wall-clock time of the read the lists come from (None: never)."""
+
+    rack: str
+    partitions: tuple[PartitionFabric, ...] = ()
+    faults: tuple[SwitchFault, ...] = ()
+    switch_nodes: int = 0
+    ports: int = 0
+    read_at: float | None = None
+    error: str | None = None
+    age_s: float | None = None              # how old the lists were when the sweep took them
+
+    def for_tray(self, tray: str) -> tuple[list[PartitionFabric], list[SwitchFault]]:
+        return ([p for p in self.partitions if tray in p.trays], [f for f in self.faults if tray in f.trays])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rack": self.rack, "read_at": self.read_at, "age_s": self.age_s, "error": self.error,
+                "switch_nodes": self.switch_nodes, "ports": self.ports,
+                "partitions": [p.to_dict() for p in self.partitions], "faults": [f.to_dict() for f in self.faults]}
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Mapping
 
 from mctl.model.findings import Severity
@@ -98,6 +98,22 @@ LADDER_BURN_IN = ("off", "quick", "medium", "long")
 
 
 @dataclass(frozen=True)
+class EscalationSettings:
+    """Rack-level escalation (mctl/health/escalation.py; docs/health.md "Rack escalation"): one hold on a
+    rack's trays, instead of drains one by one until the breaker stops them, when more than `rack_share`
+    of its compute trays fail within `window_s` or a switch tray of it fails. Off by default: a fault on
+    most of a rack at once is also what a bad check or driver rollout looks like, and the breaker's stop
+    is the safe answer to that until a site trusts its checks (D98)."""
+
+    enabled: bool = False
+    rack_share: float = 0.5                 # more than this share of a rack's compute trays failed: the rack
+    window_s: float = 600.0                 # ... each failure begun within this long (a correlated event)
+    min_trays: int = 2                      # ... and at least this many of them (a 1-tray rack never escalates)
+    on_switch_tray: bool = True             # a switch tray critical for confirm_sweeps sweeps: the rack
+    count_unreachable: bool = False         # an unreachable tray counts as failed (default: never)
+
+
+@dataclass(frozen=True)
 class LadderSettings:
     """The recovery ladder (mctl/health/ladder.py; docs/health.md "The recovery ladder"): every rung off
     by default; a site turns on the ones it wants under `health.ladder` in mctl.yml."""
@@ -146,6 +162,67 @@ class LadderSettings:
         return cls(**data)
 
 
+EVENT_SINK_TYPES = ("file", "syslog", "webhook", "exec")
+EVENT_KINDS = ("finding", "action")
+SYSLOG_FACILITIES = ("kern", "user", "daemon", "auth", "syslog", "local0", "local1", "local2", "local3", "local4",
+                     "local5", "local6", "local7")
+
+
+@dataclass(frozen=True)
+class EventSink:
+    """One place the event stream goes (mctl/health/events.py, docs/events.md): `health.events` in mctl.yml.
+
+    Which fields a type reads: file: path; syslog: address, facility; webhook: url, timeout_s, retries,
+    backoff_s, headers_file; exec: command, timeout_s (run as the repair hook, for `repair` only).
+    Every type: kinds and actions (filters: empty takes all), queue, dead_letter, name."""
+
+    type: str                               # file | syslog | webhook | exec
+    name: str = ""                          # the sink's label in metrics and dead letters (default: type[N])
+    path: str | None = None                 # file: the JSON-lines file events are appended to
+    address: str | None = None              # syslog: unix:/dev/log | udp:HOST:PORT
+    facility: str = "daemon"                # syslog facility
+    url: str | None = None                  # webhook: http(s) URL; one POST of one event each
+    timeout_s: float = 5.0                  # webhook: each attempt; exec: the command
+    retries: int = 3                        # webhook: attempts after the first
+    backoff_s: float = 1.0                  # webhook: the first retry's wait, doubled each time (at most 60 s)
+    headers_file: str | None = None         # webhook: "Name: value" lines (a secret); read at start, never logged
+    command: tuple[str, ...] = ()           # exec: argv; {tray} {rack} {reason} {failures}; no shell
+    kinds: tuple[str, ...] = ()             # finding | action; empty: both
+    actions: tuple[str, ...] = ()           # action events of these actions only (empty: every action)
+    queue: int = 1000                       # events waiting for this sink; a full queue drops the newest
+    dead_letter: str | None = None          # undeliverable events (JSON lines); default <state>/health/
+
+    def label(self, index: int) -> str:
+        return self.name or f"{self.type}[{index}]"
+
+    def takes(self, kind: str, action: str | None) -> bool:
+        """Whether an event of *kind* (and *action*, for an action event) passes this sink's filters."""
+        if self.kinds and kind not in self.kinds:
+            return False
+        if self.actions and (kind != "action" or action not in self.actions):
+            return False
+        return True
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["command"], out["kinds"], out["actions"] = list(self.command), list(self.kinds), list(self.actions)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "EventSink":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown event sink setting {unknown[0]!r}")
+        kwargs = dict(data)
+        for key in ("command", "kinds", "actions"):
+            if key in kwargs:
+                kwargs[key] = tuple(str(x) for x in kwargs[key] or ())
+        return cls(**kwargs)
+
+
+DCGM_MODES = ("auto", "required", "off")
+
 # What a critical leak on a switch tray does (`health.leak.switch_tray`): the switch tray alone is powered off
 # after the grace, the whole rack is powered off in order, or nothing is powered off (drain and alert).
 LEAK_SWITCH_TRAY = ("power-off", "rack", "alert")
@@ -176,6 +253,9 @@ class HealthSettings:
     fabric_flags: Mapping[str, Severity] = field(default_factory=lambda: dict(FABRIC_FLAG_DEFAULTS))
     driver_mismatch: Severity = Severity.WARN
     imex: str = "auto"                      # auto | required | ignore
+    # DCGM's health watches (`dcgmi health -c -j`, mctl/checks/dcgm.py): auto where dcgmi is installed, required
+    # (a tray without it warns), off (not asked: no dcgmi run by the probe)
+    dcgm: str = "auto"                      # DCGM_MODES
     disk_paths: tuple[str, ...] = ("/", "/var", "/tmp")
     disk_warn_pct: float = 90.0
     disk_critical_pct: float = 98.0
@@ -210,9 +290,25 @@ class HealthSettings:
     metrics_port: int | None = None         # HTTP /metrics on metrics_listen
     metrics_listen: str = "127.0.0.1"       # address /metrics binds (an IP; checked at the CLI)
     ladder: LadderSettings = field(default_factory=LadderSettings)   # the recovery ladder (all rungs off)
+    escalation: EscalationSettings = field(default_factory=EscalationSettings)   # one hold per failing rack
     # isolate a tray drained for a hardware fault from its NVLink partition (mctl/health/isolate.py)
     isolate: bool = False
     isolate_to: str = "quarantine"          # quarantine | default (as `mctl partition isolate --to`)
+    # where every finding change and action goes, as JSON lines (mctl/health/events.py, docs/events.md)
+    events: tuple[EventSink, ...] = ()
+
+    def event_sinks(self) -> tuple[EventSink, ...]:
+        """Every sink of the event stream: `health.events`, and `health.ladder.repair_hook` as the exec sink
+        of `repair` events it always was (run by the ladder with its timeout, its result in the action log)."""
+        hook = ()
+        if self.ladder.repair_hook:
+            hook = (EventSink("exec", name="repair_hook", command=self.ladder.repair_hook,
+                              timeout_s=self.ladder.repair_hook_timeout_s, kinds=("action",), actions=("repair",)),)
+        return tuple(e if e.name else replace(e, name=e.label(i)) for i, e in enumerate(self.events)) + hook
+
+    def repair_sinks(self) -> tuple[EventSink, ...]:
+        """The exec sinks a tray marked for repair runs (the repair hook and any exec sink of `repair`)."""
+        return tuple(s for s in self.event_sinks() if s.type == "exec" and s.takes("action", "repair"))
 
     @property
     def hysteresis(self) -> "HysteresisSettings":
@@ -236,6 +332,7 @@ class HealthSettings:
         data["hysteresis_checks"] = list(self.hysteresis_checks)
         data["leak_exclude"] = list(self.leak_exclude)
         data["ladder"] = {**asdict(self.ladder), "repair_hook": list(self.ladder.repair_hook)}
+        data["events"] = [e.to_dict() for e in self.events]
         return data
 
     @classmethod
@@ -264,11 +361,21 @@ class HealthSettings:
             kwargs["hysteresis_checks"] = tuple(kwargs["hysteresis_checks"])
         if "leak_exclude" in kwargs:
             kwargs["leak_exclude"] = tuple(str(t) for t in kwargs["leak_exclude"])
+        if "dcgm" in kwargs and kwargs["dcgm"] not in DCGM_MODES:
+            raise ValueError(f"dcgm is {kwargs['dcgm']!r}; use one of {', '.join(DCGM_MODES)}")
         if "leak_switch_tray" in kwargs and kwargs["leak_switch_tray"] not in LEAK_SWITCH_TRAY:
             raise ValueError(f"leak_switch_tray is {kwargs['leak_switch_tray']!r}; use one of "
                              f"{', '.join(LEAK_SWITCH_TRAY)}")
         if "ladder" in kwargs:
             kwargs["ladder"] = LadderSettings.from_dict(kwargs["ladder"])
+        if "escalation" in kwargs:
+            known = {f.name for f in fields(EscalationSettings)}
+            bad = sorted(set(kwargs["escalation"]) - known)
+            if bad:
+                raise ValueError(f"unknown health.escalation setting {bad[0]!r}")
+            kwargs["escalation"] = EscalationSettings(**kwargs["escalation"])
+        if "events" in kwargs:
+            kwargs["events"] = tuple(EventSink.from_dict(e) for e in kwargs["events"] or ())
         return cls(**kwargs)
 
 

@@ -207,6 +207,59 @@ class ImexObservation:
                 "domain_state": self.domain_state, "link_problems": list(self.link_problems), "error": self.error}
 
 
+# DCGM's health check (`dcgmi health -c -j`, mctl.facts.dcgm): the values dcgmi prints for a result
+DCGM_HEALTHY, DCGM_WARNING, DCGM_FAILURE = "Healthy", "Warning", "Failure"
+DCGM_RESULTS = (DCGM_HEALTHY, DCGM_WARNING, DCGM_FAILURE)
+# The DCGM section's own deadline inside a probe's: a third of what nvidia-smi gets, 1..DCGM_MAX_S seconds
+DCGM_MAX_S = 5.0
+
+
+def dcgm_timeout_for(command_timeout: float) -> float:
+    """dcgmi's timeout (the whole DCGM section: the check, and setting the watches when they are not set) for
+    a probe whose SSH command may run *command_timeout* seconds: a hung host engine ends inside the tray's
+    deadline, so it is a finding of its own and never a tray that timed out."""
+    return max(1.0, min(DCGM_MAX_S, (command_timeout - SMI_MARGIN) / 3))
+
+
+@dataclass(frozen=True)
+class DcgmIncident:
+    """One health system of one entity that DCGM reports not Healthy (its messages joined)."""
+
+    entity_group: str                      # "GPU", "Switch", "CPU", "ConnectX" (DcgmFieldsGetEntityGroupString)
+    entity_id: str                         # dcgmi prints the id as a key ("0")
+    system: str                            # "Memory system", "PCIe system", "NVLINK system", ..., "Driver"
+    health: str                            # Warning | Failure (or what dcgmi printed, when it is neither)
+    message: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.entity_group.lower()}{self.entity_id}" if self.entity_group else self.entity_id
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"entity_group": self.entity_group, "entity_id": self.entity_id, "system": self.system,
+                "health": self.health, "message": self.message}
+
+
+@dataclass(frozen=True)
+class DcgmHealth:
+    """DCGM's health watches on one tray, as `dcgmi health -c -j` reported them (health, node check).
+
+    installed False: no dcgmi on the tray (not applicable). error: DCGM is there but gave no readable
+    report (host engine not answering, a hang killed at its deadline, garbage, an unknown status): never
+    read as healthy."""
+
+    installed: bool
+    overall: str | None = None             # Healthy | Warning | Failure
+    incidents: tuple[DcgmIncident, ...] = ()
+    error: str | None = None
+    watches_set: bool = False              # the probe set the health watches (they were not set)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"installed": self.installed, "overall": self.overall,
+                "incidents": [i.to_dict() for i in self.incidents], "error": self.error,
+                "watches_set": self.watches_set}
+
+
 @dataclass(frozen=True)
 class DiskUsage:
     path: str
@@ -273,6 +326,7 @@ class TrayFacts:
     xids: tuple[XidObservation, ...] = ()
     xid_source: str | None = None
     imex: ImexObservation | None = None    # what nvidia-imex-ctl says (health, node check)
+    dcgm: DcgmHealth | None = None         # `dcgmi health -c -j` (health, node check; None: not asked)
     imex_service: ServiceState | None = None   # the nvidia-imex unit (inventory)
     imex_config: ImexConfig | None = None      # checksums of /etc/nvidia-imex/*.cfg (inventory)
     slurmd: ServiceState | None = None
@@ -348,6 +402,7 @@ class TrayFacts:
             **({"clock_streaks": [list(s) for s in self.clock_streaks]} if self.clock_streaks is not None else {}),
             "xids": [x.to_dict() for x in self.xids], "xid_source": self.xid_source,
             "imex": self.imex.to_dict() if self.imex else None,
+            **({"dcgm": self.dcgm.to_dict()} if self.dcgm is not None else {}),
             "slurmd": self.slurmd.to_dict() if self.slurmd else None,
             "slurm_node": None if node is None else {"name": node.name, "state": node.state, "reason": node.reason},
             "disks": [d.to_dict() for d in self.disks],

@@ -66,9 +66,11 @@ def test_bring_up_leaves_the_rack_schedulable(lab, brought_up):
     assert data["status"] == "succeeded" and data["failed_phase"] is None
     assert {p["phase"]: p["status"] for p in data["phases"]} == {
         "preflight": "done", "inventory": "done", "provision": "done", "partitions": "done", "imex": "done",
-        "scheduler": "done", "health": "done", "burn-in": "done", "open": "done"}
+        "scheduler": "done", "health": "done", "burn-in": "done", "open": "done", "validate": "done"}
     # the lab's packages carry working dcgmi and all_reduce_perf stand-ins (issue 28.3): burn-in runs and passes
     assert phase(data, "burn-in")["summary"].startswith("burn-in passed on ")
+    # issue 28.4: an all-reduce across each NVLink partition through Slurm, once the trays are open
+    assert phase(data, "validate")["summary"].startswith("NVLink validation passed on 2 partition(s)")
     summary = data["summary"]
     assert summary["trays"]["open"] == len(lab.trays) == summary["trays"]["total"]
     parts = {p["name"]: p for p in summary["partitions"]}
@@ -143,7 +145,7 @@ def test_killed_while_provisioning_then_resumed(lab, brought_up):
     resumed, data = bring_up(lab, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert data["run_id"] == killed.run_id and data["resumed"] is True
-    assert data["ran"] == ["provision", "partitions", "imex", "scheduler", "health", "burn-in", "open"]
+    assert data["ran"] == ["provision", "partitions", "imex", "scheduler", "health", "burn-in", "open", "validate"]
     done = Journal.load(journal.path)
     assert len(done.phase("preflight")["history"]) == 1                # finished phases were not redone
     assert len(done.phase("provision")["history"]) == 2

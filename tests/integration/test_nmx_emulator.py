@@ -662,7 +662,7 @@ def test_lab_fault_nmx_500_timeout_slow_and_clear(lab):
         assert NMXClient.for_rack(site, rack).count("gpus") == 4 * len(lab.trays)     # late, inside the deadline
         assert time.monotonic() - started >= 2.5
         bad = lab.mctl("lab", "fault", "nmx", lab.rack, "404", "--dir", str(lab.dir))
-        assert bad.returncode == 2 and "one of 500, timeout, slow, clear" in bad.stderr
+        assert bad.returncode == 2 and "one of 500, timeout, slow, switch-unhealthy" in bad.stderr
     finally:
         cleared = lab.mctl("lab", "fault", "clear", lab.rack, "--dir", str(lab.dir))
         assert cleared.returncode == 0 and f"{lab.rack} nmx: no faults" in cleared.stdout

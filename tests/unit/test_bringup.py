@@ -58,7 +58,7 @@ def test_journal_records_phases_atomically_and_finds_the_next_one(tmp_path):
     j = Journal.create(tmp_path, "site", "/inv/mctl.yml", "rack-a", list(PHASES), Options(until_phase="imex")
                        .selected(), {"until": "imex"})
     assert j.path == tmp_path / "bringup" / "rack-a" / j.run_id / "journal.json"
-    assert [p["status"] for p in j.data["phases"]] == ["pending"] * 5 + ["excluded"] * 4
+    assert [p["status"] for p in j.data["phases"]] == ["pending"] * 5 + ["excluded"] * 5
     j.start("preflight")
     j.finish("preflight", jr.DONE, "5 hosts answer", details=["a"], artifacts={"x": 1})
     j.start("inventory")
@@ -137,7 +137,7 @@ def test_failure_stops_the_run_and_resume_continues_without_redoing(site, tmp_pa
     recorded.fail_at, recorded.ran[:] = None, []
     again = bring_up(site, "rack-a", tmp_path, Options(accept=("xid",)), resume=True)
     assert again.status == "succeeded" and again.resumed and again.journal.run_id == first.journal.run_id
-    assert recorded.ran == ["provision", "partitions", "imex", "scheduler", "health", "burn-in", "open"]
+    assert recorded.ran == ["provision", "partitions", "imex", "scheduler", "health", "burn-in", "open", "validate"]
     assert again.journal.options["accept"] == ["xid"]
     assert len(again.journal.data["attempts"]) == 2 and not again.already_up
     with pytest.raises(UsageError, match="nothing to resume"):

@@ -117,7 +117,7 @@ def test_health_not_healthy_truncated_or_missing_fails():
     assert "overall Warning" in burnin.judge_health(0, json.dumps(doc)).text
     text = real_text(HEALTH)
     assert "truncated JSON" in burnin.judge_health(0, text[: len(text) // 2]).text
-    assert "no \"Overall Health\"" in burnin.judge_health(0, '{"body": {}, "header": []}').text
+    assert "\"Overall Health\" missing" in burnin.judge_health(0, '{"body": {}, "header": []}').text
     assert not burnin.judge_health(1, real_text(HEALTH)).ok
 
 
@@ -194,6 +194,7 @@ NCCL_ARGV = burnin.nccl_command("all_reduce_perf", 4, "quick").split()[1:]
 def _judge(run, faults=None, level=2):
     rc, out, err = run("dcgmi", ["diag", "-r", str(level), "-j"], faults)
     diag = burnin.judge_dcgm(rc, out, err, gpus=4, level=level)
+    assert run("dcgmi", ["health", "-s", "a"], faults)[0] == 0        # as health_command: the watches first
     rc, out, err = run("dcgmi", ["health", "-c", "-j"], faults)
     health = burnin.judge_health(rc, out, err)
     rc, out, err = run("all_reduce_perf", NCCL_ARGV, faults)

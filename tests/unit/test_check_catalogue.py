@@ -25,7 +25,7 @@ from mctl.facts.nvidia_smi import parse_nvlink_status, parse_xml
 from mctl.model.settings import HealthSettings
 from mctl.model.findings import Severity
 from mctl.model.site import Host, Rack
-from mctl.model.tray import (AUDIT, HEALTH, INVENTORY, NODE_CHECK, PURPOSES, Clock, DiskUsage, ImexObservation,
+from mctl.model.tray import (AUDIT, HEALTH, INVENTORY, NODE_CHECK, PURPOSES, Clock, DcgmHealth, DcgmIncident, DiskUsage, ImexObservation,
                              Memory, ServiceState, TrayExpectation, TrayFacts)
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
@@ -84,8 +84,12 @@ TRAYS = {
     "partial": _tray(problems=("xid: output cut off",)),
     "rebooted": _tray(previous_boot_id="a" * 8 + "-0000-0000-0000-000000000000"),
     "old-driver": _tray(gpus=replace(REAL, driver_version="550.54.15")),
+    "dcgm-failure": _tray(dcgm=DcgmHealth(True, "Failure", (DcgmIncident("GPU", "0", "Memory system", "Failure",
+                                                                         "Detected 1 volatile double-bit ECC error(s) in GPU 0."),))),
+    "dcgm-hung": _tray(dcgm=DcgmHealth(True, error="dcgmi health -c did not answer within 4s (host engine hung?); killed")),
+    "dcgm-absent": _tray(dcgm=DcgmHealth(False)),
 }
-SETTINGS = (HealthSettings(), HealthSettings(imex="required"), HealthSettings(driver_mismatch=Severity.CRITICAL),
+SETTINGS = (HealthSettings(), HealthSettings(imex="required", dcgm="required"), HealthSettings(driver_mismatch=Severity.CRITICAL),
             HealthSettings(fabric_flags={"route_unhealthy": Severity.CRITICAL}))
 
 
@@ -142,7 +146,21 @@ def bmc_findings():
     return out
 
 
-EVALUATED = {HEALTH: lambda: tray_findings() + bmc_findings(), NODE_CHECK: tray_findings,
+def switch_side_findings():
+    """The switch side (mctl.checks.switch_fabric): the sweep judges it from each rack's NMX-M view."""
+    from mctl.checks import switch_fabric
+    from mctl.model.fabric import PartitionFabric, SwitchFault, SwitchSideView
+
+    trays = ("r1-tray01", "r1-tray02")
+    view = SwitchSideView("r1", (PartitionFabric("p0", 1, "DEGRADED", trays),),
+                          (SwitchFault("nvsw01", "switch", "UNHEALTHY", trays, ("p0",)),
+                           SwitchFault("nvsw02", "port", "DISABLED/STATE_DOWN", trays[:1], ("p0",), 3, ("r1-tray01:0",))),
+                          9, 100, read_at=1.0, age_s=1.0)
+    return (switch_fabric.judge_tray(trays[0], view) + switch_fabric.judge_view(view, 30)
+            + switch_fabric.judge_view(SwitchSideView("r1", error="unavailable"), 30))
+
+
+EVALUATED = {HEALTH: lambda: tray_findings() + bmc_findings() + switch_side_findings(), NODE_CHECK: tray_findings,
              AUDIT: lambda: tray_findings() + bmc_findings(), INVENTORY: inventory_findings}
 
 

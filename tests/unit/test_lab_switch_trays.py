@@ -175,7 +175,7 @@ def test_nmx_emulator_takes_a_powered_off_switch_trays_node_and_links_down(tmp_p
     nodes = state.switch_nodes_json()
     assert [n["Health"] for n in nodes] == ["HEALTHY", "UNHEALTHY"] + ["HEALTHY"] * 7
     down = [p for p in state.ports_json() if p["PhysicalState"] == "DISABLED"]
-    assert down and all(p["PeerPortDeviceUID"] == state.switch_uid(1) for p in down)
+    assert down and all(p["PeerPortDeviceUID"] in (state.asic_uid(1, 0), state.asic_uid(1, 1)) for p in down)
     assert all(p["LogicalState"] == "STATE_DOWN" for p in down)
     files[1].write_text(json.dumps({"state": "On"}))
     assert {p["PhysicalState"] for p in state.ports_json()} == {"LINKUP"}

@@ -388,7 +388,8 @@ def test_emulator_objects_conform_to_the_spec():
     cfg = Config.from_dict({"username": "rw-user", "password": "x", "domain_uuid": "5b0c7f0e-6d7a-5d8e-9b51-3f3c1d2e4a10",
                             "trays": [{"name": f"t{i}", "tray_index": i} for i in range(2)], "switch_trays": 2})
     state = NMXState(cfg)
-    views = {"GPU": state.gpus_json(), "SwitchNode": state.switch_nodes_json(), "Chassis": state.chassis_json(),
+    views = {"GPU": state.gpus_json(), "SwitchNode": state.switch_nodes_json(), "Switch": state.switches_json(),
+             "Chassis": state.chassis_json(),
              "Port": state.ports_json(), "Partition": state.partitions_json(),
              "ComputeNode": [{k: v for k, v in n.items() if k != "GpuIDList"} for n in state.compute_nodes_json()]}
     with state.lock:

@@ -44,6 +44,9 @@ SCRIPTS = {
     "health": (lambda: probe_command(HEALTH_PROBE, NONCE, smi_timeout=20, disk_paths=("/", "/my disk")), HEALTH),
     "health-nvml": (lambda: probe_command(NODE_CHECK, NONCE, smi_timeout=20),
                     [s for s in HEALTH if s not in ("nvidia-smi", "nvlink", "nvlink-errors")]),
+    "health-dcgm": (lambda: probe_command(HEALTH_PROBE, NONCE, smi_timeout=12, dcgm_timeout=4), HEALTH + ["dcgm"]),
+    "health-nvml-dcgm": (lambda: probe_command(NODE_CHECK, NONCE, smi_timeout=20, dcgm_timeout=5),
+                         [s for s in HEALTH if s not in ("nvidia-smi", "nvlink", "nvlink-errors")] + ["dcgm"]),
     "audit-tray": (lambda: probe_command(AUDIT, NONCE, files=["/etc/nvidia-imex/nodes_config.cfg", "/etc/a b@RC_ABSENT@"]),
                    AUDIT_TRAY),
     "audit-tray-smi": (lambda: probe_command(AUDIT, NONCE, files=["/x", "/y"], smi_timeout=10), AUDIT_TRAY + ["nvidia-smi"]),
@@ -78,6 +81,8 @@ def test_timeouts_are_the_callers():
     assert "to 20 scontrol" in body_of(controller_command(NONCE, "/etc/slurm"))
     assert "tail -n 200" in body_of(probe_command(INVENTORY, NONCE, smi_timeout=5))
     assert "nvidia-smi" not in body_of(probe_command(AUDIT, NONCE))                  # a health sweep runs it instead
+    assert "to 4 /bin/sh -c \"$DS\"" in probe_script(HEALTH_PROBE, NONCE, smi_timeout=12, dcgm_timeout=4)
+    assert "dcgmi" not in probe_script(HEALTH_PROBE, NONCE, smi_timeout=12)          # health.dcgm off: not asked
 
 
 def test_builder_fills_only_its_own_placeholders():

@@ -21,11 +21,11 @@ FAMILY = "nmx"
 PARTITION = "nmx.partition"
 HEALTH = "nmx.partition_health"
 NODES = "nmx.compute_nodes"
-
-_HEALTH = {"HEALTHY": Severity.OK, "DEGRADED": Severity.WARN, "UNHEALTHY": Severity.CRITICAL}
+LIMIT = "nmx.fabric_limit"
 
 
 def check_rack(rack: "Rack", state: "FabricState") -> list[Finding]:
+    from mctl.checks.switch_fabric import partition_level
     from mctl.fabric.partitions import desired_from_rack, partition_rows
 
     apply = f"run 'mctl partition apply {rack.name}'"
@@ -54,7 +54,7 @@ def check_rack(rack: "Rack", state: "FabricState") -> list[Finding]:
             out.append(Finding(Severity.OK, rack.name, PARTITION, f"default partition holds {row.trays or 'nothing'}",
                                None, details))
         if row.health is not None and row.state != "missing":
-            level = _HEALTH.get(row.health.upper(), Severity.WARN)
+            level = partition_level(row.health)
             text = f"{where} is {row.health} on NMX-M"
             out.append(Finding(level, rack.name, HEALTH, text if level is not Severity.OK else f"{where} is healthy",
                                None if level is Severity.OK else
@@ -71,4 +71,42 @@ def check_rack(rack: "Rack", state: "FabricState") -> list[Finding]:
     else:
         out.append(Finding(Severity.OK, rack.name, NODES, f"NMX-M lists every tray ({fabric.matched_by})", None,
                            {"subject": "trays"}))
+    return out
+
+
+def check_fabric_limit(rack: "Rack", state: "FabricState", nodes: dict) -> list[Finding]:
+    """The degraded-fabric mark in Slurm (`nvl_degraded`, mctl.sched.slurm.features) against NMX-M's partition
+    health now: a tray of a degraded partition unmarked, or a tray marked in a healthy one, warns (the watch with
+    --remediate marks at once and clears after its healthy sweeps); a degraded partition marked warns too (the
+    fabric is degraded and jobs are kept off). The watch also marks for an unhealthy switch tray or a GPU fabric
+    flag, which this rule does not read: such a mark reads as 'marked, NMX-M healthy'."""
+    from mctl.checks.switch_fabric import degraded
+    from mctl.sched.slurm.features import FEATURE, marked
+
+    want: dict[str, str] = {}
+    for p in state.partitions:
+        have, _ = state.fabric.resolve(p)
+        if degraded(p.health):
+            for g in have:
+                want.setdefault(g.tray, f"partition {p.name or 'default'} is {p.health} on NMX-M")
+    out: list[Finding] = []
+    for host in rack.compute:
+        node = nodes.get(host.name)
+        if node is None:
+            continue
+        on = marked(node)
+        details = {"subject": host.name, "feature": FEATURE, "marked": on}
+        if host.name in want and on:
+            out.append(Finding(Severity.WARN, host.name, LIMIT, f"{want[host.name]}: the tray carries {FEATURE}, "
+                               "jobs asking for a whole fabric keep off it", None, details))
+        elif host.name in want:
+            out.append(Finding(Severity.WARN, host.name, LIMIT, f"{want[host.name]} but the tray does not carry "
+                               f"{FEATURE}", "run 'mctl health watch --remediate' (it marks the partition's trays)",
+                               details))
+        elif on:
+            out.append(Finding(Severity.WARN, host.name, LIMIT, f"the tray carries {FEATURE} while NMX-M reports its "
+                               "partition healthy", "the watch clears it after its healthy sweeps (or a switch tray "
+                               "or fabric flag still holds it)", details))
+        else:
+            out.append(Finding(Severity.OK, host.name, LIMIT, f"no {FEATURE}, its partition healthy", None, details))
     return out

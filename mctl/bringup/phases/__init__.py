@@ -15,6 +15,7 @@ found, per host, and the run stops there.
     health      health.service.run_check, the gate with --accept exceptions
     burn-in     health.burnin (DCGM / NCCL tests where the trays have them)
     open        the held trays resumed (sched.slurm.holds on sched.slurm.control)
+    validate    bringup.validate: an all-reduce across each NVLink partition through Slurm; a dragging tray held again
 
 REGISTRY maps each phase name (bringup.context.PHASES) to its Phase.
 """
@@ -22,8 +23,8 @@ REGISTRY maps each phase name (bringup.context.PHASES) to its Phase.
 from __future__ import annotations
 
 from mctl.bringup.phases import (burn_in, health, imex, inventory, open as open_, partitions, preflight, provision,
-                                 scheduler)
+                                 scheduler, validate)
 from mctl.bringup.phases.base import Phase
 
 REGISTRY: dict[str, Phase] = {m.PHASE.name: m.PHASE for m in (
-    preflight, inventory, provision, partitions, imex, scheduler, health, burn_in, open_)}
+    preflight, inventory, provision, partitions, imex, scheduler, health, burn_in, open_, validate)}

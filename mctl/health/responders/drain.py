@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from mctl.health import policy, store
+from mctl.health import escalation, policy, store
 from mctl.health.actuator import Act, Done
 from mctl.health.record import TrayRecord, TrayVerdict
 from mctl.health.responders import Context, Responder
@@ -73,10 +74,17 @@ class DrainResponder(Responder):
             self.reconciled = True
         tripped_before = state.breaker.tripped
         acted = early.before if early is not None else {}
-        outcome = policy.decide(state.records, [v for v in result.verdicts if v.host not in acted],
+        held = [v for v in result.verdicts if v.rack in state.escalations]      # the rack's hold decides them
+        outcome = policy.decide(state.records, [v for v in result.verdicts if v.host not in acted and
+                                                v.rack not in state.escalations],
                                 result.nodes, ctx.settings, state.breaker, ctx.sizes, now=ctx.now, budget=_budget(ctx))
+        for v in held:
+            prev = acted.get(v.host) or state.records.get(v.host) or TrayRecord(v.host, v.rack)
+            step = policy.decide_tray(prev, v, (result.nodes or {}).get(v.host), ctx.settings,
+                                      answered=result.nodes is not None, now=ctx.now)
+            outcome.records[v.host] = _streaks_of(step.record, state.records.get(v.host) or prev)
         for v in result.verdicts:
-            if v.host in acted:
+            if v.host in acted and v.rack not in state.escalations:
                 # Drained earlier in this sweep: its record advances once, on the whole verdict (the
                 # rack-wide checks included), and keeps what the drain made of it.
                 step = policy.decide_tray(acted[v.host], v, (result.nodes or {}).get(v.host), ctx.settings,
@@ -161,8 +169,9 @@ class DrainResponder(Responder):
                                        "budget goes back") for t in due]
 
     def dry_run(self, ctx: Context, state: store.HealthState) -> list[Decision]:
-        outcome = policy.decide(state.records, ctx.result.verdicts, ctx.result.nodes, ctx.settings, state.breaker,
-                                ctx.sizes, now=ctx.now, budget=_budget(ctx))
+        outcome = policy.decide(state.records, [v for v in ctx.result.verdicts if v.rack not in state.escalations],
+                                ctx.result.nodes, ctx.settings, state.breaker, ctx.sizes, now=ctx.now,
+                                budget=_budget(ctx))
         state.records, state.breaker = outcome.records, outcome.breaker
         return outcome.decisions
 
@@ -192,12 +201,19 @@ class DrainResponder(Responder):
             notes: list[Decision] = []
             verdicts: dict[str, TrayVerdict] = {}
             wanted: list[Decision] = []
+            steps = []
             for host in sorted(hosts):
                 v = verdict_of(facts[host].with_slurm_node(states.get(host)))
                 prev = records.get(host) or TrayRecord(host, v.rack)
                 step = policy.decide_tray(prev, v, nodes.get(host), s, answered=True, now=now)
-                if step.want is None:
-                    continue
+                if step.want is not None and v.rack not in state.escalations:
+                    steps.append((host, v, prev, step))
+            # trays of a rack wanting a drain in this batch, and those of it drained earlier in this sweep
+            per_rack = Counter(v.rack for _h, v, _p, _s in steps) + Counter(
+                records[h].rack for h in early.before if h in records)
+            for host, v, prev, step in steps:
+                if escalation.held_back_early(state.rack_watch.get(v.rack or ""), host, per_rack[v.rack], s):
+                    continue        # its rack may escalate: the end of the sweep decides it with the rack's answers
                 admitted, d, _why = policy.admit(breaker, step, v, s, ctx.sizes, _budget(ctx), now=now)
                 if d is None:
                     continue        # not tripped here: the end of the sweep decides it with every other tray
@@ -286,6 +302,13 @@ class EarlyDrains:
 def _budget(ctx: Context):
     """The site's safety budget as the scheduler's last read showed it (None: this scheduler keeps none)."""
     return getattr(ctx.scheduler, "budget", None)
+
+
+def _streaks_of(advanced: TrayRecord, held: TrayRecord) -> TrayRecord:
+    """A tray of a rack held by escalation: its streaks and status advance (what `health drains` shows), while
+    what mctl owns of it stays as the hold left it (the lift, not the watch, resumes it)."""
+    return replace(held, status=advanced.status, misses=advanced.misses, bad_streak=advanced.bad_streak,
+                   healthy_streak=advanced.healthy_streak, latches=advanced.latches, leak=advanced.leak)
 
 
 def _with_drain_of(advanced: TrayRecord, drained: TrayRecord) -> TrayRecord:

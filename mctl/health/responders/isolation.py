@@ -78,8 +78,10 @@ class IsolationResponder(Responder):
         self.site = site
 
     def _decide(self, ctx: Context, state: store.HealthState, now: float):
-        return isolate.decide(state.records, ctx.result.verdicts, ctx.settings, state.breaker, ctx.sizes,
-                              ctx.site.racks, now=now)
+        # a rack held by rack escalation is out as a whole: none of its trays is moved out of its partition
+        verdicts = [v for v in ctx.result.verdicts if v.rack not in state.escalations]
+        return isolate.decide(state.records, verdicts, ctx.settings, state.breaker, ctx.sizes, ctx.site.racks,
+                              now=now)
 
     def dry_run(self, ctx: Context, state: store.HealthState):
         """`--dry-run`: each isolation the watch would start, as decisions (nothing is sent or written)."""

@@ -69,7 +69,9 @@ class LadderResponder(Responder):
         return out
 
     def _decide(self, ctx: Context, state: store.HealthState, now: float):
-        obs = self._observations(ctx.result, state.records)
+        # a tray of a rack held by rack escalation gets no rung: the rack's hold, lifted by a person, is its answer
+        obs = self._observations(ctx.result, {h: r for h, r in state.records.items()
+                                              if r.rack not in state.escalations})
         return ladder.decide(state.records, obs, self.settings, state.breaker, ctx.sizes, now=now,
                              burn_ins=self._burn_status(state.records))
 
@@ -94,7 +96,7 @@ class LadderResponder(Responder):
         # the records now say which rung is being sent: saved with the intents, before anything is sent
         state.records, state.breaker = out.records, out.breaker
         acts = [self._rung_act(ctx, state, r, before.get(r.host)) for r in out.rungs]
-        acts += [self._hook_act(ctx, state, host) for host in out.repairs]
+        acts += [a for host in out.repairs for a in self._hook_acts(ctx, state, host)]
         lines = await ctx.actuator.run(state, acts, before=events)
         self._start_burn_ins(state.records)
         return lines
@@ -138,14 +140,21 @@ class LadderResponder(Responder):
             return f"not taken: {type(exc).__name__}: {exc}"[:300]
         return bundle.to_dict(ctx.state_dir)["path"]
 
-    def _hook_act(self, ctx: Context, state: store.HealthState, host: str) -> Act:
+    def _hook_acts(self, ctx: Context, state: store.HealthState, host: str) -> list[Act]:
+        """One repair-hook act per exec sink of `repair` events (`health.ladder.repair_hook` is one of them,
+        mctl.model.settings.HealthSettings.repair_sinks); with none, one act that notes there is none."""
         rec = state.records.get(host)
         why = ladder.state_of(rec).repair_why or "marked for repair"
 
-        async def run(go) -> Done:
-            return await asyncio.to_thread(self._repair_hook, ctx, host, state)
+        def act(sink) -> Act:
+            async def run(go) -> Done:
+                return await asyncio.to_thread(self._repair_hook, ctx, host, state, sink)
+            # the old hook's line stays as it was; an exec sink of health.events is named on its line
+            fields = {"sink": sink.name} if sink is not None and sink.name != "repair_hook" else {}
+            return Act(Decision(host, "repair-hook", why, rack=rec.rack if rec else None), run=run, intent=False,
+                       fields=fields)
 
-        return Act(Decision(host, "repair-hook", why, rack=rec.rack if rec else None), run=run, intent=False)
+        return [act(s) for s in self.settings.repair_sinks()] or [act(None)]
 
     def _event_entry(self, e: ladder.Event, ctx: Context) -> store.ActionEntry:
         extra: dict[str, Any] = dict(e.extra)
@@ -232,24 +241,26 @@ class LadderResponder(Responder):
 
     # ------------------------------------------------------------------ repair
 
-    def _repair_hook(self, ctx: Context, host: str, state: store.HealthState) -> Done:
+    def _repair_hook(self, ctx: Context, host: str, state: store.HealthState, sink) -> Done:
+        """Run one exec sink of the `repair` event (the repair hook): an argument list, no shell, its deadline."""
         rec = state.records.get(host)
         st = ladder.state_of(rec)
         why = st.repair_why or "marked for repair"
         rack = rec.rack if rec else None
-        if not self.ls.repair_hook:
+        if sink is None:
             return Done("noted", why="no health.ladder.repair_hook configured")
-        argv = ladder.repair_argv(self.ls, host, rack, why, len(st.failures))
+        argv = ladder.fill_argv(sink.command, host, rack, why, len(st.failures))
+        timeout = sink.timeout_s
         env = {**os.environ, "MCTL_TRAY": host, "MCTL_RACK": rack or "", "MCTL_REASON": why,
                "MCTL_FAILURES": str(len(st.failures)), "MCTL_SITE": self.site.name}
         t0 = time.monotonic()
         try:
             proc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=self.ls.repair_hook_timeout_s, cwd=str(self.site.root))
+                                  timeout=timeout, cwd=str(self.site.root))
             said = (proc.stdout + proc.stderr).strip()[-500:]
             result = "ok" if proc.returncode == 0 else f"failed: exit {proc.returncode}" + (f": {said}" if said else "")
         except subprocess.TimeoutExpired:
-            result, said = f"failed: no answer within {self.ls.repair_hook_timeout_s:g}s (killed)", ""
+            result, said = f"failed: no answer within {timeout:g}s (killed)", ""
         except OSError as exc:
             result, said = f"failed: cannot run {argv[0]!r}: {exc.strerror or exc}", ""
         return Done(result, fields={"command": [shlex.quote(a) for a in argv], "seconds": round(time.monotonic() - t0, 3),

@@ -25,10 +25,40 @@ import os
 import sys
 
 LIB = os.path.dirname(os.path.abspath(__file__))
-if LIB not in sys.path:
+if not __package__ and LIB not in sys.path:       # run on a tray (not imported by mctl for LAUNCHER's text)
     sys.path.insert(0, LIB)
 
 VERSION = "4.3.1"
+# /usr/bin/dcgmi on a lab tray (@LIB@: where this module is installed). Every health sweep asks each tray
+# for `health -c -j`, whose answer depends only on gpus.json, faults.json and the watches file, so the
+# emulator stores the answer it gives with the key the launcher computed before calling it (the device,
+# inode, size, mtime and ctime of the three files; see nvidia_smi.LAUNCHER) and the launcher replays it
+# while the key holds: a few ms of a tray's CPU instead of a ~20 ms Python start per sweep, as a real
+# dcgmi is a small client of the host engine. Not stored while a tool fault or a time-dependent fault is
+# set. Replay file: key, exit status, then stdout.
+REPLAY_FILE_ENV = "MCTL_LAB_DCGMI_REPLAY"
+REPLAY_KEY_ENV = "MCTL_LAB_DCGMI_KEY"
+LAUNCHER = r"""#!/bin/sh
+# Written by `mctl lab up`: dcgmi of the lab, emulated by @LIB@/dcgmi.py (mctl/lab/emulators): see LAUNCHER
+# there for the replay of unchanged `health -c -j` answers.
+S=${MCTL_LAB_GPU_STATE:-/var/lib/mctl-lab/gpus.json}
+F=${MCTL_LAB_FAULTS:-/var/lib/mctl-lab/faults.json}
+if [ "$*" = "health -c -j" ] && [ -e "$S" ]; then
+  W=${S%/*}/dcgm-health-watches
+  k=$(stat -L --printf '%d:%i:%s:%.9Y:%.9Z;' "$S" "$F" "$W" 2>/dev/null)
+  R=${S%/*}/.dcgmi.health-c-j
+  if [ -n "$k" ] && [ -r "$R" ]; then
+    {
+      if IFS= read -r v && [ "$v" = "$k" ] && IFS= read -r rc; then
+        cat
+        exit "$rc"
+      fi
+    } < "$R"
+  fi
+  [ -z "$k" ] || export MCTL_LAB_DCGMI_REPLAY="$R" MCTL_LAB_DCGMI_KEY="$k"
+fi
+exec /usr/bin/python3 -IS -c 'import sys; sys.path.insert(0, "@LIB@"); import dcgmi; sys.exit(dcgmi.main())' "$@"
+"""
 EXIT_FAILED = 226           # DCGM_ST_NVVS_ERROR as dcgmi's exit status (an unsigned -30)
 DEVICE_ID = "2941"          # GB200's PCI device id (as nvidia-smi's lab emulator uses)
 TOOL = "dcgmi"
@@ -182,26 +212,117 @@ def diag_table(doc):
     return "\n".join(out) + "\n"
 
 
+# `dcgmi health -c -j`: DCGM's own report tree (NVIDIA/DCGM dcgmi/Health.cpp HandleOneEntity and
+# dcgmi/DcgmiOutput.h, DCGM 3.3 to 4.6; tests/fixtures/real/README.md): every node {"value", "overflow",
+# "children"}; body."Overall Health", then body.GPU.children.<id> with the entity's result and, under
+# children.Errors.children.<system>, that system's result and its messages cut at 54 characters a piece.
+# The messages are DCGM's (dcgmlib/dcgm_errors.h): DCGM_FR_VOLATILE_DBE_DETECTED_MSG, DCGM_FR_FALLEN_OFF_BUS_MSG,
+# DCGM_FR_NVLINK_DOWN_MSG. Which system reports what (and how bad) is the lab's model of DCGM's watches.
+HEALTH_PIECE = 54                # Health.cpp MAX_SIZE_OF_HEALTH_INFO
+EXIT_GENERIC = 253               # DCGM_ST_GENERIC_ERROR (-3) as dcgmi's exit status
+EXIT_CONNECTION = 235            # DCGM_ST_CONNECTION_NOT_VALID (-21)
+WATCHES_FILE = "dcgm-health-watches"      # beside gpus.json: the systems `dcgmi health -s` set
+
+
+def pieces(message):
+    """The message cut at word boundaries into pieces of at most HEALTH_PIECE characters (as dcgmi does)."""
+    out, line = [], ""
+    for word in message.replace("\n", " ").split(" "):
+        if line and len(line) + 1 + len(word) > HEALTH_PIECE:
+            out.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    if line:
+        out.append(line)
+    return out
+
+
+def incidents(g):
+    """[(system, result, message)] of GpuView *g*."""
+    out = []
+    if g.lost:
+        out.append(("PCIe system", "Failure", f"GPU {g.index} has fallen off the bus"))
+    if g.dram_unc:
+        out.append(("Memory system", "Failure", f"Detected {g.dram_unc} volatile double-bit ECC error(s) in GPU {g.index}."))
+    if g.down_links and not g.lost:
+        out.append(("NVLINK system", "Warning", ", ".join(f"GPU {g.index}'s NvLink link {link} is currently down"
+                                                          for link in g.down_links[:4])))
+    return out
+
+
 def health_doc(rack):
     body = {}
+    rank = {"Healthy": 0, "Warning": 1, "Failure": 2}
     overall = "Healthy"
+    gpus = {}
     for g in rack.gpus:
-        incidents = {}
-        if g.lost:
-            incidents["PCIe system"] = {"error": f"GPU {g.index} is lost (fallen off the bus)", "value": "Failure"}
-        if g.dram_unc:
-            incidents["Memory system"] = {"error": f"GPU {g.index}: {g.dram_unc} volatile double-bit ECC error(s)",
-                                          "value": "Failure"}
-        if g.down_links and not g.lost:
-            incidents["NVLink system"] = {"error": f"GPU {g.index}'s NvLink link {g.down_links[0]} is currently down",
-                                          "value": "Warning"}
-        if incidents:
-            worst = "Failure" if any(i["value"] == "Failure" for i in incidents.values()) else "Warning"
-            body[f"GPU ID: {g.index}"] = {**incidents, "value": worst}
-            if worst == "Failure" or overall == "Healthy":
-                overall = worst
+        found = incidents(g)
+        if not found:
+            continue
+        worst = max((r for _s, r, _m in found), key=rank.__getitem__)
+        gpus[str(g.index)] = {"children": {"Errors": {"children": {
+            system: {"overflow": pieces(message), "value": result} for system, result, message in found}}},
+            "value": worst}
+        overall = max(overall, worst, key=rank.__getitem__)
     body["Overall Health"] = {"value": overall}
+    if gpus:
+        body["GPU"] = {"children": gpus}
     return {"body": body, "header": ["Health Monitor Report"]}, overall
+
+
+def watches_path(env=None):
+    env = os.environ if env is None else env
+    state = env.get(_smi().STATE_ENV) or _smi().STATE_PATH
+    return os.path.join(os.path.dirname(state), WATCHES_FILE)
+
+
+def watches_set(env=None):
+    try:
+        with open(watches_path(env), encoding="utf-8") as fh:
+            return bool(fh.read().strip())
+    except OSError:
+        return False
+
+
+def set_watches(systems, env=None):
+    path = watches_path(env)
+    tmp = "%s.%d" % (path, os.getpid())
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(systems + "\n")
+    os.replace(tmp, path)
+
+
+def save_replay(env, faults, text, rc):
+    """Store this `health -c -j` answer for LAUNCHER to replay, when it asked and nothing makes the answer change
+    from call to call; never fails the call."""
+    env = os.environ if env is None else env
+    path, key = env.get(REPLAY_FILE_ENV), env.get(REPLAY_KEY_ENV)
+    smi = _smi()
+    if not path or not key or smi.tool_fault(faults, TOOL) or smi.time_dependent(faults):
+        return
+    tmp = "%s.%d" % (path, os.getpid())
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(f"{key}\n{rc}\n{text}")
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def health_table(doc):
+    bar = "+---------------------------+----------------------------------------------------------+\n"
+    rows = ["| %-25s | %-56s |\n" % ("Overall Health", doc["body"]["Overall Health"]["value"])]
+    for gid, gnode in (doc["body"].get("GPU") or {}).get("children", {}).items():
+        rows.append("| %-25s | %-56s |\n" % ("-> " + gid, gnode["value"]))
+        for system, snode in gnode["children"]["Errors"]["children"].items():
+            rows.append("| %-25s | %-56s |\n" % ("      -> " + system, snode["value"]))
+            rows += ["| %-25s | %-56s |\n" % ("", piece) for piece in snode["overflow"]]
+    return (bar + "| Health Monitor Report" + " " * 64 + "|\n"
+            + bar.replace("-", "=") + "".join(rows) + bar)
 
 
 def _args(argv):
@@ -246,26 +367,27 @@ def main(argv=None, env=None, stdout=None, stderr=None):
     try:
         state, faults = smi.load(env)
     except smi.DriverMissing:
-        stderr.write("Error: unable to establish a connection to the specified host: localhost\n"
+        stdout.write("Error: unable to establish a connection to the specified host: localhost\n"
                      "Error: Unable to connect to host engine. Host engine connection invalid/disconnected.\n")
-        return 255
+        return EXIT_CONNECTION
     rack = smi.Rack(state, faults)
     if sub == "diag" and opts["level"] in ("1", "2", "3"):
         doc, failed = diag_doc(rack, int(opts["level"]), smi.driver_versions(state, faults)[0])
         text = dumps(doc) if opts["json"] else diag_table(doc)
         rc = EXIT_FAILED if failed else 0
     elif sub == "health" and opts["set"] is not None:
+        set_watches(opts["set"], env)
         text, rc = "Health monitor systems set successfully.\n", 0
+    elif sub == "health" and opts["check"] and not watches_set(env):
+        text, rc = "Error: Health watches not enabled. Please enable watches. \n", EXIT_GENERIC
+        if opts["json"]:
+            save_replay(env, faults, text, rc)
     elif sub == "health" and opts["check"]:
-        doc, overall = health_doc(rack)
-        text = dumps(doc) if opts["json"] else (
-            "+---------------------------+----------------------------------------------------------+\n"
-            "| Health Monitor Report                                                                |\n"
-            "+===========================+==========================================================+\n"
-            "| %-25s | %-56s |\n" % ("Overall Health", overall)
-            + "".join("| %-25s | %-56s |\n" % (k, v["value"]) for k, v in doc["body"].items() if k != "Overall Health")
-            + "+---------------------------+----------------------------------------------------------+\n")
+        doc, _overall = health_doc(rack)
+        text = dumps(doc) if opts["json"] else health_table(doc)
         rc = 0
+        if opts["json"]:
+            save_replay(env, faults, text, rc)
     else:
         stderr.write(USAGE)
         return 255

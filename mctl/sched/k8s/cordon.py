@@ -15,6 +15,11 @@ only mctl's own cordon, taint and annotations. Patches carry the node's
 resourceVersion, so a change made between read and write makes the API refuse
 the patch (409) instead of overwriting it.
 
+A rack held by rack escalation (mctl.health.escalation) gets, on each of its nodes, mctl's own taint
+`mctl.io/rack-escalated=<rack>:NoSchedule` and the annotation `mctl.io/rack-escalated-reason` (the cause);
+no cordon, so the node's own cordon, whoever set it, is never changed, and the lift removes exactly that
+taint and annotation (`rack_taint_patch`, `rack_untaint_patch`).
+
 `K8sAdapter` acts through the API server with mctl.sched.k8s's client (kubeconfig
 from scheduler.k8s): each action a fresh read, the guard, then a merge patch
 carrying the resourceVersion just read.
@@ -111,6 +116,45 @@ def uncordon_patch(node: dict[str, Any], taint: Taint) -> dict[str, Any]:
     return {"metadata": meta, "spec": {"unschedulable": None, "taints": taints or None}}
 
 
+RACK_TAINT_KEY = "mctl.io/rack-escalated"
+RACK_REASON = "mctl.io/rack-escalated-reason"
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$")
+
+
+def rack_taint(rack: str) -> Taint:
+    """mctl's taint on a held rack's nodes; the value is the rack (a label value: 63 characters at most)."""
+    value = rack if _LABEL_VALUE.match(rack) else ""
+    return Taint(RACK_TAINT_KEY, value or None, "NoSchedule")
+
+
+def rack_taint_patch(node: dict[str, Any], rack: str, reason: str) -> dict[str, Any]:
+    """Add mctl's rack taint and its reason annotation; every other taint stays as it is."""
+    taint = rack_taint(rack)
+    spec = node.get("spec") or {}
+    taints = [t for t in spec.get("taints") or [] if t.get("key") != taint.key] + [taint.to_k8s()]
+    meta: dict[str, Any] = {"annotations": {RACK_REASON: reason[:MESSAGE_MAX]}}
+    rv = (node.get("metadata") or {}).get("resourceVersion")
+    if rv:
+        meta["resourceVersion"] = rv
+    return {"metadata": meta, "spec": {"taints": taints}}
+
+
+def rack_untaint_patch(node: dict[str, Any]) -> dict[str, Any]:
+    """Remove mctl's rack taint and its annotation, nothing else."""
+    spec = node.get("spec") or {}
+    taints = [t for t in spec.get("taints") or [] if t.get("key") != RACK_TAINT_KEY]
+    meta: dict[str, Any] = {"annotations": {RACK_REASON: None}}
+    rv = (node.get("metadata") or {}).get("resourceVersion")
+    if rv:
+        meta["resourceVersion"] = rv
+    return {"metadata": meta, "spec": {"taints": taints or None}}
+
+
+def rack_held(node: dict[str, Any] | None) -> bool:
+    """The node carries mctl's rack taint."""
+    return any(t.get("key") == RACK_TAINT_KEY for t in ((node or {}).get("spec") or {}).get("taints") or [])
+
+
 # The guards of mctl.model.drain, in Kubernetes' words.
 _REFUSED = {"unknown": "refused: no such Node", "down": "refused: the node is {v.state}",
             "drained": "refused: the node is already cordoned ({v.reason})",
@@ -127,6 +171,22 @@ def guard(action: str, view: NodeView) -> tuple[str | None, bool]:
 
 
 CONFLICT_TRIES = 3        # reads and patches of one Node before a 409 is given up
+
+
+# The degraded-fabric label (mctl.health.responders.fabric): mctl's own, set and removed only by mctl.
+FABRIC_LABEL = "mctl.io/nvlink-degraded"
+
+
+def fabric_label_patch(node: dict[str, Any], mark: bool) -> dict[str, Any] | None:
+    """The merge patch that sets (*mark*) or removes mctl's degraded-fabric label, None when it is so already;
+    it carries the node's resourceVersion (a write in between makes the API refuse it) and no other label."""
+    meta = node.get("metadata") or {}
+    if (FABRIC_LABEL in (meta.get("labels") or {})) == mark:
+        return None
+    out: dict[str, Any] = {"labels": {FABRIC_LABEL: "true" if mark else None}}
+    if meta.get("resourceVersion"):
+        out["resourceVersion"] = meta["resourceVersion"]
+    return {"metadata": out}
 
 
 class K8sAdapter:
@@ -209,6 +269,111 @@ class K8sAdapter:
                 return ActResult(d, True, fields=self.on_drained(self.client, d.host))
             return ActResult(d, True)
         raise AssertionError("unreachable")
+
+    def _patch_rack(self, name: str, make) -> str | None:
+        """Read *name*, patch it with make(node) (None: nothing to do), again on a 409; None or why not."""
+        from mctl.sched.k8s.client import ApiError, ClusterUnreachable
+
+        for attempt in range(1, CONFLICT_TRIES + 1):
+            try:
+                obj = self._get(name)
+                if obj is None:
+                    return "no such Node"
+                patch = make(obj)
+                if patch is None:
+                    return None
+                self.client.merge_patch("Node", name, None, patch)
+                return None
+            except ClusterUnreachable as exc:
+                raise SchedulerUnreachable(exc.message) from None
+            except ApiError as exc:
+                if exc.status == 409 and attempt < CONFLICT_TRIES:
+                    continue
+                return exc.message
+            except MctlError as exc:
+                return exc.message
+        return f"the node changed between read and write {CONFLICT_TRIES} times (409 Conflict)"
+
+    def hold_rack(self, rack: str, trays: Sequence[str], reason: str) -> tuple[list[str], dict[str, str], str | None]:
+        """Rack escalation's hold: mctl's rack taint on each of *trays*' nodes (as holds.hold_rack answers:
+        held, {tray: why not}, None or why the API server did not answer)."""
+        held, left = [], {}
+        try:
+            for t in trays:
+                why = self._patch_rack(t, lambda obj: rack_taint_patch(obj, rack, reason))
+                if why is None:
+                    held.append(t)
+                else:
+                    left[t] = why
+        except SchedulerUnreachable as exc:
+            return held, left, str(exc)
+        return held, left, None
+
+    def lift_rack(self, trays: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+        """Remove mctl's rack taint from *trays* that carry it: (lifted, {tray: why not})."""
+        lifted, left = [], {}
+        for t in trays:
+            why = self._patch_rack(t, lambda obj: rack_untaint_patch(obj) if rack_held(obj) else None)
+            if why is None:
+                lifted.append(t)
+            else:
+                left[t] = why
+        return lifted, left
+
+    def rack_holds(self, trays: Sequence[str]) -> list[str]:
+        """The trays whose node carries mctl's rack taint."""
+        try:
+            return [t for t in trays if rack_held(self._get(t))]
+        except MctlError as exc:
+            raise SchedulerUnreachable(exc.message) from None
+
+    async def fabric_marks(self, names: Sequence[str], *, deadline: float | None = None) -> dict[str, bool]:
+        """Which nodes carry mctl's degraded-fabric label (a node not read is left out)."""
+        import asyncio
+
+        def read() -> dict[str, bool]:
+            out = {}
+            for name in names:
+                try:
+                    obj = self._get(name)
+                except MctlError:
+                    continue
+                if obj is not None:
+                    out[name] = FABRIC_LABEL in ((obj.get("metadata") or {}).get("labels") or {})
+            return out
+        try:
+            async with asyncio.timeout(deadline):
+                return await asyncio.to_thread(read)
+        except TimeoutError:
+            return {}
+
+    def _mark_one(self, name: str, mark: bool) -> tuple[str, str]:
+        from mctl.sched.k8s.client import ApiError
+
+        for _ in range(CONFLICT_TRIES):
+            try:
+                obj = self._get(name)
+                if obj is None:
+                    return "refused", "no such Node"
+                patch = fabric_label_patch(obj, mark)
+                if patch is None:
+                    return "done", "already so"
+                self.client.merge_patch("Node", name, None, patch)
+                return "done", ""
+            except ApiError as exc:
+                if exc.status == 409:
+                    continue
+                return "failed", exc.message
+            except MctlError as exc:
+                return "failed", exc.message
+        return "refused", f"the node changed between read and write {CONFLICT_TRIES} times (409 Conflict)"
+
+    async def set_fabric_marks(self, marks: Sequence[tuple[str, bool]], *, deadline: float | None = None
+                               ) -> dict[str, tuple[str, str]]:
+        """Set or remove mctl's degraded-fabric label on each node: name -> (done|refused|failed, text)."""
+        import asyncio
+
+        return {name: await asyncio.to_thread(self._mark_one, name, mark) for name, mark in marks}
 
     async def apply(self, decisions: Sequence[Decision], *, deadline: float | None = None) -> list[ActResult]:
         import asyncio

@@ -66,6 +66,22 @@ class SlurmAdapter:
         return parse_apply(result.stdout, decisions)
 
 
+    async def set_features(self, steps: Sequence, *, deadline: float | None = None) -> dict:
+        """Put mctl's node feature on or off (mctl.sched.slurm.features): one bounded script; host -> StepResult."""
+        from mctl.sched.slurm import features
+
+        if not steps:
+            return {}
+        limit = min(self.timeout, deadline) if deadline else self.timeout
+        result = await self.pool.run_one(self.target, features.script(steps, limit_s=limit), timeout=self.timeout,
+                                         deadline=limit)
+        hosts = [s.host for s in steps]
+        if not result.status.reached:
+            from mctl.sched.slurm.drain import StepResult
+
+            return {h: StepResult(h, "unreachable", f"{self.target.name}: {result.summary()}") for h in hosts}
+        return features.parse(result.stdout, hosts)
+
     async def release_grants(self, trays: Sequence[str], *, deadline: float | None = None) -> list[str]:
         """Give back the safety budget's grants of *trays* (mctl.sched.slurm.budget); the trays done."""
         from mctl.sched.slurm.budget import release_script

@@ -65,6 +65,11 @@ BRING_UP = HoldOwner("bring-up", "mctl: bring-up", "left alone", "mctl: bring-up
 PROVISION = HoldOwner("provision", "mctl: provision", "left alone", "mctl: provision", REASON_PROVISIONED,
                       release_down=True, release_held=True)
 
+# Rack escalation (mctl.health.escalation): the watch holds a failing rack's trays with one reason. Its holds count
+# against the safety budget but are never held back by it (asked count-only, never tripping: D99).
+ESCALATION = HoldOwner("rack escalation", "mctl: rack escalated", "left alone", "mctl: rack escalated",
+                       "lifted by mctl rack escalation", release_down=True, release_held=True)
+
 # The partition change's prefix under its historical name (reasons, error texts and tests read it).
 HOLD_PREFIX = PARTITION_CHANGE.prefix
 
@@ -266,6 +271,52 @@ def _said(tray: str, r: "sd.StepResult") -> str:
     from mctl.model.drain import DRAIN, Decision
 
     return sd.act_result(Decision(tray, DRAIN, ""), r).error or "refused"
+
+
+# ------------------------------------------------------------------ rack escalation: one hold on a rack's trays
+
+def escalate_script(rack: str | None, trays: Sequence[str], reason: str, own: Mapping[str, str]) -> str:
+    """One guarded script holding *trays* of *rack* with *reason*: a tray free (not drained, not down) is drained;
+    a tray mctl's watch drained itself (*own*: tray -> the exact reason it set) gets the rack's reason in its
+    place, only while that reason is still on it; any other drain or a down tray is left alone (the guard
+    re-checks each on the controller). Each tray asks the safety budget for a grant, counted and never held
+    back (a tray mctl drained holds its grant already)."""
+    grant = sd.Grant(rack, reason, count_only=True, trip=False)
+    steps = []
+    for t in trays:
+        if t in own:
+            steps.append(sd.Step(t, "DRAIN", reason, sd.Guard(owner_prefix=own[t], held=True, owner="the watch",
+                                                              verb=ESCALATION.verb), grant))
+        else:
+            steps.append(sd.drain_step(t, reason, verb=ESCALATION.verb, grant=grant))
+    return sd.script(steps)
+
+
+def hold_rack(site: "Site", rack: str, trays: Sequence[str], reason: str,
+              own: Mapping[str, str]) -> tuple[list[str], dict[str, str], str | None]:
+    """Hold *trays* of *rack* for rack escalation (escalate_script) in one round trip to the controller:
+    (the trays holding *reason*, those already held included; {tray: why not}; None, or why the controller
+    did not answer)."""
+    from mctl.errors import MctlError
+    from mctl.sched.slurm.control import controller_run
+
+    try:
+        shown = controller_run(site, sd.show_node_command())
+        _, states = sd.read_nodes(shown.stdout)
+        already = [t for t in trays if t in states and states[t].drained and (states[t].reason or "") == reason]
+        todo = [t for t in trays if t not in already]
+        held, refused = list(already), {}
+        if todo:
+            result = controller_run(site, escalate_script(rack, todo, reason, own))
+            for t, r in sd.parse(result.stdout, todo).items():
+                if r.ok:
+                    held.append(t)
+                else:
+                    refused[t] = _said(t, r)
+    except MctlError as exc:
+        return [], {}, exc.message
+    order = {t: i for i, t in enumerate(trays)}
+    return sorted(held, key=order.__getitem__), refused, None
 
 
 # ------------------------------------------------------------------ the safety budget's grants asked by a command
