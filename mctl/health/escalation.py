@@ -22,10 +22,10 @@ guarded script (mctl.sched.slurm.holds: `ESCALATION`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Mapping, Sequence
 
-from mctl.health.record import TrayRecord, TrayVerdict
+from mctl.health.record import RackHold, RackWatch, TrayRecord, TrayVerdict  # noqa: F401 (the escalation's state)
 from mctl.model.findings import Finding, Severity
 from mctl.model.site import fold
 from mctl.sched.slurm.holds import ESCALATION
@@ -38,37 +38,6 @@ SWITCH = "switch-tray"
 
 
 @dataclass(frozen=True)
-class RackWatch:
-    """What the watch remembers of one rack between sweeps."""
-
-    failing: dict[str, float] = field(default_factory=dict)     # compute tray -> when its failure began
-    switch: dict[str, tuple[float, int]] = field(default_factory=dict)   # switch tray -> (since, critical sweeps)
-    lifted_at: float | None = None                               # the last lift of its hold
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"failing": dict(sorted(self.failing.items())),
-                "switch": {k: [a, n] for k, (a, n) in sorted(self.switch.items())}, "lifted_at": self.lifted_at}
-
-    @classmethod
-    def from_dict(cls, data: Any) -> "RackWatch":
-        if not isinstance(data, Mapping):
-            raise ValueError("rack watch must be an object")
-        failing = data.get("failing") or {}
-        switch = data.get("switch") or {}
-        lifted = data.get("lifted_at")
-        if not isinstance(failing, Mapping) or not all(_number(v) for v in failing.values()):
-            raise ValueError("failing must map trays to times")
-        if not isinstance(switch, Mapping) or not all(
-                isinstance(v, list) and len(v) == 2 and _number(v[0]) and isinstance(v[1], int)
-                for v in switch.values()):
-            raise ValueError("switch must map switch trays to [since, sweeps]")
-        if lifted is not None and not _number(lifted):
-            raise ValueError("lifted_at must be a time")
-        return cls({str(k): float(v) for k, v in failing.items()},
-                   {str(k): (float(v[0]), int(v[1])) for k, v in switch.items()}, lifted)
-
-
-@dataclass(frozen=True)
 class Trigger:
     """Why a rack must be held now."""
 
@@ -76,49 +45,6 @@ class Trigger:
     cause: str                        # the words of the event and of `escalation status`
     trays: tuple[str, ...]            # the failed trays (compute, or the switch tray)
     reason: str                       # the Slurm reason, short, starting with the hold owner's prefix
-
-
-@dataclass(frozen=True)
-class RackHold:
-    """A rack held by escalation: why, since when, and what the hold did to each tray."""
-
-    rack: str
-    kind: str
-    cause: str
-    reason: str
-    failed: tuple[str, ...]
-    since: float
-    result: str = "pending"           # pending | ok | partial: ... | failed: ...
-    held: tuple[str, ...] = ()        # the trays the hold's reason is on
-    left: dict[str, str] = field(default_factory=dict)    # trays it did not hold -> why (someone else's, down)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rack": self.rack, "kind": self.kind, "cause": self.cause, "reason": self.reason,
-                "failed": list(self.failed), "since": self.since, "result": self.result, "held": list(self.held),
-                "left": dict(self.left)}
-
-    @classmethod
-    def from_dict(cls, data: Any) -> "RackHold":
-        if not isinstance(data, Mapping):
-            raise ValueError("rack hold must be an object")
-        for key in ("rack", "kind", "cause", "reason", "result"):
-            if not isinstance(data.get(key), str):
-                raise ValueError(f"{key} must be text")
-        if not _number(data.get("since")):
-            raise ValueError("since must be a time")
-        for key in ("failed", "held"):
-            if not isinstance(data.get(key, []), list):
-                raise ValueError(f"{key} must be a list")
-        left = data.get("left") or {}
-        if not isinstance(left, Mapping):
-            raise ValueError("left must be an object")
-        return cls(data["rack"], data["kind"], data["cause"], data["reason"], tuple(data.get("failed") or ()),
-                   float(data["since"]), data["result"], tuple(data.get("held") or ()),
-                   {str(k): str(v) for k, v in left.items()})
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def reason_of(kind: str, failed: Sequence[str], size: int) -> str:

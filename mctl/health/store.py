@@ -28,7 +28,7 @@ from typing import Any, Iterator
 
 from mctl.errors import EnvironmentProblem
 from mctl.health.breaker import BreakerState
-from mctl.health.escalation import RackHold, RackWatch
+from mctl.health.record import RackHold, RackWatch
 from mctl.health.record import LeakEpisode, RackLeak, TrayRecord
 from mctl.model.drain import QUEUE, ActResult, Decision
 from mctl.state.files import DamagedState, check_shape, ensure_dir, read_json, write_json

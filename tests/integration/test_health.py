@@ -144,7 +144,10 @@ def test_drain_waits_in_a_queue_while_the_controller_is_unreachable(lab, health)
     assert sinfo(lab)[tray][0] == "idle"
     assert health("health", "check", "--remediate").returncode == 1
     assert sinfo(lab)[tray] == ("drained", "mctl: nvlink gpu1 link1 down")
-    assert [e["action"] for e in actions(health.state)] == ["queue", "drain"]
+    # The link down also degrades the tray's partition in NMX-M: the switch side marks the partition's
+    # trays (issue 30.5, its own test); the tray's own actions are the queue and its drain.
+    logged = [e["action"] for e in actions(health.state)]
+    assert [a for a in logged if a not in ("fabric-mark", "fabric-clear")] == ["queue", "drain"]
 
 
 def test_breaker_trips_at_its_threshold_and_stays_until_reset(lab, health):
