@@ -109,6 +109,9 @@ def test_the_watch_tells_each_change_once_and_flushes_when_it_stops(slurm_lab, t
         fault(lab, tray, clear=True)
         wait_for("the watch's own resume in the webhook", lambda: any(
             e.get("action") == "resume" and e["tray"] == tray for e in got), 90)
+        wait_for("the fabric mark cleared, if one was made", lambda: [e.get("action") for e in got if e["tray"] == tray
+                                                                     ].count("fabric-mark") <= [
+            e.get("action") for e in got if e["tray"] == tray].count("fabric-clear"), 90)
         swept = watch.sweeps()
     finally:
         code = watch.stop()
