@@ -73,10 +73,13 @@ def freeze(files: LabFiles, host: LabHost, on: bool) -> None:
         while True:
             init, members = hosts.members(files.host(host.name))
             pidns = init.pidns
-            todo = [p for p in members if p.pid not in stopped and p.state not in ("T", "t", "Z", "X")]
+            # Done only when a scan shows every process stopped: a signalled process stops when it next runs (on a
+            # loaded machine, later), and may fork before it does; such a child is caught by the next pass, and a
+            # process not yet stopped is signalled again (harmless).
+            todo = [p for p in members if p.state not in ("T", "t", "Z", "X")]
             if not todo:
                 break
-            for p in todo:              # a fork racing with this pass is caught by the next one
+            for p in todo:
                 send_signal(p.pid, signal.SIGSTOP)
                 stopped.add(p.pid)
             if time.monotonic() > deadline:
