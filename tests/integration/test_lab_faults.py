@@ -108,7 +108,9 @@ def test_freeze_silences_open_and_new_connections(lab, tmp_path):
             # Every process of the host is stopped, not just sshd.
             row = _row(lab, tray)
             assert row["ssh"] == "not answering" and row["faults"] == ["unreachable"]
-            assert row["processes"] and all(p["state"] in ("T", "t") for p in row["processes"]), row["processes"]
+            # (a child that exited just before its parent stopped stays a zombie: nothing runs to reap it)
+            assert row["processes"] and all(p["state"] in ("T", "t", "Z") for p in row["processes"]), row["processes"]
+            assert any(p["state"] in ("T", "t") for p in row["processes"]), row["processes"]
             # The open connection gets no answer to a new session (and no reset: it answers after --clear).
             assert _times_out(k)
             # A new connection: TCP connects, no banner ever comes.
