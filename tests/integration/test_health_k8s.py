@@ -194,3 +194,53 @@ def test_host_imex_beside_the_dra_driver_is_refused_by_deploy_and_named_by_the_a
                 lab.run(t, f"systemctl start {unit}", check=False)
                 wait_for(f"IMEX READY again on {t}",
                          lambda t=t: "READY" in lab.run(t, "nvidia-imex-ctl -q", check=False).stdout, timeout=120)
+
+
+def test_a_degraded_partition_gets_the_nodes_label_and_loses_it_when_healthy(lab, kube, mctl, tmp_path):
+    """Issue 30.5 on Kubernetes, through the real kube-apiserver: NMX-M says the partition is DEGRADED, so every
+    node of its trays gets mctl's label `mctl.io/nvlink-degraded=true` (no other label or taint touched, no cordon:
+    the trays themselves are healthy); two healthy sweeps later it is gone, and only mctl's label patches were
+    written."""
+    from mctl.lab import nmx_faults
+    from tests.helpers import lab_nmx
+
+    site = tmp_path / "site" / "mctl.yml"
+    doc = yaml.safe_load(site.read_text())
+    emulator = lab_nmx(lab, doc, tmp_path)
+    site.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    def set_fault(kind, **options):
+        if emulator is not None:
+            emulator.state.set_faults(nmx_faults.merged(emulator.state.faults, kind, **options), replace=True)
+            return
+        args = [a for k, v in options.items() for a in (f"--nmx-{k}", str(v))]
+        res = lab.mctl("lab", "fault", "nmx", lab.rack, kind, *args, "--dir", str(lab.dir))
+        assert res.returncode == 0, res.stderr
+
+    label = "mctl.io/nvlink-degraded"
+    before = {t: dict(kube.node(t)["metadata"].get("labels") or {}) for t in lab.trays}
+    assert not any(label in ls for ls in before.values())
+    kube.mark()
+    try:
+        set_fault("partition-degraded", partition="Default Partition")
+        proc = mctl("--json", "health", "check", "--remediate", "--timeout", "30")
+        data = json.loads(proc.stdout)
+        marks = sorted(a["tray"] for a in data["actions"] if a["action"] == "fabric-mark")
+        assert marks == sorted(lab.trays), (data["actions"], proc.stderr)
+        for t in lab.trays:
+            node = kube.node(t)
+            assert node["metadata"]["labels"] == {**before[t], label: "true"}
+            assert node["spec"]["taints"] == [OTHER_TAINT] and not node["spec"].get("unschedulable")
+        set_fault("clear")
+        first = json.loads(mctl("--json", "health", "check", "--remediate", "--timeout", "30").stdout)
+        assert not [a for a in first["actions"] if a["action"] == "fabric-clear"]      # one healthy sweep of two
+        assert all(label in kube.node(t)["metadata"]["labels"] for t in lab.trays)
+        second = json.loads(mctl("--json", "health", "check", "--remediate", "--timeout", "30").stdout)
+        clears = sorted(a["tray"] for a in second["actions"] if a["action"] == "fabric-clear")
+        assert clears == sorted(lab.trays), second["actions"]
+        assert {t: kube.node(t)["metadata"].get("labels") or {} for t in lab.trays} == before
+        assert sorted(kube.writes()) == sorted([f"patch /api/v1/nodes/{t} 200" for t in lab.trays] * 2)
+    finally:
+        set_fault("clear")
+        if emulator is not None:
+            emulator.stop()
