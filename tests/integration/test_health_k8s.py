@@ -244,3 +244,43 @@ def test_a_degraded_partition_gets_the_nodes_label_and_loses_it_when_healthy(lab
         set_fault("clear")
         if emulator is not None:
             emulator.stop()
+
+
+def test_most_of_a_rack_failing_takes_one_kubernetes_rack_hold_lifted_by_one_command(lab, kube, mctl, tmp_path):
+    """Issue 30.6 on Kubernetes, through the real kube-apiserver: 3 of 4 trays failing at once give one rack hold,
+    mctl's taint `mctl.io/rack-escalated=<rack>:NoSchedule` with the cause on every node of the rack (no cordon
+    of the others, the other controller's taint kept); `mctl health escalation lift` removes only that."""
+    site = tmp_path / "site" / "mctl.yml"
+    doc = yaml.safe_load(site.read_text())
+    for rack in doc["racks"].values():
+        rack.pop("nmx", None)            # the switch side's degraded-fabric label is another test's
+    doc["health"] = {**HEALTH, "escalation": {"enabled": True, "rack_share": 0.5, "window": "10m"}}
+    site.write_text(yaml.safe_dump(doc, sort_keys=False))
+    taint = {"key": "mctl.io/rack-escalated", "value": lab.rack, "effect": "NoSchedule"}
+    failing = lab.trays[:3]
+    for i, tray in enumerate(failing):
+        fault(lab, tray, nvlink_down=f"{i}:1")
+    proc = mctl("--json", "health", "check", "--remediate")
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr
+    log = [json.loads(x) for x in (mctl.state / "health" / "actions.jsonl").read_text().splitlines()]
+    (hold,) = [e for e in log if e["action"] == "rack-escalation"]
+    assert hold["result"] == "ok" and hold["failed"] == sorted(failing) and hold["held"] == lab.trays, hold
+    drained = [e["tray"] for e in log if e["action"] == "drain"]
+    assert len(drained) <= 1              # at most the first tray to answer, on its own, before the hold
+    for t in lab.trays:
+        node = kube.node(t)
+        assert node["spec"]["taints"][0] == OTHER_TAINT and taint in node["spec"]["taints"], node["spec"]
+        assert "3 of 4 compute trays failed" in node["metadata"]["annotations"]["mctl.io/rack-escalated-reason"]
+        assert bool(node["spec"].get("unschedulable")) == (t in drained)      # the hold is no cordon
+    status = json.loads(mctl("--json", "health", "escalation", "status").stdout)
+    assert list(status["held"]) == [lab.rack]
+    lab.clear_faults()
+    dry = mctl("--json", "health", "escalation", "lift", lab.rack, "--dry-run")
+    assert dry.returncode == 0 and all(taint in kube.node(t)["spec"]["taints"] for t in lab.trays)
+    lift = mctl("--json", "health", "escalation", "lift", lab.rack)
+    assert lift.returncode == 0, lift.stdout + lift.stderr
+    for t in lab.trays:
+        node = kube.node(t)
+        assert taint not in node["spec"]["taints"] and OTHER_TAINT in node["spec"]["taints"], node["spec"]
+        assert "mctl.io/rack-escalated-reason" not in (node["metadata"].get("annotations") or {})
+    assert json.loads(mctl("--json", "health", "escalation", "status").stdout)["held"] == {}
