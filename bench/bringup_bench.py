@@ -68,6 +68,13 @@ def phases_of(result: dict) -> dict[str, float | None]:
     return {p["phase"]: p["seconds"] for p in (result["data"] or {}).get("phases", [])}
 
 
+def outcomes_of(result: dict) -> dict[str, str]:
+    """Each phase's status and summary ("done: burn-in passed on ..."), so a figure says what ran (a skipped
+    burn-in is not a burn-in)."""
+    return {p["phase"]: f"{p['status']}: {p.get('summary') or ''}".rstrip(": ")
+            for p in (result["data"] or {}).get("phases", [])}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trays", type=int, default=18)
@@ -115,6 +122,7 @@ def main() -> int:
         "trays": args.trays if started_lab else None, "cores": os.cpu_count(),
         "lab": None if args.lab else ("pre-tooled" if args.pre_tooled else "os-only"),
         "first": {k: v for k, v in first.items() if k != "data"} | {"phases": phases_of(first),
+                                                                   "outcomes": outcomes_of(first),
                                                                    "status": (first["data"] or {}).get("status")},
         "rerun": {k: v for k, v in rerun.items() if k != "data"} | {"phases": phases_of(rerun),
                                                                    "already_up": (rerun["data"] or {}).get(

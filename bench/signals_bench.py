@@ -12,6 +12,7 @@ alternate (before, after, before, after) to spread the machine's load over both.
     python3 bench/signals_bench.py                        # 4 racks x 18 trays, 8 sweeps a round, 2 rounds
     python3 bench/signals_bench.py --racks 1 --trays 18 --sweeps 10 --json
     python3 bench/signals_bench.py --signal dcgm         # issue 30.3: before = health.dcgm off, after = auto
+    python3 bench/signals_bench.py --signal switch-side  # issue 30.4: before = no NMX-M read, after = one per rack
 
 Reports per variant: the median sweep over open connections, mctl's own CPU per sweep, and the
 machine's busy CPU per sweep (/proc/stat: every tray's sshd session, shell and nvidia-smi included),
@@ -41,6 +42,13 @@ def variant(name: str, signal: str = "nvlink-errors") -> None:
 
     if signal == "dcgm":            # the variants differ by their sites (health.dcgm), not by the probe's code
         return
+    if signal == "switch-side":     # issue 30.4: before = no NMX-M read beside the sweep (as a site without one)
+        from mctl.health import nmx_watch
+
+        if not hasattr(nmx_watch, "_real_watch_for"):
+            nmx_watch._real_watch_for = nmx_watch.watch_for
+        nmx_watch.watch_for = nmx_watch._real_watch_for if name == "after" else (lambda *a, **k: None)
+        return
 
     if not hasattr(probe, "_ALL_GPU_STEPS"):
         probe._ALL_GPU_STEPS = probe._GPU_STEPS
@@ -65,8 +73,9 @@ def main() -> int:
     ap.add_argument("--trays", type=int, default=18)
     ap.add_argument("--sweeps", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--signal", choices=("nvlink-errors", "dcgm"), default="nvlink-errors",
-                    help="what 'before' leaves out: the nvlink -e section, or DCGM health (health.dcgm off)")
+    ap.add_argument("--signal", choices=("nvlink-errors", "dcgm", "switch-side"), default="nvlink-errors",
+                    help="what 'before' leaves out: the nvlink -e section, DCGM health (health.dcgm off), or the "
+                         "switch side (each rack's NMX-M read beside the sweep, and the fabric marks it leads to)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="mctl-signals-bench-"))
