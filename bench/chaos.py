@@ -43,6 +43,8 @@ problem. The bench always clears its faults, stops the watch and takes down the 
 from __future__ import annotations
 
 import argparse
+import heapq
+import itertools
 import json
 import math
 import os
@@ -120,6 +122,10 @@ class Fault:
     drained: float | None = None     # monotonic, first Slurm poll showing it drained by mctl
     overlaps: list[str] = field(default_factory=list)   # scheduler down / watch killed while it waited
     error: str | None = None
+    deferred_s: float = 0.0          # how long its injection waited for room in the safety budget
+
+
+DRAINABLE = ("drain", "unreach", "may")     # the fault classes that take (or may take) their tray out of service
 
 
 COMMON_HOLD_SWEEPS = 3          # how long the common-mode fault stays on every tray, in intervals
@@ -280,6 +286,15 @@ class Soak:
         self.common_span: tuple[float, float] | None = None     # monotonic: injected, cleared
         self.node_checks: dict[str, str] = {}                    # tray -> what its node check printed
         self.common_resets: list[str] = []
+        # the person's part: every `mctl health breaker reset` the soak played, and why (the budget's trips)
+        self.resets: list[dict] = []
+        self.ledger = None                               # the budget's ledger at the last poll (a BudgetView)
+        self._common_on = False                          # the common-mode fault injected (its trip is on purpose)
+        self.tripped_seen: float | None = None           # monotonic: a trip outside the common-mode fault first seen
+        self.trips_outside_common: list[dict] = []       # the budget's trips the single faults caused
+        # the single faults end before the common-mode fault (as schedule() draws them); one whose injection
+        # waited for room in the budget and would run past this is skipped, and reported
+        self.single_stop = (common_at(seconds, interval) - 2 * interval) if common else seconds - 6 * interval
         # slurmd's HealthCheckInterval, after the common-mode fault: the node checks that drained a tray resume
         # it themselves on a later healthy run (the watch holds a node check's drain as someone else's)
         self.rechecks: list[dict[str, str]] = []     # per round: tray -> what its node check printed
@@ -324,13 +339,22 @@ class Soak:
         return entries
 
     def sinfo(self) -> dict[str, tuple[str, str]] | None:
+        """Slurm's nodes (node -> (state, reason)); the safety budget's ledger, read in the same command, goes
+        to self.ledger (its grants and its trip: mctl.sched.slurm.budget)."""
+        from mctl.sched.slurm import budget
+
         try:
-            out = self.ssh(self.head, "TZ=UTC sinfo -h -N -o '%N|%T|%H|%E'", timeout=10)
+            out = self.ssh(self.head, "TZ=UTC sinfo -h -N -o '%N|%T|%H|%E' && "
+                                      f"{{ echo {budget.RESERVATIONS_MARK}; {budget.SHOW_RESERVATIONS} 2>/dev/null; "
+                                      "true; }", timeout=10)
         except subprocess.TimeoutExpired:
             return None
         if out.returncode != 0:
             return None
-        rows = [l.split("|", 3) for l in out.stdout.splitlines() if l.count("|") >= 3]
+        text, mark, ledger = out.stdout.partition(budget.RESERVATIONS_MARK + "\n")
+        if mark:
+            self.ledger = budget.parse_reservations(ledger)
+        rows = [l.split("|", 3) for l in text.splitlines() if l.count("|") >= 3]
         offset = time.time() - time.monotonic()
         for n, _, stamp, _ in rows:
             try:     # the reason's time, in UTC (TZ above), whole seconds
@@ -470,21 +494,40 @@ class Soak:
             self.log(f"node-check settings from {inventory} rolled out in {time.monotonic() - started:.1f}s")
 
     def _play(self, faults: list[Fault], globals_: list[Fault]) -> None:
-        steps = []
+        seq = itertools.count()
+        steps: list[tuple[float, int, int, Fault]] = []
         for f in faults + globals_:
-            steps.append((f.start, 0, f))
+            steps.append((f.start, 0, next(seq), f))
             if f.kind not in EVENTS:
-                steps.append((f.end, 1, f))
-        steps.sort(key=lambda s: (s[0], s[1]))
-        for at, is_clear, f in steps:
+                steps.append((f.end, 1, next(seq), f))
+        heapq.heapify(steps)
+        while steps:
+            at, is_clear, _, f = heapq.heappop(steps)
+            if is_clear and f.end > at:              # its injection waited for the budget: so does its clear
+                heapq.heappush(steps, (f.end, 1, next(seq), f))
+                continue
             delay = self.t0 + at - time.monotonic()
             while delay > 0:
                 self._check_drains(faults)
                 self._health_check_interval()
+                self._person_resets()
                 time.sleep(min(delay, 0.5))
                 delay = self.t0 + at - time.monotonic()
             if is_clear and f.cls not in ("kill", "nmx", "sched") and f.injected is None:
                 continue                             # its injection was skipped or refused
+            if not is_clear and f.cls in DRAINABLE:
+                full = self._budget_full(f, faults)
+                if full is not None:
+                    # No room in the safety budget for the drain this fault needs (the trays still drained count,
+                    # not only the faults active): wait for resumes, keeping the fault's hold.
+                    step = 1.0
+                    if f.end + step > self.single_stop:
+                        f.error = f"skipped: waited {f.deferred_s:.0f}s for room in the safety budget ({full})"
+                        self.log(f"{f.kind} on {f.tray}: {f.error}")
+                        continue
+                    f.start, f.end, f.deferred_s = f.start + step, f.end + step, f.deferred_s + step
+                    heapq.heappush(steps, (f.start, 0, next(seq), f))
+                    continue
             try:
                 self._step(f, bool(is_clear))
             except Exception as exc:                # a fault the lab refused: reported, the soak goes on
@@ -494,7 +537,57 @@ class Soak:
         while time.monotonic() < deadline:
             self._check_drains(faults)
             self._health_check_interval()
+            self._person_resets()
             time.sleep(0.5)
+
+    def _budget_full(self, f: Fault, faults: list[Fault]) -> str | None:
+        """Why *f* may not be injected now (None: it may): with it, more trays could be out of service by mctl's
+        decision than the safety budget allows at once. Counted: the trays Slurm shows drained by mctl, those
+        holding a grant in the budget's ledger, and those whose fault may still drain them (injected and not
+        cleared, or cleared under 2 intervals ago and not drained); the fault's own tray must be back in service."""
+        nodes = self.polls[-1][1] if self.polls else {}
+        now = time.monotonic()
+        busy = self.mctl_drained(nodes) | set(self.ledger.grants if self.ledger is not None else ())
+        busy |= {g.tray for g in faults if g.cls in DRAINABLE and g.injected and g.tray and
+                 (g.cleared is None or (g.drained is None and now - g.cleared < 2 * self.interval))}
+        state = nodes.get(f.tray or "", ("", ""))[0]
+        if f.tray in busy or any(w in state for w in ("drain", "down")):
+            return f"{f.tray} is not back in service yet ({state or 'faulted'})"
+        if len(busy) + 1 > self.budget_limit:
+            return f"{len(busy)} trays out of service or faulted, the budget allows {self.budget_limit}"
+        return None
+
+    def _person_resets(self) -> None:
+        """The person's part when the safety budget tripped outside the common-mode fault (the single faults
+        should never trip it: each trip is recorded and reported): they look, then reset it, two intervals after
+        the soak first saw the trip, so the later faults are judged."""
+        if self.ledger is None or self.ledger.tripped is None or self.common_span is not None or self._common_on:
+            self.tripped_seen = None
+            return
+        now = time.monotonic()
+        if self.tripped_seen is None:
+            self.tripped_seen = now
+            self.trips_outside_common.append({"at_s": round(now - self.t0, 1), "tripped": self.ledger.tripped,
+                                              "grants": sorted(self.ledger.grants)})
+            self.log(f"{now - self.t0:7.1f}s the safety budget tripped outside the common-mode fault: "
+                     f"{self.ledger.tripped}")
+            return
+        if now - self.tripped_seen >= 2 * self.interval:
+            self._reset("the safety budget tripped outside the common-mode fault: " + self.ledger.tripped)
+            self.tripped_seen = None
+            self.ledger = None          # read again at the next poll
+
+    def _reset(self, why: str) -> dict:
+        """`mctl health breaker reset`, as a person runs it once they looked; recorded."""
+        at = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "mctl", "-i", str(self.site_dir), "--state-dir",
+                               str(self.state), "health", "breaker", "reset"], capture_output=True, text=True,
+                              env=self.env, timeout=120, stdin=subprocess.DEVNULL)
+        said = (proc.stdout + proc.stderr).strip()[-300:]
+        entry = {"at_s": round(at - self.t0, 1), "why": why, "rc": proc.returncode, "said": said}
+        self.resets.append(entry)
+        self.log(f"{at - self.t0:7.1f}s the person's reset (rc {proc.returncode}): {said}")
+        return entry
 
     def _step(self, f: Fault, clear: bool) -> None:
         now = time.monotonic()
@@ -570,12 +663,13 @@ class Soak:
             each(lambda t: self.fault(t, clear=True), trays)
             f.cleared = time.monotonic()
             self.common_span = (f.injected or f.cleared, f.cleared)
-            proc = subprocess.run([sys.executable, "-m", "mctl", "-i", str(self.site_dir), "--state-dir",
-                                   str(self.state), "health", "breaker", "reset"], capture_output=True, text=True,
-                                  env=self.env, timeout=120, stdin=subprocess.DEVNULL)
-            self.common_resets.append(f"rc {proc.returncode}: {(proc.stdout + proc.stderr).strip()[-300:]}")
+            tripped = self.ledger.tripped if self.ledger is not None else None
+            r = self._reset(f"after the common-mode fault, cleared; the budget "
+                            f"{'tripped: ' + tripped if tripped else 'was not seen tripped at the last poll'}")
+            self.common_resets.append(f"rc {r['rc']}: {r['said']}")
             self.next_recheck = time.monotonic() + 2 * self.interval
             return
+        self._common_on = True
         f.injected = time.monotonic()
         each(lambda t: self.fault(t, **f.request), trays)
         start = threading.Barrier(len(self.trays))
@@ -820,6 +914,11 @@ class Soak:
         budget_trips = [e for e in entries if e.get("action") == "budget-trip"]
         budget = {"rack_limit": self.budget_limit, "most_out_of_service_by_mctl": most_at[1],
                   "most_at_s": round(most_at[0] - self.t0, 1),
+                  "trips_by_the_single_faults": self.trips_outside_common,
+                  "resets_by_the_person": self.resets,
+                  "single_faults_deferred_for_room": sum(1 for f in faults if f.deferred_s > 0),
+                  "single_faults_skipped_for_room": [f"{f.kind} {f.tray}" for f in faults
+                                                     if f.error and "room in the safety budget" in f.error],
                   "common_mode": None if not self.common else {
                       "trays_faulted": len(self.faultable), "node_checks_started": len(self.node_checks),
                       "most_out_of_service_by_mctl": max(during, default=None),
@@ -828,6 +927,8 @@ class Soak:
                                                     if said.startswith("not run")),
                       "budget_trip_lines_in_the_watch_log": len(budget_trips),
                       "reset_by_the_person": self.common_resets,
+                      "budget_tripped_at_its_reset": any("budget tripped" in r["why"] for r in self.resets
+                                                         if r["why"].startswith("after the common-mode")),
                       "node_check_rounds_after_clearing": len(self.rechecks)}}
         # BMC faults: every sweep during them within the bound, the tray's view named stale by the watch
         bmc_faults_ = []
@@ -889,6 +990,8 @@ class Soak:
             "operator_drain_untouched": bool(final.get("operator_drain", {}).get("untouched")),
             "rss_growth_lt_10mib": growth is None or growth < 10,
             "never_past_the_safety_budget": most_at[1] <= self.budget_limit,
+            # the single faults are played inside the budget: only the deliberate common-mode fault trips it
+            "single_faults_never_trip_the_budget": not self.trips_outside_common,
             "bmc_faults_never_stretch_a_sweep": all(b["max_sweep_s"] is None or b["max_sweep_s"] <= bound
                                                     for b in bmc_faults_),
         }
@@ -933,7 +1036,11 @@ def summary(r: dict) -> str:
     lines.append(f"  watch VmRSS: {r['rss']['per_process']}")
     bud = r["budget"]
     lines.append(f"  safety budget: at most {bud['most_out_of_service_by_mctl']} trays out of service by mctl "
-                 f"(at {bud['most_at_s']}s), limit {bud['rack_limit']}")
+                 f"(at {bud['most_at_s']}s), limit {bud['rack_limit']}; single faults that waited for room "
+                 f"{bud['single_faults_deferred_for_room']}, skipped for want of it "
+                 f"{bud['single_faults_skipped_for_room'] or 'none'}; trips by the single faults "
+                 f"{bud['trips_by_the_single_faults'] or 'none'}; the person's resets "
+                 f"{[(r['at_s'], r['rc']) for r in bud['resets_by_the_person']]}")
     cm = bud.get("common_mode")
     if cm:
         lines.append(f"  common-mode fault on {cm['trays_faulted']} trays, {cm['node_checks_started']} node checks "

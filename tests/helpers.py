@@ -576,22 +576,28 @@ class PolicySite:
         self.sizes = sizes or {"r1": len(hosts)}
         self.now = POLICY_NOW
 
-    def sweep(self, verdicts, *, scheduler_up=True, apply=True):
+    def sweep(self, verdicts, *, scheduler_up=True, apply=True, refuse=(), budget=None):
+        """One sweep; *refuse*: trays whose drain the scheduler refuses (the site's safety budget did), the
+        others are done; *budget*: the safety budget's view the sweep reads (a BudgetView)."""
         from dataclasses import replace
 
-        from mctl.health.policy import decide, settle
+        from mctl.health.policy import decide, resolve, settle
         from mctl.model.drain import DRAIN, ActResult
 
         self.now += 60
         out = decide(self.records, verdicts, self.nodes if scheduler_up else None, self.settings, self.breaker,
-                     self.sizes, now=self.now)
+                     self.sizes, now=self.now, budget=budget)
         if apply:
             for d in out.actions:
+                if d.action == DRAIN and d.host in refuse:
+                    settle(out, ActResult(d, False, "held back by the safety budget: refused", refused=True))
+                    continue
                 settle(out, ActResult(d, True))
                 node = self.nodes[d.host]
                 self.nodes[d.host] = replace(node, drained=d.action == DRAIN,
                                              reason=d.reason if d.action == DRAIN else None,
                                              state="IDLE+DRAIN" if d.action == DRAIN else "IDLE")
+        resolve(out, self.settings, self.sizes, now=self.now)          # as the drain responder does, once settled
         self.records, self.breaker = out.records, out.breaker
         return out
 

@@ -94,16 +94,21 @@ class Actuator:
 
     async def run(self, state: store.HealthState, acts: Sequence[Act], *,
                   before: Sequence[store.ActionEntry] = (), after: Sequence[store.ActionEntry] = (),
-                  commit: Callable[[], None] | None = None) -> list[store.ActionEntry]:
+                  commit: Callable[[], None] | None = None,
+                  finish: Callable[[], Sequence[store.ActionEntry]] | None = None) -> list[store.ActionEntry]:
         """Carry out *acts* on *state* (the caller holds the state lock): *before*'s lines go to the log with
-        the intents, *after*'s with the results; *commit* puts the responder's decisions into *state* once
-        the acts are settled, before it is saved (a state saved with the intents holds none of them yet).
-        The lines this sweep reports, in their order (the intent lines stay in the log: a report shows
-        each act once, by its result)."""
+        the intents, *after*'s with the results; *finish* decides what waited on the results once every act
+        is settled (the breaker's trip on the drains that happened) and its lines follow *after*'s; *commit*
+        puts the responder's decisions into *state* then, before it is saved (a state saved with the intents
+        holds none of them yet). The lines this sweep reports, in their order (the intent lines stay in the
+        log: a report shows each act once, by its result)."""
         if not acts and not before and not after:
-            if commit is not None:
-                commit()
-            return []                       # nothing to write: the engine saves the state once, at the end
+            after = list(finish()) if finish is not None else []
+            finish = None
+            if not after:
+                if commit is not None:
+                    commit()
+                return []                   # nothing to write: the engine saves the state once, at the end
         for a in acts:
             a.intent_id = a.intent_id or f"{a.decision.host}@{a.decision.at:.3f}:{secrets.token_hex(4)}"
         now = [a for a in acts if not a.intent_on_start and a.intent]
@@ -122,6 +127,8 @@ class Actuator:
             if act.settle is not None:
                 lines.extend(act.settle(done))
         lines.extend(after)
+        if finish is not None:
+            lines.extend(finish())
         if commit is not None:
             commit()
         self._log(lines)

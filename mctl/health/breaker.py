@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 
 @dataclass(frozen=True)
@@ -55,11 +55,18 @@ class Admission:
     state: BreakerState
     why: str = ""
     tripped_now: bool = False
+    waits: bool = False             # not decided yet: only the drains asked and not answered yet would pass the share
 
 
 def admit(state: BreakerState, host: str, rack: str | None, sizes: Mapping[str, int], *, max_share: float,
-          window_s: float, scope: str, now: float | None = None) -> Admission:
-    """May mctl drain *host* now? Allowed drains are recorded in the returned state."""
+          window_s: float, scope: str, now: float | None = None, asked: Collection[str] = ()) -> Admission:
+    """May mctl drain *host* now? Allowed drains are recorded in the returned state.
+
+    *asked*: the trays among the state's drains that were admitted in this same pass and that the
+    scheduler has not answered yet (the site's safety budget may still refuse them). They count
+    against the share, so one pass never asks more than the share; but the breaker trips only on
+    drains that happened: when *host* would pass the share only with the drains still asked, the
+    answer `waits` (not allowed, not tripped) and the caller decides it again once they are answered."""
     now = time.time() if now is None else now
     if state.tripped:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.tripped_at or now))
@@ -81,8 +88,16 @@ def admit(state: BreakerState, host: str, rack: str | None, sizes: Mapping[str, 
     share = after / size
     window = _fmt_window(window_s)
     if share > max_share:
-        reason = (f"draining {host} would make {after} of {size} trays of {where} drained by mctl within {window} "
-                  f"({share:.0%} > {max_share:.0%})")
+        pending = (counted & set(asked)) - {host}
+        done = len((counted - pending) | {host})
+        if pending and done / size <= max_share:
+            return Admission(False, state, f"waits for the scheduler's answer to the {len(pending)} drain(s) asked "
+                                           f"before it: with them {after} of {size} trays of {where} would be drained "
+                                           f"by mctl within {window} ({share:.0%} > {max_share:.0%}), with the drains "
+                                           f"done so far {done}", waits=True)
+        # The trip counts the drains that happened (and this one), never those still asked.
+        reason = (f"draining {host} would make {done} of {size} trays of {where} drained by mctl within {window} "
+                  f"({done / size:.0%} > {max_share:.0%})")
         tripped = BreakerState(True, now, reason, recent)
         return Admission(False, tripped, reason, tripped_now=True)
     return Admission(True, BreakerState(False, None, None, recent + ((now, host, rack),)),

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
 
 from mctl.health import breaker as breakerlib
 from mctl.health.breaker import BreakerState
@@ -53,6 +53,9 @@ class Outcome:
     decisions: list[Decision]
     breaker: BreakerState
     notes: list[Decision] = field(default_factory=list)      # skips/queues that are new this sweep
+    # trays the breaker decides once this pass's drains are answered (`resolve`): they would pass its share
+    # only with drains the scheduler (the site's safety budget) may still refuse
+    waiting: list[tuple[TrayVerdict, TrayStep]] = field(default_factory=list)
 
     @property
     def actions(self) -> list[Decision]:
@@ -264,12 +267,14 @@ def decide_tray(prev: TrayRecord, verdict: TrayVerdict, node: NodeView | None, s
 
 
 def admit(state: BreakerState, step: TrayStep, v: TrayVerdict, settings: HealthSettings,
-          rack_sizes: Mapping[str, int], budget: "BudgetView | None", *, now: float
+          rack_sizes: Mapping[str, int], budget: "BudgetView | None", *, now: float, asked: Collection[str] = ()
           ) -> tuple[BreakerState, Decision | None, str | None]:
     """(the breaker, the drain, why not) for a tray that wants a drain: a critical leak is drained whatever
     the breaker and the site's safety budget say (counted by both); otherwise a tripped budget holds it
     back, then the breaker decides. The budget's grant itself is asked atomically with the drain (by the
-    scheduler's script: mctl.sched.slurm.budget), so this only saves a refusal the ledger would give."""
+    scheduler's script: mctl.sched.slurm.budget), so this only saves a refusal the ledger would give.
+    *asked*: the trays drained earlier in this pass, not answered yet; a tray that would pass the breaker's
+    share only with them gets no drain and no trip here, and `WAITS` as its why (see `resolve`)."""
     reason, full = step.want or ("", "")
     if step.outranks:
         state = breakerlib.count(state, v.host, v.rack, now)
@@ -280,10 +285,42 @@ def admit(state: BreakerState, step: TrayStep, v: TrayVerdict, settings: HealthS
     if held is not None:
         return state, None, held
     adm = breakerlib.admit(state, v.host, v.rack, rack_sizes, max_share=settings.breaker_max_share,
-                           window_s=settings.breaker_window_s, scope=settings.breaker_scope, now=now)
+                           window_s=settings.breaker_window_s, scope=settings.breaker_scope, now=now, asked=asked)
+    if adm.waits:
+        return adm.state, None, WAITS
     if not adm.allowed:
         return adm.state, None, adm.why
     return adm.state, Decision(v.host, DRAIN, adm.why, reason=reason, full=full, rack=v.rack, at=now), None
+
+
+WAITS = "waits for this sweep's drains to be answered"      # admit's why for a tray `resolve` decides
+
+
+def resolve(outcome: Outcome, settings: HealthSettings, rack_sizes: Mapping[str, int], *, now: float) -> list[Decision]:
+    """Once this pass's drains are answered (settled into *outcome*: a drain the scheduler or the site's
+    safety budget refused is no longer counted), decide the trays that were waiting on them: the breaker
+    trips when the drains that happened and the tray would pass its share; otherwise the tray is not drained
+    this sweep (the drain it would need went unasked) and the next sweep decides it again, against the
+    budget's trip if the budget refused. The new notes, which are also added to the outcome."""
+    new: list[Decision] = []
+    for v, step in outcome.waiting:
+        reason, full = step.want or ("", "")
+        adm = breakerlib.admit(outcome.breaker, v.host, v.rack, rack_sizes, max_share=settings.breaker_max_share,
+                               window_s=settings.breaker_window_s, scope=settings.breaker_scope, now=now)
+        if adm.allowed:
+            why = ("not drained this sweep: with the drains asked before it the circuit breaker's share would have "
+                   "been passed, and some of them were refused (the safety budget or a guard); the next sweep "
+                   "decides it again")
+        else:
+            outcome.breaker, why = adm.state, adm.why
+        seen = len(step.decisions), len(step.notes)
+        step.note(SKIP, why, now, reason=reason, full=full)
+        outcome.decisions += step.decisions[seen[0]:]
+        new += step.notes[seen[1]:]
+        outcome.records[v.host] = step.record
+    outcome.notes += new
+    outcome.waiting = []
+    return new
 
 
 def drained(record: TrayRecord, d: Decision) -> TrayRecord:
@@ -312,8 +349,13 @@ def decide(records: Mapping[str, TrayRecord], verdicts: Sequence[TrayVerdict], n
             wanted.append((v, step))
     # Critical trays before unreachable ones, then by name: who gets drained first is reproducible.
     wanted.sort(key=lambda w: (not w[0].reached, w[0].host))
+    asked: list[str] = []
+    waiting: list[tuple[TrayVerdict, TrayStep]] = []
     for v, step in wanted:
-        state, d, why = admit(state, step, v, settings, rack_sizes, budget, now=now)
+        state, d, why = admit(state, step, v, settings, rack_sizes, budget, now=now, asked=asked)
+        if d is None and why == WAITS:
+            waiting.append((v, step))
+            continue
         if d is None:
             reason, full = step.want
             seen = len(step.decisions), len(step.notes)
@@ -323,8 +365,9 @@ def decide(records: Mapping[str, TrayRecord], verdicts: Sequence[TrayVerdict], n
             out[v.host] = step.record
             continue
         decisions.append(d)
+        asked.append(v.host)
         out[v.host] = drained(step.record, d)
-    return Outcome(out, decisions, state, notes)
+    return Outcome(out, decisions, state, notes, waiting)
 
 
 def reconcile(rec: TrayRecord | None, breaker: BreakerState, intent: Decision,

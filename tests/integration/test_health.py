@@ -306,6 +306,11 @@ def _node_checks_together(lab, health, site: Path, limit: int) -> None:
             by_watch = [a["tray"] for a in json.loads(said["watch"])["actions"]
                         if a["action"] == "drain" and a["result"] == "ok"]
             assert set(by_watch) <= set(drained), (by_watch, drained)        # the watch adds none beyond it
+            # the watch's own breaker counts the drains it made that Slurm shows, none the budget refused
+            breaker = json.loads(lab.mctl("-i", str(site), "--state-dir", str(health.state), "--json", "health",
+                                          "breaker", "status", timeout=120).stdout)
+            assert sorted(d["host"] for d in breaker["drains"]) == sorted(by_watch), (breaker, said["watch"])
+            assert not breaker["tripped"], breaker
         held_back = [t for t in lab.trays if t not in drained and t not in by_watch]
         # held back by the budget, or before asking it by the node check's own rule (health.breaker's share of
         # the drains it sees: racy alone, which is why the budget decides in slurmctld)
@@ -320,3 +325,59 @@ def _node_checks_together(lab, health, site: Path, limit: int) -> None:
         lab.run(lab.head, f"scontrol update NodeName={','.join(lab.trays)} State=RESUME", check=False)
         lab.clear_budget()
         wait_for("every tray idle again", lambda: mctl_drained() == [], 60)
+
+
+def test_the_breaker_counts_only_the_drains_the_safety_budget_granted(lab, health, health_site, tmp_path):
+    """Issue 27: the watch's circuit breaker wider than the site's safety budget (half the rack, the budget a
+    quarter: 2 of 4, 9 of 18 against 1 of 4, 4 of 18), every tray critical at once: the breaker asks as many
+    drains as its share allows, the budget grants its limit and refuses the others (held back, tripped). The
+    breaker then counts exactly the drains Slurm shows and is not tripped by those the budget refused (it was:
+    "10 of 18 drained within 1m" while Slurm showed 4, bench/README "Session 12 (issue 27, bench)")."""
+    from mctl.inventory.loader import load_site
+
+    doc = yaml.safe_load((health_site / "mctl.yml").read_text())
+    doc["safety"] = {"budget": {}}                                   # the default: a quarter of the rack
+    doc.setdefault("health", {})["breaker"] = {"max_drained_share": 0.5, "window": "1h"}
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    limit = load_site(site).safety.budget.rack_limit(len(lab.trays))
+    assert limit < len(lab.trays) // 2, limit                      # the breaker alone would let more through
+
+    def mctl(*args: str) -> subprocess.CompletedProcess:
+        return lab.mctl("-i", str(site), "--state-dir", str(health.state), *args, timeout=240)
+
+    def mctl_drained() -> list[str]:
+        return sorted(t for t, (st, reason) in sinfo(lab).items() if "drain" in st and reason.startswith("mctl:"))
+
+    with lab.budget_caps(site) as caps:
+        assert caps["mctl_budget_rack_" + lab.rack] == limit
+        try:
+            for t in lab.trays:
+                fault(lab, t, xid=79, gpu=0)
+            data = json.loads(mctl("--json", "health", "check", "--remediate").stdout)
+            drained = mctl_drained()
+            assert len(drained) == limit, (drained, data["actions"])
+            lines = [e for e in actions(health.state) if e["action"] == "drain"]
+            done = sorted(e["tray"] for e in lines if e["result"] == "ok")
+            refused = sorted(e["tray"] for e in lines if e["result"].startswith("refused"))
+            assert done == drained and refused, lines
+            assert all("held back by the safety budget" in e["result"] for e in lines if e["tray"] in refused), lines
+            breaker = json.loads(mctl("--json", "health", "breaker", "status").stdout)
+            assert sorted(d["host"] for d in breaker["drains"]) == drained, breaker        # Slurm's count
+            assert not breaker["tripped"], breaker
+            assert breaker["budget"] and breaker["budget"]["tripped"], breaker          # the budget refused
+            # the next sweep: every other tray is held back by the budget, counted by neither
+            mctl("health", "check", "--remediate")
+            assert mctl_drained() == drained
+            breaker = json.loads(mctl("--json", "health", "breaker", "status").stdout)
+            assert sorted(d["host"] for d in breaker["drains"]) == drained and not breaker["tripped"], breaker
+            held = {e["tray"]: e["why"] for e in actions(health.state) if e["action"] == "skip"}
+            assert set(held) >= set(lab.trays) - set(drained), held
+            assert all("held back by the safety budget" in held[t] for t in set(lab.trays) - set(drained)), held
+        finally:
+            for t in lab.trays:
+                fault(lab, t, clear=True)
+            lab.run(lab.head, f"scontrol update NodeName={','.join(lab.trays)} State=RESUME", check=False)
+            lab.clear_budget()
+            wait_for("every tray back in service", lambda: mctl_drained() == [], 60)

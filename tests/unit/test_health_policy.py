@@ -392,3 +392,48 @@ def test_no_resume_before_a_restarted_controller_heard_from_the_node():
     assert d.action == SKIP and "has not heard from the node" in d.why
     site.nodes["r1-tray01"] = replace(site.nodes["r1-tray01"], state="IDLE+DRAIN", unregistered=False)
     assert actions(site.sweep([ok("r1-tray01")])) == [(RESUME, "r1-tray01")]
+
+
+def test_the_breaker_counts_only_the_drains_the_safety_budget_granted():
+    """Issue 27: 17 of 18 trays critical at once, the breaker's share 50 % (9 trays), the site's budget 4:
+    the breaker asks 9 drains, the budget grants 4 and refuses 5 (and trips). The breaker then counts the
+    4 that happened, as Slurm shows them, and does not trip on the drains the budget refused; the trays
+    the budget refused are held back by it on the next sweep, never counted as drains."""
+    from mctl.model.budget import BudgetView, Grant
+
+    hosts = trays(18)
+    faulty = hosts[1:]
+    site = PolicySite(hosts, replace(S, breaker_max_share=0.5, breaker_window_s=60))
+    asked = faulty[:9]                                  # the breaker's share: 9 of 18
+    granted, refused = asked[:4], asked[4:]
+    out = site.sweep([bad(h) if h in faulty else ok(h) for h in hosts], refuse=set(refused))
+    assert [d.host for d in out.actions] == asked
+    drained_in_slurm = sorted(h for h, n in site.nodes.items() if n.drained)
+    assert drained_in_slurm == granted
+    assert not site.breaker.tripped, site.breaker.reason
+    assert sorted(d[1] for d in site.breaker.drains) == drained_in_slurm          # the count is Slurm's
+    assert not any(site.records[h].drained for h in refused)
+    waited = {d.host: d.why for d in out.decisions if d.action == SKIP}
+    assert sorted(waited) == faulty[9:] and all("not drained this sweep" in w for w in waited.values())
+    # the budget tripped on its first refusal: the next sweep holds every other tray back, counted nowhere
+    budget = BudgetView({h: Grant(h) for h in granted}, tripped=f"refused {refused[0]}: rack r1 at 4 of 4")
+    out = site.sweep([bad(h) if h in faulty else ok(h) for h in hosts], budget=budget)
+    assert out.actions == [] and not site.breaker.tripped
+    held = [d for d in out.decisions if d.action == SKIP]
+    assert sorted(d.host for d in held) == sorted(set(faulty) - set(granted))
+    assert all(d.why.startswith("held back by the safety budget") for d in held)
+    assert sorted(d[1] for d in site.breaker.drains) == granted
+
+
+def test_the_breaker_trips_on_the_drains_that_happened_not_on_those_asked():
+    """A tray that passes the share only with drains asked in the same pass and not answered yet waits (no
+    trip, no drain); one that passes it with the drains done trips it, and the trip names those."""
+    state = BreakerState(drains=((NOW - 5, "r1-tray01", "r1"), (NOW, "r1-tray02", "r1")))
+    kw = dict(max_share=0.25, window_s=60, scope="rack", now=NOW)
+    adm = breakerlib.admit(state, "r1-tray03", "r1", {"r1": 8}, asked={"r1-tray02"}, **kw)
+    assert adm.waits and not adm.allowed and not adm.state.tripped and adm.state == state
+    assert "1 drain(s) asked" in adm.why
+    adm = breakerlib.admit(state, "r1-tray03", "r1", {"r1": 8}, **kw)        # tray02's drain happened
+    assert adm.tripped_now and "3 of 8 trays" in adm.state.reason
+    adm = breakerlib.admit(state, "r1-tray03", "r1", {"r1": 4}, asked={"r1-tray02"}, **kw)
+    assert adm.tripped_now and "2 of 4 trays" in adm.state.reason       # tray01 + tray03 pass 25 % alone

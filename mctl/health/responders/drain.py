@@ -93,17 +93,24 @@ class DrainResponder(Responder):
         by_host = {v.host: v for v in result.verdicts}
         acts = [_act(d, ctx.scheduler.where, outcome, by_host.get(d.host)) for d in outcome.actions]
         notes = [store.note_entry(n, who=ctx.who) for n in outcome.notes]
-        b = outcome.breaker
-        if b.tripped and not tripped_before:
-            notes.append(store.action_entry("breaker-trip", None, b.reason, who=ctx.who, at=b.tripped_at,
-                                            result="tripped", scope=ctx.settings.breaker_scope))
         notes += self._budget_lines(ctx, state)
         notes += await self._give_back(ctx, result.nodes)
+
+        def finish() -> list[store.ActionEntry]:
+            # Once the drains are answered (a refusal of the safety budget settled: not counted), the trays
+            # that waited on them, and the breaker's trip, which counts only the drains that happened.
+            out = [store.note_entry(n, who=ctx.who) for n in policy.resolve(outcome, ctx.settings, ctx.sizes,
+                                                                            now=ctx.now)]
+            b = outcome.breaker
+            if b.tripped and not tripped_before:
+                out.append(store.action_entry("breaker-trip", None, b.reason, who=ctx.who, at=b.tripped_at,
+                                              result="tripped", scope=ctx.settings.breaker_scope))
+            return out
 
         def commit() -> None:
             state.records, state.breaker, state.site = outcome.records, outcome.breaker, ctx.site.name
 
-        lines = await ctx.actuator.run(state, acts, before=before, after=notes, commit=commit)
+        lines = await ctx.actuator.run(state, acts, before=before, after=notes, commit=commit, finish=finish)
         ctx.decisions += outcome.decisions
         return lines
 
@@ -172,6 +179,7 @@ class DrainResponder(Responder):
         outcome = policy.decide(state.records, [v for v in ctx.result.verdicts if v.rack not in state.escalations],
                                 ctx.result.nodes, ctx.settings, state.breaker, ctx.sizes, now=ctx.now,
                                 budget=_budget(ctx))
+        policy.resolve(outcome, ctx.settings, ctx.sizes, now=ctx.now)     # as if every drain asked were done
         state.records, state.breaker = outcome.records, outcome.breaker
         return outcome.decisions
 
@@ -201,6 +209,7 @@ class DrainResponder(Responder):
             notes: list[Decision] = []
             verdicts: dict[str, TrayVerdict] = {}
             wanted: list[Decision] = []
+            asked: list[str] = []           # drains of this batch, not answered yet (the breaker waits on them)
             steps = []
             for host in sorted(hosts):
                 v = verdict_of(facts[host].with_slurm_node(states.get(host)))
@@ -214,10 +223,11 @@ class DrainResponder(Responder):
             for host, v, prev, step in steps:
                 if escalation.held_back_early(state.rack_watch.get(v.rack or ""), host, per_rack[v.rack], s):
                     continue        # its rack may escalate: the end of the sweep decides it with the rack's answers
-                admitted, d, _why = policy.admit(breaker, step, v, s, ctx.sizes, _budget(ctx), now=now)
+                admitted, d, _why = policy.admit(breaker, step, v, s, ctx.sizes, _budget(ctx), now=now, asked=asked)
                 if d is None:
                     continue        # not tripped here: the end of the sweep decides it with every other tray
                 breaker = admitted
+                asked.append(host)
                 early.before[host] = prev
                 verdicts[host] = v
                 records[host] = policy.drained(step.record, d)
