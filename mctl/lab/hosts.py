@@ -228,8 +228,30 @@ def init_proc(paths: HostPaths, table: dict[int, procs.Proc] | None = None) -> p
     return proc
 
 
+def fleet_rack_host(lab_dir: Path, name: str) -> str | None:
+    """In a fleet-mode lab (mctl/lab/fleet.py), the rack host that serves host *name*; else None."""
+    import json
+
+    try:
+        record = json.loads((Path(lab_dir) / "lab.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or not record.get("fleet"):
+        return None
+    from mctl.lab.fleet import rack_host
+
+    host = LabLayout(record["name"], record["racks"], record["trays"], record.get("net", 77)).host(name)
+    return rack_host(host.rack) if host is not None else None
+
+
 def host_path(lab_dir: Path, name: str, inner: str) -> Path:
-    """Path on the machine of *inner* as the running host *name* sees it."""
+    """Path on the machine of *inner* as the running host *name* sees it (in fleet mode: as *name*'s
+    sessions see it, in its rack host's root)."""
+    rack = fleet_rack_host(lab_dir, name)
+    if rack is not None:
+        from mctl.lab.fleet import inner_path
+
+        name, inner = rack, inner_path(name, inner)
     init = init_proc(HostPaths(Path(lab_dir), name))
     if init is None:
         raise EnvironmentProblem(f"lab host {name} is not running",
