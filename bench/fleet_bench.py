@@ -60,6 +60,22 @@ def cpu_children() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def parts(lab_dir: Path) -> dict[str, list[int]]:
+    """The lab's processes by part: the rack hosts (init, sshd, sessions), the BMC processes, the other rack
+    services (NMX-M, apt, time), each found through its launcher (`unshare`) and what it started."""
+    table = procs.scan()
+    out: dict[str, list[int]] = {"rack_hosts": [], "bmc": [], "rack_services": []}
+    for launcher in control.lab_launchers(lab_dir, table):
+        service = next((a.split("=", 1)[1] for a in launcher.cmdline if a.startswith("MCTL_LAB_SERVICE=")), None)
+        part = "rack_hosts" if service is None else "bmc" if service.endswith("/bmc") else "rack_services"
+        pids = {launcher.pid}
+        for child in procs.children(table, launcher.pid):
+            pids |= {p.pid for p in procs.descendants(table, child)} | {p.pid for p in procs.in_namespace(table, child)}
+            pids.add(child.pid)
+        out[part] += sorted(pids)
+    return out
+
+
 def one(racks: int, runs: int, timeout: float) -> dict:
     mctl = [sys.executable, "-m", "mctl"]
     with tempfile.TemporaryDirectory(prefix="mctl-fleet-bench-") as tmp:
@@ -78,6 +94,7 @@ def one(racks: int, runs: int, timeout: float) -> dict:
             row["up_s"] = round(wall, 1)
             time.sleep(2)                       # let the BMC processes finish importing before reading memory
             pids = [p.pid for p in control.lab_processes(lab_dir)]
+            row["pss_mib_by_part"] = {part: round(pss_mib(ps), 1) for part, ps in parts(lab_dir).items()}
             row["processes"] = len(pids)
             row["pss_mib"] = round(pss_mib(pids), 1)
             row["per_tray_mib"] = round(row["pss_mib"] / (racks * TRAYS), 2)
