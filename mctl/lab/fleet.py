@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from mctl.lab.layout import LabHost, LabLayout
 
+# The paths a tray's emulators and tools read (mctl.lab.hosts takes them from here: this module is below it)
+STATE_IN_HOST = "/var/lib/mctl-lab"
+KERN_LOG = "/var/log/kern.log"
 FLEET_STATE = "/var/lib/mctl-fleet"          # in the rack host's root: one folder per identity
 FLEET_SESSION = "/usr/lib/mctl-lab/fleet-session"
 HOST_SUFFIX = "-fleet"
@@ -39,8 +42,6 @@ def identities(layout: LabLayout, rack: str) -> list[LabHost]:
 
 def inner_path(name: str, inner: str) -> str:
     """Where *inner*, as identity *name* sees it in its sessions, lies in the rack host's root."""
-    from mctl.lab.hosts import KERN_LOG, STATE_IN_HOST
-
     inner = "/" + inner.lstrip("/")
     base = f"{FLEET_STATE}/{name}"
     if inner == STATE_IN_HOST or inner.startswith(STATE_IN_HOST + "/"):
@@ -78,11 +79,11 @@ case "$name" in ""|*/*|.*) echo "mctl lab fleet: bad host name" >&2; exit 255 ;;
 exec unshare --mount --uts --propagation private -- /bin/sh -c '
 d=$1; name=$2
 mount --bind "$d/hostname" /etc/hostname || exit 255
-if [ -e "$d/kern.log" ]; then mount --bind "$d/kern.log" /var/log/kern.log || exit 255; fi
-mount --bind "$d/state" /var/lib/mctl-lab || exit 255
+if [ -e "$d/kern.log" ]; then mount --bind "$d/kern.log" @KERNLOG@ || exit 255; fi
+mount --bind "$d/state" @TRAYSTATE@ || exit 255
 hostname "$name" || exit 255
 shell=/bin/bash; [ -x "$shell" ] || shell=/bin/sh
 cd "${HOME:-/root}" 2>/dev/null
 if [ -n "${SSH_ORIGINAL_COMMAND+set}" ]; then exec "$shell" -c "$SSH_ORIGINAL_COMMAND"; fi
 exec "$shell" -l' mctl-fleet-session "$d" "$name"
-""".replace("@STATE@", FLEET_STATE)
+""".replace("@STATE@", FLEET_STATE).replace("@TRAYSTATE@", STATE_IN_HOST).replace("@KERNLOG@", KERN_LOG)
