@@ -113,7 +113,7 @@ def up(
     lines = [
         f"lab up: {racks} rack(s) x {trays} trays + head node, {len(result.layout.hosts())} hosts "
         + (f"and {switch_trays} switch tray BMC(s) per rack " if switch_trays else "")
-        + (f"as {racks} fleet rack host(s) (one sshd and one BMC process per rack) " if fleet else "")
+        + (f"as {racks} fleet rack host(s) (sshd on every address, one BMC process per rack) " if fleet else "")
         + f"in {result.seconds:.1f} s ({result.dir})",
         f"inventory: {result.inventory}",
         ("trays: pre-tooled (the GPU tools' packages installed)" if pre_tooled else

@@ -110,7 +110,7 @@ def up(lab_dir: Path, *, racks: int = 1, trays: int = 18, name: str = "lab", net
             try:
                 if fleet:
                     progress(f"starting {len(layout.hosts())} hosts ({racks} rack(s) x {trays} trays + head) "
-                             f"as {racks} fleet rack host(s), one sshd each")
+                             f"as {racks} fleet rack host(s), their sshd listening on every address")
                     missing = _start_fleet_hosts(files, layout, rootfs, rack_svcs, os_only=os_only)
                     hosts.wait_ready(files.dir, _fleet_listeners(layout), timeout)
                 else:
@@ -275,6 +275,10 @@ def _start_fleet_hosts(files: LabFiles, layout: LabLayout, rootfs: Path,
                           os_only=os_only, dpkg=dpkg)
         w.put("/etc/hostname", fleet.rack_host(rack) + "\n")
         w.put(hosts.SSHD_DROPIN, fleet.sshd_config(layout, rack))
+        w.put(hosts.SERVICES_FILE, json.dumps({"services": [
+            {"name": f"sshd-{n}", "argv": argv, "dirs": ["/run/sshd"], "restart": True,
+             "log": f"/var/log/mctl-lab/sshd-{n}.log"}
+            for n, argv in enumerate(fleet.sshd_argvs(layout, rack), 1)]}, indent=2) + "\n")
         w.put(fleet.FLEET_SESSION, fleet.SESSION_SCRIPT, 0o755)
         w.put(hosts.GPUS_FILE, "")          # the rack host is no tray: each identity has its own (below)
         for h in members:
@@ -535,12 +539,15 @@ def _fleet_rack_status(files: LabFiles, layout: LabLayout, rack: str, table: dic
 
     init = hosts.init_proc(files.host(fleet.rack_host(rack)), table)
     members = procs.in_namespace(table, init) if init else []
-    sshd = next((p for p in procs.children(table, init.pid) if p.comm == "sshd"), None) if init else None
+    sshds = [p for p in procs.children(table, init.pid) if p.comm == "sshd"] if init else []
+    want = len(fleet.sshd_argvs(layout, rack))
     marker = f"MCTL_LAB_SERVICE={rack}/bmc"
     launcher = next((p for p in lab_launchers(files.dir, table) if marker in p.cmdline), None)
     bmc = procs.children(table, launcher.pid) if launcher else []
     return {"rack": rack, "host": fleet.rack_host(rack), "init_pid": init.pid if init else None,
-            "running": init is not None, "sshd": ("stopped" if sshd.state == "T" else "running") if sshd else "down",
+            "running": init is not None,
+            "sshd": ("stopped" if any(p.state == "T" for p in sshds) else "running") if len(sshds) == want else "down",
+            "sshd_processes": len(sshds),
             "processes": len(members), "rss_kib": sum(p.rss_kb for p in members),
             "bmc_pid": bmc[0].pid if bmc else None, "bmc_rss_kib": sum(p.rss_kb for p in bmc)}
 

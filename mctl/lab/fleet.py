@@ -2,7 +2,8 @@
 where the full lab tops out near 30 (docs/lab.md, "Fleet mode").
 
 Per rack, ONE lab host (`hosts/<rack>-fleet/`: the same namespaces, overlay root and init as a full
-lab host) runs ONE sshd listening on every address of the rack (its trays' and its head node's). sshd
+lab host) runs the rack's sshd listening on every address of the rack (its trays' and its head node's;
+OpenSSH listens on at most 16 addresses, so a rack of 18 trays and a head node has two sshd processes). sshd
 tells the identities apart by the address the client connected to (`Match LocalAddress`) and runs each
 session through FLEET_SESSION, which gives the session the identity's own view in a private mount
 and UTS namespace: its hostname, its `/var/lib/mctl-lab` (gpus.json, faults.json: what the GPU, IMEX
@@ -27,7 +28,8 @@ KERN_LOG = "/var/log/kern.log"
 FLEET_STATE = "/var/lib/mctl-fleet"          # in the rack host's root: one folder per identity
 FLEET_SESSION = "/usr/lib/mctl-lab/fleet-session"
 HOST_SUFFIX = "-fleet"
-MAX_STARTUPS = "256:30:1024"                 # one sshd takes the connections of 19 hosts at once
+MAX_STARTUPS = "256:30:1024"                 # one sshd takes the connections of up to 16 hosts at once
+MAX_LISTEN = 16                              # OpenSSH's MAX_LISTEN_SOCKS: addresses one sshd can listen on
 
 
 def rack_host(rack: str) -> str:
@@ -55,16 +57,26 @@ def inner_path(name: str, inner: str) -> str:
 
 def sshd_config(layout: LabLayout, rack: str) -> str:
     """The rack host's sshd drop-in: every identity's address, and each address's session identity."""
-    lines = ["# Written by `mctl lab up --fleet`: one sshd answers as every host of the rack; the address a",
-             "# client connected to names the host (mctl/lab/fleet.py). Not part of the image."]
+    lines = ["# Written by `mctl lab up --fleet`: the rack's sshd answers as every host of the rack; the address",
+             "# a client connected to names the host (mctl/lab/fleet.py). Its addresses are on its command line",
+             "# (sshd_argvs: at most 16 an sshd). Not part of the image."]
     hosts_ = identities(layout, rack)
-    lines += [f"ListenAddress {h.address}:22" for h in hosts_]
     lines += ["HostKey /etc/ssh/ssh_host_ed25519_key", "PermitRootLogin prohibit-password",
               "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no", "UseDNS no",
-              "PidFile /run/sshd.pid", f"MaxStartups {MAX_STARTUPS}"]
+              f"MaxStartups {MAX_STARTUPS}"]
     for h in hosts_:
         lines += [f"Match LocalAddress {h.address}", f"    ForceCommand {FLEET_SESSION} {h.name}"]
     return "\n".join(lines) + "\n"
+
+
+def sshd_argvs(layout: LabLayout, rack: str) -> list[list[str]]:
+    """The rack host's sshd command lines: one sshd for every MAX_LISTEN addresses of the rack (OpenSSH
+    listens on at most 16; a rack of 18 trays and a head node has 19), each with its own pid file."""
+    addrs = [h.address for h in identities(layout, rack)]
+    chunks = [addrs[i:i + MAX_LISTEN] for i in range(0, len(addrs), MAX_LISTEN)]
+    return [["/usr/sbin/sshd", "-D", "-e", "-o", f"PidFile=/run/sshd-{n}.pid",
+             *[arg for a in chunk for arg in ("-o", f"ListenAddress={a}:22")]]
+            for n, chunk in enumerate(chunks, 1)]
 
 
 # Run by sshd (ForceCommand) for every session: the identity's view, then the client's command (or a
