@@ -51,7 +51,7 @@ def up(
                                                   "carries them. With --fleet: pre-tooled.",
                                              show_default=False)] = None,
     fleet: Annotated[bool, typer.Option("--fleet",
-                                        help="Fleet mode: per rack one host whose one sshd answers as every "
+                                        help="Fleet mode: per rack one host whose sshd answers as every "
                                              "tray and the head node (by the address reached) and one BMC "
                                              "process answering as every BMC; ~30x less memory per tray, "
                                              "no Slurm, no host or service faults (docs/lab.md, "

@@ -68,7 +68,7 @@ def up(lab_dir: Path, *, racks: int = 1, trays: int = 18, name: str = "lab", net
     os_only=False (`lab up --pre-tooled`): the lab image's packages are installed already, as in an
     image that carries them (their files, dpkg status and file lists), so the GPU tools answer at once.
     *switch_trays*: NVLink switch trays per rack, each a BMC only (no host: mctl never logs in to NVOS).
-    *fleet* (`lab up --fleet`, mctl/lab/fleet.py): per rack one host whose one sshd answers as every tray
+    *fleet* (`lab up --fleet`, mctl/lab/fleet.py): per rack one host whose sshd answers as every tray
     and the head node, and one BMC process answering as every BMC; pre-tooled (os_only must be False).
     """
     from mctl.state.lock import file_lock
@@ -240,7 +240,7 @@ def _start_hosts(files: LabFiles, layout: LabLayout, rootfs: Path,
 
 
 def _fleet_listeners(layout: LabLayout) -> dict[str, list[tuple[str, int]]]:
-    """rack host -> every address its one sshd listens on (fleet mode)."""
+    """rack host -> every address its sshd listens on (fleet mode)."""
     from mctl.lab import fleet
 
     return {fleet.rack_host(rack): [(h.address, 22) for h in fleet.identities(layout, rack)]
@@ -249,7 +249,7 @@ def _fleet_listeners(layout: LabLayout) -> dict[str, list[tuple[str, int]]]:
 
 def _start_fleet_hosts(files: LabFiles, layout: LabLayout, rootfs: Path,
                        rack_svcs: Sequence[services.RackService], os_only: bool = False) -> list[str]:
-    """Fleet mode (mctl/lab/fleet.py): per rack one host with the trays' tools, one sshd for every
+    """Fleet mode (mctl/lab/fleet.py): per rack one host with the trays' tools, sshd on every
     address of the rack and one state folder per identity (hostname, gpus.json, kern.log)."""
     from mctl.lab import fleet
 
@@ -534,7 +534,7 @@ def status(lab_dir: Path) -> dict:
 
 def _fleet_rack_status(files: LabFiles, layout: LabLayout, rack: str, table: dict[int, procs.Proc],
                        listening: set) -> dict:
-    """Fleet mode: the rack host (one sshd for every host of the rack) and the rack's one BMC process."""
+    """Fleet mode: the rack host (its sshd answers as every host of the rack) and the rack's one BMC process."""
     from mctl.lab import fleet
 
     init = hosts.init_proc(files.host(fleet.rack_host(rack)), table)

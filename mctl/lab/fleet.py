@@ -38,7 +38,7 @@ def rack_host(rack: str) -> str:
 
 
 def identities(layout: LabLayout, rack: str) -> list[LabHost]:
-    """The hosts *rack*'s one sshd answers as: its head node and its compute trays."""
+    """The hosts *rack*'s sshd answers as: its head node and its compute trays."""
     return [h for h in layout.hosts() if h.rack == rack]
 
 
