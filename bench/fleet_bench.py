@@ -70,8 +70,11 @@ def parts(lab_dir: Path) -> dict[str, list[int]]:
         part = "rack_hosts" if service is None else "bmc" if service.endswith("/bmc") else "rack_services"
         pids = {launcher.pid}
         for child in procs.children(table, launcher.pid):
-            pids |= {p.pid for p in procs.descendants(table, child)} | {p.pid for p in procs.in_namespace(table, child)}
             pids.add(child.pid)
+            if child.pidns == launcher.pidns:       # a BMC process: no PID namespace of its own
+                pids |= {p.pid for p in procs.descendants(table, child)}
+            else:
+                pids |= {p.pid for p in procs.in_namespace(table, child)}
         out[part] += sorted(pids)
     return out
 
