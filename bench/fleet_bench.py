@@ -9,8 +9,8 @@ For each size (racks of 18 compute trays), in a temporary folder on a free 127.N
   pss_mib       PSS summed over them (/proc/*/smaps_rollup); per_tray_mib = pss_mib / trays
   avail_mib     drop of MemAvailable while the lab is up (kernel memory too; noisy on a shared machine)
   inventory     `mctl rack inventory --all --json`, --runs times: wall and CPU (user+sys of the mctl
-                process, from wait4's rusage: mctl's own CPU, not the trays'), median; every tray must
-                be inventoried (exit 0, 0 unreached), else the run fails
+                process, from the children's rusage: mctl's own CPU, not the trays'), median; the trays
+                not reached in each run are reported (inventory_unreached), not hidden
   down_s        wall time of `mctl lab down`; then nothing of the lab may be left
 
 Usage: sudo .venv/bin/python bench/fleet_bench.py [--racks 1,4,16] [--runs 3] [--json]
@@ -102,7 +102,7 @@ def one(racks: int, runs: int, timeout: float) -> dict:
             row["pss_mib"] = round(pss_mib(pids), 1)
             row["per_tray_mib"] = round(row["pss_mib"] / (racks * TRAYS), 2)
             row["avail_mib"] = round(avail_before - mem_available_mib(), 1)
-            walls, cpus = [], []
+            walls, cpus, unreached = [], [], []
             for _ in range(runs):
                 before = cpu_children()
                 wall, inv = timed(mctl + ["rack", "inventory", "--all", "--json"], env, 600)
@@ -110,12 +110,17 @@ def one(racks: int, runs: int, timeout: float) -> dict:
                 walls.append(wall)
                 doc = json.loads(inv.stdout) if inv.stdout.strip() else {}
                 summary = doc.get("summary", {})
-                if inv.returncode != 0 or summary.get("trays") != racks * TRAYS or summary.get("unreached"):
+                if summary.get("trays") != racks * TRAYS:
                     raise RuntimeError(f"rack inventory --all: exit {inv.returncode}, {summary}, "
                                        f"{inv.stderr.strip()[-400:]}")
+                # a tray not reached is reported, not hidden (issue 29.5: trays lost to a connection storm)
+                unreached.append(summary.get("unreached", 0))
+                if inv.returncode != 0:
+                    row.setdefault("inventory_errors", []).append(inv.stderr.strip()[-400:])
             row["inventory_wall_s"] = round(statistics.median(walls), 2)
             row["inventory_cpu_s"] = round(statistics.median(cpus), 2)
-            row["inventory_runs"] = [[round(w, 2), round(c, 2)] for w, c in zip(walls, cpus)]
+            row["inventory_runs"] = [[round(w, 2), round(c, 2), u] for w, c, u in zip(walls, cpus, unreached)]
+            row["inventory_unreached"] = unreached
         finally:
             started = time.monotonic()
             down = subprocess.run(mctl + ["lab", "down", "--dir", str(lab_dir)], env=env, capture_output=True,
