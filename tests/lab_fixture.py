@@ -33,7 +33,7 @@ because the lab is shared by the session.
 
 Three more fixtures (registered in tests/conftest.py like `lab`):
 
-    own_lab            own_lab(state_dir, trays=N, label=..., **up_options): a lab of the module's own, as a
+    own_lab            own_lab(state_dir, trays=N, racks=1, label=..., **up_options): a lab of the module's own, as a
                        context manager (the slow tier); for what the shared lab must keep
     slurm_lab          the shared lab with Slurm deployed by `mctl deploy slurm` once per session (module
                        scope: each module gets it as deployed, see SlurmLab)
@@ -248,8 +248,10 @@ def lab_skip_reason() -> str | None:
 
 
 @contextlib.contextmanager
-def _own_lab(state_dir: Path, *, trays: int, label: str = "lab", **up_options) -> Iterator[LabHandle]:
-    """A lab of its own in *state_dir* (one rack of *trays*), on a free address block, taken down after.
+def _own_lab(state_dir: Path, *, trays: int, label: str = "lab", racks: int = 1,
+             **up_options) -> Iterator[LabHandle]:
+    """A lab of its own in *state_dir* (*racks* racks of *trays*, default one), on a free address block, taken
+    down after; `lab.trays` are the first rack's, `lab.addresses` every host's.
 
     For modules that change what the shared session lab must keep (its partitions, its software):
     *up_options* go to `mctl.lab.control.up`. Its trays are pre-tooled (the GPU tools' packages already
@@ -264,7 +266,7 @@ def _own_lab(state_dir: Path, *, trays: int, label: str = "lab", **up_options) -
     for attempt in range(3):
         net = _free_net()
         try:
-            result = control.up(state_dir / "lab", racks=1, trays=trays, net=net,
+            result = control.up(state_dir / "lab", racks=racks, trays=trays, net=net,
                                 progress=lambda m: sys.stderr.write(f"[{label}] {m}\n"),
                                 **{"os_only": False, **up_options})
             break

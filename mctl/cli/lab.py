@@ -43,12 +43,19 @@ def up(
                                      help="Second address octet: hosts get 127.NET.RACK.TRAY.")] = 77,
     timeout: Annotated[float, typer.Option("--start-timeout", click_type=finite(),
                                            help="Seconds to wait for every host's sshd.")] = 180.0,
-    pre_tooled: Annotated[bool, typer.Option("--pre-tooled/--os-only",
+    pre_tooled: Annotated[Optional[bool], typer.Option("--pre-tooled/--os-only",
                                              help="--os-only (the default): trays start with the OS image only, "
                                                   "as they arrive; the GPU tools come with provisioning, through "
                                                   "the lab's apt repository. --pre-tooled: the GPU tools' "
                                                   "packages are installed already, as in an image that "
-                                                  "carries them.")] = False,
+                                                  "carries them. With --fleet: pre-tooled.",
+                                             show_default=False)] = None,
+    fleet: Annotated[bool, typer.Option("--fleet",
+                                        help="Fleet mode: per rack one host whose sshd answers as every "
+                                             "tray and the head node (by the address reached) and one BMC "
+                                             "process answering as every BMC; ~30x less memory per tray, "
+                                             "no Slurm, no host or service faults (docs/lab.md, "
+                                             "\"Fleet mode\").")] = False,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:
@@ -64,8 +71,15 @@ def up(
     from mctl.lab.layout import LabLayout
     from mctl.lab.site import IMAGE_NAME, REPO_IMAGES
 
+    from mctl.errors import UsageError
+
     out = render.output(json_)
     path = _lab_dir(lab_dir)
+    if fleet and pre_tooled is False:
+        raise UsageError("--fleet starts the trays pre-tooled (their rack's one root holds the GPU tools); "
+                         "--os-only cannot be given with it",
+                         hint="mctl lab up --fleet --racks N; provisioning through apt needs the full lab")
+    pre_tooled = bool(fleet if pre_tooled is None else pre_tooled)
     if dry_run:
         layout = LabLayout("lab", racks, trays, net, switch_trays)
         spec = image.load_spec(REPO_IMAGES / f"{IMAGE_NAME}.yml")
@@ -74,22 +88,23 @@ def up(
                 "hosts": [{"name": h.name, "kind": h.kind, "address": h.address} for h in layout.hosts()],
                 "switch_trays": [{"name": sw.name, "address": sw.address, "bmc": layout.switch_bmc_address(sw)}
                                  for sw in layout.switches()],
-                "inventory": str(path / control.INVENTORY)}
+                "inventory": str(path / control.INVENTORY), "fleet": fleet, "os_only": not pre_tooled}
         out.result({"dry_run": True, "plan": plan}, lambda: out.lines(
-            [f"would start {len(plan['hosts'])} hosts in {path} (image {spec.name}: "
+            [f"would start {len(plan['hosts'])} hosts"
+             + (f" as {racks} fleet rack host(s)" if fleet else "") + f" in {path} (image {spec.name}: "
              f"{'cached' if plan['image_cached'] else 'to build'} at {spec.cache_dir})"]
             + [f"  {h['name']:<18} {h['kind']:<5} {h['address']}" for h in plan["hosts"]]
             + [f"  {sw['name']:<18} {'switch':<6} BMC {sw['bmc']} (no host)" for sw in plan["switch_trays"]]))
         return
     result = control.up(path, racks=racks, trays=trays, net=net, timeout=timeout, os_only=not pre_tooled,
-                        switch_trays=switch_trays, progress=(lambda _m: None) if out.json else out.event)
+                        switch_trays=switch_trays, fleet=fleet, progress=(lambda _m: None) if out.json else out.event)
     flag = _dir_flag(result.dir)
     for dest in result.missing_files:
         out.warn(f"{dest} not installed: its source is not in this checkout yet")
     if out.json:
         out.result({"dir": str(result.dir), "inventory": str(result.inventory),
                     "seconds": round(result.seconds, 2), "image_dir": str(result.image_dir),
-                    "racks": racks, "trays": trays, "switch_trays": switch_trays, "os_only": not pre_tooled,
+                    "racks": racks, "trays": trays, "switch_trays": switch_trays, "os_only": not pre_tooled, "fleet": fleet,
                     "missing_files": result.missing_files,
                     "hosts": [{"name": h.name, "kind": h.kind, "rack": h.rack, "address": h.address}
                               for h in result.layout.hosts()]})
@@ -98,6 +113,7 @@ def up(
     lines = [
         f"lab up: {racks} rack(s) x {trays} trays + head node, {len(result.layout.hosts())} hosts "
         + (f"and {switch_trays} switch tray BMC(s) per rack " if switch_trays else "")
+        + (f"as {racks} fleet rack host(s) (sshd on every address, one BMC process per rack) " if fleet else "")
         + f"in {result.seconds:.1f} s ({result.dir})",
         f"inventory: {result.inventory}",
         ("trays: pre-tooled (the GPU tools' packages installed)" if pre_tooled else
@@ -144,6 +160,10 @@ def status(lab_dir: LabDirOpt = None, json_: JsonOpt = False) -> None:
     out.table(None, ("host", "kind", "address", "state", "ssh", "procs", "faults"),
               [(h["name"], h["kind"], h["address"], "running" if h["running"] else "down", h["ssh"],
                 str(len(h["processes"])), ", ".join(h["faults"]) or "-") for h in st["hosts"]], boxed=True)
+    for fr in st.get("fleet_racks", []):
+        out.line(f"{fr['rack']} fleet host {fr['host']}: {'running' if fr['running'] else 'down'}, sshd {fr['sshd']}, "
+                 f"{fr['processes']} processes, {fr['rss_kib'] / 1024:.0f} MiB; BMC process "
+                 f"{fr['bmc_pid'] or 'down'} ({fr['bmc_rss_kib'] / 1024:.0f} MiB)")
     for svc in st["rack_services"]:
         out.line(f"{svc['rack']} {svc['name']} {svc['address']}:{svc['port']} "
                  f"{'running' if svc['running'] else 'down'}"

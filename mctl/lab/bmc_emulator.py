@@ -405,48 +405,99 @@ def switch_powered_off(lab_dir: Path, name: str) -> bool:
 
 # ------------------------------------------------------------------ the service
 
-def build_app(config: dict[str, Any], tree: dict[str, dict[str, Any]] | None = None):
-    """sushy-tools' Flask app with this tray's driver and the GB200 resources it lacks."""
+class FleetTraySystemsDriver(SwitchSystemsDriver):
+    """A fleet-mode compute tray's System_0 (docs/lab.md, "Fleet mode"): the tray's OS is one identity of
+    its rack's shared host, which no single tray's Reset can stop, so the power state is the BMC's own
+    (bmc/power.json, as a switch tray's), with the compute tray's ResetTypes."""
+
+    reset_types = RESET_TYPES
+
+
+class _Unit:
+    """One BMC served by the app: its config, systems driver, faults, firmware overrides and stall wrapper."""
+
+    def __init__(self, config: dict[str, Any], tree: dict[str, dict[str, Any]]):
+        kind = config.get("kind", "compute")
+        self.config, self.tree, self.kind = config, tree, kind
+        if kind == "switch":
+            self.driver: LabSystemsDriver = SwitchSystemsDriver(config, tree)
+        elif config.get("power_model") == "bmc":
+            self.driver = FleetTraySystemsDriver(config, tree)
+        else:
+            self.driver = LabSystemsDriver(config, tree)
+            if config.get("watch_os_reboots", True):
+                self.driver.watch_os_reboots()
+        self.tray_id = f"{config.get('lab', 'lab')}/{config['tray']}"
+        self.fault = bmc_faults.Watched(bmc_faults.faults_path(Path(config["lab_dir"]), config["tray"]))
+        self.firmware = FirmwareOverrides(config.get("firmware_file"))
+        self.stall = None
+
+
+def build_app(config: dict[str, Any] | list[dict[str, Any]], tree: dict[str, dict[str, Any]] | None = None):
+    """sushy-tools' Flask app with the GB200 resources it lacks, answering as the BMC of *config*, or, given
+    a list (fleet mode: one process per rack), as each BMC of the list: a request is that BMC's whose
+    address it reached (the WSGI SERVER_NAME bmc_http sets to the listening address)."""
     import flask
     from sushy_tools import error
     from sushy_tools.emulator import api_utils
     from sushy_tools.emulator import main as st
 
-    kind = config.get("kind", "compute")
-    tree = tree if tree is not None else load_tree(Path(config.get("capture")
-                                                        or (SWITCH_CAPTURE if kind == "switch" else CAPTURE)))
-    add_missing(tree, kind)
-    driver = (SwitchSystemsDriver if kind == "switch" else LabSystemsDriver)(config, tree)
-    if kind != "switch" and config.get("watch_os_reboots", True):
-        driver.watch_os_reboots()
+    configs = config if isinstance(config, list) else [config]
+    if not configs:
+        raise ValueError("no BMC to serve")
+    trees: dict[str, dict[str, dict[str, Any]]] = {}
+    for c in configs:
+        kind = c.get("kind", "compute")
+        if kind not in trees:
+            trees[kind] = tree if tree is not None and len(configs) == 1 else load_tree(
+                Path(c.get("capture") or (SWITCH_CAPTURE if kind == "switch" else CAPTURE)))
+            add_missing(trees[kind], kind)
+    units = {str(c.get("address")): _Unit(c, trees[c.get("kind", "compute")]) for c in configs}
+    only = next(iter(units.values())) if len(units) == 1 else None
+    local = threading.local()
+
+    def cur() -> _Unit:
+        return only or local.unit
+
     app = st.app
     _remember_good_logins()
-    type(app).systems = property(lambda self: driver)      # sushy-tools' backend list is hard-coded
-    app.configure(extra_config={"SUSHY_EMULATOR_AUTH_FILE": config["auth_file"],
+    type(app).systems = property(lambda self: cur().driver)     # sushy-tools' backend list is hard-coded
+    app.configure(extra_config={"SUSHY_EMULATOR_AUTH_FILE": configs[0]["auth_file"],
                                 "SUSHY_EMULATOR_FEATURE_SET": "full"})
-    tray_id = f"{config.get('lab', 'lab')}/{config['tray']}"
     # `mctl lab fault bmc TRAY ...` (mctl/lab/bmc_faults.py): a leak or a failed supply laid over what the BMC
     # serves; a hung or slow BMC held outside everything it does, authentication included
-    bmc_fault = bmc_faults.Watched(bmc_faults.faults_path(Path(config["lab_dir"]), config["tray"]))
-    app.wsgi_app = bmc_faults.Stall(app.wsgi_app, bmc_fault)
+    inner = app.wsgi_app
+    for u in units.values():
+        u.stall = bmc_faults.Stall(inner, u.fault)
+
+    def dispatch(environ, start_response):
+        u = only or units.get(environ.get("SERVER_NAME", ""))
+        if u is None:
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"no BMC at this address"]
+        local.unit = u
+        return u.stall(environ, start_response)
+
+    app.wsgi_app = dispatch
 
     def doc(path: str) -> dict[str, Any]:
+        u = cur()
         path = path.rstrip("/") or "/"
-        if path not in tree:
+        if path not in u.tree:
             raise error.NotFound(f"{path} not found")
-        return bmc_faults.overlay(path, personalize(tree[path], tray_id=tray_id, tray_index=int(config["tray_index"]),
-                                                    slot=int(config["slot"]), power=driver.host_power(),
-                                                    serial_by_value=kind == "switch"),
-                                  bmc_fault.get(), kind)
-
-    firmware = FirmwareOverrides(config.get("firmware_file"))
+        return bmc_faults.overlay(path, personalize(u.tree[path], tray_id=u.tray_id,
+                                                    tray_index=int(u.config["tray_index"]),
+                                                    slot=int(u.config["slot"]), power=u.driver.host_power(),
+                                                    serial_by_value=u.kind == "switch"),
+                                  u.fault.get(), u.kind)
 
     def answer(path: str) -> dict[str, Any]:
         """The document, with the lab's firmware versions, and its members where $expand asks for them."""
-        out = firmware.apply(doc(path))
+        u = cur()
+        out = u.firmware.apply(doc(path))
         if expand_levels(flask.request.args.get("$expand")) and isinstance(out.get("Members"), list):
-            out["Members"] = [firmware.apply(doc(m["@odata.id"]))
-                              if isinstance(m, dict) and str(m.get("@odata.id", "")).rstrip("/") in tree else m
+            out["Members"] = [u.firmware.apply(doc(m["@odata.id"]))
+                              if isinstance(m, dict) and str(m.get("@odata.id", "")).rstrip("/") in u.tree else m
                               for m in out["Members"]]
         return out
 
@@ -572,23 +623,27 @@ def _remember_good_logins() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """One BMC (one config), or in fleet mode every BMC of a rack in this one process (several configs,
+    each on its own address with its own certificate)."""
     import ssl
 
     from mctl.lab import bmc_http
 
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        sys.stderr.write("usage: python -m mctl.lab.bmc_emulator CONFIG.json\n")
+    if not args:
+        sys.stderr.write("usage: python -m mctl.lab.bmc_emulator CONFIG.json [CONFIG.json ...]\n")
         return 2
-    config = json.loads(Path(args[0]).read_text())
+    configs = [json.loads(Path(a).read_text()) for a in args]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    app = build_app(config)
-
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(config["cert"], config["key"])
-    LOG.info("BMC of %s on https://%s:%s", config["tray"], config["address"], config["port"])
-    bmc_http.serve(app, config["address"], int(config["port"]), ctx)
+    app = build_app(configs if len(configs) > 1 else configs[0])
+    listeners = []
+    for config in configs:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(config["cert"], config["key"])
+        LOG.info("BMC of %s on https://%s:%s", config["tray"], config["address"], config["port"])
+        listeners.append((config["address"], int(config["port"]), ctx))
+    bmc_http.serve_many(app, listeners)
     return 0
 
 

@@ -148,3 +148,15 @@ def serve(app: WSGIApp, host: str, port: int, ssl_context: ssl.SSLContext | None
     handler = type("Handler", (_Handler,), {"server_app": staticmethod(app)})
     server = _Server((host, port), handler, ssl_context)
     server.serve_forever()
+
+
+def serve_many(app: WSGIApp, listeners: list[tuple[str, int, ssl.SSLContext | None]]) -> None:
+    """Serve *app* on every (host, port, TLS context) until the process ends (fleet mode: one process
+    answers as every BMC of a rack); each server's SERVER_NAME is its own address."""
+    import threading
+
+    handler = type("Handler", (_Handler,), {"server_app": staticmethod(app)})
+    servers = [_Server((host, port), handler, ctx) for host, port, ctx in listeners]
+    for server in servers[1:]:
+        threading.Thread(target=server.serve_forever, name=f"bmc-{server.server_address[0]}", daemon=True).start()
+    servers[0].serve_forever()

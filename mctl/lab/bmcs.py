@@ -98,8 +98,9 @@ def _new_ca(name: str):
     return ca, ca_key, ca_name
 
 
-def prepare(lab_dir: Path, layout: LabLayout) -> None:
-    """Credentials, the CA and every BMC's (compute and switch trays') certificate and emulator config."""
+def prepare(lab_dir: Path, layout: LabLayout, *, power_model: str = "host") -> None:
+    """Credentials, the CA and every BMC's (compute and switch trays') certificate and emulator config.
+    *power_model* "bmc" (fleet mode): a compute tray's power is its BMC's own state, as a switch tray's."""
     import bcrypt
     from cryptography.hazmat.primitives import serialization
 
@@ -113,10 +114,10 @@ def prepare(lab_dir: Path, layout: LabLayout) -> None:
     pem = ca.public_bytes(serialization.Encoding.PEM).decode()
     atomic_write(d / "ca.pem", pem)
     atomic_write(d / TRAYS_CA, pem)
-    _issue(lab_dir, layout, bmc_units(layout), ca_key, ca_name)
+    _issue(lab_dir, layout, bmc_units(layout), ca_key, ca_name, power_model=power_model)
 
 
-def _issue(lab_dir: Path, layout: LabLayout, units: list[dict], ca_key, ca_name) -> None:
+def _issue(lab_dir: Path, layout: LabLayout, units: list[dict], ca_key, ca_name, *, power_model: str = "host") -> None:
     """A certificate and the emulator's config for each BMC of *units*."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -146,7 +147,7 @@ def _issue(lab_dir: Path, layout: LabLayout, units: list[dict], ca_key, ca_name)
             "lab": layout.name, "lab_dir": str(lab_dir), "tray": name, "kind": u["kind"],
             "tray_index": u["tray_index"], "slot": u["slot"], "address": address, "port": PORT,
             "cert": str(td / "cert.pem"), "key": str(td / "key.pem"), "auth_file": str(d / "htpasswd"),
-            "firmware_file": str(td / FIRMWARE_FILE)}, indent=2) + "\n")
+            "firmware_file": str(td / FIRMWARE_FILE), "power_model": power_model}, indent=2) + "\n")
 
 
 def prepare_switches(lab_dir: Path, layout: LabLayout) -> None:
@@ -201,8 +202,6 @@ def start(lab_dir: Path, layout: LabLayout, marker_env: str, *, timeout: float =
           kinds: tuple[str, ...] = ("compute", "switch")) -> None:
     """One emulator per BMC (of the trays of *kinds*), detached; returns once every one listens (or raises,
     naming the first)."""
-    from mctl.lab import procs
-
     wanted: dict[tuple[str, int], str] = {}
     for u in bmc_units(layout):
         if u["kind"] not in kinds:
@@ -218,6 +217,33 @@ def start(lab_dir: Path, layout: LabLayout, marker_env: str, *, timeout: float =
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, close_fds=True)
         proc.wait()
         wanted[(u["address"], PORT)] = name
+    _wait_listening(lab_dir, wanted, timeout)
+
+
+def start_fleet(lab_dir: Path, layout: LabLayout, marker_env: str, *, timeout: float = 60.0) -> None:
+    """Fleet mode: one emulator process per rack answering as every BMC of it (compute and switch trays),
+    each on its own address with its own certificate; returns once every address listens."""
+    wanted: dict[tuple[str, int], str] = {}
+    for rack in layout.rack_names():
+        units = [u for u in bmc_units(layout) if u["tray"].startswith(rack + "-")]
+        if not units:
+            continue
+        log_dir = Path(lab_dir) / "racks" / rack
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with open(log_dir / "bmc.log", "ab") as log:
+            proc = subprocess.Popen(
+                ["setsid", "-f", "unshare", "--fork", "--", "env", f"{marker_env}={lab_dir}",
+                 f"MCTL_LAB_SERVICE={rack}/bmc", sys.executable, "-m", MODULE,
+                 *[str(tray_bmc_dir(lab_dir, u["tray"]) / "bmc.json") for u in units]],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, close_fds=True)
+        proc.wait()
+        wanted.update({(u["address"], PORT): u["tray"] for u in units})
+    _wait_listening(lab_dir, wanted, timeout, log_of=lambda name: Path(lab_dir) / "racks" / name.rsplit("-", 1)[0] / "bmc.log")
+
+
+def _wait_listening(lab_dir: Path, wanted: dict[tuple[str, int], str], timeout: float, log_of=None) -> None:
+    from mctl.lab import procs
+
     deadline = time.monotonic() + timeout
     while wanted and time.monotonic() < deadline:
         listening = procs.listening_tcp()
@@ -225,7 +251,7 @@ def start(lab_dir: Path, layout: LabLayout, marker_env: str, *, timeout: float =
         time.sleep(0.1)
     if wanted:
         (addr, port), name = next(iter(wanted.items()))
-        log = tray_bmc_dir(lab_dir, name) / "bmc.log"
+        log = log_of(name) if log_of else tray_bmc_dir(lab_dir, name) / "bmc.log"
         try:
             tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
         except OSError:

@@ -60,7 +60,7 @@ class UpResult:
 def up(lab_dir: Path, *, racks: int = 1, trays: int = 18, name: str = "lab", net: int = DEFAULT_NET,
        images_dir: Path = REPO_IMAGES, progress: Progress = _quiet, timeout: float = 180.0,
        rack_services: Sequence[services.RackService] | None = None, os_only: bool = True,
-       switch_trays: int = 0) -> UpResult:
+       switch_trays: int = 0, fleet: bool = False) -> UpResult:
     """Start a lab in *lab_dir*. *rack_services* defaults to the registry (services.RACK_SERVICES).
 
     *os_only* (the default): the trays start with the OS image only; the lab's packages (the GPU
@@ -68,6 +68,8 @@ def up(lab_dir: Path, *, racks: int = 1, trays: int = 18, name: str = "lab", net
     os_only=False (`lab up --pre-tooled`): the lab image's packages are installed already, as in an
     image that carries them (their files, dpkg status and file lists), so the GPU tools answer at once.
     *switch_trays*: NVLink switch trays per rack, each a BMC only (no host: mctl never logs in to NVOS).
+    *fleet* (`lab up --fleet`, mctl/lab/fleet.py): per rack one host whose sshd answers as every tray
+    and the head node, and one BMC process answering as every BMC; pre-tooled (os_only must be False).
     """
     from mctl.state.lock import file_lock
 
@@ -76,6 +78,9 @@ def up(lab_dir: Path, *, racks: int = 1, trays: int = 18, name: str = "lab", net
         layout = LabLayout(name, racks, trays, net, switch_trays)
     except ValueError as exc:
         raise UsageError(f"invalid lab shape: {exc}", hint="e.g. mctl lab up --racks 1 --compute-trays 18") from None
+    if fleet and os_only:
+        raise UsageError("fleet mode starts the trays pre-tooled: their rack's one root holds the GPU tools",
+                         hint="mctl lab up --fleet (without --os-only); provisioning through apt needs the full lab")
     rack_svcs = list(services.RACK_SERVICES if rack_services is None else rack_services)
     spec = image.load_spec(images_dir / f"{IMAGE_NAME}.yml")
     prereq.require(need_build=not image.is_built(spec))
@@ -100,14 +105,26 @@ def up(lab_dir: Path, *, racks: int = 1, trays: int = 18, name: str = "lab", net
                 "name": name, "racks": racks, "trays": trays, "net": net, "switch_trays": switch_trays,
                 "image": {"name": spec.name, "key": spec.key, "dir": str(image_dir)},
                 "rack_services": [{"name": s.name, "port": s.port} for s in rack_svcs], "os_only": os_only,
+                "fleet": fleet,
                 "created_at": time.time(), "state": "starting", "pid": os.getpid()})
             try:
-                progress(f"starting {len(layout.hosts())} hosts ({racks} rack(s) x {trays} trays + head)")
-                missing = _start_hosts(files, layout, rootfs, rack_svcs, os_only=os_only)
-                hosts.wait_ready(files.dir, services.listeners(layout), timeout)
+                if fleet:
+                    progress(f"starting {len(layout.hosts())} hosts ({racks} rack(s) x {trays} trays + head) "
+                             f"as {racks} fleet rack host(s), their sshd listening on every address")
+                    missing = _start_fleet_hosts(files, layout, rootfs, rack_svcs, os_only=os_only)
+                    hosts.wait_ready(files.dir, _fleet_listeners(layout), timeout)
+                else:
+                    progress(f"starting {len(layout.hosts())} hosts ({racks} rack(s) x {trays} trays + head)")
+                    missing = _start_hosts(files, layout, rootfs, rack_svcs, os_only=os_only)
+                    hosts.wait_ready(files.dir, services.listeners(layout), timeout)
                 _start_rack_services(files, layout, rack_svcs)
-                progress(f"starting {len(bmcs.bmc_units(layout))} tray BMCs (Redfish, sushy-tools)")
-                bmcs.start(files.dir, layout, MARKER_ENV)
+                if fleet:
+                    progress(f"starting {len(bmcs.bmc_units(layout))} tray BMCs (Redfish, sushy-tools) "
+                             f"in {racks} process(es), one per rack")
+                    bmcs.start_fleet(files.dir, layout, MARKER_ENV)
+                else:
+                    progress(f"starting {len(bmcs.bmc_units(layout))} tray BMCs (Redfish, sushy-tools)")
+                    bmcs.start(files.dir, layout, MARKER_ENV)
                 record = load_record(files.dir) or {}
                 record["state"] = "up"
                 record["up_seconds"] = round(time.monotonic() - started, 2)
@@ -219,6 +236,66 @@ def _start_hosts(files: LabFiles, layout: LabLayout, rootfs: Path,
                                             bmc=bmcs.inventory_section(files.dir)))
     for h in layout.hosts():
         hosts.spawn(files.host(h.name), rootfs, char_devices=hosts.TRAY_CHAR_DEVICES if h.kind == "tray" else ())
+    return sorted(missing)
+
+
+def _fleet_listeners(layout: LabLayout) -> dict[str, list[tuple[str, int]]]:
+    """rack host -> every address its sshd listens on (fleet mode)."""
+    from mctl.lab import fleet
+
+    return {fleet.rack_host(rack): [(h.address, 22) for h in fleet.identities(layout, rack)]
+            for rack in layout.rack_names()}
+
+
+def _start_fleet_hosts(files: LabFiles, layout: LabLayout, rootfs: Path,
+                       rack_svcs: Sequence[services.RackService], os_only: bool = False) -> list[str]:
+    """Fleet mode (mctl/lab/fleet.py): per rack one host with the trays' tools, sshd on every
+    address of the rack and one state folder per identity (hostname, gpus.json, kern.log)."""
+    from mctl.lab import fleet
+
+    lab_key = keys.ed25519(f"mctl-lab@{layout.name}")
+    atomic_write(files.key, lab_key.private_openssh, mode=0o600)
+    atomic_write(files.key.with_suffix(".pub"), lab_key.public_line + "\n")
+    hosts_text = etc_hosts(layout)
+    known: list[str] = []
+    missing: set[str] = set()
+    hostinit = hosts.HOSTINIT.read_text()
+    dpkg = None if os_only else _preinstall(rootfs)
+    for rack in layout.rack_names():
+        members = fleet.identities(layout, rack)
+        first_tray = next(h for h in members if h.kind == "tray")
+        paths = files.host(fleet.rack_host(rack))
+        paths.dir.mkdir(parents=True, exist_ok=True)
+        host_key = keys.ed25519(f"root@{fleet.rack_host(rack)}")
+        known += [keys.known_hosts_line([h.name, h.address], host_key) for h in members]
+        w = hosts.UpperWriter(rootfs, paths.upper)
+        ctx = services.HostContext(layout, first_tray, files.dir)
+        # the trays' root (tools, keys, init), with the rack host's name and sshd
+        _write_host_files(w, ctx, first_tray, hosts_text, lab_key, host_key, hostinit, missing,
+                          os_only=os_only, dpkg=dpkg)
+        w.put("/etc/hostname", fleet.rack_host(rack) + "\n")
+        w.put(hosts.SSHD_DROPIN, fleet.sshd_config(layout, rack))
+        w.put(hosts.SERVICES_FILE, json.dumps({"services": [
+            {"name": f"sshd-{n}", "argv": argv, "dirs": ["/run/sshd"], "restart": True,
+             "log": f"/var/log/mctl-lab/sshd-{n}.log"}
+            for n, argv in enumerate(fleet.sshd_argvs(layout, rack), 1)]}, indent=2) + "\n")
+        w.put(fleet.FLEET_SESSION, fleet.SESSION_SCRIPT, 0o755)
+        w.put(hosts.GPUS_FILE, "")          # the rack host is no tray: each identity has its own (below)
+        for h in members:
+            w.put(fleet.inner_path(h.name, "/etc/hostname"), h.name + "\n")
+            w.mkdir(fleet.inner_path(h.name, hosts.STATE_IN_HOST))
+            if h.kind == "tray":
+                w.put(fleet.inner_path(h.name, hosts.GPUS_FILE), json.dumps(gpu_state(layout, h), indent=2) + "\n")
+                w.put(fleet.inner_path(h.name, hosts.KERN_LOG), "", 0o640)
+                os.chown(w.upper / fleet.inner_path(h.name, hosts.KERN_LOG).lstrip("/"), 0, 4)   # root:adm
+    atomic_write(files.known_hosts, "\n".join(known) + "\n")
+    bmcs.prepare(files.dir, layout, power_model="bmc")
+    atomic_write(files.inventory, inventory(layout, identity_file=files.key, known_hosts=files.known_hosts,
+                                            images_dir=REPO_IMAGES,
+                                            rack_extra=_rack_inventory(files, layout, rack_svcs),
+                                            bmc=bmcs.inventory_section(files.dir)))
+    for rack in layout.rack_names():
+        hosts.spawn(files.host(fleet.rack_host(rack)), rootfs, char_devices=hosts.TRAY_CHAR_DEVICES)
     return sorted(missing)
 
 
@@ -420,8 +497,16 @@ def status(lab_dir: Path) -> dict:
     layout = layout_of(record)
     listening = procs.listening_tcp()
     rows = []
-    for h in layout.hosts():
-        rows.append(_host_status(files, layout, h, table, listening))
+    fleet_racks = []
+    if record.get("fleet"):
+        from mctl.lab import fleet
+
+        for rack in layout.rack_names():
+            fleet_racks.append(_fleet_rack_status(files, layout, rack, table, listening))
+            rows += [_fleet_host_status(files, h, fleet_racks[-1], listening) for h in fleet.identities(layout, rack)]
+    else:
+        for h in layout.hosts():
+            rows.append(_host_status(files, layout, h, table, listening))
     racks = []
     for rack in layout.rack_names():
         ctx = rack_context(files, layout, rack)
@@ -443,7 +528,49 @@ def status(lab_dir: Path) -> dict:
                                 or {}).get("packages", {})),
         "hosts_running": running, "hosts_total": len(rows),
         "processes": len(stray), "rss_kib": total_rss, "hosts": rows, "rack_services": racks,
+        "fleet": bool(record.get("fleet")), "fleet_racks": fleet_racks,
     }
+
+
+def _fleet_rack_status(files: LabFiles, layout: LabLayout, rack: str, table: dict[int, procs.Proc],
+                       listening: set) -> dict:
+    """Fleet mode: the rack host (its sshd answers as every host of the rack) and the rack's one BMC process."""
+    from mctl.lab import fleet
+
+    init = hosts.init_proc(files.host(fleet.rack_host(rack)), table)
+    members = procs.in_namespace(table, init) if init else []
+    sshds = [p for p in procs.children(table, init.pid) if p.comm == "sshd"] if init else []
+    want = len(fleet.sshd_argvs(layout, rack))
+    marker = f"MCTL_LAB_SERVICE={rack}/bmc"
+    launcher = next((p for p in lab_launchers(files.dir, table) if marker in p.cmdline), None)
+    bmc = procs.children(table, launcher.pid) if launcher else []
+    return {"rack": rack, "host": fleet.rack_host(rack), "init_pid": init.pid if init else None,
+            "running": init is not None,
+            "sshd": ("stopped" if any(p.state == "T" for p in sshds) else "running") if len(sshds) == want else "down",
+            "sshd_processes": len(sshds),
+            "processes": len(members), "rss_kib": sum(p.rss_kb for p in members),
+            "bmc_pid": bmc[0].pid if bmc else None, "bmc_rss_kib": sum(p.rss_kb for p in bmc)}
+
+
+def _fleet_host_status(files: LabFiles, h: LabHost, rack: dict, listening: set) -> dict:
+    """Fleet mode: one identity of a rack host (its processes are the rack host's: counted there)."""
+    from mctl.lab import fleet
+
+    row: dict = {"name": h.name, "kind": h.kind, "rack": h.rack, "address": h.address, "running": rack["running"],
+                 "init_pid": rack["init_pid"], "processes": [], "services": [], "faults": [], "ssh": "down",
+                 "fleet_host": rack["host"]}
+    if not rack["running"]:
+        return row
+    try:
+        fdoc = json.loads(Path(f"/proc/{rack['init_pid']}/root{fleet.inner_path(h.name, hosts.FAULTS_FILE)}").read_text())
+    except (OSError, ValueError):
+        fdoc = {}
+    row["faults"] = faultlib.active(fdoc)
+    if h.kind == "tray":
+        row["faults"] += bmc_faults.describe(bmc_faults.read(bmc_faults.faults_path(files.dir, h.name)))
+    listens = (h.address, 22) in listening
+    row["ssh"] = "not answering" if rack["sshd"] == "stopped" else "ok" if rack["sshd"] == "running" and listens else "down"
+    return row
 
 
 def _host_status(files: LabFiles, layout: LabLayout, h: LabHost, table: dict[int, procs.Proc],

@@ -26,18 +26,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mctl.errors import EnvironmentProblem
-from mctl.lab import procs
+from mctl.lab import fleet, procs
 from mctl.lab.layout import LabLayout
 
 NSINIT = Path(__file__).resolve().parent / "nsinit.py"
 HOSTINIT = Path(__file__).resolve().parent / "hostinit.py"
 INIT_IN_HOST = "/usr/lib/mctl-lab/init"
 HANG_IN_HOST = "/usr/lib/mctl-lab/hang"
-STATE_IN_HOST = "/var/lib/mctl-lab"
+STATE_IN_HOST = fleet.STATE_IN_HOST       # "/var/lib/mctl-lab"
 GPUS_FILE = STATE_IN_HOST + "/gpus.json"
 FAULTS_FILE = STATE_IN_HOST + "/faults.json"
 SERVICES_FILE = STATE_IN_HOST + "/services.json"
-KERN_LOG = "/var/log/kern.log"
+KERN_LOG = fleet.KERN_LOG                 # "/var/log/kern.log"
 SSHD_DROPIN = "/etc/ssh/sshd_config.d/00-mctl-lab.conf"
 SSHD_FAULT_DROPIN = "/etc/ssh/sshd_config.d/01-mctl-lab-fault.conf"
 BOOT_UNITS_FILE = STATE_IN_HOST + "/boot-units.json"   # written by `lab fault --reboot`; read by the host's init
@@ -228,8 +228,26 @@ def init_proc(paths: HostPaths, table: dict[int, procs.Proc] | None = None) -> p
     return proc
 
 
+def fleet_rack_host(lab_dir: Path, name: str) -> str | None:
+    """In a fleet-mode lab (mctl/lab/fleet.py), the rack host that serves host *name*; else None."""
+    import json
+
+    try:
+        record = json.loads((Path(lab_dir) / "lab.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or not record.get("fleet"):
+        return None
+    host = LabLayout(record["name"], record["racks"], record["trays"], record.get("net", 77)).host(name)
+    return fleet.rack_host(host.rack) if host is not None else None
+
+
 def host_path(lab_dir: Path, name: str, inner: str) -> Path:
-    """Path on the machine of *inner* as the running host *name* sees it."""
+    """Path on the machine of *inner* as the running host *name* sees it (in fleet mode: as *name*'s
+    sessions see it, in its rack host's root)."""
+    rack = fleet_rack_host(lab_dir, name)
+    if rack is not None:
+        name, inner = rack, fleet.inner_path(name, inner)
     init = init_proc(HostPaths(Path(lab_dir), name))
     if init is None:
         raise EnvironmentProblem(f"lab host {name} is not running",

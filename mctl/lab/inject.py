@@ -21,7 +21,7 @@ from ClusterShell.NodeSet import NodeSet
 from mctl.errors import EnvironmentProblem, UsageError
 from mctl.lab import bmc_faults, daemon_faults, gpu_faults, host_faults, hosts, nmx_faults
 from mctl.lab import faults as faultlib
-from mctl.lab.labdir import open_lab
+from mctl.lab.labdir import LabFiles, open_lab
 from mctl.lab.layout import LabHost
 from mctl.state.files import write_json
 
@@ -47,6 +47,8 @@ def fault(lab_dir: Path, host_name: str, req: faultlib.FaultRequest, *, dry_run:
     daemon_faults.check_kind(host, req, [h.name for h in layout.hosts() if h.kind == "tray"],
                              [h.name for h in layout.hosts() if h.kind == "head"])
     faults_path = hosts.host_path(files.dir, host.name, hosts.FAULTS_FILE)
+    if record.get("fleet"):
+        return _fleet_fault(files, host, req, faults_path, dry_run=dry_run, now=now)
     try:
         current = faultlib.normalize(json.loads(faults_path.read_text()))
     except (FileNotFoundError, ValueError):
@@ -85,6 +87,33 @@ def fault(lab_dir: Path, host_name: str, req: faultlib.FaultRequest, *, dry_run:
     if problems:
         raise EnvironmentProblem(f"{host.name}: {'; '.join(problems)}",
                                  hint=f"the fault is cleared; see {files.host(host.name).dir / hosts.FAULT_EXEC_LOG}")
+    return result
+
+
+def _fleet_fault(files: LabFiles, host: LabHost, req: faultlib.FaultRequest, faults_path: Path, *,
+                 dry_run: bool, now: float | None) -> FaultResult:
+    """Fleet mode (mctl/lab/fleet.py): a tray's GPU faults and clears. Its OS is one identity of a
+    rack host shared with the rack's other trays, so host and service faults (freezing processes, killing
+    daemons, sshrc) cannot be one tray's: refused, naming the full lab (docs/lab.md, "Fleet mode")."""
+    for target in ("host", "service"):
+        if faultlib.given(req, target):
+            raise UsageError(f"{host.name} is a fleet-mode tray: `mctl lab fault {target}` needs the full lab",
+                             hint="in fleet mode a tray's OS is shared with its rack; gpu, bmc and nmx faults "
+                                  "work, host and service faults need `mctl lab up` without --fleet")
+    try:
+        current = faultlib.normalize(json.loads(faults_path.read_text()))
+    except (FileNotFoundError, ValueError):
+        current = faultlib.empty()
+    new = faultlib.apply(current, req, now if now is not None else time.time())
+    result = FaultResult(host.name, faultlib.active(current), faultlib.active(new),
+                         [f"write {hosts.FAULTS_FILE} on {host.name}: {', '.join(faultlib.active(new)) or 'no faults'}"]
+                         + gpu_faults.actions(req), not dry_run)
+    if req.clear and req.target is None and host.kind == "tray":      # the tray's BMC faults too
+        result.actions.extend(bmc_faults.apply(files.dir, host.name, clear=True, dry_run=dry_run).actions)
+    if dry_run:
+        return result
+    write_json(faults_path, new)
+    gpu_faults.log(files, host, req, new)
     return result
 
 
