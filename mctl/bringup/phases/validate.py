@@ -1,8 +1,9 @@
 """validate: rack-scale NVLink validation (bringup.validate) once the trays are open in Slurm.
 
-The all-reduce of each NVLink partition is a Slurm job like any other, so it runs once the open phase
-has resumed the trays (a tray bring-up holds is drained: Slurm places nothing on it). A tray the
-finder names as dragging its partition (or that DCGM's mndiag fails, on DCGM >= 4.3) is held again with bring-up's hold, so no job lands on it
+The all-reduce (or DCGM's mndiag, where every tray of the partition has DCGM >= 4.3) of each NVLink
+partition is a Slurm job like any other, so it runs once the open phase has resumed the trays (a tray
+bring-up holds is drained: Slurm places nothing on it). A tray the finder names as dragging its
+partition, or that mndiag's results fail, is held again with bring-up's hold, so no job lands on it
 before it is repaired; `--from open` after the repair opens it and validates again. Skipped with
 `--burn-in off` and where no tray carries all_reduce_perf.
 """
