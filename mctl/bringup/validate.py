@@ -13,6 +13,12 @@ controller, one task per tray with every GPU of the tray, so the ring spans the 
 and its bus bandwidth is set by its slowest tray. It is judged as burn-in judges it (judge_nccl: the
 NVLink 5 floor MIN_BUSBW_GBS, out-of-bounds values, the tool's own failure words).
 
+Where every tray of a partition has DCGM >= 4.3 (its dpkg version, as mctl.facts.packages reads it),
+the partition runs DCGM's multi-node diagnostic instead (mctl.bringup.mndiag: `dcgmi mndiag --run
+mnubergemm` from the block's first tray, in a salloc of the whole block), judged from dcgmi's own per-host
+results: the failing trays are named from them and no search runs. `method` 'all-reduce' or 'mndiag'
+forces one (choose_methods); each partition says which ran and why.
+
 A partition whose ring runs below the floor is searched for the tray that drags it (docs/decisions.md):
 round 2 runs its trays in disjoint pairs, all at once (9 pairs of 18 trays in one round; a partition of 2
 or 3 trays runs each tray alone instead); round 3 runs each tray of a failed pair (and the odd one out)
@@ -34,7 +40,7 @@ import binascii
 import math
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
 from mctl.health.burnin import KILL_GRACE_S, MIN_BUSBW_GBS, NCCL_MAX_BYTES, Verdict, judge_nccl, parse_nccl, words
@@ -51,7 +57,12 @@ CLEAR_S = 60                   # how long a round waits for squeue to show none 
 MARK = "@@mctl-validate"
 _UNPLACED = re.compile(r"Unable to allocate resources|Immediate execution impossible|Job submit/allocate failed|"
                        r"Requested node configuration is not available|Invalid node name", re.I)
-_SRUN_SAID = re.compile(r"^srun: (?:error: )?(?!job \d+ (?:has been allocated|queued))(.*)$")
+_SRUN_SAID = re.compile(r"^(?:srun|salloc): (?:error: )?(?!job \d+ (?:has been allocated|queued))"
+                        r"(?!(?:Granted|Relinquishing|Pending) job allocation|Waiting for resource configuration"
+                        r"|Nodes .* are ready for job)(.*)$")
+_SLURM_CHATTER = re.compile(r"^(?:srun: job \d+ (?:has been allocated|queued)|salloc: (?:Granted|Relinquishing|Pending) "
+                            r"job allocation|salloc: (?:job \d+ queued|Waiting for resource configuration|Nodes .* "
+                            r"are ready for job))")
 
 
 @dataclass(frozen=True)
@@ -59,11 +70,13 @@ class Job:
     """One Slurm job of a round: `all_reduce_perf` across *trays*, one task per tray."""
 
     partition: str
-    kind: str                     # partition | pair | check | solo
+    kind: str                     # partition | pair | check | solo | mndiag (DCGM's, across the partition)
     trays: tuple[str, ...]
 
     @property
     def label(self) -> str:
+        if self.kind == "mndiag":
+            return f"{self.partition} mndiag"
         return self.partition if self.kind == "partition" else f"{self.partition} {self.kind} {fold(self.trays)}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -79,9 +92,13 @@ class JobResult:
     busbw: float | None = None    # GB/s at the largest message, when the tool printed a table
     bandwidth: bool = False       # the verdict is a bandwidth figure (below the floor), not a tool failure
     rc: int | None = None
+    failing: dict[str, str] = field(default_factory=dict)     # mndiag: tray -> why its own results fail it
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.job.to_dict(), ok=self.ok, placed=self.placed, busbw=self.busbw, text=self.text, rc=self.rc)
+        out = dict(self.job.to_dict(), ok=self.ok, placed=self.placed, busbw=self.busbw, text=self.text, rc=self.rc)
+        if self.job.kind == "mndiag":
+            out["failing"] = dict(self.failing)
+        return out
 
 
 @dataclass(frozen=True)
@@ -89,9 +106,12 @@ class PartitionPlan:
     name: str                     # the partition's name (or the Slurm block's, for a rack without partitions)
     block: str
     trays: tuple[str, ...]
+    method: str = "all-reduce"    # all-reduce | mndiag (choose_methods)
+    why: str = ""                 # why that method
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "block": self.block, "trays": list(self.trays), "nodes": fold(self.trays)}
+        return {"name": self.name, "block": self.block, "trays": list(self.trays), "nodes": fold(self.trays),
+                "method": self.method, "method_why": self.why}
 
 
 @dataclass(frozen=True)
@@ -128,6 +148,27 @@ def plan(site: "Site", rack: "Rack", *, partitions: Sequence[str] = (), deadline
     return ValidationPlan(rack.name, tuple(parts), rack.gpus_per_tray, deadline, min_busbw, place)
 
 
+def choose_methods(site: "Site", vplan: ValidationPlan, method: str = "auto") -> ValidationPlan:
+    """Each partition's method (mctl.bringup.mndiag.partition_method): its trays' DCGM versions asked once."""
+    from mctl.bringup import mndiag
+
+    if method not in mndiag.METHODS:
+        from mctl.errors import UsageError
+
+        raise UsageError(f"unknown method {method!r}", hint=f"one of {', '.join(mndiag.METHODS)}")
+    versions: dict[str, str | None] = {}
+    unreachable: dict[str, str] = {}
+    if method == "auto":
+        names = sorted({t for p in vplan.partitions for t in p.trays})
+        hosts = [h for h in site.hosts() if h.name in names]
+        versions, unreachable = mndiag.dcgm_versions(site, hosts)
+    parts = []
+    for p in vplan.partitions:
+        how, why = mndiag.partition_method(versions, p.trays, method, unreachable)
+        parts.append(replace(p, method=how, why=why))
+    return replace(vplan, partitions=tuple(parts))
+
+
 # ------------------------------------------------------------------ the commands (pure)
 
 def srun_command(job: Job, name: str, gpus: int, deadline: float, *, place: int = PLACE_S) -> str:
@@ -143,6 +184,14 @@ def job_name(run: str, index: int) -> str:
     return f"mctl-validate-{run}-{index}"
 
 
+def job_command(job: Job, name: str, gpus: int, deadline: float, *, place: int = PLACE_S) -> str:
+    if job.kind == "mndiag":
+        from mctl.bringup import mndiag
+
+        return mndiag.command(job.trays, name, deadline, place)
+    return srun_command(job, name, gpus, deadline, place=place)
+
+
 def round_script(jobs: Sequence[Job], run: str, gpus: int, deadline: float, *, place: int = PLACE_S,
                  clear: int = CLEAR_S) -> str:
     """One script on the controller: every job of the round at once, each answer base64 behind a marker,
@@ -150,7 +199,7 @@ def round_script(jobs: Sequence[Job], run: str, gpus: int, deadline: float, *, p
     names = [job_name(run, i) for i in range(len(jobs))]
     lines = ["d=$(mktemp -d /tmp/mctl-validate.XXXXXX) || exit 1"]
     for i, job in enumerate(jobs):
-        lines.append(f"( {srun_command(job, names[i], gpus, deadline, place=place)} >$d/{i}.out 2>$d/{i}.err; "
+        lines.append(f"( {job_command(job, names[i], gpus, deadline, place=place)} >$d/{i}.out 2>$d/{i}.err; "
                      f"echo $? >$d/{i}.rc ) &")
     lines.append("wait")
     for i in range(len(jobs)):
@@ -216,7 +265,7 @@ def slurm_said(stderr: str) -> str:
 
 
 def judge(job: Job, answer: Answer | None, nodes: dict[str, tuple[str, str]], *,
-          min_busbw: float = MIN_BUSBW_GBS) -> JobResult:
+          min_busbw: float = MIN_BUSBW_GBS, gpus: int = 4) -> JobResult:
     """A job's verdict: Slurm's refusal (with the asked trays' state), else judge_nccl's."""
     if answer is None:
         return JobResult(job, False, "no answer from the controller for this job", placed=False)
@@ -226,6 +275,11 @@ def judge(job: Job, answer: Answer | None, nodes: dict[str, tuple[str, str]], *,
                   for t in job.trays if t in nodes and not nodes[t][0].rstrip("*").startswith(("idle", "mixed"))]
         text = f"Slurm did not place the job: {slurm_said(stderr)}" + (f"; {', '.join(states)}" if states else "")
         return JobResult(job, False, text, placed=False, rc=answer.rc)
+    if job.kind == "mndiag":
+        from mctl.bringup import mndiag
+
+        mv = mndiag.judge(job.trays, gpus, answer.rc, stdout, _tool_stderr(stderr))
+        return JobResult(job, mv.ok, mv.text, rc=answer.rc, failing=mv.failing)
     verdict: Verdict = judge_nccl(answer.rc, stdout, _tool_stderr(stderr), min_busbw=min_busbw)
     run = parse_nccl(stdout)
     busbw = None
@@ -239,7 +293,7 @@ def judge(job: Job, answer: Answer | None, nodes: dict[str, tuple[str, str]], *,
 def _tool_stderr(stderr: str) -> str:
     """What the tasks said on stderr, and srun's own error lines (a task's exit, a signal)."""
     return "\n".join(ln for ln in (stderr or "").splitlines()
-                     if not re.match(r"^srun: job \d+ (?:has been allocated|queued)", ln.strip()))
+                     if not _SLURM_CHATTER.match(ln.strip()))
 
 
 # ------------------------------------------------------------------ the finder (pure)
@@ -254,10 +308,13 @@ class PartitionVerdict:
     cleared: list[str] = field(default_factory=list)
     searched: bool = False
     note: str = ""
+    failing: dict[str, str] = field(default_factory=dict)     # mndiag: the trays its results fail, and why
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.plan.name, "block": self.plan.block, "trays": list(self.plan.trays),
+                "method": self.plan.method, "method_why": self.plan.why,
                 "status": self.status, "text": self.text, "busbw": self.busbw, "searched": self.searched,
+                "failing": [{"tray": t, "text": why} for t, why in self.failing.items()],
                 "dragging": [{"tray": t, "busbw": r.busbw, "with": [x for x in r.job.trays if x != t],
                               "text": r.text} for t, r in self.dragging.items()],
                 "note": self.note}
@@ -296,7 +353,8 @@ class Finder:
 
     def next_round(self) -> list[Job]:
         if self._first:
-            return [Job(v.plan.name, "partition", v.plan.trays) for v in self.verdicts.values()]
+            return [Job(v.plan.name, "mndiag" if v.plan.method == "mndiag" else "partition", v.plan.trays)
+                    for v in self.verdicts.values()]
         out: list[Job] = []
         for name, search in self.searches.items():
             out += search.jobs(name)
@@ -313,6 +371,11 @@ class Finder:
                     v.status = "passed"
                 elif not r.placed:
                     v.status = "unplaced"
+                elif r.job.kind == "mndiag":
+                    v.status = "failed"
+                    v.failing = dict(r.failing)
+                    if not r.failing:
+                        v.note = "mndiag named no tray (its words above); not searched"
                 else:
                     v.status = "failed"
                     if r.bandwidth:
@@ -410,17 +473,27 @@ class Validation:
     def dragging(self) -> list[str]:
         return [t for v in self.verdicts for t in v.dragging]
 
+    def failing(self) -> list[str]:
+        """The trays mndiag's own results fail."""
+        return [t for v in self.verdicts for t in v.failing]
+
+    def named(self) -> list[str]:
+        """Every tray the run names: dragging an all-reduce, or failed by mndiag."""
+        return list(dict.fromkeys(self.dragging() + self.failing()))
+
     def to_dict(self) -> dict[str, Any]:
         return {"rack": self.plan.rack, "run": self.run, "status": self.status, "ok": self.ok,
                 "elapsed": round(self.elapsed, 2), "min_busbw_gbs": round(self.plan.min_busbw, 1),
                 "partitions": [v.to_dict() for v in self.verdicts], "dragging": self.dragging(),
-                "rounds": [[r.to_dict() for r in rs] for rs in self.rounds], "left_allocated": self.left,
+                "failing": self.failing(), "rounds": [[r.to_dict() for r in rs] for rs in self.rounds], "left_allocated": self.left,
                 "history_id": self.history_id}
 
     def lines(self) -> list[str]:
         out = []
         for v in self.verdicts:
-            out.append(f"{v.plan.name} ({fold(v.plan.trays)}): {v.status}: {v.text}")
+            out.append(f"{v.plan.name} ({fold(v.plan.trays)}) [{v.plan.method}]: {v.status}: {v.text}")
+            for t, why in v.failing.items():
+                out.append(f"  {t} fails {v.plan.name}'s mndiag: {why}")
             for t, r in v.dragging.items():
                 others = [x for x in r.job.trays if x != t]
                 beside = f" beside {fold(others)}" if others else " alone"
@@ -446,7 +519,8 @@ def run_round(site: "Site", jobs: Sequence[Job], run: str, gpus: int, deadline: 
         raise EnvironmentProblem(f"the Slurm controller did not answer the validation round: {res.summary()}",
                                  hint="the round's sruns run under timeout(1); check squeue for mctl-validate-* jobs")
     answer = parse_round(res.stdout)
-    results = [judge(j, answer.answers.get(i), answer.nodes, min_busbw=min_busbw) for i, j in enumerate(jobs)]
+    results = [judge(j, answer.answers.get(i), answer.nodes, min_busbw=min_busbw, gpus=gpus)
+               for i, j in enumerate(jobs)]
     return results, answer.left
 
 
@@ -489,9 +563,10 @@ def dry_lines(vplan: ValidationPlan, run: str = "RUN") -> list[str]:
     out = [f"rack {vplan.rack}: {len(vplan.partitions)} NVLink partition(s), floor {vplan.min_busbw:.0f} GB/s "
            f"bus bandwidth, each job under {vplan.deadline:g}s (+{vplan.place}s to be placed)"]
     for i, p in enumerate(vplan.partitions):
-        job = Job(p.name, "partition", p.trays)
-        out.append(f"{p.name} (block {p.block}, {len(p.trays)} trays {fold(p.trays)}): "
-                   f"{srun_command(job, job_name(run + '-1', i), vplan.gpus, vplan.deadline, place=vplan.place)}")
+        job = Job(p.name, "mndiag" if p.method == "mndiag" else "partition", p.trays)
+        how = f" [{p.method}: {p.why}]" if p.why else ""
+        out.append(f"{p.name} (block {p.block}, {len(p.trays)} trays {fold(p.trays)}){how}: "
+                   f"{job_command(job, job_name(run + '-1', i), vplan.gpus, vplan.deadline, place=vplan.place)}")
     out.append("a partition below the floor is searched: its trays in pairs, then each suspect beside a good tray "
                f"(a dragging tray in {max(round_bound(len(p.trays)) for p in vplan.partitions)} rounds)")
     return out

@@ -25,13 +25,20 @@ def validate(
         "--place-wait", min=1, max=3600, metavar="SECONDS",
         help="Seconds a job waits for Slurm to place it before Slurm's refusal is reported (srun --immediate).")]
     = 30,
+    method: Annotated[str, typer.Option(
+        "--method", metavar="auto|mndiag|all-reduce",
+        help="auto: DCGM's mndiag on a partition whose every tray has DCGM >= 4.3, else the all-reduce; "
+             "mndiag or all-reduce: that one on every partition.")] = "auto",
     no_history: NoHistoryOpt = False,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """Rack-scale NVLink validation: an all-reduce across every tray of each NVLink partition, through Slurm.
 
-    Each partition (its Slurm block) runs nccl-tests' all_reduce_perf as one srun job, one task per
+    A partition whose every tray has DCGM >= 4.3 runs DCGM's multi-node diagnostic (dcgmi mndiag
+    --run mnubergemm, from the block's first tray, the whole block allocated), judged from its per-host
+    results, which name the failing trays; the report says which method each partition ran (--method).
+    Otherwise each partition (its Slurm block) runs nccl-tests' all_reduce_perf as one srun job, one task per
     tray with all its GPUs, every partition at once; each is judged as burn-in judges NCCL (the
     NVLink 5 bus-bandwidth floor, out-of-bounds values, the tool's own words). A partition below the
     floor is searched for the tray that drags it: its trays in pairs, then each suspect beside a good
@@ -43,10 +50,15 @@ def validate(
 
     Example: mctl -i inventories/lab rack validate lab-r1 --dry-run
     """
-    from mctl.bringup.validate import DEADLINE_S, dry_lines, plan, run_validation
+    from mctl.bringup.mndiag import METHODS
+    from mctl.bringup.validate import DEADLINE_S, choose_methods, dry_lines, plan, run_validation
     from mctl.cli.locking import hold_racks
     from mctl.rackinv.service import select_racks
 
+    if method not in METHODS:
+        from mctl.errors import UsageError
+
+        raise UsageError(f"--method {method!r} is not one of {', '.join(METHODS)}", hint="e.g. --method auto")
     opts = options()
     site = opts.site()
     (chosen,) = select_racks(site, [rack], False)
@@ -60,6 +72,7 @@ def validate(
                  place=place_wait)
     out = render.output(json_)
     hold_racks([chosen.name], "rack validate", dry_run=dry_run)
+    vplan = choose_methods(site, vplan, method)
     if dry_run:
         out.result(dict(vplan.to_dict(), dry_run=True, plan=dry_lines(vplan)), lambda: out.lines(dry_lines(vplan)))
         return

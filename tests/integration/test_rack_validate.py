@@ -9,6 +9,13 @@ TCP on the lab's loopback addresses (mctl/bringup/validate.py).
    left allocated (squeue shows no job).
 4. A tray drained by an operator: Slurm cannot place its partition's job; the run names Slurm's refusal and
    the tray's state and reason, exit 3, nothing allocated.
+Tests 1-4 ask for the all-reduce (--method all-reduce): the lab's trays carry DCGM 4.3.1, so the default
+(auto) runs DCGM's mndiag there:
+5. mndiag on the lab's DCGM 4.3.1 (the lab's dcgmi, mctl/lab/emulators/dcgmi.py): chosen for both partitions
+   (each says so), a healthy rack passes in one round, and a tray with an NVLink down is named from mndiag's
+   own per-host results (no search); nothing left allocated.
+6. A hanging dcgmi mndiag (the head tray's tool fault) fails its partition with the tool's words at the
+   job's deadline, never passes, nothing left allocated.
 """
 
 from __future__ import annotations
@@ -21,9 +28,9 @@ import pytest
 from tests.helpers import fault, wait_for
 
 
-def _validate(lab, site, state, *args, timeout=180):
-    res = lab.mctl("-i", str(site), "--state-dir", str(state), "rack", "validate", lab.rack, "--json", *args,
-                   timeout=timeout)
+def _validate(lab, site, state, *args, timeout=180, method="all-reduce"):
+    res = lab.mctl("-i", str(site), "--state-dir", str(state), "rack", "validate", lab.rack, "--json",
+                   "--method", method, *args, timeout=timeout)
     doc, _end = json.JSONDecoder().raw_decode(res.stdout)
     return res, doc
 
@@ -97,3 +104,42 @@ def test_a_job_slurm_cannot_place_is_named_with_slurms_reason(lab, slurm_site, t
         lab.run(lab.head, f"scontrol update NodeName={tray} State=RESUME", check=False)
         wait_for(f"{tray} idle again", lambda: "drain" not in lab.run(
             lab.head, f"sinfo -h -N -n {tray} -o %T", timeout=30).stdout, 60, every=0.5)
+
+
+def test_mndiag_runs_where_dcgm_is_4_3_and_names_the_faulted_tray(lab, slurm_site, tmp_path, clean):
+    res, doc = _validate(lab, slurm_site, tmp_path / "state", method="auto")
+    assert res.returncode == 0, res.stdout + res.stderr
+    parts = {p["name"]: p for p in doc["partitions"]}
+    assert {n: p["method"] for n, p in parts.items()} == {"p0": "mndiag", "p1": "mndiag"}, parts
+    assert all("DCGM 4.3.1" in p["method_why"] and p["status"] == "passed" for p in parts.values()), parts
+    assert len(doc["rounds"]) == 1 and all("Pass on 2 host(s), 8 GPU(s)" in p["text"] for p in parts.values())
+    assert _no_jobs(lab)
+
+    bad = lab.trays[3]                                           # p1 = trays 3-4
+    fault(lab, bad, nvlink_down="2:5")
+    res, doc = _validate(lab, slurm_site, tmp_path / "state", method="auto")
+    assert res.returncode == 1, res.stdout + res.stderr
+    parts = {p["name"]: p for p in doc["partitions"]}
+    assert parts["p0"]["status"] == "passed" and parts["p1"]["status"] == "failed", parts
+    assert [f["tray"] for f in parts["p1"]["failing"]] == [bad] and doc["failing"] == [bad], parts["p1"]
+    assert "GPU 2's NvLink link 5 is currently down" in parts["p1"]["failing"][0]["text"]
+    assert not parts["p1"]["searched"] and len(doc["rounds"]) == 1
+    text = lab.mctl("-i", str(slurm_site), "--state-dir", str(tmp_path / "state"), "rack", "validate", lab.rack,
+                    "--partition", "p1", timeout=180)
+    assert text.returncode == 1 and "p1 (" in text.stdout and "[mndiag]: failed" in text.stdout, text.stdout
+    assert f"{bad} fails p1's mndiag: GPU 2 Fail" in text.stdout, text.stdout
+    assert _no_jobs(lab)
+
+
+def test_a_hanging_mndiag_fails_its_partition_at_the_deadline(lab, slurm_site, tmp_path, clean):
+    fault(lab, lab.trays[0], tool_fault="dcgmi:hang")            # p0's head node runs dcgmi mndiag
+    t0 = time.monotonic()
+    res, doc = _validate(lab, slurm_site, tmp_path / "state", "--partition", "p0", "--job-deadline", "10",
+                         "--place-wait", "5", method="auto")
+    took = time.monotonic() - t0
+    assert res.returncode == 1, res.stdout + res.stderr
+    (p0,) = doc["partitions"]
+    assert p0["method"] == "mndiag" and p0["status"] == "failed", p0
+    assert "dcgmi mndiag did not finish in time (killed)" in p0["text"], p0
+    assert took < 10 + 5 + 10 + 40, took
+    assert doc["left_allocated"] == [] and _no_jobs(lab)

@@ -170,12 +170,14 @@ def _result(site, rack, status_by_part, dragging=()):
 
 @pytest.fixture
 def phase_ctx(tmp_path, monkeypatch):
+    from mctl.bringup import mndiag
     from mctl.bringup.context import Context, Options, Reporter
     from mctl.health import burnin
     from mctl.sched.slurm import holds
 
     site, rack = _rack(tmp_path)
     held: list = []
+    monkeypatch.setattr(mndiag, "dcgm_versions", lambda s, hosts: ({h.name: "4.2.3" for h in hosts}, {}))
     monkeypatch.setattr(burnin, "probe_tools", lambda s, hosts: ({h.name: {"all_reduce_perf": "/usr/bin/x"}
                                                                   for h in hosts}, {}))
     monkeypatch.setattr(holds, "hold", lambda s, trays, owner, reason: (held.append((list(trays), owner, reason))
@@ -219,11 +221,15 @@ def test_the_bring_up_phase_is_skipped_with_burn_in_off(phase_ctx):
     assert phase.run(ctx).summary == "--burn-in off" and phase.plan(ctx) == ["skipped: --burn-in off"]
 
 
-def test_the_command_prints_its_plan_and_refuses_bad_input(tmp_path, capsys):
+def test_the_command_prints_its_plan_and_refuses_bad_input(tmp_path, capsys, monkeypatch):
     import json
 
+    from mctl.bringup import mndiag
     from tests.unit.cli_helpers import run_cli
 
+    asked: list = []
+    monkeypatch.setattr(mndiag, "dcgm_versions", lambda s, hosts: (asked.append(len(hosts)) or (
+        {h.name: ("4.3.1" if h.name <= "r1-tray09" else "4.2.3") for h in hosts}, {})))
     site_with(tmp_path, parts=TWO_BY_NINE, trays=18)
     base = ("-i", str(tmp_path), "--state-dir", str(tmp_path / "state"), "rack", "validate")
     res = run_cli(capsys, *base, "r1", "--dry-run", "--json")
@@ -231,8 +237,15 @@ def test_the_command_prints_its_plan_and_refuses_bad_input(tmp_path, capsys):
     doc = json.loads(res.out)
     assert doc["dry_run"] and [p["nodes"] for p in doc["partitions"]] == ["r1-tray[01-09]", "r1-tray[10-18]"]
     assert "--nodelist=r1-tray[01-09]" in doc["plan"][1] and doc["min_busbw_gbs"] == 648.0
+    # p0's trays have DCGM 4.3.1: mndiag; p1's 4.2.3: the all-reduce (one dpkg-query per tray, 18 trays)
+    assert asked[-1] == 18 and [p["method"] for p in doc["partitions"]] == ["mndiag", "all-reduce"]
+    assert "dcgmi mndiag --hostList 'r1-tray01;" in doc["plan"][1] and "all_reduce_perf" in doc["plan"][2]
+    assert "r1-tray10 DCGM 4.2.3" in doc["partitions"][1]["method_why"]
+    forced = json.loads(run_cli(capsys, *base, "r1", "--dry-run", "--json", "--method", "all-reduce").out)
+    assert [p["method"] for p in forced["partitions"]] == ["all-reduce", "all-reduce"]
+    assert run_cli(capsys, *base, "r1", "--dry-run", "--method", "dcgm").code == 2
     placed = json.loads(run_cli(capsys, *base, "r1", "--dry-run", "--json", "--place-wait", "7").out)
-    assert placed["place_wait_s"] == 7 and "srun --immediate=7 " in placed["plan"][1] and "(+7s" in placed["plan"][0]
+    assert placed["place_wait_s"] == 7 and "salloc --immediate=7 " in placed["plan"][1] and "(+7s" in placed["plan"][0]
     assert not (tmp_path / "state" / "locks").exists() or not any((tmp_path / "state" / "locks").iterdir())
     assert run_cli(capsys, *base, "r9", "--dry-run").code == 2
     bad = run_cli(capsys, *base, "r1", "--partition", "p7", "--dry-run")

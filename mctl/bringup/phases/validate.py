@@ -1,8 +1,9 @@
 """validate: rack-scale NVLink validation (bringup.validate) once the trays are open in Slurm.
 
-The all-reduce of each NVLink partition is a Slurm job like any other, so it runs once the open phase
-has resumed the trays (a tray bring-up holds is drained: Slurm places nothing on it). A tray the
-finder names as dragging its partition is held again with bring-up's hold, so no job lands on it
+The all-reduce (or DCGM's mndiag, where every tray of the partition has DCGM >= 4.3) of each NVLink
+partition is a Slurm job like any other, so it runs once the open phase has resumed the trays (a tray
+bring-up holds is drained: Slurm places nothing on it). A tray the finder names as dragging its
+partition, or that mndiag's results fail, is held again with bring-up's hold, so no job lands on it
 before it is repaired; `--from open` after the repair opens it and validates again. Skipped with
 `--burn-in off` and where no tray carries all_reduce_perf.
 """
@@ -30,16 +31,16 @@ def _skip(ctx: Context) -> str | None:
 
 
 def plan(ctx: Context) -> list[str]:
-    from mctl.bringup.validate import dry_lines, plan as vplan
+    from mctl.bringup.validate import choose_methods, dry_lines, plan as vplan
 
     skip = _skip(ctx)
     if skip:
         return [f"skipped: {skip}"]
-    return dry_lines(vplan(ctx.site, ctx.rack))
+    return dry_lines(choose_methods(ctx.site, vplan(ctx.site, ctx.rack)))
 
 
 def run(ctx: Context) -> Outcome:
-    from mctl.bringup.validate import plan as vplan, run_validation
+    from mctl.bringup.validate import choose_methods, plan as vplan, run_validation
     from mctl.sched.slurm import holds
 
     skip = _skip(ctx)
@@ -50,13 +51,14 @@ def run(ctx: Context) -> Outcome:
         ctx.report.line(f"validate round {n}: " + "; ".join(f"{r.job.label} {'ok' if r.ok else 'FAIL'}"
                                                            for r in results))
 
-    result = run_validation(ctx.site, vplan(ctx.site, ctx.rack), state_dir=ctx.state_dir, on_round=on_round)
+    result = run_validation(ctx.site, choose_methods(ctx.site, vplan(ctx.site, ctx.rack)), state_dir=ctx.state_dir,
+                            on_round=on_round)
     doc = result.to_dict()
     lines = result.lines()
     if result.status == "passed":
         return Outcome("done", f"NVLink validation passed on {len(result.verdicts)} partition(s) in "
                                f"{len(result.rounds)} round(s)", details=lines, artifacts={"validation": doc})
-    dragging = result.dragging()
+    dragging = result.named()
     if dragging and ctx.run_id:
         held, refused = holds.hold(ctx.site, dragging, holds.BRING_UP, holds.bringup_reason(ctx.run_id))
         lines += [f"{t}: held by bring-up until repaired" for t in held]

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""dcgmi (DCGM 4) for the trays of the mctl virtual rack: `diag -r 1|2|3 [-j]`, `health -s|-c [-j]`, `-v`.
+"""dcgmi (DCGM 4) for the trays of the mctl virtual rack: `diag -r 1|2|3 [-j]`, `health -s|-c [-j]`, `-v`, and
+from DCGM 4.3 `mndiag --hostList 'h1;h2;...' [--run mnubergemm] [--json]` (MNDIAG below).
 
 Installed by the lab's package datacenter-gpu-manager-4-core as /usr/bin/dcgmi; it runs under the
 tray's /usr/bin/python3 with the standard library and the lab's nvidia-smi emulator module (installed
@@ -17,18 +18,48 @@ The JSON is DCGM 4's (`dcgmi diag -j`, 4.2.3 and 4.5.2 alike): "DCGM Diagnostic"
 test_summary: {status}}]}], entity_groups, metadata {"Driver Version Detected", version}, written the
 way jsoncpp writes it (tab indent, `"key" : value`, keys sorted): tests/fixtures/real/
 glimmer-dcgm-4.5.2-diag-r2-gb10.json. dcgmi exits 226 when a test failed, as the real one does.
+
+Its version is the tray's package's (datacenter-gpu-manager-4-core in /var/lib/dpkg/status, as dpkg and
+mctl.facts.packages read it; VERSION when dpkg knows none): `-v` prints it, and `mndiag` exists from 4.3.
+
+MNDIAG, the multi-node diagnostic (DCGM >= 4.3). The real one: dcgmi asks the head node's host engine,
+which connects to every host's engine and launches mnubergemm on them through MPI (docs.nvidia.com,
+"Multi-Node Diagnostics"). The lab's: run inside a Slurm job (SLURM_JOB_ID, as `mctl rack validate` runs it:
+salloc of the block, one step on the first tray), the head launches one worker on every host of the list
+with `srun --overlap --jobid=$SLURM_JOB_ID` (as Open MPI launches its ranks inside a Slurm allocation);
+each worker reports its tray's GPUs under the tray's faults, and the head prints one response:
+  nvlink_down / all down     mnubergemm Fail on that GPU ("GPU g's NvLink link L is currently down")
+  fell_off_bus / xid 79      Fail on the lost GPU ("GPU g is lost ...")
+  ecc_uncorrectable {g: n}   Fail on GPU g ("Detected n volatile double-bit ECC error(s) in GPU g.")
+  gpu_missing                the GPU is absent from the host's results
+  a host not reached         the run does not complete: "runtime_error", exit 253 (the lab's words)
+  tool_faults.dcgmi          on the head: hang | crash | garbage | truncated, as for diag
+The host-spec grammar is the real one (host, host:port, host:unix:///path, each optionally =gpu-list of
+ids and ranges or *; at most 72; a host and transport at most once). The JSON follows dcgmi's contract,
+from the source (NVIDIA/DCGM dcgmi/MnDiag.cpp at commit 1477d8785e899ab3450fdff2b486102e9bed096b,
+HelperJsonBuildOutput, and dcgmi/tests/TestMnDiag.cpp; key names from nvvs/include/NvvsJsonStrings.h), not a
+capture; it is printed as jsoncpp's toStyledString lays it out (3-space indent, `"key" : value`, sorted
+keys), approximately. The text form follows HelperDisplayAsCli's rows. A completed run exits 0 whatever
+its result, as dcgmi does (RunStartMnDiag returns the display's status). The messages are the lab's model.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 LIB = os.path.dirname(os.path.abspath(__file__))
 if not __package__ and LIB not in sys.path:       # run on a tray (not imported by mctl for LAUNCHER's text)
     sys.path.insert(0, LIB)
 
-VERSION = "4.3.1"
+VERSION = "4.3.1"           # when dpkg knows no DCGM package on the tray (tests; an unpackaged install)
+PACKAGE = "datacenter-gpu-manager-4-core"
+DPKG_STATUS = "/var/lib/dpkg/status"
+MNDIAG_FROM = (4, 3)
+MNDIAG_MAX_HOSTS = 72
+MNDIAG_WORKERS_S = 60.0      # how long the head waits for every host's worker (the lab's engine timeout)
+MNDIAG_NAME = "DCGM Multi-Node Diagnostic"
 # /usr/bin/dcgmi on a lab tray (@LIB@: where this module is installed). Every health sweep asks each tray
 # for `health -c -j`, whose answer depends only on gpus.json, faults.json and the watches file, so the
 # emulator stores the answer it gives with the key the launcher computed before calling it (the device,
@@ -71,7 +102,36 @@ LEVEL_TESTS = {
         ("Stress", "targeted_stress"), ("Stress", "targeted_power"), ("Stress", "memory_bandwidth")],
 }
 USAGE = ("dcgmi -- Command Line Interface for the NVIDIA Data Center GPU Manager (the mctl lab's).\n"
-         "Usage: dcgmi diag -r 1|2|3 [-j]   dcgmi health -s a | -c [-j]   dcgmi -v\n")
+         "Usage: dcgmi diag -r 1|2|3 [-j]   dcgmi health -s a | -c [-j]   dcgmi -v\n"
+         "       dcgmi mndiag --hostList <host-spec>[;<host-spec>...] [--run mnubergemm] [--json]  (DCGM >= 4.3)\n")
+
+
+def version(path=None):
+    """The tray's DCGM version: its package's upstream version in dpkg's status file, else VERSION."""
+    try:
+        with open(path or DPKG_STATUS, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except OSError:
+        return VERSION
+    for stanza in text.split("\n\n"):
+        fields = {}
+        for line in stanza.splitlines():
+            key, sep, value = line.partition(":")
+            if sep and not line.startswith(" "):
+                fields[key.strip()] = value.strip()
+        if fields.get("Package") == PACKAGE and " installed" in " " + fields.get("Status", ""):
+            v = fields.get("Version", "")
+            v = v.split(":", 1)[1] if ":" in v.split("-")[0] else v
+            return v.rsplit("-", 1)[0] if "-" in v else v
+    return VERSION
+
+
+def has_mndiag(ver):
+    try:
+        major, minor = (int(x) for x in ver.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= MNDIAG_FROM
 
 
 def _smi():
@@ -185,7 +245,7 @@ def diag_doc(rack, level, driver_version):
         "entity_groups": [{"entity_group": "GPU", "entity_group_id": 1,
                            "entities": [{"device_id": DEVICE_ID, "entity_id": g.index, "serial_num": g.serial}
                                         for g in rack.gpus]}],
-        "metadata": {"Driver Version Detected": driver_version, "version": VERSION},
+        "metadata": {"Driver Version Detected": driver_version, "version": version()},
     }
     return doc, failed
 
@@ -325,6 +385,278 @@ def health_table(doc):
             + bar.replace("-", "=") + "".join(rows) + bar)
 
 
+# --- mndiag (module docstring, MNDIAG) --------------------------------------------------------
+
+class HostSpecError(ValueError):
+    pass
+
+
+def parse_host_list(text):
+    """--hostList's value -> [(host, transport, gpus or None)]: the real grammar (module docstring)."""
+    specs = [s for s in (text or "").split(";")]
+    if not text or any(not s.strip() for s in specs):
+        raise HostSpecError("--hostList needs at least one host specification and no empty one")
+    if len(specs) > MNDIAG_MAX_HOSTS:
+        raise HostSpecError("at most %d host specifications, not %d" % (MNDIAG_MAX_HOSTS, len(specs)))
+    out, seen = [], set()
+    for spec in specs:
+        spec = spec.strip()
+        body, eq, gpu_text = spec.partition("=")
+        if body.count(":unix://"):
+            host, _, path = body.partition(":unix://")
+            if not path.startswith("/"):
+                raise HostSpecError("%r: a unix socket path must be absolute" % spec)
+            transport = "unix://" + path
+        elif ":" in body:
+            host, _, port = body.partition(":")
+            if not port.isdigit() or not 0 < int(port) < 65536:
+                raise HostSpecError("%r: not a port" % spec)
+            transport = port
+        else:
+            host, transport = body, "5555"
+        if not host or not re.match(r"^[A-Za-z0-9][A-Za-z0-9.-]*$", host):
+            raise HostSpecError("%r: not a host name" % spec)
+        gpus = None
+        if eq:
+            gpus = _gpu_list(gpu_text, spec)
+        if (host, transport) in seen:
+            raise HostSpecError("%r: host %s appears twice" % (spec, host))
+        seen.add((host, transport))
+        out.append((host, transport, gpus))
+    return out
+
+
+def _gpu_list(text, spec):
+    if text == "*":
+        return None
+    ids = set()
+    for part in text.split(","):
+        lo, dash, hi = part.partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise HostSpecError("%r: not a GPU list (ids, ranges or *)" % spec)
+        lo_i, hi_i = int(lo), int(hi) if dash else int(lo)
+        if hi_i < lo_i:
+            raise HostSpecError("%r: a GPU range runs upwards" % spec)
+        ids.update(range(lo_i, hi_i + 1))
+    return sorted(ids)
+
+
+def mn_gpu(g):
+    """(status, [error message]) of mnubergemm on GpuView *g* (the lab's model)."""
+    if g.lost:
+        return "Fail", ["GPU %d is lost: the GPU has fallen off the bus or is otherwise inaccessible (PCI %s)."
+                        % (g.index, g.kernel_bus)]
+    errors = []
+    if g.dram_unc:
+        errors.append("Detected %d volatile double-bit ECC error(s) in GPU %d." % (g.dram_unc, g.index))
+    errors += ["GPU %d's NvLink link %s is currently down" % (g.index, link) for link in g.down_links[:4]]
+    return ("Fail" if errors else "Pass"), errors
+
+
+def worker_report(env=None):
+    """One host's part: its name, DCGM and driver version, its GPUs' mnubergemm results."""
+    smi = _smi()
+    state, faults = smi.load(env)
+    rack = smi.Rack(state, faults)
+    gpus = []
+    for g in rack.gpus:
+        status, errors = mn_gpu(g)
+        gpus.append({"id": g.index, "serial": g.serial, "status": status, "errors": errors})
+    return {"host": os.uname().nodename, "dcgm": version(), "driver": smi.driver_versions(state, faults)[0],
+            "gpus": gpus}
+
+
+def worker():
+    import json
+    try:
+        doc = worker_report()
+    except Exception as exc:            # the head reports a host that could not run its part
+        doc = {"host": os.uname().nodename, "error": "%s: %s" % (type(exc).__name__, exc)}
+    sys.stdout.write("@@mndiag " + json.dumps(doc) + "\n")
+    return 0
+
+
+WORKER = ("import sys; sys.path.insert(0, %r); import dcgmi; sys.exit(dcgmi.worker())")
+
+
+def gather(hosts, env=None, timeout=MNDIAG_WORKERS_S):
+    """{host: report} from one worker on every host (srun --overlap in the job), or raise RuntimeError."""
+    import json
+    import subprocess
+
+    env = dict(os.environ if env is None else env)
+    job = env.get("SLURM_JOB_ID")
+    me = os.uname().nodename
+    if not job:
+        if [h for h in hosts if h.split(".")[0] != me.split(".")[0]]:
+            raise RuntimeError("the host engines of %s cannot be reached outside a Slurm job (the lab's "
+                               "mndiag launches its workers inside the job's allocation)" % ", ".join(hosts))
+        return {me: worker_report(env)}
+    for key in [k for k in env if k.startswith("SLURM_") and k != "SLURM_JOB_ID"]:
+        env.pop(key)                     # the head's step: the workers' step is a new one of the same job
+    argv = ["srun", "--overlap", "--jobid=%s" % job, "--nodes=%d" % len(hosts), "--ntasks=%d" % len(hosts),
+            "--ntasks-per-node=1", "--nodelist=%s" % ",".join(hosts), "--kill-on-bad-exit=0",
+            "/usr/bin/python3", "-IS", "-c", WORKER % LIB]
+    try:
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError("the hosts' workers did not report within %gs" % timeout)
+    except OSError as exc:
+        raise RuntimeError("cannot launch the workers: %s" % exc)
+    found = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("@@mndiag "):
+            try:
+                doc = json.loads(line[9:])
+            except ValueError:
+                continue
+            found[str(doc.get("host", "")).split(".")[0]] = doc
+    missing = [h for h in hosts if h.split(".")[0] not in found]
+    if missing:
+        said = " ".join((proc.stderr or "").split())[:300]
+        raise RuntimeError("no report from %s (srun exit %d%s)" % (", ".join(missing), proc.returncode,
+                                                                  ": " + said if said else ""))
+    broken = [(h, found[h.split(".")[0]]["error"]) for h in hosts if found[h.split(".")[0]].get("error")]
+    if broken:
+        raise RuntimeError("; ".join("%s could not run its part: %s" % hb for hb in broken))
+    return {h: found[h.split(".")[0]] for h in hosts}
+
+
+def mndiag_doc(specs, reports):
+    """dcgmi's JSON (module docstring) from the hosts' reports, in --hostList order."""
+    hosts, results, entities = [], [], 0
+    overall = "Pass"
+    for hid, (host, _transport, wanted) in enumerate(specs):
+        rep = reports[host]
+        gpus = [g for g in rep["gpus"] if wanted is None or g["id"] in wanted]
+        ents = [{"device_id": DEVICE_ID, "entity_group": "GPU", "entity_group_id": 1, "entity_id": g["id"],
+                 "serial_num": g["serial"]} for g in gpus]
+        entities += len(ents)
+        hosts.append({"dcgm_version": rep["dcgm"], "driver_version": rep["driver"], "entities": ents,
+                      "host_id": hid, "hostname": host, "num_entities": len(ents)})
+        for g in gpus:
+            r = {"entity_group": "GPU", "entity_group_id": 1, "entity_id": g["id"], "host_id": hid,
+                 "status": g["status"]}
+            if g["errors"]:
+                r["warnings"] = [{"error_category": 1, "error_id": 0, "error_severity": 2, "warning": e}
+                                 for e in g["errors"]]
+                overall = "Fail"
+            results.append(r)
+    test = {"name": "MNUBERGEMM", "status": overall, "test_summary": {"status": overall}}
+    if results:
+        test["results"] = results
+    return {"DCGM Diagnostic": MNDIAG_NAME, "hosts": hosts,
+            "metadata": {"num_entities": entities, "num_hosts": len(hosts)},
+            "test_categories": [{"category": "Multi-Node Tests", "tests": [test]}]}
+
+
+def mndiag_failure_doc(message):
+    return {"DCGM Diagnostic": MNDIAG_NAME, "metadata": {"num_entities": 0, "num_hosts": 0},
+            "runtime_error": message}
+
+
+def styled(doc):
+    """jsoncpp's toStyledString layout, approximately: 3-space indent, `"key" : value`, sorted keys."""
+    import json
+    return json.dumps(doc, indent=3, sort_keys=True, separators=(",", " : "), ensure_ascii=False) + "\n"
+
+
+def mndiag_table(doc):
+    """HelperDisplayAsCli's rows (dcgmi/MnDiag.cpp)."""
+    bar = "+---------------------------+------------------------------------------------+"
+
+    def row(name, info):
+        return "| %-25s | %-46s |" % (name, info)
+    test = doc["test_categories"][0]["tests"][0]
+    hosts = doc["hosts"]
+    results = test.get("results") or []
+    failed_hosts = {r["host_id"] for r in results if r["status"] == "Fail"}
+    out = ["Successfully ran multi-node diagnostic." if test["status"] == "Pass" else "Multi-node diagnostic failed.",
+           bar, row("Diagnostic", "Result"), bar.replace("-", "="),
+           "|-----  Metadata  ----------+------------------------------------------------|",
+           row("MNUBERGEMM Test", test["status"])]
+    if hosts:
+        out += [row("Driver Version", hosts[0]["driver_version"]), row("DCGM Version", hosts[0]["dcgm_version"])]
+    out += [row("Hosts Found", len(hosts)), row("Hosts With Errors", len(failed_hosts))]
+    for h in hosts:
+        out.append(row("Host List" if h["host_id"] == 0 else "", "%d: %s" % (h["host_id"], h["hostname"])))
+    out.append(row("Total GPUs", len(results)))
+    out.append("|-----  Host Details  ------+------------------------------------------------|")
+    for h in hosts:
+        mine = [r for r in results if r["host_id"] == h["host_id"]]
+        status = "Fail" if any(r["status"] == "Fail" for r in mine) else "Pass"
+        out.append(row("Host %d" % h["host_id"], status))
+        if status == "Pass" and mine:
+            out.append(row("  GPUs: " + ", ".join(str(r["entity_id"]) for r in mine), "Pass"))
+        for r in (mine if status != "Pass" else []):
+            out.append(row("  GPU %d" % r["entity_id"], r["status"]))
+            out += [row("", ("Error: " + w["warning"])[:46]) for w in r.get("warnings") or []]
+    if failed_hosts:
+        out.append("|-----  Error Summary  -----+------------------------------------------------|")
+        for r in results:
+            for w in r.get("warnings") or []:
+                out.append(row("Host %d (GPU %d)" % (r["host_id"], r["entity_id"]), ("Error: " + w["warning"])[:46]))
+    out.append(bar)
+    return "\n".join(out) + "\n"
+
+
+def _mndiag_args(rest):
+    opts = {"hosts": None, "run": "mnubergemm", "json": False}
+    i = 0
+    while i < len(rest):
+        a = rest[i]
+        if a in ("--hostList",) and i + 1 < len(rest):
+            opts["hosts"] = rest[i + 1]
+            i += 1
+        elif a in ("-r", "--run") and i + 1 < len(rest):
+            opts["run"] = rest[i + 1]
+            i += 1
+        elif a in ("-j", "--json"):
+            opts["json"] = True
+        else:
+            raise ValueError(a)
+        i += 1
+    if opts["hosts"] is None:
+        raise ValueError("--hostList")
+    return opts
+
+
+def mndiag(rest, env, stdout, stderr):
+    try:
+        opts = _mndiag_args(rest)
+    except ValueError as exc:
+        stderr.write("PARSE ERROR:\n             Argument: %s\n             Couldn't find match for argument\n\n"
+                     % exc + USAGE)
+        return 255
+    if opts["run"].lower() != "mnubergemm":
+        stdout.write("Error: unknown multi-node diagnostic %r (DCGM provides mnubergemm)\n" % opts["run"])
+        return EXIT_GENERIC
+    try:
+        specs = parse_host_list(opts["hosts"])
+    except HostSpecError as exc:
+        stdout.write("Error: invalid --hostList: %s\n" % exc)
+        return EXIT_GENERIC
+    smi = _smi()
+    try:
+        _state, faults = smi.load(env)
+    except smi.DriverMissing:
+        stdout.write("Error: unable to establish a connection to the specified host: localhost\n"
+                     "Error: Unable to connect to host engine. Host engine connection invalid/disconnected.\n")
+        return EXIT_CONNECTION
+    me = os.uname().nodename
+    try:
+        reports = gather([h for h, _t, _g in specs], env)
+    except RuntimeError as exc:
+        message = ("Error: Unable to complete multi-node diagnostic on host %s. Return: (%s) -3\n" % (me, exc))
+        text = styled(mndiag_failure_doc(message)) if opts["json"] else message + "\n"
+        smi.write_output(TOOL, text, faults, env, stdout)
+        return EXIT_GENERIC
+    doc = mndiag_doc(specs, reports)
+    text = styled(doc) if opts["json"] else mndiag_table(doc)
+    smi.write_output(TOOL, text, faults, env, stdout)
+    return 0
+
+
 def _args(argv):
     sub = argv[0] if argv else ""
     rest = argv[1:]
@@ -355,8 +687,10 @@ def main(argv=None, env=None, stdout=None, stderr=None):
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
     if argv[:1] in (["-v"], ["--version"]):
-        stdout.write(f"Version : {VERSION}\nBuild ID : 1\nBuild Type : Release\n")
+        stdout.write(f"Version : {version()}\nBuild ID : 1\nBuild Type : Release\n")
         return 0
+    if argv[:1] == ["mndiag"] and has_mndiag(version()):
+        return mndiag(argv[1:], env, stdout, stderr)
     try:
         sub, opts = _args(argv)
     except ValueError as exc:
