@@ -293,4 +293,4 @@ def test_the_watchs_bmc_settings_from_the_inventory(tmp_path):
         with pytest.raises(Exception, match=bad.split(":")[0]) as exc:
             load_site(tmp_path / "mctl.yml")
         text = str(exc.value) + " ".join(f"{p.file}:{p.line} {p.message} {p.hint}" for p in exc.value.problems)
-        assert f"mctl.yml:2" in text and says in text, text
+        assert "mctl.yml:2" in text and says in text, text
