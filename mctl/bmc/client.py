@@ -54,6 +54,7 @@ The `redfish` import is inside the constructor so `mctl --help` never pays for i
 from __future__ import annotations
 
 import json
+import re
 import socket
 import ssl
 import sys
@@ -71,6 +72,9 @@ ROOT = "/redfish/v1"
 # Switches for bench/bmc_bench.py (before/after in the same minutes); always on otherwise.
 RESUME_TLS = True
 USE_EXPAND = True
+# A space or control character (C0, DEL): never in a path mctl sends credentials to. One regex, not a Python
+# loop over the characters: check_path runs for every link the watch follows (a third of a leak read's CPU).
+_CONTROL = re.compile(r"[\x00-\x20\x7f]")
 BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "y", "n", "t", "f", "0", "1")
 
 
@@ -119,8 +123,7 @@ def check_path(path: str) -> str:
     if not isinstance(path, str) or not path:
         raise BMCError("malformed", f"a link is not a path: {path!r}")
     parts = urllib.parse.urlsplit(path)
-    if parts.scheme or parts.netloc or path.startswith("//") or "\\" in path \
-            or any(ord(c) < 33 or ord(c) == 127 for c in path):
+    if parts.scheme or parts.netloc or path.startswith("//") or "\\" in path or _CONTROL.search(path):
         raise BMCError("origin", f"the BMC linked to {path!r}, which is not a path on this BMC; "
                                  "mctl does not send the BMC credentials there")
     clean = parts.path.rstrip("/") or "/"
