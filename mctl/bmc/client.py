@@ -25,7 +25,8 @@ module fixes the library defaults that do not fit a datacenter tool
   connection per BMC and reuses it across requests while the BMC keeps it open (HTTP/1.1 keep-alive:
   one TLS handshake per connection, not per request), with one verifying SSL context per BMC (and CA
   file) for the process, so the CA file is read once, not at every connection as urllib3 does when
-  it is given the file. The health watch keeps one client per BMC for days (mctl.health.oob). A GET
+  it is given the file; a client that does not resume (the watch) shares one context per CA file with
+  every other BMC's. The health watch keeps one client per BMC for days (mctl.health.oob). A GET
   sent on a kept connection that the BMC had already closed (it never read it: the connection is
   gone before any answer) is sent once more on a new connection, as HTTP allows for an idempotent
   request (RFC 9112, 9.3.1); nothing else is re-sent. The adapter counts the connections it opened
@@ -53,6 +54,7 @@ The `redfish` import is inside the constructor so `mctl --help` never pays for i
 from __future__ import annotations
 
 import json
+import re
 import socket
 import ssl
 import sys
@@ -70,6 +72,9 @@ ROOT = "/redfish/v1"
 # Switches for bench/bmc_bench.py (before/after in the same minutes); always on otherwise.
 RESUME_TLS = True
 USE_EXPAND = True
+# A space or control character (C0, DEL): never in a path mctl sends credentials to. One regex, not a Python
+# loop over the characters: check_path runs for every link the watch follows (a third of a leak read's CPU).
+_CONTROL = re.compile(r"[\x00-\x20\x7f]")
 BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "y", "n", "t", "f", "0", "1")
 
 
@@ -118,8 +123,7 @@ def check_path(path: str) -> str:
     if not isinstance(path, str) or not path:
         raise BMCError("malformed", f"a link is not a path: {path!r}")
     parts = urllib.parse.urlsplit(path)
-    if parts.scheme or parts.netloc or path.startswith("//") or "\\" in path \
-            or any(ord(c) < 33 or ord(c) == 127 for c in path):
+    if parts.scheme or parts.netloc or path.startswith("//") or "\\" in path or _CONTROL.search(path):
         raise BMCError("origin", f"the BMC linked to {path!r}, which is not a path on this BMC; "
                                  "mctl does not send the BMC credentials there")
     clean = parts.path.rstrip("/") or "/"
@@ -370,22 +374,28 @@ class _ResumingContext(ssl.SSLContext):
         return super().wrap_socket(sock, *args, session=offered, **kwargs)
 
 
-# (CA file, origin, resume) -> its context: one per BMC for the process (bounded by the inventory), so the CA
-# file is read once and a session is resumed across the clients of one command as within one client.
-_CONTEXTS: dict[tuple[str, tuple, bool], ssl.SSLContext] = {}
+# (CA file, origin or None, resume) -> its context, built once for the process. A client that does not resume
+# (the watch, its power-off, the ladder) shares one context per CA file across every BMC: the CA file is read
+# and its store built once, not once per BMC or per connection (docs/decisions.md, D113). A resuming
+# client (one-shot commands) has one per BMC, since a context keeps the one session it offers next; bounded
+# by the inventory's BMCs.
+_CONTEXTS: dict[tuple[str, tuple | None, bool], ssl.SSLContext] = {}
 _CONTEXTS_LOCK = threading.Lock()
+CONTEXTS_BUILT = [0]                    # contexts built in this process (bench, tests)
 
 
 def _context_for(cafile: str, origin: tuple, resume: bool) -> ssl.SSLContext:
+    key = (cafile, origin if resume else None, resume)
     with _CONTEXTS_LOCK:
-        ctx = _CONTEXTS.get((cafile, origin, resume))
+        ctx = _CONTEXTS.get(key)
         if ctx is None:
+            CONTEXTS_BUILT[0] += 1
             ctx = (_ResumingContext if resume else ssl.SSLContext)(ssl.PROTOCOL_TLS_CLIENT)   # CERT_REQUIRED,
             ctx.minimum_version = ssl.TLSVersion.TLSv1_2                                       # host names checked
             ctx.load_verify_locations(cafile=cafile)
             if resume:
                 ctx.sslsocket_class = _ResumingSocket
-            _CONTEXTS[(cafile, origin, resume)] = ctx
+            _CONTEXTS[key] = ctx
         return ctx
 
 

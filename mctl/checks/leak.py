@@ -55,7 +55,8 @@ def _word(value: Any) -> str | None:
     """A short enum-like value from the BMC, made safe to print (None when absent or not a string)."""
     if not isinstance(value, str):
         return None
-    text = "".join(c if c.isprintable() else "?" for c in value).strip()
+    # the common case (every value of the real captures) without a Python loop over its characters
+    text = (value if value.isprintable() else "".join(c if c.isprintable() else "?" for c in value)).strip()
     return text[:_WORDS] or None
 
 

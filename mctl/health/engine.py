@@ -93,9 +93,10 @@ class Engine:
             if self.oob_settings is not None:
                 self.bmc_deadline = max(self.timeout, min(self.oob_settings.deadline_s, BMC_DEADLINE_MIN))
             if bmc_watch and self.oob_settings is not None:
-                every = oob.bmc_interval(settings.bmc_interval, interval if interval is not None else settings.interval)
+                every = oob.leak_interval(settings.leak_interval,
+                                          interval if interval is not None else settings.interval)
                 self.bmc_watch = oob.BmcWatch(self.bmc_hosts, self.oob_settings, interval=every,
-                                              power_interval=oob.power_interval(settings.bmc_power_interval, every),
+                                              power_interval=oob.bmc_interval(settings.bmc_interval, every),
                                               stale_after=settings.bmc_stale_after * every,
                                               deadline=self.bmc_deadline).start()
         # The switch side (mctl/health/nmx_watch.py): each rack's NMX-M read beside every sweep, within its deadline.

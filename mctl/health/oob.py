@@ -19,13 +19,15 @@ Who reads, and when:
   enforced from outside its thread, before the sweep judges; a BMC that hangs is reported
   (`bmc.reachable`), never taken as healthy, and never holds the sweep past its deadline.
 - `mctl health watch`: a BmcWatch reads every BMC beside the sweep, never in it (issue 27.5): a
-  supervisor thread starts each BMC's read on its own cadence (`health.bmc_interval`, the power
-  subsystem every `health.bmc_power_interval`), at most `bmc.concurrency` at once and one per BMC,
+  supervisor thread starts each BMC's read on its own cadence (the leak detectors every
+  `health.leak_interval`, default every sweep; the BMC health, its power subsystem, every
+  `health.bmc_interval`, default 60 s, with a leak read), at most `bmc.concurrency` at once and one per BMC,
   each under its deadline (a read past it is cut: its connections are shut from outside), and keeps
   each BMC's last view with its time (BmcReader, time passed in). The sweep takes the views as they
   are when its probes are in and never waits for a BMC; a view older than `health.bmc_stale_after`
   reads is `bmc.stale`. Each BMC has one client for the whole watch: one kept connection, one TLS
-  context (mctl.bmc.client), no TLS session resumption (the ~40 KiB a connection leak, docs/bmc.md).
+  context per CA file for every BMC (mctl.bmc.client), no TLS session resumption (the ~40 KiB a
+  connection leak, docs/bmc.md).
 
 `power_off(host, settings, deadline_s)` sends one `ComputerSystem.Reset` ForceOff to System_0 (none when it
 is already Off) and waits, within the deadline, for PowerState Off.
@@ -51,7 +53,7 @@ ROOT = "/redfish/v1"
 CHASSIS = f"{ROOT}/Chassis"
 REDISCOVER_S = 3600.0       # the leak detectors' places are walked again after this long (firmware updates)
 LATE_S = 0.5                # a read this long past its deadline is cut from outside
-POWER_INTERVAL_MIN = 60.0   # the power subsystem is read at most this often by default (health.bmc_power_interval)
+BMC_INTERVAL_MIN = 60.0     # the BMC health (power subsystem) is read at most this often by default (health.bmc_interval)
 
 
 def settings_of(site: "Site"):
@@ -511,15 +513,19 @@ class BmcWatch:
         self._wake.set()
 
 
-def bmc_interval(configured: float | None, watch_interval: float) -> float:
-    """Seconds between two reads of a BMC in the watch: `health.bmc_interval`, else the watch's interval."""
+def leak_interval(configured: float | None, watch_interval: float) -> float:
+    """Seconds between two reads of a BMC's leak detectors in the watch (the cadence a BMC is asked at):
+    `health.leak_interval`, else the watch's interval (every sweep: a leak is critical, and on a kept
+    connection it costs a compute tray one $expand GET)."""
     return float(configured) if configured is not None else float(watch_interval)
 
 
-def power_interval(configured: float | None, bmc_every: float) -> float:
-    """Seconds between two reads of a tray's power subsystem: `health.bmc_power_interval`, else the BMC
-    interval but at least POWER_INTERVAL_MIN (power is warn-only and slow to change; leaks are not)."""
-    return float(configured) if configured is not None else max(bmc_every, POWER_INTERVAL_MIN)
+def bmc_interval(configured: float | None, leak_every: float) -> float:
+    """Seconds between two reads of a tray's BMC health (its power subsystem and supplies): `health.bmc_interval`,
+    else the leak interval but at least BMC_INTERVAL_MIN (warn-only and slow to change; 3 GETs or more a tray).
+    It rides on a leak read: a value below the leak interval reads it at every leak read (the loader refuses one
+    below an explicit `health.leak_interval`)."""
+    return float(configured) if configured is not None else max(leak_every, BMC_INTERVAL_MIN)
 
 
 @dataclass

@@ -128,6 +128,7 @@ def _spec_problems(exc: SpecError, doc: Located) -> list[Problem]:
         if kind == "extra_forbidden":
             parent = _schema_fields(path[:-1])
             hint = f"known keys here: {', '.join(parent)}" if parent else "remove it or check its spelling"
+            hint = _RENAMED.get(path, hint)
             out.append(Problem(doc.file, doc.line_of(path), dotted(path), "unknown key", hint))
         elif kind == "missing":
             out.append(Problem(doc.file, doc.line_of(path), dotted(path), "required key is missing",
@@ -136,6 +137,11 @@ def _spec_problems(exc: SpecError, doc: Located) -> list[Problem]:
             out.append(Problem(doc.file, doc.line_of(path), dotted(path),
                                f"{err['msg']} (got {err.get('input')!r})", err.get("hint")))
     return out
+
+
+# Keys that were renamed: the unknown key's hint says what to write now.
+_RENAMED = {("health", "bmc_power_interval"): "renamed: the BMC health (power) cadence is health.bmc_interval, the "
+                                              "leak detectors' is health.leak_interval (docs/health.md)"}
 
 
 def _schema_fields(path: tuple) -> list[str]:
@@ -480,6 +486,7 @@ def _build_site(spec: SiteSpec, file: Path, doc: Located) -> tuple[Site | None, 
                 images_dir=images_dir, vars=dict(spec.vars), bmc=bmc_settings(spec.bmc),
                 safety=safety_settings(spec.safety))
     _ladder_problems(spec, doc, problems)
+    _bmc_cadence_problems(spec, doc, problems)
     _isolate_problems(spec, doc, problems)
     _event_problems(spec, doc, problems)
     _budget_problems(site, doc, problems)
@@ -507,6 +514,18 @@ def _health(spec: SiteSpec, doc: Located, problems: list[Problem]) -> HealthSett
         problems.append(Problem(doc.file, doc.line_of(path), dotted(path),
                                 exc.message.removeprefix("inventory health.nvlink5_no_drain: "), exc.hint))
         return HealthSettings()
+
+
+def _bmc_cadence_problems(spec: SiteSpec, doc: Located, problems: list[Problem]) -> None:
+    """The BMC health read rides on a leak read (mctl.health.oob): a `bmc_interval` below an explicit
+    `leak_interval` could not be kept, so it is refused rather than silently read less often."""
+    h = spec.health
+    if h.bmc_interval is not None and h.leak_interval is not None and h.bmc_interval < h.leak_interval:
+        path = ("health", "bmc_interval")
+        problems.append(Problem(doc.file, doc.line_of(path), dotted(path),
+                                f"bmc_interval {h.bmc_interval:g}s is shorter than leak_interval {h.leak_interval:g}s: "
+                                "the BMC health is read with a leak read, never more often",
+                                "make bmc_interval at least leak_interval (the leaks are the faster cadence)"))
 
 
 def _ladder_problems(spec: SiteSpec, doc: Located, problems: list[Problem]) -> None:

@@ -280,9 +280,9 @@ class HealthSpec(Spec):
     k8s_evict = F(bool, False)                               # a drained node's GPU pods evicted (Eviction API)
     hysteresis = F(HysteresisSpec, factory=HysteresisSpec)
     bmc_checks = F(OneOf("auto", "off"), "auto")              # leaks and power from the BMCs (auto: bmc section)
-    bmc_interval = F(Opt(float), None, gt=0)                 # seconds between a BMC's reads (default: interval)
-    bmc_power_interval = F(Opt(float), None, gt=0)           # ... of a tray's power (default: bmc_interval, >= 60)
-    bmc_stale_after = F(int, 3, ge=1)                        # bmc intervals a BMC view may age (bmc.stale)
+    leak_interval = F(Opt(float), None, gt=0)                # seconds between a BMC's leak reads (default: interval)
+    bmc_interval = F(Opt(float), None, gt=0)                 # ... of its health/power (default: leak_interval, >= 60)
+    bmc_stale_after = F(int, 3, ge=1)                        # leak intervals a BMC view may age (bmc.stale)
     leak = F(LeakSpec, factory=LeakSpec)
 
     ladder = F(LadderSpec, factory=LadderSpec)

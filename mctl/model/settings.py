@@ -274,9 +274,11 @@ class HealthSettings:
     # leaks and power read from each tray's BMC (mctl/health/leaks.py; docs/health.md "Leaks and power")
     bmc_checks: str = "auto"                # auto: where the inventory has a bmc section | off
     # the watch reads each BMC beside the sweep (mctl/health/oob.py BmcWatch; docs/health.md "Leaks and power")
-    bmc_interval: float | None = None       # seconds between two reads of a BMC (None: the watch's interval)
-    bmc_power_interval: float | None = None  # seconds between two reads of a tray's power (None: bmc_interval, >= 60)
-    bmc_stale_after: int = 3                # a view older than this many bmc intervals is bmc.stale
+    leak_interval: float | None = None      # seconds between two reads of a BMC's leak detectors (None: the watch's
+                                            # interval, every sweep: a leak is critical and costs 1 GET a tray)
+    bmc_interval: float | None = None       # seconds between two reads of a tray's BMC health, its power subsystem
+                                            # (None: the leak interval, at least 60: warn-only, slow to change)
+    bmc_stale_after: int = 3                # a view older than this many leak intervals is bmc.stale
     leak_power_off: bool = True             # power a tray with a critical leak off through its BMC ...
     leak_power_off_after_s: float = 600.0   # ... this long after the leak was first seen (BCM: 10 min)
     leak_clear_sweeps: int = 3              # sweeps without a critical reading that end a leak episode

@@ -154,6 +154,25 @@ def test_links_that_leave_the_bmc_are_refused(link):
     assert exc.value.kind in ("origin", "malformed")
 
 
+def test_a_link_with_a_space_or_control_character_is_refused_and_no_other():
+    # check_path's one regex (issue 29.3's profile) refuses exactly C0 controls, space and DEL (and a backslash)
+    refused = []
+    for cp in range(0x800):
+        try:
+            check_path(f"/redfish/v1/Chassis/a{chr(cp)}b")
+        except BMCError as exc:
+            assert exc.kind == "origin"
+            refused.append(cp)
+    assert refused == [*range(33), 0x5C, 0x7F]
+
+
+def test_a_bmc_word_is_kept_as_written_when_printable_else_escaped():
+    from mctl.checks.leak import _word
+
+    assert _word("  OK ") == "OK" and _word("Normal") == "Normal" and _word("") is None and _word(3) is None
+    assert _word("Le\x1bak\n") == "Le?ak?" and _word("x" * 100) == "x" * 64 and _word("\u00e9t\u00e9") == "\u00e9t\u00e9"
+
+
 def test_credentials_file_rules(tmp_path):
     p = tmp_path / "bmc.cred"
     p.write_text("# BMC\nroot:0pen:Bmc\n")

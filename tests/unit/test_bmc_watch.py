@@ -226,7 +226,7 @@ def test_a_trickling_bmc_is_cut_at_its_deadline_from_outside(pki):
             watch.close()
 
 
-def test_the_ca_file_is_read_once_per_bmc(pki, monkeypatch):
+def test_the_ca_file_is_read_once_for_every_bmc(pki, monkeypatch):
     import ssl
 
     import mctl.bmc.client as client_mod
@@ -237,15 +237,20 @@ def test_the_ca_file_is_read_once_per_bmc(pki, monkeypatch):
     monkeypatch.setattr(ssl.SSLContext, "load_verify_locations",
                         lambda self, *a, **k: loads.append(a or k) or real(self, *a, **k))
     monkeypatch.setattr(client_mod, "_CONTEXTS", {})
-    with MockupServer(GB200, tls=tls) as srv:
-        for _ in range(3):                                              # three clients (three commands)
+    with MockupServer(GB200, tls=tls) as one, MockupServer(GB200, tls=tls) as two:   # two BMCs (two origins)
+        contexts = set()
+        for srv in (one, two, one, two):                                # two clients of each (two commands)
             c = RedfishClient(f"https://{srv.host}:{srv.port}", CRED, verify_tls=str(ca), timeout_s=5,
                               resume_tls=False)
+            adapter = c._client._session.get_adapter("https://x")
             for _ in range(3):                                          # each with new connections
-                c._client._session.get_adapter("https://x").poolmanager.clear()
+                adapter.poolmanager.clear()
                 assert c.get("/redfish/v1")["RedfishVersion"]
+            contexts.add(id(adapter.poolmanager.connection_pool_kw["ssl_context"]))
             c.close()
-    assert len(loads) == 1 and srv.connections == 9
+    # one context for the CA file, shared by every BMC's client: the file read once; a connection each time
+    assert len(loads) == 1 and len(contexts) == 1 and one.connections == two.connections == 6
+    assert list(client_mod._CONTEXTS) == [(str(ca), None, False)]
 
 
 def test_a_kept_connection_the_bmc_closed_is_sent_again_once_a_post_never(pki):
@@ -270,16 +275,22 @@ def test_the_watchs_bmc_settings_from_the_inventory(tmp_path):
     from mctl.model.settings import HealthSettings
 
     default = health_settings(HealthSpec())
-    assert (default.bmc_interval, default.bmc_power_interval, default.bmc_stale_after) == (None, None, 3)
-    assert oob.bmc_interval(default.bmc_interval, 60.0) == 60.0 and oob.bmc_interval(default.bmc_interval, 2.0) == 2.0
-    assert oob.power_interval(default.bmc_power_interval, 2.0) == 60.0
-    assert oob.power_interval(default.bmc_power_interval, 90.0) == 90.0
-    set_ = health_settings(HealthSpec(bmc_interval=5, bmc_power_interval=30, bmc_stale_after=4))
-    assert (set_.bmc_interval, set_.bmc_power_interval, set_.bmc_stale_after) == (5.0, 30.0, 4)
-    assert oob.bmc_interval(set_.bmc_interval, 60.0) == 5.0 and oob.power_interval(set_.bmc_power_interval, 5.0) == 30
+    assert (default.leak_interval, default.bmc_interval, default.bmc_stale_after) == (None, None, 3)
+    # leaks every sweep by default; the BMC health (power) at the leak interval but at least 60 s
+    assert oob.leak_interval(default.leak_interval, 60.0) == 60.0 and oob.leak_interval(None, 2.0) == 2.0
+    assert oob.bmc_interval(default.bmc_interval, 2.0) == 60.0
+    assert oob.bmc_interval(default.bmc_interval, 90.0) == 90.0
+    set_ = health_settings(HealthSpec(leak_interval=5, bmc_interval=30, bmc_stale_after=4))
+    assert (set_.leak_interval, set_.bmc_interval, set_.bmc_stale_after) == (5.0, 30.0, 4)
+    assert oob.leak_interval(set_.leak_interval, 60.0) == 5.0 and oob.bmc_interval(set_.bmc_interval, 5.0) == 30
     assert HealthSettings.from_dict(set_.to_dict()) == set_
-    for bad in ("bmc_interval: 0", "bmc_stale_after: 0", "bmc_power_interval: -1"):
-        (tmp_path / "mctl.yml").write_text(f"site: s\nhealth: {{{bad}}}\nracks:\n  r1:\n    shape: {{compute_trays: 1}}\n"
-                                           "    compute: {nodes: r1-t1, addresses: 10.0.0.1}\n")
-        with pytest.raises(Exception, match=bad.split(":")[0]):
+    racks = "racks:\n  r1:\n    shape: {compute_trays: 1, switch_trays: 0}\n    compute: {nodes: r1-t1, addresses: 10.0.0.1}\n"
+    for bad, says in (("leak_interval: 0", "greater than 0"), ("bmc_interval: 0", "greater than 0"),
+                      ("bmc_stale_after: 0", "greater than or equal"), ("leak_interval: soon", "number"),
+                      ("bmc_interval: 10, leak_interval: 20", "shorter than leak_interval 20s"),
+                      ("bmc_power_interval: 30", "renamed")):
+        (tmp_path / "mctl.yml").write_text(f"site: s\nhealth: {{{bad}}}\n{racks}")
+        with pytest.raises(Exception, match=bad.split(":")[0]) as exc:
             load_site(tmp_path / "mctl.yml")
+        text = str(exc.value) + " ".join(f"{p.file}:{p.line} {p.message} {p.hint}" for p in exc.value.problems)
+        assert "mctl.yml:2" in text and says in text, text
