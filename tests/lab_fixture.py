@@ -135,14 +135,18 @@ class LabHandle:
         only at its next poll (minutes: 130 s were not enough, measured on the lab), and every provisioning
         run meanwhile waits time_sync_timeout (60 s) for it and fails ("chronyd selected no time source").
         The test that froze the host puts it back as found: `chronyc burst 4/4` (four samples now, as
-        iburst does at start), then a bounded wait for a selected source."""
+        iburst does at start), then a bounded wait for a selected source. A host without a running chronyd
+        (rebooted: the lab's boot does not start it, the next provisioning does) is left alone."""
         from tests.helpers import wait_for
 
-        def synced(host: str) -> bool:
-            out = self.run(host, "chronyc -n tracking", check=False, timeout=30).stdout
-            return "Reference ID" in out and "Reference ID    : 00000000" not in out
-
         from mctl.lab import hosts
+
+        def tracking(host: str) -> str:
+            return self.run(host, "chronyc -n tracking", check=False, timeout=30).stdout
+
+        def synced(host: str) -> bool:
+            out = tracking(host)
+            return "Reference ID" in out and "Reference ID    : 00000000" not in out
 
         now, resynced = self.host_marks(), []
         for host in [h for h in self.hosts if now[h] != marks.get(h)]:
@@ -150,8 +154,11 @@ class LabHandle:
                 conf = hosts.host_path(self.dir, host, "/etc/chrony/chrony.conf").read_text()
             except (OSError, ValueError):
                 continue
-            if "Written by mctl provisioning" not in conf or synced(host):
+            if "Written by mctl provisioning" not in conf:
                 continue
+            out = tracking(host)
+            if "Reference ID" not in out or "Reference ID    : 00000000" not in out:
+                continue        # synchronised, or no chronyd (a rebooted lab host: provisioning starts it)
             self.run(host, "chronyc burst 4/4", check=False, timeout=30)
             wait_for(f"{host}'s chronyd to select a time source after its burst", lambda: synced(host), timeout,
                      every=1)
