@@ -120,6 +120,51 @@ class LabHandle:
                     self.run(self.head, f"scontrol update NodeName={node} State=RESUME", check=False)
         return cut
 
+    def host_marks(self) -> dict[str, int]:
+        """Each host's lab folder's change time (ns), read without a process: a freeze records its pids there
+        (hosts/<name>/frozen.json) and the clear removes them, so a host frozen since has another mark."""
+        from mctl.lab import hosts
+
+        return {h: hosts.HostPaths(self.dir, h).dir.stat().st_mtime_ns for h in self.hosts}
+
+    def resync_clocks(self, marks: dict[str, int], timeout: float = 60) -> list[str]:
+        """Time synchronised again on each host whose mark changed since *marks* (see host_marks) and whose
+        chronyd provisioning configured: those it had to resync.
+
+        A frozen host's chronyd, continued, sees its clock jump and drops its source; it then takes a sample
+        only at its next poll (minutes: 130 s were not enough, measured on the lab), and every provisioning
+        run meanwhile waits time_sync_timeout (60 s) for it and fails ("chronyd selected no time source").
+        The test that froze the host puts it back as found: `chronyc burst 4/4` (four samples now, as
+        iburst does at start), then a bounded wait for a selected source. A host without a running chronyd
+        (rebooted: the lab's boot does not start it, the next provisioning does) is left alone."""
+        from tests.helpers import wait_for
+
+        from mctl.lab import hosts
+
+        def tracking(host: str) -> str:
+            return self.run(host, "chronyc -n tracking", check=False, timeout=30).stdout
+
+        def synced(host: str) -> bool:
+            out = tracking(host)
+            return "Reference ID" in out and "Reference ID    : 00000000" not in out
+
+        now, resynced = self.host_marks(), []
+        for host in [h for h in self.hosts if now[h] != marks.get(h)]:
+            try:
+                conf = hosts.host_path(self.dir, host, "/etc/chrony/chrony.conf").read_text()
+            except (OSError, ValueError):
+                continue
+            if "Written by mctl provisioning" not in conf:
+                continue
+            out = tracking(host)
+            if "Reference ID" not in out or "Reference ID    : 00000000" not in out:
+                continue        # synchronised, or no chronyd (a rebooted lab host: provisioning starts it)
+            self.run(host, "chronyc burst 4/4", check=False, timeout=30)
+            wait_for(f"{host}'s chronyd to select a time source after its burst", lambda: synced(host), timeout,
+                     every=1)
+            resynced.append(host)
+        return resynced
+
     def settle_slurm(self, timeout: float = 120) -> None:
         """No job left and every tray idle in Slurm (nothing to do where the lab runs no Slurm yet).
 

@@ -18,15 +18,18 @@ from tests.helpers import HEALTH, sinfo, wait_for, write_health_site
 
 @pytest.fixture(autouse=True)
 def _kern_logs_as_found(request):
-    """Every test on the shared lab leaves the trays' kernel logs as it found them: a test's XID lines would
-    otherwise make slurmd's node check drain that tray under a later test's jobs."""
+    """Every test on the shared lab leaves the trays' kernel logs as it found them (a test's XID lines would
+    otherwise make slurmd's node check drain that tray under a later test's jobs) and their clocks synchronised."""
     if "lab" not in request.fixturenames:
         yield
         return
     lab = request.getfixturevalue("lab")
-    sizes = lab.kern_log_sizes()
+    sizes, marks = lab.kern_log_sizes(), lab.host_marks()
     yield
     lab.restore_kern_logs(sizes)
+    # ... time synchronised on a host the test froze (its chronyd lost its source: the next provisioning would
+    # wait 60 s for it and fail)
+    lab.resync_clocks(marks)
     # ... and the site's safety budget as the next test expects it: not tripped, no grant left of a tray back
     # in service (tests resume trays with plain scontrol, as an operator may)
     lab.clear_budget()

@@ -1,8 +1,9 @@
 """Provisioning never breaks running work without consent, and rolls a driver upgrade through a rack (issue 27).
 
-Real Slurm on the shared lab. A job runs on trays 1-2: provisioning driver branch 580 is refused,
-the job named, nothing changed (the check pass tells the driver and IMEX changes disruptive); a
-file nothing reads live, changed on the job's tray, goes ahead without consent. With --drain the
+Real Slurm on the shared lab, as the session deployed it (`slurm_lab`: no deploy of its own, and the
+session's deploy stays as it was for the modules after). A job runs on trays 1-2: provisioning driver
+branch 580 is refused, the job named, nothing changed (the check pass tells the driver and IMEX changes
+disruptive); a file nothing reads live, changed on the job's tray, goes ahead without consent. With --drain the
 rack's trays are held, the job ends on its own, the trays are provisioned, rebooted (the driver
 needs it), verified and released. `--rolling 1 --drain` then takes the rack back to branch 570 one
 tray at a time while a job runs on one of them (it waits for it; no job is killed, never more than
@@ -92,12 +93,11 @@ class HoldWatch:
 
 
 @pytest.fixture(scope="module")
-def rack(lab):
-    """Slurm deployed, IMEX up, every tray provisioned with its image (branch 570) and idle."""
+def rack(lab, slurm_lab):
+    """Slurm deployed (the session's deploy, as slurm_lab hands it over), IMEX up, every tray provisioned with
+    its image (branch 570) and idle."""
     if len(lab.trays) < 4:
         pytest.skip("needs a lab with 4 trays (MCTL_TEST_TRAYS)")
-    proc = lab.mctl("--json", "deploy", "slurm", timeout=900)
-    assert proc.returncode == 0, f"deploy slurm failed ({proc.returncode}): {proc.stderr}\n{proc.stdout[-2000:]}"
     proc = lab.mctl("imex", "apply", lab.rack, "--imex-wait", "60", timeout=300)
     assert proc.returncode == 0, f"imex apply failed: {proc.stderr}\n{proc.stdout[-2000:]}"
     lab.settle_slurm()
