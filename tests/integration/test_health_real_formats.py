@@ -32,14 +32,13 @@ def _tray_gpu(lab, tray: str, index: int = 0) -> tuple[str, Path]:
     return kernel_pci(pci), hosts.host_path(lab.dir, tray, hosts.KERN_LOG)
 
 
-def _as_rsyslog(tray: str, messages: list[str]) -> str:
-    """Kernel messages (the text from `NVRM:` on) as rsyslog writes them now on the tray."""
-    from mctl.lab.emulators.nvidia_smi import _boot_time
-
+def _as_rsyslog(lab, tray: str, messages: list[str]) -> str:
+    """Kernel messages (the text from `NVRM:` on) as rsyslog writes them now on the tray: the uptime stamp is the
+    tray's own (its time namespace; a tray powered off and on by an earlier test has booted since the lab began)."""
     now = time.time()
     stamp = time.strftime("%b %d %H:%M:%S", time.localtime(now))
     stamp = stamp[:4] + ("%2d" % int(stamp[4:6])) + stamp[6:]
-    uptime = max(0.0, now - _boot_time(now))
+    uptime = float(lab.run(tray, "cat /proc/uptime").stdout.split()[0])
     return "".join(f"{stamp} {tray} kernel: [{uptime:12.6f}] {m}\n" for m in messages)
 
 
@@ -69,7 +68,7 @@ def kern_log(lab):
         if path not in saved:
             saved[path] = path.read_bytes()
         with open(path, "a") as fh:
-            fh.write(_as_rsyslog(tray, [m.replace("@PCI@", pci) for m in messages]))
+            fh.write(_as_rsyslog(lab, tray, [m.replace("@PCI@", pci) for m in messages]))
         return pci
 
     try:
