@@ -209,16 +209,20 @@ def _stop_switch_bmcs(files: LabFiles, layout: LabLayout) -> None:
             send_signal(p.pid, signal.SIGKILL)
 
 
-def _start_hosts(files: LabFiles, layout: LabLayout, rootfs: Path,
-                 rack_svcs: Sequence[services.RackService], os_only: bool = False) -> list[str]:
+def _host_files_prologue(files: LabFiles, layout: LabLayout, rootfs: Path, os_only: bool):
+    """What every host's files are written from, full lab or fleet: the lab's SSH key (written), /etc/hosts, the
+    host init script and the pre-installed packages' dpkg status (None for OS-only trays)."""
     lab_key = keys.ed25519(f"mctl-lab@{layout.name}")
     atomic_write(files.key, lab_key.private_openssh, mode=0o600)
     atomic_write(files.key.with_suffix(".pub"), lab_key.public_line + "\n")
-    hosts_text = etc_hosts(layout)
+    return lab_key, etc_hosts(layout), hosts.HOSTINIT.read_text(), None if os_only else _preinstall(rootfs)
+
+
+def _start_hosts(files: LabFiles, layout: LabLayout, rootfs: Path,
+                 rack_svcs: Sequence[services.RackService], os_only: bool = False) -> list[str]:
+    lab_key, hosts_text, hostinit, dpkg = _host_files_prologue(files, layout, rootfs, os_only)
     known: list[str] = []
     missing: set[str] = set()
-    hostinit = hosts.HOSTINIT.read_text()
-    dpkg = None if os_only else _preinstall(rootfs)
     for h in layout.hosts():
         paths = files.host(h.name)
         paths.dir.mkdir(parents=True, exist_ok=True)
@@ -253,14 +257,9 @@ def _start_fleet_hosts(files: LabFiles, layout: LabLayout, rootfs: Path,
     address of the rack and one state folder per identity (hostname, gpus.json, kern.log)."""
     from mctl.lab import fleet
 
-    lab_key = keys.ed25519(f"mctl-lab@{layout.name}")
-    atomic_write(files.key, lab_key.private_openssh, mode=0o600)
-    atomic_write(files.key.with_suffix(".pub"), lab_key.public_line + "\n")
-    hosts_text = etc_hosts(layout)
+    lab_key, hosts_text, hostinit, dpkg = _host_files_prologue(files, layout, rootfs, os_only)
     known: list[str] = []
     missing: set[str] = set()
-    hostinit = hosts.HOSTINIT.read_text()
-    dpkg = None if os_only else _preinstall(rootfs)
     for rack in layout.rack_names():
         members = fleet.identities(layout, rack)
         first_tray = next(h for h in members if h.kind == "tray")
