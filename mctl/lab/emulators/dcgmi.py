@@ -106,6 +106,11 @@ USAGE = ("dcgmi -- Command Line Interface for the NVIDIA Data Center GPU Manager
          "       dcgmi mndiag --hostList <host-spec>[;<host-spec>...] [--run mnubergemm] [--json]  (DCGM >= 4.3)\n")
 
 
+# What dcgmi prints when it cannot reach nv-hostengine (here: the driver is missing), for every subcommand.
+NO_HOST_ENGINE = ("Error: unable to establish a connection to the specified host: localhost\n"
+                  "Error: Unable to connect to host engine. Host engine connection invalid/disconnected.\n")
+
+
 def version(path=None):
     """The tray's DCGM version: its package's upstream version in dpkg's status file, else VERSION."""
     try:
@@ -640,8 +645,7 @@ def mndiag(rest, env, stdout, stderr):
     try:
         _state, faults = smi.load(env)
     except smi.DriverMissing:
-        stdout.write("Error: unable to establish a connection to the specified host: localhost\n"
-                     "Error: Unable to connect to host engine. Host engine connection invalid/disconnected.\n")
+        stdout.write(NO_HOST_ENGINE)
         return EXIT_CONNECTION
     me = os.uname().nodename
     try:
@@ -701,8 +705,7 @@ def main(argv=None, env=None, stdout=None, stderr=None):
     try:
         state, faults = smi.load(env)
     except smi.DriverMissing:
-        stdout.write("Error: unable to establish a connection to the specified host: localhost\n"
-                     "Error: Unable to connect to host engine. Host engine connection invalid/disconnected.\n")
+        stdout.write(NO_HOST_ENGINE)
         return EXIT_CONNECTION
     rack = smi.Rack(state, faults)
     if sub == "diag" and opts["level"] in ("1", "2", "3"):
