@@ -54,7 +54,7 @@ RC_READY_BY_DOMAIN = 201
 # IMEX is asked once per sweep when all is well: the domain status (-N -j) first, kept in $io, then the
 # local daemon (-q) only when that answer is not an UP domain (see RC_READY_BY_DOMAIN).
 _HEALTH_LOCAL = r"""
-clock() { date '+%s %Y-%m-%dT%H:%M:%S'; IFS=' ' read -r up _ < /proc/uptime && echo "$up"; }
+clock() { date '+%s.%N %Y-%m-%dT%H:%M:%S'; IFS=' ' read -r up _ < /proc/uptime && echo "$up"; }
 imex() {
   [ -r @IMEX_CONFIG@ ] || return @RC_ABSENT@
   # an empty node list is no domain wanted here (IMEX per-job scope between jobs): not checked
@@ -287,10 +287,15 @@ def smi_section(smi: Section | None, err: Section | None, smi_timeout: float):
 
 
 def parse_clock(text: str) -> Clock:
+    """`date '+%s.%N ...'` and /proc/uptime. The epoch has nanoseconds, so two sweeps within one second still
+    differ (a rate over the window needs it); a `date` without %N (BusyBox prints "1764441600.N") counts whole
+    seconds."""
     lines = [l.strip() for l in text.splitlines() if l.strip()]
     try:
         epoch_s, local_s = lines[0].split()
-        return Clock(float(epoch_s), datetime.fromisoformat(local_s), float(lines[1]))
+        whole, dot, frac = epoch_s.partition(".")
+        epoch = float(whole) + (float("0." + frac) if dot and frac.isdigit() else 0.0)
+        return Clock(epoch, datetime.fromisoformat(local_s), float(lines[1]))
     except (IndexError, ValueError):
         raise FactsParseError(f"clock: unreadable {text[:60]!r}") from None
 

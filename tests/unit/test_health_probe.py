@@ -23,6 +23,7 @@ from mctl.facts.probe import (HEALTH, NODE_CHECK, RC_ABSENT, Section, imex_obser
 from mctl.model.settings import HealthSettings
 from mctl.lab.emulators import nvidia_smi as emu
 from mctl.model.findings import Severity
+from mctl.facts import FactsParseError
 
 ROOT = Path(__file__).resolve().parents[2]
 EMULATOR = ROOT / "mctl" / "lab" / "emulators" / "nvidia_smi.py"
@@ -110,6 +111,11 @@ def test_ssh_command_wraps_the_script_for_any_login_shell():
 def test_small_parsers():
     clock = parse_clock("1764441600 2025-11-29T18:40:00\n3600.52\n")
     assert (clock.epoch, clock.local.hour, clock.uptime) == (1764441600.0, 18, 3600.52)
+    # nanoseconds: two sweeps within one second still differ; a date without %N counts whole seconds
+    assert parse_clock("1764441600.250000000 2025-11-29T18:40:00\n3600.52\n").epoch == 1764441600.25
+    assert parse_clock("1764441600.N 2025-11-29T18:40:00\n3600.52\n").epoch == 1764441600.0
+    with pytest.raises(FactsParseError):
+        parse_clock("1764441600x 2025-11-29T18:40:00\n3600.52\n")
     df = parse_df("Filesystem 1024-blocks Used Available Capacity Mounted on\n"
                   "/dev/vda1 264212084 23193000 83197912 22% /\n"
                   "tmpfs 1000 990 10 99% /run/my mount\n")
