@@ -232,6 +232,10 @@ def evaluate(site: "Site", plan: Plan, actual: "Actual", settings: AuditSettings
         if ctl is not None and ctl.error is None:
             entries += tag(nmx.FAMILY, nmx.check_fabric_limit(rack, view.state, {n.name: n for n in ctl.nodes}),
                            rack_of=rack_of)
+        if site.scheduler is not None and site.scheduler.type == "k8s" and actual.nodes is not None \
+                and actual.nodes.items is not None:      # unread Nodes are a gap already (below)
+            found_labels = layers.node_labels([h.name for h in rack.compute], actual.nodes.items)
+            entries += tag(nmx.FAMILY, nmx.check_fabric_label(rack, view.state, found_labels), rack_of=rack_of)
 
     # one finding per partition across the layers that follow it
     entries += _layer_entries(site, plan, actual, rack_of)

@@ -150,7 +150,8 @@ _ENTRIES = (
     Check("nmx.tray_partition", W, "the tray's NVLink partition is HEALTHY on NMX-M", _SWF),
     Check("nmx.switch_side", W, "the rack's NMX-M switch side was read, well-formed, within its deadline and recent",
           _SWF),
-    Check("nmx.fabric_limit", W, "the trays of a degraded partition carry Slurm's nvl_degraded, and only they", _AUD),
+    Check("nmx.fabric_limit", W, "the trays of a degraded partition carry the degraded-fabric mark (Slurm's "
+          "nvl_degraded, Kubernetes' mctl.io/nvlink-degraded), and only they", _AUD),
     Check("nmx.compute_nodes", W, "NMX-M knows every compute tray of the rack", _AUD),
     Check("slurm.nodes", C, "every tray is a Slurm node (a node the inventory does not list warns)", _AUD,
           milder=True),
@@ -190,6 +191,7 @@ _HV = "NVIDIA GB200 NVL72 health validation (Mission Control), shared/reference/
 _FM = "NVIDIA Fabric Manager user guide (GPU fabric state and health, GB200 NVL)"
 _IMEX = "NVIDIA IMEX user guide (nvidia-imex-ctl -q, -N)"
 _SLURM = "SchedMD Slurm documentation (slurm.conf, scontrol, topology.conf block plugin)"
+_K8S = "Kubernetes API reference (Node labels, merge patch)"
 _NMX = "NVIDIA NMX-Manager REST API (tests/fixtures/real/nmx-m/opennmxm.yaml)"
 _RF = "DMTF Redfish and NVIDIA GB200 BMC (Redfish LeakDetection, PowerSubsystem)"
 _MCTL = "mctl (docs/health.md)"
@@ -299,8 +301,9 @@ REFERENCE: dict[str, tuple[str, str, str]] = {
                            "mctl lab fault nmx lab-r1 partition-degraded --nmx-partition p0"),
     "nmx.switch_side": (_NMX, "each sweep's read within the tray deadline; a view older than "
                         "3 sweep intervals (at least 3 deadlines), or malformed, warns", "mctl lab fault nmx lab-r1 timeout"),
-    "nmx.fabric_limit": (_NMX + "; " + _SLURM, "a tray of a DEGRADED/DEGRADED_BANDWIDTH/UNHEALTHY partition without "
-                         "nvl_degraded, or one with it in a healthy partition, warns; a marked degraded one warns",
+    "nmx.fabric_limit": (_NMX + "; " + _SLURM + "; " + _K8S, "a tray of a DEGRADED/DEGRADED_BANDWIDTH/UNHEALTHY "
+                         "partition without nvl_degraded (Kubernetes: the node label mctl.io/nvlink-degraded), or one "
+                         "with it in a healthy partition, warns; a marked degraded one warns",
                          "mctl lab fault nmx lab-r1 partition-degraded --nmx-partition 'Default Partition'"),
     "nmx.compute_nodes": (_NMX, "every compute tray known", f"mctl lab fault nmx lab-r1 500"),
     "slurm.nodes": (_SLURM, "every tray a node", "none: a slurm.conf edited by hand in its tests"),

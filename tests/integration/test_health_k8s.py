@@ -218,11 +218,27 @@ def test_a_degraded_partition_gets_the_nodes_label_and_loses_it_when_healthy(lab
         assert res.returncode == 0, res.stderr
 
     label = "mctl.io/nvlink-degraded"
+
+    def audited() -> dict[str, str]:
+        """The audit's nmx.fabric_limit warnings per tray: the label against NMX-M's partition health (issue 30.5;
+        an OK is not listed, the family's coverage says it was compared)."""
+        proc = mctl("audit", "--json", "--no-health", "--no-history")
+        assert proc.returncode in (0, 1, 3), proc.stderr
+        report = json.loads(proc.stdout)
+        assert not [g for g in report["incomplete"] if g["family"] == "nmx"], report["incomplete"]
+        assert set(lab.trays) <= set(report["coverage"].get("nmx", ())), report["coverage"]   # each tray compared
+        found = [f for f in report["findings"] if f["check"] == "nmx.fabric_limit"]
+        assert all(f["details"]["label"] == label for f in found), found     # no Slurm here: the label only
+        return {f["host"]: f["message"] for f in found}
+
     before = {t: dict(kube.node(t)["metadata"].get("labels") or {}) for t in lab.trays}
     assert not any(label in ls for ls in before.values())
     kube.mark()
     try:
         set_fault("partition-degraded", partition="Default Partition")
+        unmarked = audited()
+        assert sorted(unmarked) == sorted(lab.trays), unmarked
+        assert all(m.endswith(f"but the tray does not carry the label {label}") for m in unmarked.values())
         proc = mctl("--json", "health", "check", "--remediate", "--timeout", "30")
         data = json.loads(proc.stdout)
         marks = sorted(a["tray"] for a in data["actions"] if a["action"] == "fabric-mark")
@@ -231,15 +247,23 @@ def test_a_degraded_partition_gets_the_nodes_label_and_loses_it_when_healthy(lab
             node = kube.node(t)
             assert node["metadata"]["labels"] == {**before[t], label: "true"}
             assert node["spec"]["taints"] == [OTHER_TAINT] and not node["spec"].get("unschedulable")
+        marked = audited()
+        assert sorted(marked) == sorted(lab.trays), marked
+        assert all(f"is DEGRADED on NMX-M: the tray carries the label {label}" in m for m in marked.values())
         set_fault("clear")
         first = json.loads(mctl("--json", "health", "check", "--remediate", "--timeout", "30").stdout)
         assert not [a for a in first["actions"] if a["action"] == "fabric-clear"]      # one healthy sweep of two
         assert all(label in kube.node(t)["metadata"]["labels"] for t in lab.trays)
+        stale = audited()
+        assert sorted(stale) == sorted(lab.trays), stale
+        assert all("the label mctl.io/nvlink-degraded while NMX-M reports its partition healthy" in m
+                   for m in stale.values())
         second = json.loads(mctl("--json", "health", "check", "--remediate", "--timeout", "30").stdout)
         clears = sorted(a["tray"] for a in second["actions"] if a["action"] == "fabric-clear")
         assert clears == sorted(lab.trays), second["actions"]
         assert {t: kube.node(t)["metadata"].get("labels") or {} for t in lab.trays} == before
         assert sorted(kube.writes()) == sorted([f"patch /api/v1/nodes/{t} 200" for t in lab.trays] * 2)
+        assert audited() == {}
     finally:
         set_fault("clear")
         if emulator is not None:

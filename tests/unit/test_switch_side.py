@@ -347,6 +347,36 @@ def test_the_audit_reports_the_mark_against_nmx_ms_partition_health():
         assert spec(f.check).allows(f.severity)
 
 
+def test_the_audit_reports_the_kubernetes_label_against_nmx_ms_partition_health():
+    from mctl.audit.rules import nmx
+    from mctl.audit.rules.layers import node_labels
+    from mctl.fabric.reconcile import FabricState
+    from mctl.sched.k8s.cordon import FABRIC_LABEL
+
+    state = _state()
+    rack = make_rack(4)
+    nodes = [NmxComputeNode.from_nmx(d) for d in state.compute_nodes_json()]
+    gpus = [NmxGpu.from_nmx(d) for d in state.gpus_json()]
+    fabric = map_fabric(rack, nodes, gpus)
+    ids = [g.gpu_id for t in ("r1-tray01", "r1-tray02") for g in fabric.trays[t]]
+    parts = (NmxPartition("a" * 24, 1, "p0", "ID_BASED", "DEGRADED", tuple(ids)),)
+    mark = {FABRIC_LABEL: "true"}
+    k8s = [{"metadata": {"name": "r1-tray01", "labels": mark}}, {"metadata": {"name": "r1-tray02", "labels": {}}},
+           {"metadata": {"name": "node-3", "labels": {**mark, "kubernetes.io/hostname": "r1-tray03"}}},
+           {"metadata": {"name": "r1-tray04"}}, {"metadata": "junk"}]
+    labels = node_labels([h.name for h in rack.compute], k8s)
+    found = {f.host: f for f in nmx.check_fabric_label(rack, FabricState(tuple(nodes), tuple(gpus), parts, fabric),
+                                                       labels)}
+    assert f"carries the label {FABRIC_LABEL}, pods with the node affinity" in found["r1-tray01"].message
+    assert "does not carry the label" in found["r1-tray02"].message and found["r1-tray02"].action
+    assert "while NMX-M reports its partition healthy" in found["r1-tray03"].message     # by its hostname label
+    assert found["r1-tray04"].severity is Severity.OK and found["r1-tray04"].details["label"] == FABRIC_LABEL
+    for f in found.values():
+        assert spec(f.check).allows(f.severity)
+    only = nmx.check_fabric_label(rack, FabricState(tuple(nodes), tuple(gpus), parts, fabric), {"r1-tray01": mark})
+    assert [f.host for f in only] == ["r1-tray01"]                     # a tray with no Node is not judged
+
+
 def test_the_kubernetes_label_is_mctls_own_and_carries_the_resource_version():
     from mctl.sched.k8s.cordon import FABRIC_LABEL, K8sAdapter, fabric_label_patch
 

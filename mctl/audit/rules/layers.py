@@ -186,11 +186,11 @@ def labels_view(labels: Mapping[str, str | None], error: str | None = None) -> L
     return LayerView("labels", {t: frozenset(by_label[lab]) if lab else frozenset() for t, lab in labels.items()})
 
 
-def node_clique_labels(trays: Sequence[str], nodes: Sequence[Mapping]) -> dict[str, str | None]:
-    """Each tray's `nvidia.com/gpu.clique` from the Node objects (GET /api/v1/nodes items): the Node named
-    as the tray, else the one whose `kubernetes.io/hostname` label is the tray. A tray with no Node is left
-    out (not judged); a Node without the label (or an empty one) maps to None."""
-    from mctl.sched.k8s.manifests import CLIQUE_LABEL, HOSTNAME_LABEL
+def node_labels(trays: Sequence[str], nodes: Sequence[Mapping]) -> dict[str, Mapping]:
+    """Each tray's Node labels from the Node objects (GET /api/v1/nodes items): the Node named as the tray,
+    else the one whose `kubernetes.io/hostname` label is the tray. A tray with no Node is left out (not judged);
+    a Node without labels maps to {}."""
+    from mctl.sched.k8s.manifests import HOSTNAME_LABEL
 
     by_name: dict[str, Mapping] = {}
     by_host: dict[str, Mapping] = {}
@@ -204,11 +204,20 @@ def node_clique_labels(trays: Sequence[str], nodes: Sequence[Mapping]) -> dict[s
         host = labels.get(HOSTNAME_LABEL)
         if isinstance(host, str):
             by_host.setdefault(host, labels)
-    out: dict[str, str | None] = {}
+    out: dict[str, Mapping] = {}
     for t in trays:
         labels = by_name.get(t, by_host.get(t))
-        if labels is None:
-            continue
+        if labels is not None:
+            out[t] = labels
+    return out
+
+
+def node_clique_labels(trays: Sequence[str], nodes: Sequence[Mapping]) -> dict[str, str | None]:
+    """Each tray's `nvidia.com/gpu.clique` (node_labels): a Node without the label (or an empty one) maps to None."""
+    from mctl.sched.k8s.manifests import CLIQUE_LABEL
+
+    out: dict[str, str | None] = {}
+    for t, labels in node_labels(trays, nodes).items():
         value = labels.get(CLIQUE_LABEL)
         out[t] = value if isinstance(value, str) and value else None
     return out

@@ -9,6 +9,7 @@ members.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from mctl.model.findings import Finding, Severity
@@ -76,12 +77,32 @@ def check_rack(rack: "Rack", state: "FabricState") -> list[Finding]:
 
 def check_fabric_limit(rack: "Rack", state: "FabricState", nodes: dict) -> list[Finding]:
     """The degraded-fabric mark in Slurm (`nvl_degraded`, mctl.sched.slurm.features) against NMX-M's partition
-    health now: a tray of a degraded partition unmarked, or a tray marked in a healthy one, warns (the watch with
-    --remediate marks at once and clears after its healthy sweeps); a degraded partition marked warns too (the
-    fabric is degraded and jobs are kept off). The watch also marks for an unhealthy switch tray or a GPU fabric
-    flag, which this rule does not read: such a mark reads as 'marked, NMX-M healthy'."""
-    from mctl.checks.switch_fabric import degraded
+    health now (see _limit); *nodes*: Slurm's node records by name."""
     from mctl.sched.slurm.features import FEATURE, marked
+
+    return _limit(rack, state, {name: marked(node) for name, node in nodes.items()}, FEATURE, "jobs asking for a "
+                  "whole fabric keep off it", f"no {FEATURE}", {"feature": FEATURE})
+
+
+def check_fabric_label(rack: "Rack", state: "FabricState", labels: dict[str, Mapping]) -> list[Finding]:
+    """The degraded-fabric mark on Kubernetes (mctl's node label `mctl.io/nvlink-degraded`,
+    mctl.sched.k8s.cordon) against NMX-M's partition health now (see _limit); *labels*: each tray's Node labels
+    (mctl.audit.rules.layers.node_labels; a tray with no Node is not judged)."""
+    from mctl.sched.k8s.cordon import FABRIC_LABEL
+
+    return _limit(rack, state, {t: FABRIC_LABEL in lab for t, lab in labels.items()}, f"the label {FABRIC_LABEL}",
+                  f"pods with the node affinity '{FABRIC_LABEL} DoesNotExist' keep off it", f"no label {FABRIC_LABEL}",
+                  {"label": FABRIC_LABEL})
+
+
+def _limit(rack: "Rack", state: "FabricState", marks: dict[str, bool], mark: str, effect: str, unmarked: str,
+           detail: dict) -> list[Finding]:
+    """A tray of a degraded partition unmarked, or a tray marked in a healthy one, warns (the watch with
+    --remediate marks at once and clears after its healthy sweeps); a degraded partition marked warns too (the
+    fabric is degraded and work is kept off). The watch also marks for an unhealthy switch tray or a GPU fabric
+    flag, which this rule does not read: such a mark reads as 'marked, NMX-M healthy'. A tray the scheduler
+    does not list (no key in *marks*) is not judged here (the scheduler's own rules report it)."""
+    from mctl.checks.switch_fabric import degraded
 
     want: dict[str, str] = {}
     for p in state.partitions:
@@ -91,22 +112,21 @@ def check_fabric_limit(rack: "Rack", state: "FabricState", nodes: dict) -> list[
                 want.setdefault(g.tray, f"partition {p.name or 'default'} is {p.health} on NMX-M")
     out: list[Finding] = []
     for host in rack.compute:
-        node = nodes.get(host.name)
-        if node is None:
+        if host.name not in marks:
             continue
-        on = marked(node)
-        details = {"subject": host.name, "feature": FEATURE, "marked": on}
+        on = marks[host.name]
+        details = {"subject": host.name, **detail, "marked": on}
         if host.name in want and on:
-            out.append(Finding(Severity.WARN, host.name, LIMIT, f"{want[host.name]}: the tray carries {FEATURE}, "
-                               "jobs asking for a whole fabric keep off it", None, details))
+            out.append(Finding(Severity.WARN, host.name, LIMIT, f"{want[host.name]}: the tray carries {mark}, "
+                               f"{effect}", None, details))
         elif host.name in want:
             out.append(Finding(Severity.WARN, host.name, LIMIT, f"{want[host.name]} but the tray does not carry "
-                               f"{FEATURE}", "run 'mctl health watch --remediate' (it marks the partition's trays)",
+                               f"{mark}", "run 'mctl health watch --remediate' (it marks the partition's trays)",
                                details))
         elif on:
-            out.append(Finding(Severity.WARN, host.name, LIMIT, f"the tray carries {FEATURE} while NMX-M reports its "
+            out.append(Finding(Severity.WARN, host.name, LIMIT, f"the tray carries {mark} while NMX-M reports its "
                                "partition healthy", "the watch clears it after its healthy sweeps (or a switch tray "
                                "or fabric flag still holds it)", details))
         else:
-            out.append(Finding(Severity.OK, host.name, LIMIT, f"no {FEATURE}, its partition healthy", None, details))
+            out.append(Finding(Severity.OK, host.name, LIMIT, f"{unmarked}, its partition healthy", None, details))
     return out
