@@ -177,9 +177,11 @@ class EventReceiver:
         until = time.monotonic() + READ_DEADLINE_S
         try:
             while len(body) < n:
-                if time.monotonic() > until:
+                left = until - time.monotonic()
+                if left <= 0:
                     self._refused("slow")
                     return 400
+                h.connection.settimeout(left)           # the whole body within the deadline, not each recv
                 chunk = h.rfile.read1(n - len(body)) if hasattr(h.rfile, "read1") else h.rfile.read(n - len(body))
                 if not chunk:
                     break

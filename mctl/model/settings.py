@@ -389,6 +389,12 @@ class HealthSettings:
                              f"{', '.join(LEAK_SWITCH_TRAY)}")
         if "ladder" in kwargs:
             kwargs["ladder"] = LadderSettings.from_dict(kwargs["ladder"])
+        if "bmc_events" in kwargs:
+            got = dict(kwargs["bmc_events"] or {})
+            bad = sorted(set(got) - {f.name for f in fields(BmcEventSettings)})
+            if bad:
+                raise ValueError(f"unknown health setting 'bmc_events.{bad[0]}'")
+            kwargs["bmc_events"] = BmcEventSettings(**got)
         if "escalation" in kwargs:
             known = {f.name for f in fields(EscalationSettings)}
             bad = sorted(set(kwargs["escalation"]) - known)
