@@ -146,6 +146,7 @@ def watch_profile(site_dir: Path, state: Path, sweeps: int, interval: float, ope
     from mctl.transport import SSHConfig, SSHPool
 
     site = load_site(str(site_dir))
+    unreached: list[int] = []                       # trays not reached, per sweep
 
     async def main():
         async with SSHPool(SSHConfig.from_site(site)) as pool:
@@ -168,8 +169,9 @@ def watch_profile(site_dir: Path, state: Path, sweeps: int, interval: float, ope
                 walls, rss = [], [vmrss_mib()]
                 for i in range(sweeps):
                     t0 = time.monotonic()
-                    await engine.sweep()
+                    res = await engine.sweep()
                     walls.append(time.monotonic() - t0)
+                    unreached.append(sum(1 for f in res.facts.values() if not f.reached))
                     rss.append(vmrss_mib())
                     await asyncio.sleep(max(0.0, wall0 + (i + 1) * interval - time.monotonic()))
                 ticks1, cpu1, wall1 = thread_ticks(), time.process_time(), time.monotonic()
@@ -192,6 +194,7 @@ def watch_profile(site_dir: Path, state: Path, sweeps: int, interval: float, ope
             "cpu_per_sweep_s": round(cpu / sweeps, 4),
             "cpu_per_tray_per_sweep_ms": round(1000 * cpu / sweeps / max(1, trays), 3),
             "cpu_by_thread_per_sweep_s": by_thread_table(t0, t1, names, cpu, sweeps),
+            "trays_unreached_per_sweep_max": max(unreached) if unreached else None,
             "bmc_reads_per_sweep": round(reads / sweeps, 2),
             "bmc_connections_opened": conns, "tls_handshakes": shakes,
             "tls_handshakes_per_sweep": round(shakes / sweeps, 3), "bmc_clients_held_at_end": held,
