@@ -194,7 +194,7 @@ def watch_profile(site_dir: Path, state: Path, sweeps: int, interval: float, ope
             "cpu_per_sweep_s": round(cpu / sweeps, 4),
             "cpu_per_tray_per_sweep_ms": round(1000 * cpu / sweeps / max(1, trays), 3),
             "cpu_by_thread_per_sweep_s": by_thread_table(t0, t1, names, cpu, sweeps),
-            "trays_unreached_per_sweep_max": max(unreached) if unreached else None,
+            "trays_unreached_per_sweep": unreached,
             "bmc_reads_per_sweep": round(reads / sweeps, 2),
             "bmc_connections_opened": conns, "tls_handshakes": shakes,
             "tls_handshakes_per_sweep": round(shakes / sweeps, 3), "bmc_clients_held_at_end": held,
