@@ -316,6 +316,7 @@ class _Slot:
     sub_tried: float | None = None              # when a subscription was last asked for (none: never)
     sub_error: str | None = None                # why the last one failed (or "not offered")
     event_at: float | None = None               # when its BMC last pushed a leak event
+    pushed_in_flight: bool = False              # ... while a read was in flight: read again when it ends
 
 
 class BmcReader:
@@ -381,6 +382,9 @@ class BmcReader:
             s.next_at = max(began + every, now)
         else:
             s.next_at = now + self.interval
+        if s.pushed_in_flight:                  # the read that ended may have begun before the leak: once more now
+            s.pushed_in_flight = False
+            s.next_at = now
         return True
 
     def every(self, s: _Slot) -> float:
@@ -394,6 +398,7 @@ class BmcReader:
             return False
         s.event_at = at
         if s.started is not None:
+            s.pushed_in_flight = True
             return False
         s.next_at = min(s.next_at, at)
         return True

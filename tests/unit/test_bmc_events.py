@@ -137,6 +137,11 @@ def test_a_subscribed_bmc_is_polled_at_the_longer_cadence_and_read_at_once_when_
     assert r.due(1.5) == [] and r.due(59.0) == []             # not every second: its events come
     assert r.view("t1", 30.0).stale_after == 180.0           # stale after 3 of its own intervals
     assert r.pushed("t1", 5.0) and r.due(5.0) == ["t1"]       # an event: read now
+    token, _until, power = r.begin("t1", 5.0)
+    assert not r.pushed("t1", 5.1)                            # during a read (it may have begun before the leak)
+    assert r.end("t1", token, dry, 5.3, power=power) and r.due(5.3) == ["t1"]      # ... once more when it ends
+    token, _until, power = r.begin("t1", 5.3)
+    assert r.end("t1", token, dry, 5.4, power=power) and r.due(6.0) == []
     r.slots["t1"].sub = None                                  # no subscription: the leak interval again
     r.slots["t1"].next_at = 0.1 + 1.0
     assert r.due(1.2) == ["t1"]
