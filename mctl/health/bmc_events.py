@@ -9,7 +9,8 @@ its own per BMC, and this listener takes the BMCs' POSTs:
   watch share the machine's loopback). The loader refuses http off loopback.
 - One path (PATH) and POST only; a body of at most MAX_BODY bytes with its Content-Length, read within
   READ_DEADLINE_S whatever the sender does (a trickle is cut); at most MAX_HANDLERS requests at once
-  (more are answered 503 at once); a JSON Event whose Context is a token the watch gave, and whose
+  (more are answered 503 at once) and MAX_CONNECTIONS connections (more are closed: a sender trickling its
+  headers holds one, each header line within READ_DEADLINE_S; such a flood delays events, never the poll); a JSON Event whose Context is a token the watch gave, and whose
   records parse (mctl.bmc.eventservice.parse_event). Anything else is refused (400, 401, 404, 405, 411,
   413, 503) and counted by reason; nothing of a refused body is logged.
 - Accepted leak records go on a bounded queue (`queue`, default 1024; a full queue drops the newest and
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 PATH = "/mctl/redfish-events"
 READ_DEADLINE_S = 5.0
 MAX_HANDLERS = 16
+MAX_CONNECTIONS = 64        # connections held at once (a sender that trickles its headers holds one); more are closed
 
 
 @dataclass(frozen=True)
@@ -129,9 +131,27 @@ class EventReceiver:
                 self.close_connection = True
 
         family = 10 if ip.version == 6 else 2
-        server_class = type("EventHTTPServer", (ThreadingHTTPServer,), {"address_family": family,
-                                                                         "daemon_threads": True})
-        self.httpd = server_class((s.listen, s.port), Handler)
+        conns = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+        class Server(ThreadingHTTPServer):
+            address_family = family
+            daemon_threads = True
+            request_queue_size = 256            # a rack's BMCs posting at once are not dropped by the listen backlog
+
+            def process_request(self, request, client_address):
+                if not conns.acquire(blocking=False):
+                    me._refused("connections")
+                    self.shutdown_request(request)
+                    return
+                super().process_request(request, client_address)
+
+            def process_request_thread(self, request, client_address):
+                try:
+                    super().process_request_thread(request, client_address)
+                finally:
+                    conns.release()
+
+        self.httpd = Server((s.listen, s.port), Handler)
         if s.tls_cert:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.minimum_version = ssl.TLSVersion.TLSv1_2

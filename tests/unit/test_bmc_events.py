@@ -120,6 +120,38 @@ def test_a_sender_that_trickles_or_lies_about_its_length_is_cut_within_the_deadl
     assert receiver.counts()["rejected"].get("slow", 0) + receiver.counts()["rejected"].get("short", 0) == 1
 
 
+def test_connections_past_the_cap_are_closed_and_the_receiver_goes_on(sockets, monkeypatch):
+    from mctl.health import bmc_events
+
+    monkeypatch.setattr(bmc_events, "MAX_CONNECTIONS", 2)
+    monkeypatch.setattr(bmc_events, "READ_DEADLINE_S", 1.0)
+    r = EventReceiver(BmcEventSettings(listen="127.0.0.1")).start()
+    try:
+        host, port = r.httpd.server_address[:2]
+        held = []
+        for _ in range(2):                                 # each sends a partial request line and waits
+            c = socket.create_connection((host, port), timeout=10)
+            c.sendall(b"POST ")
+            held.append(c)
+        time.sleep(0.3)
+        extra = socket.create_connection((host, port), timeout=10)
+        assert extra.recv(10) == b""                       # closed
+        extra.close()
+        assert r.counts()["rejected"].get("connections", 0) >= 1, r.counts()
+        for c in held:
+            c.close()
+        token = r.token_for("t1")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and r.counts()["accepted"] == 0:   # the held ones end with their senders
+            try:
+                post(r, event(token))
+            except OSError:
+                time.sleep(0.1)
+        assert r.counts()["accepted"] == 1, r.counts()
+    finally:
+        r.close()
+
+
 def test_http_off_loopback_is_refused(sockets):
     with pytest.raises(ValueError, match="only on loopback"):
         EventReceiver(BmcEventSettings(listen="0.0.0.0")).start()
