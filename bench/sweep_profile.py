@@ -146,6 +146,7 @@ def watch_profile(site_dir: Path, state: Path, sweeps: int, interval: float, ope
     from mctl.transport import SSHConfig, SSHPool
 
     site = load_site(str(site_dir))
+    unreached: list[int] = []                       # trays not reached, per sweep
 
     async def main():
         async with SSHPool(SSHConfig.from_site(site)) as pool:
@@ -168,8 +169,9 @@ def watch_profile(site_dir: Path, state: Path, sweeps: int, interval: float, ope
                 walls, rss = [], [vmrss_mib()]
                 for i in range(sweeps):
                     t0 = time.monotonic()
-                    await engine.sweep()
+                    res = await engine.sweep()
                     walls.append(time.monotonic() - t0)
+                    unreached.append(sum(1 for f in res.facts.values() if not f.reached))
                     rss.append(vmrss_mib())
                     await asyncio.sleep(max(0.0, wall0 + (i + 1) * interval - time.monotonic()))
                 ticks1, cpu1, wall1 = thread_ticks(), time.process_time(), time.monotonic()
@@ -178,21 +180,25 @@ def watch_profile(site_dir: Path, state: Path, sweeps: int, interval: float, ope
                 reads = (engine.bmc_watch.reads if engine.bmc_watch is not None else 0) - reads0
                 held = sum(1 for s in engine.bmc_watch.reader.slots.values() if s.client is not None) \
                     if engine.bmc_watch is not None else 0
+                subscribed = sum(1 for s in engine.bmc_watch.reader.slots.values()
+                                 if getattr(s, "sub", None) is not None) if engine.bmc_watch is not None else 0
             finally:
                 engine.close()
             return (walls, ticks0, ticks1, names, cpu1 - cpu0, wall1 - wall0, rss, conn1[0] - conn0[0],
-                    conn1[1] - conn0[1], reads, bmcs, held)
+                    conn1[1] - conn0[1], reads, bmcs, held, subscribed)
 
-    walls, t0, t1, names, cpu, wall, rss, conns, shakes, reads, bmcs, held = asyncio.run(main())
+    walls, t0, t1, names, cpu, wall, rss, conns, shakes, reads, bmcs, held, subscribed = asyncio.run(main())
     trays = len(resolve_scope(site, None).hosts)
     return {"sweeps": sweeps, "interval_s": interval, "window_s": round(wall, 1), "trays": trays, "bmcs": bmcs,
             "median_wall_s": round(statistics.median(walls), 3), "max_wall_s": round(max(walls), 3),
             "cpu_per_sweep_s": round(cpu / sweeps, 4),
             "cpu_per_tray_per_sweep_ms": round(1000 * cpu / sweeps / max(1, trays), 3),
             "cpu_by_thread_per_sweep_s": by_thread_table(t0, t1, names, cpu, sweeps),
+            "trays_unreached_per_sweep": unreached,
             "bmc_reads_per_sweep": round(reads / sweeps, 2),
             "bmc_connections_opened": conns, "tls_handshakes": shakes,
             "tls_handshakes_per_sweep": round(shakes / sweeps, 3), "bmc_clients_held_at_end": held,
+            "bmc_subscriptions": subscribed,
             "ssl_contexts": len(getattr(client_mod, "_CONTEXTS", {})),
             "vmrss_mib": {"first": round(rss[0], 1), "last": round(rss[-1], 1), "max": round(max(rss), 1),
                           "at_quarter": round(rss[len(rss) // 4], 1)}}
@@ -276,6 +282,9 @@ def main() -> int:
                     help="comma-separated: sweep (health check's way), inventory, watch (the watch's way)")
     ap.add_argument("--watch-interval", type=float, default=5.0, help="the watch part's interval (seconds)")
     ap.add_argument("--watch-sweeps", type=int, default=24)
+    ap.add_argument("--bmc-events", action="store_true",
+                    help="the watch part with health.bmc_events on (receiver on 127.0.0.1): subscribed BMCs are "
+                         "polled at the BMC health cadence, their leak events read at once")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -301,8 +310,15 @@ def main() -> int:
         if "inventory" in parts:
             report["inventory"] = inventory_profile(site_dir, workdir / "state-inv", args.rounds)
         if "watch" in parts:
-            report["watch"] = watch_profile(site_copy(lab_dir, workdir / "w", args.watch_interval),
-                                            workdir / "state-watch", args.watch_sweeps, args.watch_interval, opened)
+            watch_site = site_copy(lab_dir, workdir / "w", args.watch_interval)
+            if args.bmc_events:                 # issue 29.3: the BMCs push leak events; their poll is the fallback
+                import yaml
+
+                doc = yaml.safe_load((watch_site / "mctl.yml").read_text())
+                doc["health"]["bmc_events"] = {"listen": "127.0.0.1"}
+                (watch_site / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+            report["watch"] = watch_profile(watch_site, workdir / "state-watch", args.watch_sweeps,
+                                            args.watch_interval, opened)
         load.append(os.getloadavg()[0])
         report["loadavg_1m"] = {"lab_ready": load[1], "end": load[2]}
     finally:

@@ -266,29 +266,63 @@ class RedfishClient:
 
         Returns the HTTP status (2xx); raises BMCError otherwise. A timeout says the action may have
         been applied: the caller reads the state, it does not send the action again."""
+        return self._once("POST", path, body).status
+
+    def create(self, path: str, body: dict[str, Any]) -> str:
+        """POST a new member to a collection (an EventService subscription), sent once like an action; returns
+        the new member's path, from the answer's Location header (else its @odata.id), checked as every link."""
+        target = check_path(path)
+        resp = self._once("POST", target, body)
+        location = resp.getheader("Location") or ""
+        if location:
+            url = urllib.parse.urljoin(self.url + target, location)
+            if _origin(url) != self.origin:
+                raise BMCError("origin", f"POST {target}: the new member is at {location!r}, another origin")
+            return check_path(urllib.parse.urlsplit(url).path)
+        try:
+            doc = json.loads(resp.text)
+        except (ValueError, UnicodeDecodeError):
+            doc = None
+        return link(doc, f"POST {target}'s answer (no Location)")
+
+    def delete(self, path: str) -> int:
+        """DELETE a resource (a subscription mctl made), once; 404 (already gone) is an answer too."""
+        try:
+            return self._once("DELETE", path, None).status
+        except BMCError as exc:
+            if exc.status == 404:
+                return 404
+            raise
+
+    def _once(self, method: str, path: str, body: dict[str, Any] | None):
+        """One POST or DELETE, never re-sent, no redirect followed; the library's response (2xx), else BMCError."""
         import requests
         from redfish.rest.v1 import RetriesExhaustedError
 
         target = check_path(path)
         self.requests += 1
         try:
-            resp = self._client.post(target, body=body, timeout=self._timeout())
+            if method == "POST":
+                resp = self._client.post(target, body=body, timeout=self._timeout())
+            else:
+                resp = self._client.delete(target, timeout=self._timeout())
         except RetriesExhaustedError as exc:
             cause = exc.__cause__
             if isinstance(cause, requests.TooManyRedirects):
-                raise BMCError("origin", f"POST {target} was redirected; mctl does not follow a redirect "
+                raise BMCError("origin", f"{method} {target} was redirected; mctl does not follow a redirect "
                                          "of an action (it could run twice)") from None
             err = _transport_error(cause, target)
             if err.kind == "timeout":
-                err.message = f"POST {target} timed out: the action may have been applied; it is not sent again"
+                err.message = f"{method} {target} timed out: the action may have been applied; it is not sent again"
                 err.args = (err.message,)
             raise err from None
         status = resp.status
         if status in (401, 403):
-            raise BMCError("auth", f"the BMC refused the credentials (HTTP {status} on POST {target})", status=status)
+            raise BMCError("auth", f"the BMC refused the credentials (HTTP {status} on {method} {target})",
+                           status=status)
         if not 200 <= status < 300:
-            raise BMCError("http", f"POST {target} answered HTTP {status}{_message(resp.text)}", status=status)
-        return status
+            raise BMCError("http", f"{method} {target} answered HTTP {status}{_message(resp.text)}", status=status)
+        return resp
 
     def _redirect(self, here: str, status: int, location: str) -> str:
         url = urllib.parse.urljoin(self.url + here, location)

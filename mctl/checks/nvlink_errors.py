@@ -39,6 +39,21 @@ def judged(name: str) -> bool:
     return name in KINDS
 
 
+# host -> (the counters object last judged, the judged counter names it holds): a tray whose `nvlink -e` printed the
+# same as last sweep has the same object (mctl.facts.probe.LastParse), so its ~1,800 counters are not walked again
+_NAMES: dict[str, tuple[object, frozenset[str]]] = {}
+
+
+def judged_names(host: str, counters) -> frozenset[str]:
+    """The judged counter names present in *counters* (remembered per host for the same object)."""
+    last = _NAMES.get(host)
+    if last is not None and last[0] is counters:
+        return last[1]
+    names = frozenset(n for g in counters for values in g.links.values() for n in values if n in KINDS)
+    _NAMES[host] = (counters, names)
+    return names
+
+
 def check(facts, expect, settings) -> list[Finding]:
     if facts.gpus is None:
         return []
@@ -48,7 +63,7 @@ def check(facts, expect, settings) -> list[Finding]:
             return [finding(Severity.WARN, host, CHECK, f"NVLink error counters not read: {facts.nvlink_counters_error}",
                             "run 'nvidia-smi nvlink -e' on the tray", short="nvlink counters unreadable")]
         return []
-    names = {n for g in facts.nvlink_counters for counters in g.links.values() for n in counters if judged(n)}
+    names = judged_names(host, facts.nvlink_counters)
     if not names:
         return [finding(Severity.WARN, host, CHECK, "NVLink error counters not reported: 'nvidia-smi nvlink -e' "
                         "printed no counter mctl judges (rates not judged)",

@@ -390,18 +390,21 @@ def fault_bmc(
         "--psu-fail", help="A compute tray's BMC reports its power subsystem Critical (a failed supply).")] = False,
     hang: HangOpt = False,
     slow: SlowOpt = None,
+    no_events: Annotated[bool, typer.Option(
+        "--no-events", help="The BMC offers no EventService (ServiceEnabled false): no subscription, no event "
+                            "pushed; its leaks are seen by polling alone.")] = False,
     lab_dir: LabDirOpt = None,
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
 ) -> None:
-    """A fault of a tray's BMC, as Redfish shows it: a leak, a failed supply, a hung or a slow BMC.
+    """A fault of a tray's BMC, as Redfish shows it: a leak, a failed supply, a hung or a slow BMC, no EventService.
 
     Example: mctl lab fault bmc lab-r1-tray03 --leak critical
     """
     from mctl.lab import bmc_faults
 
     _show_fault(bmc_faults.apply(_lab_dir(lab_dir), tray, leak=leak, detector=detector, psu_fail=psu_fail, hang=hang,
-                                 slow=slow, dry_run=dry_run), dry_run, json_)
+                                 slow=slow, dry_run=dry_run, no_events=no_events), dry_run, json_)
 
 
 @fault_app.command("nmx")

@@ -78,12 +78,17 @@ def _placeholder(value: str) -> bool:
 def _find(elem: ET.Element, path: str) -> ET.Element | None:
     """elem.find(path) for a plain a/b/c path, one child tag at a time: Element.find() of a bare tag
     runs in C, a path with '/' goes through ElementPath in Python (~40 lookups per GPU, every sweep)."""
+    if "/" not in path:
+        return elem.find(path)
     node: ET.Element | None = elem
-    for tag in path.split("/"):
+    for tag in _PATHS.get(path) or _PATHS.setdefault(path, tuple(path.split("/"))):
         node = node.find(tag)
         if node is None:
             return None
     return node
+
+
+_PATHS: dict[str, tuple[str, ...]] = {}     # a/b/c -> its tags (the reader's paths are the code's, a few dozen)
 
 
 class _Reader:
@@ -98,6 +103,8 @@ class _Reader:
         if node is None or node.text is None:
             return None
         value = " ".join(node.text.split())
+        if value[:1].isdigit():         # a number (most values): no placeholder starts with a digit
+            return value
         return None if _placeholder(value) else value
 
     def status(self, path: str) -> str | None:

@@ -446,6 +446,45 @@ def _nvlink_counters(sec: Section | None, err: Section | None, smi_timeout: floa
         return None, f"nvlink -e unreadable: {exc.message}"
 
 
+class LastParse:
+    """Each host's last parse of a section, given again when the section's text is the same as last time.
+
+    The health probe runs every sweep and most of what a tray prints does not change between two sweeps:
+    `nvidia-smi nvlink -e` is ~2,200 lines a GB200 tray, all counters that stay where they are on a healthy
+    tray, and its parse was the largest cost of a sweep's event loop (bench/README.md, "Issue 29.4"). The
+    parsers are pure functions of (section text, return code, stderr, timeout), so the same inputs give the
+    same answer: the host's last answer is kept with a fingerprint of its inputs (the text's hash and length,
+    not the text: a tray's 84 kB are not held), and a match gives that same answer object (never mutated by
+    its readers). One entry per (host, section); at most MAX_HOSTS hosts (the oldest forgotten first)."""
+
+    MAX_HOSTS = 16384
+
+    def __init__(self):
+        self._last: dict[tuple[str, str], tuple[tuple, object]] = {}
+        self.hits = self.misses = 0
+
+    def parsed(self, host: str, name: str, sec: Section | None, err: Section | None, timeout: float, parse):
+        if sec is None or not sec.complete:
+            return parse(sec, err, timeout)
+        said = err.text if err is not None else None
+        key = (hash(sec.text), len(sec.text), sec.rc, said, timeout)
+        slot = (host, name)
+        last = self._last.get(slot)
+        if last is not None and last[0] == key:
+            self.hits += 1
+            return last[1]
+        self.misses += 1
+        value = parse(sec, err, timeout)
+        self._last.pop(slot, None)
+        if len(self._last) >= self.MAX_HOSTS:
+            del self._last[next(iter(self._last))]
+        self._last[slot] = (key, value)
+        return value
+
+
+LAST = LastParse()
+
+
 def _dcgm(sec: Section | None, err: Section | None, timeout: float, problems: list[str]):
     """The dcgm section (shell function `dcgm`) -> DcgmHealth; None (a problem noted) when it is missing or cut off."""
     from mctl.facts.dcgm import observe
@@ -577,8 +616,9 @@ def parse_tray(purpose: str, host: str, stdout: str, stderr: str, nonce: str, *,
             if gpus is not None:
                 facts["nvlinks"], facts["nvlink_error"] = _nvlinks(sections.get("nvlink"), errors.get("nvlink"),
                                                                    smi_timeout)
-                facts["nvlink_counters"], facts["nvlink_counters_error"] = _nvlink_counters(
-                    sections.get("nvlink-errors"), errors.get("nvlink-errors"), smi_timeout)
+                facts["nvlink_counters"], facts["nvlink_counters_error"] = LAST.parsed(
+                    host, "nvlink-errors", sections.get("nvlink-errors"), errors.get("nvlink-errors"), smi_timeout,
+                    _nvlink_counters)
     return TrayFacts(problems=tuple(problems), **facts, **base)
 
 

@@ -95,10 +95,14 @@ class Engine:
             if bmc_watch and self.oob_settings is not None:
                 every = oob.leak_interval(settings.leak_interval,
                                           interval if interval is not None else settings.interval)
+                power_every = oob.bmc_interval(settings.bmc_interval, every)
+                events = settings.bmc_events if settings.bmc_events.enabled else None
                 self.bmc_watch = oob.BmcWatch(self.bmc_hosts, self.oob_settings, interval=every,
-                                              power_interval=oob.bmc_interval(settings.bmc_interval, every),
+                                              power_interval=power_every,
                                               stale_after=settings.bmc_stale_after * every,
-                                              deadline=self.bmc_deadline).start()
+                                              deadline=self.bmc_deadline, events=events,
+                                              subscribed_interval=oob.subscribed_interval(events, every, power_every)
+                                              if events is not None else None).start()
         # The switch side (mctl/health/nmx_watch.py): each rack's NMX-M read beside every sweep, within its deadline.
         from mctl.health.nmx_watch import watch_for
         self.nmx_watch = watch_for(site, scope.racks, deadline=self.timeout,

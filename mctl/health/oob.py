@@ -312,6 +312,11 @@ class _Slot:
     power_view: BmcHealth | None = None         # ... and what it said
     paths: LeakPaths | None = None
     client: Any = None
+    sub: Any = None                             # its EventService subscription (mctl.bmc.eventservice.Subscription)
+    sub_tried: float | None = None              # when a subscription was last asked for (none: never)
+    sub_error: str | None = None                # why the last one failed (or "not offered")
+    event_at: float | None = None               # when its BMC last pushed a leak event
+    pushed_in_flight: bool = False              # ... while a read was in flight: read again when it ends
 
 
 class BmcReader:
@@ -324,8 +329,11 @@ class BmcReader:
     is older than `stale_after` seconds: since the BMC last answered, or since it was first asked."""
 
     def __init__(self, hosts: Sequence["Host"], *, interval: float, power_interval: float, stale_after: float,
-                 deadline: float, concurrency: int):
+                 deadline: float, concurrency: int, subscribed_interval: float | None = None):
         self.interval = float(interval)
+        # a BMC whose leak events the watch receives (its subscription made) is polled this often instead: the
+        # poll is the fallback and the truth check of the events (mctl.health.bmc_events)
+        self.subscribed_interval = float(subscribed_interval) if subscribed_interval else None
         self.power_interval = float(power_interval)
         self.stale_after = float(stale_after)
         self.deadline = float(deadline)
@@ -368,11 +376,31 @@ class BmcReader:
         elif health.answered and s.power:
             health = replace(health, power_asked=True, power_error="not read yet")
         s.view, s.seq = health, s.seq + 1
+        every = self.every(s)
         if health.answered:
             s.good_at = now
-            s.next_at = max(began + self.interval, now)
+            s.next_at = max(began + every, now)
         else:
             s.next_at = now + self.interval
+        if s.pushed_in_flight:                  # the read that ended may have begun before the leak: once more now
+            s.pushed_in_flight = False
+            s.next_at = now
+        return True
+
+    def every(self, s: _Slot) -> float:
+        """Seconds between two leak reads of *s*'s BMC: longer when its events come (subscribed)."""
+        return self.subscribed_interval if s.sub is not None and self.subscribed_interval else self.interval
+
+    def pushed(self, name: str, at: float) -> bool:
+        """*name*'s BMC pushed a leak event: its next read begins now (False: one is in flight already)."""
+        s = self.slots.get(name)
+        if s is None:
+            return False
+        s.event_at = at
+        if s.started is not None:
+            s.pushed_in_flight = True
+            return False
+        s.next_at = min(s.next_at, at)
         return True
 
     def late(self, name: str, now: float) -> tuple[int, BmcHealth]:
@@ -400,7 +428,8 @@ class BmcReader:
                              stale_after=self.stale_after, in_flight=in_flight, power_asked=s.power,
                              never_answered=True)
         since = s.good_at if s.good_at is not None else s.first_asked
-        out = replace(s.view, age=round(now - since, 1) if since is not None else 0.0, stale_after=self.stale_after,
+        stale_after = self.stale_after * self.every(s) / self.interval
+        out = replace(s.view, age=round(now - since, 1) if since is not None else 0.0, stale_after=stale_after,
                       in_flight=in_flight, repeat=s.served == s.seq, never_answered=s.good_at is None)
         if mark:
             s.served = s.seq
@@ -415,13 +444,22 @@ class BmcWatch:
     (one kept connection) per BMC for the whole watch. `views()` never waits for a BMC."""
 
     def __init__(self, hosts: Sequence["Host"], settings: "Settings", *, interval: float, power_interval: float,
-                 stale_after: float, deadline: float, warn: Callable[[str], None] | None = None):
+                 stale_after: float, deadline: float, warn: Callable[[str], None] | None = None,
+                 events=None, subscribed_interval: float | None = None):
         from mctl.bmc.client import warn_once
 
         self.settings = settings
         self.reader = BmcReader(hosts, interval=interval, power_interval=power_interval, stale_after=stale_after,
                                 deadline=max(1.0, min(deadline, settings.deadline_s)),
-                                concurrency=settings.concurrency)
+                                concurrency=settings.concurrency,
+                                subscribed_interval=subscribed_interval if events is not None else None)
+        # health.bmc_events: the receiver of the BMCs' leak events (mctl.health.bmc_events), started with the watch
+        self.receiver = None
+        if events is not None and events.enabled:
+            from mctl.health.bmc_events import EventReceiver
+            self.receiver = EventReceiver(events)
+        self.events_seen = 0                        # leak events taken (tests, bench)
+        self._events_thread: threading.Thread | None = None
         self._warn = warn_once(warn)
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -431,9 +469,28 @@ class BmcWatch:
 
     def start(self) -> "BmcWatch":
         if self._thread is None:
+            if self.receiver is not None:
+                self.receiver.start()
+                self._events_thread = threading.Thread(target=self._take_events, name="oob-events", daemon=True)
+                self._events_thread.start()
             self._thread = threading.Thread(target=self._supervise, name="oob-reader", daemon=True)
             self._thread.start()
         return self
+
+    def _take_events(self) -> None:
+        """Each leak event the receiver accepted: that BMC's read begins now (the read is what is judged)."""
+        import queue
+
+        assert self.receiver is not None
+        while not self._stop.is_set():
+            try:
+                got = self.receiver.queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            with self._lock:
+                self.events_seen += 1
+                self.reader.pushed(got.host, time.monotonic())
+            self._wake.set()
 
     def views(self) -> dict[str, BmcHealth]:
         with self._lock:
@@ -447,11 +504,35 @@ class BmcWatch:
             self._thread.join(timeout)
         with self._lock:
             clients = [s.client for s in self.reader.slots.values() if s.client is not None]
+            subs = [(s.client, s.sub) for s in self.reader.slots.values() if s.client is not None and s.sub is not None]
             for s in self.reader.slots.values():
-                s.client = None
+                s.client, s.sub = None, None
+        if subs:
+            self._unsubscribe(subs, timeout)
         for c in clients:
             c.abort()
             c.close()
+        if self.receiver is not None:
+            self.receiver.close()
+
+    def _unsubscribe(self, subs: list, timeout: float) -> None:
+        """DELETE the subscriptions the watch made (a BMC keeps few: bmcweb 20), in parallel, within *timeout*."""
+        from mctl.bmc.client import BMCError
+
+        until = time.monotonic() + timeout
+
+        def one(client, sub) -> None:
+            client.deadline = until
+            try:
+                client.delete(sub.path)
+            except (BMCError, Exception):  # noqa: BLE001 - best effort: the BMC drops it after its retries
+                pass
+
+        threads = [threading.Thread(target=one, args=pair, name="oob-unsubscribe", daemon=True) for pair in subs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(max(0.0, until - time.monotonic()))
 
     def _supervise(self) -> None:
         while not self._stop.is_set():
@@ -476,6 +557,31 @@ class BmcWatch:
             if not starts:
                 self._wake.wait(wait)
                 self._wake.clear()
+
+    def _subscription(self, slot: _Slot, client, checked: bool) -> None:
+        """Make *slot*'s EventService subscription when it has none (asked again every power interval after a
+        failure or a BMC without one), and with *checked* (a BMC health read) see it is still there."""
+        from mctl.bmc import eventservice
+        from mctl.bmc.client import BMCError
+
+        assert self.receiver is not None
+        now = time.monotonic()
+        sub = slot.sub
+        try:
+            if sub is not None and checked and not eventservice.still_there(client, sub):
+                self.receiver.forget(sub.context)
+                sub = None                                  # lost (a BMC reboot): made again below
+            if sub is None and (slot.sub_tried is None or now - slot.sub_tried >= self.reader.power_interval):
+                slot.sub_tried = now
+                token = self.receiver.token_for(slot.host.name)
+                sub = eventservice.subscribe(client, self.receiver.url, token)
+                if sub is None:
+                    self.receiver.forget(token)
+                slot.sub_error = None if sub is not None else "the BMC offers no EventService"
+        except BMCError as exc:
+            slot.sub_error = exc.message
+        with self._lock:
+            slot.sub = sub
 
     def _read(self, name: str, token: int, until: float, power: bool) -> None:
         start = time.monotonic()
@@ -502,7 +608,10 @@ class BmcWatch:
                     if current():
                         slot.client = client
             client.deadline = until
-            return read_tray(client, paths, power=power, keep=keep)
+            out = read_tray(client, paths, power=power, keep=keep)
+            if self.receiver is not None and out.answered:
+                self._subscription(slot, client, power)
+            return out
 
         health = _guarded(one, start, slot.power)
         with self._lock:
@@ -511,6 +620,14 @@ class BmcWatch:
         if not used and client is not None and not mine:
             client.close()                          # cut at its deadline: this client was replaced
         self._wake.set()
+
+
+def subscribed_interval(events, leak_every: float, bmc_every: float) -> float:
+    """Seconds between two leak polls of a BMC whose leak events the watch receives: `health.bmc_events.leak_interval`,
+    else the BMC health's cadence (`health.bmc_interval`, at least BMC_INTERVAL_MIN by default), never below the
+    leak interval: the event says a leak within seconds, the poll checks the events were not lost."""
+    configured = getattr(events, "leak_interval", None)
+    return max(leak_every, float(configured) if configured is not None else bmc_every)
 
 
 def leak_interval(configured: float | None, watch_interval: float) -> float:

@@ -42,12 +42,21 @@ class Reading:
     index: dict[str, int] = field(default_factory=dict)  # GPU key -> its index in that reading
 
 
+# host -> (the counters object last read, its non-zero judged counters, its GPU index): the same object as last
+# sweep (mctl.facts.probe.LastParse: `nvlink -e` printed the same) is not walked again. The dicts are never changed
+# once made (_rebase copies), so readings may share them.
+_LAST: dict[str, tuple[object, dict, dict]] = {}
+
+
 def reading_of(facts: TrayFacts) -> Reading | None:
     """The judged counters of *facts* that are not zero (a GPU in `index` reads zero on every counter it lacks:
     a healthy tray's reading is its GPU index and nothing else, whatever its number of links)."""
     if not facts.nvlink_counters:
         return None
     epoch = facts.clock.epoch if facts.clock is not None else time.time()
+    last = _LAST.get(facts.host)
+    if last is not None and last[0] is facts.nvlink_counters:
+        return Reading(epoch, facts.boot_id, last[1], last[2])
     counters: dict[tuple[str, int, str], int] = {}
     index: dict[str, int] = {}
     for g in facts.nvlink_counters:
@@ -56,6 +65,7 @@ def reading_of(facts: TrayFacts) -> Reading | None:
             for name, value in values.items():
                 if value and judged(name):
                     counters[(g.key, link, name)] = value
+    _LAST[facts.host] = (facts.nvlink_counters, counters, index)
     return Reading(epoch, facts.boot_id, counters, index)
 
 

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from mctl.errors import UsageError
 from mctl.inventory.schema import BMCSpec, HealthSpec, NMXSpec, SafetySpec, SchedulerSpec, SSHSpec
 from mctl.model.findings import Severity
-from mctl.model.settings import (FABRIC_FLAG_DEFAULTS, BMCSettings, BudgetSettings, EscalationSettings, EventSink,
+from mctl.model.settings import (FABRIC_FLAG_DEFAULTS, BMCSettings, BmcEventSettings, BudgetSettings, EscalationSettings, EventSink,
                                  HealthSettings, K8sSettings, LadderSettings, NMXSettings, SafetySettings,
                                  SchedulerSettings, SlurmSettings, SSHSettings, parse_duration, parse_subcodes)
 
@@ -122,6 +122,11 @@ def health_settings(spec: HealthSpec) -> HealthSettings:
         leak_interval=None if spec.leak_interval is None else float(spec.leak_interval),
         bmc_interval=None if spec.bmc_interval is None else float(spec.bmc_interval),
         bmc_stale_after=int(spec.bmc_stale_after),
+        bmc_events=BmcEventSettings(
+            listen=spec.bmc_events.listen, port=int(spec.bmc_events.port), url=spec.bmc_events.url,
+            tls_cert=spec.bmc_events.tls_cert, tls_key=spec.bmc_events.tls_key,
+            leak_interval=None if spec.bmc_events.leak_interval is None else float(spec.bmc_events.leak_interval),
+            queue=int(spec.bmc_events.queue)),
         leak_power_off=bool(spec.leak.power_off),
         leak_power_off_after_s=parse_duration(spec.leak.power_off_after),
         leak_clear_sweeps=int(spec.leak.clear_sweeps),

@@ -805,6 +805,7 @@ def _check_site(spec: SiteSpec, doc: Located, problems: list[Problem]) -> None:
         path = ("health", "metrics_listen")
         problems.append(Problem(doc.file, doc.line_of(path), dotted(path), listen,
                                 f"/metrics binds {IP_HINT}: 127.0.0.1 keeps it local, 0.0.0.0 or :: opens it"))
+    _bmc_events_problems(spec.health.bmc_events, doc, problems)
     sched = spec.scheduler
     if sched is None:
         return
@@ -852,3 +853,34 @@ def _check_site(spec: SiteSpec, doc: Located, problems: list[Problem]) -> None:
     elif k8s.helm_repo is not None and (host := url_host_problem(urllib.parse.urlsplit(k8s.helm_repo).netloc)):
         problems.append(Problem(doc.file, doc.line_of(kpath + ("helm_repo",)), dotted(kpath + ("helm_repo",)),
                                 f"the Helm repository URL's host: {host}", ADDRESS_HINT))
+
+
+def _bmc_events_problems(ev, doc, problems: list) -> None:
+    """`health.bmc_events`: an IP to bind; http only on loopback (the events carry a token: not in the clear on a
+    network); a certificate goes with its key; the URL the BMCs are given is http(s) (docs/health.md "Leak events")."""
+    import ipaddress
+    import urllib.parse
+
+    base = ("health", "bmc_events")
+    if ev.listen is None:
+        return
+    listen = address_problem(ev.listen, names=False, host=False)
+    if listen:
+        problems.append(Problem(doc.file, doc.line_of(base + ("listen",)), dotted(base + ("listen",)), listen,
+                                f"the receiver binds {IP_HINT}"))
+        return
+    if (ev.tls_cert is None) != (ev.tls_key is None):
+        path = base + ("tls_cert" if ev.tls_cert is None else "tls_key",)
+        problems.append(Problem(doc.file, doc.line_of(path), dotted(path), "tls_cert and tls_key go together",
+                                "give both (PEM files), or neither on a loopback address"))
+    for key in ("tls_cert", "tls_key"):
+        _check_path(getattr(ev, key), doc, base + (key,), problems)
+    if ev.tls_cert is None and not ipaddress.ip_address(ev.listen).is_loopback:
+        problems.append(Problem(doc.file, doc.line_of(base + ("listen",)), dotted(base + ("listen",)),
+                                f"{ev.listen} is not a loopback address and no tls_cert is given",
+                                "events are received over https off loopback: give tls_cert and tls_key"))
+    if ev.url is not None:
+        parts = urllib.parse.urlsplit(ev.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            problems.append(Problem(doc.file, doc.line_of(base + ("url",)), dotted(base + ("url",)),
+                                    f"{ev.url!r} is not an http(s) URL", "e.g. https://head01.example:8443/"))

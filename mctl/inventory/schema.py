@@ -180,6 +180,17 @@ class LeakSpec(Spec):
                     hint="power-off (the switch tray alone), rack (the whole rack, in order) or alert")
 
 
+class BmcEventsSpec(Spec):
+    # The watch's receiver of Redfish EventService events (docs/health.md "Leak events"; model: BmcEventSettings).
+    listen = F(Opt(str), None)                                # an IP; loopback may take http, any other needs TLS
+    port = F(int, 0, ge=0, le=65535)
+    url = F(Opt(str), None)                                   # what the BMCs POST to (default from listen/port)
+    tls_cert = F(Opt(str), None)
+    tls_key = F(Opt(str), None)
+    leak_interval = F(Opt(float), None, gt=0)                 # a subscribed BMC's leak poll (default: bmc_interval)
+    queue = F(int, 1024, ge=1, le=100000)
+
+
 class EscalationSpec(Spec):
     # Rack-level escalation (docs/health.md "Rack escalation"; mctl/health/escalation.py): off unless the site
     # turns it on (D98).
@@ -283,6 +294,7 @@ class HealthSpec(Spec):
     leak_interval = F(Opt(float), None, gt=0)                # seconds between a BMC's leak reads (default: interval)
     bmc_interval = F(Opt(float), None, gt=0)                 # ... of its health/power (default: leak_interval, >= 60)
     bmc_stale_after = F(int, 3, ge=1)                        # leak intervals a BMC view may age (bmc.stale)
+    bmc_events = F(BmcEventsSpec, factory=BmcEventsSpec)     # leaks pushed by the BMCs (Redfish EventService)
     leak = F(LeakSpec, factory=LeakSpec)
 
     ladder = F(LadderSpec, factory=LadderSpec)

@@ -431,6 +431,8 @@ class _Unit:
         self.fault = bmc_faults.Watched(bmc_faults.faults_path(Path(config["lab_dir"]), config["tray"]))
         self.firmware = FirmwareOverrides(config.get("firmware_file"))
         self.stall = None
+        from mctl.lab.bmc_events import Subscriptions
+        self.events = Subscriptions()               # its EventService subscriptions (mctl/lab/bmc_events.py)
 
 
 def build_app(config: dict[str, Any] | list[dict[str, Any]], tree: dict[str, dict[str, Any]] | None = None):
@@ -548,7 +550,60 @@ def build_app(config: dict[str, Any] | list[dict[str, Any]], tree: dict[str, dic
     def captured(rest):
         return json.dumps(answer(f"{ROOT}/{rest}"), indent=2)
 
+    add_event_service(app, cur)
+    from mctl.lab import bmc_events
+    app.mctl_event_watch = bmc_events.watch_leaks(units, _detector_path, configs[0].get("ca_file"))
     return app
+
+
+def _detector_path(u: "_Unit", detector: str | None) -> str:
+    bmc = bmc_faults.KINDS[u.kind]
+    return f"{bmc.leak_detectors}/{detector or bmc.default_detector}"
+
+
+def add_event_service(app, cur) -> None:
+    """The EventService routes (mctl/lab/bmc_events.py), answered as the BMC *cur()* is."""
+    import flask
+
+    from mctl.lab import bmc_events as ev
+
+    def reply(doc: dict[str, Any], status: int = 200, location: str | None = None):
+        resp = flask.Response(json.dumps(doc, indent=2), status, content_type="application/json")
+        if location:
+            resp.headers["Location"] = location
+        return resp
+
+    def off() -> bool:
+        return bool(cur().fault.get().get("no_events"))
+
+    def service():
+        return reply(ev.service_doc(not off()))
+
+    def subscriptions():
+        u = cur()
+        if flask.request.method == "GET":
+            return reply(u.events.collection())
+        if off():
+            return reply(ev._error("Base.1.15.ServiceDisabled", "The event service is disabled."), 503)
+        status, doc, location = u.events.create(flask.request.get_json(silent=True, force=True))
+        return reply(doc, status, location)
+
+    def subscription(ident):
+        u = cur()
+        if flask.request.method == "DELETE":
+            return ("", 204) if u.events.delete(ident) else reply(
+                ev._error("Base.1.15.ResourceNotFound", f"{ident} not found"), 404)
+        doc = u.events.get(ident)
+        return reply(doc) if doc else reply(ev._error("Base.1.15.ResourceNotFound", f"{ident} not found"), 404)
+
+    for rule, endpoint, func, methods in ((ev.SERVICE, "mctl_event_service", service, ["GET"]),
+                                          (ev.SUBSCRIPTIONS, "mctl_subscriptions", subscriptions, ["GET", "POST"]),
+                                          (f"{ev.SUBSCRIPTIONS}/<ident>", "mctl_subscription", subscription,
+                                           ["GET", "DELETE"])):
+        if endpoint in app.view_functions:
+            app.view_functions[endpoint] = func
+        else:
+            app.add_url_rule(rule, endpoint, func, methods=methods)
 
 
 def expand_levels(value: str | None) -> bool:

@@ -1,4 +1,4 @@
-"""`mctl lab fault bmc TRAY --leak warning|critical|--psu-fail|--hang|--slow S`: faults of a lab tray's BMC.
+"""`mctl lab fault bmc TRAY --leak warning|critical|--psu-fail|--hang|--slow S|--no-events`: faults of a lab tray's BMC.
 
 The fault is state in the tray's `hosts/<tray>/bmc/bmc-faults.json`, the lab's stand-in for the sensor
 wiring and the BMC's own health: the tray's BMC emulator (mctl.lab.bmc_emulator) reads it on every
@@ -19,6 +19,8 @@ each where its real BMC shows them (TrayBmc). What each stands for on a real tra
                    already open too (a wedged bmcweb or its D-Bus backend): every read ends at the
                    client's deadline. Requests held when it is cleared are then answered.
   --slow SECONDS   every answer comes SECONDS late (an overloaded BMC: sensor polling, a firmware update).
+  --no-events      the BMC offers no EventService (ServiceEnabled false, a POST of a subscription refused,
+                   no event sent: mctl/lab/bmc_events.py): its leaks are seen by the watch's polling alone.
 
 Healthy lab trays are dry: their detectors read OK (the captured compute tray's `1_ColdPlate` read Critical).
 """
@@ -102,6 +104,8 @@ def describe(doc: dict[str, Any] | None, kind: str = "compute") -> list[str]:
         out.append("bmc never answers")
     if d.get("slow"):
         out.append(f"bmc answers {float(d['slow']):g} s late")
+    if d.get("no_events"):
+        out.append("bmc offers no EventService")
     return out
 
 
@@ -187,7 +191,7 @@ class BmcFaultResult:
 
 def apply(lab_dir: Path, tray: str, *, leak: str | None = None, detector: str | None = None, psu_fail: bool = False,
           hang: bool = False, slow: float | None = None, clear: bool = False,
-          dry_run: bool = False) -> BmcFaultResult:
+          dry_run: bool = False, no_events: bool = False) -> BmcFaultResult:
     """Set (or with *clear*, remove) a tray's BMC faults; the running emulator serves them from its next request."""
     from mctl.lab.faults import check_delay
     from mctl.lab.labdir import open_lab
@@ -209,12 +213,12 @@ def apply(lab_dir: Path, tray: str, *, leak: str | None = None, detector: str | 
                          hint="a switch tray's BMC takes --leak, --hang and --slow")
     if slow is not None:
         check_delay(slow, "--slow", SLOW_MAX_S)
-    given = bool(leak or psu_fail or hang or slow is not None)
+    given = bool(leak or psu_fail or hang or slow is not None or no_events)
     if clear and given:
         raise UsageError("--clear cannot be combined with other faults", hint="clear first, then inject")
     if not clear and not given:
         raise UsageError("no BMC fault given", hint=f"give one of --leak warning|critical [--detector NAME], "
-                                                    f"--psu-fail, --hang, --slow SECONDS; "
+                                                    f"--psu-fail, --hang, --slow SECONDS, --no-events; "
                                                     f"e.g. mctl lab fault bmc {unit.name} --leak critical")
     path = faults_path(lab.files.dir, unit.name)
     before = read(path)
@@ -227,6 +231,8 @@ def apply(lab_dir: Path, tray: str, *, leak: str | None = None, detector: str | 
         after["hang"] = True
     if slow is not None:
         after["slow"] = float(slow)
+    if no_events:
+        after["no_events"] = True
     actions = []
     if after != before:
         actions.append(f"{'remove' if not after else 'write'} {path}" + (f": {', '.join(describe(after, kind))}"

@@ -169,6 +169,24 @@ SYSLOG_FACILITIES = ("kern", "user", "daemon", "auth", "syslog", "local0", "loca
 
 
 @dataclass(frozen=True)
+class BmcEventSettings:
+    """`health.bmc_events`: the watch's receiver of Redfish EventService events (mctl/health/bmc_events.py, docs/health.md
+    "Leak events"). Off unless `listen` is given."""
+
+    listen: str | None = None               # the IP the receiver binds (loopback: http allowed; else https only)
+    port: int = 0                           # its port (0: any free one, said in the watch's log; a lab's choice)
+    url: str | None = None                  # the URL the BMCs POST to (default: the scheme, listen address and port)
+    tls_cert: str | None = None             # PEM certificate chain and key of the receiver: https
+    tls_key: str | None = None
+    leak_interval: float | None = None      # the leak poll of a subscribed BMC (default: health.bmc_interval's, >= 60 s)
+    queue: int = 1024                       # events waiting for the watch; a full queue drops the newest (counted)
+
+    @property
+    def enabled(self) -> bool:
+        return self.listen is not None
+
+
+@dataclass(frozen=True)
 class EventSink:
     """One place the event stream goes (mctl/health/events.py, docs/events.md): `health.events` in mctl.yml.
 
@@ -279,6 +297,7 @@ class HealthSettings:
     bmc_interval: float | None = None       # seconds between two reads of a tray's BMC health, its power subsystem
                                             # (None: the leak interval, at least 60: warn-only, slow to change)
     bmc_stale_after: int = 3                # a view older than this many leak intervals is bmc.stale
+    bmc_events: BmcEventSettings = field(default_factory=BmcEventSettings)   # leaks pushed by the BMCs (EventService)
     leak_power_off: bool = True             # power a tray with a critical leak off through its BMC ...
     leak_power_off_after_s: float = 600.0   # ... this long after the leak was first seen (BCM: 10 min)
     leak_clear_sweeps: int = 3              # sweeps without a critical reading that end a leak episode
@@ -370,6 +389,12 @@ class HealthSettings:
                              f"{', '.join(LEAK_SWITCH_TRAY)}")
         if "ladder" in kwargs:
             kwargs["ladder"] = LadderSettings.from_dict(kwargs["ladder"])
+        if "bmc_events" in kwargs:
+            got = dict(kwargs["bmc_events"] or {})
+            bad = sorted(set(got) - {f.name for f in fields(BmcEventSettings)})
+            if bad:
+                raise ValueError(f"unknown health setting 'bmc_events.{bad[0]}'")
+            kwargs["bmc_events"] = BmcEventSettings(**got)
         if "escalation" in kwargs:
             known = {f.name for f in fields(EscalationSettings)}
             bad = sorted(set(kwargs["escalation"]) - known)
