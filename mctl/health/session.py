@@ -165,7 +165,8 @@ class WatchSession:
         def publish(view: WatchView) -> None:
             if view.last is None or not (self.textfile or server):
                 return
-            text = metrics.render(view.last, site=self.site.name, counters=view.counters, interval=self.interval)
+            text = metrics.render(view.last, site=self.site.name, counters=view.counters, interval=self.interval,
+                                  shard=view.shard, role=view.role)
             if self.textfile:
                 metrics.write_textfile(self.textfile, text)
             if server:

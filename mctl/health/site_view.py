@@ -137,7 +137,8 @@ def resolve_shard(site: "Site", shard: str | None, racks: str | None) -> Shard:
                                                                  "r[01-08] or r01,r02") from None
     unknown = [r for r in named if r not in site.racks]
     if unknown or not named:
-        raise UsageError(f"unknown rack{'s' if len(unknown) > 1 else ''} {', '.join(unknown) or racks!r}",
+        named_text = ", ".join(unknown) if unknown else repr(racks)
+        raise UsageError(f"unknown rack{'s' if len(unknown) > 1 else ''} {named_text}",
                          hint=f"racks of this inventory: {', '.join(order)}")
     chosen = tuple(r for r in order if r in named)
     owners = {r: name for name, rs in shards.items() for r in rs}
