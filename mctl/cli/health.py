@@ -137,7 +137,7 @@ def watch(
                                                                "health.metrics_listen, else 127.0.0.1).")] = None,
     sweeps: Annotated[Optional[int], typer.Option("--sweeps", min=1, help="Stop after N sweeps (default: run "
                                                                           "until Ctrl-C).")] = None,
-    racks: Annotated[Optional[str], typer.Option("--racks", metavar="SET",
+    racks: Annotated[Optional[str], typer.Option("--rack-set", metavar="SET",
                                                  help="Watch these racks only (a rack set, e.g. r[01-08]): one "
                                                       "shard of the site.")] = None,
     shard: Annotated[Optional[str], typer.Option("--shard", metavar="NAME",
@@ -160,7 +160,7 @@ def watch(
     or unreachable and its connection is reopened in the background, so a sweep ends within its
     interval plus the time the scheduler's actions take (docs/health.md, "Deadlines").
 
-    A large site runs one watch per shard (--shard NAME of health.shards, or --racks SET), each on
+    A large site runs one watch per shard (--shard NAME of health.shards, or --rack-set SET), each on
     its own head node; the site's safety budget, kept by slurmctld, caps them together. With
     health.failover.etcd two watches of one shard elect a leader through an etcd lease: the standby
     takes over within the lease's TTL and a quarter, and every act is fenced (docs/health.md,

@@ -62,7 +62,7 @@ class WatchSession:
 
         owned = resolve_shard(site, shard, racks)
         if target and not owned.whole_site:
-            raise UsageError("a node set and --racks/--shard both given",
+            raise UsageError("a node set and --rack-set/--shard both given",
                              hint="a shard's watch watches all its racks: give the shard, or the node set alone")
         scope = resolve_scope(site, target if owned.whole_site else ",".join(owned.racks))
         settings = settings_of(site)

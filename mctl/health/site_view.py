@@ -104,16 +104,16 @@ def resolve_scope(site: "Site", expr: str | None) -> Scope:
 
 @dataclass(frozen=True)
 class Shard:
-    """The racks one watch owns: a shard of `health.shards`, a `--racks` set, or the whole site."""
+    """The racks one watch owns: a shard of `health.shards`, a `--rack-set` set, or the whole site."""
 
-    name: str                       # the shard's name; for --racks, the shard of the map with those racks, else
+    name: str                       # the shard's name; for --rack-set, the shard of the map with those racks, else
                                     # "racks-<rack>+<rack>..."; "site" for the whole site
     racks: tuple[str, ...]          # in inventory order
     whole_site: bool = False
 
 
 def resolve_shard(site: "Site", shard: str | None, racks: str | None) -> Shard:
-    """The watch's shard from `--shard NAME` or `--racks SET` (a rack node set, e.g. r[01-08]); the whole
+    """The watch's shard from `--shard NAME` or `--rack-set SET` (a rack node set, e.g. r[01-08]); the whole
     site when neither. UsageError (exit 2) for an unknown shard or rack, or both options at once."""
     from ClusterShell.NodeSet import NodeSet, NodeSetParseError, RangeSetParseError
 
@@ -122,7 +122,7 @@ def resolve_shard(site: "Site", shard: str | None, racks: str | None) -> Shard:
     shards = site.health.shards
     order = list(site.racks)
     if shard is not None and racks is not None:
-        raise UsageError("--shard and --racks both given", hint="a watch owns one set of racks: give one of them")
+        raise UsageError("--shard and --rack-set both given", hint="a watch owns one set of racks: give one of them")
     if shard is not None:
         if shard not in shards:
             known = ", ".join(sorted(shards)) or "none: the inventory has no health.shards"
@@ -147,6 +147,6 @@ def resolve_shard(site: "Site", shard: str | None, racks: str | None) -> Shard:
         if set(shards[name]) == set(chosen):
             return Shard(name, chosen)          # the shard of the map with exactly these racks: its lease
     if theirs:
-        raise UsageError(f"--racks {racks} cuts across health.shards ({', '.join(theirs)})",
+        raise UsageError(f"--rack-set {racks} cuts across health.shards ({', '.join(theirs)})",
                          hint="watch a shard of the map (--shard NAME), or racks in no shard")
     return Shard("racks-" + "+".join(chosen), chosen)

@@ -66,7 +66,7 @@ class WatchView:
     error: str | None = None
     stopping: bool = False
     statuses: dict[str, str] = field(default_factory=dict)
-    shard: str | None = None                  # the shard this watch owns (health.shards / --racks), None: the site
+    shard: str | None = None                  # the shard this watch owns (health.shards / --rack-set), None: the site
     role: str | None = None                   # leader | standby with a lease (health.failover), None: alone
 
     def add(self, event: Event) -> None:

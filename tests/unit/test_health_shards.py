@@ -1,5 +1,5 @@
 """Shards and the leader lease's settings (issue 29.6/29.7): the inventory's `health.shards` and
-`health.failover`, `--shard`/`--racks` of `mctl health watch`: bad input is exit 2 with a hint, before
+`health.failover`, `--shard`/`--rack-set` of `mctl health watch`: bad input is exit 2 with a hint, before
 anything starts."""
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ def test_resolve_shard(tmp_path):
 
 @pytest.mark.parametrize("args, words", [
     (["--shard", "pod-c"], "unknown shard 'pod-c'"),
-    (["--racks", "rack-z"], "unknown rack rack-z"),
-    (["--racks", "rack-a", "rack-a-tray01"], "--racks/--shard both given"),
+    (["--rack-set", "rack-z"], "unknown rack rack-z"),
+    (["--rack-set", "rack-a", "rack-a-tray01"], "--rack-set/--shard both given"),
 ])
 def test_watch_refuses_bad_shards_with_exit_2(tmp_path, capsys, args, words):
     site = site_with(tmp_path, SHARDS)
