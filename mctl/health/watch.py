@@ -220,11 +220,13 @@ async def _lead(elector: "Elector", view: WatchView, news: deque,
     """True when this watch holds the lease (sweep now); else, as the standby, wait one poll and say False."""
     leading = await asyncio.to_thread(elector.campaign)
     view.role = "leader" if leading else "standby"
-    if leading:
-        return True
     events = _news(news)
     for e in events:
         view.add(e)
+    if leading:
+        if events:
+            on_update(view, events, False)      # said now, not after the sweep
+        return True
     view.next_at = time.time() + elector.poll
     on_update(view, events, False)
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -53,13 +54,21 @@ class Etcd:
             return False
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        end(self.proc)
         self.log.close()
+
+
+def end(proc: subprocess.Popen) -> None:
+    """A process of the test's own, ended: SIGTERM (after SIGCONT, should it be paused), SIGKILL after 10 s."""
+    if proc.poll() is not None:
+        return
+    os.kill(proc.pid, signal.SIGCONT)
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 class Relay:

@@ -26,7 +26,7 @@ from mctl.health.failover import FENCED, Elector, Fenced
 from mctl.health import store
 from mctl.model.drain import DRAIN, Decision
 from mctl.state.etcd import EtcdClient
-from tests.failover.etcd import Etcd, Relay, etcd_binary
+from tests.failover.etcd import Etcd, Relay, end, etcd_binary
 from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,14 +70,7 @@ class Watch:
         return [e.to_dict() for e in store.read_actions(self.state)] if self.state.exists() else []
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        end(self.proc)
 
 
 @pytest.fixture

@@ -152,7 +152,8 @@ def test_failover_pair_takes_over_within_two_intervals_and_acts_once(sharded, et
         assert f"pid {first.proc.pid}" in drains[0]["who"] and f"pid {second.proc.pid}" in resumes[0]["who"], log
         assert drains[0]["fence"] < resumes[0]["fence"], log       # each under its own token, the newer later
     finally:
-        for w in (first, second):
+        for name, w in (("first", first), ("second", second)):
             if w is not None:
                 w.stop()
+                print(f"--- {name} watch (pid {w.proc.pid}):", *w.lines, w.proc.stderr.read()[-3000:], sep="\n")
         back_in_service(lab)
