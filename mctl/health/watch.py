@@ -189,7 +189,8 @@ async def run_watch(site: "Site", scope: "Scope", settings: "HealthSettings", st
                 finally:
                     current = None
                 sweeps += 1
-                for e in [*_news(lease_news), *events]:
+                events = [*_news(lease_news), *events]      # the lease's news first (its thread said them meanwhile)
+                for e in events:
                     view.add(e)
                 view.next_at = time.time() + max(0.0, interval - (time.monotonic() - t0))
                 on_update(view, events, True)
