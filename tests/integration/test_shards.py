@@ -9,6 +9,8 @@ each) and a safety budget whose site cap (2 of 4 trays) is below the two racks' 
 - A failover pair on one shard sharing its state directory, the lease in etcd: one watch drains the failing
   tray; the leader killed with SIGKILL, the standby takes over within two intervals and resumes the tray once
   healthy (it continues the leader's records); each act once, from the action log.
+- The leader paused with SIGSTOP: the standby takes over and acts; the old leader, resumed, stands by and
+  never acts again.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -48,6 +51,13 @@ def sharded(own_lab, tmp_path_factory):
 
 def mctl_drained(lab) -> list[str]:
     return sorted(t for t, (st, reason) in sinfo(lab).items() if "drain" in st and reason.startswith("mctl:"))
+
+
+def logged(state: Path, action: str, tray: str) -> bool:
+    """The action log has *action* ok for *tray* (read as it is: an intent may still wait for its result)."""
+    path = state / "health" / "actions.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    return any(e["action"] == action and e["tray"] == tray and e["result"] == "ok" for e in lines)
 
 
 def grants(lab) -> list[str]:
@@ -118,14 +128,27 @@ def etcd(processes, sockets, tmp_path):
     server.stop()
 
 
-def test_failover_pair_takes_over_within_two_intervals_and_acts_once(sharded, etcd, tmp_path):
-    lab = sharded
+def pair_site(lab, etcd, tmp_path, prefix: str) -> Path:
+    """The lab's sharded site with the leader lease in *etcd* (interval 2 s, TTL 2 s)."""
     doc = yaml.safe_load((lab.site / "mctl.yml").read_text())
-    doc["health"]["failover"] = {"etcd": [etcd.url], "ttl": "2s", "key_prefix": "/mctl-test"}
+    doc["health"]["failover"] = {"etcd": [etcd.url], "ttl": "2s", "key_prefix": prefix}
     doc["health"]["interval"] = 2
     site = tmp_path / "site"
     site.mkdir()
     (site / "mctl.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return site
+
+
+def show(*watches) -> None:
+    for name, w in watches:
+        if w is not None:
+            w.stop()
+            print(f"--- {name} watch (pid {w.proc.pid}):", *w.lines, w.proc.stderr.read()[-3000:], sep="\n")
+
+
+def test_failover_pair_takes_over_within_two_intervals_and_acts_once(sharded, etcd, tmp_path):
+    lab = sharded
+    site = pair_site(lab, etcd, tmp_path, "/mctl-test-kill")
     state = tmp_path / "state"                       # shared by the pair (shared storage between head nodes)
     tray = "lab-r1-tray01"
     first = Watch(lab, site, state, "--shard", "s1")
@@ -136,7 +159,7 @@ def test_failover_pair_takes_over_within_two_intervals_and_acts_once(sharded, et
         wait_for("the second is the standby", lambda: any("standby" in x for x in second.read()), 60, every=0.3)
         assert second.sweeps() == 0
         fault(lab, tray, xid=79, gpu=0)
-        wait_for("the leader drains the tray", lambda: tray in mctl_drained(lab), 120, every=0.3)
+        wait_for("the leader drains the tray", lambda: logged(state, "drain", tray), 120, every=0.2)
         first.proc.send_signal(signal.SIGKILL)
         killed = time.time()
         wait_for("the standby leads", lambda: any("LEASE" in x and "leading" in x for x in second.read()), 60,
@@ -152,8 +175,45 @@ def test_failover_pair_takes_over_within_two_intervals_and_acts_once(sharded, et
         assert f"pid {first.proc.pid}" in drains[0]["who"] and f"pid {second.proc.pid}" in resumes[0]["who"], log
         assert drains[0]["fence"] < resumes[0]["fence"], log       # each under its own token, the newer later
     finally:
-        for name, w in (("first", first), ("second", second)):
-            if w is not None:
-                w.stop()
-                print(f"--- {name} watch (pid {w.proc.pid}):", *w.lines, w.proc.stderr.read()[-3000:], sep="\n")
+        show(("first", first), ("second", second))
+        back_in_service(lab)
+
+
+def test_a_paused_leader_resumed_stands_by_and_never_acts_twice(sharded, etcd, tmp_path):
+    """SIGSTOP of the leader: the standby takes over and drains the tray that fails meanwhile; the old leader,
+    resumed, finds its lease gone (its renewal or its fence) and stands by; each act once, by the new leader."""
+    lab = sharded
+    site = pair_site(lab, etcd, tmp_path, "/mctl-test-stop")
+    state = tmp_path / "state"
+    tray = "lab-r1-tray02"
+    first = Watch(lab, site, state, "--shard", "s1")
+    second = None
+    try:
+        wait_for("the first watch leads and sweeps", lambda: first.sweeps() >= 1, 120, every=0.3)
+        second = Watch(lab, site, state, "--shard", "s1")
+        wait_for("the second is the standby", lambda: any("standby" in x for x in second.read()), 60, every=0.3)
+        first.proc.send_signal(signal.SIGSTOP)
+        stopped = time.time()
+        wait_for("the standby leads", lambda: any("LEASE" in x and "leading" in x for x in second.read()), 60,
+                 every=0.1)
+        took = time.time() - stopped
+        assert took <= 2 * 2 + 1, f"the standby led {took:.1f}s after the leader was paused"
+        fault(lab, tray, xid=79, gpu=0)
+        wait_for("the new leader drains the tray", lambda: tray in mctl_drained(lab), 120, every=0.3)
+        seen = len(first.read())
+        first.proc.send_signal(signal.SIGCONT)
+        wait_for("the old leader, resumed, stands by", lambda: any(
+            ("LEASE" in x and ("lost the lease" in x or "standby" in x)) or "FENCED" in x
+            for x in first.read()[seen:]), 60, every=0.2)
+        fault(lab, tray, clear=True)
+        wait_for("the new leader resumes the tray", lambda: tray not in mctl_drained(lab), 120, every=0.5)
+        log = actions(state)
+        acts = [e for e in log if e["tray"] == tray and e["action"] in ("drain", "resume") and e["result"] == "ok"]
+        assert [e["action"] for e in acts] == ["drain", "resume"], log
+        assert all(f"pid {second.proc.pid}" in e["who"] for e in acts), log
+        late = [e for e in log if f"pid {first.proc.pid}" in e.get("who", "") and e["action"] != "fenced"
+                and e["time"] > acts[0]["time"]]
+        assert not late, late                    # the old leader did nothing after it was paused, but be fenced
+    finally:
+        show(("first", first), ("second", second))
         back_in_service(lab)
