@@ -111,8 +111,9 @@ class Elector:
             value = json.dumps({"who": self.who, "since": time.time()})
             sent = self.clock()
             created, kv = self.client.create(self.key, value, lease)
-        except EtcdUnreachable as exc:
-            self._standby(None, f"etcd out of reach: {exc.message}")
+        except MctlError as exc:                    # out of reach, or an answer that is not a lease
+            self._standby(None, f"etcd out of reach: {exc.message}" if isinstance(exc, EtcdUnreachable)
+                          else exc.message)
             return False
         if not created:
             try:
@@ -151,7 +152,7 @@ class Elector:
         sent = self.clock()
         try:
             left = self.client.keepalive(lease)
-        except EtcdUnreachable as exc:
+        except MctlError as exc:
             if self.clock() - self._renewed >= self.ttl:
                 self._lose(token, f"no renewal answered for {self.ttl}s ({exc.message})")
                 return False
@@ -180,7 +181,7 @@ class Elector:
             raise Fenced("this watch does not hold the lease", None)
         try:
             held = self.client.holds(self.key, token)
-        except EtcdUnreachable as exc:
+        except MctlError as exc:                    # no answer (or none that says yes): never act on a guess
             self._lose(token, "etcd out of reach at the fence")
             raise Fenced(f"etcd out of reach: cannot tell that fencing token {token} still holds {self.key} "
                          f"({exc.message})", token) from None
