@@ -180,7 +180,9 @@ def test_failover_pair_takes_over_within_two_intervals_and_acts_once(sharded, et
         took = time.time() - killed
         assert took <= 2 * 2 + 1, f"the standby led {took:.1f}s after the leader was killed"   # 2 intervals + poll
         fault(lab, tray, clear=True)
-        wait_for("the new leader resumes the tray", lambda: tray not in mctl_drained(lab), 120, every=0.5)
+        wait_for("the new leader resumes the tray (its result logged)", lambda: logged(state, "resume", tray), 120,
+                 every=0.5)
+        assert tray not in mctl_drained(lab)
         log = actions(state)
         drains = [e for e in log if e["action"] == "drain" and e["tray"] == tray and e["result"] == "ok"]
         resumes = [e for e in log if e["action"] == "resume" and e["tray"] == tray and e["result"] == "ok"]
@@ -219,7 +221,9 @@ def test_a_paused_leader_resumed_stands_by_and_never_acts_twice(sharded, etcd, t
             ("LEASE" in x and ("lost the lease" in x or "standby" in x)) or "FENCED" in x
             for x in first.read()[seen:]), 60, every=0.2)
         fault(lab, tray, clear=True)
-        wait_for("the new leader resumes the tray", lambda: tray not in mctl_drained(lab), 120, every=0.5)
+        wait_for("the new leader resumes the tray (its result logged)", lambda: logged(state, "resume", tray), 120,
+                 every=0.5)
+        assert tray not in mctl_drained(lab)
         log = actions(state)
         acts = [e for e in log if e["tray"] == tray and e["action"] in ("drain", "resume") and e["result"] == "ok"]
         assert [e["action"] for e in acts] == ["drain", "resume"], log
