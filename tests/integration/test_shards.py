@@ -49,6 +49,7 @@ def sharded(own_lab, tmp_path_factory):
         lab.settle_slurm()
         lab.site = site
         lab.all_trays = sorted(n for n in lab.addresses if "-tray" in n)
+        lab.trays = lab.all_trays              # the kernel logs of every rack's trays put back after each test
         yield lab
 
 
@@ -56,11 +57,14 @@ def mctl_drained(lab) -> list[str]:
     return sorted(t for t, (st, reason) in sinfo(lab).items() if "drain" in st and reason.startswith("mctl:"))
 
 
-def logged(state: Path, action: str, tray: str) -> bool:
-    """The action log has *action* ok for *tray* (read as it is: an intent may still wait for its result)."""
+def raw_log(state: Path) -> list[dict]:
+    """The action log as it is now (a watch may be between an intent and its result)."""
     path = state / "health" / "actions.jsonl"
-    lines = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
-    return any(e["action"] == action and e["tray"] == tray and e["result"] == "ok" for e in lines)
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def logged(state: Path, action: str, tray: str) -> bool:
+    return any(e["action"] == action and e["tray"] == tray and e["result"] == "ok" for e in raw_log(state))
 
 
 def drained_in(state: Path, tray: str) -> bool:
@@ -76,6 +80,15 @@ def grants(lab) -> list[str]:
                   and w != "ReservationName=mctl_budget_tripped")
 
 
+@pytest.fixture
+def kern_logs(sharded):
+    """Each test leaves the trays' kernel logs as it found them: its XID lines would drain a tray again in the
+    next test's sweeps (within health.xid_window)."""
+    sizes = sharded.kern_log_sizes()
+    yield
+    sharded.restore_kern_logs(sizes)
+
+
 def back_in_service(lab) -> None:
     for t in lab.all_trays:
         fault(lab, t, clear=True)
@@ -85,7 +98,7 @@ def back_in_service(lab) -> None:
     wait_for("every tray back in service", lambda: mctl_drained(lab) == [], 90, every=1)
 
 
-def test_two_shard_watches_never_exceed_the_site_cap_together(sharded, tmp_path):
+def test_two_shard_watches_never_exceed_the_site_cap_together(sharded, kern_logs, tmp_path):
     lab = sharded
     cap = 2
     watches = [Watch(lab, lab.site, tmp_path / f"state-{s}", "--shard", s, "--interval", "1") for s in SHARDS]
@@ -100,8 +113,8 @@ def test_two_shard_watches_never_exceed_the_site_cap_together(sharded, tmp_path)
             drained = mctl_drained(lab)
             seen_max = max(seen_max, len(drained), len(grants(lab)))
             held = set()
-            for s, w in zip(SHARDS, watches):
-                held |= {e["tray"] for e in actions(tmp_path / f"state-{s}")
+            for s in SHARDS:
+                held |= {e["tray"] for e in raw_log(tmp_path / f"state-{s}")
                          if e["action"] in ("skip", "drain") and "safety budget" in (e.get("why", "") +
                                                                                       e.get("result", ""))}
             return len(drained) == cap and set(lab.all_trays) - set(drained) <= held
@@ -114,7 +127,7 @@ def test_two_shard_watches_never_exceed_the_site_cap_together(sharded, tmp_path)
         drained = mctl_drained(lab)
         # both shards asked: each watch's log has its own trays only
         for s in SHARDS:
-            trays = {e["tray"] for e in actions(tmp_path / f"state-{s}") if e.get("tray")}
+            trays = {e["tray"] for e in raw_log(tmp_path / f"state-{s}") if e.get("tray")}
             assert trays and all(t.startswith(SHARDS[s][0] + "-") for t in trays), (s, trays)
         # health drains, from either state directory, sees the whole site: every mctl drain in Slurm, the budget
         doc = json.loads(lab.mctl("-i", str(lab.site), "--state-dir", str(tmp_path / "state-s1"), "--json",
@@ -156,7 +169,7 @@ def show(*watches) -> None:
             print(f"--- {name} watch (pid {w.proc.pid}):", *w.lines, w.proc.stderr.read()[-3000:], sep="\n")
 
 
-def test_failover_pair_takes_over_within_two_intervals_and_acts_once(sharded, etcd, tmp_path):
+def test_failover_pair_takes_over_within_two_intervals_and_acts_once(sharded, kern_logs, etcd, tmp_path):
     lab = sharded
     site = pair_site(lab, etcd, tmp_path, "/mctl-test-kill")
     state = tmp_path / "state"                       # shared by the pair (shared storage between head nodes)
@@ -194,7 +207,7 @@ def test_failover_pair_takes_over_within_two_intervals_and_acts_once(sharded, et
         back_in_service(lab)
 
 
-def test_a_paused_leader_resumed_stands_by_and_never_acts_twice(sharded, etcd, tmp_path):
+def test_a_paused_leader_resumed_stands_by_and_never_acts_twice(sharded, kern_logs, etcd, tmp_path):
     """SIGSTOP of the leader: the standby takes over and drains the tray that fails meanwhile; the old leader,
     resumed, finds its lease gone (its renewal or its fence) and stands by; each act once, by the new leader."""
     lab = sharded
