@@ -162,6 +162,18 @@ def pair_site(lab, etcd, tmp_path, prefix: str) -> Path:
     return site
 
 
+def start_pair(lab, site: Path, state: Path, started: list) -> tuple[Watch, Watch]:
+    """Two watches of shard s1 on one state directory: the first leads (it swept), the second is the standby.
+    Each is appended to *started* as it starts (the caller stops them)."""
+    first = Watch(lab, site, state, "--shard", "s1")
+    started.append(first)
+    wait_for("the first watch leads and sweeps", lambda: first.sweeps() >= 1, 120, every=0.3)
+    second = Watch(lab, site, state, "--shard", "s1")
+    started.append(second)
+    wait_for("the second is the standby", lambda: any("standby" in x for x in second.read()), 60, every=0.3)
+    return first, second
+
+
 def show(*watches) -> None:
     for name, w in watches:
         if w is not None:
@@ -171,15 +183,11 @@ def show(*watches) -> None:
 
 def test_failover_pair_takes_over_within_two_intervals_and_acts_once(sharded, kern_logs, etcd, tmp_path):
     lab = sharded
-    site = pair_site(lab, etcd, tmp_path, "/mctl-test-kill")
     state = tmp_path / "state"                       # shared by the pair (shared storage between head nodes)
     tray = "lab-r1-tray01"
-    first = Watch(lab, site, state, "--shard", "s1")
-    second = None
+    pair: list[Watch] = []
     try:
-        wait_for("the first watch leads and sweeps", lambda: first.sweeps() >= 1, 120, every=0.3)
-        second = Watch(lab, site, state, "--shard", "s1")
-        wait_for("the second is the standby", lambda: any("standby" in x for x in second.read()), 60, every=0.3)
+        first, second = start_pair(lab, pair_site(lab, etcd, tmp_path, "/mctl-test-kill"), state, pair)
         assert second.sweeps() == 0
         fault(lab, tray, xid=79, gpu=0)
         # killed once the drain is in the log *and* the state (a kill between the two leaves a drain the state
@@ -203,7 +211,7 @@ def test_failover_pair_takes_over_within_two_intervals_and_acts_once(sharded, ke
         assert f"pid {first.proc.pid}" in drains[0]["who"] and f"pid {second.proc.pid}" in resumes[0]["who"], log
         assert drains[0]["fence"] < resumes[0]["fence"], log       # each under its own token, the newer later
     finally:
-        show(("first", first), ("second", second))
+        show(*zip(("first", "second"), pair))
         back_in_service(lab)
 
 
@@ -211,15 +219,11 @@ def test_a_paused_leader_resumed_stands_by_and_never_acts_twice(sharded, kern_lo
     """SIGSTOP of the leader: the standby takes over and drains the tray that fails meanwhile; the old leader,
     resumed, finds its lease gone (its renewal or its fence) and stands by; each act once, by the new leader."""
     lab = sharded
-    site = pair_site(lab, etcd, tmp_path, "/mctl-test-stop")
     state = tmp_path / "state"
     tray = "lab-r1-tray02"
-    first = Watch(lab, site, state, "--shard", "s1")
-    second = None
+    pair: list[Watch] = []
     try:
-        wait_for("the first watch leads and sweeps", lambda: first.sweeps() >= 1, 120, every=0.3)
-        second = Watch(lab, site, state, "--shard", "s1")
-        wait_for("the second is the standby", lambda: any("standby" in x for x in second.read()), 60, every=0.3)
+        first, second = start_pair(lab, pair_site(lab, etcd, tmp_path, "/mctl-test-stop"), state, pair)
         first.proc.send_signal(signal.SIGSTOP)
         stopped = time.time()
         wait_for("the standby leads", lambda: any("LEASE" in x and "leading" in x for x in second.read()), 60,
@@ -245,5 +249,5 @@ def test_a_paused_leader_resumed_stands_by_and_never_acts_twice(sharded, kern_lo
                 and e["time"] > acts[0]["time"]]
         assert not late, late                    # the old leader did nothing after it was paused, but be fenced
     finally:
-        show(("first", first), ("second", second))
+        show(*zip(("first", "second"), pair))
         back_in_service(lab)
