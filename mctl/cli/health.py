@@ -137,6 +137,11 @@ def watch(
                                                                "health.metrics_listen, else 127.0.0.1).")] = None,
     sweeps: Annotated[Optional[int], typer.Option("--sweeps", min=1, help="Stop after N sweeps (default: run "
                                                                           "until Ctrl-C).")] = None,
+    racks: Annotated[Optional[str], typer.Option("--rack-set", metavar="SET",
+                                                 help="Watch these racks only (a rack set, e.g. r[01-08]): one "
+                                                      "shard of the site.")] = None,
+    shard: Annotated[Optional[str], typer.Option("--shard", metavar="NAME",
+                                                 help="Watch the racks of this shard of health.shards.")] = None,
     timeout: TimeoutOpt = None,
     dry_run: DryRunOpt = False,
 ) -> None:
@@ -155,6 +160,12 @@ def watch(
     or unreachable and its connection is reopened in the background, so a sweep ends within its
     interval plus the time the scheduler's actions take (docs/health.md, "Deadlines").
 
+    A large site runs one watch per shard (--shard NAME of health.shards, or --rack-set SET), each on
+    its own head node; the site's safety budget, kept by slurmctld, caps them together. With
+    health.failover.etcd two watches of one shard elect a leader through an etcd lease: the standby
+    takes over within the lease's TTL and a quarter, and every act is fenced (docs/health.md,
+    "Shards and failover").
+
     Example: mctl -i inventories/lab health watch lab-r1 --interval 10 --metrics-port 9464
     """
     from mctl.health.session import WatchSession
@@ -162,6 +173,7 @@ def watch(
     opts = options()
     out = render.Output()                   # no JSON form: a --json before 'health' is ignored, as always
     session = WatchSession.configure(opts.site(), opts.state_dir, target, interval=interval, remediate=remediate,
+                                     racks=racks, shard=shard,
                                      metrics_textfile=metrics_textfile, metrics_port=metrics_port,
                                      metrics_listen=metrics_listen, sweeps=sweeps, timeout=timeout, dry_run=dry_run,
                                      on_warning=out.warn)

@@ -26,7 +26,7 @@ STYLE = {"healthy": "bold green", "warn": "bold yellow", "critical": "bold red",
          "drained": "bold white on red", "held": "bold white on blue", "unknown": "dim"}
 EVENT_STYLE = {"drain": "bold red", "resume": "bold green", "breaker": "bold white on red", "error": "red",
                "skip": "yellow", "queue": "yellow", "forget": "cyan", "adopt": "cyan", "status": "", "info": "dim",
-               "power-off": "bold white on red"}
+               "power-off": "bold white on red", "lease": "bold cyan", "fenced": "bold red"}
 
 
 def _ago(at: float | None) -> str:
@@ -188,8 +188,12 @@ class WatchScreen:
         header.add_column(ratio=1)
         mode = "DRY RUN" if v.dry_run else ("remediation ON" if v.remediate else "remediation OFF (report only)")
         trays = sum(len(t) for t in v.racks.values())
-        title = Text.assemble(("mctl health watch", "bold"), f"  site {v.site}  {trays} trays  every {v.interval:g}s  ",
-                              (mode, "bold red" if v.remediate and not v.dry_run else "bold yellow"))
+        shard = f"  shard {v.shard}" if v.shard else ""
+        role = {"leader": ("  LEADER", "bold green"), "standby": ("  STANDBY (not acting)", "bold yellow")}.get(
+            v.role or "", ("", ""))
+        title = Text.assemble(("mctl health watch", "bold"), f"  site {v.site}{shard}  {trays} trays  every "
+                              f"{v.interval:g}s  ", (mode, "bold red" if v.remediate and not v.dry_run else "bold yellow"),
+                              role)
         header.add_row(title)
         if last is not None:
             breaker = ("TRIPPED: " + (last.breaker.reason or "")) if last.breaker.tripped else "closed"

@@ -16,6 +16,11 @@ isolation. For each batch of acts, in this order and in this one place:
 4. **result**: one result line per act (the act's action, or the one its result says, e.g. a drain
    queued when the scheduler did not answer), then the lines the responder adds, and the state saved.
 
+With a leader lease (mctl.health.failover), the **fence** comes first: etcd is asked whether this watch
+still holds the lease, right before the first intent is written; when it does not (or etcd cannot say),
+every act of the batch is refused with one `fenced` line and `Fenced` is raised, nothing else written
+and the state not saved. The token is on every intent and result line (`fence`).
+
 Every line it writes is also handed to `emit` (the event stream, mctl.health.events), after it is in
 the log; emitting never blocks or raises.
 
@@ -69,8 +74,10 @@ Batch = Callable[[list[Act]], Awaitable[list[Done]]]
 
 class Actuator:
     def __init__(self, state_dir: Path, who: str, batches: dict[str, Batch] | None = None,
-                 emit: Callable[[Sequence[store.ActionEntry]], None] | None = None):
+                 emit: Callable[[Sequence[store.ActionEntry]], None] | None = None,
+                 fence: Callable[[], int] | None = None):
         self.state_dir = Path(state_dir)
+        self.fence = fence              # the leader lease's check (mctl.health.failover.Elector.fence); None: alone
         self.who = who
         self.batches: dict[str, Batch] = dict(batches or {})
         # every line written goes out as an event too (mctl.health.events: intents are not events)
@@ -111,6 +118,10 @@ class Actuator:
                 return []                   # nothing to write: the engine saves the state once, at the end
         for a in acts:
             a.intent_id = a.intent_id or f"{a.decision.host}@{a.decision.at:.3f}:{secrets.token_hex(4)}"
+        if self.fence is not None and acts:
+            token = self._fenced(acts)
+            for a in acts:
+                a.fields = {**a.fields, "fence": token}
         now = [a for a in acts if not a.intent_on_start and a.intent]
         for a in now:
             if a.mark is not None:
@@ -134,6 +145,19 @@ class Actuator:
         self._log(lines)
         store.save_state(self.state_dir, state)
         return list(before) + lines
+
+    def _fenced(self, acts: Sequence[Act]) -> int:
+        """The fencing token, if this watch may act now; else one `fenced` line per act and Fenced raised."""
+        from mctl.health.failover import FENCED, Fenced
+
+        assert self.fence is not None
+        try:
+            return self.fence()
+        except Fenced as exc:
+            self._log([store.action_entry(FENCED, a.decision.host, a.decision.reason, who=self.who,
+                                          result=f"refused: {exc.message}", why=a.decision.why, rack=a.decision.rack,
+                                          intent=a.decision.action, fence=exc.token) for a in acts])
+            raise
 
     async def _execute(self, state: store.HealthState, acts: list[Act]) -> list[tuple[Act, Done]]:
         out: dict[int, Done] = {}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from mctl.errors import MctlError
 from mctl.health import store
@@ -43,7 +43,8 @@ class Engine:
 
     def __init__(self, site: "Site", scope: Scope, settings: HealthSettings, state_dir: Path, pool: "SSHPool", *,
                  remediate: bool = False, dry_run: bool = False, timeout: float | None = None,
-                 who: str | None = None, interval: float | None = None, bmc_watch: bool = False):
+                 who: str | None = None, interval: float | None = None, bmc_watch: bool = False,
+                 fence: Callable[[], int] | None = None):
         from mctl.sched.adapter import adapter_for
         from mctl.transport import targets_for
 
@@ -54,6 +55,7 @@ class Engine:
         self.pool = pool
         self.remediate = remediate
         self.dry_run = dry_run
+        self.fence = fence              # the leader lease's check before every act (mctl.health.failover)
         from mctl.transport.ssh import per_tray_deadline
 
         # Every wait of a sweep is bounded by this (docs/health.md, "Deadlines"): each tray's probe,
@@ -213,7 +215,7 @@ class Engine:
             "power-off": power_off_batch(lambda: hosts, self.oob_settings, self.oob_problem,
                                          max(self.act_deadline, POWER_OFF_DEADLINE_MIN)),
             **({"fabric": self.fabric.batch(self.scheduler, self.act_deadline)} if self.fabric is not None else {})},
-            emit=self.bus.actions)
+            emit=self.bus.actions, fence=self.fence)
         return Context(self.site, self.scope, self.settings, self.sizes, self.state_dir, self.who, actuator,
                        result, time.time(), self.pool, self.targets, self.scheduler, self.oob_settings,
                        self.oob_problem, self.partitions_changed)

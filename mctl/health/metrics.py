@@ -64,8 +64,10 @@ def _labels(**labels: str | None) -> str:
 
 
 def render(result: "SweepResult", *, site: str, counters: dict[str, int] | None = None,
-           interval: float | None = None) -> str:
-    """The exposition text for one sweep (plus running counters of actions since the watch started)."""
+           interval: float | None = None, shard: str | None = None, role: str | None = None) -> str:
+    """The exposition text for one sweep (plus running counters of actions since the watch started). A watch
+    of one shard (*shard*) or of a failover pair (*role*) says so in `mctl_health_watch_info`; the trays'
+    series carry their rack, so the site is the sum of its shards' watches."""
     lines: list[str] = []
 
     def metric(name: str, kind: str, help_text: str, samples: Iterable[tuple[dict, float]]) -> None:
@@ -80,6 +82,10 @@ def render(result: "SweepResult", *, site: str, counters: dict[str, int] | None 
            [({"site": site}, round(result.elapsed, 3))])
     metric("mctl_health_sweeps_total", "counter", "Sweeps since the watch started.",
            [({"site": site}, result.number)])
+    if shard or role:
+        metric("mctl_health_watch_info", "gauge", "This watch's shard (health.shards; site: the whole site) and "
+               "its role in a failover pair (leader, standby; alone without health.failover).",
+               [({"site": site, "shard": shard or "site", "role": role or "alone"}, 1)])
     if interval:
         metric("mctl_health_interval_seconds", "gauge", "Configured sweep interval.", [({"site": site}, interval)])
     tray_samples = []

@@ -21,7 +21,7 @@ from mctl.health.watch import Event, WatchView
 
 if TYPE_CHECKING:
     from mctl.model.settings import HealthSettings
-    from mctl.health.site_view import Scope
+    from mctl.health.site_view import Scope, Shard
     from mctl.model.site import Site
 
 OnUpdate = Callable[[WatchView, "list[Event]", bool], None]
@@ -46,18 +46,25 @@ class WatchSession:
     view: WatchView
     timeout: float | None = None
     max_sweeps: int | None = None
+    shard: "Shard | None" = None
+    failover: bool = False          # a leader lease in etcd (health.failover.etcd), for an acting watch
 
     @classmethod
     def configure(cls, site: "Site", state_dir: Path, target: str | None, *, interval: float | None = None,
+                  racks: str | None = None, shard: str | None = None,
                   remediate: bool | None = None, metrics_textfile: Path | None = None,
                   metrics_port: int | None = None, metrics_listen: str | None = None, sweeps: int | None = None,
                   timeout: float | None = None, dry_run: bool = False,
                   on_warning: Callable[[str], None] | None = None) -> "WatchSession":
         """The run the options ask for; UsageError for options that cannot work (nothing started yet)."""
         from mctl.health.metrics import listen_address
-        from mctl.health.site_view import resolve_scope, settings_of
+        from mctl.health.site_view import resolve_scope, resolve_shard, settings_of
 
-        scope = resolve_scope(site, target)
+        owned = resolve_shard(site, shard, racks)
+        if target and not owned.whole_site:
+            raise UsageError("a node set and --rack-set/--shard both given",
+                             hint="a shard's watch watches all its racks: give the shard, or the node set alone")
+        scope = resolve_scope(site, target if owned.whole_site else ",".join(owned.racks))
         settings = settings_of(site)
         every = float(interval if interval is not None else settings.interval)
         acting = settings.remediate if remediate is None else remediate
@@ -79,9 +86,14 @@ class WatchSession:
         if metrics_listen is not None and not port:
             raise UsageError("--metrics-listen needs a port to listen on",
                              hint="add --metrics-port PORT (or set health.metrics_port)")
-        view = WatchView(site=site.name, racks=racks_of(scope), interval=every, remediate=acting, dry_run=dry_run)
+        view = WatchView(site=site.name, racks=racks_of(scope), interval=every, remediate=acting, dry_run=dry_run,
+                         shard=None if owned.whole_site else owned.name)
+        failover = settings.failover.enabled and acting and not dry_run
+        if settings.failover.enabled and not failover and on_warning is not None:
+            on_warning("health.failover is set, but this watch does not act (dry run or no remediation): "
+                       "it takes no lease and runs beside the leader")
         return cls(site, scope, settings, Path(state_dir), every, acting, dry_run, textfile, port or None, listen,
-                   view, timeout=timeout, max_sweeps=sweeps)
+                   view, timeout=timeout, max_sweeps=sweeps, shard=owned, failover=failover)
 
     @property
     def sweeps_done(self) -> int:
@@ -89,8 +101,18 @@ class WatchSession:
 
     @property
     def locks(self) -> bool:
-        """The run takes the site's watch lock (it acts: remediation on, not a dry run)."""
-        return self.remediate and not self.dry_run
+        """The run takes the state directory's watch lock (it acts: remediation on, not a dry run), unless a
+        leader lease in etcd excludes the other watches instead (D121)."""
+        return self.remediate and not self.dry_run and not self.failover
+
+    def elector(self):
+        """The leader lease's side of this watch (health.failover), or None."""
+        if not self.failover:
+            return None
+        from mctl.health.failover import Elector
+
+        return Elector.configure(self.settings.failover, self.site.name, self.shard.name if self.shard else "site",
+                                 self.interval)
 
     def run(self, on_update: OnUpdate, *, display: ContextManager | None = None) -> None:
         """Serve /metrics, take the lock, open *display*, sweep until stopped (a signal or max_sweeps)."""
@@ -109,12 +131,13 @@ class WatchSession:
         async def main() -> None:
             await run_watch(self.site, self.scope, self.settings, self.state_dir, interval=self.interval,
                             remediate=self.remediate, dry_run=self.dry_run, view=self.view, on_update=update,
-                            timeout=self.timeout, max_sweeps=self.max_sweeps)
+                            timeout=self.timeout, max_sweeps=self.max_sweeps, elector=self.elector())
 
         try:
             with contextlib.ExitStack() as stack:
                 if self.locks:
                     stack.enter_context(store.watch_lock(self.state_dir, "mctl health watch"))
+                if self.remediate and not self.dry_run:
                     store.load_state(self.state_dir)    # a damaged state file stops the watch before it starts
                 if display is not None:
                     stack.enter_context(display)
@@ -142,7 +165,8 @@ class WatchSession:
         def publish(view: WatchView) -> None:
             if view.last is None or not (self.textfile or server):
                 return
-            text = metrics.render(view.last, site=self.site.name, counters=view.counters, interval=self.interval)
+            text = metrics.render(view.last, site=self.site.name, counters=view.counters, interval=self.interval,
+                                  shard=view.shard, role=view.role)
             if self.textfile:
                 metrics.write_textfile(self.textfile, text)
             if server:

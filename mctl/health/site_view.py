@@ -100,3 +100,53 @@ def resolve_scope(site: "Site", expr: str | None) -> Scope:
         raise UsageError(f"{expr!r} names no compute trays" if expr else "the inventory has no compute trays",
                          hint="health checks run on compute trays: give a rack name or a tray node set")
     return Scope(tuple(hosts))
+
+
+@dataclass(frozen=True)
+class Shard:
+    """The racks one watch owns: a shard of `health.shards`, a `--rack-set` set, or the whole site."""
+
+    name: str                       # the shard's name; for --rack-set, the shard of the map with those racks, else
+                                    # "racks-<rack>+<rack>..."; "site" for the whole site
+    racks: tuple[str, ...]          # in inventory order
+    whole_site: bool = False
+
+
+def resolve_shard(site: "Site", shard: str | None, racks: str | None) -> Shard:
+    """The watch's shard from `--shard NAME` or `--rack-set SET` (a rack node set, e.g. r[01-08]); the whole
+    site when neither. UsageError (exit 2) for an unknown shard or rack, or both options at once."""
+    from ClusterShell.NodeSet import NodeSet, NodeSetParseError, RangeSetParseError
+
+    from mctl.errors import UsageError
+
+    shards = site.health.shards
+    order = list(site.racks)
+    if shard is not None and racks is not None:
+        raise UsageError("--shard and --rack-set both given", hint="a watch owns one set of racks: give one of them")
+    if shard is not None:
+        if shard not in shards:
+            known = ", ".join(sorted(shards)) or "none: the inventory has no health.shards"
+            raise UsageError(f"unknown shard {shard!r}", hint=f"shards of health.shards: {known}")
+        return Shard(shard, tuple(r for r in order if r in shards[shard]))
+    if racks is None:
+        return Shard("site", tuple(order), whole_site=True)
+    try:
+        named = list(NodeSet(racks))
+    except (NodeSetParseError, RangeSetParseError) as exc:
+        raise UsageError(f"bad rack set {racks!r}: {exc}", hint="a ClusterShell set of rack names, e.g. "
+                                                                 "r[01-08] or r01,r02") from None
+    unknown = [r for r in named if r not in site.racks]
+    if unknown or not named:
+        named_text = ", ".join(unknown) if unknown else repr(racks)
+        raise UsageError(f"unknown rack{'s' if len(unknown) > 1 else ''} {named_text}",
+                         hint=f"racks of this inventory: {', '.join(order)}")
+    chosen = tuple(r for r in order if r in named)
+    owners = {r: name for name, rs in shards.items() for r in rs}
+    theirs = sorted({owners[r] for r in chosen if r in owners})
+    for name in theirs:
+        if set(shards[name]) == set(chosen):
+            return Shard(name, chosen)          # the shard of the map with exactly these racks: its lease
+    if theirs:
+        raise UsageError(f"--rack-set {racks} cuts across health.shards ({', '.join(theirs)})",
+                         hint="watch a shard of the map (--shard NAME), or racks in no shard")
+    return Shard("racks-" + "+".join(chosen), chosen)

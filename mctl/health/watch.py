@@ -33,6 +33,7 @@ ESCALATION_ACTION = "rack-escalation"   # a rack held by escalation (mctl.health
 if TYPE_CHECKING:
     from mctl.health.sweep import SweepResult
     from mctl.model.settings import HealthSettings
+    from mctl.health.failover import Elector
     from mctl.health.site_view import Scope
     from mctl.model.site import Site
 
@@ -65,6 +66,8 @@ class WatchView:
     error: str | None = None
     stopping: bool = False
     statuses: dict[str, str] = field(default_factory=dict)
+    shard: str | None = None                  # the shard this watch owns (health.shards / --rack-set), None: the site
+    role: str | None = None                   # leader | standby with a lease (health.failover), None: alone
 
     def add(self, event: Event) -> None:
         self.events.append(event)
@@ -118,8 +121,13 @@ def events_of(result: "SweepResult", previous: dict[str, str], *, dry_run: bool)
 async def run_watch(site: "Site", scope: "Scope", settings: "HealthSettings", state_dir: Path, *,
                     interval: float, remediate: bool, dry_run: bool, view: WatchView,
                     on_update: Callable[[WatchView, list[Event], bool], None], timeout: float | None = None,
-                    max_sweeps: int | None = None) -> None:
-    """The loop. Returns when stopped by a signal (or after max_sweeps, for tests and benchmarks)."""
+                    max_sweeps: int | None = None, elector: "Elector | None" = None) -> None:
+    """The loop. Returns when stopped by a signal (or after max_sweeps, for tests and benchmarks).
+
+    With an *elector* (health.failover) the watch sweeps only while it holds the lease; the standby asks for
+    it every `elector.poll` seconds, and a sweep whose acts the fence refuses ends there (mctl.health.failover)."""
+    from mctl.health.failover import Fenced
+
     from mctl.health.engine import Engine
     from mctl.transport import SSHConfig, SSHPool
 
@@ -141,20 +149,29 @@ async def run_watch(site: "Site", scope: "Scope", settings: "HealthSettings", st
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
     engine = None
+    lease_news: deque = deque()         # what the elector said (its renewal runs in a thread)
+    if elector is not None:
+        elector.on_change = lambda text: lease_news.append(Event(time.time(), "lease", None, text))
     try:
         async with SSHPool(SSHConfig.from_site(site)) as pool:
             # bmc_watch: the BMCs are read beside the sweeps, on their own cadence (mctl.health.oob.BmcWatch)
             engine = Engine(site, scope, settings, state_dir, pool, remediate=remediate, dry_run=dry_run,
-                            timeout=timeout, interval=interval, bmc_watch=True)
+                            timeout=timeout, interval=interval, bmc_watch=True,
+                            fence=elector.fence if elector is not None else None)
             sweeps = 0
             while not stop.is_set():
                 t0 = time.monotonic()
                 events: list[Event] = []
+                if elector is not None and not await _lead(elector, view, lease_news, on_update, stop):
+                    continue
                 current = asyncio.ensure_future(engine.sweep())
                 try:
                     result = await current
                 except asyncio.CancelledError:
                     break
+                except Fenced as exc:           # refused before any act: the fenced lines are in the log
+                    view.error = exc.message
+                    events.append(Event(time.time(), "fenced", None, exc.message))
                 except MctlError as exc:
                     view.error = exc.message
                     events.append(Event(time.time(), "error", None, exc.message + (f" ({exc.hint})" if exc.hint
@@ -172,6 +189,7 @@ async def run_watch(site: "Site", scope: "Scope", settings: "HealthSettings", st
                 finally:
                     current = None
                 sweeps += 1
+                events = [*_news(lease_news), *events]      # the lease's news first (its thread said them meanwhile)
                 for e in events:
                     view.add(e)
                 view.next_at = time.time() + max(0.0, interval - (time.monotonic() - t0))
@@ -185,5 +203,35 @@ async def run_watch(site: "Site", scope: "Scope", settings: "HealthSettings", st
     finally:
         if engine is not None:
             engine.close()
+        if elector is not None:
+            elector.resign()            # a clean stop hands the lease over at once
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+
+
+def _news(news: deque) -> list[Event]:
+    out = []
+    while news:
+        out.append(news.popleft())
+    return out
+
+
+async def _lead(elector: "Elector", view: WatchView, news: deque,
+                on_update: Callable[[WatchView, list[Event], bool], None], stop: asyncio.Event) -> bool:
+    """True when this watch holds the lease (sweep now); else, as the standby, wait one poll and say False."""
+    leading = await asyncio.to_thread(elector.campaign)
+    view.role = "leader" if leading else "standby"
+    events = _news(news)
+    for e in events:
+        view.add(e)
+    if leading:
+        if events:
+            on_update(view, events, False)      # said now, not after the sweep
+        return True
+    view.next_at = time.time() + elector.poll
+    on_update(view, events, False)
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=elector.poll)
+    except asyncio.TimeoutError:
+        pass
+    return False

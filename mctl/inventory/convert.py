@@ -14,8 +14,9 @@ from typing import Any, TypeVar
 from mctl.errors import UsageError
 from mctl.inventory.schema import BMCSpec, HealthSpec, NMXSpec, SafetySpec, SchedulerSpec, SSHSpec
 from mctl.model.findings import Severity
-from mctl.model.settings import (FABRIC_FLAG_DEFAULTS, BMCSettings, BmcEventSettings, BudgetSettings, EscalationSettings, EventSink,
-                                 HealthSettings, K8sSettings, LadderSettings, NMXSettings, SafetySettings,
+from mctl.model.settings import (FABRIC_FLAG_DEFAULTS, BMCSettings, BmcEventSettings, BudgetSettings,
+                                 EscalationSettings, EventSink, FailoverSettings, HealthSettings, K8sSettings,
+                                 LadderSettings, NMXSettings, SafetySettings,
                                  SchedulerSettings, SlurmSettings, SSHSettings, parse_duration, parse_subcodes)
 
 T = TypeVar("T")
@@ -147,6 +148,11 @@ def health_settings(spec: HealthSpec) -> HealthSettings:
         isolate=bool(spec.isolate.enabled),
         isolate_to=str(spec.isolate.to),
         events=tuple(event_sink(e) for e in spec.events),
+        shards={str(name): tuple(str(r) for r in racks) for name, racks in spec.shards.items()},
+        failover=FailoverSettings(
+            etcd=tuple(str(e) for e in spec.failover.etcd), key_prefix=str(spec.failover.key_prefix).rstrip("/")
+            or "/mctl", ttl_s=None if spec.failover.ttl is None else parse_duration(spec.failover.ttl),
+            timeout_s=parse_duration(spec.failover.timeout)),
     )
 
 

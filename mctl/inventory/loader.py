@@ -18,12 +18,12 @@ from mctl.errors import InventoryError, Problem, UsageError
 from mctl.inventory.addresses import ADDRESS_HINT, IP_HINT, address_problem, url_host_problem
 from mctl.inventory.convert import (bmc_settings, health_settings, nmx_settings, safety_settings,
                                     scheduler_settings, ssh_settings)
-from mctl.inventory.schema import RackSpec, SiteSpec, TrayGroup
+from mctl.inventory.schema import NAME_PATTERN, RackSpec, SiteSpec, TrayGroup
 from mctl.inventory.spec import DictOf, ListOf, Opt, Spec, SpecError
 from mctl.inventory.yamlsrc import Located, dotted, read_yaml
 from mctl.model.names import (CLUSTER_GRAMMAR, HOST_GRAMMAR, PARTITION_GRAMMAR, is_cluster_name, is_host_name,
                               is_partition_name, nodeset_size, nodeset_too_big, path_problem, shown)
-from mctl.model.settings import HealthSettings
+from mctl.model.settings import MIN_TTL_S, HealthSettings, parse_duration
 from mctl.model.site import MODEL_SHAPES, Host, Partition, Rack, Site
 
 INVENTORY_NAMES = ("mctl.yml", "mctl.yaml")
@@ -489,6 +489,8 @@ def _build_site(spec: SiteSpec, file: Path, doc: Located) -> tuple[Site | None, 
     _bmc_cadence_problems(spec, doc, problems)
     _isolate_problems(spec, doc, problems)
     _event_problems(spec, doc, problems)
+    _shard_problems(spec, doc, problems)
+    _failover_problems(spec, doc, problems)
     _budget_problems(site, doc, problems)
     _leak_problems(site, doc, problems)
     if spec.bmc is not None:
@@ -526,6 +528,44 @@ def _bmc_cadence_problems(spec: SiteSpec, doc: Located, problems: list[Problem])
                                 f"bmc_interval {h.bmc_interval:g}s is shorter than leak_interval {h.leak_interval:g}s: "
                                 "the BMC health is read with a leak read, never more often",
                                 "make bmc_interval at least leak_interval (the leaks are the faster cadence)"))
+
+
+def _shard_problems(spec: SiteSpec, doc: Located, problems: list[Problem]) -> None:
+    """`health.shards`: each shard a name and racks of the inventory, no rack in two shards (two watches would
+    both act on it). A rack in no shard is watched by none of the shard watches: allowed (a rack under
+    bring-up), and said by `mctl health watch --shard` when it starts."""
+    owner: dict[str, str] = {}
+    for name, racks in spec.health.shards.items():
+        path = ("health", "shards", name)
+        if not re.match(NAME_PATTERN, name):
+            problems.append(Problem(doc.file, doc.line_of(path), dotted(path), f"shard name {name!r} is not a name",
+                                    "letters, digits, '.', '_' and '-', starting with a letter or digit"))
+        if not racks:
+            problems.append(Problem(doc.file, doc.line_of(path), dotted(path), f"shard {name} has no racks",
+                                    "list the racks its watch owns, or remove the shard"))
+        for rack in racks:
+            if rack not in spec.racks:
+                problems.append(Problem(doc.file, doc.line_of(path), dotted(path), f"unknown rack {rack!r} in shard "
+                                        f"{name}", f"racks of this inventory: {', '.join(sorted(spec.racks))}"))
+            elif rack in owner and owner[rack] != name:
+                problems.append(Problem(doc.file, doc.line_of(path), dotted(path), f"rack {rack} is in shards "
+                                        f"{owner[rack]} and {name}", "each rack in one shard: one watch acts on it"))
+            owner.setdefault(rack, name)
+
+
+def _failover_problems(spec: SiteSpec, doc: Located, problems: list[Problem]) -> None:
+    """`health.failover`: etcd client URLs, and a TTL etcd grants (docs/health.md "Failover")."""
+    f = spec.health.failover
+    for i, url in enumerate(f.etcd):
+        if not url.startswith(("http://", "https://")) or len(url.split("//", 1)[1].strip("/")) == 0:
+            path = ("health", "failover", "etcd")
+            problems.append(Problem(doc.file, doc.line_of(path), dotted(path), f"etcd endpoint {url!r} is not a URL",
+                                    "give etcd's client URLs, e.g. http://10.0.0.1:2379"))
+    if f.ttl is not None and parse_duration(f.ttl) < MIN_TTL_S:
+        path = ("health", "failover", "ttl")
+        problems.append(Problem(doc.file, doc.line_of(path), dotted(path), f"ttl {f.ttl} is shorter than "
+                                f"{MIN_TTL_S}s", f"etcd grants leases of {MIN_TTL_S}s or more; the standby takes "
+                                "over about one TTL after the leader stops"))
 
 
 def _ladder_problems(spec: SiteSpec, doc: Located, problems: list[Problem]) -> None:

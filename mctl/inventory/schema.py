@@ -251,6 +251,14 @@ class EventSinkSpec(Spec):
     dead_letter = F(Opt(str), None)                          # undeliverable events (default in the state dir)
 
 
+class FailoverSpec(Spec):
+    # The watch's leader lease in etcd v3 (docs/health.md "Failover"); no endpoints: no lease.
+    etcd = F(ListOf(str), factory=list)                      # client URLs, http://host:2379
+    key_prefix = F(str, "/mctl", pattern=r"^/[A-Za-z0-9._/-]*$")
+    ttl = F(Opt(str), None, pattern=DURATION_PATTERN)        # default: the watch's interval (at least 2s)
+    timeout = F(str, "2s", pattern=DURATION_PATTERN)         # each request to etcd
+
+
 class HealthSpec(Spec):
     interval = F(float, 60, gt=0)
     drain_xids = F(ListOf(int), factory=lambda: sorted(DEFAULT_DRAIN_XIDS))
@@ -301,6 +309,8 @@ class HealthSpec(Spec):
     escalation = F(EscalationSpec, factory=EscalationSpec)
     isolate = F(IsolateSpec, factory=IsolateSpec)
     events = F(ListOf(EventSinkSpec), factory=list)          # finding changes and actions out (docs/events.md)
+    shards = F(DictOf(str, ListOf(str)), factory=dict)       # watch shards: name -> racks (docs/health.md)
+    failover = F(FailoverSpec, factory=FailoverSpec)         # the watch's leader lease in etcd
 
 
 class BudgetSpec(Spec):

@@ -247,6 +247,28 @@ LEAK_SWITCH_TRAY = ("power-off", "rack", "alert")
 
 
 @dataclass(frozen=True)
+class FailoverSettings:
+    """The watch's leader lease in etcd v3 (mctl/health/failover.py; docs/health.md "Failover"). No endpoints:
+    no lease, the watch runs alone as it always did."""
+
+    etcd: tuple[str, ...] = ()              # client URLs (http://host:2379), tried in turn
+    key_prefix: str = "/mctl"               # the lease key: <prefix>/<site>/watch/<shard or racks>
+    ttl_s: float | None = None              # the lease's TTL (None: the watch's interval, at least MIN_TTL_S)
+    timeout_s: float = 2.0                  # each request to etcd
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.etcd)
+
+    def ttl_for(self, interval: float) -> int:
+        """The lease's TTL in whole seconds (etcd grants whole seconds) for a watch of *interval*."""
+        return max(MIN_TTL_S, math.ceil(self.ttl_s if self.ttl_s is not None else interval))
+
+
+MIN_TTL_S = 2                               # etcd refuses shorter leases (its election timeout bounds them)
+
+
+@dataclass(frozen=True)
 class HealthSettings:
     interval: float = 60.0
     drain_xids: frozenset[int] = DEFAULT_DRAIN_XIDS
@@ -317,6 +339,9 @@ class HealthSettings:
     isolate_to: str = "quarantine"          # quarantine | default (as `mctl partition isolate --to`)
     # where every finding change and action goes, as JSON lines (mctl/health/events.py, docs/events.md)
     events: tuple[EventSink, ...] = ()
+    # the site's watches, one per shard (name -> its racks; empty: one watch for the site) and their lease
+    shards: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    failover: FailoverSettings = field(default_factory=FailoverSettings)
 
     def event_sinks(self) -> tuple[EventSink, ...]:
         """Every sink of the event stream: `health.events`, and `health.ladder.repair_hook` as the exec sink
@@ -354,6 +379,8 @@ class HealthSettings:
         data["leak_exclude"] = list(self.leak_exclude)
         data["ladder"] = {**asdict(self.ladder), "repair_hook": list(self.ladder.repair_hook)}
         data["events"] = [e.to_dict() for e in self.events]
+        data["shards"] = {k: list(v) for k, v in self.shards.items()}
+        data["failover"] = {**asdict(self.failover), "etcd": list(self.failover.etcd)}
         return data
 
     @classmethod
@@ -403,6 +430,14 @@ class HealthSettings:
             kwargs["escalation"] = EscalationSettings(**kwargs["escalation"])
         if "events" in kwargs:
             kwargs["events"] = tuple(EventSink.from_dict(e) for e in kwargs["events"] or ())
+        if "shards" in kwargs:
+            kwargs["shards"] = {str(k): tuple(str(r) for r in v) for k, v in (kwargs["shards"] or {}).items()}
+        if "failover" in kwargs:
+            f = dict(kwargs["failover"] or {})
+            bad = sorted(set(f) - {x.name for x in fields(FailoverSettings)})
+            if bad:
+                raise ValueError(f"unknown health.failover setting {bad[0]!r}")
+            kwargs["failover"] = FailoverSettings(**{**f, "etcd": tuple(f.get("etcd") or ())})
         return cls(**kwargs)
 
 

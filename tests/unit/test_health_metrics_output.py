@@ -87,3 +87,13 @@ def test_watch_refuses_a_bad_listen_address_with_exit_2(capsys, tmp_path):
     r = run_cli(capsys, "-i", EXAMPLE, "--state-dir", str(tmp_path), "health", "watch", "--metrics-listen",
                 "127.0.0.1", "--sweeps", "1")
     assert r.code == 2 and "needs a port" in r.err
+
+
+def test_a_shard_watch_names_its_shard_and_role_and_a_lone_watch_is_as_before():
+    r = watch_result()
+    alone = render(r, site="lab", interval=2.5)
+    assert "mctl_health_watch_info" not in alone
+    text = render(r, site="lab", interval=2.5, shard="pod1", role="leader")
+    assert 'mctl_health_watch_info{site="lab",shard="pod1",role="leader"} 1' in text, text
+    assert text.replace(text[text.index("# HELP mctl_health_watch_info"):text.index("# HELP mctl_health_interval")],
+                        "") == alone
