@@ -235,7 +235,7 @@ class _Window:
 
 
 class _Storm(Exception):
-    """A connect missed connect_timeout while other connects were in flight: saturation, not a dead host."""
+    """A connect missed connect_timeout in a storm (SSHPool._storm): saturation, not a dead host."""
 
 
 class SSHPool:
@@ -250,6 +250,7 @@ class SSHPool:
         self._until: dict[str, float] = {}
         self._opening = 0                # session opens in flight (a timeout beside others is a storm)
         self._connects = 0               # connects in flight (likewise)
+
         # Hosts whose last command never got a slot before its deadline: the next fan-out starts them first, so a
         # watch whose sweep cannot reach every tray in one interval still reaches each within a few.
         self._starved: set[str] = set()
@@ -267,6 +268,12 @@ class SSHPool:
     @classmethod
     def from_site(cls, site: "Site") -> "SSHPool":
         return cls(SSHConfig.from_site(site))
+
+    @staticmethod
+    def _storm(in_flight: int) -> bool:
+        """A timeout in a storm, not on a dead host: others were in flight beside it (*in_flight* counts it).
+        From outside a dead host in a storm looks the same: it is tried again, and named at its deadline."""
+        return in_flight > 1
 
     async def __aenter__(self) -> "SSHPool":
         return self
@@ -326,7 +333,7 @@ class SSHPool:
         except asyncssh.HostKeyNotVerifiable:
             raise _HostKeyRefused(client.refused_key) from None
         except TimeoutError:
-            if self._connects > 1:           # others in flight when it struck: saturation, not death
+            if self._storm(self._connects):
                 self.window.congested()
                 raise _Storm() from None
             raise
@@ -602,9 +609,10 @@ class SSHPool:
                     proc = task.result()
                     self.window.success()
                     return proc
-                if self._opening > 1:
+                storm = self._storm(self._opening)
+                if storm:
                     self.window.congested()
-                if self._opening > 1 and self._until.get(target.name, 0.0) - time.monotonic() >= MIN_RETRY_LEFT:
+                if storm and self._until.get(target.name, 0.0) - time.monotonic() >= MIN_RETRY_LEFT:
                     self.window.retries += 1
                     continue
                 raise TimeoutError
@@ -623,8 +631,8 @@ class SSHPool:
                               error=f"not started within the {budget:g}s deadline: every SSH slot "
                                     f"(ssh.concurrency {self.config.concurrency}) stayed busy", attempts=0)
         if phase == "connect":
-            if self._connects > 1:
-                # Cut in a storm (other connects in flight): not a dead host. Its connect goes on in the background
+            if self._storm(self._connects):
+                # Cut in a storm (other connects in flight): not known dead. Its connect goes on in the background
                 # (shared with the next command) and it is not marked away.
                 return HostResult(target.name, target.address, HostStatus.UNREACHABLE, phase="connect",
                                   elapsed=elapsed, attempts=max(1, attempts),
@@ -637,7 +645,7 @@ class SSHPool:
             return HostResult(target.name, target.address, HostStatus.UNREACHABLE, phase="connect", elapsed=elapsed,
                               error=error, attempts=max(1, attempts))
         if phase == "session":
-            if self._opening > 0:
+            if self._storm(self._opening + 1):
                 # Other sessions were still opening when the deadline struck: a storm, not a frozen host; the
                 # connection is kept for the next command.
                 return HostResult(target.name, target.address, HostStatus.TIMEOUT, phase="connect", elapsed=elapsed,
