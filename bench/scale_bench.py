@@ -46,22 +46,28 @@ TRAYS = 18
 SWEEP = re.compile(r"SWEEP\s+#(\d+): (\d+) trays: (.*?); .*?([0-9.]+)s$")
 
 
+def reap(proc: subprocess.Popen, until: float, every: float = 0.05, tick=None):
+    """(exit status, rusage) of *proc* (os.wait4: its own and its children's CPU), killed at *until*
+    (time.monotonic()); *tick* runs every *every* seconds while it lives."""
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            return status, usage
+        if time.monotonic() > until:
+            proc.kill()
+            _, status, usage = os.wait4(proc.pid, 0)
+            return status, usage
+        if tick is not None:
+            tick()
+        time.sleep(every)
+
+
 def run(argv: list[str], env: dict, timeout: float) -> dict:
     """wall, cpu (os.wait4 of the process: its own and its children's) and exit of *argv*; stdout kept."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.monotonic()
         proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
-        deadline = start + timeout
-        status = usage = None
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() > deadline:
-                proc.kill()
-                _, status, usage = os.wait4(proc.pid, 0)
-                break
-            time.sleep(0.05)
+        status, usage = reap(proc, start + timeout)
         wall = time.monotonic() - start
         out.seek(0)
         err.seek(0)
@@ -99,19 +105,13 @@ def watch(mctl: list[str], env: dict, interval: float, seconds: float) -> dict:
         proc = subprocess.Popen(mctl + ["health", "watch", "--interval", str(interval), "--sweeps", str(sweeps)],
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         rss: list[tuple[float, float]] = []
-        limit = start + sweeps * interval * 4 + 300
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() > limit:
-                proc.kill()
-                _, status, usage = os.wait4(proc.pid, 0)
-                break
+
+        def sample() -> None:
             m = vmrss_mib(proc.pid)
             if m is not None:
                 rss.append((time.monotonic() - start, m))
-            time.sleep(1.0)
+
+        status, usage = reap(proc, start + sweeps * interval * 4 + 300, every=1.0, tick=sample)
         wall = time.monotonic() - start
         out.seek(0)
         text = out.read().decode(errors="replace")
