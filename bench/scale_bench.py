@@ -101,7 +101,7 @@ def watch(mctl: list[str], env: dict, interval: float, seconds: float) -> dict:
     """One `mctl health watch` for about *seconds* (sweeps = seconds / interval): sweeps, CPU, memory."""
     sweeps = max(2, int(seconds / interval))
     with tempfile.TemporaryFile() as out:
-        start = time.monotonic()
+        start, start_epoch = time.monotonic(), time.time()
         proc = subprocess.Popen(mctl + ["health", "watch", "--interval", str(interval), "--sweeps", str(sweeps)],
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         rss: list[tuple[float, float]] = []
@@ -120,13 +120,15 @@ def watch(mctl: list[str], env: dict, interval: float, seconds: float) -> dict:
         m = SWEEP.search(line)
         if m:
             counts = dict((k, int(v)) for v, k in re.findall(r"(\d+) (unreachable|critical|warn|healthy)", m.group(3)))
+            stamp = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")) if line[:4].isdigit() else None
             rows.append({"sweep": int(m.group(1)), "wall": float(m.group(4)),
-                         "unreachable": counts.get("unreachable", 0)})
+                         "unreachable": counts.get("unreachable", 0),
+                         "at": stamp - start_epoch if stamp is not None else None})
     cpu = usage.ru_utime + usage.ru_stime
     trays = int(SWEEP.search(text).group(2)) if SWEEP.search(text) else 0
     first_sweep_at = 0.0
     if rows:           # RSS from the end of the first sweep on (imports and the first connects are start-up)
-        first_sweep_at = rows[0]["wall"] + 2.0
+        first_sweep_at = rows[0]["at"] + 1.0 if rows[0]["at"] is not None else rows[0]["wall"] + 5.0
     steady = [m for t, m in rss if t >= first_sweep_at] or [m for _, m in rss]
     walls = [r["wall"] for r in rows]
     return {"interval": interval, "sweeps": len(rows), "run_s": round(wall, 1), "exit": os.waitstatus_to_exitcode(status),
