@@ -276,7 +276,7 @@ def gather(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, files: Seq
     probe = probe_command(AUDIT, nonce, files=files, smi_timeout=smi_timeout, packages=packages)
 
     async def main() -> Actual:
-        async with SSHPool(config) as pool:
+        async with SSHPool(config, waves=True) as pool:     # each tray's deadline from its slot (D124)
             jobs: list[Any] = [pool.run(targets, probe, deadline=command_timeout)]
             if controller is not None:
                 (ctl_target,) = targets_for(site, [controller])
@@ -366,7 +366,7 @@ def read_host_imex(site: "Site", trays: Sequence["Host"], *, timeout: float | No
     probe = probe_command(AUDIT, nonce)
 
     async def main() -> list["HostResult"]:
-        async with SSHPool(config) as pool:
+        async with SSHPool(config, waves=True) as pool:
             return await pool.run(targets_for(site, list(trays)), probe, deadline=deadline)
 
     out = HostImex()

@@ -33,7 +33,8 @@ def run_check(site: "Site", expr: str | None, state_dir: Path, *, remediate: boo
                          hint="add a scheduler: section (slurm or k8s) to mctl.yml")
 
     async def main() -> "SweepResult":
-        async with SSHPool(SSHConfig.from_site(site)) as pool:
+        # a one-shot sweep: each tray's deadline from its slot (D124); the watch's sweeps end within the interval
+        async with SSHPool(SSHConfig.from_site(site), waves=True) as pool:
             engine = Engine(site, scope, settings, state_dir, pool, remediate=remediate, dry_run=dry_run,
                             timeout=timeout)
             try:

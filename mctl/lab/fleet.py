@@ -30,6 +30,13 @@ FLEET_SESSION = "/usr/lib/mctl-lab/fleet-session"
 HOST_SUFFIX = "-fleet"
 MAX_STARTUPS = "256:30:1024"                 # one sshd takes the connections of up to 16 hosts at once
 MAX_LISTEN = 16                              # OpenSSH's MAX_LISTEN_SOCKS: addresses one sshd can listen on
+# OpenSSH (9.8+) charges a client address for its connections that end badly (noauth: closed before
+# authenticating, as a connect given up in a storm is) and refuses that address once `min` seconds accrued.
+# A real tray's sshd keeps its own account; one sshd here answers as up to MAX_LISTEN hosts, so its account
+# gets MAX_LISTEN times the thresholds (the per-event charges are OpenSSH's defaults): the lab does not refuse
+# a client before the trays it stands for would. (docs/lab.md "Fleet mode", D124)
+PENALTIES = (f"crash:90 authfail:5 noauth:1 grace-exceeded:10 refuseconnection:10 "
+             f"max:{600 * MAX_LISTEN} min:{15 * MAX_LISTEN}")
 
 
 def rack_host(rack: str) -> str:
@@ -63,7 +70,7 @@ def sshd_config(layout: LabLayout, rack: str) -> str:
     hosts_ = identities(layout, rack)
     lines += ["HostKey /etc/ssh/ssh_host_ed25519_key", "PermitRootLogin prohibit-password",
               "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no", "UseDNS no",
-              f"MaxStartups {MAX_STARTUPS}"]
+              f"MaxStartups {MAX_STARTUPS}", f"PerSourcePenalties {PENALTIES}"]
     for h in hosts_:
         lines += [f"Match LocalAddress {h.address}", f"    ForceCommand {FLEET_SESSION} {h.name}"]
     return "\n".join(lines) + "\n"

@@ -170,7 +170,8 @@ def run_inventory(site: "Site", racks: Sequence["Rack"], *, state_dir: Path, tim
                                  override=timeout)
 
     async def gather() -> list[TrayFacts]:
-        async with SSHPool(SSHConfig.from_site(site)) as pool:
+        # waves: each tray's deadline from its slot, the fan-out's per wave of ssh.concurrency (D124)
+        async with SSHPool(SSHConfig.from_site(site), waves=True) as pool:
             return await collect_facts(pool, all_targets, deadline=deadline)
 
     # Earlier snapshots are read (and a damaged one named) before any host is touched.

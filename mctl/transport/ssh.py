@@ -24,7 +24,20 @@ Policies, fixed here so every caller gets them:
   for it is answered at once as unreachable with the failed connect's error, so
   it costs one deadline, not one per command (docs/health.md, "Deadlines");
 - retries (tenacity) only while connecting, and only for transient network
-  errors; a command is never re-run, because it may not be idempotent.
+  errors; a command is never re-run, because it may not be idempotent;
+- a connection storm is not a dead host (D124): the hosts at work at
+  once are a window (_Window, at most ssh.concurrency) that halves when a
+  connect or session open misses connect_timeout while others were in
+  flight (the machine or network is saturated) and grows back by one per
+  window of successes; such a connect is tried again within the host's
+  deadline, such a session open waited for longer, instead of the host
+  being reported unreachable (and away). A host that times out alone is
+  dead (or frozen) and is reported as before;
+- a pool made with waves=True (the one-shot commands: inventory, audit,
+  health check) gives each host its deadline from when it gets its slot, and
+  the fan-out as a whole deadline x waves (fanout_deadline); the watch's pool
+  keeps every host within its deadline of the call, so a sweep ends within
+  its interval.
 """
 
 from __future__ import annotations
@@ -56,6 +69,15 @@ DEFAULT_TRAY_DEADLINE = 15.0  # seconds a tray's probe may take when nothing els
 # A deadline derived from a short interval is never below this: a whole probe (nvidia-smi included)
 # on a busy tray needs a few seconds, and one cut short reads as a hung tray.
 MIN_TRAY_DEADLINE = 5.0
+MIN_WINDOW = 4                # a saturated window never shrinks below this many hosts at once
+MIN_RETRY_LEFT = 0.5          # seconds of a host's deadline a storm retry needs to be worth starting
+
+
+def fanout_deadline(deadline: float, hosts: int, concurrency: int) -> float:
+    """The whole fan-out's deadline when each host gets *deadline* from its slot: one per wave of
+    *concurrency* hosts (a one-shot command: it ends when its last wave could have)."""
+    waves = max(1, -(-int(hosts) // max(1, int(concurrency))))
+    return float(deadline) * waves
 
 
 def per_tray_deadline(*, configured: float | None = None, interval: float | None = None,
@@ -144,11 +166,94 @@ def _describe_os_error(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+class _Window:
+    """How many hosts are at work at once (connect, session, command): AIMD, as TCP's congestion window.
+
+    It starts at ssh.concurrency (nothing changes while nothing times out), halves when a connect or a session
+    open misses connect_timeout while others were in flight (at most once per *hold* seconds, connect_timeout:
+    a burst of timeouts from one saturated window is one signal), never below MIN_WINDOW, and grows by one per
+    window's worth of connects and session opens that succeed, back to the cap. Places are served in the order
+    asked for."""
+
+    def __init__(self, cap: int, hold: float):
+        self.cap = max(1, int(cap))
+        self.floor = min(MIN_WINDOW, self.cap)
+        self.limit = float(self.cap)
+        self.hold = hold
+        self.active = 0                  # hosts at work
+        self.smallest = self.cap         # the least the window was (tests, bench)
+        self.shrinks = 0
+        self.retries = 0                 # connects and session opens tried again after a storm timeout
+        self._shrunk_at = -1e9
+        self.waiting: "list[asyncio.Future]" = []     # hosts waiting for a place
+
+    def _wake(self) -> None:
+        while self.waiting and self.active < int(self.limit):
+            fut = self.waiting.pop(0)
+            if not fut.done():
+                fut.set_result(None)
+                self.active += 1
+
+    async def acquire(self) -> None:
+        if self.active < int(self.limit) and not self.waiting:
+            self.active += 1
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self.waiting.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()           # woken, then cancelled: hand the place on
+            elif fut in self.waiting:
+                self.waiting.remove(fut)
+            raise
+
+    def release(self) -> None:
+        self.active -= 1
+        self._wake()
+
+    async def __aenter__(self) -> "_Window":
+        await self.acquire()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.release()
+
+    def success(self) -> None:
+        self.limit = min(float(self.cap), self.limit + 1.0 / self.limit)
+        self._wake()
+
+    def congested(self) -> None:
+        now = time.monotonic()
+        if now - self._shrunk_at < self.hold:
+            return
+        self._shrunk_at = now
+        self.limit = max(float(self.floor), self.limit / 2)
+        self.smallest = min(self.smallest, int(self.limit))
+        self.shrinks += 1
+
+
+class _Storm(Exception):
+    """A connect missed connect_timeout in a storm (SSHPool._storm): saturation, not a dead host."""
+
+
 class SSHPool:
     """Open connections keyed by host name; async-first, see run_sync() for the CLI."""
 
-    def __init__(self, config: SSHConfig):
+    def __init__(self, config: SSHConfig, *, waves: bool = False):
         self.config = config
+        # waves: each host's deadline counts from its slot, the fan-out's is fanout_deadline (one-shot commands)
+        self.waves = waves
+        self.window = _Window(config.concurrency, hold=config.connect_timeout)
+        # host -> the latest instant (time.monotonic()) a caller waits for its connect: storm retries stop there
+        self._until: dict[str, float] = {}
+        self._opening = 0                # session opens in flight (a timeout beside others is a storm)
+        self._connects = 0               # connects in flight (likewise)
+
+        # Hosts whose last command never got a slot before its deadline: the next fan-out starts them first, so a
+        # watch whose sweep cannot reach every tray in one interval still reaches each within a few.
+        self._starved: set[str] = set()
         self.known_hosts = KnownHosts.load(config.known_hosts)
         self._conns: dict[str, "asyncssh.SSHClientConnection"] = {}
         # One connect in flight per host, shared by every caller that needs that host; it is
@@ -158,12 +263,17 @@ class SSHPool:
         # (the task in _connecting) brings them back.
         self._away: dict[str, _Away] = {}
         self.dropped = 0                 # connections aborted after a missed deadline (tests, metrics)
-        self._sem: asyncio.Semaphore | None = None
         self._options: "asyncssh.SSHClientConnectionOptions | None" = None
 
     @classmethod
     def from_site(cls, site: "Site") -> "SSHPool":
         return cls(SSHConfig.from_site(site))
+
+    @staticmethod
+    def _storm(in_flight: int) -> bool:
+        """A timeout in a storm, not on a dead host: others were in flight beside it (*in_flight* counts it).
+        From outside a dead host in a storm looks the same: it is tried again, and named at its deadline."""
+        return in_flight > 1
 
     async def __aenter__(self) -> "SSHPool":
         return self
@@ -206,21 +316,31 @@ class SSHPool:
         self.known_hosts = KnownHosts.load(self.config.known_hosts)
         self._options = None
 
-    def _semaphore(self) -> asyncio.Semaphore:
-        if self._sem is None:
-            self._sem = asyncio.Semaphore(self.config.concurrency)
-        return self._sem
+    def _semaphore(self) -> "_Window":
+        """The hosts at work at once: ssh.concurrency at most, fewer while the machine or network is saturated."""
+        return self.window
 
     async def _connect_once(self, target: SSHTarget) -> "asyncssh.SSHClientConnection":
+        """One connect within the window; _Storm if it missed connect_timeout while others were in flight."""
         import asyncssh
 
         client = _client_class()()
+        self._connects += 1
         try:
             async with asyncio.timeout(self.config.connect_timeout):
-                return await asyncssh.connect(target.address, target.port, options=self._base_options(),
+                conn = await asyncssh.connect(target.address, target.port, options=self._base_options(),
                                               username=target.user, client_factory=lambda: client)
         except asyncssh.HostKeyNotVerifiable:
             raise _HostKeyRefused(client.refused_key) from None
+        except TimeoutError:
+            if self._storm(self._connects):
+                self.window.congested()
+                raise _Storm() from None
+            raise
+        finally:
+            self._connects -= 1
+        self.window.success()
+        return conn
 
     async def _connection(self, target: SSHTarget) -> tuple["asyncssh.SSHClientConnection", int, bool]:
         """(connection, connect attempts used, reused?) or _ConnectFailed.
@@ -257,29 +377,42 @@ class SSHPool:
         import asyncssh
         from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-        attempts = 0
-        try:
-            async for attempt in AsyncRetrying(
-                    stop=stop_after_attempt(max(1, self.config.connect_attempts)),
-                    wait=wait_exponential(multiplier=self.config.retry_wait, max=2.0),
-                    retry=retry_if_exception(_transient), reraise=True):
-                with attempt:
-                    attempts += 1
-                    conn = await self._connect_once(target)
-        except _HostKeyRefused as exc:
-            raise _ConnectFailed(HostStatus.HOST_KEY_MISMATCH, self._host_key_text(target, exc.presented),
-                                 attempts=attempts, host_key=self._host_key_problem(target, exc.presented)) from None
-        except asyncio.TimeoutError:
-            # No banner in time: from outside, a dead host and a stopped sshd look the same.
-            raise _ConnectFailed(HostStatus.UNREACHABLE, f"no SSH answer within {self.config.connect_timeout:g}s",
-                                 attempts=attempts, silent=True) from None
-        except asyncssh.PermissionDenied:
-            raise _ConnectFailed(HostStatus.UNREACHABLE,
-                                 f"authentication failed for user {target.user} (publickey)",
-                                 attempts=attempts) from None
-        except (OSError, asyncssh.Error) as exc:
-            reason = getattr(exc, "reason", None) or _describe_os_error(exc)
-            raise _ConnectFailed(HostStatus.UNREACHABLE, reason, attempts=attempts) from None
+        attempts = storms = 0
+        while True:
+            try:
+                async for attempt in AsyncRetrying(
+                        stop=stop_after_attempt(max(1, self.config.connect_attempts)),
+                        wait=wait_exponential(multiplier=self.config.retry_wait, max=2.0),
+                        retry=retry_if_exception(_transient), reraise=True):
+                    with attempt:
+                        attempts += 1
+                        conn = await self._connect_once(target)
+                break
+            except _Storm:
+                # Timed out in a saturated window: tried again (behind the smaller window) while a caller waits.
+                storms += 1
+                if self._until.get(target.name, 0.0) - time.monotonic() >= MIN_RETRY_LEFT:
+                    self.window.retries += 1
+                    continue
+                raise _ConnectFailed(HostStatus.UNREACHABLE,
+                                     f"no SSH answer within {self.config.connect_timeout:g}s ({storms} connect"
+                                     f"{'s' if storms > 1 else ''} timed out in a saturated window of "
+                                     f"{self.config.concurrency}, the last at {int(self.window.limit)})",
+                                     attempts=attempts, silent=True) from None
+            except _HostKeyRefused as exc:
+                raise _ConnectFailed(HostStatus.HOST_KEY_MISMATCH, self._host_key_text(target, exc.presented),
+                                     attempts=attempts, host_key=self._host_key_problem(target, exc.presented)) from None
+            except asyncio.TimeoutError:
+                # No banner in time, alone in the window: from outside, a dead host and a stopped sshd look the same.
+                raise _ConnectFailed(HostStatus.UNREACHABLE, f"no SSH answer within {self.config.connect_timeout:g}s",
+                                     attempts=attempts, silent=True) from None
+            except asyncssh.PermissionDenied:
+                raise _ConnectFailed(HostStatus.UNREACHABLE,
+                                     f"authentication failed for user {target.user} (publickey)",
+                                     attempts=attempts) from None
+            except (OSError, asyncssh.Error) as exc:
+                reason = getattr(exc, "reason", None) or _describe_os_error(exc)
+                raise _ConnectFailed(HostStatus.UNREACHABLE, reason, attempts=attempts) from None
         old = self._conns.get(target.name)
         if old is not None and old is not conn:
             old.abort()
@@ -406,19 +539,24 @@ class SSHPool:
     # --- commands ---------------------------------------------------------------------------
 
     async def run_one(self, target: SSHTarget, command: str, *, timeout: float | None = None,
-                      deadline: float | None = None) -> HostResult:
+                      deadline: float | None = None, whole: float | None = None) -> HostResult:
         """Run *command* on one host; never raises for the host's trouble.
 
         *timeout*: seconds the command itself may run once its session is open (default
         ssh.command_timeout; with a *deadline* and no timeout, the command may run until the
         deadline). *deadline*: seconds from now within which this host's whole work ends:
-        waiting for a slot, connecting, opening the session, the command and its output. Without
-        one, the host gets connect_timeout for its connection, connect_timeout for its session
+        waiting for a slot, connecting, opening the session, the command and its output. With
+        *whole* too (a pool made with waves=True, see run): seconds from now the wait for a slot
+        may take, and *deadline* counts from the slot (never past *whole*). Without a deadline,
+        the host gets connect_timeout for its connection, connect_timeout for its session
         and *timeout* for the command, counted from when it got its slot.
         """
         start = time.monotonic()
         if deadline is not None:
             at = start + max(0.0, float(deadline))
+            if whole is not None and whole > deadline:
+                return await self._bounded(target, command, timeout, start + float(whole), start, float(deadline),
+                                           queued=True, own=float(deadline), whole=float(whole))
             return await self._bounded(target, command, timeout, at, start, float(deadline), queued=True)
         command_timeout = self.config.command_timeout if timeout is None else timeout
         async with self._semaphore():
@@ -427,38 +565,93 @@ class SSHPool:
                                        queued=False)
 
     async def _bounded(self, target: SSHTarget, command: str, timeout: float | None, at: float, start: float,
-                       budget: float, *, queued: bool) -> HostResult:
-        """_run_one under the absolute deadline *at*; a miss is reported by the phase it struck in."""
+                       budget: float, *, queued: bool, own: float | None = None,
+                       whole: float | None = None) -> HostResult:
+        """_run_one under the absolute deadline *at*; a miss is reported by the phase it struck in. With *own*,
+        *at* bounds the wait for a slot (the fan-out's deadline, *whole* seconds) and the host's work gets
+        *own* seconds from its slot, never past *at*."""
         away = self._away.get(target.name)
         if away is not None:
             return self._away_result(target, away, start)
         state = {"phase": "queue" if queued else "connect", "attempts": 0, "proc": None, "reused": False,
                  "conn": None}
         try:
-            async with asyncio.timeout_at(_loop_time(at)):
+            async with asyncio.timeout_at(_loop_time(at)) as cm:
                 if queued:
                     async with self._semaphore():
                         state["phase"] = "connect"
+                        self._starved.discard(target.name)
+                        if own is not None:
+                            at = min(at, time.monotonic() + own)
+                            budget = own
+                            cm.reschedule(_loop_time(at))
+                        self._until[target.name] = max(self._until.get(target.name, 0.0), at)
                         return await self._run_one(target, command, timeout, start, state)
+                self._until[target.name] = max(self._until.get(target.name, 0.0), at)
                 return await self._run_one(target, command, timeout, start, state)
         except TimeoutError:
+            if state["phase"] == "queue" and whole is not None:
+                budget = whole
             return self._missed(target, state, start, budget)
+
+    async def _session(self, target: SSHTarget, conn: "asyncssh.SSHClientConnection", command: str):
+        """Open the command's session within connect_timeout; while other session opens are in flight (a storm,
+        not a frozen host) it is waited for longer, up to the host's deadline."""
+        import asyncssh
+
+        self._opening += 1
+        task = asyncio.ensure_future(conn.create_process(command, encoding="utf-8", errors="replace",
+                                                         stdin=asyncssh.DEVNULL))
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self.config.connect_timeout)
+                if done:
+                    proc = task.result()
+                    self.window.success()
+                    return proc
+                storm = self._storm(self._opening)
+                if storm:
+                    self.window.congested()
+                if storm and self._until.get(target.name, 0.0) - time.monotonic() >= MIN_RETRY_LEFT:
+                    self.window.retries += 1
+                    continue
+                raise TimeoutError
+        finally:
+            self._opening -= 1
+            if not task.done():
+                task.cancel()
 
     def _missed(self, target: SSHTarget, state: dict, start: float, budget: float) -> HostResult:
         phase = state["phase"]
         elapsed = time.monotonic() - start
         attempts = state["attempts"]
         if phase == "queue":
+            self._starved.add(target.name)
             return HostResult(target.name, target.address, HostStatus.TIMEOUT, phase="connect", elapsed=elapsed,
                               error=f"not started within the {budget:g}s deadline: every SSH slot "
                                     f"(ssh.concurrency {self.config.concurrency}) stayed busy", attempts=0)
         if phase == "connect":
+            if self._storm(self._connects):
+                # Cut in a storm (other connects in flight): not known dead. Its connect goes on in the background
+                # (shared with the next command) and it is not marked away.
+                return HostResult(target.name, target.address, HostStatus.UNREACHABLE, phase="connect",
+                                  elapsed=elapsed, attempts=max(1, attempts),
+                                  error=f"no SSH connection within the {budget:g}s deadline in a saturated window "
+                                        f"({self._connects} connects in flight, window {int(self.window.limit)} of "
+                                        f"{self.config.concurrency}); still connecting in the background")
             # No connection yet: the connect goes on in the background, and the host is away until it succeeds.
             error = f"no SSH answer within the {budget:g}s deadline"
             self._go_away(target, None, error)
             return HostResult(target.name, target.address, HostStatus.UNREACHABLE, phase="connect", elapsed=elapsed,
                               error=error, attempts=max(1, attempts))
         if phase == "session":
+            if self._storm(self._opening + 1):
+                # Other sessions were still opening when the deadline struck: a storm, not a frozen host; the
+                # connection is kept for the next command.
+                return HostResult(target.name, target.address, HostStatus.TIMEOUT, phase="connect", elapsed=elapsed,
+                                  attempts=attempts,
+                                  error=f"no session within the {budget:g}s deadline beside {self._opening} other "
+                                        f"session opens (a saturated window); connection kept")
             error = (f"no answer within the {budget:g}s deadline: the {'kept ' if state['reused'] else ''}"
                      f"connection opened no session (frozen host?); connection dropped")
             self._go_away(target, state["conn"], error)
@@ -498,9 +691,7 @@ class SSHPool:
             state["conn"] = conn
             try:
                 # Bounded: a kept connection to a frozen host takes the request and never answers it.
-                async with asyncio.timeout(self.config.connect_timeout):
-                    proc = await conn.create_process(command, encoding="utf-8", errors="replace",
-                                                     stdin=asyncssh.DEVNULL)
+                proc = await self._session(target, conn, command)
             except TimeoutError:
                 error = (f"no session within {self.config.connect_timeout:g}s on the "
                          f"{'kept ' if reused else ''}connection (frozen host?); connection dropped")
@@ -559,16 +750,23 @@ class SSHPool:
         """Run *command* (or a per-target command) on every target; results in target order.
 
         With *deadline*, every host's result is in within that many seconds of the call, whatever
-        the hosts do (see run_one)."""
+        the hosts do (see run_one); on a pool made with waves=True, each host gets *deadline* from
+        its slot and the fan-out ends within fanout_deadline(deadline, hosts, ssh.concurrency)."""
+        whole = (fanout_deadline(deadline, len(targets), self.config.concurrency)
+                 if self.waves and deadline is not None else None)
 
         async def one(t: SSHTarget) -> HostResult:
             result = await self.run_one(t, command(t) if callable(command) else command, timeout=timeout,
-                                        deadline=deadline)
+                                        deadline=deadline, whole=whole)
             if on_result is not None:
                 on_result(result)
             return result
 
-        return list(await asyncio.gather(*(one(t) for t in targets)))
+        # The hosts that starved last time take the first slots (the semaphore serves in the order asked).
+        order = sorted(range(len(targets)), key=lambda i: targets[i].name not in self._starved)
+        results = await asyncio.gather(*(one(targets[i]) for i in order))
+        by_index = dict(zip(order, results))
+        return [by_index[i] for i in range(len(targets))]
 
 
 def _loop_time(monotonic_at: float) -> float:
