@@ -2,17 +2,20 @@
 
 The slow tier's own-lab modules (fixture `own_lab`: a lab of their own, on its own address block) share
 nothing with the session's lab, and the shared lab's tier leaves most of the CPU idle: its tests wait for
-states (Slurm, reboots, sweeps), measured at well under one core of two (docs/testing.md). So with
-`--own-labs beside` this session takes them out of its own run and, when its first test on a lab starts,
-starts a second `pytest` with the same arguments and `--own-labs only`, which runs just those. Its output
+states (Slurm, reboots, Ansible's SSH round trips, sweeps), measured at about a third of one core of two
+(docs/testing.md). So with `--own-labs beside` this session takes them out of its own run and, when its
+first test on a lab starts, starts a second `pytest` with the same arguments and `--own-labs only`, which
+runs just those. Modules of the shared lab's tier marked `beside` (`pytestmark = pytest.mark.beside`: the
+provisioning modules, minutes of Ansible that leave the lab as they found it) go there too: the second
+pytest's session starts a shared lab of its own for them (the `lab` fixture, as every session does). Its output
 goes to a log that this session prints at its end (a section "own labs, beside"), its tiers are added to
 this session's summary (with its own wall time and how long this session waited for it), and its failure fails this session. `--own-labs inline` (the default for plain
 `pytest`) runs them in place, in the slow tier, as before.
 
-    inline   the own-lab tests in this session, in their tier's order (the default)
-    beside   the own-lab tests in a second pytest started beside the shared lab's tier; this session waits
+    inline   the own-lab and `beside` tests in this session, in their tier's order (the default)
+    beside   the own-lab and `beside` tests in a second pytest started beside the shared lab's tier; this session waits
              for it at its end (MCTL_BESIDE_WAIT seconds at most, default 3600)
-    only     the own-lab tests only (what the second pytest runs); its tiers are written as JSON to
+    only     the own-lab and `beside` tests only (what the second pytest runs); its tiers are written as JSON to
              $MCTL_TIERS_JSON for the first
 """
 
@@ -41,8 +44,21 @@ def addoption(parser) -> None:
                           "pytest beside the shared lab's tier (beside: scripts/test), or only them (only)")
 
 
+MARK = "beside"     # a module of the shared lab's tier that the second pytest runs, on a shared lab of its own
+
+
 def own_lab_test(item) -> bool:
-    return "own_lab" in getattr(item, "fixturenames", ())
+    """A test for the second pytest: it has a lab of its own (`own_lab`) or is marked `beside`."""
+    marked = getattr(item, "get_closest_marker", lambda name: None)(MARK) is not None
+    return marked or "own_lab" in getattr(item, "fixturenames", ())
+
+
+def configure(config) -> None:
+    """The second pytest answers SIGINT as after Ctrl-C (KeyboardInterrupt: its labs torn down), also when it
+    inherited SIGINT ignored (a session started in the background by a non-interactive shell ignores it, and
+    Python then keeps it ignored): that is how the first session stops it (Beside.stop)."""
+    if config.getoption("own_labs", "inline") == "only":
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def split(config, items: list, tier_of_item) -> None:

@@ -94,6 +94,9 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     for tier in TIERS:
         config.addinivalue_line("markers", f"{tier}: {TIER_HELP[tier]}; set by tests/conftest.py from the fixtures")
+    beside.configure(config)
+    config.addinivalue_line("markers", f"{beside.MARK}: with --own-labs beside (scripts/test), run in the second "
+                                       "pytest, on its own shared lab (tests/beside.py); in place otherwise")
     if not config.option.collectonly:
         config.pluginmanager.register(TierReport(), "mctl-tiers")
 
