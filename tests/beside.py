@@ -116,8 +116,8 @@ class Beside:
                                          env=env, cwd=self.config.invocation_params.dir, start_new_session=True)
         tr = self.config.pluginmanager.get_plugin("terminalreporter")
         if tr is not None:
-            tr.write_line(f"\n== {len(self.nodeids)} own-lab tests started beside the shared lab's tier, in a second "
-                          f"pytest (pid {self.proc.pid}; log: {self.log})")
+            tr.write_line(f"\n== {len(self.nodeids)} tests (own labs, `beside` modules) started beside the shared lab's "
+                          f"tier, in a second pytest (pid {self.proc.pid}; log: {self.log})")
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):

@@ -293,7 +293,7 @@ class TierReport:
         if second is not None:
             n = sum(t["tests"] for t in second.tiers.get("tiers", {}).values())
             wall = second.tiers.get("session_s")
-            tr.write_line(f"{'':<10} {n:>5} of them (own labs) in a second pytest beside the shared lab's tier: "
+            tr.write_line(f"{'':<10} {n:>5} of them (own labs, `beside` modules) in a second pytest beside the shared lab's tier: "
                           f"{_clock(wall) if wall is not None else '?'} (exit {second.rc}), waited for "
                           f"{_clock(second.waited)} at the end")
         tr.write_line(f"{'all':<10} {sum(self.tests.values()):>5} tests {_clock(sum(self.seconds.values())):>9}"
