@@ -2,8 +2,8 @@
 
 The slow tier's own-lab modules (fixture `own_lab`: a lab of their own, on its own address block) share
 nothing with the session's lab, and the shared lab's tier leaves most of the CPU idle: its tests wait for
-states (Slurm, reboots, Ansible's SSH round trips, sweeps), measured at about a third of one core of two
-(docs/testing.md). So with `--own-labs beside` this session takes them out of its own run and, when its
+states (Slurm, reboots, Ansible's SSH round trips, sweeps): about 1100-1200 CPU-seconds against CI's 25
+minutes of wall time, under one core of the two on average (measured: docs/testing.md). So with `--own-labs beside` this session takes them out of its own run and, when its
 first test on a lab starts, starts a second `pytest` with the same arguments and `--own-labs only`, which
 runs just those. Modules of the shared lab's tier marked `beside` (`pytestmark = pytest.mark.beside`: the
 provisioning modules, minutes of Ansible that leave the lab as they found it) go there too: the second
