@@ -40,8 +40,9 @@ WAIT_ENV = "MCTL_BESIDE_WAIT"            # seconds the first session waits for t
 
 def addoption(parser) -> None:
     parser.addoption(OPTION, choices=MODES, default="inline", dest="own_labs",
-                     help="run the own-lab tests (fixture own_lab) in place (inline, the default), in a second "
-                          "pytest beside the shared lab's tier (beside: scripts/test), or only them (only)")
+                     help="run the own-lab tests (fixture own_lab) and the modules marked beside in place (inline, the "
+                          "default), in a second pytest beside the shared lab's tier (beside: scripts/test), or "
+                          "only them (only)")
 
 
 MARK = "beside"     # a module of the shared lab's tier that the second pytest runs, on a shared lab of its own
