@@ -14,6 +14,7 @@ A test is in the highest tier any of its fixtures asks for. The run goes tier by
 with each tier's count and wall time. docs/testing.md says how to run one tier or the fast two.
 """
 
+import json
 import os
 import socket
 import subprocess
@@ -28,6 +29,7 @@ os.environ.setdefault("NO_COLOR", "1")
 
 from tests.lab_fixture import lab, own_lab, slurm_deployed, slurm_lab  # noqa: E402,F401 - the labs of a session
 from tests.kube_apiserver import kube_apiserver  # noqa: E402,F401 - one real kube-apiserver per session (k8s tests)
+from tests import beside  # noqa: E402 - the own-lab tests in a second pytest beside the lab tier (--own-labs)
 
 TIERS = ("pure", "emulators", "lab", "slow")
 
@@ -85,9 +87,16 @@ TIER_HELP = {
 }
 
 
+def pytest_addoption(parser):
+    beside.addoption(parser)
+
+
 def pytest_configure(config):
     for tier in TIERS:
         config.addinivalue_line("markers", f"{tier}: {TIER_HELP[tier]}; set by tests/conftest.py from the fixtures")
+    beside.configure(config)
+    config.addinivalue_line("markers", f"{beside.MARK}: with --own-labs beside (scripts/test), run in the second "
+                                       "pytest, on its own shared lab (tests/beside.py); in place otherwise")
     if not config.option.collectonly:
         config.pluginmanager.register(TierReport(), "mctl-tiers")
 
@@ -123,6 +132,7 @@ def pytest_collection_modifyitems(config, items):
         return 1 if item.stash[_TIER] == "emulators" and "kube_apiserver" in item.fixturenames else 0
 
     items[:] = sorted(items, key=lambda i: (TIERS.index(i.stash[_TIER]), last(i)))    # stable: order kept
+    beside.split(config, items, lambda i: i.stash[_TIER])
 
 
 # ------------------------------------------------------------------ the pure tier's guard
@@ -253,15 +263,39 @@ class TierReport:
         if old is None or _RANK[outcome] > _RANK[old]:
             self.worst[report.nodeid] = outcome
 
+    def as_json(self) -> dict:
+        return {tier: {"tests": self.tests[tier], "seconds": round(self.seconds[tier], 1),
+                       "outcomes": dict(self.outcomes[tier])} for tier in TIERS if self.tests[tier]}
+
+    def add(self, tiers: dict) -> None:
+        """Another session's tiers (as_json) counted in this one's (the second pytest of tests/beside.py)."""
+        for tier, t in tiers.items():
+            self.tests[tier] += t["tests"]
+            self.seconds[tier] += t["seconds"]
+            self.outcomes[tier].update(t["outcomes"])
+
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter):
         tr = terminalreporter
+        second = tr.config.pluginmanager.get_plugin("mctl-beside")
+        if second is not None:
+            second.report(tr)
+            self.add(second.tiers.get("tiers", {}))
+        if os.environ.get(beside.TIERS_JSON_ENV):
+            Path(os.environ[beside.TIERS_JSON_ENV]).write_text(json.dumps(
+                {"tiers": self.as_json(), "session_s": round(time.monotonic() - self.began, 1)}))
         tr.section("tiers", sep="=")
         for tier in TIERS:
             done = ", ".join(f"{n} {o}" for o, n in sorted(self.outcomes[tier].items(), key=lambda kv: _RANK[kv[0]]))
             left = f"  ({self.deselected[tier]} deselected)" if self.deselected[tier] else ""
             tr.write_line(f"{tier:<10} {self.tests[tier]:>5} tests {_clock(self.seconds[tier]):>9}"
                           f"{'  ' + done if done else ''}{left}")
+        if second is not None:
+            n = sum(t["tests"] for t in second.tiers.get("tiers", {}).values())
+            wall = second.tiers.get("session_s")
+            tr.write_line(f"{'':<10} {n:>5} of them (own labs, `beside` modules) in a second pytest beside the shared lab's tier: "
+                          f"{_clock(wall) if wall is not None else '?'} (exit {second.rc}), waited for "
+                          f"{_clock(second.waited)} at the end")
         tr.write_line(f"{'all':<10} {sum(self.tests.values()):>5} tests {_clock(sum(self.seconds.values())):>9}"
                       f"  (the session, with collection: {_clock(time.monotonic() - self.began)})")
         install = os.environ.get(INSTALL_ENV)

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+# --own-labs beside (scripts/test): in the second pytest, on its shared lab (minutes of Ansible; tests/beside.py)
+pytestmark = pytest.mark.beside
+
 REPO = Path(__file__).resolve().parents[2]
 
 

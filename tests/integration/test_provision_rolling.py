@@ -25,6 +25,9 @@ import pytest
 
 from tests.helpers import wait_for
 
+# --own-labs beside (scripts/test): in the second pytest, on its shared lab (minutes of reboots; tests/beside.py)
+pytestmark = pytest.mark.beside
+
 _wait = partial(wait_for, timeout=120.0)        # every wait here: two minutes unless it says
 
 IMAGE = "lab-debian13-580"
