@@ -28,6 +28,7 @@ import hashlib
 import importlib.util
 import io
 import json
+import os
 import sys
 import tarfile
 from dataclasses import replace
@@ -129,15 +130,28 @@ def tarball() -> bytes:
 
 
 def stage(dest: Path) -> Path:
-    """Write DEST/mctl-node-check.tar (only when its content changed) and return its path."""
+    """Write DEST/mctl-node-check-<sha256 prefix>.tar (only when no file has that content yet) and return its path.
+
+    Content-addressed: two stagings into one folder at once (two mctl checkouts or versions provisioning sites of
+    the same name from one machine) each get their own bytes, never the other's half-replaced file; the same
+    content is written once. The temporary file is private to this call (mkstemp)."""
+    import tempfile
+
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    target = dest / TARBALL
     data = tarball()
+    stem, _, ext = TARBALL.rpartition(".")
+    target = dest / f"{stem}-{hashlib.sha256(data).hexdigest()[:16]}.{ext}"
     if not target.exists() or target.read_bytes() != data:
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_bytes(data)
-        tmp.replace(target)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=dest)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return target
 
 

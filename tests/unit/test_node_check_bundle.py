@@ -158,6 +158,18 @@ def test_stage_writes_only_on_change(tmp_path):
     assert path.stat().st_mtime_ns == before - 10**9
 
 
+def test_stage_is_content_addressed_so_two_bundles_never_share_a_file(tmp_path, monkeypatch):
+    """Two checkouts (or versions) staging into one folder at once each get their own file, never the other's."""
+    import hashlib
+
+    path = bundle.stage(tmp_path)
+    assert path.name == f"mctl-node-check-{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}.tar"
+    monkeypatch.setattr(bundle, "tarball", lambda: b"another version's bundle")
+    other = bundle.stage(tmp_path)
+    assert other != path and other.read_bytes() == b"another version's bundle" and path.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, other.name])    # no temporary left
+
+
 def test_bundle_ships_nvidia_ml_py_and_names_the_path_it_used(lib, processes):
     """pynvml travels in the bundle (no pip on the tray); without the driver's libnvidia-ml the
     node check says NVML did not load and which path it used instead, never that NVML worked."""
