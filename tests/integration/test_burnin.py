@@ -25,6 +25,10 @@ import yaml
 
 from tests.helpers import HEALTH, Watch, fault, power_restored, sinfo, ssh_ok, wait_for
 
+# --own-labs beside (scripts/test): in the second pytest, on its shared lab (balances the two sessions;
+# tests/beside.py, D125)
+pytestmark = pytest.mark.beside
+
 LADDER = {"reboot": True, "burn_in": "quick", "burn_in_deadline": "60s", "fail_after_sweeps": 2, "max_failures": 1,
           "failure_window": "1h", "reboot_deadline": "90s", "verify_deadline": "60s", "retry_after": "2s"}
 

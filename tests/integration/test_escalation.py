@@ -10,6 +10,10 @@ import pytest
 
 from tests.helpers import HEALTH, actions, fault, sinfo, wait_for, write_health_site
 
+# --own-labs beside (scripts/test): in the second pytest, on its shared lab (balances the two sessions;
+# tests/beside.py, D125)
+pytestmark = pytest.mark.beside
+
 REASON = "mctl: rack escalated: 3 of 4 trays failed"
 
 

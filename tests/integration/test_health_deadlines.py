@@ -23,6 +23,10 @@ import yaml
 
 from tests.helpers import Watch, actions, fault, settled, sinfo, wait_for
 
+# --own-labs beside (scripts/test): in the second pytest, on its shared lab (balances the two sessions;
+# tests/beside.py, D125)
+pytestmark = pytest.mark.beside
+
 INTERVAL = 5.0
 # A sweep is its tray deadline (the interval here) plus, when it acts, the scheduler's actions
 # (engine.ACT_DEADLINE_MIN); the rest is slack for a loaded machine.
