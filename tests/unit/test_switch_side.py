@@ -324,8 +324,8 @@ def test_the_mark_is_set_at_once_and_cleared_after_n_healthy_sweeps_and_an_unrea
     assert fabric_limit.load(tmp_path, 2).healthy == {}
 
 
-def test_the_audit_reports_the_mark_against_nmx_ms_partition_health():
-    from mctl.audit.rules import nmx
+def _degraded_p0():
+    """A 4-tray rack whose partition p0 (trays 1 and 2) NMX-M calls DEGRADED: the rack and NMX-M's view."""
     from mctl.fabric.reconcile import FabricState
 
     state = _state()
@@ -335,10 +335,16 @@ def test_the_audit_reports_the_mark_against_nmx_ms_partition_health():
     fabric = map_fabric(rack, nodes, gpus)
     ids = [g.gpu_id for t in ("r1-tray01", "r1-tray02") for g in fabric.trays[t]]
     parts = (NmxPartition("a" * 24, 1, "p0", "ID_BASED", "DEGRADED", tuple(ids)),)
+    return rack, FabricState(tuple(nodes), tuple(gpus), parts, fabric)
+
+
+def test_the_audit_reports_the_mark_against_nmx_ms_partition_health():
+    from mctl.audit.rules import nmx
+
+    rack, view = _degraded_p0()
     slurm = {"r1-tray01": _node("r1-tray01", "r1,nvl_degraded"), "r1-tray02": _node("r1-tray02"),
              "r1-tray03": _node("r1-tray03", "r1,nvl_degraded"), "r1-tray04": _node("r1-tray04")}
-    found = {f.host: f for f in nmx.check_fabric_limit(rack, FabricState(tuple(nodes), tuple(gpus), parts, fabric),
-                                                       slurm)}
+    found = {f.host: f for f in nmx.check_fabric_limit(rack, view, slurm)}
     assert "carries nvl_degraded" in found["r1-tray01"].message and found["r1-tray01"].severity is Severity.WARN
     assert "does not carry" in found["r1-tray02"].message and found["r1-tray02"].action
     assert "while NMX-M reports its partition healthy" in found["r1-tray03"].message
@@ -350,30 +356,22 @@ def test_the_audit_reports_the_mark_against_nmx_ms_partition_health():
 def test_the_audit_reports_the_kubernetes_label_against_nmx_ms_partition_health():
     from mctl.audit.rules import nmx
     from mctl.audit.rules.layers import node_labels
-    from mctl.fabric.reconcile import FabricState
     from mctl.sched.k8s.cordon import FABRIC_LABEL
 
-    state = _state()
-    rack = make_rack(4)
-    nodes = [NmxComputeNode.from_nmx(d) for d in state.compute_nodes_json()]
-    gpus = [NmxGpu.from_nmx(d) for d in state.gpus_json()]
-    fabric = map_fabric(rack, nodes, gpus)
-    ids = [g.gpu_id for t in ("r1-tray01", "r1-tray02") for g in fabric.trays[t]]
-    parts = (NmxPartition("a" * 24, 1, "p0", "ID_BASED", "DEGRADED", tuple(ids)),)
+    rack, view = _degraded_p0()
     mark = {FABRIC_LABEL: "true"}
     k8s = [{"metadata": {"name": "r1-tray01", "labels": mark}}, {"metadata": {"name": "r1-tray02", "labels": {}}},
            {"metadata": {"name": "node-3", "labels": {**mark, "kubernetes.io/hostname": "r1-tray03"}}},
            {"metadata": {"name": "r1-tray04"}}, {"metadata": "junk"}]
     labels = node_labels([h.name for h in rack.compute], k8s)
-    found = {f.host: f for f in nmx.check_fabric_label(rack, FabricState(tuple(nodes), tuple(gpus), parts, fabric),
-                                                       labels)}
+    found = {f.host: f for f in nmx.check_fabric_label(rack, view, labels)}
     assert f"carries the label {FABRIC_LABEL}, pods with the node affinity" in found["r1-tray01"].message
     assert "does not carry the label" in found["r1-tray02"].message and found["r1-tray02"].action
     assert "while NMX-M reports its partition healthy" in found["r1-tray03"].message     # by its hostname label
     assert found["r1-tray04"].severity is Severity.OK and found["r1-tray04"].details["label"] == FABRIC_LABEL
     for f in found.values():
         assert spec(f.check).allows(f.severity)
-    only = nmx.check_fabric_label(rack, FabricState(tuple(nodes), tuple(gpus), parts, fabric), {"r1-tray01": mark})
+    only = nmx.check_fabric_label(rack, view, {"r1-tray01": mark})
     assert [f.host for f in only] == ["r1-tray01"]                     # a tray with no Node is not judged
 
 
